@@ -14,8 +14,10 @@ Modes (`--patch`):
 - "off-policy"    : the dataset's expert thought (step.thought) + the expert action;
                     data without thoughts is an error that names the episode;
 - "on-policy"     : the policy itself writes the thought, prompted with a hint that
-                    gives it the expert action (`on_policy_hint`); the driver samples
-                    all those thoughts in one batched call (`on_policy_patches`).
+                    gives it the expert action (`on_policy_hint`, placed at the end of
+                    the step's user turn by `hinted_step_instruction`); the driver
+                    samples all those thoughts in one batched call (`on_policy_patches`)
+                    and keeps only their think blocks, with the expert action.
 
 How often (`--patch-threshold`, `should_patch`): -1 = no limit, 0 = never (the
 rollout ends at its first error), k = at most k patches per rollout (release: 2).
@@ -74,11 +76,12 @@ def check_patch_data(mode: str, episodes: Sequence[Any]) -> None:
                 raise ValueError(_missing_thought_msg(ep.episode_id, t, getattr(ep, "source", None)))
 
 
-def _missing_thought_msg(episode_id, step_idx, source=None) -> str:
+def _missing_thought_msg(episode_id, step_idx=None, source=None) -> str:
     where = f" (from {source})" if source else ""
+    at = f" at step {step_idx}" if step_idx is not None else ""
     return (
         f"--patch off-policy needs the dataset's expert thought, but episode {episode_id!r}{where} "
-        f"has no thought at step {step_idx}; use --patch thought-free or on-policy for this data"
+        f"has no thought{at}; use --patch thought-free, empty-thought or on-policy for this data"
     )
 
 
@@ -119,14 +122,22 @@ def patch_from_thought(thought: str, expert_action_resized: dict) -> str:
 
 
 def on_policy_hint(expert_action_resized: dict) -> str:
-    """Text the driver appends to the step's user turn to ask the policy for a thought
-    that leads to the expert action (coordinates in the resized space it sees)."""
+    """The hint that asks the policy for a thought leading to the expert action
+    (coordinates in the resized space it sees). One paragraph, no leading newline."""
     action = json.dumps(expert_action_resized, ensure_ascii=False)
     return (
-        f"\nHint: the correct action for this step is {action}. "
+        f"Hint: the correct action for this step is {action}. "
         "Think about why this action is the right next step toward the goal, "
         "then answer in the required format with exactly this action."
     )
+
+
+def hinted_step_instruction(step_instruction: str | None, expert_action_resized: dict) -> str:
+    """What the driver passes as build_prompt(..., step_instruction=...) for an on-policy
+    hint prompt: the step instruction it would have used (None in the goal-only setting)
+    followed by the hint, so the hint lands at the end of the current user turn."""
+    hint = on_policy_hint(expert_action_resized)
+    return f"{step_instruction.strip()}\n{hint}" if step_instruction and step_instruction.strip() else hint
 
 
 def on_policy_patches(
@@ -136,8 +147,8 @@ def on_policy_patches(
 ) -> list[str]:
     """All on-policy patches of one rollout step in one batched generation.
 
-    hint_prompts: one prompt per wrong step to patch, built by the driver with
-        `on_policy_hint(a)` appended (any object `generate` accepts).
+    hint_prompts: one prompt per wrong step to patch, built by the driver as the step's
+        prompt with step_instruction=hinted_step_instruction(...) (any object `generate` accepts).
     expert_actions_resized: the matching expert actions, resized pixels.
     generate: the sampler, list of prompts -> list of decoded response texts.
     The generated action is discarded: only its thought is kept, with the expert action.
@@ -183,7 +194,7 @@ def make_patch(
         return gui.format_response("", action)
     if mode == "off-policy":
         if not (step.thought or "").strip():
-            raise ValueError(_missing_thought_msg(episode_id, "?"))
+            raise ValueError(_missing_thought_msg(episode_id))
         return gui.format_response(clean_thought(step.thought), action)
     # on-policy
     if policy_thought is None:

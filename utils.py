@@ -212,7 +212,10 @@ def save_checkpoint(out_dir: str | os.PathLike, model, tokenizer, args: dict, *,
     final = out_dir / f"step_{step:06d}"
     tmp = out_dir / f".tmp_step_{step:06d}_{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    inner = getattr(model, "module", model)
+    inner = model
+    if isinstance(model, PolicyLogProb):  # the FSDP root wraps the HF model: drop its prefix
+        inner = model.model
+        msd = {k.removeprefix("model."): v for k, v in msd.items()}
     inner.save_pretrained(str(tmp), state_dict=msd, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))
@@ -260,9 +263,13 @@ def load_checkpoint_state(ckpt: str | os.PathLike, model, optimizer=None) -> dic
     src = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(ckpt), dtype=torch.float32)
     msd = src.state_dict()
     del src
-    inner = getattr(model, "module", model)
+    inner = model
+    if isinstance(model, PolicyLogProb):
+        inner = model.model
+        msd = {"model." + k: v for k, v in msd.items()}
     if getattr(inner.config, "tie_word_embeddings", False):
         msd.pop("lm_head.weight", None)
+        msd.pop("model.lm_head.weight", None)
     opts = StateDictOptions(full_state_dict=True, strict=False)
     set_model_state_dict(model, msd, options=opts)
     state = json.loads((ckpt / "trainer_state.json").read_text()) if (ckpt / "trainer_state.json").exists() else {}
@@ -282,13 +289,16 @@ def load_checkpoint_state(ckpt: str | os.PathLike, model, optimizer=None) -> dic
 
 
 class MetricsLogger:
-    """Append one JSON object per line to `path` (rank 0 only); adds wall time `t`."""
+    """Write one JSON object per line to `path` (rank 0 only); adds wall time `t`. A new run
+    starts the file afresh; a resumed one (append=True) continues it."""
 
-    def __init__(self, path: str | os.PathLike | None):
+    def __init__(self, path: str | os.PathLike | None, append: bool = False):
         self.path = Path(path) if path is not None else None
         self.t0 = time.time()
         if self.path is not None and get_rank() == 0:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not append:
+                self.path.write_text("")
 
     def log(self, row: dict) -> None:
         if self.path is None or get_rank() != 0:
@@ -296,3 +306,89 @@ class MetricsLogger:
         row = {**row, "t": round(time.time() - self.t0, 3)}
         with open(self.path, "a") as f:
             f.write(json.dumps(row, default=float) + "\n")
+
+
+# -----------------------------------------------------------------------------
+# FSDP2 and the policy's log-prob forward (shared by train_sft.py and train_semionline.py)
+
+
+def apply_fsdp(model, root: torch.nn.Module, dist_info: Dist, mixed_precision: bool):
+    """Shard with FSDP2: `fully_shard` each decoder layer and vision block, then `root`
+    (which owns the embeddings, lm_head and the rest). bf16 params with fp32 gradient
+    reduction when `mixed_precision` (GPU); fp32 otherwise (CPU, gloo). World size 1:
+    returns `root` unchanged (no process group, same code path)."""
+    if dist_info.world_size == 1:
+        return root
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(dist_info.device.type, (dist_info.world_size,))
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+          if mixed_precision else MixedPrecisionPolicy())
+    for layer in model.model.language_model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    for block in model.model.visual.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(root, mesh=mesh, mp_policy=mp)
+    return root
+
+
+class PolicyLogProb(torch.nn.Module):
+    """The Hugging Face model plus the fused lm_head log-prob, as one root module for FSDP.
+
+    forward(batch) -> (logp (N,) fp32, entropy (N,) fp32 or None) over the N target
+    positions of the batch (targets != -100), in row-major order. Logits are never
+    materialised: the decoder's last hidden states at those positions go through
+    kernels.fused_logprob with the (possibly tied) lm_head weight. Calling this module
+    (not model.model directly) lets FSDP2's root hooks gather embed/lm_head.
+    """
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: dict, temperature: float = 1.0, return_entropy: bool = False):
+        from kernels import fused_logprob
+
+        out = self.model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                               pixel_values=batch.get("pixel_values"),
+                               image_grid_thw=batch.get("image_grid_thw"), use_cache=False)
+        hidden = out.last_hidden_state[:, :-1]  # (B, T-1, H): position p predicts token p+1
+        targets = batch["targets"][:, 1:]  # (B, T-1)
+        sel = targets != -100
+        h = hidden[sel]  # (N, H)
+        res = fused_logprob(h, self.model.lm_head.weight, targets[sel], temperature=temperature,
+                            return_entropy=return_entropy)
+        return res if return_entropy else (res, None)
+
+
+def collate_sequences(prompts: list, responses: list[list[int]], pad_id: int) -> dict:
+    """Right-pad prompt+response sequences into one batch.
+
+    prompts: objects with input_ids (T_i,) int64, pixel_values (P_i, 1176) or None and
+    image_grid_thw (I_i, 3) or None (gui.Prompt). responses: the sampled token ids,
+    exactly as the sampler produced them (never re-tokenised text). Returns input_ids and
+    targets (B, T) int64 (targets = input_ids on response tokens, -100 elsewhere: padding
+    is masked by position, never by comparing with pad_id, which may equal EOS),
+    attention_mask (B, T) int64, and the images concatenated in row order.
+    """
+    seqs = [torch.cat([p.input_ids.long(), torch.tensor(r, dtype=torch.long)]) for p, r in zip(prompts, responses)]
+    T = max(len(s) for s in seqs)
+    B = len(seqs)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    targets = torch.full((B, T), -100, dtype=torch.long)
+    attention_mask = torch.zeros((B, T), dtype=torch.long)
+    for b, (s, p) in enumerate(zip(seqs, prompts)):
+        input_ids[b, :len(s)] = s
+        attention_mask[b, :len(s)] = 1
+        targets[b, len(p.input_ids):len(s)] = s[len(p.input_ids):]
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "targets": targets}
+    pv = [p.pixel_values for p in prompts if p.pixel_values is not None]
+    if pv:
+        batch["pixel_values"] = torch.cat(pv)
+        batch["image_grid_thw"] = torch.cat([p.image_grid_thw for p in prompts if p.image_grid_thw is not None])
+    return batch
+
+
+def to_device(batch: dict, device) -> dict:
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}

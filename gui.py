@@ -1,0 +1,789 @@
+"""The GUI agent's interface: everything every stage needs to talk about screens and actions.
+
+One module, used by train_sft.py, rollout.py, patch.py, train_semionline.py and eval_sop.py:
+
+1. the action space and the response format of SPEC section 3 (parse_response never raises);
+2. coordinates: Qwen2.5-VL smart_resize, mapping actions between original and resized pixels;
+3. the match and rule reward of SPEC section 4: action_match / score_response, the ONE function
+   that decides "wrong step" in rollout, patching, returns and SOP;
+4. episodes: the UI-S1 JSONL format and AndroidControl's native per-step JSON, screenshots;
+5. prompts: the Qwen2.5-VL chat template with image pads expanded, history as text, the last K
+   screenshots as images, and a token budget that summarises the oldest turns instead of failing.
+
+Conventions (read these before touching coordinates):
+- sizes are always (W, H); smart_resize alone keeps Qwen's (height, width) order, as upstream.
+- an action dict is the release's JSON, e.g. {"action": "click", "coordinate": [x, y]}. Expert
+  actions (Step.action) are in ORIGINAL screenshot pixels; model responses are in pixels of the
+  RESIZED screenshot the model saw (Prompt.resized_size). score_response maps between the two.
+- swipe: coordinate -> coordinate2 is the path of the FINGER. AndroidControl's native `scroll`
+  `direction` is the direction the *content* moves, i.e. opposite to the finger: a native
+  "scroll down" becomes a finger swipe upwards when loaded. The UI-S1 release files already store
+  finger swipes. (The release converted only up/down; its horizontal swipes keep the native
+  direction, so its 133 left/right test swipes disagree with our native conversion. Each file is
+  self-consistent, which is all a match needs.)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+from dataclasses import dataclass, field
+
+from PIL import Image
+
+logger = logging.getLogger(__name__)
+
+# -----------------------------------------------------------------------------
+# Action space (SPEC section 3)
+
+ACTION_TYPES = ("click", "long_press", "swipe", "type", "answer", "key", "system_button", "open", "wait", "terminate")
+SYSTEM_BUTTONS = ("Back", "Home", "Menu", "Enter")
+TEXT_ACTIONS = ("type", "answer", "key", "open")
+BBOX_ENLARGE = 1.2          # release: candidate boxes enlarged 1.2x about their centre
+POINT_DISTANCE = 0.04       # release: normalised distance threshold for clicks
+MIN_PIXELS = 4 * 28 * 28        # release defaults for smart_resize
+MAX_PIXELS = 12800 * 28 * 28
+MAX_COORD = 1e6             # |coordinate| beyond this is malformed output (it would overflow int() once scaled)
+ANDROID_CONTROL_SIZE = (1080, 2400)  # (W, H) of AndroidControl phones where a native row records no size
+
+# required arguments per action type: (name, kind)
+_ARGS = {
+    "click": (("coordinate", "point"),),
+    "long_press": (("coordinate", "point"),),
+    "swipe": (("coordinate", "point"), ("coordinate2", "point")),
+    "type": (("text", "str"),), "answer": (("text", "str"),), "key": (("text", "str"),), "open": (("text", "str"),),
+    "system_button": (("button", "str"),),
+    "wait": (), "terminate": (),
+}
+# optional arguments kept when present and well-typed
+_OPTIONAL = {"long_press": (("time", "num"),), "wait": (("time", "num"),), "terminate": (("status", "str"),)}
+
+
+def _num(v):
+    """A finite float from a JSON number (bools and huge ints rejected), else None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
+def check_action(action, *, strict: bool = False) -> dict:
+    """Validate an action dict and return its canonical copy (only the known keys). Raises ValueError
+    naming the bad field. strict=True (used for dataset actions) also requires a known system button
+    and rounds coordinates to int pixels; model outputs keep their numbers and any button string
+    (a wrong button is a type-only match, 0.5, as in the release)."""
+    if not isinstance(action, dict):
+        raise ValueError(f"action: expected a JSON object, got {type(action).__name__}")
+    kind = action.get("action")
+    if kind not in ACTION_TYPES:
+        raise ValueError(f"action: unknown action type {kind!r} (known: {', '.join(ACTION_TYPES)})")
+    out = {"action": kind}
+    for name, typ in _ARGS[kind] + _OPTIONAL.get(kind, ()):
+        required = (name, typ) in _ARGS[kind]
+        if name not in action:
+            if required:
+                raise ValueError(f"{name}: missing for action {kind!r}")
+            continue
+        v = action[name]
+        if typ == "point":
+            xy = [_num(c) for c in v] if isinstance(v, (list, tuple)) and len(v) == 2 else None
+            if xy is None or None in xy or max(abs(c) for c in xy) > MAX_COORD:
+                raise ValueError(f"{name}: expected [x, y] numbers within +-{MAX_COORD:g}, got {v!r}")
+            out[name] = [int(round(c)) for c in xy] if strict else list(v)
+        elif typ == "str" and isinstance(v, str):
+            out[name] = v
+        elif typ == "num" and _num(v) is not None:
+            out[name] = v
+        elif required:  # an ill-typed optional argument (wait time "2") is dropped, not fatal
+            raise ValueError(f"{name}: expected a {'string' if typ == 'str' else 'number'}, got {v!r}")
+    if strict and kind == "system_button":
+        match = [b for b in SYSTEM_BUTTONS if b.lower() == out["button"].strip().lower()]
+        if not match:
+            raise ValueError(f"button: expected one of {SYSTEM_BUTTONS}, got {out['button']!r}")
+        out["button"] = match[0]
+    return out
+
+
+# -----------------------------------------------------------------------------
+# Parsing and formatting of model responses
+
+@dataclass
+class Parsed:
+    thought: str | None  # the think block's text, stripped; None when there is no think block
+    action: dict | None  # canonical action dict; None when nothing valid parsed
+
+
+_THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+_ACTION_RE = re.compile(r"<action>(.*?)</action>", re.DOTALL)
+
+
+def parse_response(text) -> Parsed:
+    """Parse `<think>\\n...\\n</think>\\n<action>\\n{json}\\n</action>`. Never raises: anything
+    malformed (no action block, bad JSON, unknown type, missing or ill-typed argument) gives
+    action=None. Whitespace around tags and JSON is tolerated; the action block is looked for after
+    the think block, so an <action> quoted inside the thought is not taken for the answer."""
+    if not isinstance(text, str):
+        return Parsed(None, None)
+    think = _THINK_RE.search(text)
+    thought = think.group(1).strip() if think else None
+    m = _ACTION_RE.search(text, think.end() if think else 0)
+    action = None
+    if m is not None:
+        try:
+            action = check_action(json.loads(m.group(1).strip()))
+        except (ValueError, TypeError, RecursionError):  # JSONDecodeError is a ValueError
+            action = None
+    return Parsed(thought, action)
+
+
+def format_response(thought: str | None, action: dict) -> str:
+    """The model-response text of an action (SFT targets, patches, expert replay). A None thought
+    writes an empty think block, as the release does for thought-free patches."""
+    body = json.dumps(action, ensure_ascii=False)
+    return f"<think>\n{(thought or '').strip()}\n</think>\n<action>\n{body}\n</action>"
+
+
+# -----------------------------------------------------------------------------
+# Coordinates: smart_resize and mapping between original and resized pixels
+
+def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = MIN_PIXELS,
+                 max_pixels: int = MAX_PIXELS) -> tuple[int, int]:
+    """Qwen2.5-VL's resize rule, (height, width) in and out as upstream: both sides multiples of
+    `factor`, pixel count within [min_pixels, max_pixels], aspect ratio kept as far as possible.
+    Unlike a naive round, no side can become 0 (SPEC section 11)."""
+    if height <= 0 or width <= 0:
+        raise ValueError(f"smart_resize: non-positive size (height={height}, width={width})")
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"smart_resize: aspect ratio over 200 (height={height}, width={width})")
+    h_bar = round(height / factor) * factor  # may be 0 here: then the min_pixels branch scales up
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return max(factor, h_bar), max(factor, w_bar)  # upstream's result, guarded for min_pixels ~ 0
+
+
+def resized_size(size: tuple[int, int], *, factor: int = 28, min_pixels: int = MIN_PIXELS,
+                 max_pixels: int = MAX_PIXELS) -> tuple[int, int]:
+    """(W, H) of an image of size (W, H) as the model sees it (smart_resize in (W, H) order)."""
+    h, w = smart_resize(size[1], size[0], factor, min_pixels, max_pixels)
+    return w, h
+
+
+def scale_action(action: dict, src_size: tuple[int, int], dst_size: tuple[int, int]) -> dict:
+    """Map coordinate/coordinate2 from an image of src_size (W, H) to one of dst_size (W, H),
+    rounding to int pixels. Other keys are copied."""
+    sx, sy = dst_size[0] / src_size[0], dst_size[1] / src_size[1]
+    out = dict(action)
+    for k in ("coordinate", "coordinate2"):
+        if k in out:
+            x, y = out[k]
+            out[k] = [int(round(x * sx)), int(round(y * sy))]
+    return out
+
+
+def expert_response(step: "Step", orig_size: tuple[int, int], resized: tuple[int, int] | None = None,
+                    thought: str | None = None, *, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS) -> str:
+    """The expert action of `step` written as a model response in pixels of the resized screenshot
+    (W, H) = resized, or, when it is None, of smart_resize(orig_size) under min/max_pixels."""
+    if resized is None:
+        resized = resized_size(orig_size, min_pixels=min_pixels, max_pixels=max_pixels)
+    return format_response(thought, scale_action(step.action, orig_size, resized))
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """'WxH' (e.g. '1080x2400', as --blank-screens and --image-size take it) -> (W, H)."""
+    try:
+        w, h = (int(v) for v in str(text).lower().split("x"))
+    except ValueError:
+        raise ValueError(f"expected a size WxH such as 1080x2400, got {text!r}") from None
+    if w <= 0 or h <= 0:
+        raise ValueError(f"expected a positive size WxH, got {text!r}")
+    return w, h
+
+
+# -----------------------------------------------------------------------------
+# Match and rule reward (SPEC section 4; the release's check_response_match, with its bugs fixed)
+
+def swipe_direction(start, end) -> str | None:
+    """Dominant direction of the finger moving from start to end; ties go vertical (release);
+    a zero-length swipe has no direction (the release called it 'up')."""
+    dx, dy = end[0] - start[0], end[1] - start[1]
+    if dx == 0 and dy == 0:
+        return None
+    if abs(dx) > abs(dy):
+        return "right" if dx > 0 else "left"
+    return "down" if dy > 0 else "up"
+
+
+def _text_match(pred: str, expert: str) -> bool:
+    p, e = pred.lower().strip(), expert.lower().strip()
+    if not p:  # an empty prediction is "contained" in every text: the release rewarded it; we do not
+        return not e
+    return p in e or e in p
+
+
+def _point_match(pt, expert_pt, candidate_bbox, image_size) -> bool:
+    x, y = pt
+    for x1, y1, x2, y2 in candidate_bbox or ():
+        cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+        hw, hh = (x2 - x1) * BBOX_ENLARGE / 2, (y2 - y1) * BBOX_ENLARGE / 2
+        if cx - hw <= x <= cx + hw and cy - hh <= y <= cy + hh:
+            return True
+    w, h = image_size
+    # math.hypot: no overflow on absurd coordinates from a model
+    return math.hypot((x - expert_pt[0]) / w, (y - expert_pt[1]) / h) <= POINT_DISTANCE
+
+
+def action_match(pred: dict | None, expert: dict, candidate_bbox, image_size: tuple[int, int]) -> tuple[bool, bool]:
+    """(match, type_match) of a predicted action against the expert's. Both actions, the candidate
+    boxes (x1, y1, x2, y2) and image_size (W, H) are in the SAME pixel space.
+    - wait, terminate: the type alone;  system_button: same button, case-insensitive;
+    - type/answer/key/open: lower-cased stripped texts, one contained in the other (non-empty);
+    - swipe: same dominant finger direction;
+    - click/long_press: inside a candidate box enlarged 1.2x about its centre, else normalised
+      Euclidean distance to the expert point <= 0.04."""
+    if pred is None or pred.get("action") != expert["action"]:
+        return False, False
+    kind = expert["action"]
+    try:
+        if kind in ("wait", "terminate"):
+            ok = True
+        elif kind == "system_button":
+            ok = pred["button"].strip().lower() == expert["button"].strip().lower()
+        elif kind in TEXT_ACTIONS:
+            ok = _text_match(pred["text"], expert["text"])
+        elif kind == "swipe":
+            d = swipe_direction(pred["coordinate"], pred["coordinate2"])
+            ok = d is not None and d == swipe_direction(expert["coordinate"], expert["coordinate2"])
+        elif kind in ("click", "long_press"):
+            ok = _point_match(pred["coordinate"], expert["coordinate"], candidate_bbox, image_size)
+        else:
+            ok = False
+    except (KeyError, TypeError, ValueError, AttributeError):  # a hand-made pred dict missing its fields
+        ok = False
+    return bool(ok), True
+
+
+@dataclass
+class Score:
+    reward: float       # 0.1 * format + 0.9 * action score, 0 when nothing parsed
+    match: bool         # full match: the step is "right"
+    type_match: bool
+    format_ok: bool     # non-empty think block
+    action: dict | None  # the parsed action in ORIGINAL pixels
+
+
+def score_response(text: str, step: "Step", *, resized_size: tuple[int, int], orig_size: tuple[int, int]) -> Score:
+    """The rule reward of one step (SPEC section 4), the one function used everywhere.
+    `text` is a model response with coordinates in pixels of the resized screenshot (W, H) =
+    resized_size; the step's expert action and boxes are in original pixels, orig_size = (W, H)."""
+    p = parse_response(text)
+    format_ok = bool(p.thought)
+    if p.action is None:
+        return Score(0.0, False, False, format_ok, None)
+    pred = scale_action(p.action, resized_size, orig_size)
+    match, type_match = action_match(pred, step.action, step.candidate_bbox, orig_size)
+    act = 1.0 if match else (0.5 if type_match else 0.1)
+    return Score(0.1 * float(format_ok) + 0.9 * act, match, type_match, format_ok, pred)
+
+
+# -----------------------------------------------------------------------------
+# Episodes
+
+@dataclass
+class Step:
+    screenshot: str | None                 # path as recorded (absolute, or relative to the data file's folder)
+    action: dict                           # expert action, ORIGINAL pixels, canonical (check_action strict)
+    step_instruction: str | None = None    # low-level instruction (AndroidControl-Low)
+    thought: str | None = None             # expert thought (off-policy-thought patches)
+    candidate_bbox: list[list[int]] = field(default_factory=list)  # (x1, y1, x2, y2) original pixels
+    image_size: tuple[int, int] | None = None  # (W, H) original, if recorded
+    elements: str | None = None            # element list text (accessibility tree), if recorded
+    root: str | None = None                # folder of the data file: relative screenshots resolve here
+
+
+@dataclass
+class Episode:
+    goal: str
+    episode_id: str
+    steps: list[Step]
+    source: str                            # data file path
+    meta: dict = field(default_factory=dict)  # other episode-level fields (MiniWob: task, seed, ...)
+
+
+_NATIVE_IMAGE_RE = re.compile(r"episode_(\w+?)-screenshot_(\d+)\.\w+$")
+
+
+class _Where:
+    """Error context: file and line (JSONL) or row index (JSON list)."""
+
+    def __init__(self, path, kind, idx):
+        self.path, self.kind, self.idx = path, kind, idx
+
+    def error(self, fld, msg) -> ValueError:
+        return ValueError(f"{self.path}: {self.kind} {self.idx}: field {fld!r}: {msg}")
+
+
+def _size(v, where, fld):
+    if v is None:
+        return None
+    ok = isinstance(v, (list, tuple)) and len(v) == 2
+    if not ok or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in v):
+        raise where.error(fld, f"expected [W, H] positive ints, got {v!r}")
+    return (v[0], v[1])
+
+
+def _boxes(v, where, fld):
+    if v is None:
+        return []
+    if isinstance(v, (list, tuple)) and len(v) == 4 and all(_num(c) is not None for c in v):
+        v = [v]  # a single box (the release's `len(...) == 4` case)
+    if not isinstance(v, (list, tuple)):
+        raise where.error(fld, f"expected a list of [x1, y1, x2, y2] boxes, got {v!r}")
+    out = []
+    for i, b in enumerate(v):
+        if not isinstance(b, (list, tuple)) or len(b) != 4 or any(_num(c) is None for c in b):
+            raise where.error(f"{fld}[{i}]", f"expected [x1, y1, x2, y2] numbers, got {b!r}")
+        out.append(list(b))
+    return out
+
+
+def _text(v, where, fld):
+    if v is None or isinstance(v, str):
+        return v
+    raise where.error(fld, f"expected a string, got {v!r}")
+
+
+def _elements(v, where, fld):
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, list):  # one element per line: role, text, box as the producer wrote them
+        return "\n".join(e if isinstance(e, str) else json.dumps(e, ensure_ascii=False) for e in v)
+    raise where.error(fld, f"expected a string or a list, got {type(v).__name__}")
+
+
+def _uis1_episode(obj, where, path, root, default_id) -> Episode:
+    """One episode of the UI-S1 release format (also MiniWob's, which adds task/seed/image_size and
+    per-step thought/elements)."""
+    if not isinstance(obj, dict):
+        raise where.error("<episode>", f"expected a JSON object, got {type(obj).__name__}")
+    goal = obj.get("goal")
+    if not isinstance(goal, str):
+        raise where.error("goal", f"expected a string, got {goal!r}")
+    steps = obj.get("steps")
+    if not isinstance(steps, list) or not steps:
+        raise where.error("steps", "expected a non-empty list")
+    ep_size = _size(obj.get("image_size"), where, "image_size")
+    out = []
+    for k, s in enumerate(steps):
+        f = f"steps[{k}]"
+        if not isinstance(s, dict):
+            raise where.error(f, "expected a JSON object")
+        if "action_content" not in s:
+            raise where.error(f"{f}.action_content", "missing")
+        raw = s["action_content"]
+        try:
+            action = check_action(raw, strict=True)
+        except ValueError as e:
+            raise where.error(f"{f}.action_content", str(e)) from None
+        check = s.get("check_options") or {}
+        if not isinstance(check, dict):
+            raise where.error(f"{f}.check_options", "expected a JSON object")
+        if "candidate_bbox" in s:
+            boxes = _boxes(s["candidate_bbox"], where, f"{f}.candidate_bbox")
+        elif "candidate_bbox" in check:
+            boxes = _boxes(check["candidate_bbox"], where, f"{f}.check_options.candidate_bbox")
+        else:  # the train file puts one box on the action itself
+            boxes = _boxes(raw.get("bbox") if isinstance(raw, dict) else None, where, f"{f}.action_content.bbox")
+        shot = s.get("screenshot")
+        if shot is not None and not isinstance(shot, str):
+            raise where.error(f"{f}.screenshot", f"expected a path string, got {shot!r}")
+        out.append(Step(
+            screenshot=shot, action=action,
+            step_instruction=_text(s.get("step_instruction"), where, f"{f}.step_instruction"),
+            thought=_text(s.get("thought"), where, f"{f}.thought"),
+            candidate_bbox=boxes,
+            image_size=_size(s.get("image_size"), where, f"{f}.image_size") or ep_size,
+            elements=_elements(s.get("elements"), where, f"{f}.elements"),
+            root=root))
+    ep_id = obj.get("episode_id", default_id)
+    if isinstance(ep_id, bool) or not isinstance(ep_id, (str, int)):
+        raise where.error("episode_id", f"expected a string or int, got {ep_id!r}")
+    meta = {k: v for k, v in obj.items() if k not in ("goal", "steps", "episode_id")}
+    return Episode(goal=goal, episode_id=str(ep_id), steps=out, source=path, meta=meta)
+
+
+def _native_action(gt, where, size) -> dict:
+    """AndroidControl's native action -> our action space. Scroll direction is the CONTENT's
+    direction; the finger moves the opposite way (see module docstring)."""
+    if not isinstance(gt, dict):
+        raise where.error("gt", "expected a JSON object")
+    kind = gt.get("action_type")
+    w, h = size
+
+    def pt():
+        x, y = _num(gt.get("x")), _num(gt.get("y"))
+        if x is None or y is None:
+            raise where.error("gt.x/gt.y", f"expected numbers for {kind!r}, got x={gt.get('x')!r} y={gt.get('y')!r}")
+        return [int(round(x)), int(round(y))]
+
+    def txt(key):
+        v = gt.get(key)
+        if not isinstance(v, str):
+            raise where.error(f"gt.{key}", f"expected a string for {kind!r}, got {v!r}")
+        return v
+
+    if kind == "click":
+        return {"action": "click", "coordinate": pt()}
+    if kind == "long_press":
+        return {"action": "long_press", "coordinate": pt(), "time": 2}
+    if kind == "scroll":
+        d = gt.get("direction")
+        # finger path for each content direction; the release's points (W/2, H/4) <-> (W/2, 3H/4)
+        top, bottom = [w // 2, h // 4], [w // 2, 3 * h // 4]
+        left, right = [w // 4, h // 2], [3 * w // 4, h // 2]
+        paths = {"down": (bottom, top), "up": (top, bottom), "right": (right, left), "left": (left, right)}
+        if d not in paths:
+            raise where.error("gt.direction", f"expected up/down/left/right, got {d!r}")
+        a, b = paths[d]
+        return {"action": "swipe", "coordinate": a, "coordinate2": b}
+    if kind == "input_text":
+        return {"action": "type", "text": txt("text")}
+    if kind == "open_app":
+        return {"action": "open", "text": txt("app_name")}
+    if kind == "navigate_back":
+        return {"action": "system_button", "button": "Back"}
+    if kind == "navigate_home":
+        return {"action": "system_button", "button": "Home"}
+    if kind == "keyboard_enter":
+        return {"action": "system_button", "button": "Enter"}
+    if kind == "wait":
+        return {"action": "wait", "time": 2}
+    if kind == "answer":
+        return {"action": "answer", "text": txt("text")}
+    if kind == "status":  # AndroidWorld-style terminal action
+        s = gt.get("goal_status")
+        if s not in ("complete", "infeasible", "successful", "success", "failure"):
+            raise where.error("gt.goal_status", f"unknown status {s!r}")
+        return {"action": "terminate", "status": "success" if s in ("complete", "successful", "success") else "failure"}
+    raise where.error("gt.action_type", f"unknown native action {kind!r}")
+
+
+def _native_episodes(rows, path, root) -> list[Episode]:
+    """AndroidControl native rows (one per step, image episode_<id>-screenshot_<k>.png) grouped into
+    episodes in order of first appearance, steps sorted by k. The file records no episode goal: the
+    goal is the episode's step instructions joined (so it reads like AndroidControl-Low's plan)."""
+    groups: dict[str, dict[int, Step]] = {}
+    goals: dict[str, str] = {}  # a goal, where a row carries one (other exports of the format do)
+    for i, row in enumerate(rows):
+        where = _Where(path, "row", i)
+        if not isinstance(row, dict):
+            raise where.error("<row>", f"expected a JSON object, got {type(row).__name__}")
+        img = row.get("image")
+        m = _NATIVE_IMAGE_RE.search(img) if isinstance(img, str) else None
+        if m is None:
+            raise where.error("image", f"expected a name like episode_<id>-screenshot_<k>.png, got {img!r}")
+        size = _size(row.get("image_size", row.get("img_size")), where, "image_size")
+        action = _native_action(row.get("gt"), where, size or ANDROID_CONTROL_SIZE)
+        ep, k = m.group(1), int(m.group(2))
+        if k in groups.setdefault(ep, {}):
+            raise where.error("image", f"duplicate step {k} of episode {ep}")
+        groups[ep][k] = Step(screenshot=img, action=action, step_instruction=_text(row.get("task"), where, "task"),
+                             candidate_bbox=_boxes(row.get("candidate_bbox"), where, "candidate_bbox"),
+                             image_size=size, root=root)
+        if isinstance(row.get("goal"), str) and row["goal"]:
+            goals.setdefault(ep, row["goal"])
+    out = []
+    for ep, steps in groups.items():
+        steps = [steps[k] for k in sorted(steps)]
+        goal = goals.get(ep) or " ".join(s.step_instruction.strip() for s in steps if s.step_instruction)
+        out.append(Episode(goal=goal, episode_id=ep, steps=steps, source=path,
+                           meta={"format": "android_control_native"}))
+    return out
+
+
+def load_episodes(path: str, *, limit: int | None = None) -> list[Episode]:
+    """Load episodes from a UI-S1 JSONL file (one episode per line; MiniWob files too), a JSON list
+    of such episodes, or AndroidControl's native per-step JSON list (rows with image/gt/task).
+    Any malformed line or unknown action raises ValueError naming file, line (or row) and field.
+    Episodes without an episode_id get "line-<n>" (1-based line number)."""
+    path = str(path)
+    root = os.path.dirname(os.path.abspath(path))
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    episodes: list[Episode] = []
+    if text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: line {e.lineno}: invalid JSON: {e.msg}") from None
+        if rows and isinstance(rows[0], dict) and "gt" in rows[0]:
+            episodes = _native_episodes(rows, path, root)
+        else:
+            episodes = [_uis1_episode(r, _Where(path, "row", i), path, root, f"row-{i}") for i, r in enumerate(rows)]
+    else:
+        for n, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            where = _Where(path, "line", n)
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise where.error("<json>", f"invalid JSON: {e.msg} (column {e.colno})") from None
+            episodes.append(_uis1_episode(obj, where, path, root, f"line-{n}"))
+            if limit is not None and len(episodes) >= limit:
+                break
+    seen = set()
+    for ep in episodes:
+        if ep.episode_id in seen:
+            raise ValueError(f"{path}: field 'episode_id': duplicate episode id {ep.episode_id!r}")
+        seen.add(ep.episode_id)
+    return episodes[:limit] if limit is not None else episodes
+
+
+# -----------------------------------------------------------------------------
+# Screenshots
+
+def screenshot_candidates(step: Step, image_root: str | None = None) -> list[str]:
+    """Where a step's screenshot may lie, in the order tried. With image_root: the recorded path
+    under it (leading '/' dropped), then its file name under it. Without: an absolute path as is,
+    a relative one against the data file's folder."""
+    p = step.screenshot
+    if not p:
+        return []
+    if image_root is not None:
+        return [os.path.join(image_root, p.lstrip("/\\")), os.path.join(image_root, os.path.basename(p))]
+    if os.path.isabs(p):
+        return [p]
+    return [os.path.join(step.root or ".", p)]
+
+
+def load_screenshot(step: Step, *, image_root: str | None = None,
+                    blank_screens: tuple[int, int] | None = None) -> Image.Image:
+    """The step's screenshot as an RGB image. A missing file is an error unless blank_screens=(W, H)
+    is given: then a black image of the step's recorded size, else of blank_screens, stands in."""
+    tried = screenshot_candidates(step, image_root)
+    for p in tried:
+        if os.path.isfile(p):
+            with Image.open(p) as im:
+                return im.convert("RGB")
+    if blank_screens is not None:
+        w, h = step.image_size or blank_screens
+        return Image.new("RGB", (int(w), int(h)))
+    raise FileNotFoundError(f"screenshot {step.screenshot!r} not found "
+                            f"(tried: {', '.join(tried) or 'nothing recorded'}); "
+                            f"pass --image-root DIR, or --blank-screens WxH for blank stand-ins")
+
+
+# -----------------------------------------------------------------------------
+# Prompts (SPEC section 3: system prompt, goal, per step the screenshot and earlier responses)
+
+SYSTEM_PROMPT = """You are a GUI agent operating a device. You are given a task goal, the screenshots of the steps so far and your own earlier responses. Perform the next action to complete the task.
+
+## Action space
+Write one action as a JSON object with the action and its arguments at the same level:
+- {"action": "click", "coordinate": [x, y]}: tap the point (x, y).
+- {"action": "long_press", "coordinate": [x, y], "time": 2}: press the point for `time` seconds.
+- {"action": "swipe", "coordinate": [x, y], "coordinate2": [x2, y2]}: move a finger from (x, y) to (x2, y2); swiping up scrolls the content down.
+- {"action": "type", "text": "..."}: type the text into the focused input box.
+- {"action": "answer", "text": "..."}: give the answer to the user's question.
+- {"action": "key", "text": "..."}: send a key event (adb keyevent syntax).
+- {"action": "system_button", "button": "Back"}: press a system button: Back, Home, Menu or Enter.
+- {"action": "open", "text": "app name"}: open the app.
+- {"action": "wait", "time": 2}: wait `time` seconds for the screen to change.
+- {"action": "terminate", "status": "success"}: end the task with status success or failure.
+Coordinates are integer pixels of the latest screenshot, from its left and top edges.
+
+## Output format
+<think>
+your reasoning
+</think>
+<action>
+{"action": "...", ...}
+</action>"""
+
+
+@dataclass
+class Prompt:
+    input_ids: "torch.LongTensor"           # (T,) with <|image_pad|> expanded; ends with the assistant header
+    pixel_values: "torch.FloatTensor | None"  # (P, C * temporal_patch * patch * patch) = (P, 1176)
+    image_grid_thw: "torch.LongTensor | None"  # (I, 3)
+    resized_size: tuple[int, int]          # (W, H) of the LAST screenshot as the model sees it
+    n_dropped_turns: int                   # oldest history turns replaced by the summary line
+    image_steps: list[int] = field(default_factory=list)  # step index of each image, in order
+
+
+def special_tokens(tokenizer) -> list[str]:
+    """All special-token strings of the tokenizer (<|im_end|>, <|image_pad|>, ...)."""
+    toks = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    for t in getattr(tokenizer, "added_tokens_decoder", {}).values():
+        if getattr(t, "special", False):
+            toks.add(t.content)
+    return sorted(toks, key=len, reverse=True)
+
+
+def strip_special(text: str, tokens: list[str]) -> str:
+    """Remove special-token strings from free text. A response sampled with <|im_end|> or
+    <|image_pad|> in it would otherwise break the chat structure or the image pad count."""
+    for t in tokens:
+        text = text.replace(t, "")
+    return text
+
+
+def _summary_line(i: int, response: str) -> str:
+    a = parse_response(response).action
+    return f"Step {i + 1}: " + (json.dumps(a, ensure_ascii=False) if a is not None else "(no valid action)")
+
+
+def build_prompt(tokenizer, image_processor, *, goal: str, screenshots: list, history: list[str],
+                 step_instruction: str | None = None, elements: str | None = None, num_images: int = 2,
+                 min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS,
+                 max_prompt_tokens: int | None = None) -> Prompt:
+    """Model inputs for step t = len(screenshots) - 1 (screenshots: original images of steps 0..t,
+    only the last num_images are read, so earlier entries may be None;
+    history: the assistant responses of steps 0..t-1, as text).
+
+    Layout (the release's multi-turn form): system prompt; then per step a user turn (the goal in
+    the first one; the screenshot if it is among the last `num_images`, else a note that it is not
+    shown) followed by that step's response as an assistant turn; the current user turn adds the
+    step instruction and the element list; the generation prompt ends the ids.
+
+    Budget: if the prompt is longer than max_prompt_tokens, the oldest turns are dropped (their
+    images with them: pads and pixels always agree) and summarised by one action-only line each;
+    once only turns with screenshots are left, the oldest summary lines go before such a turn does.
+    A logged warning says what went; a prompt that cannot fit even so (the current screenshot
+    alone is too big) is returned with a warning, never an exception."""
+    import torch
+
+    t = len(screenshots) - 1
+    if t < 0:
+        raise ValueError("build_prompt: no screenshots")
+    if len(history) != t:
+        raise ValueError(f"build_prompt: {len(screenshots)} screenshots need {t} history responses, got {len(history)}")
+    if num_images < 1:
+        raise ValueError("build_prompt: num_images must be >= 1")
+    patch, merge = int(image_processor.patch_size), int(image_processor.merge_size)
+    factor = patch * merge
+
+    specials = special_tokens(tokenizer)
+    clean = lambda s: strip_special(s, specials) if s else s  # noqa: E731
+    goal, step_instruction, elements = clean(goal), clean(step_instruction), clean(elements)
+    history = [clean(h) for h in history]
+
+    # resize the kept screenshots ourselves so resized sizes (and coordinates) are known exactly
+    image_steps_all = list(range(max(0, t + 1 - num_images), t + 1))
+    resized = {}
+    for i in image_steps_all:
+        w, h = screenshots[i].size
+        resized[i] = resized_size((w, h), factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+    n_pad = {i: (resized[i][0] // patch) * (resized[i][1] // patch) // merge**2 for i in image_steps_all}
+    pad_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+
+    def render(drop: int, n_summary: int):
+        """Token ids (pads not yet expanded) and the image steps, with turns 0..drop-1 summarised
+        (their last n_summary summary lines kept)."""
+        first = f"Task goal: {goal}"
+        if drop > 0:
+            lines = [_summary_line(i, history[i]) for i in range(drop - n_summary, drop)]
+            shown = "actions only" if n_summary == drop else f"actions of the last {n_summary} only"
+            first += f"\nEarlier steps: {drop} (screenshots not shown; {shown}):" + "".join("\n" + s for s in lines)
+        messages = [{"role": "system", "content": [{"type": "text", "text": SYSTEM_PROMPT}]}]
+        steps_with_image = []
+        for i in range(drop, t + 1):
+            content = [{"type": "text", "text": first + "\n"}] if i == drop else []
+            if i in resized:
+                content += [{"type": "text", "text": f"Step {i + 1} screenshot:"}, {"type": "image"}]
+                steps_with_image.append(i)
+            else:
+                content.append({"type": "text", "text": f"Step {i + 1} (screenshot not shown)."})
+            if i == t:
+                if step_instruction:
+                    content.append({"type": "text", "text": f"\nStep instruction: {step_instruction}"})
+                if elements:
+                    content.append({"type": "text", "text": f"\nUI elements on screen:\n{elements}"})
+            messages.append({"role": "user", "content": content})
+            if i < t:
+                messages.append({"role": "assistant", "content": [{"type": "text", "text": history[i]}]})
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        return ids, steps_with_image
+
+    def length(ids, steps_with_image):
+        return len(ids) + sum(n_pad[i] - 1 for i in steps_with_image)
+
+    drop, n_summary = 0, 0
+    ids, steps_with_image = render(0, 0)
+    n_full = length(ids, steps_with_image)
+    if max_prompt_tokens is not None and n_full > max_prompt_tokens:
+        # the first (drop, n_summary) that fits, in order of preference: the oldest turns summarised,
+        # one action line each, until the turns left carry screenshots; then the oldest summary lines
+        # go (binary search: length grows with n_summary); only then turns with a screenshot.
+        def fits(d, k):
+            r = render(d, k)
+            return length(*r) <= max_prompt_tokens, r
+
+        first_image = image_steps_all[0]
+        for drop in range(1, t + 1):
+            ok, r = fits(drop, drop)
+            if ok:
+                n_summary, (ids, steps_with_image) = drop, r
+                break
+            if drop not in (first_image, t):
+                continue
+            ok, r = fits(drop, 0)
+            if not ok:
+                continue
+            lo, hi, best = 0, drop, r  # fits with lo lines, not with hi
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                ok, r = fits(drop, mid)
+                lo, hi, best = (mid, hi, r) if ok else (lo, mid, best)
+            n_summary, (ids, steps_with_image) = lo, best
+            break
+        else:  # nothing fits: everything but the current turn goes, and we say so
+            drop, n_summary = t, 0
+            ids, steps_with_image = render(drop, n_summary)
+        n_now = length(ids, steps_with_image)
+        logger.warning("prompt of %d tokens over the budget of %d: summarised the oldest %d of %d turns "
+                       "(%d summary lines kept) -> %d tokens%s", n_full, max_prompt_tokens, drop, t, n_summary,
+                       n_now, "; STILL OVER BUDGET" if n_now > max_prompt_tokens else "")
+
+    # expand each <|image_pad|> to its image's token count, in order of appearance
+    if ids.count(pad_id) != len(steps_with_image):
+        raise RuntimeError(f"prompt has {ids.count(pad_id)} image pads for {len(steps_with_image)} images")
+    out, k = [], 0
+    for tok in ids:
+        if tok == pad_id:
+            out.extend([pad_id] * n_pad[steps_with_image[k]])
+            k += 1
+        else:
+            out.append(tok)
+
+    pixel_values = grid = None
+    if steps_with_image:
+        images = []
+        for i in steps_with_image:
+            im = screenshots[i]
+            im = im if im.mode == "RGB" else im.convert("RGB")
+            if im.size != resized[i]:
+                im = im.resize(resized[i], Image.BICUBIC)
+            images.append(im)
+        feats = image_processor(images=images, do_resize=False, return_tensors="pt")
+        pixel_values, grid = feats["pixel_values"], feats["image_grid_thw"].long()  # (P, 1176), (I, 3)
+        for i, g in zip(steps_with_image, grid.tolist()):
+            if g != [1, resized[i][1] // patch, resized[i][0] // patch]:
+                raise RuntimeError(f"image processor grid {g} disagrees with the resized size {resized[i]} (W, H)")
+    return Prompt(input_ids=torch.tensor(out, dtype=torch.long), pixel_values=pixel_values, image_grid_thw=grid,
+                  resized_size=resized[t], n_dropped_turns=drop, image_steps=steps_with_image)

@@ -1,0 +1,250 @@
+"""Per-token PPO loss with dual-clip and k3 KL (SPEC section 7; verl's compute_policy_loss and
+kl_penalty("low_var_kl"), as the UI-S1 release uses them). Forward and d loss / d logp in one pass.
+
+Per token, with A the advantage and m the mask:
+
+    lr     = clamp(logp - old_logp, -lrc, lrc)                      lrc = log_ratio_clamp (20)
+    r      = exp(lr)                                                ratio
+    pg1    = -A r
+    pg2    = -A clamp(r, 1 - clip_low, 1 + clip_high)
+    pg     = max(pg1, pg2)                                          clipped when pg2 > pg1
+    pg     = min(pg, -A clip_c)   if A < 0                          dual clip (Ye et al. 2020)
+    d      = clamp(ref_logp - logp, -lrc, lrc)
+    kl     = clamp(exp(d) - d - 1, -kl_clamp, kl_clamp)             k3 / "low_var_kl", >= 0
+    loss   = m * (pg + kl_coef * kl)
+
+d loss / d logp (clamps pass gradient only inside [lo, hi], inclusive, as torch.clamp does):
+
+    d pg  = -A r 1[|logp - old| <= lrc]   unless the clip or the dual clip chose a constant, then 0
+    d kl  = -(exp(d) - 1) 1[|ref - logp| <= lrc] 1[|exp(d) - d - 1| <= kl_clamp]
+
+Clamping the log-ratios before exp is what keeps a stale or far-off token from overflowing into
+inf/NaN (SPEC section 11, "k3 KL overflow into NaN gradients"). Masked tokens (mask == 0) are zeroed
+with a select, not a multiply, so NaN/inf garbage in padded positions cannot leak into the loss or the
+gradient. Only logp gets a gradient: old_logp, ref_logp and adv are constants of the objective.
+
+Returns the per-token loss (N,) fp32 and per-token stats ('ratio', 'clipped' = the clip or the dual
+clip chose a constant (no gradient), 'dual_clipped', 'kl'), all 0 where mask == 0; the caller does the
+token-mean aggregation.
+
+Triton path: `_ppo_loss_fwd_kernel` computes the loss, the stats and d loss / d logp in one pass over
+the tokens and saves the derivative; the backward is grad_out * dlogp.
+"""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+
+# ---------------------------------------------------------------------------------------------------
+# Triton kernel
+
+
+@triton.jit
+def _ppo_loss_fwd_kernel(
+    logp_ptr,
+    old_ptr,
+    adv_ptr,
+    mask_ptr,
+    ref_ptr,
+    loss_ptr,
+    dlogp_ptr,
+    ratio_ptr,
+    clipped_ptr,
+    dual_ptr,
+    kl_ptr,
+    N,
+    clip_low,
+    clip_high,
+    clip_c,
+    kl_coef,
+    kl_clamp,
+    log_ratio_clamp,
+    HAS_REF: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inb = offs < N
+    m = tl.load(mask_ptr + offs, mask=inb, other=0) != 0
+    logp = tl.where(m, tl.load(logp_ptr + offs, mask=inb, other=0.0).to(tl.float32), 0.0)
+    old = tl.where(m, tl.load(old_ptr + offs, mask=inb, other=0.0).to(tl.float32), 0.0)
+    adv = tl.where(m, tl.load(adv_ptr + offs, mask=inb, other=0.0).to(tl.float32), 0.0)
+
+    # clipped surrogate with dual clip
+    lr_raw = logp - old
+    lr = tl.minimum(tl.maximum(lr_raw, -log_ratio_clamp), log_ratio_clamp)
+    r = tl.exp(lr)
+    dr = tl.where(tl.abs(lr_raw) <= log_ratio_clamp, r, 0.0)  # d r / d logp
+    pg1 = -adv * r
+    pg2 = -adv * tl.minimum(tl.maximum(r, 1.0 - clip_low), 1.0 + clip_high)
+    clip = pg2 > pg1
+    pg = tl.maximum(pg1, pg2)
+    pg3 = -adv * clip_c
+    dual = (adv < 0) & (pg > pg3)
+    pg = tl.where(dual, pg3, pg)
+    d_pg = tl.where(clip | dual, 0.0, -adv * dr)
+
+    loss = pg
+    d_loss = d_pg
+    kl = tl.zeros((BLOCK,), dtype=tl.float32)
+    if HAS_REF:
+        ref = tl.where(m, tl.load(ref_ptr + offs, mask=inb, other=0.0).to(tl.float32), 0.0)
+        d_raw = ref - logp
+        d = tl.minimum(tl.maximum(d_raw, -log_ratio_clamp), log_ratio_clamp)
+        e = tl.exp(d)
+        kl_raw = e - d - 1.0
+        kl = tl.minimum(tl.maximum(kl_raw, -kl_clamp), kl_clamp)
+        pass_grad = (tl.abs(d_raw) <= log_ratio_clamp) & (tl.abs(kl_raw) <= kl_clamp)
+        d_kl = tl.where(pass_grad, 1.0 - e, 0.0)  # d kl / d logp = -(e - 1)
+        loss += kl_coef * kl
+        d_loss += kl_coef * d_kl
+
+    tl.store(loss_ptr + offs, tl.where(m, loss, 0.0), mask=inb)
+    tl.store(dlogp_ptr + offs, tl.where(m, d_loss, 0.0), mask=inb)
+    tl.store(ratio_ptr + offs, tl.where(m, r, 0.0), mask=inb)
+    tl.store(clipped_ptr + offs, tl.where(m & (clip | dual), 1.0, 0.0), mask=inb)
+    tl.store(dual_ptr + offs, tl.where(m & dual, 1.0, 0.0), mask=inb)
+    tl.store(kl_ptr + offs, tl.where(m, kl, 0.0), mask=inb)
+
+
+# ---------------------------------------------------------------------------------------------------
+# launcher
+
+
+def _interpreted(kernel):
+    """True when `kernel` and triton's own library (tl.sum, ...) were built for the CPU interpreter:
+    the @triton.jit decorator reads TRITON_INTERPRET, so it must be 1 before triton is first imported."""
+    return isinstance(kernel, InterpretedFunction) and isinstance(tl.sum, InterpretedFunction)
+
+
+def _check(logp, old_logp, adv, mask, ref_logp):
+    named = {"old_logp": old_logp, "adv": adv, "mask": mask}
+    if ref_logp is not None:
+        named["ref_logp"] = ref_logp
+    for name, t in named.items():
+        if t.shape != logp.shape:
+            raise ValueError(f"ppo_loss: {name} has shape {tuple(t.shape)}, logp has {tuple(logp.shape)}")
+        if t.device != logp.device:
+            raise ValueError(f"ppo_loss: {name} is on {t.device}, logp on {logp.device}")
+    for name, t in [("logp", logp), ("old_logp", old_logp), ("adv", adv), ("ref_logp", ref_logp)]:
+        if t is not None and not t.dtype.is_floating_point:
+            raise TypeError(f"ppo_loss: {name} must be floating point, got {t.dtype}")
+
+
+def _ppo_loss_fwd_triton(logp, old_logp, adv, mask, ref_logp, clip_low, clip_high, clip_c, kl_coef, kl_clamp,
+                         log_ratio_clamp, block=1024):
+    """-> loss, dlogp, ratio, clipped, dual_clipped, kl: all (N,) fp32."""
+    _check(logp, old_logp, adv, mask, ref_logp)
+    if logp.is_cuda:
+        num_warps = 4
+    elif _interpreted(_ppo_loss_fwd_kernel):
+        num_warps, block = 1, 64
+    else:
+        raise RuntimeError(
+            "ppo_loss: the Triton path on CPU needs TRITON_INTERPRET=1 set before triton is first imported "
+            "(or unset UIS1_FORCE_TRITON to use the torch reference)"
+        )
+    shape = logp.shape
+    flat = [t.detach().contiguous().view(-1) for t in (logp, old_logp, adv)]
+    m = (mask.detach() != 0).to(torch.int8).contiguous().view(-1)
+    ref = ref_logp.detach().contiguous().view(-1) if ref_logp is not None else flat[0]  # dummy when absent
+    N = flat[0].numel()
+    outs = [torch.empty(N, dtype=torch.float32, device=logp.device) for _ in range(6)]
+    if N > 0:
+        _ppo_loss_fwd_kernel[(triton.cdiv(N, block),)](
+            flat[0],
+            flat[1],
+            flat[2],
+            m,
+            ref,
+            *outs,
+            N,
+            float(clip_low),
+            float(clip_high),
+            float(clip_c),
+            float(kl_coef),
+            float(kl_clamp),
+            float(log_ratio_clamp),
+            HAS_REF=ref_logp is not None,
+            BLOCK=block,
+            num_warps=num_warps,
+        )
+    return [o.view(shape) for o in outs]
+
+
+class _PPOLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logp, old_logp, adv, mask, ref_logp, clip_low, clip_high, clip_c, kl_coef, kl_clamp,
+                log_ratio_clamp):
+        loss, dlogp, ratio, clipped, dual, kl = _ppo_loss_fwd_triton(
+            logp, old_logp, adv, mask, ref_logp, clip_low, clip_high, clip_c, kl_coef, kl_clamp, log_ratio_clamp
+        )
+        ctx.save_for_backward(dlogp)
+        ctx.logp_dtype = logp.dtype
+        ctx.mark_non_differentiable(ratio, clipped, dual, kl)
+        return loss, ratio, clipped, dual, kl
+
+    @staticmethod
+    def backward(ctx, g_loss, *_):
+        (dlogp,) = ctx.saved_tensors
+        g = None if g_loss is None else (g_loss.float() * dlogp).to(ctx.logp_dtype)
+        return (g,) + (None,) * 10
+
+
+# ---------------------------------------------------------------------------------------------------
+# reference and dispatch
+
+
+def ppo_loss_ref(logp, old_logp, adv, mask, ref_logp=None, clip_low=0.2, clip_high=0.2, clip_c=3.0, kl_coef=1e-4,
+                 kl_clamp=10.0, log_ratio_clamp=20.0):
+    """Pure-torch reference and CPU path; the gradient w.r.t. logp comes from autograd."""
+    _check(logp, old_logp, adv, mask, ref_logp)
+    m = mask != 0
+    zero = torch.zeros((), dtype=torch.float32, device=logp.device)
+    # select before any arithmetic so garbage in masked positions gets neither value nor NaN gradient
+    logp = torch.where(m, logp.float(), zero)
+    old = torch.where(m, old_logp.detach().float(), zero)
+    adv = torch.where(m, adv.detach().float(), zero)
+
+    ratio = torch.exp(torch.clamp(logp - old, -log_ratio_clamp, log_ratio_clamp))
+    pg1 = -adv * ratio
+    pg2 = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    clip = pg2 > pg1
+    pg = torch.where(clip, pg2, pg1)
+    pg3 = -adv * clip_c
+    dual = (adv < 0) & (pg > pg3)
+    pg = torch.where(dual, pg3, pg)
+    loss = pg
+    kl = torch.zeros_like(logp)
+    if ref_logp is not None:
+        ref = torch.where(m, ref_logp.detach().float(), zero)
+        d = torch.clamp(ref - logp, -log_ratio_clamp, log_ratio_clamp)
+        kl = torch.clamp(torch.exp(d) - d - 1.0, -kl_clamp, kl_clamp)
+        loss = loss + kl_coef * kl
+    loss = torch.where(m, loss, zero)
+    f = lambda b: (m & b).float()  # noqa: E731
+    stats = {
+        "ratio": torch.where(m, ratio, zero).detach(),
+        "clipped": f(clip | dual),
+        "dual_clipped": f(dual),
+        "kl": torch.where(m, kl, zero).detach(),
+    }
+    return loss, stats
+
+
+def ppo_loss(logp, old_logp, adv, mask, ref_logp=None, clip_low=0.2, clip_high=0.2, clip_c=3.0, kl_coef=1e-4,
+             kl_clamp=10.0, log_ratio_clamp=20.0):
+    """Per-token PPO loss (N,) fp32 (0 where mask == 0) and stats {'ratio', 'clipped', 'dual_clipped', 'kl'}.
+
+    Differentiable w.r.t. logp only. Triton on CUDA (or UIS1_FORCE_TRITON=1), the torch reference otherwise.
+    """
+    if not (logp.is_cuda or os.environ.get("UIS1_FORCE_TRITON", "0") == "1"):
+        return ppo_loss_ref(logp, old_logp, adv, mask, ref_logp, clip_low, clip_high, clip_c, kl_coef, kl_clamp,
+                            log_ratio_clamp)
+    loss, ratio, clipped, dual, kl = _PPOLoss.apply(
+        logp, old_logp, adv, mask, ref_logp, clip_low, clip_high, clip_c, kl_coef, kl_clamp, log_ratio_clamp
+    )
+    return loss, {"ratio": ratio, "clipped": clipped, "dual_clipped": dual, "kl": kl}

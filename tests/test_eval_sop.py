@@ -1,0 +1,110 @@
+"""eval_sop.py: expert replay under the SOP protocol, PG/TSR by hand, and the `score` subcommand."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+import eval_sop
+import gui
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "android_control"
+FILES = [DATA / "android_control_test_uis1.jsonl", DATA / "android_control_train_example_uis1.jsonl",
+         DATA / "thought_example_uis1.jsonl", DATA / "android_control_test_native_steps.json"]
+FAST = ["--blank-screens", "1080x2400", "--max-pixels", "50176"]  # full-size blanks, small images to the model
+
+
+def last_json(capsys):
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_sop_metrics_by_hand():
+    # episodes: 2 of 4 right, 3 of 3, 0 of 5 -> PG = (0.5 + 1 + 0) / 3 = 0.5, TSR = 1/3
+    m = eval_sop.sop_metrics([(2, 4), (3, 3), (0, 5)])
+    assert m == {"pg": pytest.approx(0.5), "tsr": pytest.approx(1 / 3), "episodes": 3, "steps": 12}
+
+
+def test_expert_replay_is_perfect_on_every_real_file(capsys):
+    argv = ["--data", *map(str, FILES), "--limit", "12", *FAST]
+    s = eval_sop.main(argv)
+    assert last_json(capsys) == s
+    assert s["pg"] == 1.0 and s["tsr"] == 1.0 and s["episodes"] == 12 * 3 + 1
+    assert s["steps"] == s["steps_run"] == sum(len(e.steps) for f in FILES for e in gui.load_episodes(f, limit=12))
+    for f in FILES:
+        assert s["sources"][str(f)]["pg"] == 1.0 and s["sources"][str(f)]["tsr"] == 1.0
+    assert s["step_reward_mean"] == pytest.approx(0.9)  # expert responses carry an empty think block
+
+
+def test_expert_replay_survives_the_budget(capsys):
+    # longest histories of the train file, with a budget that forces summaries: still every step right
+    s = eval_sop.main(["--data", str(FILES[1]), "--limit", "12", *FAST, "--max-prompt-tokens", "700", "--step-instruction"])
+    assert s["pg"] == 1.0 and s["tsr"] == 1.0 and s["prompts_budgeted"] > 0 and s["max_prompt_tokens_seen"] <= 700
+    assert s["prompts_over_budget"] == 0
+
+
+def test_sop_stops_at_the_first_wrong_step(capsys, monkeypatch, tmp_path):
+    calls, expert = [], eval_sop.expert_policy
+
+    def wrong_at_step_1(prompt, episode, t, orig_size):
+        calls.append((episode.episode_id, t))
+        if t == 1:
+            return gui.format_response("no", {"action": "answer", "text": "nothing"})  # no expert answers here
+        return expert(prompt, episode, t, orig_size)
+
+    monkeypatch.setattr(eval_sop, "expert_policy", wrong_at_step_1)
+    out = tmp_path / "episodes.jsonl"
+    s = eval_sop.main(["--data", str(FILES[1]), *FAST, "--out", str(out)])
+    lengths = [len(e.steps) for e in gui.load_episodes(FILES[1])]
+    # each episode: step 0 right, step 1 wrong -> 1 correct (an episode of 1 step is fully right)
+    assert s["pg"] == pytest.approx(sum(min(1, n) / n for n in lengths) / len(lengths))
+    assert s["tsr"] == pytest.approx(sum(n == 1 for n in lengths) / len(lengths))
+    assert s["steps_run"] == sum(min(2, n) for n in lengths) == len(calls)  # nothing after the error
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["correct"] for r in rows] == [1] * len(lengths)
+    assert all(r["rewards"][1] == pytest.approx(0.19) for r in rows if len(r["rewards"]) > 1)  # wrong type
+
+
+def test_missing_screenshots_are_an_error_without_blank_screens():
+    with pytest.raises(FileNotFoundError, match="--blank-screens"):
+        eval_sop.main(["--data", str(FILES[2])])
+
+
+# -----------------------------------------------------------------------------
+# score subcommand
+
+
+def test_score_subcommand(tmp_path, capsys):
+    ep = gui.load_episodes(FILES[1])[0]  # line-1: open, wait, click [540, 390] in bbox [360, 327, 695, 466], terminate
+    orig, resized = (1080, 2400), gui.resized_size((1080, 2400))
+    lines = [
+        {"episode_id": "line-1", "step": 0, "response": gui.expert_response(ep.steps[0], orig, resized, "go")},  # 1.0
+        {"episode_id": "line-1", "step": 1, "response": gui.format_response("", {"action": "wait"})},           # 0.9
+        # click at resized (1000, 2000) -> original (989, 1993): outside the box, far from (540, 390): 0.1 + 0.45
+        {"episode_id": "line-1", "step": 2, "response": gui.format_response("hm", {"action": "click", "coordinate": [1000, 2000]})},
+        {"episode_id": "line-1", "step": 3, "response": "<think>done</think><action>{bad json</action>"},        # 0
+    ]
+    rfile, ofile = tmp_path / "r.jsonl", tmp_path / "out" / "s.jsonl"
+    rfile.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    s = eval_sop.main(["score", "--data", str(FILES[1]), "--responses", str(rfile), "--out", str(ofile),
+                       "--image-size", "1080x2400"])
+    assert last_json(capsys) == s
+    rows = [json.loads(x) for x in ofile.read_text().splitlines()]
+    assert [r["reward"] for r in rows] == pytest.approx([1.0, 0.9, 0.55, 0.0])
+    assert [r["match"] for r in rows] == [True, True, False, False]
+    assert [r["type_match"] for r in rows] == [True, True, True, False]
+    assert [(r["episode_id"], r["step"]) for r in rows] == [("line-1", t) for t in range(4)]
+    assert rows[2]["action"] == {"action": "click", "coordinate": [989, 1993]}
+    assert s["responses"] == 4 and s["reward_mean"] == pytest.approx(2.45 / 4) and s["match_rate"] == 0.5
+
+
+@pytest.mark.parametrize("line, extra, match", [
+    ({"episode_id": "nope", "step": 0, "response": ""}, ["--image-size", "1080x2400"], "line 1: field 'episode_id'"),
+    ({"episode_id": "line-1", "step": 4, "response": ""}, ["--image-size", "1080x2400"], "line 1: field 'step'"),
+    ({"episode_id": "line-1", "step": 0, "response": ""}, [], "records no screenshot size"),
+])
+def test_score_errors(tmp_path, line, extra, match):
+    rfile = tmp_path / "r.jsonl"
+    rfile.write_text(json.dumps(line) + "\n")
+    with pytest.raises(ValueError, match=match):
+        eval_sop.main(["score", "--data", str(FILES[1]), "--responses", str(rfile), "--out", str(tmp_path / "s.jsonl"),
+                       *extra])

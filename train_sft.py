@@ -1,0 +1,225 @@
+"""Supervised fine-tuning on expert demonstrations: the starting point of UI-S1 (SFT, then
+semi-online RL). One top-down training script, the same FSDP2 loop style as
+train_semionline.py.
+
+Every step t of every expert episode is one example: the prompt holds the goal, the
+screenshots (the last --num-images as images) and the EXPERT's earlier responses as
+history; the target is the expert's response at t, `<think>thought</think><action>json
+</action>` with coordinates in pixels of the resized screenshot, followed by <|im_end|>.
+The loss is the token-mean negative log-likelihood of the response tokens only, through
+the fused lm_head log-prob kernel (kernels.fused_logprob), so [tokens x vocab] logits are
+never materialised.
+
+Single process:
+    python train_sft.py --max-steps 50
+Several processes (FSDP2; gloo on CPU, nccl on GPU):
+    torchrun --nproc_per_node=2 train_sft.py
+AndroidControl without screenshots (dry run on blank 1080x2400 phones):
+    python train_sft.py --data data/android_control/android_control_train_example_uis1.jsonl \
+        --blank-screens 1080x2400 --max-pixels 200704
+Checkpoints land in --out/ckpt/step_XXXXXX (Hugging Face layout, safetensors);
+train_semionline.py --model auto starts from the latest one.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+import gui
+import utils
+
+# -----------------------------------------------------------------------------
+# config
+
+parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+# data
+parser.add_argument("--data", default="data/miniwob/train.jsonl", help="expert episodes (UI-S1 JSONL or AndroidControl native JSON)")
+parser.add_argument("--image-root", default=None, help="folder screenshots are resolved against (default: the data file's folder)")
+parser.add_argument("--blank-screens", default=None, help="WxH: blank screenshots of this size when files are missing")
+parser.add_argument("--max-episodes", type=int, default=None, help="use only the first N episodes")
+parser.add_argument("--val-frac", type=float, default=0.1, help="share of episodes held out for validation loss")
+parser.add_argument("--step-instruction", action="store_true", help="put the low-level step instruction in the prompt (AndroidControl-Low)")
+# model
+parser.add_argument("--model", default="tiny", help="'tiny' or a local Hugging Face folder")
+parser.add_argument("--min-pixels", type=int, default=utils.MIN_PIXELS, help="smart_resize lower bound (pixels)")
+parser.add_argument("--max-pixels", type=int, default=utils.MAX_PIXELS, help="smart_resize upper bound (pixels)")
+parser.add_argument("--num-images", type=int, default=2, help="screenshots kept as images in the prompt (the last K)")
+parser.add_argument("--max-prompt-tokens", type=int, default=None, help="prompt budget; oldest history turns are summarised past it")
+# optimisation
+parser.add_argument("--lr", type=float, default=2e-3, help="AdamW peak learning rate (7B: ~1e-5)")
+parser.add_argument("--min-lr-frac", type=float, default=0.1, help="cosine decay floor, as a fraction of --lr")
+parser.add_argument("--warmup-steps", type=int, default=20, help="linear warm-up steps")
+parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
+parser.add_argument("--grad-clip", type=float, default=1.0, help="global grad-norm clip")
+parser.add_argument("--batch-size", type=int, default=16, help="examples per optimizer step, all ranks together")
+parser.add_argument("--micro-batch-size", type=int, default=8, help="examples per forward/backward")
+# run
+parser.add_argument("--max-steps", type=int, default=300, help="optimizer steps")
+parser.add_argument("--eval-every", type=int, default=50, help="validation loss every N steps (0: at the end only)")
+parser.add_argument("--out", default="out/sft", help="output folder (ckpt/, metrics.jsonl, args.json)")
+parser.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: at the end only)")
+parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out/ckpt")
+parser.add_argument("--seed", type=int, default=0, help="seed of data order, split and the tiny model's init")
+parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to run")
+
+
+def main(argv=None):
+    args = parser.parse_args(argv)
+
+    # -------------------------------------------------------------------------
+    # setup
+    d = utils.init_distributed(args.device)
+    utils.seed_everything(args.seed)
+    if args.batch_size % (args.micro_batch_size * d.world_size):
+        raise SystemExit(f"--batch-size {args.batch_size} must be a multiple of micro-batch-size x world size "
+                         f"({args.micro_batch_size} x {d.world_size})")
+    out = Path(args.out)
+    if d.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "args.json").write_text(json.dumps(vars(args), indent=2))
+    metrics = utils.MetricsLogger(out / "metrics.jsonl", append=args.resume)
+    gpu = d.device.type == "cuda"
+
+    # -------------------------------------------------------------------------
+    # data: one example per (episode, step); prompts are built lazily (images are big)
+    blank = gui.parse_size(args.blank_screens) if args.blank_screens else None
+    episodes = gui.load_episodes(args.data, limit=args.max_episodes)
+    order = list(range(len(episodes)))
+    random.Random(args.seed).shuffle(order)
+    n_val = int(round(len(episodes) * args.val_frac)) if len(episodes) > 1 else 0
+    val_eps, train_eps = [episodes[i] for i in order[:n_val]], [episodes[i] for i in order[n_val:]]
+    train_ex = [(e, t) for e in train_eps for t in range(len(e.steps))]
+    val_ex = [(e, t) for e in val_eps for t in range(len(e.steps))]
+    tokenizer, image_processor = utils.load_processor(min_pixels=args.min_pixels, max_pixels=args.max_pixels)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    utils.print0(f"{len(train_eps)} train / {len(val_eps)} val episodes, {len(train_ex)} / {len(val_ex)} examples")
+
+    def example(ep, t):
+        """(prompt, target ids) of step t with the expert's history (SPEC 2-3)."""
+        shots = [gui.load_screenshot(s, image_root=args.image_root, blank_screens=blank) for s in ep.steps[:t + 1]]
+        history = [gui.expert_response(ep.steps[s], shots[s].size, min_pixels=args.min_pixels,
+                                       max_pixels=args.max_pixels) for s in range(t)]
+        prompt = gui.build_prompt(tokenizer, image_processor, goal=ep.goal, screenshots=shots, history=history,
+                                  step_instruction=ep.steps[t].step_instruction if args.step_instruction else None,
+                                  elements=ep.steps[t].elements, num_images=args.num_images,
+                                  min_pixels=args.min_pixels, max_pixels=args.max_pixels,
+                                  max_prompt_tokens=args.max_prompt_tokens)
+        target = gui.expert_response(ep.steps[t], shots[t].size, min_pixels=args.min_pixels, max_pixels=args.max_pixels)
+        return prompt, tokenizer(target, add_special_tokens=False)["input_ids"] + [im_end]
+
+    def batches(examples, size, seed):
+        """Endless shuffled micro-batches of this rank's share."""
+        epoch = 0
+        while True:
+            idx = list(range(len(examples)))
+            random.Random(seed + epoch).shuffle(idx)
+            idx = idx[d.rank::d.world_size]
+            for i in range(0, len(idx) - size + 1, size):
+                yield [examples[j] for j in idx[i:i + size]]
+            epoch += 1
+
+    # -------------------------------------------------------------------------
+    # model (FSDP2) and optimizer
+    model = utils.load_model(args.model, dtype=torch.float32, device=d.device, seed=args.seed)
+    policy = utils.apply_fsdp(model, utils.PolicyLogProb(model), d, mixed_precision=gpu)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    start_step = 0
+    if args.resume:
+        ckpt = utils.latest_checkpoint(out / "ckpt")
+        if ckpt is not None:
+            start_step = int(utils.load_checkpoint_state(ckpt, policy, optimizer).get("step", 0))
+            utils.print0(f"resumed from {ckpt} at step {start_step}")
+
+    def lr_at(step):
+        if step < args.warmup_steps:
+            return args.lr * (step + 1) / args.warmup_steps
+        frac = (step - args.warmup_steps) / max(1, args.max_steps - args.warmup_steps)
+        return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+    def nll(built):
+        """Summed NLL (fp32 scalar, with grad) and token count of built (prompt, target) pairs."""
+        prompts, targets = zip(*built)
+        batch = utils.to_device(utils.collate_sequences(list(prompts), list(targets), pad_id), d.device)
+        logp, _ = policy(batch)
+        return -logp.sum(), logp.numel()
+
+    @torch.no_grad()
+    def val_loss():
+        """Token-mean validation NLL over all ranks (every rank runs the same number of chunks)."""
+        policy.eval()
+        mine = val_ex[d.rank::d.world_size]
+        n_chunks = torch.tensor([math.ceil(len(mine) / args.micro_batch_size)], dtype=torch.float64)
+        if d.world_size > 1:
+            torch.distributed.all_reduce(n_chunks, op=torch.distributed.ReduceOp.MAX)
+        tot = torch.zeros(2, dtype=torch.float64)
+        for c in range(int(n_chunks.item())):
+            chunk = mine[c * args.micro_batch_size:(c + 1) * args.micro_batch_size]
+            loss, n = nll([example(e, t) for e, t in (chunk or val_ex[:1])])
+            if chunk:
+                tot += torch.tensor([loss.item(), n], dtype=torch.float64)
+        utils.all_reduce_sum(tot)
+        policy.train()
+        return (tot[0] / tot[1].clamp(min=1)).item() if tot[1] > 0 else float("nan")
+
+    # -------------------------------------------------------------------------
+    # training loop
+    accum = args.batch_size // (args.micro_batch_size * d.world_size)
+    stream = batches(train_ex, args.micro_batch_size, args.seed)
+    for _ in range(start_step * accum):  # a resumed run continues the same data order
+        next(stream)
+    last = {}
+    policy.train()
+    bar = tqdm(range(start_step, args.max_steps), desc="SFT", disable=not d.is_main)
+    for step in bar:
+        t0 = time.time()
+        for g in optimizer.param_groups:
+            g["lr"] = lr_at(step)
+        # build the micro-batches first: the token-mean needs the global target token count
+        built = [[example(e, t) for e, t in next(stream)] for _ in range(accum)]
+        n_tok = torch.tensor([float(sum(len(y) for mb in built for _, y in mb))], dtype=torch.float64)
+        utils.all_reduce_sum(n_tok)
+        loss_sum, tok_local = 0.0, 0
+        optimizer.zero_grad(set_to_none=True)
+        for mb in built:
+            loss, n = nll(mb)
+            # FSDP averages gradients over ranks; * world_size makes this the global token mean
+            (loss / n_tok.item() * d.world_size).backward()
+            loss_sum += loss.item()
+            tok_local += n
+        gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
+        optimizer.step()
+        tot = torch.tensor([loss_sum, tok_local], dtype=torch.float64)
+        utils.all_reduce_sum(tot)
+        dt = time.time() - t0
+        last = {"step": step + 1, "loss": (tot[0] / tot[1]).item(), "lr": lr_at(step),
+                "grad_norm": float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn),
+                "tokens": int(tot[1].item()), "tok_s": tot[1].item() / dt, "time_s": dt}
+        if (args.eval_every and (step + 1) % args.eval_every == 0) or step + 1 == args.max_steps:
+            last["val_loss"] = val_loss()
+        metrics.log(last)
+        bar.set_postfix(loss=f"{last['loss']:.3f}", **({"val": f"{last['val_loss']:.3f}"} if "val_loss" in last else {}))
+        if "val_loss" in last:
+            utils.print0(f"step {step + 1:5d} | loss {last['loss']:.4f} | val {last['val_loss']:.4f} | lr {last['lr']:.2e} "
+                         f"| gnorm {last['grad_norm']:.2f} | {last['tok_s']:.0f} tok/s")
+        if step + 1 == args.max_steps or (args.save_every and (step + 1) % args.save_every == 0):
+            utils.save_checkpoint(out / "ckpt", policy, tokenizer, vars(args), optimizer=optimizer, extra={"step": step + 1})
+
+    # -------------------------------------------------------------------------
+    # cleanup
+    utils.cleanup_distributed()
+    if d.is_main:
+        print(json.dumps(last), flush=True)
+    return last
+
+
+if __name__ == "__main__":
+    main()
