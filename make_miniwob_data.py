@@ -1,0 +1,201 @@
+"""Generate MiniWob++ expert demonstrations in the UI-S1 episode format (JSONL, one episode a line).
+
+Each task's scripted expert (miniwob_env.EXPERTS, reads the DOM, never the screenshot) plays
+episodes in a live headless Chromium. Every step stores the 168 x 224 screenshot it acted on
+(the 160 x 210 task area plus page background; 168 x 224 is what Qwen2.5-VL's smart_resize keeps
+unchanged, see miniwob_env.SCREEN_W), the action in ORIGINAL screenshot pixels (= page pixels =
+element-box pixels), a templated thought, the element list and the target's
+box (check_options.candidate_bbox, for the click match of SPEC section 4). A successful episode
+ends with a {"action": "terminate", "status": "success"} step on the final screen, so a model
+learns to stop. Episodes the expert fails (none expected: experts reach >= 99%) are left out
+and listed in the manifest. Train and test splits use disjoint seed ranges
+(miniwob_env.TRAIN_SEED_BASE, TEST_SEED_BASE).
+
+    python make_miniwob_data.py                          # default set -> data/miniwob/
+    python make_miniwob_data.py --train-seeds 100 --test-seeds 20 --out /tmp/miniwob_big
+    python make_miniwob_data.py --tasks enter-text login-user --workers 1
+
+Writes (replacing only these): OUT/train.jsonl, OUT/test.jsonl, OUT/images/, OUT/manifest.json.
+Line format:
+    {"goal", "episode_id": "<task>-<seed>", "task", "seed", "image_size": [168, 224],
+     "steps": [{"screenshot": "images/<task>-<seed>-<k>.png", "action_content": {...},
+                "thought", "elements", "check_options": {"action", "candidate_bbox"}}]}
+"""
+
+import argparse
+import json
+import multiprocessing as mp
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from importlib import metadata
+from pathlib import Path
+
+from tqdm import tqdm
+
+import miniwob_env as me
+
+# -----------------------------------------------------------------------------
+# config
+
+ap = argparse.ArgumentParser(description="MiniWob++ expert demonstrations -> UI-S1 JSONL")
+# data
+ap.add_argument("--out", default="data/miniwob", help="output folder")
+ap.add_argument("--tasks", nargs="+", default=["all"], help="task names, or 'all' (every expert)")
+ap.add_argument("--train-seeds", type=int, default=24, help="train episodes per task")
+ap.add_argument("--test-seeds", type=int, default=8, help="held-out test episodes per task")
+ap.add_argument("--train-seed-base", type=int, default=me.TRAIN_SEED_BASE, help="first train seed")
+ap.add_argument("--test-seed-base", type=int, default=me.TEST_SEED_BASE, help="first test seed")
+# environment
+ap.add_argument("--max-steps", type=int, default=me.MAX_EXPERT_STEPS, help="expert step limit")
+ap.add_argument("--step-timeout", type=float, default=20.0, help="seconds per env step")
+ap.add_argument("--retries", type=int, default=1, help="retries of an episode after a browser fault")
+ap.add_argument("--workers", type=int, default=2, help="parallel browsers (one task at a time each)")
+
+
+# -----------------------------------------------------------------------------
+# worker: one (task, split) job in its own browser
+
+
+def run_job(job):
+    """Play the expert on every seed of one task (both splits, one browser); write the PNGs;
+    return the episodes per split (JSON-ready, screenshots as relative paths), skipped seeds
+    and timing."""
+    task, splits, out, max_steps, step_timeout, retries = job
+    env = me.MiniWobEnv(task, step_timeout_s=step_timeout)
+    res = {"task": task, "episodes": {s: [] for s in splits}, "skipped": {s: [] for s in splits},
+           "env_steps": 0, "env_seconds": 0.0}
+    try:
+        for split, seeds in splits.items():
+            for seed in seeds:
+                t0 = time.time()
+                for attempt in range(retries + 1):
+                    try:
+                        ep = me.expert_episode(env, seed, max_steps=max_steps)
+                        break
+                    except me.BrowserFault as e:
+                        env.close()  # the next reset starts a fresh browser
+                        ep = {"success": False, "reason": f"browser fault: {e}", "steps": []}
+                res["env_seconds"] += time.time() - t0
+                res["env_steps"] += sum(st["action"]["action"] != "terminate" for st in ep["steps"])
+                if not ep["success"]:
+                    res["skipped"][split].append({"seed": seed, "reason": str(ep.get("reason"))})
+                    continue
+                steps = []
+                for k, st in enumerate(ep["steps"]):
+                    rel = f"images/{task}-{seed}-{k}.png"
+                    st["screenshot"].save(Path(out) / rel, optimize=True)
+                    steps.append({"screenshot": rel, "action_content": st["action"],
+                                  "thought": st["thought"], "elements": st["elements"],
+                                  "check_options": {"action": st["action"]["action"],
+                                                    "candidate_bbox": st["candidate_bbox"]}})
+                res["episodes"][split].append({
+                    "goal": ep["goal"], "episode_id": f"{task}-{seed}", "task": task, "seed": seed,
+                    "image_size": [me.SCREEN_W, me.SCREEN_H], "steps": steps})
+    finally:
+        env.close()
+    return res
+
+
+def versions():
+    def run(cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+
+    return {"python": platform.python_version(), "miniwob": metadata.version("miniwob"),
+            "selenium": metadata.version("selenium"), "pillow": metadata.version("pillow"),
+            "chromium": run([me.CHROME_BINARY, "--version"]),
+            "chromedriver": run([me.CHROMEDRIVER, "--version"])}
+
+
+# -----------------------------------------------------------------------------
+# main
+
+
+def main():
+    args = ap.parse_args()
+    tasks = sorted(me.EXPERTS) if args.tasks == ["all"] else sorted(set(args.tasks))
+    unknown = [t for t in tasks if t not in me.EXPERTS]
+    if unknown:
+        sys.exit(f"no expert for {unknown}; experts: {sorted(me.EXPERTS)}")
+    if args.train_seed_base + args.train_seeds > args.test_seed_base and \
+            args.test_seed_base + args.test_seeds > args.train_seed_base:
+        sys.exit("train and test seed ranges overlap")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("train.jsonl", "test.jsonl", "manifest.json"):
+        (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "images", ignore_errors=True)
+    (out / "images").mkdir()
+
+    splits = {"train": range(args.train_seed_base, args.train_seed_base + args.train_seeds),
+              "test": range(args.test_seed_base, args.test_seed_base + args.test_seeds)}
+    jobs = [(t, {s: list(seeds) for s, seeds in splits.items()}, str(out), args.max_steps,
+             args.step_timeout, args.retries) for t in tasks]
+    t0 = time.time()
+    results = []
+    bar = tqdm(total=len(tasks), desc="tasks", unit="task")
+    # ProcessPoolExecutor, not multiprocessing.Pool: a worker that dies (say, killed for memory)
+    # raises BrokenProcessPool here instead of hanging the run forever.
+    with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
+        futures = {pool.submit(run_job, job): job[0] for job in jobs}
+        for fut in as_completed(futures):
+            try:
+                r = fut.result()
+            except BrokenProcessPool:
+                sys.exit(f"a worker process died while generating {futures[fut]}; rerun")
+            results.append(r)
+            bar.set_postfix_str(r["task"])
+            bar.update(1)
+    bar.close()
+    seconds = time.time() - t0
+
+    # write splits sorted by (task, seed) so the files do not depend on worker timing
+    results.sort(key=lambda r: r["task"])
+    manifest_splits, per_task = {}, {r["task"]: {} for r in results}
+    for split, seeds in splits.items():
+        eps = [e for r in results for e in r["episodes"][split]]
+        with open(out / f"{split}.jsonl", "w") as f:
+            for e in eps:
+                f.write(json.dumps(e) + "\n")
+        manifest_splits[split] = {
+            "file": f"{split}.jsonl", "seed_base": seeds.start, "seeds_per_task": len(seeds),
+            "episodes": len(eps), "steps": sum(len(e["steps"]) for e in eps),
+            "skipped": {r["task"]: r["skipped"][split] for r in results if r["skipped"][split]}}
+        for r in results:
+            per_task[r["task"]][split] = {
+                "episodes": len(r["episodes"][split]),
+                "steps": sum(len(e["steps"]) for e in r["episodes"][split])}
+    env_steps = sum(r["env_steps"] for r in results)
+    env_seconds = sum(r["env_seconds"] for r in results)  # inside episodes: reset, steps, shots
+    n_files = sum(1 for _ in (out / "images").iterdir())
+    size_mb = sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) / 2**20
+    manifest = {
+        "format": "UI-S1 episode JSONL; coordinates and boxes in original screenshot pixels",
+        "source": "MiniWob++ scripted DOM experts (miniwob_env.py)",
+        "tasks": tasks, "image_size": [me.SCREEN_W, me.SCREEN_H], "splits": manifest_splits,
+        "per_task": per_task, "versions": versions(),
+        "success": f"raw_reward >= {me.SUCCESS_RAW_REWARD}",
+        "args": vars(args),
+        "timing": {"seconds": round(seconds, 1), "workers": args.workers, "env_steps": env_steps,
+                   "seconds_per_env_step": round(env_seconds / max(env_steps, 1), 4)},
+        "images": n_files,
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    summary = {"out": str(out), "seconds": round(seconds, 1), "env_steps": env_steps,
+               "seconds_per_env_step": manifest["timing"]["seconds_per_env_step"],
+               "images": n_files, "size_mb": round(size_mb, 2),
+               **{f"{s}_episodes": m["episodes"] for s, m in manifest_splits.items()},
+               **{f"{s}_steps": m["steps"] for s, m in manifest_splits.items()},
+               "skipped": sum(len(v) for m in manifest_splits.values() for v in m["skipped"].values())}
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
