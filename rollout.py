@@ -1,0 +1,720 @@
+"""Rollouts for semi-online RL (SPEC section 5).
+
+This file has two parts, top to bottom:
+  1. the sampler (`# --- sampler`): batched, KV-cached sampling from a transformers
+     Qwen2.5-VL policy (or any plain causal LM), n samples per prompt;
+  2. the semi-online rollout driver (below the sampler).
+
+The sampler, in use:
+
+    sampler = Sampler(model, tokenizer, max_new_tokens=512, temperature=1.0, top_p=1.0, seed=0)
+    with sampling_mode(model):                       # eval + no_grad; under FSDP2 unshards once
+        outs = sampler.generate(prompts, n=8)        # outs[i][j]: SampleOutput of sample j of prompt i
+    outs[0][0].ids, outs[0][0].logprobs, outs[0][0].finish_reason
+
+Design (what it does that `model.generate` does not):
+  1. Shared prefixes are prefilled once. Prompts are deduplicated, then arranged in a radix
+     tree over their token ids (an image's placeholder tokens are keyed by the image's pixels,
+     so two same-size screenshots never count as shared). Each tree node is run through the
+     model once; children copy their parent's KV rows. The n samples of a prompt copy its
+     leaf's rows. Group rollouts (8 tasks x 8 samples) prefill 8 prompts, not 64.
+  2. Rows may hold gaps: padding at the front of each node's segment (segments are
+     left-padded so every row's last token sits in the last column) and between the prefill and
+     the decoded tokens. A per-row validity mask (R, K) and an explicit 4-D attention mask handle
+     them exactly; a padding query attends to itself only, so no softmax row is empty (no NaN).
+  3. Positions are explicit and computed per prompt on the unpadded ids: 1-D for text LMs,
+     Qwen2.5-VL's 3-D mrope positions from the model's own `get_rope_index` for image prompts.
+     A decoded token's position is (max prompt position + 1 + step), i.e. the rope delta is
+     per row. The model's cached `rope_deltas` is never read, and cleared after each call.
+  4. `process_logits` is the one place where temperature, top-p and the ban on vision tokens
+     (the policy must never write <|image_pad|> etc. into its own history) are applied; the
+     returned logprobs are those of exactly this distribution, one fp32 value per returned id.
+     At temperature 1 and top-p 1 they are log_softmax(logits) - log(1 - mass of the banned
+     tokens); that mass is ~0 for a trained policy.
+  5. Decoding writes into a preallocated KV buffer (gpt-fast's static cache: nothing is
+     re-concatenated per step), and rows that stop leave the batch and the cache that step.
+  6. The trainer trains on `SampleOutput.ids` as returned, never on re-tokenised text.
+  7. Same inputs + same seed -> same samples. Across different batch compositions (shared or
+     not, other prompts alongside) greedy ids agree, but sampled ids may not: logits differ in
+     the last bits, and a uniform near a CDF boundary then picks a neighbouring token (vLLM and
+     HF generate behave the same way).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
+
+import gui
+import patch
+from gui import MAX_PIXELS, MIN_PIXELS
+
+# --- sampler
+
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
+
+
+@dataclass
+class SampleOutput:
+    ids: list[int]              # generated ids; ends with the stop id when finish_reason == "stop"
+    text: str                   # ids decoded with special tokens skipped (for reward/history only)
+    logprobs: torch.Tensor      # (L,) fp32 log-prob of each id under the sampling distribution
+    finish_reason: str          # "stop" | "length"
+    prompt_index: int
+
+
+def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0,
+                   banned_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """logits (B, V) -> (B, V) fp32 probabilities of the sampling distribution.
+
+    p(v) is proportional to exp(logit_v / temperature) over the allowed tokens; a token is not
+    allowed if it is banned or lies outside the top-p nucleus: the smallest set of most likely
+    tokens whose probability reaches top_p (Holtzman et al. 2020; the most likely token is always
+    kept). This function (through _unnormalised_probs) is the ONLY place temperature is applied.
+    """
+    probs = _unnormalised_probs(logits, temperature, top_p, banned_ids)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def _unnormalised_probs(logits, temperature, top_p, banned_ids):
+    """process_logits without the final division (sampling normalises through the CDF)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature} (use greedy=True for argmax)")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    x = logits.float()
+    if banned_ids is not None and banned_ids.numel():   # before the softmax: no underflow if they dominate
+        x = x.index_fill(-1, banned_ids.to(x.device), float("-inf"))
+    if temperature != 1.0:
+        x = x / temperature
+    probs = torch.softmax(x, dim=-1)                                         # (B, V)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)               # (B, V)
+        mass_before = sorted_p.cumsum(dim=-1) - sorted_p    # mass of the strictly more likely tokens
+        drop_sorted = mass_before >= top_p * sorted_p.sum(dim=-1, keepdim=True)
+        probs.masked_fill_(torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted), 0.0)
+    return probs
+
+
+def sample_from_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0,
+                       generator: torch.Generator | None = None, *,
+                       banned_ids: torch.Tensor | None = None,
+                       greedy: bool = False, u: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row. logits (B, V) -> (tokens (B,) long, logp (B,) fp32).
+
+    logp is the token's log-probability under process_logits(...), also when greedy. Sampling is
+    by inverse CDF with one uniform per row (several times cheaper than torch.multinomial on CPU);
+    a token of zero probability (banned, outside the nucleus) can never be drawn. Greedy takes the
+    argmax of the logits with banned ids removed, as generate(do_sample=False, suppress_tokens=..)
+    does (not of the probabilities, whose rounding could create ties). The Sampler bans in place
+    on its own logits and passes banned_ids=None, saving a (B, V) copy per step.
+    """
+    if banned_ids is not None and banned_ids.numel():
+        logits = logits.index_fill(-1, banned_ids.to(logits.device), float("-inf"))
+    probs = _unnormalised_probs(logits, temperature, top_p, None)           # (B, V)
+    if greedy:
+        tok = logits.argmax(dim=-1)
+        total = probs.sum(dim=-1, keepdim=True)                              # (B, 1)
+    else:
+        cdf = probs.cumsum(dim=-1)                                           # (B, V)
+        total = cdf[:, -1:]
+        if u is None:
+            u = torch.rand(total.shape, generator=generator, device=cdf.device)
+        u = u.to(cdf).view_as(total) * total                                # (B, 1)
+        u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))   # u < total strictly
+        tok = torch.searchsorted(cdf, u, right=True).squeeze(-1)
+    logp = probs.gather(-1, tok[:, None]).log() - total.log()
+    return tok, logp.squeeze(-1)
+
+
+@contextlib.contextmanager
+def sampling_mode(model: torch.nn.Module):
+    """Lend the policy to the sampler for a rollout phase, then give it back to training.
+    `model` is the module training calls (the FSDP root); the Sampler may hold a module inside it.
+
+    Inside: eval mode and torch.no_grad. Under FSDP2 (`fully_shard`), every FSDP module is
+    unsharded once on entry (one all-gather each: a collective, so all ranks enter together)
+    and kept unsharded across forwards, so decoding issues no collectives and ranks may run
+    different numbers of decode steps. On exit the parameters are resharded (the full weights are
+    freed) and each module's reshard-after-forward setting and the train/eval mode are restored.
+    Nothing is copied to disk or into a second model. Without FSDP only eval + no_grad remain.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        # FSDP2 makes the first module to run forward its root; the sampler calls the inner HF
+        # model, so settle the root now, before a rollout can come first (no collectives)
+        model._get_fsdp_state()._lazy_init()
+    fsdp = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    # set_reshard_after_forward has no getter: remember the settings it overwrites (FSDP2 state)
+    saved = []
+    for m in fsdp:
+        state = m._get_fsdp_state()
+        saved.append((state, state._auto_reshard_after_forward,
+                      [(g, g.post_forward_mesh_info) for g in state._fsdp_param_groups]))
+    was_training = model.training
+    model.eval()
+    try:
+        for m in fsdp:
+            m.set_reshard_after_forward(False, recurse=False)
+            m.unshard()
+        with torch.no_grad():
+            yield model
+    finally:
+        for m in fsdp:
+            m.reshard()
+        for state, auto, groups in saved:
+            state._auto_reshard_after_forward = auto
+            for g, info in groups:
+                g.post_forward_mesh_info = info
+        model.train(was_training)
+
+
+@dataclass
+class _Prompt:
+    """One distinct prompt, validated, with everything the prefill needs."""
+    ids: list[int]
+    key: list[int]                 # ids, each image's pad tokens replaced by -(1 + its pixel class)
+    pos: torch.Tensor              # (3, T) mrope positions, or (T,) for a text LM
+    next_pos: int                  # position of the first generated token
+    images: list[tuple[int, int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # images: (start, end) of the pad-token run, pixel rows (P_i, C), grid thw (3,)
+
+
+@dataclass
+class _Node:
+    """A radix-tree node: prefills tokens [start, end) of prompt `rep` once for all below it."""
+    start: int
+    end: int
+    rep: int                       # index of a distinct prompt through this node
+    parent: int                    # node index, -1 for a root
+    depth: int
+    leaf: int                      # distinct prompt that ends here, or -1
+
+
+def _prefix_tree(keys: list[list[int]], runs: list[list[tuple[int, int]]], share: bool) -> list[_Node]:
+    """Radix tree over `keys` (distinct). A node never splits an image's pad run, so each image
+    is encoded in exactly one forward; every leaf keeps at least its prompt's last token (the
+    logits for the first sample come from it)."""
+    nodes: list[_Node] = []
+
+    def split(members: list[int], start: int, parent: int, depth: int) -> None:
+        if len(members) == 1 or not share:
+            for u in members:
+                nodes.append(_Node(start, len(keys[u]), u, parent, depth, u))
+            return
+        lcp, cap = start, min(len(keys[u]) for u in members) - 1
+        first = keys[members[0]]
+        while lcp < cap and all(keys[u][lcp] == first[lcp] for u in members):
+            lcp += 1
+        end = lcp
+        for a, b in runs[members[0]]:          # runs before lcp are the same for all members
+            if a < end < b:
+                end = a
+        if end > start:
+            nodes.append(_Node(start, end, members[0], parent, depth, -1))
+            parent, depth = len(nodes) - 1, depth + 1
+        # children agree up to lcp inclusive (or end at lcp + 1), so each recursion advances
+        groups: dict[tuple, list[int]] = {}
+        for u in members:
+            groups.setdefault((tuple(keys[u][end:lcp + 1]), len(keys[u]) == lcp + 1), []).append(u)
+        for g in groups.values():
+            split(g, end, parent, depth)
+
+    split(list(range(len(keys))), 0, -1, 0)
+    return nodes
+
+
+def _take_rows(cache: DynamicCache, valid: torch.Tensor, idx: torch.Tensor):
+    """A new (cache, valid) holding rows idx (repeats allowed: that is how rows are shared)."""
+    idx = idx.to(valid.device)
+    return DynamicCache(ddp_cache_data=[(l.keys[idx], l.values[idx]) for l in cache.layers]), valid[idx]
+
+
+def _cat_rows(parts: list[tuple[DynamicCache, torch.Tensor]]):
+    """Stack (cache, valid) parts of different lengths K_i along the batch: shorter ones get
+    invalid zero slots at the end (masked, finite, so they cannot turn into NaN)."""
+    if len(parts) == 1:
+        return parts[0]
+    K = max(v.shape[1] for _, v in parts)
+    kvs = []
+    for i in range(len(parts[0][0].layers)):                               # (B_i, H, K_i, D) -> (B, H, K, D)
+        kvs.append((torch.cat([F.pad(c.layers[i].keys, (0, 0, 0, K - v.shape[1])) for c, v in parts]),
+                    torch.cat([F.pad(c.layers[i].values, (0, 0, 0, K - v.shape[1])) for c, v in parts])))
+    valid = torch.cat([F.pad(v, (0, K - v.shape[1])) for _, v in parts])
+    return DynamicCache(ddp_cache_data=kvs), valid
+
+
+class _SlotLayer(DynamicLayer):
+    """Decode-time KV of one layer: a (R, H, K0 + extra, D) buffer written in place, one slot per
+    step (gpt-fast's static cache). Attention reads the whole buffer and the validity mask hides
+    the slots not written yet, so a step copies nothing (DynamicLayer re-concatenates all K)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, extra: int):
+        super().__init__()
+        self.lazy_initialization(keys, values)
+        self.keys, self.values = F.pad(keys, (0, 0, 0, extra)), F.pad(values, (0, 0, 0, extra))
+        self.next_slot = keys.shape[-2]
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        s = slice(self.next_slot, self.next_slot + key_states.shape[-2])
+        self.keys[:, :, s], self.values[:, :, s] = key_states, value_states
+        self.next_slot = s.stop
+        return self.keys, self.values
+
+
+def _attention_mask(valid: torch.Tensor, S: int) -> torch.Tensor:
+    """valid (R, K) bool over cache slots, the last S being this forward's queries ->
+    (R, 1, S, K) bool: causal, real keys only, and every query sees itself (no empty rows)."""
+    K = valid.shape[1]
+    q = torch.arange(K - S, K, device=valid.device)[:, None]                # (S, 1) slot of each query
+    k = torch.arange(K, device=valid.device)[None, :]                       # (1, K)
+    allowed = ((k <= q)[None] & valid[:, None, :]) | (k == q)[None]         # (R, S, K)
+    return allowed[:, None]
+
+
+class Sampler:
+    """Batched KV-cached sampler; see the module docstring for the design.
+
+    stop_token_ids: None -> <|im_end|> and <|endoftext|> (those the tokenizer has, else its
+    eos); [] -> never stop (every sample runs max_new_tokens). seed: a torch.Generator on the
+    model's device seeded with it is used unless generate() gets one; None -> global RNG.
+    share_prefix=False prefills every sample's prompt separately (the reference path).
+    After each call `stats` holds prefill/decode token counts and times.
+    """
+
+    def __init__(self, model, tokenizer, *, max_new_tokens: int = 512, temperature: float = 1.0,
+                 top_p: float = 1.0, stop_token_ids: list[int] | None = None, seed: int | None = None,
+                 share_prefix: bool = True):
+        self.model, self.tokenizer = model, tokenizer
+        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.share_prefix = share_prefix
+        process_logits(torch.zeros(1, 2), temperature, top_p)               # validate early
+        cfg = model.config
+        text_cfg = cfg.get_text_config()
+        if "sliding_attention" in (getattr(text_cfg, "layer_types", None) or []):
+            raise ValueError("Sampler supports full-attention models only (no sliding-window layers)")
+        # Qwen2.5-VL: 3-D rope positions come from the model's own get_rope_index
+        self.rope_index = getattr(getattr(model, "model", None), "get_rope_index", None)
+        self.image_token_id = getattr(cfg, "image_token_id", None)
+        self.video_token_id = getattr(cfg, "video_token_id", None)
+        self.merge = getattr(getattr(cfg, "vision_config", None), "spatial_merge_size", 2)
+        vocab = tokenizer.get_vocab()
+        banned = {vocab[t] for t in VISION_TOKENS if t in vocab}
+        banned |= {getattr(cfg, a, None) for a in ("image_token_id", "video_token_id",
+                                                   "vision_start_token_id", "vision_end_token_id")}
+        V = text_cfg.vocab_size
+        self.banned_ids = torch.tensor(sorted(i for i in banned if i is not None and i < V), dtype=torch.long)
+        if stop_token_ids is None:
+            stop_token_ids = [vocab[t] for t in STOP_TOKENS if t in vocab] or [tokenizer.eos_token_id]
+        self.stop_token_ids = [int(i) for i in stop_token_ids]
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.pad_id = 0 if pad == self.image_token_id else pad              # pads are masked; any real id works
+        self.device = next(model.parameters()).device
+        self.generator = None
+        if seed is not None:
+            self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.stats: dict = {}
+
+    # --- prompts
+
+    def _prepare(self, p) -> _Prompt:
+        """Validate one prompt (Prompt-like object, dict, or 1-D ids) and compute its positions."""
+        if isinstance(p, (torch.Tensor, list, tuple)):
+            ids, pv, thw = torch.as_tensor(p), None, None
+        else:
+            get = p.get if isinstance(p, Mapping) else lambda k: getattr(p, k, None)
+            ids, pv, thw = torch.as_tensor(get("input_ids")), get("pixel_values"), get("image_grid_thw")
+        ids = ids.reshape(-1).long().cpu()
+        T = ids.numel()
+        if T == 0:
+            raise ValueError("empty prompt")
+        if self.video_token_id is not None and bool((ids == self.video_token_id).any()):
+            raise ValueError("video prompts are not supported by the sampler")
+        is_img = ids == self.image_token_id if self.image_token_id is not None else torch.zeros_like(ids, dtype=torch.bool)
+        # runs of image pad tokens: [a, b)
+        edges = torch.diff(is_img.int(), prepend=torch.zeros(1, dtype=torch.int), append=torch.zeros(1, dtype=torch.int))
+        starts, ends = (edges == 1).nonzero().flatten().tolist(), (edges == -1).nonzero().flatten().tolist()
+        n_img = 0 if thw is None else int(thw.shape[0])
+        if len(starts) != n_img or (n_img and pv is None):
+            raise ValueError(f"prompt has {len(starts)} image placeholder runs but {n_img} image_grid_thw rows "
+                             f"(pixel_values {'missing' if pv is None else tuple(pv.shape)}): placeholders and pixels disagree")
+        key, images = ids.tolist(), []
+        if n_img:
+            thw = torch.as_tensor(thw).long().cpu()
+            patches = thw.prod(-1)
+            if int(patches.sum()) != pv.shape[0]:
+                raise ValueError(f"pixel_values has {pv.shape[0]} rows, image_grid_thw needs {int(patches.sum())}")
+            offs = [0] + patches.cumsum(0).tolist()
+            for i, (a, b) in enumerate(zip(starts, ends)):
+                if b - a != int(patches[i]) // self.merge ** 2:
+                    raise ValueError(f"image {i}: {b - a} placeholder tokens, grid {thw[i].tolist()} needs "
+                                     f"{int(patches[i]) // self.merge ** 2}")
+                img = pv[offs[i]:offs[i + 1]]
+                images.append((a, b, img, thw[i]))
+                if self.share_prefix:     # key the pads by the pixels: same-size screenshots differ
+                    h = hashlib.blake2b(img.detach().float().cpu().numpy().tobytes(), digest_size=16)
+                    h.update(str(thw[i].tolist()).encode())
+                    key[a:b] = [-1 - int.from_bytes(h.digest()[:7], "little")] * (b - a)
+        if self.rope_index is not None:
+            if n_img:
+                mm_types = is_img.int()[None]                                # (1, T): 1 = image token
+                pos, _ = self.rope_index(ids[None], mm_token_type_ids=mm_types, image_grid_thw=thw)
+                pos = pos[:, 0].cpu()                                        # (3, T)
+            else:
+                pos = torch.arange(T).expand(3, T)
+            next_pos = int(pos.max()) + 1
+        else:
+            pos, next_pos = torch.arange(T), T
+        return _Prompt(ids.tolist(), key, pos, next_pos, images)
+
+    # --- model calls
+
+    def _forward(self, cache, ids, pos, mask, pixel_values=None, image_grid_thw=None):
+        """One model call appending ids (R, S) at positions pos ((3, R, S) or (R, S)) to the cache
+        rows, attention mask (R, 1, S, K) bool; returns the next-token logits (R, V)."""
+        dev = self.device
+        if self.model.config.get_text_config()._attn_implementation == "eager":    # additive mask
+            dtype = next(self.model.parameters()).dtype
+            mask = torch.zeros(mask.shape, dtype=dtype, device=dev).masked_fill(~mask, torch.finfo(dtype).min)
+        kw = {}
+        if pixel_values is not None:
+            kw = dict(pixel_values=pixel_values.to(dev), image_grid_thw=image_grid_thw.to(dev))
+        out = self.model(input_ids=ids.to(dev), attention_mask=mask, position_ids=pos.to(dev), cache=cache,
+                         use_cache=True, logits_to_keep=1, **kw)
+        return out.logits[:, -1]
+
+    def _extend(self, cache, valid, segs: list[tuple[_Prompt, int, int]]):
+        """One prefill forward: row r appends tokens [s, e) of its prompt, left-padded.
+        Returns (logits (R, V), valid (R, K))."""
+        R, S = len(segs), max(e - s for _, s, e in segs)
+        ids = torch.full((R, S), self.pad_id, dtype=torch.long)
+        seg_valid = torch.zeros(R, S, dtype=torch.bool)
+        pos = torch.zeros((3, R, S) if self.rope_index is not None else (R, S), dtype=torch.long)
+        pvs, thws = [], []
+        for r, (p, s, e) in enumerate(segs):
+            L = e - s
+            ids[r, S - L:] = torch.tensor(p.ids[s:e])
+            seg_valid[r, S - L:] = True
+            pos[..., r, S - L:] = p.pos[..., s:e]
+            for a, b, img, thw in p.images:       # images in row order: the model scatters them so
+                if s <= a and b <= e:
+                    pvs.append(img)
+                    thws.append(thw)
+        self.stats["prefill_tokens"] += R * S
+        self.stats["prefill_tokens_real"] += int(seg_valid.sum())
+        self.stats["images_encoded"] += len(pvs)
+        seg_valid = seg_valid.to(self.device)
+        valid = seg_valid if valid is None else torch.cat([valid, seg_valid], dim=1)   # (R, K)
+        vision = (torch.cat(pvs), torch.stack(thws)) if pvs else (None, None)
+        return self._forward(cache, ids, pos, _attention_mask(valid, S), *vision), valid
+
+    def _prefill(self, prompts: list[_Prompt], rows: list[int]):
+        """Prefill the radix tree of `prompts` level by level. Returns the decode state: a cache of
+        _SlotLayers whose row r continues prompts[rows[r]] (rows repeat a prompt once per sample),
+        valid (R, K0 + max_new_tokens) and the first logits (R, V)."""
+        runs = [[(a, b) for a, b, _, _ in p.images] for p in prompts]
+        nodes = _prefix_tree([p.key for p in prompts], runs, self.share_prefix)
+        depth = max(n.depth for n in nodes) + 1
+        cache = valid = None
+        row_of: dict[int, int] = {}
+        leaves, leaf_ids = [], []
+        for d in range(depth):
+            level = [i for i, n in enumerate(nodes) if n.depth == d]
+            if d > 0:    # each node continues from a copy of its parent's rows
+                cache, valid = _take_rows(cache, valid, torch.tensor([row_of[nodes[i].parent] for i in level]))
+            else:
+                cache = DynamicCache()
+            logits, valid = self._extend(cache, valid, [(prompts[nodes[i].rep], nodes[i].start, nodes[i].end)
+                                                        for i in level])
+            row_of = {i: r for r, i in enumerate(level)}
+            ends = [r for r, i in enumerate(level) if nodes[i].leaf >= 0]
+            if ends:
+                idx = torch.tensor(ends, device=logits.device)
+                leaves.append((*_take_rows(cache, valid, idx), logits[idx]))
+                leaf_ids += [nodes[level[r]].leaf for r in ends]
+        cache, valid = _cat_rows([(c, v) for c, v, _ in leaves])
+        logits = torch.cat([lg for _, _, lg in leaves])
+        row_of_prompt = torch.empty(len(leaf_ids), dtype=torch.long)
+        row_of_prompt[torch.tensor(leaf_ids)] = torch.arange(len(leaf_ids))
+        idx = row_of_prompt[torch.tensor(rows)].to(valid.device)
+        # decode cache: each sample's copy of its prompt's rows, plus room for the new tokens
+        cache = Cache(layers=[_SlotLayer(l.keys[idx], l.values[idx], self.max_new_tokens) for l in cache.layers])
+        return cache, F.pad(valid[idx], (0, self.max_new_tokens)), logits[idx]
+
+    # --- the loop
+
+    @torch.no_grad()
+    def generate(self, prompts, n: int = 1, greedy: bool = False,
+                 generator: torch.Generator | None = None,
+                 seeds: list[int] | None = None) -> list[list[SampleOutput]]:
+        """Sample n continuations of every prompt. Returns outs[i][j] for prompt i, sample j.
+
+        seeds: optional, one int per prompt. Sample j of prompt i then draws its uniforms from
+        its own generator seeded with (seeds[i], j), so what it samples does not depend on
+        which other prompts share the batch (or on which rank runs it): the trainer's
+        1-process and 2-process runs roll out the same tokens.
+
+        A prompt is any object or dict with input_ids (T,) LongTensor (images already expanded
+        to <|vision_start|><|image_pad|>*k<|vision_end|>), pixel_values (P, 1176) or None and
+        image_grid_thw (I, 3) or None; a plain 1-D id tensor/list is a text prompt.
+        """
+        if n < 1 or not prompts:
+            raise ValueError("need at least one prompt and n >= 1")
+        gen = generator if generator is not None else self.generator
+        model = self.model
+        was_training = model.training
+        model.eval()
+        # the 4-D masks need sdpa or eager; a flash-attention policy computes the same function
+        # under sdpa, so it is switched for the call and switched back after
+        attn = model.config.get_text_config()._attn_implementation
+        if attn not in ("sdpa", "eager"):
+            model.set_attn_implementation("sdpa")
+        self.stats = dict(prefill_tokens=0, prefill_tokens_real=0, images_encoded=0, decode_tokens=0)
+        t0 = time.perf_counter()
+        try:
+            # 1. distinct prompts (identical ids and pixels -> one), one row per (prompt, sample)
+            prepared = [self._prepare(p) for p in prompts]
+            if self.share_prefix:
+                first: dict[tuple, int] = {}
+                distinct, row_prompt = [], []
+                for p in prepared:
+                    u = first.setdefault(tuple(p.key), len(distinct))
+                    if u == len(distinct):
+                        distinct.append(p)
+                    row_prompt += [u] * n
+            else:                       # the reference path: every sample prefilled on its own
+                distinct = [p for p in prepared for _ in range(n)]
+                row_prompt = list(range(len(distinct)))
+            # 2. prefill once per tree node, then copy each prompt's rows to its samples
+            cache, valid, logits = self._prefill(distinct, row_prompt)
+            next_pos = torch.tensor([distinct[u].next_pos for u in row_prompt], device=self.device)
+            slot = cache.layers[0].next_slot
+            t1 = time.perf_counter()
+            # 3. decode; a row leaves the batch (and the cache) on the step it stops
+            R = len(row_prompt)
+            out_ids = [[] for _ in range(R)]
+            out_lp = [[] for _ in range(R)]
+            reason = ["length"] * R
+            active = list(range(R))
+            stop = set(self.stop_token_ids)
+            banned = self.banned_ids.to(self.device)
+            row_gens = None
+            if seeds is not None:
+                if len(seeds) != len(prompts):
+                    raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+                row_gens = [torch.Generator().manual_seed((int(seeds[i]) * 1_000_003 + j) % (1 << 63))
+                            for i in range(len(prompts)) for j in range(n)]
+            for step in range(self.max_new_tokens):
+                logits.index_fill_(-1, banned, float("-inf"))       # (R, V), ours to edit
+                u = None if row_gens is None else torch.cat([torch.rand(1, generator=row_gens[r]) for r in active])
+                tok, lp = sample_from_logits(logits, self.temperature, self.top_p, gen, greedy=greedy, u=u)
+                keep = []
+                for i, (t, l) in enumerate(zip(tok.tolist(), lp.tolist())):
+                    r = active[i]
+                    out_ids[r].append(t)
+                    out_lp[r].append(l)
+                    if t in stop:
+                        reason[r] = "stop"
+                    else:
+                        keep.append(i)
+                self.stats["decode_tokens"] += len(active)
+                if not keep or step == self.max_new_tokens - 1:
+                    break
+                if len(keep) < len(active):
+                    k = torch.tensor(keep, device=self.device)
+                    for layer in cache.layers:
+                        layer.batch_select_indices(k)
+                    valid, next_pos, tok = valid[k], next_pos[k], tok[k]
+                    active = [active[i] for i in keep]
+                pos = next_pos.view(1, -1, 1).expand(3, -1, 1) if self.rope_index is not None else next_pos[:, None]
+                valid[:, slot] = True                       # the new token's slot; later ones stay hidden
+                logits = self._forward(cache, tok[:, None], pos, valid[:, None, None, :])
+                next_pos, slot = next_pos + 1, slot + 1
+        finally:
+            if attn not in ("sdpa", "eager"):
+                model.set_attn_implementation(attn)
+            if hasattr(getattr(model, "model", None), "rope_deltas"):
+                model.model.rope_deltas = None    # nobody may reuse deltas of this batch
+            model.train(was_training)
+        t2 = time.perf_counter()
+        self.stats.update(time_prefill=t1 - t0, time_decode=t2 - t1, rows=R, distinct_prompts=len(distinct))
+        # 4. package: rows are (prompt, sample) in order, whatever the sharing was
+        texts = self.tokenizer.batch_decode(out_ids, skip_special_tokens=True)
+        outs, r = [], 0
+        for i in range(len(prompts)):
+            outs.append([SampleOutput(out_ids[r + j], texts[r + j], torch.tensor(out_lp[r + j], dtype=torch.float32),
+                                      reason[r + j], i) for j in range(n)])
+            r += n
+        return outs
+
+
+# -----------------------------------------------------------------------------
+# semi-online rollout driver (SPEC section 5)
+
+
+@dataclass
+class StepRecord:
+    """One sampled response: rollout `rollout_idx` of task `task_idx` at step `step_idx`.
+
+    prompt: the gui.Prompt it was sampled from (token ids, images, resized_size).
+    response_ids: the sampler's ids, exactly (the trainer scores these, never re-tokenised text).
+    sampler_logp: (L,) fp32 log-probs under the sampling distribution.
+    reward / match / type_match: gui.score_response against the expert action.
+    patched: this wrong response was replaced in the history by a patch (patch text
+        itself is never trained on). ended: the rollout ended at this step (a wrong
+        step with no patch left, or the episode's last step).
+    history: the rollout's history (earlier responses or patches) the prompt was built from.
+    """
+    task_idx: int
+    rollout_idx: int
+    step_idx: int
+    prompt: Any
+    response_ids: list[int]
+    sampler_logp: torch.Tensor
+    response: str
+    finish_reason: str
+    reward: float
+    match: bool
+    type_match: bool
+    patched: bool
+    ended: bool
+    history: list[str]
+
+
+@dataclass
+class _Rollout:
+    history: list[str] = field(default_factory=list)
+    n_patches: int = 0
+    alive: bool = True
+
+
+def _expert_response(step, orig_size, resized_size) -> str:
+    """The expert's own step as a response: its thought (or none) + action in resized px."""
+    return gui.format_response(patch.clean_thought(step.thought), gui.scale_action(step.action, orig_size, resized_size))
+
+
+def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_rollouts: int = 8,
+                        patch_mode: str = "thought-free", patch_threshold: int = 2,
+                        history_mode: str = "own", image_root=None, blank_screens=None,
+                        num_images: int = 2, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS,
+                        max_prompt_tokens: int | None = None, greedy: bool = False,
+                        seed: int | None = None, progress: bool = False) -> list[StepRecord]:
+    """Roll N copies of the policy through each expert episode, with their own history.
+
+    At step t every live rollout of every task is prompted with the expert screenshot t
+    and its OWN history; all of them are sampled in one batched sampler call (prompts
+    that are identical, as at step 0 where the N rollouts of a task share one, are
+    prefilled once). Each response is scored with gui.score_response against the expert
+    action (SPEC 4). match -> the response joins the history; mismatch -> while
+    patch.should_patch(n_patches, patch_threshold) the history gets a patch
+    (patch.make_patch, mode `patch_mode`) else the rollout ends (SPEC 5).
+    history_mode "expert" is the offline-RL baseline: every step's history is the
+    expert's, no rollout ends early, so every step is trained on its own.
+
+    sampler: rollout.Sampler or anything with .generate(prompts, n, greedy, seeds).
+    episodes: list[gui.Episode]. seed: sampling seed; task k's prompts use seeds derived
+    from (seed, task k's episode_id, step), so a task's rollouts do not depend on which
+    other tasks share the batch (or on which rank runs it).
+    Returns the records in (step, task, rollout) order.
+    """
+    if history_mode not in ("own", "expert"):
+        raise ValueError(f"history_mode must be 'own' or 'expert', got {history_mode!r}")
+    patch.check_patch_data(patch_mode, episodes)
+    shots = [[None] * len(ep.steps) for ep in episodes]  # loaded lazily, once per (task, step)
+
+    def shot(k, t):
+        if shots[k][t] is None:
+            shots[k][t] = gui.load_screenshot(episodes[k].steps[t], image_root=image_root, blank_screens=blank_screens)
+        return shots[k][t]
+
+    def prompt_for(k, t, history, instruction=None):
+        return gui.build_prompt(tokenizer, image_processor, goal=episodes[k].goal,
+                                screenshots=[shot(k, s) for s in range(t + 1)], history=history,
+                                step_instruction=instruction, elements=episodes[k].steps[t].elements,
+                                num_images=num_images, min_pixels=min_pixels, max_pixels=max_pixels,
+                                max_prompt_tokens=max_prompt_tokens)
+
+    states = [[_Rollout() for _ in range(n_rollouts)] for _ in episodes]
+    records: list[StepRecord] = []
+    T = max((len(ep.steps) for ep in episodes), default=0)
+    for t in tqdm(range(T), desc="rollout steps", disable=not progress, leave=False):
+        live = [(k, i) for k, ep in enumerate(episodes) if t < len(ep.steps)
+                for i in range(n_rollouts) if states[k][i].alive]
+        if not live:
+            break
+        # identical (task, history) pairs share one prompt: build once, sample n of it
+        groups: dict[tuple, list[int]] = {}
+        for k, i in live:
+            groups.setdefault((k, tuple(states[k][i].history)), []).append(i)
+        keys = list(groups)
+        prompts = {key: prompt_for(key[0], t, list(key[1])) for key in keys}
+        # one sampler call per group size (usually one or two calls a step)
+        outs: dict[tuple[int, int], Any] = {}
+        for size in sorted({len(v) for v in groups.values()}):
+            ks = [key for key in keys if len(groups[key]) == size]
+            seeds = None if seed is None else [_seed(seed, episodes[key[0]].episode_id, t, key[1]) for key in ks]
+            res = sampler.generate([prompts[key] for key in ks], n=size, greedy=greedy, seeds=seeds)
+            for key, samples in zip(ks, res):
+                for i, s in zip(groups[key], samples):
+                    outs[(key[0], i)] = (prompts[key], s)
+        # score, then decide: keep, patch or end
+        to_patch = []
+        for k, i in live:
+            prompt, s = outs[(k, i)]
+            step = episodes[k].steps[t]
+            orig = shot(k, t).size
+            sc = gui.score_response(s.text, step, resized_size=prompt.resized_size, orig_size=orig)
+            st = states[k][i]
+            rec = StepRecord(task_idx=k, rollout_idx=i, step_idx=t, prompt=prompt, response_ids=list(s.ids),
+                             sampler_logp=s.logprobs, response=s.text, finish_reason=s.finish_reason,
+                             reward=sc.reward, match=sc.match, type_match=sc.type_match, patched=False,
+                             ended=False, history=list(st.history))
+            records.append(rec)
+            if history_mode == "expert":
+                st.history.append(_expert_response(step, orig, prompt.resized_size))
+            elif sc.match:
+                st.history.append(s.text)  # build_prompt strips special tokens
+            elif patch.should_patch(st.n_patches, patch_threshold):
+                rec.patched = True
+                st.n_patches += 1
+                if patch_mode == "on-policy":
+                    to_patch.append((k, i, rec))
+                    st.history.append(None)  # filled below, after one batched generation
+                else:
+                    st.history.append(patch.make_patch(patch_mode, response=s.text, step=step, orig_size=orig,
+                                                       resized_size=prompt.resized_size,
+                                                       episode_id=episodes[k].episode_id))
+            else:
+                st.alive = False
+                rec.ended = True
+            if t == len(episodes[k].steps) - 1:
+                rec.ended = True
+                st.alive = False
+        if to_patch:  # on-policy thought: the policy explains the expert action, all at once
+            hint_prompts, actions = [], []
+            for k, i, rec in to_patch:
+                a = patch.expert_action_resized(episodes[k].steps[t], shot(k, t).size, rec.prompt.resized_size)
+                hint_prompts.append(prompt_for(k, t, rec.history, instruction=patch.hinted_step_instruction(None, a)))
+                actions.append(a)
+            gen = lambda ps: [o[0].text for o in sampler.generate(ps, n=1, greedy=greedy)]  # noqa: E731
+            for (k, i, rec), text in zip(to_patch, patch.on_policy_patches(hint_prompts, actions, gen)):
+                states[k][i].history[-1] = text
+    return records
+
+
+def _seed(seed: int, episode_id: str, t: int, history: tuple) -> int:
+    """A sampling seed for one prompt that depends only on the run seed, the task, the step
+    and the history (stable across processes: no Python hash randomisation)."""
+    h = hashlib.blake2b(repr((seed, episode_id, t, history)).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & 0x7FFF_FFFF_FFFF

@@ -1,0 +1,121 @@
+"""The semi-online rollout driver (rollout.semi_online_rollout, SPEC section 5) on a
+hand-built 3-step episode with a scripted "policy": the histories, patches, early ends
+and rewards are written out by hand for patch thresholds 0, 1 and -1."""
+import re
+
+import pytest
+import torch
+
+import gui
+import utils
+from rollout import SampleOutput, semi_online_rollout
+
+W, H = 280, 560  # multiples of 28 inside [min, max] pixels: smart_resize keeps them, resized == original
+
+CLICK = {"action": "click", "coordinate": [100, 200]}
+TYPE = {"action": "type", "text": "hello"}
+DONE = {"action": "terminate", "status": "success"}
+
+
+def episode():
+    steps = [
+        gui.Step(screenshot=None, action=CLICK, candidate_bbox=[[80, 180, 120, 220]]),
+        gui.Step(screenshot=None, action=TYPE),
+        gui.Step(screenshot=None, action=DONE),
+    ]
+    return gui.Episode(goal="say hello", episode_id="hand-1", steps=steps, source="test")
+
+
+# rollout i's response at step t; r0 is always right, r1 types the wrong text at step 1,
+# r2 picks the wrong action type at step 0 and the wrong text at step 1.
+WRONG_TYPE = {"action": "type", "text": "x"}
+SCRIPT = {
+    0: [CLICK, TYPE, DONE],
+    1: [CLICK, {"action": "type", "text": "bye"}, DONE],
+    2: [WRONG_TYPE, {"action": "type", "text": "nope"}, DONE],
+}
+
+
+def response(i, t):
+    return gui.format_response(f"r{i} thinks at step {t}", SCRIPT[i][t])
+
+
+class ScriptedSampler:
+    """Stands in for rollout.Sampler: sample j of a step-0 prompt is rollout j; later, the
+    rollout is read back from the first history turn in the prompt ("r<i> thinks ...")."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        self.calls = []
+
+    def generate(self, prompts, n=1, greedy=False, seeds=None):
+        outs = []
+        for p in prompts:
+            text = self.tok.decode(p.input_ids)
+            m = re.search(r"r(\d) thinks at step 0", text)
+            t = text.count("<|im_start|>assistant") - 1  # earlier assistant turns = step index
+            self.calls.append((t, n))
+            rollouts = [int(m.group(1))] * n if m else list(range(n))
+            outs.append([self._out(response(i, t)) for i in rollouts])
+        return outs
+
+    def _out(self, text):
+        ids = self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.convert_tokens_to_ids("<|im_end|>")]
+        return SampleOutput(ids=ids, text=text, logprobs=torch.zeros(len(ids)), finish_reason="stop", prompt_index=0)
+
+
+@pytest.fixture(scope="module")
+def proc():
+    return utils.load_processor()
+
+
+def run(proc, threshold, mode="thought-free", history="own"):
+    tok, ip = proc
+    sampler = ScriptedSampler(tok)
+    recs = semi_online_rollout(sampler, [episode()], tok, ip, n_rollouts=3, patch_mode=mode,
+                               patch_threshold=threshold, history_mode=history, blank_screens=(W, H))
+    return {(r.rollout_idx, r.step_idx): r for r in recs}, sampler
+
+
+# rewards by hand (SPEC 4): think block non-empty -> format 1 (0.1); full match 0.9 * 1.0,
+# type only 0.9 * 0.5, parsed but wrong type 0.9 * 0.1
+R_RIGHT, R_TYPE_ONLY, R_WRONG_TYPE = 0.1 + 0.9, 0.1 + 0.45, 0.1 + 0.09
+
+
+def test_threshold_0_ends_at_first_error(proc):
+    recs, sampler = run(proc, 0)
+    assert sorted(recs) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0)]
+    assert recs[(2, 0)].reward == pytest.approx(R_WRONG_TYPE) and recs[(2, 0)].ended and not recs[(2, 0)].patched
+    assert recs[(1, 1)].reward == pytest.approx(R_TYPE_ONLY) and recs[(1, 1)].ended
+    assert [recs[(0, t)].reward for t in range(3)] == pytest.approx([R_RIGHT] * 3)
+    assert recs[(0, 2)].history == [response(0, 0), response(0, 1)]  # own outputs as history
+    assert sampler.calls[0] == (0, 3)  # step 0: one prompt, 3 samples (prefilled once)
+
+
+def test_threshold_1_patches_once(proc):
+    recs, _ = run(proc, 1)
+    assert sorted(recs) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (2, 0), (2, 1)]
+    # r1: wrong at step 1 -> patched (its own thought, the expert's action), goes on
+    assert recs[(1, 1)].patched and not recs[(1, 1)].ended
+    assert recs[(1, 2)].history == [response(1, 0), gui.format_response("r1 thinks at step 1", TYPE)]
+    # r2: patched at step 0, wrong again at step 1 with its one patch spent -> ends there
+    assert recs[(2, 0)].patched
+    assert recs[(2, 1)].history == [gui.format_response("r2 thinks at step 0", CLICK)]
+    assert recs[(2, 1)].ended and not recs[(2, 1)].patched
+    assert recs[(2, 1)].reward == pytest.approx(R_TYPE_ONLY)
+
+
+def test_threshold_unlimited_patches_every_error(proc):
+    recs, _ = run(proc, -1)
+    assert len(recs) == 9
+    assert recs[(2, 0)].patched and recs[(2, 1)].patched
+    assert recs[(2, 2)].history == [gui.format_response("r2 thinks at step 0", CLICK),
+                                    gui.format_response("r2 thinks at step 1", TYPE)]
+    assert recs[(2, 2)].match and recs[(2, 2)].ended  # last step ends every rollout
+
+
+def test_expert_history_is_offline_rl(proc):
+    recs, _ = run(proc, 0, history="expert")
+    assert len(recs) == 9  # nobody ends early
+    expert = [gui.format_response("", CLICK), gui.format_response("", TYPE)]
+    assert recs[(2, 2)].history == expert and recs[(0, 2)].history == expert
