@@ -1,43 +1,79 @@
-"""SOP (Semi-Online Performance) evaluation, SPEC section 8, and offline scoring of recorded responses.
+"""Evaluation of a GUI policy: SOP (SPEC section 8), static AndroidControl-style metrics, online
+MiniWob++ success, and offline scoring of recorded responses.
 
-SOP: the policy acts on each expert episode with its OWN earlier responses as history; an episode
-stops at its first wrong step (gui.score_response decides "wrong", the same function rollout and
-training use). PG = mean over episodes of (correct steps before the first error) / (episode
-length); TSR = share of episodes with every step correct. No patching.
+Protocols (one run may combine them; each prompt is built by gui.build_prompt, each step judged by
+gui.score_response, the same match function rollout and training use):
+- sop (default): the policy acts on each expert episode with its OWN earlier responses as history,
+  greedy, no patching; an episode stops at its first wrong step. PG = mean over episodes of
+  (correct steps before the first error) / (episode length); TSR = share of episodes with every
+  step correct.
+- static (AndroidControl-High; with --step-instruction -Low): every step is evaluated with the
+  EXPERT's earlier actions as history. type_acc = share of steps whose action type matched;
+  grounding_acc = among click/long_press steps whose type matched, the share that fully matched;
+  step_sr = share of steps fully matched.
+- online (--online; MiniWob++ only): the policy plays live episodes through
+  miniwob_env.evaluate_online on held-out seeds, with its own responses as history; malformed
+  output is a no-op that still costs a step. Success = MiniWob raw reward >= 1.
 
 Policies:
 - expert: the expert actions, written as model responses in pixels of the resized screenshot,
   replayed through the full path (prompt building with the real tokenizer and image processor,
   token budget, parse, coordinate mapping, match). Must give PG = TSR = 1.0 on every real file;
-  anything less is a bug in that path.
+  anything less is a bug in that path. Online it is miniwob_env's scripted DOM expert.
+- model: greedy decoding of --model ('tiny', a Hugging Face folder, or a checkpoint folder or run
+  folder with a `latest` pointer) through rollout.Sampler. SOP keeps a pool of --batch-size live
+  episodes and sends the current step of every live episode in ONE generate call; an episode that
+  ends is replaced by the next one (greedy ids do not depend on the batch's make-up).
 
 Commands (the last stdout line is one JSON object; progress bars go to stderr):
     # expert replay on the AndroidControl test episodes, blank 1080x2400 screens (none ship);
     # --max-pixels 50176 keeps the blank images small so the replay takes minutes, not an hour
     python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl --policy expert \\
         --blank-screens 1080x2400 --max-pixels 50176
-    # every real file at once, real screenshot size (slow: ~0.7 s per step on a CPU)
-    python eval_sop.py --data data/android_control/*.json* --policy expert --blank-screens 1080x2400
+    # a checkpoint on MiniWob++: SOP, static, and online on 5 held-out seeds per task, with a report
+    # (--model out/sft/ckpt follows its `latest` pointer; --elements as train_sft.py's prompts have them)
+    python eval_sop.py --data data/miniwob/test.jsonl --policy model --model out/sft/ckpt --elements \\
+        --protocol sop static --online --online-seeds 5 --out out/eval/sft
+    # the untrained tiny model, 2 episodes per task, short responses (a CPU smoke run, ~1 min)
+    python eval_sop.py --data data/miniwob/test.jsonl --per-task-limit 2 --policy model --model tiny \\
+        --max-new-tokens 32 --elements --protocol sop static --out /tmp/eval_tiny
+    # online only, the scripted DOM expert (must give online_sr = 1.0)
+    python eval_sop.py --online --online-tasks click-test enter-text --online-seeds 3
+    # AndroidControl-Low static metrics of a model
+    python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl --policy model \\
+        --model /models/Qwen2.5-VL-7B-Instruct --protocol static --step-instruction --blank-screens 1080x2400
     # score recorded responses (coordinates in resized pixels) of any model
     python eval_sop.py score --data data/android_control/android_control_test_uis1.jsonl \\
         --responses responses.jsonl --out scores.jsonl --image-size 1080x2400
 
-Single process only for now (no torchrun): the expert policy needs no model.
+--out DIR writes result.json (the summary and the run's args), episodes.jsonl (SOP, one line per
+episode), static_steps.jsonl, online_episodes.jsonl and report.html (HTML: screenshots with the
+predicted and expert points and the target boxes, thoughts, actions, the first wrong step).
+Single process only (no torchrun).
 """
 
 import argparse
+import base64
+import html
+import io
 import json
 import logging
 import os
 import sys
 import time
+from collections import defaultdict
+from dataclasses import dataclass, field
 
+from PIL import Image, ImageDraw
 from tqdm import tqdm
 
 import gui
 
 # -----------------------------------------------------------------------------
 # Config
+
+GROUNDING_TYPES = ("click", "long_press")  # steps that count for grounding accuracy
+REPORT_WIDTH = 300                          # px of each screenshot in the HTML report
 
 
 def size_arg(text: str) -> tuple[int, int]:
@@ -49,32 +85,59 @@ def size_arg(text: str) -> tuple[int, int]:
 
 
 def sop_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="SOP evaluation (PG, TSR) of a policy on expert episodes. "
-                                "Subcommand: `eval_sop.py score ...` scores recorded responses.")
+    p = argparse.ArgumentParser(description="Evaluation of a policy on expert episodes (SOP PG/TSR, static metrics) "
+                                "and online on MiniWob++. Subcommand: `eval_sop.py score ...` scores recorded "
+                                "responses.")
     # data
-    p.add_argument("--data", nargs="+", required=True, help="episode files (UI-S1 JSONL or AndroidControl native JSON)")
+    p.add_argument("--data", nargs="*", default=[], help="episode files (UI-S1 JSONL or AndroidControl native JSON); "
+                   "may be empty with --online")
     p.add_argument("--limit", type=int, default=None, help="first N episodes of each file (default: all)")
+    p.add_argument("--per-task-limit", type=int, default=None,
+                   help="first N episodes of each task (episode.meta['task'], else each file) (default: all)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--image-root", default=None, help="folder holding the screenshots (default: paths as recorded)")
     g.add_argument("--blank-screens", type=size_arg, default=None,
                    help="WxH: blank images stand in for missing screenshots "
                    "(dry runs; AndroidControl phones are 1080x2400)")
     # prompt
-    p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the shipped Qwen2.5-VL tokenizer)")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer directory (default: the model folder's, else the shipped Qwen2.5-VL tokenizer)")
     p.add_argument("--num-images", type=int, default=2, help="screenshots kept as images (the last K steps; release 2)")
     p.add_argument("--min-pixels", type=int, default=gui.MIN_PIXELS, help="smart_resize min pixels (release 4*28*28)")
     p.add_argument("--max-pixels", type=int, default=gui.MAX_PIXELS,
                    help="smart_resize max pixels (release 12800*28*28)")
     p.add_argument("--max-prompt-tokens", type=int, default=32768,
-                   help="prompt budget: oldest turns are summarised beyond it (0: no budget)")
+                   help="prompt budget: oldest turns are summarised beyond it (0: no budget); a model policy "
+                   "also caps it at the model's context minus --max-new-tokens")
     p.add_argument("--step-instruction", action="store_true",
                    help="add the step instruction (AndroidControl-Low style)")
-    p.add_argument("--elements", action="store_true", help="add the recorded element list, where there is one")
+    p.add_argument("--elements", action="store_true",
+                   help="add the recorded element list, where there is one (train_sft.py always adds it: "
+                   "pass this for MiniWob++ checkpoints)")
     # policy
-    p.add_argument("--policy", choices=["expert"], default="expert",
-                   help="who acts: expert = replay the expert actions")
+    p.add_argument("--policy", choices=["expert", "model"], default="expert",
+                   help="who acts: expert = replay the expert actions; model = greedy responses of --model")
+    p.add_argument("--model", default="tiny",
+                   help="'tiny' (random, seeded by --seed), a Hugging Face folder, a checkpoint folder, or a folder "
+                   "with a `latest` pointer (e.g. out/sft/ckpt)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="response length limit (longer: wrong step)")
+    p.add_argument("--batch-size", type=int, default=32, help="prompts per generate call (SOP: live episodes)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where the model runs")
+    p.add_argument("--seed", type=int, default=0, help="seed of the tiny model's init")
+    # protocols
+    p.add_argument("--protocol", nargs="+", choices=["sop", "static"], default=["sop"],
+                   help="offline protocols on --data: sop (own history) and/or static (expert history)")
+    p.add_argument("--online", action="store_true", help="also evaluate online in live MiniWob++ (chromium)")
+    p.add_argument("--online-tasks", nargs="+", default=None,
+                   help="MiniWob++ tasks (default: the tasks of --data, else every task with an expert)")
+    p.add_argument("--online-seeds", type=int, default=5, help="held-out episodes per task (test seeds 100000+)")
+    p.add_argument("--online-seed-base", type=int, default=None, help="first online seed (default: the test base)")
+    p.add_argument("--online-max-steps", type=int, default=12, help="step limit of an online episode")
     # output
-    p.add_argument("--out", default=None, help="optional JSONL with one line per episode")
+    p.add_argument("--out", default=None, help="output folder (result.json, episodes.jsonl, report.html, ...); "
+                   "a path ending in .jsonl writes only the per-episode SOP lines there")
+    p.add_argument("--report", default=None, help="HTML report path (default: OUT/report.html when --out is a folder)")
+    p.add_argument("--report-episodes", type=int, default=8, help="episodes shown per protocol in the report")
     p.add_argument("--log-level", default="WARNING", help="logging level (budget warnings are WARNING)")
     return p
 
@@ -95,12 +158,73 @@ def score_parser() -> argparse.ArgumentParser:
 
 
 # -----------------------------------------------------------------------------
-# Policies: (prompt, episode, t, orig_size) -> response text
+# Policies. An item is (prompt, episode, t, orig_size); a policy maps a list of items to response texts.
 
 
 def expert_policy(prompt: gui.Prompt, episode: gui.Episode, t: int, orig_size: tuple[int, int]) -> str:
     """The expert action, in pixels of the screenshot the prompt shows."""
     return gui.expert_response(episode.steps[t], orig_size, prompt.resized_size)
+
+
+def expert_batch(items: list) -> list[str]:
+    return [expert_policy(*item) for item in items]  # the global name: tests replace expert_policy
+
+
+class ModelPolicy:
+    """Greedy responses of a model through the batched sampler, in chunks of batch_size prompts.
+    Counts what it generated: responses, truncated ones (no stop token within max_new_tokens),
+    response tokens and generation time."""
+
+    def __init__(self, sampler, batch_size: int):
+        self.sampler, self.batch_size = sampler, batch_size
+        self.n_responses = self.n_truncated = self.n_tokens = 0
+        self.seconds = 0.0
+
+    def __call__(self, items: list) -> list[str]:
+        from rollout import sampling_mode
+
+        texts = []
+        for i in range(0, len(items), self.batch_size):
+            t0 = time.time()
+            with sampling_mode(self.sampler.model):  # eval + no_grad
+                outs = self.sampler.generate([item[0] for item in items[i:i + self.batch_size]], n=1, greedy=True)
+            self.seconds += time.time() - t0
+            for o in outs:
+                texts.append(o[0].text)
+                self.n_responses += 1
+                self.n_truncated += o[0].finish_reason != "stop"
+                self.n_tokens += len(o[0].ids)
+        return texts
+
+
+def resolve_model(name: str) -> str:
+    """'tiny', a folder with config.json, or a folder whose `latest` pointer names a checkpoint."""
+    from utils import latest_checkpoint
+
+    if name == "tiny" or os.path.isfile(os.path.join(name, "config.json")):
+        return name
+    ckpt = latest_checkpoint(name) if os.path.isdir(name) else None
+    if ckpt is None:
+        raise FileNotFoundError(f"--model {name}: not 'tiny', no config.json there and no `latest` checkpoint pointer")
+    return str(ckpt)
+
+
+def load_sampler(args, tokenizer):
+    """The model of --model on --device (bf16 on CUDA, fp32 on CPU) inside a rollout.Sampler."""
+    import torch
+
+    from rollout import Sampler
+    from utils import load_model
+
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = load_model(args.model, dtype=dtype, device=device, seed=args.seed)
+    model.eval()
+    return Sampler(model, tokenizer, max_new_tokens=args.max_new_tokens)
+
+
+# -----------------------------------------------------------------------------
+# Metrics
 
 
 def sop_metrics(progress: list[tuple[int, int]]) -> dict:
@@ -110,6 +234,285 @@ def sop_metrics(progress: list[tuple[int, int]]) -> dict:
     return {"pg": sum(c / n for c, n in progress) / len(progress),
             "tsr": sum(c == n for c, n in progress) / len(progress),
             "episodes": len(progress), "steps": sum(n for _, n in progress)}
+
+
+def static_metrics(steps: list[dict]) -> dict:
+    """steps: {type_match, match, expert_type} per evaluated step -> type accuracy, grounding accuracy
+    (None when no click/long_press step had its type matched), step success rate."""
+    grounded = [s for s in steps if s["expert_type"] in GROUNDING_TYPES and s["type_match"]]
+    n = len(steps)
+    return {"type_acc": sum(s["type_match"] for s in steps) / n if n else 0.0,
+            "grounding_acc": sum(s["match"] for s in grounded) / len(grounded) if grounded else None,
+            "step_sr": sum(s["match"] for s in steps) / n if n else 0.0,
+            "steps": n, "grounding_steps": len(grounded)}
+
+
+def task_of(ep: gui.Episode) -> str:
+    """The group an episode is reported under: its MiniWob task, else its data file."""
+    return str(ep.meta.get("task") or ep.source)
+
+
+# -----------------------------------------------------------------------------
+# Report: screenshots with the points and boxes drawn, as static HTML
+
+
+def draw_step(image: Image.Image, orig: tuple[int, int], expert: dict | None, boxes: list,
+              pred: dict | None, ok: bool) -> str:
+    """The screenshot scaled to REPORT_WIDTH px wide with the target boxes (green), the expert point
+    or swipe (green cross / line) and the predicted one (blue if right, red if wrong); all actions and
+    boxes in ORIGINAL pixels (orig = (W, H)). Returns a base64 PNG."""
+    scale = REPORT_WIDTH / image.width
+    size = (REPORT_WIDTH, max(1, round(image.height * scale)))
+    im = image.convert("RGB").resize(size, Image.NEAREST if scale > 1 else Image.BILINEAR)
+    sx, sy = size[0] / orig[0], size[1] / orig[1]
+    d = ImageDraw.Draw(im)
+    pt = lambda xy: (xy[0] * sx, xy[1] * sy)  # noqa: E731
+    for x1, y1, x2, y2 in boxes or ():
+        d.rectangle([pt((x1, y1)), pt((x2, y2))], outline=(0, 200, 0), width=2)
+    for act, colour, mark in ((expert, (0, 200, 0), "cross"), (pred, (40, 90, 255) if ok else (230, 0, 0), "dot")):
+        if not act or "coordinate" not in act:
+            continue
+        x, y = pt(act["coordinate"])
+        if "coordinate2" in act:
+            d.line([(x, y), pt(act["coordinate2"])], fill=colour, width=3)
+        if mark == "cross":
+            d.line([(x - 8, y), (x + 8, y)], fill=colour, width=3)
+            d.line([(x, y - 8), (x, y + 8)], fill=colour, width=3)
+        else:
+            d.ellipse([x - 6, y - 6, x + 6, y + 6], outline=colour, width=3)
+    buf = io.BytesIO()
+    im.save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def step_view(t: int, image, orig, step: gui.Step | None, text: str, pred: dict | None, ok: bool,
+              reward: float | None) -> dict:
+    """What the report shows of one evaluated step: pred is the parsed action in ORIGINAL pixels;
+    step None (online: no expert) draws the prediction alone."""
+    return {"t": t, "png": draw_step(image, orig, step.action if step else None, step.candidate_bbox if step else [],
+                                     pred, ok),
+            "thought": gui.parse_response(text).thought, "pred": json.dumps(pred) if pred else "(no valid action)",
+            "expert": json.dumps(step.action) if step else None, "ok": ok, "reward": reward, "raw": text}
+
+
+CSS = """body{font-family:sans-serif;margin:16px;color:#222} .ep{border:1px solid #bbb;margin:14px 0;padding:8px}
+.steps{display:flex;flex-wrap:wrap;gap:8px;align-items:flex-start}
+.step{width:310px;border:2px solid #8c8;padding:4px;font-size:12px}
+.step.wrong{border-color:#e88;background:#fff4f4} .step.first{border:4px solid #d00}
+.step img{display:block} code{white-space:pre-wrap;word-break:break-all} table{border-collapse:collapse}
+td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px} .ok{color:#080} .bad{color:#c00}"""
+
+
+def write_report(path: str, title: str, summary: dict, sections: list[tuple[str, str, list[dict]]]) -> None:
+    """sections: (heading, note, episodes), each episode {title, goal, outcome, steps: [step_view], first_wrong}."""
+    e = html.escape
+    rows = "".join(f"<tr><th>{e(k)}</th><td>{e(json.dumps(v) if not isinstance(v, float) else f'{v:.4f}')}</td></tr>"
+                   for k, v in summary.items() if k not in ("per_task", "sources", "report"))
+    per_task = summary.get("per_task") or {}
+    cols = list(dict.fromkeys(k for v in per_task.values() for k in v))
+    cell = lambda v: "" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
+    tasks = "".join(f"<tr><th>{e(t)}</th>" + "".join(f"<td>{cell(v.get(c))}</td>" for c in cols) + "</tr>"
+                    for t, v in per_task.items())
+    if tasks:
+        tasks = "<h2>Per task</h2><table><tr><th>task</th>" + "".join(f"<th>{e(c)}</th>" for c in cols) + \
+            f"</tr>{tasks}</table>"
+    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{CSS}</style></head>"
+           f"<body><h1>{e(title)}</h1><table>{rows}</table>{tasks}<p>Boxes: target candidates (green). Green cross: "
+           "expert point / swipe. Circle: predicted point (blue right, red wrong). Thick red frame: first wrong "
+           "step.</p>"]
+    for heading, note, episodes in sections:
+        out.append(f"<h2>{e(heading)}</h2><p>{e(note)}</p>")
+        for ep in episodes:
+            out.append(f"<div class='ep'><h3>{e(ep['title'])} - <span class='{'ok' if ep['success'] else 'bad'}'>"
+                       f"{e(ep['outcome'])}</span></h3><p>Goal: {e(ep['goal'])}</p><div class='steps'>")
+            for s in ep["steps"]:
+                cls = "step" + ("" if s["ok"] else " wrong") + (" first" if s["t"] == ep.get("first_wrong") else "")
+                if s["expert"] is None:  # online: no expert to compare with, only whether an action parsed
+                    verdict = "action" if s["ok"] else "no valid action (a no-op)"
+                else:
+                    verdict = "right" if s["ok"] else "WRONG"
+                reward = f", reward {s['reward']:.2f}" if s["reward"] is not None else ""
+                out.append(f"<div class='{cls}'><img src='data:image/png;base64,{s['png']}' alt='step {s['t']}'>"
+                           f"<b>Step {s['t']}: {verdict}{reward}</b><br>Thought: <code>{e(s['thought'] or '')}</code>"
+                           f"<br>Model: <code>{e(s['pred'])}</code>")
+                if s["expert"] is not None:
+                    out.append(f"<br>Expert: <code>{e(s['expert'])}</code>")
+                if s["pred"] == "(no valid action)":
+                    out.append(f"<br>Raw output: <code>{e(s['raw'][:400]) or '(empty)'}</code>")
+                out.append("</div>")
+            out.append("</div></div>")
+    out.append("</body></html>")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("".join(out))
+
+
+def shown_indices(n: int, k: int) -> set[int]:
+    """k indices spread evenly over range(n) (MiniWob files are sorted by task: this covers tasks)."""
+    return {int(i * n / k) for i in range(k)} if n > k else set(range(n))
+
+
+# -----------------------------------------------------------------------------
+# Protocols
+
+
+@dataclass
+class _Live:
+    """One episode under SOP."""
+    idx: int
+    ep: gui.Episode
+    t: int = 0
+    shots: list = field(default_factory=list)
+    history: list = field(default_factory=list)
+    rewards: list = field(default_factory=list)
+    responses: list = field(default_factory=list)
+    views: list | None = None  # report views when this episode is shown
+    done: bool = False
+
+
+def run_sop(episodes: list[gui.Episode], policy, make_prompt, args, show: set[int]) -> tuple[list[dict], list[dict]]:
+    """SOP over `episodes` with a pool of --batch-size live episodes, one policy call per round.
+    Returns (one record per episode, in order; report episodes)."""
+    todo, live, records, shown = list(range(len(episodes)))[::-1], [], [None] * len(episodes), {}
+    bar = tqdm(total=len(episodes), desc=f"SOP {args.policy}", unit="ep", file=sys.stderr)
+    while todo or live:
+        while todo and len(live) < args.batch_size:
+            i = todo.pop()
+            live.append(_Live(i, episodes[i], views=[] if i in show else None))
+        items, images = [], []
+        for s in live:
+            step = s.ep.steps[s.t]
+            image = gui.load_screenshot(step, image_root=args.image_root, blank_screens=args.blank_screens)
+            s.shots.append(image)
+            if len(s.shots) > args.num_images:  # build_prompt reads only the last num_images; free the rest
+                s.shots[-args.num_images - 1] = None
+            orig = step.image_size or image.size  # the pixel space of the expert's coordinates
+            items.append((make_prompt(s.ep, s.t, s.shots, s.history), s.ep, s.t, orig))
+            images.append(image)
+        for s, (prompt, ep, t, orig), image, text in zip(live, items, images, policy(items)):
+            step = ep.steps[t]
+            score = gui.score_response(text, step, resized_size=prompt.resized_size, orig_size=orig)
+            s.rewards.append(score.reward)
+            s.responses.append(text)
+            if s.views is not None:
+                s.views.append(step_view(t, image, orig, step, text, score.action, score.match, score.reward))
+            if score.match:
+                s.history.append(text)
+                s.t += 1
+            if not score.match or s.t == len(ep.steps):  # SOP: the episode ends at its first wrong step
+                s.done = True
+                n_correct = s.t
+                records[s.idx] = {"source": ep.source, "task": task_of(ep), "episode_id": ep.episode_id,
+                                  "steps": len(ep.steps), "correct": n_correct, "success": n_correct == len(ep.steps),
+                                  "rewards": s.rewards, "malformed": sum(gui.parse_response(r).action is None
+                                                                         for r in s.responses),
+                                  "responses": s.responses}
+                if s.views is not None:
+                    shown[s.idx] = {"title": f"{ep.episode_id} ({task_of(ep)})", "goal": ep.goal,
+                                    "success": n_correct == len(ep.steps),
+                                    "outcome": f"all {n_correct} steps right" if n_correct == len(ep.steps) else
+                                    f"{n_correct}/{len(ep.steps)} steps right before the first error",
+                                    "steps": s.views, "first_wrong": None if n_correct == len(ep.steps) else n_correct}
+                bar.update(1)
+        live = [s for s in live if not s.done]
+    bar.close()
+    return records, [shown[i] for i in sorted(shown)]
+
+
+def run_static(episodes: list[gui.Episode], policy, make_prompt, args, show: set[int]) -> tuple[list[dict], list[dict]]:
+    """Every step of every episode with the expert's earlier actions as history, --batch-size
+    prompts per policy call. Returns (one record per step, report episodes)."""
+    records, pending, meta, views = [], [], [], defaultdict(list)  # pending items, their (episode, screenshot)
+
+    def flush():
+        for (prompt, ep, t, orig), (idx, image), text in zip(pending, meta, policy(pending)):
+            step = ep.steps[t]
+            score = gui.score_response(text, step, resized_size=prompt.resized_size, orig_size=orig)
+            records.append({"episode": idx, "episode_id": ep.episode_id, "task": task_of(ep), "t": t,
+                            "expert_type": step.action["action"], "type_match": score.type_match, "match": score.match,
+                            "reward": score.reward, "malformed": score.action is None, "response": text})
+            if idx in show:
+                views[idx].append(step_view(t, image, orig, step, text, score.action, score.match, score.reward))
+        pending.clear()
+        meta.clear()
+
+    for idx, ep in enumerate(tqdm(episodes, desc=f"static {args.policy}", unit="ep", file=sys.stderr)):
+        shots = [gui.load_screenshot(s, image_root=args.image_root, blank_screens=args.blank_screens) for s in ep.steps]
+        origs = [s.image_size or im.size for s, im in zip(ep.steps, shots)]
+        # expert history: each earlier action as a response in pixels of ITS resized screenshot
+        history = [gui.expert_response(s, o, min_pixels=args.min_pixels, max_pixels=args.max_pixels)
+                   for s, o in zip(ep.steps, origs)]
+        for t in range(len(ep.steps)):
+            pending.append((make_prompt(ep, t, shots[:t + 1], history[:t]), ep, t, origs[t]))
+            meta.append((idx, shots[t]))
+            if len(pending) >= args.batch_size:
+                flush()
+    flush()
+    shown = []
+    for idx in sorted(views):
+        ep, steps = episodes[idx], sorted(views[idx], key=lambda v: v["t"])
+        wrong = [v["t"] for v in steps if not v["ok"]]
+        shown.append({"title": f"{ep.episode_id} ({task_of(ep)})", "goal": ep.goal, "success": not wrong,
+                      "outcome": f"{len(steps) - len(wrong)}/{len(steps)} steps right",
+                      "steps": steps, "first_wrong": wrong[0] if wrong else None})
+    return records, shown
+
+
+class OnlineModelPolicy:
+    """A miniwob_env policy: obs -> prompt with its own earlier responses -> one greedy response ->
+    action in pixels of obs['screenshot']. Malformed output returns None (the env's no-op that costs
+    a step). Keeps report views of the (task, seed) episodes in `show`."""
+
+    def __init__(self, policy, make_prompt_online, show: set):
+        self.policy, self.make_prompt, self.show = policy, make_prompt_online, show
+        self.views: dict = {}
+        self.goals: dict = {}
+        self.n_malformed = 0
+
+    def __call__(self, obs: dict, t: int):
+        key = (obs["task"], obs["seed"])
+        if t == 0:  # a new episode (or a retry after a browser fault)
+            self.shots, self.history = [], []
+            if key in self.show:
+                self.views[key], self.goals[key] = [], obs["goal"]
+        image = obs["screenshot"]
+        self.shots.append(image)
+        prompt = self.make_prompt(obs, self.shots, self.history)
+        text = self.policy([(prompt, None, t, image.size)])[0]
+        self.history.append(text)
+        action = gui.parse_response(text).action
+        self.n_malformed += action is None
+        if action is not None:  # model pixels (resized screenshot) -> pixels of the screenshot we were given
+            action = gui.scale_action(action, prompt.resized_size, image.size)
+        if key in self.views:
+            # no expert online: the action is drawn, "right" or "wrong" is the episode's outcome
+            self.views[key].append(step_view(t, image, image.size, None, text, action, action is not None, None))
+        return action
+
+
+def run_online(policy, make_prompt_online, tasks: list[str], seeds: list[int], args) -> tuple[dict, list[dict]]:
+    """Live MiniWob++ episodes. policy None -> miniwob_env's scripted expert. The result of
+    evaluate_online gains `malformed` (responses that parsed to no action)."""
+    import miniwob_env
+
+    k = max(args.report_episodes, 0)
+    keys = [(task, seed) for task in tasks for seed in seeds]
+    wrapped = None
+    if policy is not None:
+        wrapped = OnlineModelPolicy(policy, make_prompt_online, {keys[i] for i in shown_indices(len(keys), k)})
+    res = miniwob_env.evaluate_online(wrapped or miniwob_env.expert_policy, tasks, seeds,
+                                      max_steps=args.online_max_steps)
+    shown = []
+    if wrapped is not None:
+        by_key = {(e["task"], e["seed"]): e for e in res["episodes"]}
+        for key in keys:
+            if key in wrapped.views:
+                e = by_key[key]
+                shown.append({"title": f"{key[0]} seed {key[1]}", "goal": wrapped.goals[key],
+                              "success": e["success"], "outcome": f"{e['cause']} after {e['steps']} steps",
+                              "steps": wrapped.views[key], "first_wrong": None})
+    res["malformed"] = wrapped.n_malformed if wrapped is not None else 0
+    return res, shown
 
 
 # -----------------------------------------------------------------------------
@@ -166,7 +569,7 @@ def score_main(argv: list[str]) -> dict:
 
 
 # -----------------------------------------------------------------------------
-# SOP
+# main
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -178,69 +581,148 @@ def main(argv: list[str] | None = None) -> dict:
 
     args = sop_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    if not args.data and not args.online:
+        raise SystemExit("eval_sop.py: nothing to evaluate: give --data and/or --online")
     t0 = time.time()
+    out_dir = args.out if args.out and not args.out.endswith(".jsonl") else None
+    report_path = args.report or (os.path.join(out_dir, "report.html") if out_dir else None)
 
-    # --- setup: tokenizer and image processor (the model comes with --policy model)
+    # --- setup: tokenizer, image processor and, for --policy model, the model inside a sampler
     from utils import load_processor
-    tokenizer, image_processor = load_processor(args.tokenizer, min_pixels=args.min_pixels, max_pixels=args.max_pixels)
-    policy = {"expert": expert_policy}[args.policy]
+    if args.policy == "model":
+        args.model = resolve_model(args.model)
+    tok_dir = args.tokenizer or (args.model if args.policy == "model" and args.model != "tiny" else None)
+    tokenizer, image_processor = load_processor(tok_dir, min_pixels=args.min_pixels, max_pixels=args.max_pixels)
     budget = args.max_prompt_tokens or None
+    model_policy = None
+    if args.policy == "model":
+        sampler = load_sampler(args, tokenizer)
+        model_policy = ModelPolicy(sampler, args.batch_size)
+        # SPEC 10: a long history must be summarised, never overflow the context
+        cfg = getattr(sampler.model, "config", None)
+        ctx = getattr(cfg.get_text_config(), "max_position_embeddings", None) if cfg is not None else None
+        if ctx:
+            budget = min(budget or ctx, ctx - args.max_new_tokens)
+    policy = model_policy or expert_batch
+    stats = {"max_tokens": 0, "budgeted": 0, "over": 0}
+
+    def build(goal, shots, history, step_instruction, elements):
+        prompt = gui.build_prompt(
+            tokenizer, image_processor, goal=goal, screenshots=shots, history=history,
+            step_instruction=step_instruction if args.step_instruction else None,
+            elements=elements if args.elements else None, num_images=args.num_images,
+            min_pixels=args.min_pixels, max_pixels=args.max_pixels, max_prompt_tokens=budget)
+        stats["max_tokens"] = max(stats["max_tokens"], len(prompt.input_ids))
+        stats["budgeted"] += prompt.n_dropped_turns > 0
+        stats["over"] += budget is not None and len(prompt.input_ids) > budget  # the current turn alone is too long
+        return prompt
+
+    def make_prompt(ep, t, shots, history):
+        return build(ep.goal, shots, history, ep.steps[t].step_instruction, ep.steps[t].elements)
+
+    def make_prompt_online(obs, shots, history):
+        return build(obs["goal"], shots, history, None, obs["elements"])
 
     # --- data
-    sources = [(path, gui.load_episodes(path, limit=args.limit)) for path in args.data]
-    n_total = sum(len(eps) for _, eps in sources)
-
-    # --- loop: SOP over every episode
-    results = []
-    max_tokens = n_budgeted = n_over = steps_run = 0
-    reward_sum = 0.0
-    out = open(args.out, "w", encoding="utf-8") if args.out else None
-    bar = tqdm(total=n_total, desc=f"SOP {args.policy}", unit="ep", file=sys.stderr)
-    for path, episodes in sources:
+    episodes = []
+    for path in args.data:
+        episodes += gui.load_episodes(path, limit=args.limit)
+    if args.per_task_limit is not None:
+        seen = defaultdict(int)
+        keep = []
         for ep in episodes:
-            history, shots, n_correct, rewards = [], [], 0, []
-            for t, step in enumerate(ep.steps):
-                image = gui.load_screenshot(step, image_root=args.image_root, blank_screens=args.blank_screens)
-                shots.append(image)
-                if len(shots) > args.num_images:  # build_prompt reads only the last num_images; free the rest
-                    shots[-args.num_images - 1] = None
-                orig = step.image_size or image.size  # the pixel space of the expert's coordinates
-                prompt = gui.build_prompt(
-                    tokenizer, image_processor, goal=ep.goal, screenshots=shots, history=history,
-                    step_instruction=step.step_instruction if args.step_instruction else None,
-                    elements=step.elements if args.elements else None, num_images=args.num_images,
-                    min_pixels=args.min_pixels, max_pixels=args.max_pixels, max_prompt_tokens=budget)
-                max_tokens = max(max_tokens, len(prompt.input_ids))
-                n_budgeted += prompt.n_dropped_turns > 0
-                n_over += budget is not None and len(prompt.input_ids) > budget  # the current turn alone is too long
-                response = policy(prompt, ep, t, orig)
-                score = gui.score_response(response, step, resized_size=prompt.resized_size, orig_size=orig)
-                rewards.append(score.reward)
-                steps_run += 1
-                if not score.match:  # SOP: the episode ends at its first wrong step
-                    break
-                history.append(response)
-                n_correct += 1
-            reward_sum += sum(rewards)
-            rec = {"source": path, "episode_id": ep.episode_id, "steps": len(ep.steps), "correct": n_correct,
-                   "success": n_correct == len(ep.steps), "rewards": rewards}
-            results.append(rec)
-            if out:
-                out.write(json.dumps(rec) + "\n")
-            bar.update(1)
-    bar.close()
-    if out:
-        out.close()
+            seen[task_of(ep)] += 1
+            if seen[task_of(ep)] <= args.per_task_limit:
+                keep.append(ep)
+        episodes = keep
+    show = shown_indices(len(episodes), max(args.report_episodes, 0))
+
+    # --- protocols
+    summary = {"policy": args.policy, "model": args.model if args.policy == "model" else None,
+               "protocols": (list(args.protocol) if episodes else []) + (["online"] if args.online else []),
+               "episodes": len(episodes), "steps": sum(len(e.steps) for e in episodes)}
+    per_task: dict = defaultdict(dict)
+    sections, malformed = [], 0
+    sop_records = static_records = online_res = None
+    if episodes and "sop" in args.protocol:
+        sop_records, shown = run_sop(episodes, policy, make_prompt, args, show)
+        m = sop_metrics([(r["correct"], r["steps"]) for r in sop_records])
+        steps_run = sum(len(r["rewards"]) for r in sop_records)
+        malformed += sum(r["malformed"] for r in sop_records)
+        summary.update(m)  # pg, tsr, episodes, steps (pg/tsr also as sop_pg/sop_tsr)
+        summary.update({"sop_pg": m["pg"], "sop_tsr": m["tsr"], "steps_run": steps_run,
+                        "step_reward_mean": sum(sum(r["rewards"]) for r in sop_records) / max(steps_run, 1),
+                        "sources": {path: sop_metrics([(r["correct"], r["steps"]) for r in sop_records
+                                                       if r["source"] == path]) for path in args.data}})
+        for task in dict.fromkeys(r["task"] for r in sop_records):
+            tm = sop_metrics([(r["correct"], r["steps"]) for r in sop_records if r["task"] == task])
+            per_task[task].update(sop_pg=tm["pg"], sop_tsr=tm["tsr"], episodes=tm["episodes"], steps=tm["steps"])
+        sections.append(("SOP: own history, greedy, the episode stops at its first wrong step",
+                         f"PG {m['pg']:.3f}, TSR {m['tsr']:.3f} over {m['episodes']} episodes; "
+                         f"{len(shown)} shown.", shown))
+    if episodes and "static" in args.protocol:
+        static_records, shown = run_static(episodes, policy, make_prompt, args, show)
+        m = static_metrics(static_records)
+        malformed += sum(r["malformed"] for r in static_records)
+        summary.update({"static_type_acc": m["type_acc"], "static_grounding_acc": m["grounding_acc"],
+                        "static_step_sr": m["step_sr"], "static_steps": m["steps"],
+                        "static_grounding_steps": m["grounding_steps"],
+                        "static_variant": "low" if args.step_instruction else "high"})
+        for task in dict.fromkeys(r["task"] for r in static_records):
+            tm = static_metrics([r for r in static_records if r["task"] == task])
+            per_task[task].update(static_type_acc=tm["type_acc"], static_grounding_acc=tm["grounding_acc"],
+                                  static_step_sr=tm["step_sr"], static_steps=tm["steps"])
+        sections.append((f"Static ({'-Low: with step instructions' if args.step_instruction else '-High: goal only'}):"
+                         " expert history, every step evaluated",
+                         f"step SR {m['step_sr']:.3f}, type acc {m['type_acc']:.3f} over {m['steps']} steps; "
+                         f"{len(shown)} episodes shown.", shown))
+    if args.online:
+        import miniwob_env
+        tasks = args.online_tasks or [t for t in dict.fromkeys(task_of(e) for e in episodes)
+                                      if t in miniwob_env.EXPERTS] or sorted(miniwob_env.EXPERTS)
+        base = miniwob_env.TEST_SEED_BASE if args.online_seed_base is None else args.online_seed_base
+        seeds = list(range(base, base + args.online_seeds))
+        online_res, shown = run_online(model_policy, make_prompt_online, tasks, seeds, args)
+        o = online_res["overall"]
+        malformed += online_res["malformed"]
+        summary.update({"online_sr": o["success_rate"], "n_online_episodes": o["episodes"],
+                        "online_failures": o["failures"], "online_mean_steps": o["mean_steps"],
+                        "online_tasks": tasks, "online_seeds": seeds})
+        for task, r in online_res["per_task"].items():
+            per_task[task].update(online_sr=r["success_rate"], n_online_episodes=r["episodes"])
+        sections.append(("Online MiniWob++: own history, live pages", f"success {o['success_rate']:.3f} over "
+                         f"{o['episodes']} episodes (held-out seeds {seeds[0]}..{seeds[-1]}); {len(shown)} shown.",
+                         shown))
 
     # --- summary: last stdout line
-    summary = sop_metrics([(r["correct"], r["steps"]) for r in results])
-    summary.update({
-        "policy": args.policy, "steps_run": steps_run, "step_reward_mean": reward_sum / max(steps_run, 1),
-        "max_prompt_tokens_seen": max_tokens, "prompts_budgeted": n_budgeted,
-        "prompts_over_budget": n_over, "seconds": round(time.time() - t0, 1),
-        "sources": {path: sop_metrics([(r["correct"], r["steps"]) for r in results if r["source"] == path])
-                    for path, _ in sources},
-    })
+    summary.update({"max_prompt_tokens_seen": stats["max_tokens"], "prompts_budgeted": stats["budgeted"],
+                    "prompts_over_budget": stats["over"], "prompt_budget": budget, "malformed_responses": malformed})
+    if model_policy is not None:
+        summary.update({"responses": model_policy.n_responses, "truncated_responses": model_policy.n_truncated,
+                        "response_tokens_mean": model_policy.n_tokens / max(model_policy.n_responses, 1),
+                        "generate_seconds": round(model_policy.seconds, 1)})
+    summary["per_task"] = dict(per_task)
+    summary["seconds"] = round(time.time() - t0, 1)
+    if report_path:
+        summary["report"] = report_path
+
+    # --- outputs
+    if args.out and out_dir is None and sop_records is not None:  # the per-episode JSONL alone
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in sop_records)
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        for name, rows in (("episodes.jsonl", sop_records), ("static_steps.jsonl", static_records),
+                           ("online_episodes.jsonl", online_res["episodes"] if online_res else None)):
+            if rows is not None:
+                with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in rows)
+        with open(os.path.join(out_dir, "result.json"), "w", encoding="utf-8") as f:
+            json.dump({**summary, "args": vars(args)}, f, indent=1, default=str)
+    if report_path:
+        title = f"eval_sop: {args.policy}" + (f" {args.model}" if args.policy == "model" else "")
+        write_report(report_path, title, summary, sections)
     print(json.dumps(summary))
     return summary
 

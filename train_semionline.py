@@ -83,6 +83,8 @@ parser.add_argument("--clip-low", type=float, default=0.2, help="PPO clip epsilo
 parser.add_argument("--clip-high", type=float, default=0.2, help="PPO clip epsilon above 1")
 parser.add_argument("--clip-c", type=float, default=3.0, help="dual-clip constant for negative advantages")
 parser.add_argument("--kl-coef", type=float, default=1e-4, help="k3 KL to the frozen reference; 0 disables the reference model")
+parser.add_argument("--ref-model", default=None, help="reference model: 'tiny' or a folder (default: the policy's initialisation)")
+parser.add_argument("--ref-seed", type=int, default=None, help="init seed of a 'tiny' reference (default: --seed)")
 parser.add_argument("--loss-agg", choices=["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"], default="token-mean",
                     help="how per-token losses become the mini-batch loss")
 # optimisation
@@ -138,7 +140,8 @@ def main(argv=None):
     policy = utils.apply_fsdp(model, utils.PolicyLogProb(model), d, mixed_precision=gpu)
     ref = None
     if args.kl_coef > 0:
-        ref_model = utils.load_model(init, dtype=torch.bfloat16 if gpu else dtype, device=d.device, seed=args.seed)
+        ref_model = utils.load_model(args.ref_model or init, dtype=torch.bfloat16 if gpu else dtype, device=d.device,
+                                     seed=args.seed if args.ref_seed is None else args.ref_seed)
         ref_model.requires_grad_(False).eval()
         ref = utils.apply_fsdp(ref_model, utils.PolicyLogProb(ref_model), d, mixed_precision=False)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.999))

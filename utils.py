@@ -216,6 +216,8 @@ def save_checkpoint(out_dir: str | os.PathLike, model, tokenizer, args: dict, *,
     if isinstance(model, PolicyLogProb):  # the FSDP root wraps the HF model: drop its prefix
         inner = model.model
         msd = {k.removeprefix("model."): v for k, v in msd.items()}
+    if getattr(inner.config, "tie_word_embeddings", False):
+        msd.pop("lm_head.weight", None)  # tied to the input embedding (FSDP's state dict lists both)
     inner.save_pretrained(str(tmp), state_dict=msd, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))

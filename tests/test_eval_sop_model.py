@@ -1,0 +1,261 @@
+"""eval_sop.py, model part: SOP and static metrics through the batched-sampler path against hand-computed
+values (a scripted fake sampler), the tiny model end to end, the HTML report, and online MiniWob++."""
+
+import base64
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+import eval_sop
+import gui
+from utils import load_processor
+
+REPO = Path(__file__).resolve().parent.parent
+MINIWOB = REPO / "data" / "miniwob"
+ANDROID = REPO / "data" / "android_control" / "android_control_test_uis1.jsonl"
+# A: click, terminate;  B: click, click, terminate;  C: click, type, click, terminate
+EPISODES = ["click-button-100000", "click-button-sequence-100000", "enter-text-100000"]
+SMALL = ["--max-pixels", "20000"]  # 168x224 -> 112x140: model pixels differ from screenshot pixels
+
+
+def last_json(capsys):
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_processor()[0]
+
+
+@pytest.fixture()
+def miniwob_file(tmp_path):
+    """The three episodes above in their own file (screenshots found with --image-root)."""
+    lines = [ln for ln in (MINIWOB / "test.jsonl").read_text().splitlines()
+             if json.loads(ln)["episode_id"] in EPISODES]
+    lines.sort(key=lambda ln: EPISODES.index(json.loads(ln)["episode_id"]))
+    path = tmp_path / "eps.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class Out:
+    def __init__(self, text):
+        self.text, self.ids, self.finish_reason = text, [0] * 3, "stop"
+
+
+class FakeSampler:
+    """Answers by a script answer(episode_or_None, t, prompt, decoded_prompt) -> text. The episode is found
+    by the goal in the decoded prompt, t by the number of assistant turns in it. Records every call."""
+
+    def __init__(self, tokenizer, episodes, answer):
+        self.model = torch.nn.Linear(1, 1)  # sampling_mode needs a module; no config: no context cap
+        self.tok, self.by_goal, self.answer = tokenizer, {e.goal: e for e in episodes}, answer
+        self.calls, self.seen = [], []
+
+    def generate(self, prompts, n=1, greedy=False):
+        assert n == 1 and greedy
+        self.calls.append(len(prompts))
+        outs = []
+        for p in prompts:
+            text = self.tok.decode(p.input_ids.tolist())
+            goal = re.search(r"Task goal: (.*)", text).group(1)
+            t = text.count("<|im_start|>assistant") - 1
+            ep = self.by_goal.get(goal)
+            self.seen.append((ep.episode_id if ep else goal, t, text))
+            outs.append([Out(self.answer(ep, t, p, text))])
+        return outs
+
+
+def respond(thought, action):
+    return gui.format_response(thought, action)
+
+
+def scripted(ep, t, prompt, text):
+    """A right; B right, then a click far from the target, then right; C malformed, a wrongly typed
+    text, a right click, a wait instead of terminate. Coordinates in pixels of the resized screenshot."""
+    right = gui.expert_response(ep.steps[t], ep.steps[t].image_size, prompt.resized_size, f"fake-{ep.episode_id}-{t}")
+    w, h = prompt.resized_size
+    far = {"action": "click", "coordinate": [w - 1, h - 1]}
+    wrong = {("click-button-sequence-100000", 1): respond("far-away-click", far),
+             ("enter-text-100000", 0): "<think>hm</think><action>{not json</action>",
+             ("enter-text-100000", 1): respond("typo", {"action": "type", "text": "Xavier"}),
+             ("enter-text-100000", 3): respond("wait", {"action": "wait", "time": 1})}
+    return wrong.get((ep.episode_id, t), right)
+
+
+def run_fake(monkeypatch, tokenizer, data, answer, argv):
+    eps = gui.load_episodes(data)
+    fake = FakeSampler(tokenizer, eps, answer)
+    monkeypatch.setattr(eval_sop, "load_sampler", lambda args, tok: fake)
+    s = eval_sop.main(["--data", str(data), "--policy", "model", *argv])
+    return s, fake
+
+
+# -----------------------------------------------------------------------------
+# SOP
+
+
+@pytest.mark.parametrize("batch_size, calls", [(32, [3, 2]), (2, [2, 2, 1])])
+def test_sop_by_hand(monkeypatch, capsys, tokenizer, miniwob_file, batch_size, calls):
+    s, fake = run_fake(monkeypatch, tokenizer, miniwob_file, scripted,
+                       ["--image-root", str(MINIWOB), *SMALL, "--batch-size", str(batch_size)])
+    assert last_json(capsys) == s
+    # A 2/2, B 1/3 (wrong point at step 1), C 0/4 (malformed at step 0)
+    assert s["sop_pg"] == pytest.approx((1 + 1 / 3 + 0) / 3) and s["pg"] == s["sop_pg"]
+    assert s["sop_tsr"] == pytest.approx(1 / 3)
+    assert s["steps_run"] == 5 and s["episodes"] == 3 and s["steps"] == 9
+    # live episodes share one generate call per round; a finished one makes room for the next
+    assert fake.calls == calls
+    assert s["step_reward_mean"] == pytest.approx((1 + 1 + 1 + 0.55 + 0) / 5)  # wrong point: 0.1 + 0.9 * 0.5
+    assert s["malformed_responses"] == 1 and s["responses"] == 5
+    pt = s["per_task"]
+    assert (pt["click-button"]["sop_pg"], pt["click-button"]["sop_tsr"]) == (1.0, 1.0)
+    assert pt["click-button-sequence"]["sop_pg"] == pytest.approx(1 / 3) and pt["enter-text"]["sop_pg"] == 0.0
+    # own history: A's step-1 prompt holds A's own step-0 response
+    a1 = next(text for ep, t, text in fake.seen if ep == "click-button-100000" and t == 1)
+    assert "fake-click-button-100000-0" in a1
+
+
+# -----------------------------------------------------------------------------
+# static
+
+
+def test_static_by_hand(monkeypatch, capsys, tokenizer, miniwob_file):
+    s, fake = run_fake(monkeypatch, tokenizer, miniwob_file, scripted,
+                       ["--image-root", str(MINIWOB), *SMALL, "--protocol", "static", "--batch-size", "4"])
+    assert last_json(capsys) == s
+    # 9 steps: type right on A0 A1 B0 B1 B2 C1 C2 (7); full match A0 A1 B0 B2 C2 (5);
+    # click steps with the type right: A0 B0 B1 C2, of which 3 match
+    assert s["static_steps"] == 9 and fake.calls == [4, 4, 1]
+    assert s["static_type_acc"] == pytest.approx(7 / 9)
+    assert s["static_step_sr"] == pytest.approx(5 / 9)
+    assert s["static_grounding_acc"] == pytest.approx(3 / 4) and s["static_grounding_steps"] == 4
+    assert "sop_pg" not in s and s["static_variant"] == "high"
+    assert s["per_task"]["enter-text"]["static_step_sr"] == pytest.approx(1 / 4)
+    # expert history: B's step-2 prompt holds the expert's step-1 click (67, 165) in 112x140 pixels,
+    # not the model's wrong one
+    b2 = next(text for ep, t, text in fake.seen if ep == "click-button-sequence-100000" and t == 2)
+    assert '{"action": "click", "coordinate": [45, 103]}' in b2 and "far-away-click" not in b2
+
+
+def test_static_low_has_step_instructions(monkeypatch, capsys, tokenizer):
+    eps = gui.load_episodes(ANDROID, limit=2)
+
+    def expert(ep, t, prompt, text):
+        assert f"Step instruction: {ep.steps[t].step_instruction}" in text
+        return gui.expert_response(ep.steps[t], (1080, 2400), prompt.resized_size, "x")
+
+    s, fake = run_fake(monkeypatch, tokenizer, ANDROID, expert,
+                       ["--limit", "2", "--blank-screens", "1080x2400", "--max-pixels", "50176",
+                        "--protocol", "static", "--step-instruction"])
+    n = sum(len(e.steps) for e in eps)
+    assert s["static_variant"] == "low" and s["static_steps"] == n == len(fake.seen)
+    assert s["static_type_acc"] == s["static_step_sr"] == s["static_grounding_acc"] == 1.0
+
+
+# -----------------------------------------------------------------------------
+# report
+
+
+def images_in(section: str) -> list[Image.Image]:
+    return [Image.open(io.BytesIO(base64.b64decode(b)))
+            for b in re.findall(r"src='data:image/png;base64,([^']+)'", section)]
+
+
+def has_colour(im, xy, colour, r=9):
+    x0, y0 = int(xy[0]), int(xy[1])
+    px = [im.getpixel((x, y)) for x in range(max(0, x0 - r), min(im.width, x0 + r + 1))
+          for y in range(max(0, y0 - r), min(im.height, y0 + r + 1))]
+    return any(all(abs(a - b) <= 30 for a, b in zip(p, colour)) for p in px)
+
+
+def test_report(monkeypatch, capsys, tokenizer, miniwob_file, tmp_path):
+    out = tmp_path / "run"
+    s, _ = run_fake(monkeypatch, tokenizer, miniwob_file, scripted,
+                    ["--image-root", str(MINIWOB), *SMALL, "--protocol", "sop", "static", "--out", str(out)])
+    assert json.loads((out / "result.json").read_text())["sop_pg"] == s["sop_pg"]
+    assert len((out / "episodes.jsonl").read_text().splitlines()) == 3
+    assert len((out / "static_steps.jsonl").read_text().splitlines()) == 9
+    page = (out / "report.html").read_text()
+    assert s["report"] == str(out / "report.html")
+    sections = {h.split("</h2>")[0].split(":")[0]: h for h in page.split("<h2>")[1:]}
+    assert "<td>0.333</td>" in sections["Per task"]  # click-button-sequence: SOP PG 1/3
+    sop, static = sections["SOP"], sections["Static (-High"]
+    # one image per shown step: SOP shows the steps run (5), static every step (9)
+    assert sop.count("<img") == 5 and static.count("<img") == 9
+    # the first wrong step of B (step 1) and of C (step 0) is framed, in each protocol
+    assert sop.count("class='step wrong first'") == 2 and static.count("class='step wrong first'") == 2
+    # B's step 1 under SOP: expert point (67, 165) as a green cross, the far click (166, 222) as a red ring,
+    # drawn at REPORT_WIDTH / 168 of the original pixels
+    k = eval_sop.REPORT_WIDTH / 168
+    b1 = images_in(sop)[3]  # A0, A1, B0, B1, C0
+    assert b1.size == (300, 400)
+    assert has_colour(b1, (67 * k, 165 * k), (0, 200, 0)) and has_colour(b1, (166 * k, 222 * k), (230, 0, 0))
+    assert not has_colour(b1, (67 * k, 165 * k), (230, 0, 0))
+    a0 = images_in(sop)[0]  # right: a blue ring at the expert point
+    assert has_colour(a0, (18 * k, 73 * k), (40, 90, 255))
+
+
+# -----------------------------------------------------------------------------
+# the tiny model, end to end
+
+
+def test_tiny_model_end_to_end(capsys, miniwob_file, tmp_path):
+    out = tmp_path / "tiny"
+    s = eval_sop.main(["--data", str(miniwob_file), "--limit", "2", "--image-root", str(MINIWOB), "--policy", "model",
+                       "--model", "tiny", "--max-new-tokens", "8", "--elements", "--protocol", "sop", "static",
+                       "--out", str(out)])
+    assert last_json(capsys) == s
+    for k in ("sop_pg", "sop_tsr", "static_type_acc", "static_step_sr"):
+        assert 0.0 <= s[k] <= 1.0, k
+    assert s["static_grounding_acc"] is None or 0.0 <= s["static_grounding_acc"] <= 1.0
+    assert s["episodes"] == 2 and s["static_steps"] == 5 and 2 <= s["steps_run"] <= 5
+    assert s["responses"] == s["steps_run"] + s["static_steps"]
+    assert s["prompt_budget"] == 8192 - 8  # the tiny model's context minus the response budget
+    page = (out / "report.html").read_text()
+    assert page.count("<img") == s["steps_run"] + s["static_steps"]
+
+
+def test_resolve_model(tmp_path):
+    ckpt = tmp_path / "ckpt" / "step_000300"
+    ckpt.mkdir(parents=True)
+    (ckpt / "config.json").write_text("{}")
+    (tmp_path / "ckpt" / "latest").write_text("step_000300")
+    assert eval_sop.resolve_model(str(tmp_path / "ckpt")) == str(ckpt)
+    assert eval_sop.resolve_model(str(ckpt)) == str(ckpt) and eval_sop.resolve_model("tiny") == "tiny"
+    with pytest.raises(FileNotFoundError, match="latest"):
+        eval_sop.resolve_model(str(tmp_path))
+
+
+# -----------------------------------------------------------------------------
+# online MiniWob++ (a real browser)
+
+
+def test_online_fake_model(monkeypatch, capsys, tokenizer, tmp_path):
+    """click-test seeds 100000 (button at (37, 118), box 19..56 x 100..137) and 100001. The fake clicks
+    the button on its first call, in 112x140 model pixels, then writes garbage: episode 1 succeeds only
+    if the click is mapped back to the 168x224 screenshot; episode 2 runs into the step limit."""
+    answers = iter([respond("pressing-it", {"action": "click", "coordinate": [25, 74]})])
+
+    def answer(ep, t, prompt, text):
+        assert prompt.resized_size == (112, 140)
+        return next(answers, f"garbage-{len(fake.seen)}")
+
+    fake = FakeSampler(tokenizer, [], answer)
+    monkeypatch.setattr(eval_sop, "load_sampler", lambda args, tok: fake)
+    report = tmp_path / "online.html"
+    s = eval_sop.main(["--policy", "model", "--online", "--online-tasks", "click-test", "--online-seeds", "2",
+                       "--online-max-steps", "2", *SMALL, "--report", str(report)])
+    assert last_json(capsys) == s
+    assert s["online_sr"] == 0.5 and s["n_online_episodes"] == 2
+    assert s["per_task"]["click-test"] == {"online_sr": 0.5, "n_online_episodes": 2}
+    assert s["online_failures"]["step_limit"] == 1 and s["episodes"] == 0
+    assert [t for _, t, _ in fake.seen] == [0, 0, 1]
+    # own history, reset per episode: the last prompt holds episode 2's first answer only
+    assert "garbage-2" in fake.seen[2][2] and "pressing-it" not in fake.seen[2][2]
+    assert report.read_text().count("<img") == 3

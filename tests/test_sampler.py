@@ -1,0 +1,392 @@
+"""rollout.Sampler against references: Hugging Face generate (greedy, token for token), a full
+forward pass (log-probs), its own unshared path (prefix sharing), and hand-computed
+distributions (temperature, top-p). Tiny random Qwen2.5-VL in fp32 on CPU.
+
+The tiny model's weights are redrawn with std 0.3: at the default init (std 0.02) it just
+repeats its last input token whatever the positions or images, and a greedy comparison
+with it could not fail. With std 0.3 a wrong rope position or rope delta changes the output
+(checked in test_positions_matter).
+"""
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import utils
+from rollout import (Sampler, SampleOutput, _prefix_tree, process_logits, sample_from_logits,
+                     sampling_mode)
+
+MAX_NEW = 12
+
+
+def spice(model, std=0.3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+    return model
+
+
+@pytest.fixture(scope="module")
+def proc():
+    return utils.load_processor(max_pixels=64 * 28 * 28)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return spice(utils.load_model("tiny")).eval()
+
+
+def make_prompt(proc, text, size=None, seed=0, system="You are a GUI agent. Act on the screen."):
+    """<system><user>{text}[image]<assistant header> as ids, with the image expanded."""
+    tok, ip = proc
+    ids = tok.encode(f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{text}", add_special_tokens=False)
+    pv = thw = None
+    if size is not None:
+        rng = np.random.default_rng(seed)
+        img = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+        feats = ip(images=[img], return_tensors="pt")
+        pv, thw = feats["pixel_values"], feats["image_grid_thw"]
+        ids += tok.convert_tokens_to_ids(["<|vision_start|>"]) + \
+            tok.convert_tokens_to_ids(["<|image_pad|>"]) * (int(thw.prod()) // 4) + \
+            tok.convert_tokens_to_ids(["<|vision_end|>"])
+    ids += tok.encode("<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    return SimpleNamespace(input_ids=torch.tensor(ids), pixel_values=pv, image_grid_thw=thw)
+
+
+@pytest.fixture(scope="module")
+def prompts(proc):
+    # different text lengths and image sizes -> different prompt lengths and 3-D position layouts
+    return [make_prompt(proc, "Open the settings app, then turn on wifi.", (160, 210), seed=0),
+            make_prompt(proc, "Hi", (300, 120), seed=1),
+            make_prompt(proc, "Go back to the home screen and open the mail app to read the newest message.",
+                        (1080, 2400), seed=2)]
+
+
+def hf_generate(model, tok, prompts, sampler, max_new=MAX_NEW):
+    """model.generate(do_sample=False) on a left-padded batch; returns per-row generated ids,
+    cut after the first stop token (HF pads finished rows)."""
+    T = max(len(p.input_ids) for p in prompts)
+    ids = torch.full((len(prompts), T), tok.pad_token_id)
+    mask = torch.zeros(len(prompts), T, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, T - len(p.input_ids):] = p.input_ids
+        mask[i, T - len(p.input_ids):] = 1
+    kw = {}
+    if any(p.pixel_values is not None for p in prompts):
+        kw = dict(pixel_values=torch.cat([p.pixel_values for p in prompts if p.pixel_values is not None]),
+                  image_grid_thw=torch.cat([p.image_grid_thw for p in prompts if p.image_grid_thw is not None]),
+                  mm_token_type_ids=(ids == model.config.image_token_id).int())
+    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new,
+                         suppress_tokens=sampler.banned_ids.tolist(), eos_token_id=sampler.stop_token_ids,
+                         pad_token_id=tok.pad_token_id, **kw)
+    rows = []
+    for r in out[:, T:].tolist():
+        cut = next((k + 1 for k, t in enumerate(r) if t in sampler.stop_token_ids), len(r))
+        rows.append(r[:cut])
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------
+# the pure functions: definitions on a hand-built distribution
+
+P = torch.tensor([0.15, 0.5, 0.05, 0.3])       # deliberately not sorted: checks the un-sorting
+
+
+def test_process_logits_temperature_and_top_p():
+    logits = P.log()[None]
+    torch.testing.assert_close(process_logits(logits)[0], P)
+    for T in (0.5, 2.0):                        # p_T(v) ~ p(v)^(1/T)
+        q = P ** (1 / T)
+        torch.testing.assert_close(process_logits(logits, temperature=T)[0], q / q.sum())
+    # nucleus = smallest set of most likely tokens with mass >= top_p, renormalised
+    torch.testing.assert_close(process_logits(logits, top_p=0.75)[0], torch.tensor([0, .5, 0, .3]) / .8)
+    torch.testing.assert_close(process_logits(logits, top_p=0.85)[0], torch.tensor([.15, .5, 0, .3]) / .95)
+    torch.testing.assert_close(process_logits(logits, top_p=0.3)[0], torch.tensor([0., 1, 0, 0]))
+    # temperature first, then the nucleus of the tempered distribution: sqrt(p) normalised is
+    # [.208, .379, .120, .294]; mass before the 3rd most likely (.208) is .673 >= .6 -> 2 tokens
+    q = P.sqrt() / P.sqrt().sum()
+    want = torch.tensor([0, q[1], 0, q[3]]) / (q[1] + q[3])
+    torch.testing.assert_close(process_logits(logits, temperature=2.0, top_p=0.6)[0], want)
+    # banned ids get 0 and the rest is renormalised
+    torch.testing.assert_close(process_logits(logits, banned_ids=torch.tensor([1]))[0],
+                               torch.tensor([.15, 0, .05, .3]) / .5)
+    with pytest.raises(ValueError):
+        process_logits(logits, temperature=0.0)
+    with pytest.raises(ValueError):
+        process_logits(logits, top_p=0.0)
+
+
+def test_sample_from_logits_frequencies_and_logp():
+    N = 200_000
+    logits = P.log().expand(N, 4) * 3.0 + 1.0        # a shift must not matter; the scale is undone by T=3
+    g = torch.Generator().manual_seed(0)
+    tok, logp = sample_from_logits(logits, temperature=3.0, top_p=0.85, generator=g, banned_ids=torch.tensor([0]))
+    # T=3 gives back P; banning 0 leaves [0, .59, .06, .35]; its 0.85-nucleus is tokens {1, 3}
+    want = torch.tensor([0, .5, 0, .3]) / .8
+    freq = torch.bincount(tok, minlength=4).double() / N
+    sigma = (want * (1 - want) / N).sqrt()
+    assert (freq - want).abs().max() <= 5 * sigma.max() + 1e-12, (freq, want)
+    assert freq[0] == 0 and freq[2] == 0             # banned / outside the nucleus: never drawn
+    torch.testing.assert_close(logp, want.log()[tok].float())
+    greedy_tok, greedy_logp = sample_from_logits(logits[:2], temperature=3.0, greedy=True)
+    assert greedy_tok.tolist() == [1, 1]
+    torch.testing.assert_close(greedy_logp, torch.full((2,), math.log(0.5)))
+
+
+def test_prefix_tree_by_hand():
+    # 0, 1, 2, 4 share [1, 2]; 0, 1, 4 also share 3; 3 shares nothing. 4 is 0 plus a token: 0 must
+    # end in a leaf of its own (its last token gives its first logits), so 4's leaf is [3, 5)
+    keys = [[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 6], [7, 8], [1, 2, 3, 4, 9]]
+    nodes = _prefix_tree(keys, [[] for _ in keys], share=True)
+    spans = sorted((n.start, n.end, n.leaf) for n in nodes)
+    assert spans == [(0, 2, -1), (0, 2, 3), (2, 3, -1), (2, 3, 2), (3, 4, 0), (3, 4, 1), (3, 5, 4)]
+    by_span = {(n.start, n.end, n.leaf): n for n in nodes}
+    assert nodes[by_span[(3, 5, 4)].parent] is by_span[(2, 3, -1)]
+    # an image run [1, 4) whose pixels differ (keys -1 vs -2) must not be split: cut before it
+    keys = [[5, -1, -1, -1, 6], [5, -2, -2, -2, 6]]
+    nodes = _prefix_tree(keys, [[(1, 4)], [(1, 4)]], share=True)
+    assert sorted((n.start, n.end, n.leaf) for n in nodes) == [(0, 1, -1), (1, 5, 0), (1, 5, 1)]
+    # share=False: every prompt is its own root
+    assert all(n.parent == -1 for n in _prefix_tree(keys, [[], []], share=False))
+
+
+# ---------------------------------------------------------------------------------------------------
+# the sampler on the tiny Qwen2.5-VL
+
+def test_greedy_matches_hf_generate(model, proc, prompts):
+    tok = proc[0]
+    batch = prompts + [make_prompt(proc, "A text-only prompt, no screenshot at all.")]
+    sampler = Sampler(model, tok, max_new_tokens=MAX_NEW)
+    ours = sampler.generate(batch, greedy=True)
+    ref = hf_generate(model, tok, batch, sampler)
+    assert [o[0].ids for o in ours] == ref
+    for i, o in enumerate(ours):
+        assert isinstance(o[0], SampleOutput) and o[0].prompt_index == i
+        assert o[0].finish_reason == ("stop" if ref[i][-1] in sampler.stop_token_ids else "length")
+        assert o[0].text == tok.decode(ref[i], skip_special_tokens=True)
+    # HF generate leaves its batch's rope deltas on the model: they must not leak into our call,
+    # and we leave none behind
+    assert model.model.rope_deltas is not None
+    assert [o[0].ids for o in sampler.generate(batch, greedy=True)] == ref
+    assert model.model.rope_deltas is None
+
+
+def test_positions_matter(model, proc, prompts):
+    """The greedy test can fail: a wrong rope delta (decode positions) changes the output."""
+    sampler = Sampler(model, proc[0], max_new_tokens=MAX_NEW, stop_token_ids=[])
+    good = [o[0].ids for o in sampler.generate(prompts, greedy=True)]
+    prepare = sampler._prepare
+    sampler._prepare = lambda p: (lambda q: setattr(q, "next_pos", q.next_pos + 3) or q)(prepare(p))
+    bad = [o[0].ids for o in sampler.generate(prompts, greedy=True)]
+    assert all(g[0] == b[0] and g != b for g, b in zip(good, bad))
+
+
+def test_logprobs_match_full_forward(model, proc, prompts):
+    sampler = Sampler(model, proc[0], max_new_tokens=MAX_NEW, stop_token_ids=[], seed=0)
+    outs = sampler.generate(prompts[:2], n=2)
+    for p, row in zip(prompts, outs):
+        for o in row:
+            assert o.logprobs.dtype == torch.float32 and o.logprobs.shape == (len(o.ids),) == (MAX_NEW,)
+            ids = torch.cat([p.input_ids, torch.tensor(o.ids)])[None]
+            with torch.no_grad():
+                logits = model(input_ids=ids, pixel_values=p.pixel_values, image_grid_thw=p.image_grid_thw,
+                               mm_token_type_ids=(ids == model.config.image_token_id).int()).logits[0]
+            T = len(p.input_ids)
+            logp = torch.log_softmax(logits[T - 1:-1].float(), -1)                # (L, V)
+            full = logp.gather(-1, torch.tensor(o.ids)[:, None]).squeeze(-1)
+            # the sampling distribution excludes the vision tokens: log p = log_softmax - log(1 - m)
+            banned_mass = logp[:, sampler.banned_ids].exp().sum(-1)
+            torch.testing.assert_close(o.logprobs, full - torch.log1p(-banned_mass), atol=1e-4, rtol=0)
+            assert not set(o.ids) & set(sampler.banned_ids.tolist())
+
+
+def test_shared_prefix_equals_unshared(model, proc, prompts):
+    tok = proc[0]
+    same_size = make_prompt(proc, "Open the settings app, then turn on wifi.", (160, 210), seed=9)  # other pixels
+    batch = [prompts[0], prompts[1], prompts[0], same_size]                  # a duplicate, a near-duplicate
+    # Sampled ids can only agree if no uniform lands within rounding distance of a CDF boundary.
+    # Shared and unshared logits differ by ~1e-5 (other batch shapes), which moves the fp32 CDF by
+    # ~1e-6, while the random model spreads its mass over 152k tokens of p ~ 1e-5: a flip is
+    # likely. So for the sampled comparison a hook concentrates the mass on 32 tokens (the model
+    # still decides among them), where a flip needs a uniform within ~1e-6 of 32 boundaries.
+    focus = torch.randperm(model.config.text_config.vocab_size, generator=torch.Generator().manual_seed(0))[:32]
+    bias = torch.zeros(model.config.text_config.vocab_size).index_fill(0, focus, 40.0)
+    for greedy in (True, False):
+        kw = dict(max_new_tokens=MAX_NEW, stop_token_ids=[], seed=3)
+        shared, plain = Sampler(model, tok, **kw), Sampler(model, tok, share_prefix=False, **kw)
+        hook = None if greedy else model.lm_head.register_forward_hook(lambda m, i, out: out + bias)
+        try:
+            a = shared.generate(batch, n=3, greedy=greedy)
+            b = plain.generate(batch, n=3, greedy=greedy)
+        finally:
+            if hook is not None:
+                hook.remove()
+        assert [[o.ids for o in r] for r in a] == [[o.ids for o in r] for r in b]
+        for ra, rb in zip(a, b):
+            for oa, ob in zip(ra, rb):
+                torch.testing.assert_close(oa.logprobs, ob.logprobs, atol=1e-5, rtol=0)
+        if not greedy:      # the samples of one prompt are independent draws, not copies
+            assert a[0][0].ids != a[0][1].ids and set(a[0][0].ids) <= set(focus.tolist())
+    assert shared.stats["distinct_prompts"] == 3 and shared.stats["images_encoded"] == 3
+    assert plain.stats["images_encoded"] == 12
+    assert shared.stats["prefill_tokens_real"] < sum(len(p.input_ids) for p in batch[1:])   # system prompt once
+    assert plain.stats["prefill_tokens_real"] == 3 * sum(len(p.input_ids) for p in batch)
+
+
+def test_seeded_sampling_reproducible(model, proc, prompts):
+    tok = proc[0]
+
+    def run(seed, generator=None):
+        s = Sampler(model, tok, max_new_tokens=MAX_NEW, seed=seed)
+        return [[o.ids for o in r] for r in s.generate(prompts[:2], n=2, generator=generator)]
+
+    first = run(11)
+    assert run(11) == first
+    assert run(12) != first
+    assert run(12, generator=torch.Generator().manual_seed(11)) == first   # an explicit generator wins
+
+
+def test_finish_reason_stop_and_length(model, proc, prompts):
+    """A row that stops leaves the batch; the rows that remain decode exactly as before."""
+    tok = proc[0]
+    long = Sampler(model, tok, max_new_tokens=MAX_NEW, stop_token_ids=[]).generate(prompts, greedy=True)
+    ids0 = long[0][0].ids
+    k = next(k for k in range(2, MAX_NEW) if ids0[k] not in ids0[:k] and all(ids0[k] not in o[0].ids for o in long[1:]))
+    s = Sampler(model, tok, max_new_tokens=MAX_NEW, stop_token_ids=[ids0[k]])
+    short = s.generate(prompts, greedy=True)
+    assert short[0][0].ids == ids0[:k + 1] and short[0][0].finish_reason == "stop"   # stop id included
+    assert len(short[0][0].logprobs) == k + 1
+    for a, b in zip(short[1:], long[1:]):
+        assert a[0].ids == b[0].ids and a[0].finish_reason == "length" and len(a[0].ids) == MAX_NEW
+        torch.testing.assert_close(a[0].logprobs, b[0].logprobs, atol=1e-5, rtol=0)
+    assert s.stats["decode_tokens"] == (k + 1) + 2 * MAX_NEW                         # row 0 dropped
+
+
+def test_vision_tokens_never_sampled(model, proc, prompts):
+    tok = proc[0]
+    image_pad = model.config.image_token_id
+    hook = model.lm_head.register_forward_hook(lambda m, i, out: out.index_fill(-1, torch.tensor([image_pad]), 1e4))
+    try:
+        s = Sampler(model, tok, max_new_tokens=4, stop_token_ids=[])
+        for greedy in (True, False):
+            for r in s.generate(prompts[:2], n=2, greedy=greedy):
+                assert all(not set(o.ids) & set(s.banned_ids.tolist()) for o in r)
+        s.banned_ids = torch.tensor([], dtype=torch.long)      # the hook works: unbanned, it wins
+        assert s.generate(prompts[:1], greedy=True)[0][0].ids == [image_pad] * 4
+    finally:
+        hook.remove()
+
+
+def test_bad_prompts_raise(model, proc, prompts):
+    s = Sampler(model, proc[0], max_new_tokens=2)
+    p = prompts[0]
+    with pytest.raises(ValueError, match="placeholder"):
+        s.generate([SimpleNamespace(input_ids=p.input_ids, pixel_values=None, image_grid_thw=None)])
+    image_at = int((p.input_ids == model.config.image_token_id).nonzero()[0])
+    cut = torch.cat([p.input_ids[:image_at], p.input_ids[image_at + 2:]])        # two pads short
+    with pytest.raises(ValueError, match="placeholder tokens"):
+        s.generate([SimpleNamespace(input_ids=cut, pixel_values=p.pixel_values, image_grid_thw=p.image_grid_thw)])
+
+
+def test_attention_implementations(model, proc, prompts):
+    """A policy loaded with flash-attention (utils.load_model on CUDA) cannot take 4-D masks:
+    generate runs it under sdpa and restores its setting. Stand-in: a registered attention
+    function that fails if called."""
+    from transformers import AttentionInterface
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the sampler ran the policy with its mask-less attention")
+
+    AttentionInterface.register("no_4d_masks", refuse)
+    want = [o[0].ids for o in Sampler(model, proc[0], max_new_tokens=4).generate(prompts[:2], greedy=True)]
+    model.set_attn_implementation("no_4d_masks")
+    try:
+        got = [o[0].ids for o in Sampler(model, proc[0], max_new_tokens=4).generate(prompts[:2], greedy=True)]
+        assert model.config._attn_implementation == "no_4d_masks"
+        model.set_attn_implementation("eager")          # eager takes an additive float mask instead
+        assert [o[0].ids for o in Sampler(model, proc[0], max_new_tokens=4).generate(prompts[:2], greedy=True)] == want
+    finally:
+        model.set_attn_implementation("sdpa")
+    assert got == want
+
+
+def test_plain_causal_lm(proc):
+    """A text-only causal LM (Qwen2): 1-D positions, left padding, same greedy ids as generate."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tok = proc[0]
+    torch.manual_seed(0)
+    cfg = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True)
+    cfg._attn_implementation = "sdpa"
+    lm = spice(Qwen2ForCausalLM(cfg)).eval()
+    batch = [tok.encode(t, add_special_tokens=False) for t in ("a b c d e f g h", "hello", "one two three")]
+    s = Sampler(lm, tok, max_new_tokens=MAX_NEW)
+    ours = [o[0].ids for o in s.generate(batch, greedy=True)]
+    ref = hf_generate(lm, tok, [SimpleNamespace(input_ids=torch.tensor(b), pixel_values=None) for b in batch], s)
+    assert ours == ref
+    assert [len(r) for r in s.generate(batch, n=2)] == [2, 2, 2]
+
+
+def test_sampling_mode_without_fsdp(model):
+    model.train()
+    with sampling_mode(model) as m:
+        assert m is model and not model.training and not torch.is_grad_enabled()
+    assert model.training and torch.is_grad_enabled()
+    model.eval()
+
+
+class _Policy(torch.nn.Module):
+    """The training root, as utils.PolicyLogProb: FSDP's root wraps the HF model, while the
+    sampler calls the HF model inside it."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, p):
+        ids = p.input_ids[None]
+        return self.model(input_ids=ids, pixel_values=p.pixel_values, image_grid_thw=p.image_grid_thw,
+                          mm_token_type_ids=(ids == self.model.config.image_token_id).int()).logits.float().mean()
+
+
+@pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")     # the training forward's logits view
+def test_sampling_mode_fsdp2_single_process(proc, prompts):
+    """FSDP2 on a 1-process gloo group, sharded like utils.apply_fsdp (layers, vision blocks, then
+    a wrapping root), rollout before the first training forward: unsharded inside (same greedy
+    ids as the plain model), sharded DTensors after, and training works; then a second round."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    ref_model = spice(utils.load_model("tiny")).eval()
+    want = [o[0].ids for o in Sampler(ref_model, proc[0], max_new_tokens=6).generate(prompts[:2], greedy=True)]
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = spice(utils.load_model("tiny"))
+        mesh = init_device_mesh("cpu", (1,))
+        for layer in model.model.language_model.layers:
+            fully_shard(layer, mesh=mesh)
+        for block in model.model.visual.blocks:
+            fully_shard(block, mesh=mesh)
+        policy = fully_shard(_Policy(model), mesh=mesh)
+        policy.train()
+        sampler = Sampler(model, proc[0], max_new_tokens=6)
+        for _ in range(2):
+            with sampling_mode(policy):
+                assert not policy.training
+                assert not any(isinstance(p, DTensor) for p in policy.parameters())     # unsharded
+                got = [o[0].ids for o in sampler.generate(prompts[:2], greedy=True)]
+            assert got == want
+            assert policy.training and all(isinstance(p, DTensor) for p in policy.parameters())
+            policy(prompts[0]).backward()
+            assert all(q.grad is not None for q in model.model.language_model.layers[0].parameters())
+            policy.zero_grad()
+    finally:
+        dist.destroy_process_group()
