@@ -461,9 +461,10 @@ class Sampler:
         """Sample n continuations of every prompt. Returns outs[i][j] for prompt i, sample j.
 
         seeds: optional, one int per prompt. Sample j of prompt i then draws its uniforms from
-        its own generator seeded with (seeds[i], j), so what it samples does not depend on
-        which other prompts share the batch (or on which rank runs it): the trainer's
-        1-process and 2-process runs roll out the same tokens.
+        its own generator seeded with (seeds[i], j), so its draws do not depend on which other
+        prompts share the batch (or on which rank runs it). Its tokens then agree across batch
+        compositions except where the last bits of the logits move a draw across a CDF boundary
+        (design note 7): rare for a trained policy, common for a random one.
 
         A prompt is any object or dict with input_ids (T,) LongTensor (images already expanded
         to <|vision_start|><|image_pad|>*k<|vision_end|>), pixel_values (P, 1176) or None and

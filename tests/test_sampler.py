@@ -7,6 +7,7 @@ repeats its last input token whatever the positions or images, and a greedy comp
 with it could not fail. With std 0.3 a wrong rope position or rope delta changes the output
 (checked in test_positions_matter).
 """
+import contextlib
 import math
 from types import SimpleNamespace
 
@@ -65,6 +66,22 @@ def prompts(proc):
             make_prompt(proc, "Hi", (300, 120), seed=1),
             make_prompt(proc, "Go back to the home screen and open the mail app to read the newest message.",
                         (1080, 2400), seed=2)]
+
+
+@contextlib.contextmanager
+def concentrated(model, k=32):
+    """Put the mass on k fixed tokens (the model still decides among them). Sampled ids of two
+    runs whose logits differ in the last bits (other batch shapes) agree only if no uniform
+    lands within ~1e-6 of a CDF boundary; the random model spreads its mass over 152k tokens of
+    p ~ 1e-5, where a flip is likely, while among k tokens it is not."""
+    V = model.config.text_config.vocab_size
+    focus = torch.randperm(V, generator=torch.Generator().manual_seed(0))[:k]
+    bias = torch.zeros(V).index_fill(0, focus, 40.0)
+    hook = model.lm_head.register_forward_hook(lambda m, i, out: out + bias)
+    try:
+        yield set(focus.tolist())
+    finally:
+        hook.remove()
 
 
 def hf_generate(model, tok, prompts, sampler, max_new=MAX_NEW):
@@ -181,7 +198,13 @@ def test_positions_matter(model, proc, prompts):
     sampler = Sampler(model, proc[0], max_new_tokens=MAX_NEW, stop_token_ids=[])
     good = [o[0].ids for o in sampler.generate(prompts, greedy=True)]
     prepare = sampler._prepare
-    sampler._prepare = lambda p: (lambda q: setattr(q, "next_pos", q.next_pos + 3) or q)(prepare(p))
+
+    def off_by_3(p):
+        q = prepare(p)
+        q.next_pos += 3                      # the rope delta of every decoded token off by 3
+        return q
+
+    sampler._prepare = off_by_3
     bad = [o[0].ids for o in sampler.generate(prompts, greedy=True)]
     assert all(g[0] == b[0] and g != b for g, b in zip(good, bad))
 
@@ -209,29 +232,18 @@ def test_shared_prefix_equals_unshared(model, proc, prompts):
     tok = proc[0]
     same_size = make_prompt(proc, "Open the settings app, then turn on wifi.", (160, 210), seed=9)  # other pixels
     batch = [prompts[0], prompts[1], prompts[0], same_size]                  # a duplicate, a near-duplicate
-    # Sampled ids can only agree if no uniform lands within rounding distance of a CDF boundary.
-    # Shared and unshared logits differ by ~1e-5 (other batch shapes), which moves the fp32 CDF by
-    # ~1e-6, while the random model spreads its mass over 152k tokens of p ~ 1e-5: a flip is
-    # likely. So for the sampled comparison a hook concentrates the mass on 32 tokens (the model
-    # still decides among them), where a flip needs a uniform within ~1e-6 of 32 boundaries.
-    focus = torch.randperm(model.config.text_config.vocab_size, generator=torch.Generator().manual_seed(0))[:32]
-    bias = torch.zeros(model.config.text_config.vocab_size).index_fill(0, focus, 40.0)
     for greedy in (True, False):
         kw = dict(max_new_tokens=MAX_NEW, stop_token_ids=[], seed=3)
         shared, plain = Sampler(model, tok, **kw), Sampler(model, tok, share_prefix=False, **kw)
-        hook = None if greedy else model.lm_head.register_forward_hook(lambda m, i, out: out + bias)
-        try:
+        with concentrated(model) if not greedy else contextlib.nullcontext() as focus:
             a = shared.generate(batch, n=3, greedy=greedy)
             b = plain.generate(batch, n=3, greedy=greedy)
-        finally:
-            if hook is not None:
-                hook.remove()
         assert [[o.ids for o in r] for r in a] == [[o.ids for o in r] for r in b]
         for ra, rb in zip(a, b):
             for oa, ob in zip(ra, rb):
                 torch.testing.assert_close(oa.logprobs, ob.logprobs, atol=1e-5, rtol=0)
         if not greedy:      # the samples of one prompt are independent draws, not copies
-            assert a[0][0].ids != a[0][1].ids and set(a[0][0].ids) <= set(focus.tolist())
+            assert a[0][0].ids != a[0][1].ids and set(a[0][0].ids) <= focus
     assert shared.stats["distinct_prompts"] == 3 and shared.stats["images_encoded"] == 3
     assert plain.stats["images_encoded"] == 12
     assert shared.stats["prefill_tokens_real"] < sum(len(p.input_ids) for p in batch[1:])   # system prompt once
@@ -249,6 +261,21 @@ def test_seeded_sampling_reproducible(model, proc, prompts):
     assert run(11) == first
     assert run(12) != first
     assert run(12, generator=torch.Generator().manual_seed(11)) == first   # an explicit generator wins
+
+
+def test_per_prompt_seeds_do_not_depend_on_the_batch(model, proc, prompts):
+    """seeds=[...]: a prompt's samples are the same alone, next to other prompts, and in
+    another position; other seeds give other samples."""
+    tok = proc[0]
+    s = Sampler(model, tok, max_new_tokens=MAX_NEW, stop_token_ids=[])
+    with concentrated(model):
+        alone = [o.ids for o in s.generate([prompts[1]], n=2, seeds=[7])[0]]
+        mixed = s.generate([prompts[0], prompts[2], prompts[1]], n=2, seeds=[5, 6, 7])
+        other = [o.ids for o in s.generate([prompts[1]], n=2, seeds=[8])[0]]
+    assert [o.ids for o in mixed[2]] == alone
+    assert alone[0] != alone[1] and other != alone
+    with pytest.raises(ValueError):
+        s.generate(prompts, seeds=[1])
 
 
 def test_finish_reason_stop_and_length(model, proc, prompts):
