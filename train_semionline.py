@@ -27,9 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
-import random
 import time
 from pathlib import Path
 
@@ -76,7 +73,9 @@ parser.add_argument("--returns-form", choices=["paper", "release"], default="pap
 parser.add_argument("--episode-adv", choices=["paper", "release"], default="paper", help="episode-level advantage form")
 parser.add_argument("--w-episode", type=float, default=1.0, help="weight of the episode-level advantage")
 parser.add_argument("--omega", type=float, default=1.0, help="weight of the step-level advantage")
-parser.add_argument("--filter-std", type=float, default=0.3, help="dynamic sampling: drop tasks whose step-0 return std <= this; <0 disables")
+parser.add_argument("--filter-std", type=float, default=0.0,
+                    help="dynamic sampling: drop tasks whose step-0 return std <= this; <0 disables (release: 0.3; "
+                         "0 keeps every task whose rollouts differ at all, which a tiny CPU model needs)")
 parser.add_argument("--max-resample", type=int, default=2, help="extra rollout rounds to refill the batch after dynamic sampling")
 # loss (SPEC 7)
 parser.add_argument("--clip-low", type=float, default=0.2, help="PPO clip epsilon below 1")
@@ -88,7 +87,7 @@ parser.add_argument("--ref-seed", type=int, default=None, help="init seed of a '
 parser.add_argument("--loss-agg", choices=["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"], default="token-mean",
                     help="how per-token losses become the mini-batch loss")
 # optimisation
-parser.add_argument("--lr", type=float, default=1e-5, help="AdamW learning rate, constant (paper, 7B: 1e-6)")
+parser.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate, constant (tiny-model default; paper, 7B: 1e-6)")
 parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
 parser.add_argument("--grad-clip", type=float, default=1.0, help="global grad-norm clip")
 parser.add_argument("--ppo-mini-batches", type=int, default=4, help="optimizer steps per rollout batch (1 PPO epoch)")
