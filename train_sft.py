@@ -54,7 +54,7 @@ parser.add_argument("--max-pixels", type=int, default=utils.MAX_PIXELS, help="sm
 parser.add_argument("--num-images", type=int, default=2, help="screenshots kept as images in the prompt (the last K)")
 parser.add_argument("--max-prompt-tokens", type=int, default=None, help="prompt budget; oldest history turns are summarised past it")
 # optimisation
-parser.add_argument("--lr", type=float, default=2e-3, help="AdamW peak learning rate (7B: ~1e-5)")
+parser.add_argument("--lr", type=float, default=5e-3, help="AdamW peak learning rate (tiny-model default; 7B: ~1e-5)")
 parser.add_argument("--min-lr-frac", type=float, default=0.1, help="cosine decay floor, as a fraction of --lr")
 parser.add_argument("--warmup-steps", type=int, default=20, help="linear warm-up steps")
 parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -30,10 +31,11 @@ parser.add_argument("--force", action="store_true", help="redo stages whose outp
 parser.add_argument("--nproc", type=int, default=2, help="torchrun processes for RL")
 parser.add_argument("--sft-steps", type=int, default=400, help="SFT optimizer steps")
 parser.add_argument("--sft-lr", type=float, default=5e-3, help="SFT peak learning rate (tiny model)")
-parser.add_argument("--rl-steps", type=int, default=6, help="RL steps for each RL run")
+parser.add_argument("--rl-steps", type=int, default=16, help="RL steps for each RL run")
 parser.add_argument("--rl-lr", type=float, default=1e-4, help="RL learning rate (tiny model)")
 parser.add_argument("--eval-per-task", type=int, default=3, help="held-out test episodes per task for SOP and static metrics")
-parser.add_argument("--online-seeds", type=int, default=2, help="held-out online seeds per MiniWob++ task")
+parser.add_argument("--eval-jobs", type=int, default=2, help="evaluations run at once")
+parser.add_argument("--online-seeds", type=int, default=1, help="held-out online seeds per MiniWob++ task")
 parser.add_argument("--seed", type=int, default=0, help="seed of every stage")
 args = parser.parse_args()
 
@@ -92,12 +94,36 @@ if "rl" in stages:
 CHECKPOINTS = [("base (untrained)", "tiny"), ("SFT", "sft"), ("SFT + offline RL", "offline"),
                ("SFT + semi-online RL", "semionline")]
 if "eval" in stages:
+    # the four evaluations are independent: run them --eval-jobs at a time (1 thread each)
+    pending = []
     for name, key in CHECKPOINTS:
         model = "tiny" if key == "tiny" else ckpt(out / key)
         res_dir = out / "eval" / (key if key != "tiny" else "base")
-        run([py, "eval_sop.py", "--policy", "model", "--model", model, "--data", test,
-             "--per-task-limit", str(args.eval_per_task), "--elements", "--protocol", "sop", "static",
-             "--online", "--online-seeds", str(args.online_seeds), "--max-new-tokens", "80", "--out", str(res_dir.relative_to(REPO))], done=res_dir / "result.json")
+        cmd = [py, "eval_sop.py", "--policy", "model", "--model", model, "--data", test,
+               "--per-task-limit", str(args.eval_per_task), "--elements", "--protocol", "sop", "static",
+               "--online", "--online-seeds", str(args.online_seeds), "--online-max-steps", "8",
+               "--max-new-tokens", "80", "--out", str(res_dir.relative_to(REPO))]
+        if (res_dir / "result.json").exists() and not args.force:
+            print(f"[skip] {' '.join(cmd)}", flush=True)
+        else:
+            pending.append((cmd, res_dir))
+    running = []
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    while pending or running:
+        while pending and len(running) < args.eval_jobs:
+            cmd, res_dir = pending.pop(0)
+            res_dir.mkdir(parents=True, exist_ok=True)
+            print(f"[run] {' '.join(cmd)}", flush=True)
+            running.append((cmd, time.time(), subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(res_dir / "log.txt", "w"),
+                                                                stderr=subprocess.STDOUT)))
+        time.sleep(2)
+        for item in list(running):
+            cmd, t, p = item
+            if p.poll() is not None:
+                running.remove(item)
+                if p.returncode != 0:
+                    raise SystemExit(f"failed ({p.returncode}): {' '.join(cmd)}")
+                log.append({"cmd": " ".join(cmd), "wall_s": round(time.time() - t, 1)})
 
 
 # --- report: table, R^2, plots
