@@ -3,7 +3,7 @@ learns MiniWob++ tasks by SFT, then semi-online RL (and, for comparison, offline
 expert history), and every checkpoint is measured by SOP, static step success and online
 success in the live environment. Writes results/cpu_repro.{json,md} and the plots.
 
-    python runs/cpu_repro.py                 # the whole pipeline, ~1 hour on 2 CPU cores
+    python runs/cpu_repro.py                 # the whole pipeline, ~35 minutes on 2 CPU cores
     python runs/cpu_repro.py --stages eval   # re-run only the evaluation of existing checkpoints
 
 Every stage is a plain call of the stage scripts (printed before it runs), so each line of
