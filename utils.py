@@ -352,9 +352,14 @@ class PolicyLogProb(torch.nn.Module):
     def forward(self, batch: dict, temperature: float = 1.0, return_entropy: bool = False):
         from kernels import fused_logprob
 
-        out = self.model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                               pixel_values=batch.get("pixel_values"),
-                               image_grid_thw=batch.get("image_grid_thw"), use_cache=False)
+        ids = batch["input_ids"]
+        # transformers builds Qwen2.5-VL's 3-D mrope positions only when told which tokens are
+        # image tokens; without mm_token_type_ids it silently falls back to 1-D positions, and the
+        # trainer would score other positions than the sampler (and generate) used (SPEC 11).
+        mm_types = (ids == self.model.config.image_token_id).int()  # (B, T): 1 = image token
+        out = self.model.model(input_ids=ids, attention_mask=batch["attention_mask"],
+                               pixel_values=batch.get("pixel_values"), image_grid_thw=batch.get("image_grid_thw"),
+                               mm_token_type_ids=mm_types, use_cache=False)
         hidden = out.last_hidden_state[:, :-1]  # (B, T-1, H): position p predicts token p+1
         targets = batch["targets"][:, 1:]  # (B, T-1)
         sel = targets != -100
