@@ -1,0 +1,46 @@
+"""The trainer's log-prob forward (utils.PolicyLogProb + collate_sequences) must score exactly
+the positions the sampler generated with: Qwen2.5-VL's 3-D mrope positions, also for prompts
+with two screenshots and under right padding in a batch (SPEC 11). A regression test: without
+mm_token_type_ids transformers falls back to 1-D positions and the gap reached several nats."""
+import torch
+
+import gui
+import utils
+from rollout import Sampler, sampling_mode
+
+
+def test_trainer_logp_equals_sampler_logp_on_two_image_prompts():
+    tok, ip = utils.load_processor()
+    torch.manual_seed(0)
+    model = utils.load_model("tiny")
+    with torch.no_grad():  # a sharper random model, so positions visibly change the logits
+        for p in model.model.language_model.parameters():
+            p.mul_(8.0) if p.dim() > 1 else None
+    eps = gui.load_episodes("data/miniwob/test.jsonl", limit=12)
+    prompts = []
+    for ep in [e for e in eps if len(e.steps) > 1][:3]:
+        shots = [gui.load_screenshot(s) for s in ep.steps[:2]]
+        hist = [gui.expert_response(ep.steps[0], shots[0].size, thought=ep.steps[0].thought)]
+        prompts.append(gui.build_prompt(tok, ip, goal=ep.goal, screenshots=shots, history=hist,
+                                        elements=ep.steps[1].elements, num_images=2))
+    assert all(p.image_grid_thw.shape[0] == 2 for p in prompts)
+    sampler = Sampler(model, tok, max_new_tokens=12, stop_token_ids=[])
+    with sampling_mode(model):
+        outs = sampler.generate(prompts, n=1, seeds=[0, 1, 2])
+    policy = utils.PolicyLogProb(model)
+    with torch.no_grad():
+        batch = utils.collate_sequences(prompts, [o[0].ids for o in outs], tok.pad_token_id)
+        logp, _ = policy(batch)  # (N,) over all response tokens, right-padded batch
+    sampled = torch.cat([o[0].logprobs for o in outs])
+    # the sampler renormalises over non-vision tokens: tiny mass, so a tight bound still holds
+    assert (logp - sampled).abs().max().item() < 1e-3
+    # and 1-D positions would have been visibly different (the test can fail)
+    with torch.no_grad():
+        flat = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                           pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"]).last_hidden_state
+    assert flat.shape[0] == len(prompts)
+    lm = model.lm_head(flat[:, :-1]).float().log_softmax(-1)
+    tgt = batch["targets"][:, 1:]
+    sel = tgt != -100
+    wrong = lm[sel].gather(-1, tgt[sel][:, None])[:, 0]
+    assert (wrong - sampled).abs().max().item() > 1e-2
