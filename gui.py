@@ -811,6 +811,8 @@ def load_screenshot(step: Step, *, image_root: str | None = None,
     if p is not None:
         with Image.open(p) as im:
             return im.convert("RGB")
+    if blank_screens is None:
+        raise FileNotFoundError(_missing_message(step, image_root))
     return Image.new("RGB", size)
 
 
@@ -877,9 +879,11 @@ def _summary_line(i: int, response: str) -> str:
 def build_prompt(tokenizer, image_processor, *, goal: str, screenshots: list, history: list[str],
                  step_instruction: str | None = None, elements: str | None = None, num_images: int = 2,
                  min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS,
-                 max_prompt_tokens: int | None = None) -> Prompt:
+                 max_prompt_tokens: int | None = None, pixels: bool = True) -> Prompt:
     """Model inputs for step t = len(screenshots) - 1 (screenshots: original images of steps 0..t,
-    only the last num_images are read, so earlier entries may be None;
+    only the last num_images are read, so earlier entries may be None; with pixels=False an entry
+    may also be a (W, H) size, no pixel is processed and pixel_values is None: for policies that
+    never look at the image, e.g. expert replay and recorded responses;
     history: the assistant responses of steps 0..t-1, as text).
 
     Layout (the release's multi-turn form): system prompt; then per step a user turn (the goal in
@@ -913,7 +917,7 @@ def build_prompt(tokenizer, image_processor, *, goal: str, screenshots: list, hi
     image_steps_all = list(range(max(0, t + 1 - num_images), t + 1))
     resized = {}
     for i in image_steps_all:
-        w, h = screenshots[i].size
+        w, h = screenshots[i] if isinstance(screenshots[i], tuple) else screenshots[i].size
         resized[i] = resized_size((w, h), factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
     n_pad = {i: (resized[i][0] // patch) * (resized[i][1] // patch) // merge**2 for i in image_steps_all}
     pad_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
@@ -999,7 +1003,10 @@ def build_prompt(tokenizer, image_processor, *, goal: str, screenshots: list, hi
             out.append(tok)
 
     pixel_values = grid = None
-    if steps_with_image:
+    if steps_with_image and not pixels:  # the grid the image processor would report, no pixels touched
+        grid = torch.tensor([[1, resized[i][1] // patch, resized[i][0] // patch] for i in steps_with_image],
+                            dtype=torch.long)
+    elif steps_with_image:
         images = []
         for i in steps_with_image:
             im = screenshots[i]
