@@ -61,7 +61,7 @@ import logging
 import os
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from PIL import Image, ImageDraw
@@ -94,6 +94,12 @@ def sop_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="first N episodes of each file (default: all)")
     p.add_argument("--per-task-limit", type=int, default=None,
                    help="first N episodes of each task (episode.meta['task'], else each file) (default: all)")
+    p.add_argument("--swipe-convention", choices=gui.SWIPE_CONVENTIONS, default=None,
+                   help="how the data files store swipes (default: declared per episode, or known for the shipped "
+                   "files; a file with swipes and neither is an error)")
+    p.add_argument("--match-rules", choices=gui.MATCH_RULES, default="strict",
+                   help="strict (ours; the reward's rules) or release (the UI-S1 release's SOP scoring as it ran, "
+                   "for comparison with the paper; README 'Reward rules and trivial-policy floors')")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--image-root", default=None, help="folder holding the screenshots (default: paths as recorded)")
     g.add_argument("--blank-screens", type=size_arg, default=None,
@@ -120,7 +126,9 @@ def sop_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="tiny",
                    help="'tiny' (random, seeded by --seed), a Hugging Face folder, a checkpoint folder, or a folder "
                    "with a `latest` pointer (e.g. out/sft/ckpt)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="response length limit (longer: wrong step)")
+    p.add_argument("--max-new-tokens", type=int, default=512,
+                   help="response length limit, as training's (SPEC 7); a response that hits it is cut and usually a "
+                   "wrong step: result.json counts them (responses_at_cap)")
     p.add_argument("--batch-size", type=int, default=32, help="prompts per generate call (SOP: live episodes)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where the model runs")
     p.add_argument("--seed", type=int, default=0, help="seed of the tiny model's init")
@@ -147,7 +155,13 @@ def score_parser() -> argparse.ArgumentParser:
                                 "(SPEC section 4). Input lines: {episode_id, step (0-based), response}, coordinates in "
                                 "pixels of the resized screenshot.")
     p.add_argument("--data", nargs="+", required=True, help="episode files the responses refer to")
-    p.add_argument("--responses", required=True, help="JSONL of responses")
+    p.add_argument("--responses", required=True, help="JSONL of responses; an optional field finish_reason ('length' "
+                   "= cut at the token cap) or truncated (bool) is counted into responses_at_cap")
+    p.add_argument("--subset", action="store_true",
+                   help="allow responses that cover only some steps (default: every step of --data must be scored)")
+    p.add_argument("--match-rules", choices=gui.MATCH_RULES, default="strict", help="strict (ours) or release")
+    p.add_argument("--swipe-convention", choices=gui.SWIPE_CONVENTIONS, default=None,
+                   help="how the data files store swipes (default: declared, or known for shipped files)")
     p.add_argument("--out", required=True, help="JSONL of scores, one line per response")
     p.add_argument("--image-size", type=size_arg, default=None,
                    help="WxH of the original screenshots, for steps that record no size")
@@ -170,10 +184,15 @@ def expert_batch(items: list) -> list[str]:
     return [expert_policy(*item) for item in items]  # the global name: tests replace expert_policy
 
 
+expert_batch.needs_pixels = False  # it reads the prompt's resized size only: screenshots are never decoded
+
+
 class ModelPolicy:
     """Greedy responses of a model through the batched sampler, in chunks of batch_size prompts.
     Counts what it generated: responses, truncated ones (no stop token within max_new_tokens),
     response tokens and generation time."""
+
+    needs_pixels = True
 
     def __init__(self, sampler, batch_size: int):
         self.sampler, self.batch_size = sampler, batch_size
@@ -374,6 +393,7 @@ def run_sop(episodes: list[gui.Episode], policy, make_prompt, args, show: set[in
     """SOP over `episodes` with a pool of --batch-size live episodes, one policy call per round.
     Returns (one record per episode, in order; report episodes)."""
     todo, live, records, shown = list(range(len(episodes)))[::-1], [], [None] * len(episodes), {}
+    pixels = getattr(policy, "needs_pixels", True)
     bar = tqdm(total=len(episodes), desc=f"SOP {args.policy}", unit="ep", file=sys.stderr)
     while todo or live:
         while todo and len(live) < args.batch_size:
@@ -382,16 +402,19 @@ def run_sop(episodes: list[gui.Episode], policy, make_prompt, args, show: set[in
         items, images = [], []
         for s in live:
             step = s.ep.steps[s.t]
-            image = gui.load_screenshot(step, image_root=args.image_root, blank_screens=args.blank_screens)
-            s.shots.append(image)
+            orig = gui.original_size(step, image_root=args.image_root, blank_screens=args.blank_screens)
+            image = None  # decoded only for a policy that looks at it, or for the report
+            if pixels or s.views is not None:
+                image = gui.load_screenshot(step, image_root=args.image_root, blank_screens=args.blank_screens)
+            s.shots.append(image if pixels else orig)
             if len(s.shots) > args.num_images:  # build_prompt reads only the last num_images; free the rest
                 s.shots[-args.num_images - 1] = None
-            orig = step.image_size or image.size  # the pixel space of the expert's coordinates
-            items.append((make_prompt(s.ep, s.t, s.shots, s.history), s.ep, s.t, orig))
+            items.append((make_prompt(s.ep, s.t, s.shots, s.history, pixels=pixels), s.ep, s.t, orig))
             images.append(image)
         for s, (prompt, ep, t, orig), image, text in zip(live, items, images, policy(items)):
             step = ep.steps[t]
-            score = gui.score_response(text, step, resized_size=prompt.resized_size, orig_size=orig)
+            score = gui.score_response(text, step, resized_size=prompt.resized_size, orig_size=orig,
+                                       rules=args.match_rules)
             s.rewards.append(score.reward)
             s.responses.append(text)
             if s.views is not None:
@@ -427,7 +450,8 @@ def run_static(episodes: list[gui.Episode], policy, make_prompt, args, show: set
     def flush():
         for (prompt, ep, t, orig), (idx, image), text in zip(pending, meta, policy(pending)):
             step = ep.steps[t]
-            score = gui.score_response(text, step, resized_size=prompt.resized_size, orig_size=orig)
+            score = gui.score_response(text, step, resized_size=prompt.resized_size, orig_size=orig,
+                                       rules=args.match_rules)
             records.append({"episode": idx, "episode_id": ep.episode_id, "task": task_of(ep), "t": t,
                             "expert_type": step.action["action"], "type_match": score.type_match, "match": score.match,
                             "reward": score.reward, "malformed": score.action is None, "response": text})
@@ -436,15 +460,18 @@ def run_static(episodes: list[gui.Episode], policy, make_prompt, args, show: set
         pending.clear()
         meta.clear()
 
+    pixels = getattr(policy, "needs_pixels", True)
     for idx, ep in enumerate(tqdm(episodes, desc=f"static {args.policy}", unit="ep", file=sys.stderr)):
-        shots = [gui.load_screenshot(s, image_root=args.image_root, blank_screens=args.blank_screens) for s in ep.steps]
-        origs = [s.image_size or im.size for s, im in zip(ep.steps, shots)]
+        origs = [gui.original_size(s, image_root=args.image_root, blank_screens=args.blank_screens) for s in ep.steps]
+        images = [gui.load_screenshot(s, image_root=args.image_root, blank_screens=args.blank_screens)
+                  for s in ep.steps] if pixels or idx in show else [None] * len(ep.steps)
+        shots = images if pixels else origs
         # expert history: each earlier action as a response in pixels of ITS resized screenshot
         history = [gui.expert_response(s, o, min_pixels=args.min_pixels, max_pixels=args.max_pixels)
                    for s, o in zip(ep.steps, origs)]
         for t in range(len(ep.steps)):
-            pending.append((make_prompt(ep, t, shots[:t + 1], history[:t]), ep, t, origs[t]))
-            meta.append((idx, shots[t]))
+            pending.append((make_prompt(ep, t, shots[:t + 1], history[:t], pixels=pixels), ep, t, origs[t]))
+            meta.append((idx, images[t]))
             if len(pending) >= args.batch_size:
                 flush()
     flush()
@@ -516,21 +543,174 @@ def run_online(policy, make_prompt_online, tasks: list[str], seeds: list[int], a
 
 
 # -----------------------------------------------------------------------------
+# Trivial-policy floors: what a policy that never looks at the screen scores under the rules
+
+
+def baselines_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="eval_sop.py baselines", description="Match rates of trivial policies per action "
+                                "type (the floor to put next to every score). Last stdout line: JSON.")
+    p.add_argument("--data", nargs="+", required=True, help="episode files")
+    p.add_argument("--match-rules", choices=gui.MATCH_RULES, default="strict", help="strict (ours) or release")
+    p.add_argument("--swipe-convention", choices=gui.SWIPE_CONVENTIONS, default=None,
+                   help="how the data files store swipes (default: declared, or known for shipped files)")
+    p.add_argument("--image-root", default=None, help="screenshots folder (sizes are read from file headers)")
+    p.add_argument("--image-size", type=size_arg, default=gui.ANDROID_CONTROL_SIZE,
+                   help="WxH for steps with neither a recorded size nor a file (default 1080x2400, AndroidControl)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random-click policy")
+    p.add_argument("--out", default=None, help="also write the JSON here")
+    return p
+
+
+def trivial_policies(steps: list[tuple[gui.Step, tuple[int, int]]], seed: int = 0) -> dict:
+    """Trivial policies as {name: (action types it answers, fn(step, size) -> action in original
+    pixels)}. Each answers with the step's own action type (an oracle for the type, so its rate
+    isolates the arguments): clicks at the centre, uniformly at random, at the most frequent expert
+    point (0.04 grid, read off the data); the constant texts "", "a", "e", "the", and each text
+    type's most frequent token and text; each swipe direction; each system button. "most frequent
+    type" answers every step with the data's most frequent action type and trivial arguments."""
+    import random
+
+    rng = random.Random(seed)
+    kinds = Counter(s.action["action"] for s, _ in steps)
+    pts = Counter((round(s.action["coordinate"][0] / w / 0.04), round(s.action["coordinate"][1] / h / 0.04))
+                  for s, (w, h) in steps if s.action["action"] in GROUNDING_TYPES)
+    mode = pts.most_common(1)[0][0] if pts else (12, 12)
+    pol = {
+        "click centre": (GROUNDING_TYPES, lambda s, z: {"action": s.action["action"], "coordinate": [z[0] / 2, z[1] / 2]}),
+        "click uniform random": (GROUNDING_TYPES, lambda s, z: {"action": s.action["action"],
+                                                                 "coordinate": [rng.uniform(0, z[0]), rng.uniform(0, z[1])]}),
+        "click most frequent point": (GROUNDING_TYPES, lambda s, z: {"action": s.action["action"], "coordinate":
+                                                                      [mode[0] * 0.04 * z[0], mode[1] * 0.04 * z[1]]}),
+    }
+    texts = {}
+    for kind in gui.TEXT_ACTIONS:
+        vals = [s.action["text"] for s, _ in steps if s.action["action"] == kind]
+        if vals:
+            tok = Counter(t for v in vals for t in set(gui.text_tokens(v))).most_common(1)
+            full = Counter(gui.normalize_text(v) for v in vals).most_common(1)
+            texts[kind] = [c for c in (tok[0][0] if tok else None, full[0][0]) if c]
+    for c in ("", "a", "e", "the"):
+        pol[f"text {c!r}"] = (gui.TEXT_ACTIONS, lambda s, z, c=c: {"action": s.action["action"], "text": c})
+    for kind, cands in texts.items():
+        for label, c in zip(("most frequent token", "most frequent text"), cands):
+            pol[f"{kind} {label} {c!r}"] = ((kind,), lambda s, z, c=c: {"action": kind, "text": c})
+    for d, (a, b) in {"up": ((0.5, 0.75), (0.5, 0.25)), "down": ((0.5, 0.25), (0.5, 0.75)),
+                      "left": ((0.75, 0.5), (0.25, 0.5)), "right": ((0.25, 0.5), (0.75, 0.5))}.items():
+        pol[f"swipe {d}"] = (("swipe",), lambda s, z, a=a, b=b: {"action": "swipe", "coordinate": [a[0] * z[0], a[1] * z[1]],
+                                                                   "coordinate2": [b[0] * z[0], b[1] * z[1]]})
+    pol["type alone (wait, terminate)"] = (("wait", "terminate"), lambda s, z: {"action": s.action["action"]})
+    for btn in gui.SYSTEM_BUTTONS:
+        pol[f"button {btn}"] = (("system_button",), lambda s, z, btn=btn: {"action": "system_button", "button": btn})
+    top = kinds.most_common(1)[0][0] if kinds else "click"
+    trivial_args = {"click": {"coordinate": None}, "long_press": {"coordinate": None}, "type": {"text": "the"},
+                    "answer": {"text": "the"}, "key": {"text": "the"}, "open": {"text": "the"},
+                    "system_button": {"button": "Back"}, "swipe": {"coordinate": None, "coordinate2": None}}
+
+    def most_frequent(s, z):
+        a = {"action": top, **trivial_args.get(top, {})}
+        if "coordinate" in a:
+            a["coordinate"] = [z[0] / 2, z[1] * (0.75 if top == "swipe" else 0.5)]
+        if "coordinate2" in a:
+            a["coordinate2"] = [z[0] / 2, z[1] * 0.25]
+        return a
+    pol[f"most frequent type ({top})"] = (gui.ACTION_TYPES, most_frequent)
+    return pol
+
+
+def run_baselines(episodes: list[gui.Episode], sizes: dict, rules: str = "strict", seed: int = 0) -> dict:
+    """Match rates of trivial_policies on `episodes` (sizes: id(step) -> original (W, H)).
+    Returns {"counts": steps per type, "rates": {policy: {type: rate}}, "floor": {...}} where floor
+    is the best trivial policy per action type ("floor_by_type", with its name), the step success
+    rate and SOP PG/TSR of the policy that uses that best one for every step of its type (a floor
+    tuned on the data itself: an upper bound on what ignoring the screen can get), and the type
+    accuracy of always answering the most frequent type."""
+    steps = [(s, sizes[id(s)]) for ep in episodes for s in ep.steps]
+    counts = Counter(s.action["action"] for s, _ in steps)
+    pol = trivial_policies(steps, seed)
+    hits = {name: Counter() for name in pol}
+    per_step = {}  # (policy, id(step)) -> match, only for the types a policy answers
+    for name, (types, fn) in pol.items():
+        for s, z in steps:
+            if s.action["action"] in types:
+                ok = gui.action_match(fn(s, z), s.action, s.candidate_bbox, z, rules=rules)[0]
+                hits[name][s.action["action"]] += ok
+                per_step[name, id(s)] = ok
+    rates = {name: {k: hits[name][k] / counts[k] for k in counts if k in types}
+             for name, (types, _) in pol.items()}
+    best = {}
+    for k in counts:
+        cands = [(r[k], name) for name, r in rates.items() if k in r and not name.startswith("most frequent type")]
+        best[k] = max(cands) if cands else (0.0, None)
+    best_ok = {id(s): per_step.get((best[s.action["action"]][1], id(s)), False) for s, _ in steps}
+    progress = []
+    for ep in episodes:
+        c = 0
+        while c < len(ep.steps) and best_ok[id(ep.steps[c])]:
+            c += 1
+        progress.append((c, len(ep.steps)))
+    sop = sop_metrics(progress)
+    top = next(name for name in pol if name.startswith("most frequent type"))
+    floor = {"floor_by_type": {k: {"rate": v[0], "policy": v[1]} for k, v in best.items()},
+             "step_sr": sum(best_ok.values()) / max(len(steps), 1), "sop_pg": sop["pg"], "sop_tsr": sop["tsr"],
+             "type_acc": counts.most_common(1)[0][1] / len(steps) if steps else 0.0,
+             "most_frequent_type_step_sr": sum(hits[top].values()) / max(len(steps), 1)}
+    return {"rules": rules, "steps": len(steps), "episodes": len(episodes), "counts": dict(counts),
+            "rates": rates, "floor": floor}
+
+
+def format_baselines(res: dict) -> str:
+    """The rates of run_baselines as a plain-text table (percent), one row per policy."""
+    kinds = list(res["counts"])
+    head = f"{'policy':<44}" + "".join(f"{k:>14}" for k in kinds)
+    lines = [f"trivial-policy match rates (%), rules={res['rules']}, {res['steps']} steps", head,
+             f"{'(steps)':<44}" + "".join(f"{res['counts'][k]:>14}" for k in kinds)]
+    for name, r in res["rates"].items():
+        lines.append(f"{name[:44]:<44}" + "".join(f"{100 * r[k]:>14.1f}" if k in r else f"{'':>14}" for k in kinds))
+    f = res["floor"]
+    lines.append(f"floor (best trivial per type): step SR {100 * f['step_sr']:.1f}%, SOP PG {100 * f['sop_pg']:.1f}%, "
+                 f"TSR {100 * f['sop_tsr']:.1f}%; most frequent type: type acc {100 * f['type_acc']:.1f}%")
+    return "\n".join(lines)
+
+
+def step_sizes(episodes: list[gui.Episode], image_root=None, blank_screens=None) -> dict:
+    """id(step) -> original (W, H) by gui.original_size (headers only)."""
+    return {id(s): gui.original_size(s, image_root=image_root, blank_screens=blank_screens)
+            for ep in episodes for s in ep.steps}
+
+
+def baselines_main(argv: list[str]) -> dict:
+    args = baselines_parser().parse_args(argv)
+    episodes = [ep for path in args.data for ep in gui.load_episodes(path, swipe_convention=args.swipe_convention)]
+    res = run_baselines(episodes, step_sizes(episodes, args.image_root, args.image_size), args.match_rules, args.seed)
+    res["data"] = list(args.data)
+    print(format_baselines(res))
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(res, f, indent=1)
+    return res
+
+
+# -----------------------------------------------------------------------------
 # score subcommand
 
 
 def score_main(argv: list[str]) -> dict:
+    """Score recorded responses. Every response must name a step of --data; unless --subset, every
+    step of --data must have at least one response (several per step are allowed). Raises
+    ValueError naming the responses file, line and field, or the unscored steps."""
     args = score_parser().parse_args(argv)
     index: dict[str, tuple[gui.Episode, str]] = {}
     for path in args.data:
-        for ep in gui.load_episodes(path):
+        for ep in gui.load_episodes(path, swipe_convention=args.swipe_convention):
             if ep.episode_id in index:
                 raise ValueError(f"episode id {ep.episode_id!r} is in both {index[ep.episode_id][1]} and {path}; "
                                  "score one file at a time")
             index[ep.episode_id] = (ep, path)
-    n = reward = match = type_match = 0
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.responses, encoding="utf-8") as fin, open(args.out, "w", encoding="utf-8") as fout:
+    n = reward = match = type_match = at_cap = 0
+    per_step = Counter()
+    rows = []
+    with open(args.responses, encoding="utf-8") as fin:
         for lineno, line in enumerate(fin, start=1):
             if not line.strip():
                 continue
@@ -543,29 +723,47 @@ def score_main(argv: list[str]) -> dict:
                 raise ValueError(f"{where}: expected an object with episode_id, step, response")
             ep_id, t = str(rec["episode_id"]), rec["step"]
             if ep_id not in index:
-                raise ValueError(f"{where}: field 'episode_id': unknown episode {ep_id!r}")
+                raise ValueError(f"{where}: field 'episode_id': unknown episode {ep_id!r} (not in {', '.join(args.data)})")
             ep = index[ep_id][0]
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < len(ep.steps):
-                raise ValueError(f"{where}: field 'step': expected 0..{len(ep.steps) - 1}, got {t!r}")
+                raise ValueError(f"{where}: field 'step': episode {ep_id} has steps 0..{len(ep.steps) - 1}, got {t!r}")
+            if not isinstance(rec["response"], str):
+                raise ValueError(f"{where}: field 'response': expected a string, got {type(rec['response']).__name__}")
             step = ep.steps[t]
-            orig = step.image_size or args.image_size
-            if orig is None and args.image_root is not None:
-                orig = gui.load_screenshot(step, image_root=args.image_root).size
-            if orig is None:
+            try:
+                orig = gui.original_size(step, image_root=args.image_root, blank_screens=args.image_size)
+            except FileNotFoundError:
                 raise ValueError(f"{where}: episode {ep_id} step {t} records no screenshot size; pass --image-size WxH "
-                                 "or --image-root DIR")
+                                 "or --image-root DIR") from None
             resized = gui.resized_size(orig, min_pixels=args.min_pixels, max_pixels=args.max_pixels)
-            s = gui.score_response(rec["response"] if isinstance(rec["response"], str) else "", step,
-                                   resized_size=resized, orig_size=orig)
-            fout.write(json.dumps({"episode_id": rec["episode_id"], "step": t, "reward": s.reward, "match": s.match,
-                                   "type_match": s.type_match, "format_ok": s.format_ok, "action": s.action},
-                                  ensure_ascii=False) + "\n")
+            s = gui.score_response(rec["response"], step, resized_size=resized, orig_size=orig, rules=args.match_rules)
+            rows.append({"episode_id": rec["episode_id"], "step": t, "reward": s.reward, "match": s.match,
+                         "type_match": s.type_match, "format_ok": s.format_ok, "action": s.action})
             n += 1
             reward += s.reward
             match += s.match
             type_match += s.type_match
-    return {"responses": n, "reward_mean": reward / max(n, 1), "match_rate": match / max(n, 1),
-            "type_match_rate": type_match / max(n, 1), "out": args.out}
+            at_cap += rec.get("finish_reason") == "length" or rec.get("truncated") is True
+            per_step[ep_id, t] += 1
+    if n == 0:
+        raise ValueError(f"{args.responses}: no responses to score")
+    total = sum(len(ep.steps) for ep, _ in index.values())
+    missing = [(i, t) for i, (ep, _) in index.items() for t in range(len(ep.steps)) if (i, t) not in per_step]
+    if missing and not args.subset:
+        shown = ", ".join(f"{i}:{t}" for i, t in missing[:10]) + (" ..." if len(missing) > 10 else "")
+        raise ValueError(f"{args.responses}: {len(missing)} of {total} steps of {', '.join(args.data)} have no response "
+                         f"(episode:step {shown}); pass --subset to score only the steps given")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as fout:
+        fout.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    # the floor on the same steps, for the figure above
+    eps = [ep for ep, _ in index.values()]
+    base = run_baselines(eps, step_sizes(eps, args.image_root, args.image_size), args.match_rules)
+    return {"responses": n, "reward_mean": reward / n, "match_rate": match / n, "type_match_rate": type_match / n,
+            "match_rules": args.match_rules, "steps_total": total, "steps_scored": len(per_step),
+            "steps_unscored": len(missing), "responses_per_step_mean": n / len(per_step),
+            "responses_per_step_max": max(per_step.values()), "responses_at_cap": at_cap,
+            "floor_step_sr": base["floor"]["step_sr"], "floor_type_acc": base["floor"]["type_acc"], "out": args.out}
 
 
 # -----------------------------------------------------------------------------
@@ -574,8 +772,8 @@ def score_main(argv: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] == "score":
-        summary = score_main(argv[1:])
+    if argv and argv[0] in ("score", "baselines"):
+        summary = (score_main if argv[0] == "score" else baselines_main)(argv[1:])
         print(json.dumps(summary))
         return summary
 
@@ -606,19 +804,19 @@ def main(argv: list[str] | None = None) -> dict:
     policy = model_policy or expert_batch
     stats = {"max_tokens": 0, "budgeted": 0, "over": 0}
 
-    def build(goal, shots, history, step_instruction, elements):
+    def build(goal, shots, history, step_instruction, elements, pixels=True):
         prompt = gui.build_prompt(
             tokenizer, image_processor, goal=goal, screenshots=shots, history=history,
             step_instruction=step_instruction if args.step_instruction else None,
             elements=elements if args.elements else None, num_images=args.num_images,
-            min_pixels=args.min_pixels, max_pixels=args.max_pixels, max_prompt_tokens=budget)
+            min_pixels=args.min_pixels, max_pixels=args.max_pixels, max_prompt_tokens=budget, pixels=pixels)
         stats["max_tokens"] = max(stats["max_tokens"], len(prompt.input_ids))
         stats["budgeted"] += prompt.n_dropped_turns > 0
         stats["over"] += budget is not None and len(prompt.input_ids) > budget  # the current turn alone is too long
         return prompt
 
-    def make_prompt(ep, t, shots, history):
-        return build(ep.goal, shots, history, ep.steps[t].step_instruction, ep.steps[t].elements)
+    def make_prompt(ep, t, shots, history, pixels=True):
+        return build(ep.goal, shots, history, ep.steps[t].step_instruction, ep.steps[t].elements, pixels)
 
     def make_prompt_online(obs, shots, history):
         return build(obs["goal"], shots, history, None, obs["elements"])
@@ -626,7 +824,7 @@ def main(argv: list[str] | None = None) -> dict:
     # --- data
     episodes = []
     for path in args.data:
-        episodes += gui.load_episodes(path, limit=args.limit)
+        episodes += gui.load_episodes(path, limit=args.limit, swipe_convention=args.swipe_convention)
     if args.per_task_limit is not None:
         seen = defaultdict(int)
         keep = []
@@ -639,10 +837,17 @@ def main(argv: list[str] | None = None) -> dict:
 
     # --- protocols
     summary = {"policy": args.policy, "model": args.model if args.policy == "model" else None,
+               "match_rules": args.match_rules,
                "protocols": (list(args.protocol) if episodes else []) + (["online"] if args.online else []),
                "episodes": len(episodes), "steps": sum(len(e.steps) for e in episodes)}
     per_task: dict = defaultdict(dict)
     sections, malformed = [], 0
+    floor = None
+    if episodes:  # the trivial-policy floor of these episodes, printed beside every figure
+        floor = run_baselines(episodes, step_sizes(episodes, args.image_root, args.blank_screens),
+                              args.match_rules)["floor"]
+        summary.update({"floor_sop_pg": floor["sop_pg"], "floor_sop_tsr": floor["sop_tsr"],
+                        "floor_step_sr": floor["step_sr"], "floor_type_acc": floor["type_acc"]})
     sop_records = static_records = online_res = None
     if episodes and "sop" in args.protocol:
         sop_records, shown = run_sop(episodes, policy, make_prompt, args, show)
@@ -658,7 +863,8 @@ def main(argv: list[str] | None = None) -> dict:
             tm = sop_metrics([(r["correct"], r["steps"]) for r in sop_records if r["task"] == task])
             per_task[task].update(sop_pg=tm["pg"], sop_tsr=tm["tsr"], episodes=tm["episodes"], steps=tm["steps"])
         sections.append(("SOP: own history, greedy, the episode stops at its first wrong step",
-                         f"PG {m['pg']:.3f}, TSR {m['tsr']:.3f} over {m['episodes']} episodes; "
+                         f"PG {m['pg']:.3f}, TSR {m['tsr']:.3f} over {m['episodes']} episodes (trivial-policy floor: "
+                         f"PG {floor['sop_pg']:.3f}, TSR {floor['sop_tsr']:.3f}); "
                          f"{len(shown)} shown.", shown))
     if episodes and "static" in args.protocol:
         static_records, shown = run_static(episodes, policy, make_prompt, args, show)
@@ -674,7 +880,8 @@ def main(argv: list[str] | None = None) -> dict:
                                   static_step_sr=tm["step_sr"], static_steps=tm["steps"])
         sections.append((f"Static ({'-Low: with step instructions' if args.step_instruction else '-High: goal only'}):"
                          " expert history, every step evaluated",
-                         f"step SR {m['step_sr']:.3f}, type acc {m['type_acc']:.3f} over {m['steps']} steps; "
+                         f"step SR {m['step_sr']:.3f}, type acc {m['type_acc']:.3f} over {m['steps']} steps (floor: step SR "
+                         f"{floor['step_sr']:.3f}, type acc {floor['type_acc']:.3f}); "
                          f"{len(shown)} episodes shown.", shown))
     if args.online:
         import miniwob_env
@@ -696,7 +903,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     # --- summary: last stdout line
     summary.update({"max_prompt_tokens_seen": stats["max_tokens"], "prompts_budgeted": stats["budgeted"],
-                    "prompts_over_budget": stats["over"], "prompt_budget": budget, "malformed_responses": malformed})
+                    "prompts_over_budget": stats["over"], "prompt_budget": budget, "malformed_responses": malformed,
+                    "max_new_tokens": args.max_new_tokens,
+                    "responses_at_cap": model_policy.n_truncated if model_policy is not None else 0})
     if model_policy is not None:
         summary.update({"responses": model_policy.n_responses, "truncated_responses": model_policy.n_truncated,
                         "response_tokens_mean": model_policy.n_tokens / max(model_policy.n_responses, 1),

@@ -25,11 +25,14 @@ Conventions (read these before touching coordinates):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import os
 import re
+import unicodedata
+from collections import Counter
 from dataclasses import dataclass, field
 
 from PIL import Image
@@ -214,7 +217,76 @@ def parse_size(text: str) -> tuple[int, int]:
 
 
 # -----------------------------------------------------------------------------
-# Match and rule reward (SPEC section 4; the release's check_response_match, with its bugs fixed)
+# Match and rule reward (SPEC section 4 / docs/method.md §4)
+#
+# Two rule sets, one function (action_match). "strict" (the default everywhere: reward, patching,
+# returns, SOP, static metrics) is built so that trivial policies score near zero on the shipped
+# AndroidControl test file while legitimate near-hits still match; "release" reproduces the UI-S1
+# release's SOP scoring as it ran, so a figure can be put next to the paper's. Measured on the
+# 1,262 test episodes (`python eval_sop.py baselines --data FILE`, README "Reward rules and
+# trivial-policy floors"):
+# - clicks. The release accepts a point inside ANY candidate box enlarged 1.2x; 26% of those boxes
+#   cover > 10% of the screen (whole-screen containers), so an always-centre click matched 26.1% of
+#   click steps and a uniform random one 22.6%. Strict keeps only the TARGET's box, the smallest
+#   candidate box that contains the expert point, and only if it covers <= 10% of the screen
+#   (a full-width list row of 240 px on a 1080x2400 phone still counts); else distance alone.
+#   Centre 3.9%, random 3.1%; distance alone would give 2.6% and 0.5%.
+# - texts. Containment let the constant "a" match 81% of type steps. Strict compares texts after
+#   Unicode normalisation (normalize_text) by token F1 >= 0.5 over lower-cased whitespace tokens
+#   with edge punctuation stripped (an e-mail address or URL is ONE token, so "com" cannot farm
+#   them): "Chrome" for "Google Chrome" is F1 2/3, a match; an empty expert text matches only an
+#   empty prediction.
+
+MATCH_RULES = ("strict", "release")
+MAX_BOX_FRACTION = 0.10     # strict: a target box covering more of the screen than this is not used
+TEXT_F1 = 0.5               # strict: token F1 threshold for type/answer/key/open
+
+# typographic variants folded before NFKC (NFKC alone keeps curly quotes and turns the acute accent
+# U+00B4, used as an apostrophe in AndroidControl texts, into a space and a combining accent)
+_QUOTE_FOLD = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u2032": "'", "\u00b4": "'",
+                             "\u0060": "'", "\u02bc": "'", "\u02b9": "'", "\uff07": "'",
+                             "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u201f": '"', "\u2033": '"',
+                             "\u00ab": '"', "\u00bb": '"', "\uff02": '"'})
+
+
+def normalize_text(text: str) -> str:
+    """The form in which texts are compared: quote and apostrophe variants folded to ' and ",
+    NFKC (full-width forms, ligatures, non-breaking spaces), invisible format characters removed
+    (soft hyphen, zero-width spaces and joiners, BOM, bidi marks: Unicode category Cf), lower-cased,
+    runs of whitespace collapsed to one space, stripped. 'Audio\\u00admack' -> 'audiomack'."""
+    t = unicodedata.normalize("NFKC", text.translate(_QUOTE_FOLD))
+    t = "".join(c for c in t if unicodedata.category(c) != "Cf")
+    return " ".join(t.lower().split())
+
+
+def text_tokens(text: str) -> list[str]:
+    """Word tokens of normalize_text(text): whitespace-separated, leading/trailing punctuation
+    stripped, empty tokens dropped ("Hello, world!" -> ["hello", "world"]; "a.b@c.com" stays one)."""
+    out = []
+    for w in normalize_text(text).split(" "):
+        i, j = 0, len(w)
+        while i < j and unicodedata.category(w[i])[0] in "PS":
+            i += 1
+        while j > i and unicodedata.category(w[j - 1])[0] in "PS":
+            j -= 1
+        if i < j:
+            out.append(w[i:j])
+    return out
+
+
+def text_f1(pred: str, expert: str) -> float:
+    """SQuAD-style token F1 (multiset overlap) of text_tokens(pred) against text_tokens(expert), in
+    [0, 1]. Texts with no word tokens (empty, or punctuation only) score 1.0 when their normalised
+    forms are equal, else 0.0."""
+    p, e = text_tokens(pred), text_tokens(expert)
+    if not p or not e:
+        return float(normalize_text(pred) == normalize_text(expert))
+    common = sum((Counter(p) & Counter(e)).values())
+    if common == 0:
+        return 0.0
+    prec, rec = common / len(p), common / len(e)
+    return 2 * prec * rec / (prec + rec)
+
 
 def swipe_direction(start, end) -> str | None:
     """Dominant direction of the finger moving from start to end; ties go vertical (release);
@@ -227,33 +299,66 @@ def swipe_direction(start, end) -> str | None:
     return "down" if dy > 0 else "up"
 
 
-def _text_match(pred: str, expert: str) -> bool:
-    p, e = pred.lower().strip(), expert.lower().strip()
-    if not p:  # an empty prediction is "contained" in every text: the release rewarded it; we do not
-        return not e
-    return p in e or e in p
+def _text_match(pred: str, expert: str, rules: str) -> bool:
+    if rules == "release":  # lower-cased, stripped, one contained in the other ("" is in everything)
+        p, e = pred.lower().strip(), expert.lower().strip()
+        return p in e or e in p
+    p, e = normalize_text(pred), normalize_text(expert)
+    if p == e:
+        return True
+    if not e or not p:  # an empty expert text matches only an empty prediction, and vice versa
+        return False
+    return text_f1(pred, expert) >= TEXT_F1
 
 
-def _point_match(pt, expert_pt, candidate_bbox, image_size) -> bool:
+def _in_box(x, y, box, enlarge=1.0) -> bool:
+    x1, y1, x2, y2 = box
+    cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+    hw, hh = (x2 - x1) * enlarge / 2, (y2 - y1) * enlarge / 2
+    return cx - hw <= x <= cx + hw and cy - hh <= y <= cy + hh
+
+
+def target_box(expert_pt, candidate_bbox, image_size: tuple[int, int]) -> list | None:
+    """The strict rules' target: the smallest candidate box (x1, y1, x2, y2) that contains the
+    expert point, if it covers at most MAX_BOX_FRACTION of the image (W, H); else None."""
+    inside = [b for b in candidate_bbox or () if _in_box(expert_pt[0], expert_pt[1], b)]
+    if not inside:
+        return None
+    box = min(inside, key=lambda b: (b[2] - b[0]) * (b[3] - b[1]))
+    w, h = image_size
+    return box if (box[2] - box[0]) * (box[3] - box[1]) <= MAX_BOX_FRACTION * w * h else None
+
+
+def _point_match(pt, expert_pt, candidate_bbox, image_size, rules: str) -> bool:
     x, y = pt
-    for x1, y1, x2, y2 in candidate_bbox or ():
-        cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
-        hw, hh = (x2 - x1) * BBOX_ENLARGE / 2, (y2 - y1) * BBOX_ENLARGE / 2
-        if cx - hw <= x <= cx + hw and cy - hh <= y <= cy + hh:
-            return True
     w, h = image_size
     # math.hypot: no overflow on absurd coordinates from a model
-    return math.hypot((x - expert_pt[0]) / w, (y - expert_pt[1]) / h) <= POINT_DISTANCE
+    if math.hypot((x - expert_pt[0]) / w, (y - expert_pt[1]) / h) <= POINT_DISTANCE:
+        return True
+    if rules == "release":  # the release's SOP scoring: distance only
+        return False
+    box = target_box(expert_pt, candidate_bbox, image_size)
+    return box is not None and _in_box(x, y, box, BBOX_ENLARGE)
 
 
-def action_match(pred: dict | None, expert: dict, candidate_bbox, image_size: tuple[int, int]) -> tuple[bool, bool]:
-    """(match, type_match) of a predicted action against the expert's. Both actions, the candidate
-    boxes (x1, y1, x2, y2) and image_size (W, H) are in the SAME pixel space.
+def action_match(pred: dict | None, expert: dict, candidate_bbox, image_size: tuple[int, int], *,
+                 rules: str = "strict") -> tuple[bool, bool]:
+    """(match, type_match) of a predicted action against the expert's: THE match function of reward,
+    patching, returns, SOP and static metrics. Both actions, the candidate boxes (x1, y1, x2, y2) and
+    image_size (W, H) are in the SAME pixel space; swipes are finger paths.
+    rules="strict" (default):
     - wait, terminate: the type alone;  system_button: same button, case-insensitive;
-    - type/answer/key/open: lower-cased stripped texts, one contained in the other (non-empty);
+    - type/answer/key/open: normalize_text forms equal, or token F1 >= TEXT_F1 (0.5); an empty
+      expert text matches only an empty prediction;
     - swipe: same dominant finger direction;
-    - click/long_press: inside a candidate box enlarged 1.2x about its centre, else normalised
-      Euclidean distance to the expert point <= 0.04."""
+    - click/long_press: normalised Euclidean distance to the expert point <= 0.04, or inside the
+      target box (target_box: smallest box holding the expert point, <= 10% of the screen)
+      enlarged 1.2x about its centre.
+    rules="release" (the UI-S1 release's SOP scoring as it ran, SPEC section 4/10): clicks by
+    distance alone; texts lower-cased, stripped, one contained in the other; any swipe matches.
+    Raises ValueError on unknown rules."""
+    if rules not in MATCH_RULES:
+        raise ValueError(f"rules: expected one of {MATCH_RULES}, got {rules!r}")
     if pred is None or pred.get("action") != expert["action"]:
         return False, False
     kind = expert["action"]
@@ -263,12 +368,13 @@ def action_match(pred: dict | None, expert: dict, candidate_bbox, image_size: tu
         elif kind == "system_button":
             ok = pred["button"].strip().lower() == expert["button"].strip().lower()
         elif kind in TEXT_ACTIONS:
-            ok = _text_match(pred["text"], expert["text"])
+            ok = _text_match(pred["text"], expert["text"], rules)
         elif kind == "swipe":
             d = swipe_direction(pred["coordinate"], pred["coordinate2"])
-            ok = d is not None and d == swipe_direction(expert["coordinate"], expert["coordinate2"])
+            ok = rules == "release" or (d is not None and d == swipe_direction(expert["coordinate"],
+                                                                              expert["coordinate2"]))
         elif kind in ("click", "long_press"):
-            ok = _point_match(pred["coordinate"], expert["coordinate"], candidate_bbox, image_size)
+            ok = _point_match(pred["coordinate"], expert["coordinate"], candidate_bbox, image_size, rules)
         else:
             ok = False
     except (KeyError, TypeError, ValueError, AttributeError):  # a hand-made pred dict missing its fields
@@ -285,16 +391,18 @@ class Score:
     action: dict | None  # the parsed action in ORIGINAL pixels
 
 
-def score_response(text: str, step: "Step", *, resized_size: tuple[int, int], orig_size: tuple[int, int]) -> Score:
+def score_response(text: str, step: "Step", *, resized_size: tuple[int, int], orig_size: tuple[int, int],
+                   rules: str = "strict") -> Score:
     """The rule reward of one step (SPEC section 4), the one function used everywhere.
     `text` is a model response with coordinates in pixels of the resized screenshot (W, H) =
-    resized_size; the step's expert action and boxes are in original pixels, orig_size = (W, H)."""
+    resized_size; the step's expert action and boxes are in original pixels, orig_size = (W, H)
+    (original_size(step) decides it). rules: see action_match."""
     p = parse_response(text)
     format_ok = bool(p.thought)
     if p.action is None:
         return Score(0.0, False, False, format_ok, None)
     pred = scale_action(p.action, resized_size, orig_size)
-    match, type_match = action_match(pred, step.action, step.candidate_bbox, orig_size)
+    match, type_match = action_match(pred, step.action, step.candidate_bbox, orig_size, rules=rules)
     act = 1.0 if match else (0.5 if type_match else 0.1)
     return Score(0.1 * float(format_ok) + 0.9 * act, match, type_match, format_ok, pred)
 
@@ -312,6 +420,7 @@ class Step:
     image_size: tuple[int, int] | None = None  # (W, H) original, if recorded
     elements: str | None = None            # element list text (accessibility tree), if recorded
     root: str | None = None                # folder of the data file: relative screenshots resolve here
+    where: str | None = None               # "file: line N: steps[k]" (or "file: row N"), for error messages
 
 
 @dataclass
@@ -335,6 +444,9 @@ class _Where:
     def error(self, fld, msg) -> ValueError:
         return ValueError(f"{self.path}: {self.kind} {self.idx}: field {fld!r}: {msg}")
 
+    def __str__(self):
+        return f"{self.path}: {self.kind} {self.idx}"
+
 
 def _size(v, where, fld):
     if v is None:
@@ -356,6 +468,10 @@ def _boxes(v, where, fld):
     for i, b in enumerate(v):
         if not isinstance(b, (list, tuple)) or len(b) != 4 or any(_num(c) is None for c in b):
             raise where.error(f"{fld}[{i}]", f"expected [x1, y1, x2, y2] numbers, got {b!r}")
+        if b[2] < b[0] or b[3] < b[1]:  # such a box can never contain a point: no step could match on it
+            raise where.error(f"{fld}[{i}]", f"reversed corners (x2 < x1 or y2 < y1): {b!r}")
+        if b[2] == b[0] or b[3] == b[1]:
+            raise where.error(f"{fld}[{i}]", f"empty box (zero width or height): {b!r}")
         out.append(list(b))
     return out
 
@@ -374,11 +490,55 @@ def _elements(v, where, fld):
     raise where.error(fld, f"expected a string or a list, got {type(v).__name__}")
 
 
-def _uis1_episode(obj, where, path, root, default_id) -> Episode:
+# How a UI-S1-format file stores swipes (coordinate -> coordinate2), per data source:
+# - "finger": the finger's path (our convention; thought_example_uis1.jsonl: "Swipe up to scroll down");
+# - "scroll": the scroll direction, opposite to the finger on both axes (android_control_train_example:
+#   19/19 vertical swipes "down" where the same episode in the thought file swipes up);
+# - "mixed": vertical swipes as the finger, horizontal ones as the scroll direction (the release's
+#   AndroidControl evaluation file: it reversed only up/down of the native rows; read this way, all
+#   956 of its swipes agree with the native file's).
+# Loaded actions are always finger paths. A file with swipes must declare its convention (argument,
+# or a "swipe_convention" field per episode) unless it is one of the shipped files below (sha256).
+SWIPE_CONVENTIONS = ("finger", "scroll", "mixed")
+KNOWN_SWIPE_CONVENTIONS = {
+    "d2b3b7607dd6a312d173867ab38c5f5575b43b2f361b2d450ba4cd31919a1de3": "mixed",   # android_control_test_uis1.jsonl
+    "d59eec2c0d32d60f6d2e1f2eca6c23ec3477c31be6849f906dd336399785350e": "scroll",  # android_control_train_example_uis1
+    "0b9ad0200432b372c1544b08bd9f2857333fe1626bbdfa35446e65a94aa5f00a": "finger",  # thought_example_uis1.jsonl
+}
+
+
+def _to_finger(action: dict, convention: str) -> dict:
+    """A stored swipe -> the finger's path under `convention` (reversing the path flips its direction)."""
+    d = swipe_direction(action["coordinate"], action["coordinate2"])
+    if convention == "scroll" or (convention == "mixed" and d in ("left", "right")):
+        return {**action, "coordinate": action["coordinate2"], "coordinate2": action["coordinate"]}
+    return action
+
+
+def _check_points(action: dict, size, where, fld):
+    """Expert points must lie in the recorded image (W, H) (1 px slack); one that lies outside but
+    inside (H, W) means image_size was written (H, W)."""
+    if size is None:
+        return
+    w, h = size
+    for k in ("coordinate", "coordinate2"):
+        if k in action:
+            x, y = action[k]
+            if not (-1 <= x <= w + 1 and -1 <= y <= h + 1):
+                hint = ("; image_size looks (H, W)-swapped: write [W, H]"
+                        if -1 <= x <= h + 1 and -1 <= y <= w + 1 else "")
+                raise where.error(f"{fld}.{k}", f"point {[x, y]} lies outside the recorded image_size "
+                                  f"{w}x{h} (W x H){hint}")
+
+
+def _uis1_episode(obj, where, path, root, default_id, swipe_convention=None) -> Episode:
     """One episode of the UI-S1 release format (also MiniWob's, which adds task/seed/image_size and
-    per-step thought/elements)."""
+    per-step thought/elements). swipe_convention: the file's, None if undeclared."""
     if not isinstance(obj, dict):
         raise where.error("<episode>", f"expected a JSON object, got {type(obj).__name__}")
+    if "steps" not in obj and ("gt" in obj or "image" in obj):
+        raise where.error("steps", f"missing: this line looks like a native AndroidControl step (keys {sorted(obj)}); "
+                          "native files are one JSON list of such rows")
     goal = obj.get("goal")
     if not isinstance(goal, str):
         raise where.error("goal", f"expected a string, got {goal!r}")
@@ -386,6 +546,10 @@ def _uis1_episode(obj, where, path, root, default_id) -> Episode:
     if not isinstance(steps, list) or not steps:
         raise where.error("steps", "expected a non-empty list")
     ep_size = _size(obj.get("image_size"), where, "image_size")
+    declared = obj.get("swipe_convention")
+    if declared is not None and declared not in SWIPE_CONVENTIONS:
+        raise where.error("swipe_convention", f"expected one of {SWIPE_CONVENTIONS}, got {declared!r}")
+    convention = swipe_convention or declared
     out = []
     for k, s in enumerate(steps):
         f = f"steps[{k}]"
@@ -398,6 +562,17 @@ def _uis1_episode(obj, where, path, root, default_id) -> Episode:
             action = check_action(raw, strict=True)
         except ValueError as e:
             raise where.error(f"{f}.action_content", str(e)) from None
+        if action["action"] == "swipe":
+            if action["coordinate"] == action["coordinate2"]:
+                raise where.error(f"{f}.action_content", f"zero-length swipe {action['coordinate']} -> "
+                                  f"{action['coordinate2']}: it has no direction, no prediction could match it")
+            if convention is None:
+                raise where.error("swipe_convention", "the file stores swipes but declares no convention: pass "
+                                  f"swipe_convention (eval_sop.py --swipe-convention) one of {SWIPE_CONVENTIONS}, or "
+                                  "add \"swipe_convention\" to each episode (see gui.SWIPE_CONVENTIONS)")
+            action = _to_finger(action, convention)
+        size = _size(s.get("image_size"), where, f"{f}.image_size") or ep_size
+        _check_points(action, size, where, f"{f}.action_content")
         check = s.get("check_options") or {}
         if not isinstance(check, dict):
             raise where.error(f"{f}.check_options", "expected a JSON object")
@@ -414,14 +589,15 @@ def _uis1_episode(obj, where, path, root, default_id) -> Episode:
             screenshot=shot, action=action,
             step_instruction=_text(s.get("step_instruction"), where, f"{f}.step_instruction"),
             thought=_text(s.get("thought"), where, f"{f}.thought"),
-            candidate_bbox=boxes,
-            image_size=_size(s.get("image_size"), where, f"{f}.image_size") or ep_size,
+            candidate_bbox=boxes, image_size=size,
             elements=_elements(s.get("elements"), where, f"{f}.elements"),
-            root=root))
+            root=root, where=f"{where}: {f}"))
     ep_id = obj.get("episode_id", default_id)
     if isinstance(ep_id, bool) or not isinstance(ep_id, (str, int)):
         raise where.error("episode_id", f"expected a string or int, got {ep_id!r}")
     meta = {k: v for k, v in obj.items() if k not in ("goal", "steps", "episode_id")}
+    if convention is not None:
+        meta["swipe_convention"] = convention
     return Episode(goal=goal, episode_id=str(ep_id), steps=out, source=path, meta=meta)
 
 
@@ -497,12 +673,13 @@ def _native_episodes(rows, path, root) -> list[Episode]:
             raise where.error("image", f"expected a name like episode_<id>-screenshot_<k>.png, got {img!r}")
         size = _size(row.get("image_size", row.get("img_size")), where, "image_size")
         action = _native_action(row.get("gt"), where, size or ANDROID_CONTROL_SIZE)
+        _check_points(action, size, where, "gt")
         ep, k = m.group(1), int(m.group(2))
         if k in groups.setdefault(ep, {}):
             raise where.error("image", f"duplicate step {k} of episode {ep}")
         groups[ep][k] = Step(screenshot=img, action=action, step_instruction=_text(row.get("task"), where, "task"),
                              candidate_bbox=_boxes(row.get("candidate_bbox"), where, "candidate_bbox"),
-                             image_size=size, root=root)
+                             image_size=size, root=root, where=str(where))
         if isinstance(row.get("goal"), str) and row["goal"]:
             goals.setdefault(ep, row["goal"])
     out = []
@@ -510,29 +687,44 @@ def _native_episodes(rows, path, root) -> list[Episode]:
         steps = [steps[k] for k in sorted(steps)]
         goal = goals.get(ep) or " ".join(s.step_instruction.strip() for s in steps if s.step_instruction)
         out.append(Episode(goal=goal, episode_id=ep, steps=steps, source=path,
-                           meta={"format": "android_control_native"}))
+                           meta={"format": "android_control_native", "swipe_convention": "native scroll direction"}))
     return out
 
 
-def load_episodes(path: str, *, limit: int | None = None) -> list[Episode]:
+def load_episodes(path: str, *, limit: int | None = None, swipe_convention: str | None = None) -> list[Episode]:
     """Load episodes from a UI-S1 JSONL file (one episode per line; MiniWob files too), a JSON list
     of such episodes, or AndroidControl's native per-step JSON list (rows with image/gt/task).
-    Any malformed line or unknown action raises ValueError naming file, line (or row) and field.
-    Episodes without an episode_id get "line-<n>" (1-based line number)."""
+    Any malformed line or unknown action raises ValueError naming file, line (or row) and field:
+    also boxes with reversed corners, zero-length expert swipes, expert points outside a recorded
+    image_size (with a hint when it looks (H, W)-swapped), and swipes in a file whose swipe
+    convention is neither given (swipe_convention, one of SWIPE_CONVENTIONS; it overrides a
+    per-episode "swipe_convention" field), declared per episode, nor known (KNOWN_SWIPE_CONVENTIONS).
+    Swipes are returned as finger paths. Episodes without an episode_id get "line-<n>"."""
     path = str(path)
+    if swipe_convention is not None and swipe_convention not in SWIPE_CONVENTIONS:
+        raise ValueError(f"swipe_convention: expected one of {SWIPE_CONVENTIONS}, got {swipe_convention!r}")
     root = os.path.dirname(os.path.abspath(path))
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    with open(path, "rb") as f:
+        raw = f.read()
+    text = raw.decode("utf-8")
+    if swipe_convention is None:
+        swipe_convention = KNOWN_SWIPE_CONVENTIONS.get(hashlib.sha256(raw).hexdigest())
     episodes: list[Episode] = []
     if text.lstrip().startswith("["):
         try:
             rows = json.loads(text)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: line {e.lineno}: invalid JSON: {e.msg}") from None
-        if rows and isinstance(rows[0], dict) and "gt" in rows[0]:
+        first = rows[0] if rows else None
+        if isinstance(first, dict) and ("gt" in first or "image" in first) and "steps" not in first:
             episodes = _native_episodes(rows, path, root)
+        elif first is None or (isinstance(first, dict) and "steps" in first):
+            episodes = [_uis1_episode(r, _Where(path, "row", i), path, root, f"row-{i}", swipe_convention)
+                        for i, r in enumerate(rows)]
         else:
-            episodes = [_uis1_episode(r, _Where(path, "row", i), path, root, f"row-{i}") for i, r in enumerate(rows)]
+            seen = sorted(first) if isinstance(first, dict) else type(first).__name__
+            raise ValueError(f"{path}: row 0: unknown format: expected a UI-S1 episode (goal, steps) or a native "
+                             f"AndroidControl step (image, gt, task); saw {seen}")
     else:
         for n, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
@@ -542,7 +734,7 @@ def load_episodes(path: str, *, limit: int | None = None) -> list[Episode]:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise where.error("<json>", f"invalid JSON: {e.msg} (column {e.colno})") from None
-            episodes.append(_uis1_episode(obj, where, path, root, f"line-{n}"))
+            episodes.append(_uis1_episode(obj, where, path, root, f"line-{n}", swipe_convention))
             if limit is not None and len(episodes) >= limit:
                 break
     seen = set()
@@ -570,21 +762,58 @@ def screenshot_candidates(step: Step, image_root: str | None = None) -> list[str
     return [os.path.join(step.root or ".", p)]
 
 
+def _screenshot_file(step: Step, image_root: str | None) -> str | None:
+    return next((p for p in screenshot_candidates(step, image_root) if os.path.isfile(p)), None)
+
+
+def original_size(step: Step, *, image_root: str | None = None,
+                  blank_screens: tuple[int, int] | None = None) -> tuple[int, int]:
+    """(W, H) of the step's ORIGINAL screenshot: the pixel space of its expert action and boxes, and
+    the ONE answer rollout, SFT and evaluation use. Reads only the image header (PIL opens lazily),
+    never decodes pixels.
+    - a file found: its size. A recorded image_size must agree within 1 px (rounding); one equal to
+      the file's (H, W) raises "looks (H, W)-swapped", any other disagreement raises too (a 540x1200
+      file recorded as 1080x2400 would put every expert point at twice its place);
+    - no file: the recorded image_size, else blank_screens (the blank stand-in's size);
+    - neither: FileNotFoundError, as load_screenshot.
+    Errors name the step's file and line (Step.where)."""
+    path = _screenshot_file(step, image_root)
+    rec = step.image_size
+    if path is not None:
+        with Image.open(path) as im:
+            size = im.size
+        if rec is not None and (abs(rec[0] - size[0]) > 1 or abs(rec[1] - size[1]) > 1):
+            swapped = (abs(rec[0] - size[1]) <= 1 and abs(rec[1] - size[0]) <= 1)
+            raise ValueError(f"{step.where or step.screenshot}: field 'image_size': recorded {rec[0]}x{rec[1]} (W x H) "
+                             f"but {path} is {size[0]}x{size[1]}"
+                             + ("; the record looks (H, W)-swapped: write [W, H]" if swapped else ""))
+        return size
+    if rec is not None:
+        return rec
+    if blank_screens is not None:
+        return int(blank_screens[0]), int(blank_screens[1])
+    raise FileNotFoundError(_missing_message(step, image_root))
+
+
+def _missing_message(step: Step, image_root: str | None) -> str:
+    tried = screenshot_candidates(step, image_root)
+    return (f"screenshot {step.screenshot!r} not found (tried: {', '.join(tried) or 'nothing recorded'}); "
+            "pass --image-root DIR, or --blank-screens WxH for blank stand-ins")
+
+
 def load_screenshot(step: Step, *, image_root: str | None = None,
                     blank_screens: tuple[int, int] | None = None) -> Image.Image:
-    """The step's screenshot as an RGB image. A missing file is an error unless blank_screens=(W, H)
-    is given: then a black image of the step's recorded size, else of blank_screens, stands in."""
-    tried = screenshot_candidates(step, image_root)
-    for p in tried:
-        if os.path.isfile(p):
-            with Image.open(p) as im:
-                return im.convert("RGB")
-    if blank_screens is not None:
-        w, h = step.image_size or blank_screens
-        return Image.new("RGB", (int(w), int(h)))
-    raise FileNotFoundError(f"screenshot {step.screenshot!r} not found "
-                            f"(tried: {', '.join(tried) or 'nothing recorded'}); "
-                            f"pass --image-root DIR, or --blank-screens WxH for blank stand-ins")
+    """The step's screenshot as an RGB image of size original_size(step, ...) (which also checks a
+    recorded size against the file). A missing file is an error unless blank_screens=(W, H) is
+    given: then a black image of the step's recorded size, else of blank_screens, stands in."""
+    size = original_size(step, image_root=image_root, blank_screens=blank_screens)
+    p = _screenshot_file(step, image_root)
+    if p is not None:
+        with Image.open(p) as im:
+            return im.convert("RGB")
+    if blank_screens is None:
+        raise FileNotFoundError(_missing_message(step, image_root))
+    return Image.new("RGB", size)
 
 
 # -----------------------------------------------------------------------------
@@ -650,9 +879,11 @@ def _summary_line(i: int, response: str) -> str:
 def build_prompt(tokenizer, image_processor, *, goal: str, screenshots: list, history: list[str],
                  step_instruction: str | None = None, elements: str | None = None, num_images: int = 2,
                  min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS,
-                 max_prompt_tokens: int | None = None) -> Prompt:
+                 max_prompt_tokens: int | None = None, pixels: bool = True) -> Prompt:
     """Model inputs for step t = len(screenshots) - 1 (screenshots: original images of steps 0..t,
-    only the last num_images are read, so earlier entries may be None;
+    only the last num_images are read, so earlier entries may be None; with pixels=False an entry
+    may also be a (W, H) size, no pixel is processed and pixel_values is None: for policies that
+    never look at the image, e.g. expert replay and recorded responses;
     history: the assistant responses of steps 0..t-1, as text).
 
     Layout (the release's multi-turn form): system prompt; then per step a user turn (the goal in
@@ -686,7 +917,7 @@ def build_prompt(tokenizer, image_processor, *, goal: str, screenshots: list, hi
     image_steps_all = list(range(max(0, t + 1 - num_images), t + 1))
     resized = {}
     for i in image_steps_all:
-        w, h = screenshots[i].size
+        w, h = screenshots[i] if isinstance(screenshots[i], tuple) else screenshots[i].size
         resized[i] = resized_size((w, h), factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
     n_pad = {i: (resized[i][0] // patch) * (resized[i][1] // patch) // merge**2 for i in image_steps_all}
     pad_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
@@ -772,7 +1003,10 @@ def build_prompt(tokenizer, image_processor, *, goal: str, screenshots: list, hi
             out.append(tok)
 
     pixel_values = grid = None
-    if steps_with_image:
+    if steps_with_image and not pixels:  # the grid the image processor would report, no pixels touched
+        grid = torch.tensor([[1, resized[i][1] // patch, resized[i][0] // patch] for i in steps_with_image],
+                            dtype=torch.long)
+    elif steps_with_image:
         images = []
         for i in steps_with_image:
             im = screenshots[i]

@@ -674,7 +674,7 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
         for k, i in live:
             prompt, s = outs[(k, i)]
             step = episodes[k].steps[t]
-            orig = shot(k, t).size
+            orig = gui.original_size(step, image_root=image_root, blank_screens=blank_screens)
             sc = gui.score_response(s.text, step, resized_size=prompt.resized_size, orig_size=orig)
             st = states[k][i]
             rec = StepRecord(task_idx=k, rollout_idx=i, step_idx=t, prompt=prompt, response_ids=list(s.ids),
@@ -705,7 +705,7 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
         if to_patch:  # on-policy thought: the policy explains the expert action, all at once
             hint_prompts, actions = [], []
             for k, i, rec in to_patch:
-                a = patch.expert_action_resized(episodes[k].steps[t], shot(k, t).size, rec.prompt.resized_size)
+                a = patch.expert_action_resized(episodes[k].steps[t], gui.original_size(episodes[k].steps[t], image_root=image_root, blank_screens=blank_screens), rec.prompt.resized_size)
                 hint_prompts.append(prompt_for(k, t, rec.history, instruction=patch.hinted_step_instruction(None, a)))
                 actions.append(a)
             gen = lambda ps: [o[0].text for o in sampler.generate(ps, n=1, greedy=greedy)]  # noqa: E731

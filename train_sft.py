@@ -106,14 +106,14 @@ def main(argv=None):
     def example(ep, t):
         """(prompt, target ids) of step t with the expert's history (SPEC 2-3)."""
         shots = [gui.load_screenshot(s, image_root=args.image_root, blank_screens=blank) for s in ep.steps[:t + 1]]
-        history = [gui.expert_response(ep.steps[s], shots[s].size, thought=ep.steps[s].thought, min_pixels=args.min_pixels,
+        history = [gui.expert_response(ep.steps[s], gui.original_size(ep.steps[s], image_root=args.image_root, blank_screens=blank), thought=ep.steps[s].thought, min_pixels=args.min_pixels,
                                        max_pixels=args.max_pixels) for s in range(t)]
         prompt = gui.build_prompt(tokenizer, image_processor, goal=ep.goal, screenshots=shots, history=history,
                                   step_instruction=ep.steps[t].step_instruction if args.step_instruction else None,
                                   elements=ep.steps[t].elements, num_images=args.num_images,
                                   min_pixels=args.min_pixels, max_pixels=args.max_pixels,
                                   max_prompt_tokens=args.max_prompt_tokens)
-        target = gui.expert_response(ep.steps[t], shots[t].size, thought=ep.steps[t].thought,
+        target = gui.expert_response(ep.steps[t], gui.original_size(ep.steps[t], image_root=args.image_root, blank_screens=blank), thought=ep.steps[t].thought,
                                      min_pixels=args.min_pixels, max_pixels=args.max_pixels)
         return prompt, tokenizer(target, add_special_tokens=False)["input_ids"] + [im_end]
 

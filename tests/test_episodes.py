@@ -64,7 +64,7 @@ def test_real_file_details(real):
 def test_swipe_conventions_of_both_formats(real):
     """Native scroll direction is the content's; we store finger swipes. Joined by episode id and
     step, vertical swipes of the two formats agree; horizontal ones disagree because the release
-    converted only up/down (its quirk, documented in gui.py)."""
+    converted only up/down: read under its declared "mixed" convention, all 956 agree."""
     native = {e.episode_id: {int(s.screenshot.split("_")[-1].split(".")[0]): s for s in e.steps}
               for e in real["android_control_test_native_steps.json"]}
     agree = {"vertical": 0, "horizontal": 0}
@@ -78,8 +78,8 @@ def test_swipe_conventions_of_both_formats(real):
             d_native = gui.swipe_direction(n.action["coordinate"], n.action["coordinate2"])
             axis = "vertical" if d_uis1 in ("up", "down") else "horizontal"
             (agree if d_uis1 == d_native else disagree)[axis] += 1
-    assert agree == {"vertical": 823, "horizontal": 0}
-    assert disagree == {"vertical": 0, "horizontal": 133}
+    assert agree == {"vertical": 823, "horizontal": 133}
+    assert disagree == {"vertical": 0, "horizontal": 0}
 
 
 # -----------------------------------------------------------------------------

@@ -86,8 +86,9 @@ def test_score_subcommand(tmp_path, capsys):
     rfile, ofile = tmp_path / "r.jsonl", tmp_path / "out" / "s.jsonl"
     rfile.write_text("".join(json.dumps(x) + "\n" for x in lines))
     s = eval_sop.main(["score", "--data", str(FILES[1]), "--responses", str(rfile), "--out", str(ofile),
-                       "--image-size", "1080x2400"])
+                       "--image-size", "1080x2400", "--subset"])
     assert last_json(capsys) == s
+    assert s["steps_scored"] == 4 and s["steps_unscored"] == 202 and s["steps_total"] == 206
     rows = [json.loads(x) for x in ofile.read_text().splitlines()]
     assert [r["reward"] for r in rows] == pytest.approx([1.0, 0.9, 0.55, 0.0])
     assert [r["match"] for r in rows] == [True, True, False, False]
@@ -107,4 +108,4 @@ def test_score_errors(tmp_path, line, extra, match):
     rfile.write_text(json.dumps(line) + "\n")
     with pytest.raises(ValueError, match=match):
         eval_sop.main(["score", "--data", str(FILES[1]), "--responses", str(rfile), "--out", str(tmp_path / "s.jsonl"),
-                       *extra])
+                       "--subset", *extra])

@@ -1,0 +1,161 @@
+"""Reward-rule integrity (docs/method.md §4): trivial policies score near zero on the shipped
+AndroidControl test file, legitimate near-hits still match, loader and `score` are strict."""
+
+import json
+import os
+
+import pytest
+from PIL import Image
+
+import eval_sop
+import gui
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "data", "android_control")
+TEST = os.path.join(DATA, "android_control_test_uis1.jsonl")
+SIZE = (1080, 2400)
+
+
+@pytest.fixture(scope="module")
+def floors():
+    eps = gui.load_episodes(TEST)
+    sizes = eval_sop.step_sizes(eps, blank_screens=SIZE)
+    return {r: eval_sop.run_baselines(eps, sizes, r)["rates"] for r in gui.MATCH_RULES}
+
+
+def test_trivial_policies_score_near_zero(floors):
+    r = floors["strict"]
+    assert r["click centre"]["click"] <= 0.05 and r["click uniform random"]["click"] <= 0.04
+    for c in ("a", "e", "the", ""):
+        assert r[f"text {c!r}"]["type"] <= 0.02 and r[f"text {c!r}"]["open"] <= 0.02
+    # the release's rules, as it ran, are farmable: the containment of "a" matches most type steps
+    assert floors["release"]["text 'a'"]["type"] > 0.5
+
+
+def test_legitimate_near_hits():
+    expert = {"action": "click", "coordinate": [540, 1200]}
+    box = [[440, 1150, 640, 1250]]  # the target's own small box (0.8% of the screen)
+    pred = {"action": "click", "coordinate": [630, 1240]}  # inside, 0.085 from the expert point (normalised)
+    assert gui.action_match(pred, expert, box, SIZE) == (True, True)
+    assert gui.action_match(pred, expert, box, SIZE, rules="release") == (False, True)  # distance only
+    # a whole-screen container holding the point is not a target
+    assert not gui.action_match(pred, expert, [[0, 0, 1080, 2400]], SIZE)[0]
+    t = lambda s: {"action": "open", "text": s}  # noqa: E731
+    assert gui.action_match(t("Chrome"), t("Google Chrome"), [], SIZE)[0]
+    assert gui.action_match(t("  CHROME "), t("chrome"), [], SIZE)[0]
+
+
+@pytest.mark.parametrize("pred, expert", [("Audiomack", "Audio\u00admack"), ("Don't", "Don\u2019t"),
+                                          ("Don't", "Don\u00b4t"), ("\uff21BC", "abc"), ("x\u200by", "xy")])
+def test_unicode_variants_match(pred, expert):
+    assert gui.normalize_text(pred) == gui.normalize_text(expert)
+    assert gui.action_match({"action": "type", "text": pred}, {"action": "type", "text": expert}, [], SIZE)[0]
+
+
+def test_empty_expert_text_matches_only_empty():
+    e = {"action": "type", "text": ""}
+    assert not gui.action_match({"action": "type", "text": "anything"}, e, [], SIZE)[0]
+    assert gui.action_match({"action": "type", "text": " "}, e, [], SIZE)[0]
+
+
+def test_release_rules_any_swipe_and_unknown_rules():
+    up = {"action": "swipe", "coordinate": [540, 1800], "coordinate2": [540, 600]}
+    down = {"action": "swipe", "coordinate": [540, 600], "coordinate2": [540, 1800]}
+    assert gui.action_match(down, up, [], SIZE) == (False, True)
+    assert gui.action_match(down, up, [], SIZE, rules="release") == (True, True)
+    with pytest.raises(ValueError, match="rules"):
+        gui.action_match(down, up, [], SIZE, rules="lenient")
+
+
+def test_swipe_conventions_train_and_thought_pair():
+    """The same episode: the train example stores 'down' (scroll), the thought file 'up' (finger)."""
+    train = gui.load_episodes(os.path.join(DATA, "android_control_train_example_uis1.jsonl"))
+    [thought] = gui.load_episodes(os.path.join(DATA, "thought_example_uis1.jsonl"))
+    dirs = lambda eps: [gui.swipe_direction(s.action["coordinate"], s.action["coordinate2"])  # noqa: E731
+                        for e in eps for s in e.steps if s.action["action"] == "swipe"]
+    assert dirs(train) == ["up"] * 19 and dirs([thought]) == ["up"] * 4
+
+
+def write(tmp_path, name, rows):
+    p = tmp_path / name
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(p)
+
+
+def ep(step, **extra):
+    return {"goal": "g", "steps": [step], **extra}
+
+
+SWIPE = {"action_content": {"action": "swipe", "coordinate": [540, 600], "coordinate2": [540, 1800]}}
+
+
+def test_unknown_swipe_convention_is_an_error(tmp_path):
+    p = write(tmp_path, "a.jsonl", [ep(SWIPE)])
+    with pytest.raises(ValueError, match=r"a.jsonl: line 1: field 'swipe_convention'"):
+        gui.load_episodes(p)
+    [e] = gui.load_episodes(p, swipe_convention="scroll")
+    assert gui.swipe_direction(e.steps[0].action["coordinate"], e.steps[0].action["coordinate2"]) == "up"
+    [e] = gui.load_episodes(write(tmp_path, "b.jsonl", [ep(SWIPE, swipe_convention="finger")]))
+    assert gui.swipe_direction(e.steps[0].action["coordinate"], e.steps[0].action["coordinate2"]) == "down"
+
+
+@pytest.mark.parametrize("step, match", [
+    ({"action_content": {"action": "swipe", "coordinate": [5, 5], "coordinate2": [5, 5]}},
+     r"line 1: field 'steps\[0\].action_content': zero-length swipe"),
+    ({"action_content": {"action": "click", "coordinate": [5, 5]}, "candidate_bbox": [[10, 10, 0, 20]]},
+     r"line 1: field 'steps\[0\].candidate_bbox\[0\]': reversed corners"),
+    ({"action_content": {"action": "click", "coordinate": [1000, 100]}, "image_size": [400, 1080]},
+     r"\(H, W\)-swapped"),
+])
+def test_loader_strictness(tmp_path, step, match):
+    with pytest.raises(ValueError, match=match):
+        gui.load_episodes(write(tmp_path, "x.jsonl", [ep(step, swipe_convention="finger")]))
+
+
+def test_native_detection_message(tmp_path):
+    p = tmp_path / "n.json"
+    p.write_text(json.dumps([{"image": "episode_1-screenshot_0.png", "task": "t"}]))
+    with pytest.raises(ValueError, match="row 0: field 'gt'"):
+        gui.load_episodes(str(p))
+    p.write_text(json.dumps([{"foo": 1}]))
+    with pytest.raises(ValueError, match=r"unknown format.*saw \['foo'\]"):
+        gui.load_episodes(str(p))
+
+
+def test_original_size_one_answer(tmp_path):
+    Image.new("RGB", (540, 1200)).save(tmp_path / "s.png")
+    step = lambda size: gui.Step(screenshot="s.png", action={"action": "wait"}, image_size=size,  # noqa: E731
+                                 root=str(tmp_path), where="f.jsonl: line 3: steps[0]")
+    assert gui.original_size(step(None)) == (540, 1200) == gui.original_size(step((541, 1200)))
+    with pytest.raises(ValueError, match=r"f.jsonl: line 3: steps\[0\]: field 'image_size': recorded 1080x2400"):
+        gui.original_size(step((1080, 2400)))
+    with pytest.raises(ValueError, match=r"\(H, W\)-swapped"):
+        gui.original_size(step((1200, 540)))
+    missing = gui.Step(screenshot="no.png", action={"action": "wait"}, root=str(tmp_path))
+    assert gui.original_size(missing, blank_screens=SIZE) == SIZE
+    with pytest.raises(FileNotFoundError):
+        gui.original_size(missing)
+
+
+def test_score_coverage(tmp_path):
+    train = os.path.join(DATA, "android_control_train_example_uis1.jsonl")
+    r = tmp_path / "r.jsonl"
+    r.write_text(json.dumps({"episode_id": "line-1", "step": 0, "response": "x"}) + "\n")
+    args = ["score", "--data", train, "--responses", str(r), "--out", str(tmp_path / "o.jsonl"),
+            "--image-size", "1080x2400"]
+    with pytest.raises(ValueError, match=r"205 of 206 steps .* have no response \(episode:step line-1:1"):
+        eval_sop.main(args)
+    r.write_text("")
+    with pytest.raises(ValueError, match="no responses"):
+        eval_sop.main(args + ["--subset"])
+    eps = gui.load_episodes(train)
+    r.write_text("".join(json.dumps({"episode_id": e.episode_id, "step": t, "response": "x"}) + "\n"
+                         for e in eps for t in range(len(e.steps)) for _ in range(2)))
+    s = eval_sop.main(args)
+    assert s["steps_scored"] == 206 and s["responses_per_step_max"] == 2 and s["responses"] == 412
+
+
+def test_baselines_command_last_line_json(capsys):
+    res = eval_sop.main(["baselines", "--data", os.path.join(DATA, "thought_example_uis1.jsonl")])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "click centre" in "\n".join(out) and json.loads(out[-1]) == res
+    assert res["counts"]["swipe"] == 4 and res["rates"]["swipe up"]["swipe"] == 1.0
