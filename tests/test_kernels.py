@@ -509,6 +509,23 @@ def test_dispatch_triton_when_forced(monkeypatch):
                                                   "_ppo_loss_fwd_triton"])
 
 
+def test_dispatch_one_switch_and_clear_errors(monkeypatch):
+    """kernels/_dispatch.py decides for every op; a kernel that cannot run raises a RuntimeError that
+    names the op (here: a plain function is not an interpreted kernel, a meta tensor is not CUDA)."""
+    from kernels import _dispatch
+
+    monkeypatch.delenv("UIS1_FORCE_TRITON", raising=False)
+    assert not _dispatch.use_triton(torch.zeros(1))
+    monkeypatch.setenv("UIS1_FORCE_TRITON", "1")
+    assert _dispatch.use_triton(torch.zeros(1))
+    with pytest.raises(RuntimeError, match="my_op: the Triton path on CPU needs TRITON_INTERPRET=1"):
+        _dispatch.check_runnable(lambda: None, torch.zeros(1), "my_op")
+    with pytest.raises(RuntimeError, match="my_op: .*got meta"):
+        _dispatch.check_runnable(lp_mod._logprob_fwd_kernel, torch.zeros(1, device="meta"), "my_op")
+    for mod in (lp_mod, ppo_mod, gn_mod):  # no module keeps a switch of its own
+        assert not hasattr(mod, "_interpreted") and not hasattr(mod, "_use_triton")
+
+
 @pytest.mark.skipif(INTERPRETER_OK, reason="the Triton-path tests already ran in this process")
 def test_interpreter_tests_in_fresh_process():
     env = dict(os.environ, TRITON_INTERPRET="1")
