@@ -63,7 +63,8 @@ _LOGPROB_ROW = {
     "peak_mem_fused_bytes": None, "peak_mem_naive_bytes": None, "peak_mem_matmul_bytes": None,
 }
 SCHEMA = {
-    "meta": {"mode": None, "argv": None, "started": None, "budget_s": None, "total_s": None, "sections_s": {}},
+    "meta": {"mode": None, "argv": None, "started": None, "budget_s": None, "total_s": None,
+             "sections_s": {"env": None, "kernels": None, "model": None, "sampler": None, "rl": None}},
     "env": {"python": None, "platform": None, "torch": None, "torch_cuda": None, "cudnn": None, "nccl": None,
             "triton": None, "transformers": None, "transformers_pinned": None, "numpy": None, "flash_attn": None,
             "device": None, "device_capability": None, "device_memory_bytes": None, "device_count": None,
@@ -126,6 +127,7 @@ class Check:
         """fn(*args) in a try/except: a failure (or too little time left) is recorded and None returned."""
         if self.left() < min_left_s:
             self.fail(section, name, f"skipped: {self.left():.0f} s of the budget left, needs {min_left_s:.0f} s")
+            self.save()
             return None
         self.log(f"{section}/{name} ...")
         t = time.time()
