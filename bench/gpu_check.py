@@ -52,6 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
 ANDROID_DATA = REPO / "data" / "android_control" / "android_control_train_example_uis1.jsonl"
 CONFIG_7B = REPO / "assets" / "qwen2_5_vl_tokenizer" / "config.json"
 
+PACKAGES = ("PIL", "safetensors", "tokenizers", "tqdm", "einops")  # what the stages import besides torch
 # Every key a run writes, GPU or dry: sections start from this and are filled in as checks pass.
 _LOGPROB_ROW = {
     "n": None, "h": None, "v": None, "dtype": None,
@@ -68,7 +69,7 @@ SCHEMA = {
     "env": {"python": None, "platform": None, "torch": None, "torch_cuda": None, "cudnn": None, "nccl": None,
             "triton": None, "transformers": None, "transformers_pinned": None, "numpy": None, "flash_attn": None,
             "device": None, "device_capability": None, "device_memory_bytes": None, "device_count": None,
-            "cpu_count": None, "triton_interpret": None},
+            "cpu_count": None, "triton_interpret": None, "packages": {m: None for m in PACKAGES}},
     "kernels": {"logprob": [], "ppo_loss": {"n": None, "err_loss_max_abs": None, "err_grad_max_abs": None,
                                             "err_kl_max_abs": None, "time_kernel_s": None, "time_ref_s": None},
                 "group_norm": {"m": None, "groups": None, "err_max_abs": None, "time_kernel_s": None,
@@ -177,6 +178,11 @@ def check_env(C, torch):
     e.update(python=sys.version.split()[0], platform=platform.platform(), torch=torch.__version__,
              torch_cuda=torch.version.cuda, triton=triton.__version__, transformers=transformers.__version__,
              numpy=numpy.__version__, cpu_count=os.cpu_count(), triton_interpret=os.environ.get("TRITON_INTERPRET"))
+    for mod in PACKAGES:
+        try:
+            e["packages"][mod] = getattr(__import__(mod), "__version__", "installed")
+        except ImportError:
+            e["packages"][mod] = "missing"
     pins = [ln.strip() for ln in (REPO / "requirements.txt").read_text().splitlines() if ln.startswith("transformers")]
     e["transformers_pinned"] = pins[0] if pins else None  # a mismatch is reported, never fatal
     try:
