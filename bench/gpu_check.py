@@ -40,6 +40,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -159,10 +160,6 @@ class Check:
 
 def _json_default(x):
     return float(x) if hasattr(x, "__float__") else str(x)
-
-
-def _finite(x):
-    return None if x is None or not math.isfinite(x) else x
 
 
 # -------------------------------------------------------------------------------------------------
@@ -744,7 +741,6 @@ def main(argv=None):
     elif "rl" in sections:
         C.fail("rl", "torchrun", "skipped: no model folder (the model check failed)")
     if not a.work_dir:
-        import shutil
         shutil.rmtree(work, ignore_errors=True)
     C.save()
     C.log(f"{len(C.res['failures'])} failure(s); wrote {C.out} and {C.out.with_suffix('.md')}")
