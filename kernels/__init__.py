@@ -1,11 +1,12 @@
-"""Fused kernels for the RL loss (issue 4).
+"""Fused kernels for the RL loss.
 
-- group_normalize: grouped advantage normalization (SPEC section 6)
-- fused_logprob:   lm_head log-prob / entropy without the (N, V) logits
-- ppo_loss:        per-token dual-clip PPO loss + k3 KL and its gradient in one pass (SPEC section 7)
+- group_normalize: grouped advantage normalization (docs/method.md §6)
+- fused_logprob:   lm_head log-prob / entropy without the (N, V) logits (docs/method.md §7)
+- ppo_loss:        per-token dual-clip PPO loss + k3 KL and its gradient in one pass (docs/method.md §7)
 
-Each op: Triton kernels (CUDA; CPU only under TRITON_INTERPRET=1 with UIS1_FORCE_TRITON=1), an
-autograd wrapper, and `<op>_ref`, a pure-torch reference that is also the CPU path.
+Each op: Triton kernels, an autograd wrapper, and `<op>_ref`, a pure-torch reference that is also
+the CPU path. Which one runs is decided in one place, kernels/_dispatch.py: Triton on CUDA tensors
+(CPU only under TRITON_INTERPRET=1 with UIS1_FORCE_TRITON=1), the reference otherwise.
 """
 
 from kernels.group_norm import group_normalize, group_normalize_ref

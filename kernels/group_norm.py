@@ -1,4 +1,4 @@
-"""Grouped advantage normalization (SPEC section 6).
+"""Grouped advantage normalization (docs/method.md §6).
 
 For scores s (M,) and integer group ids g (M,) -- ids arbitrary, unsorted, non-contiguous:
 
@@ -10,10 +10,17 @@ where G is the group of i and n_G its size. Two rules that keep the output exact
 1. A group of size 1 gives 0 (no baseline to compare against).
 2. A group whose scores are all equal gives exactly 0. Without this rule fp rounding residue in
    mean_G (e.g. three 0.1s do not sum to exactly 0.3) turns into a "std" of ~1e-8 and
-   residue / (residue + eps) of order 0.01 instead of 0 (SPEC section 11, numerics).
+   residue / (residue + eps) of order 0.01 instead of 0 (docs/method.md §11, numerics).
    Rule 1 is a special case of rule 2 (min == max).
 
 Advantages are constants of the PPO objective, so group_normalize returns a tensor without grad.
+
+Where it runs in training: advantage.py calls group_normalize on the rollout records' returns,
+which are CPU tensors, so train_semionline.py takes the fp64 reference on every device; a step has
+tasks x rollouts x steps scores (hundreds), far too few for a kernel launch to pay. The Triton
+kernel serves GPU callers with many groups on the device (it is tested, and timed by
+bench/gpu_check.py, at up to millions of scores) and runs only when scores are on CUDA or
+UIS1_FORCE_TRITON=1.
 
 Triton path: the launcher maps ids to dense 0..G-1 (torch.unique) and sorts token indices by group
 (stable argsort), so group g owns the segment order[starts[g] : starts[g] + counts[g]]. One program
@@ -22,12 +29,11 @@ two-pass form, no E[x^2] - E[x]^2 cancellation) in fp32 and scatters the result 
 `order`. The reference computes in fp64; it is also the CPU path.
 """
 
-import os
-
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
+
+from kernels._dispatch import check_runnable, use_triton
 
 MODES = ("mean_std", "mean")
 
@@ -97,12 +103,6 @@ def _group_norm_fwd_kernel(
 # launcher, reference, dispatch
 
 
-def _interpreted(kernel):
-    """True when `kernel` and triton's own library (tl.sum, ...) were built for the CPU interpreter:
-    the @triton.jit decorator reads TRITON_INTERPRET, so it must be 1 before triton is first imported."""
-    return isinstance(kernel, InterpretedFunction) and isinstance(tl.sum, InterpretedFunction)
-
-
 def _check(scores, group_ids, mode, eps):
     if mode not in MODES:
         raise ValueError(f"group_normalize: mode must be one of {MODES}, got {mode!r}")
@@ -122,13 +122,10 @@ def _check(scores, group_ids, mode, eps):
 
 
 def group_normalize_triton(scores, group_ids, mode="mean_std", eps=1e-6, block=128):
-    """Triton path (CUDA, or CPU under TRITON_INTERPRET=1). Same contract as group_normalize."""
+    """Triton path (CUDA, or CPU under TRITON_INTERPRET=1). Same contract and errors as group_normalize;
+    block = scores per loop iteration of a program. Statistics in fp32 (the reference: fp64)."""
     _check(scores, group_ids, mode, eps)
-    if not (scores.is_cuda or _interpreted(_group_norm_fwd_kernel)):
-        raise RuntimeError(
-            "group_normalize: the Triton path on CPU needs TRITON_INTERPRET=1 set before triton is first "
-            "imported (or unset UIS1_FORCE_TRITON to use the torch reference)"
-        )
+    check_runnable(_group_norm_fwd_kernel, scores, "group_normalize")
     M = scores.numel()
     out = torch.empty(M, dtype=torch.float32, device=scores.device)
     if M == 0:
@@ -152,7 +149,12 @@ def group_normalize_triton(scores, group_ids, mode="mean_std", eps=1e-6, block=1
 
 @torch.no_grad()
 def group_normalize_ref(scores, group_ids, mode="mean_std", eps=1e-6):
-    """Pure-torch reference (fp64 internally) and CPU path. Returns (M,) fp32, no grad."""
+    """Pure-torch reference (fp64 internally) and CPU path. Returns (M,) fp32, no grad.
+
+    Raises:
+        ValueError: mode not in MODES; scores and group_ids not both (M,); different devices; eps < 0.
+        TypeError: scores not floating point; group_ids not an integer tensor.
+    """
     _check(scores, group_ids, mode, eps)
     s = scores.detach().to(torch.float64)  # (M,)
     if s.numel() == 0:
@@ -179,8 +181,16 @@ def group_normalize_ref(scores, group_ids, mode="mean_std", eps=1e-6):
 def group_normalize(scores, group_ids, mode="mean_std", eps=1e-6):
     """(M,) scores, (M,) integer group ids -> (M,) fp32 group-normalized scores (see module doc).
 
-    Triton on CUDA (or with UIS1_FORCE_TRITON=1), the fp64 torch reference otherwise.
+    The step- and episode-level advantage normalisation of docs/method.md §6 (GRPO-style; UI-S1
+    paper, section 3). Triton on CUDA (or with UIS1_FORCE_TRITON=1; see kernels/_dispatch.py), the
+    fp64 torch reference otherwise.
+
+    Raises:
+        ValueError: mode not in MODES; scores and group_ids not both (M,); different devices; eps < 0.
+        TypeError: scores not floating point; group_ids not an integer tensor.
+        RuntimeError: the Triton path forced on CPU without the interpreter (TRITON_INTERPRET=1),
+            or on a device that is neither CUDA nor CPU.
     """
-    if scores.is_cuda or os.environ.get("UIS1_FORCE_TRITON", "0") == "1":
+    if use_triton(scores):
         return group_normalize_triton(scores, group_ids, mode=mode, eps=eps)
     return group_normalize_ref(scores, group_ids, mode=mode, eps=eps)

@@ -46,12 +46,12 @@ Reference path (`fused_logprob_ref`, the CPU path): the same math in fp32 torch,
 """
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
+
+from kernels._dispatch import check_runnable, use_triton
 
 _REF_CHUNK_BYTES = 64 << 20  # fp32 logits per chunk on the reference path
 _TRITON_CHUNK_BYTES = 512 << 20  # dz buffer per chunk on the Triton backward
@@ -215,12 +215,6 @@ def _logprob_bwd_kernel(
 # launchers
 
 
-def _interpreted(kernel):
-    """True when `kernel` and triton's own library (tl.sum, ...) were built for the CPU interpreter:
-    the @triton.jit decorator reads TRITON_INTERPRET, so it must be 1 before triton is first imported."""
-    return isinstance(kernel, InterpretedFunction) and isinstance(tl.sum, InterpretedFunction)
-
-
 def _check_inputs(hidden, weight, targets, temperature, where):
     if hidden.dim() != 2 or weight.dim() != 2 or targets.dim() != 1:
         raise ValueError(
@@ -255,11 +249,7 @@ def _triton_config(hidden):
         # 128x128 fp32 accumulator tile over 8 warps, BLOCK_H 64: the usual Hopper/Ampere GEMM tile.
         fp32_prec = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"  # follow torch's matmul
         return 128, 128, 64, 8, 3, False, (fp32_prec if hidden.dtype == torch.float32 else "tf32")
-    if not _interpreted(_logprob_fwd_kernel):
-        raise RuntimeError(
-            "fused_logprob: the Triton path on CPU needs TRITON_INTERPRET=1 set before triton is first "
-            "imported (or unset UIS1_FORCE_TRITON to use the torch reference)"
-        )
+    check_runnable(_logprob_fwd_kernel, hidden, "fused_logprob")
     return 16, 32, 16, 1, 1, True, "ieee"  # interpreter: tiny tiles, fp32 arithmetic
 
 
@@ -499,14 +489,18 @@ class _LogProb(torch.autograd.Function):
         return dh, dw, None, None, None, None, None, None
 
 
-def _use_triton(hidden):
-    return hidden.is_cuda or os.environ.get("UIS1_FORCE_TRITON", "0") == "1"
-
-
 def fused_logprob_ref(hidden, weight, targets, temperature=1.0, return_entropy=False, ignore_index=-100,
                       chunk_size=None):
     """Pure-torch chunked reference (the CPU path). Same contract as fused_logprob; chunk_size = tokens
-    per chunk (default: 64 MiB of fp32 logits)."""
+    per chunk (default: 64 MiB of fp32 logits). Computes in fp32 whatever the input dtypes (hidden and
+    weight may differ); dh and dW come back in hidden's and weight's dtype.
+
+    Raises:
+        ValueError: hidden not (N, H), weight not (V, H) or targets not (N,); mismatched N or H;
+            tensors on different devices; temperature not a positive finite number; a target
+            outside [0, V) that is not ignore_index; chunk_size < 1.
+        TypeError: hidden or weight not floating point; targets not int64.
+    """
     logp, ent = _LogProb.apply(hidden, weight, targets, float(temperature), ignore_index, return_entropy,
                                False, chunk_size)
     return (logp, ent) if return_entropy else logp
@@ -517,10 +511,20 @@ def fused_logprob(hidden, weight, targets, temperature=1.0, return_entropy=False
 
     hidden (N, H) any float dtype, weight (V, H) (lm_head or tied embedding), targets (N,) int64.
     Returns logp (N,) fp32, or (logp, entropy) with return_entropy. Positions with
-    target == ignore_index give 0 and no gradient. Differentiable w.r.t. hidden and weight.
-    Triton on CUDA (or UIS1_FORCE_TRITON=1), the chunked torch reference otherwise.
+    target == ignore_index give 0 and no gradient. Differentiable w.r.t. hidden and weight; dh and dW
+    come back in the input dtype. Triton on CUDA (or UIS1_FORCE_TRITON=1; see kernels/_dispatch.py),
+    the chunked torch reference (fused_logprob_ref) otherwise. The math is the module docstring's.
+
+    Raises:
+        ValueError: hidden not (N, H), weight not (V, H) or targets not (N,); mismatched N or H;
+            tensors on different devices; temperature not a positive finite number; a target
+            outside [0, V) that is not ignore_index.
+        TypeError: hidden or weight not floating point; targets not int64; (Triton) hidden and
+            weight of different dtypes.
+        RuntimeError: the Triton path forced on CPU without the interpreter (TRITON_INTERPRET=1),
+            or on a device that is neither CUDA nor CPU.
     """
-    if not _use_triton(hidden):
+    if not use_triton(hidden):
         return fused_logprob_ref(hidden, weight, targets, temperature, return_entropy, ignore_index)
     logp, ent = _LogProb.apply(hidden, weight, targets, float(temperature), ignore_index, return_entropy, True, None)
     return (logp, ent) if return_entropy else logp

@@ -1,4 +1,4 @@
-"""Per-token PPO loss with dual-clip and k3 KL (SPEC section 7; verl's compute_policy_loss and
+"""Per-token PPO loss with dual-clip and k3 KL (docs/method.md §7; verl's compute_policy_loss and
 kl_penalty("low_var_kl"), as the UI-S1 release uses them). Forward and d loss / d logp in one pass.
 
 Per token, with A the advantage and m the mask:
@@ -19,7 +19,7 @@ d loss / d logp (clamps pass gradient only inside [lo, hi], inclusive, as torch.
     d kl  = -(exp(d) - 1) 1[|ref - logp| <= lrc] 1[|exp(d) - d - 1| <= kl_clamp]
 
 Clamping the log-ratios before exp is what keeps a stale or far-off token from overflowing into
-inf/NaN (SPEC section 11, "k3 KL overflow into NaN gradients"). Masked tokens (mask == 0) are zeroed
+inf/NaN (docs/method.md §11, "k3 KL overflow into NaN gradients"). Masked tokens (mask == 0) are zeroed
 with a select, not a multiply, so NaN/inf garbage in padded positions cannot leak into the loss or the
 gradient. Only logp gets a gradient: old_logp, ref_logp and adv are constants of the objective.
 
@@ -31,12 +31,11 @@ Triton path: `_ppo_loss_fwd_kernel` computes the loss, the stats and d loss / d 
 the tokens and saves the derivative; the backward is grad_out * dlogp.
 """
 
-import os
-
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
+
+from kernels._dispatch import check_runnable, use_triton
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -114,12 +113,6 @@ def _ppo_loss_fwd_kernel(
 # launcher
 
 
-def _interpreted(kernel):
-    """True when `kernel` and triton's own library (tl.sum, ...) were built for the CPU interpreter:
-    the @triton.jit decorator reads TRITON_INTERPRET, so it must be 1 before triton is first imported."""
-    return isinstance(kernel, InterpretedFunction) and isinstance(tl.sum, InterpretedFunction)
-
-
 def _check(logp, old_logp, adv, mask, ref_logp):
     named = {"old_logp": old_logp, "adv": adv, "mask": mask}
     if ref_logp is not None:
@@ -138,15 +131,10 @@ def _ppo_loss_fwd_triton(logp, old_logp, adv, mask, ref_logp, clip_low, clip_hig
                          log_ratio_clamp, block=1024):
     """-> loss, dlogp, ratio, clipped, dual_clipped, kl: all (N,) fp32."""
     _check(logp, old_logp, adv, mask, ref_logp)
-    if logp.is_cuda:
-        num_warps = 4
-    elif _interpreted(_ppo_loss_fwd_kernel):
+    check_runnable(_ppo_loss_fwd_kernel, logp, "ppo_loss")
+    num_warps = 4
+    if not logp.is_cuda:  # interpreter: small blocks
         num_warps, block = 1, 64
-    else:
-        raise RuntimeError(
-            "ppo_loss: the Triton path on CPU needs TRITON_INTERPRET=1 set before triton is first imported "
-            "(or unset UIS1_FORCE_TRITON to use the torch reference)"
-        )
     shape = logp.shape
     flat = [t.detach().contiguous().view(-1) for t in (logp, old_logp, adv)]
     m = (mask.detach() != 0).to(torch.int8).contiguous().view(-1)
@@ -200,7 +188,13 @@ class _PPOLoss(torch.autograd.Function):
 
 def ppo_loss_ref(logp, old_logp, adv, mask, ref_logp=None, clip_low=0.2, clip_high=0.2, clip_c=3.0, kl_coef=1e-4,
                  kl_clamp=10.0, log_ratio_clamp=20.0):
-    """Pure-torch reference and CPU path; the gradient w.r.t. logp comes from autograd."""
+    """Pure-torch reference and CPU path, in fp32; the gradient w.r.t. logp comes from autograd.
+    Same contract as ppo_loss.
+
+    Raises:
+        ValueError: old_logp, adv, mask or ref_logp of another shape or device than logp.
+        TypeError: logp, old_logp, adv or ref_logp not floating point.
+    """
     _check(logp, old_logp, adv, mask, ref_logp)
     m = mask != 0
     zero = torch.zeros((), dtype=torch.float32, device=logp.device)
@@ -239,9 +233,19 @@ def ppo_loss(logp, old_logp, adv, mask, ref_logp=None, clip_low=0.2, clip_high=0
              kl_clamp=10.0, log_ratio_clamp=20.0):
     """Per-token PPO loss (N,) fp32 (0 where mask == 0) and stats {'ratio', 'clipped', 'dual_clipped', 'kl'}.
 
-    Differentiable w.r.t. logp only. Triton on CUDA (or UIS1_FORCE_TRITON=1), the torch reference otherwise.
+    logp, old_logp, adv (and ref_logp) any float dtype, mask any dtype (nonzero = token counts), all
+    of one shape (any, typically (N,)). The formulas are the module docstring's (verl's dual-clip
+    policy loss and low_var_kl, as the UI-S1 release uses them; docs/method.md §7). Differentiable
+    w.r.t. logp only; its gradient comes back in logp's dtype. Triton on CUDA (or
+    UIS1_FORCE_TRITON=1; see kernels/_dispatch.py), ppo_loss_ref otherwise.
+
+    Raises:
+        ValueError: old_logp, adv, mask or ref_logp of another shape or device than logp.
+        TypeError: logp, old_logp, adv or ref_logp not floating point.
+        RuntimeError: the Triton path forced on CPU without the interpreter (TRITON_INTERPRET=1),
+            or on a device that is neither CUDA nor CPU.
     """
-    if not (logp.is_cuda or os.environ.get("UIS1_FORCE_TRITON", "0") == "1"):
+    if not use_triton(logp):
         return ppo_loss_ref(logp, old_logp, adv, mask, ref_logp, clip_low, clip_high, clip_c, kl_coef, kl_clamp,
                             log_ratio_clamp)
     loss, ratio, clipped, dual, kl = _PPOLoss.apply(

@@ -8,7 +8,7 @@ naive computation in fp64 on the same (possibly bf16-rounded) input values.
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"  # before any import of triton / kernels
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any import of triton; "0": compiled (the CUDA tests)
 
 import importlib  # noqa: E402
 import json  # noqa: E402
@@ -49,6 +49,12 @@ needs_interpreter = pytest.mark.skipif(not INTERPRETER_OK, reason="triton import
 # worst errors are 5-10x below these). fp32: the kernels' own fp32 rounding. bf16: logp/entropy are
 # still accumulated in fp32, so as tight as fp32; gradients come back in bf16 and the Triton path keeps
 # dL/dz in bf16 for its GEMMs (as a bf16 naive path would), whose terms partly cancel: ~2^-6 absolute.
+# The CUDA tests (test_cuda_*) need compiled kernels: they run when CUDA is there and TRITON_INTERPRET is
+# not 1, which test_cuda_tests_in_fresh_process arranges in a subprocess.
+CUDA_COMPILED = torch.cuda.is_available() and not isinstance(lp_mod._logprob_fwd_kernel, InterpretedFunction)
+needs_cuda = pytest.mark.skipif(not CUDA_COMPILED, reason="needs a CUDA GPU and compiled Triton kernels "
+                                "(TRITON_INTERPRET=0; run by test_cuda_tests_in_fresh_process)")
+
 TOL_VALUE = {torch.float32: (1e-5, 1e-6), torch.bfloat16: (1e-5, 1e-6)}
 TOL_GRAD = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2)}
 
@@ -509,6 +515,23 @@ def test_dispatch_triton_when_forced(monkeypatch):
                                                   "_ppo_loss_fwd_triton"])
 
 
+def test_dispatch_one_switch_and_clear_errors(monkeypatch):
+    """kernels/_dispatch.py decides for every op; a kernel that cannot run raises a RuntimeError that
+    names the op (here: a plain function is not an interpreted kernel, a meta tensor is not CUDA)."""
+    from kernels import _dispatch
+
+    monkeypatch.delenv("UIS1_FORCE_TRITON", raising=False)
+    assert not _dispatch.use_triton(torch.zeros(1))
+    monkeypatch.setenv("UIS1_FORCE_TRITON", "1")
+    assert _dispatch.use_triton(torch.zeros(1))
+    with pytest.raises(RuntimeError, match="my_op: the Triton path on CPU needs TRITON_INTERPRET=1"):
+        _dispatch.check_runnable(lambda: None, torch.zeros(1), "my_op")
+    with pytest.raises(RuntimeError, match="my_op: .*got meta"):
+        _dispatch.check_runnable(lp_mod._logprob_fwd_kernel, torch.zeros(1, device="meta"), "my_op")
+    for mod in (lp_mod, ppo_mod, gn_mod):  # no module keeps a switch of its own
+        assert not hasattr(mod, "_interpreted") and not hasattr(mod, "_use_triton")
+
+
 @pytest.mark.skipif(INTERPRETER_OK, reason="the Triton-path tests already ran in this process")
 def test_interpreter_tests_in_fresh_process():
     env = dict(os.environ, TRITON_INTERPRET="1")
@@ -518,3 +541,201 @@ def test_interpreter_tests_in_fresh_process():
     tail = proc.stdout[-3000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, tail
     assert " passed" in tail and "skipped" not in tail, tail
+
+
+# ---------------------------------------------------------------------------------------------------
+# CUDA: the compiled kernels at the GPU path's tiles (fused_logprob: 128 x 128 tiles, BLOCK_H 64;
+# ppo_loss: 1024 per program; group_normalize: 128 per loop step), vocabulary and hidden-size tails,
+# int64 offsets past 2^31 elements, bf16 against fp32 truth.
+
+
+def free_gib():
+    return torch.cuda.mem_get_info()[0] / 2**30
+
+
+def logprob_fp32_truth(h, W, y, g_logp, g_ent, chunk=1024):
+    """Full fp32 logits (TF32 off), log_softmax, autograd, chunked over tokens -> logp, ent, dh, dW (fp32)."""
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        W32 = W.detach().float().requires_grad_()
+        outs = []
+        for c0 in range(0, h.shape[0], chunk):
+            hc = h[c0:c0 + chunk].detach().float().requires_grad_()
+            yc = y[c0:c0 + chunk]
+            valid = yc != -100
+            lp = torch.log_softmax(hc @ W32.T, dim=-1)
+            lpy = torch.where(valid, lp.gather(1, torch.where(valid, yc, 0)[:, None]).squeeze(1), 0.0)
+            en = torch.where(valid, -(lp.exp() * lp).sum(-1), 0.0)
+            ((lpy * g_logp[c0:c0 + chunk]).sum() + (en * g_ent[c0:c0 + chunk]).sum()).backward()
+            outs.append((lpy.detach(), en.detach(), hc.grad))
+            del lp
+        return (torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs]), torch.cat([o[2] for o in outs]),
+                W32.grad)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+def cuda_case(N, H, V, dtype, seed, n_ignored=3):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    h = (torch.randn(N, H, generator=g, device="cuda") * 3).to(dtype)
+    W = (torch.randn(V, H, generator=g, device="cuda") / H**0.5).to(dtype)
+    y = torch.randint(0, V, (N,), generator=g, device="cuda")
+    y[:4] = V - 1 - torch.arange(4, device="cuda")  # targets in the vocabulary's tail tile
+    y[4:4 + n_ignored] = -100
+    return h, W, y, torch.randn(N, generator=g, device="cuda"), torch.randn(N, generator=g, device="cuda")
+
+
+def fused_fwd_bwd(h, W, y, g_logp, g_ent, fn=None):
+    h = h.detach().clone().requires_grad_()
+    W = W.detach().clone().requires_grad_()
+    logp, ent = (fn or fused_logprob)(h, W, y, return_entropy=True)
+    ((logp * g_logp).sum() + (ent * g_ent).sum()).backward()
+    return logp.detach(), ent.detach(), h.grad, W.grad
+
+
+def naive_same_dtype(h, W, y, return_entropy=True):
+    """The textbook path in the input dtype: logits h @ W.T in bf16/fp32, then fp32 log_softmax."""
+    valid = y != -100
+    lp = torch.log_softmax((h @ W.T).float(), dim=-1)
+    logp = torch.where(valid, lp.gather(1, torch.where(valid, y, 0)[:, None]).squeeze(1), 0.0)
+    return logp, torch.where(valid, -(lp.exp() * lp).sum(-1), 0.0)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N,H,V", [(300, 3584, 151937), (4100, 3584, 1000), (257, 200, 152064)])
+def test_cuda_logprob_gpu_tiles_vs_fp32_truth(dtype, N, H, V):
+    """V = 151,937 and 1,000 end in a partial 128-wide vocabulary tile, H = 200 in a partial 64-wide
+    k-step, N is never a multiple of the 128-row tile. logp and entropy accumulate in fp32 whatever
+    the input dtype; the gradients must be at least as accurate as the textbook path in that dtype."""
+    assert lp_mod._triton_config(torch.empty(1, device="cuda", dtype=dtype))[:3] == (128, 128, 64)
+    h, W, y, g_logp, g_ent = cuda_case(N, H, V, dtype, seed=N + V)
+    got = fused_fwd_bwd(h, W, y, g_logp, g_ent)
+    naive = fused_fwd_bwd(h, W, y, g_logp, g_ent, fn=naive_same_dtype)
+    truth = logprob_fp32_truth(h, W, y, g_logp, g_ent)
+    for a, b, t, what in zip(got, naive, truth, ("logp", "entropy", "dh", "dW")):
+        assert torch.isfinite(a).all(), what
+        err, err_naive = (a.float() - t).abs().max().item(), (b.float() - t).abs().max().item()
+        scale = t.abs().max().item()
+        if what in ("logp", "entropy"):
+            assert err <= 1e-4 + 1e-5 * scale, f"{what}: err {err:.3e}"  # fp32 accumulation in both dtypes
+        else:
+            assert err <= 2 * err_naive + 1e-5 * scale, f"{what}: err {err:.3e} vs textbook {err_naive:.3e}"
+            assert err <= (2e-2 if dtype == torch.bfloat16 else 1e-4) * scale, f"{what}: rel err {err / scale:.3e}"
+    assert (got[0][4:7] == 0).all() and (got[2][4:7] == 0).all()  # ignored positions
+
+
+@needs_cuda
+@pytest.mark.parametrize("which", ["weight", "hidden"])
+def test_cuda_logprob_int64_offsets(which):
+    """More than 2^31 elements in W (V = 151,937 rows of H = 14,208) or in hidden (N = 599,785 rows of
+    3,584): offsets past 2^31 must not wrap. The rows read there (the vocabulary's end, the last tokens)
+    are checked against the fp32 truth."""
+    if free_gib() < 48:
+        pytest.skip(f"needs ~48 GiB of free GPU memory, {free_gib():.0f} free")
+    N, H, V = (130, 14208, 151937) if which == "weight" else (2**31 // 3584 + 300, 3584, 1000)
+    assert (V if which == "weight" else N) * H > 2**31
+    h, W, y, g_logp, g_ent = cuda_case(N, H, V, torch.bfloat16, seed=5)
+    y[-4:] = V - 1  # the last tokens target the last vocabulary row
+    logp, ent, dh, dW = fused_fwd_bwd(h, W, y, g_logp, g_ent)
+    rows = slice(None) if which == "weight" else slice(N - 2048, N)  # past 2^31 elements of hidden
+    t_logp, t_ent, t_dh, t_dW = logprob_fp32_truth(h[rows], W, y[rows], g_logp[rows], g_ent[rows])
+    close(logp[rows], t_logp, (1e-4, 1e-5), "logp")
+    close(ent[rows], t_ent, (1e-4, 1e-5), "entropy")
+    scale = t_dh.abs().max().item()
+    assert (dh[rows].float() - t_dh).abs().max().item() <= 2e-2 * scale, "dh"
+    if which == "weight":  # dW over all tokens; its last rows lie past 2^31 elements
+        scale = t_dW.abs().max().item()
+        assert (dW[-1000:].float() - t_dW[-1000:]).abs().max().item() <= 2e-2 * scale, "dW tail rows"
+        assert dW[-1].abs().max() > 0  # the target V - 1 got its gradient
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_ppo_loss_vs_release(dtype):
+    """1,000,003 tokens (a partial last 1024-token program), bf16 and fp32 inputs, fp64 release truth."""
+    N = 1_000_003
+    g = torch.Generator(device="cuda").manual_seed(4)
+    old = -torch.rand(N, generator=g, device="cuda") * 5
+    logp = old + torch.randn(N, generator=g, device="cuda") * 0.6
+    logp[:2000] = old[:2000] + torch.randn(2000, generator=g, device="cuda") * 40  # past the +-20 clamp
+    ref = logp + torch.randn(N, generator=g, device="cuda") * 2
+    adv = torch.randn(N, generator=g, device="cuda") * 2
+    mask = torch.rand(N, generator=g, device="cuda") > 0.2
+    logp, old, ref, adv = (t.to(dtype) for t in (logp, old, ref, adv))
+    x = logp.clone().requires_grad_()
+    loss, stats = ppo_loss(x, old, adv, mask, ref_logp=ref, kl_coef=0.1)
+    loss.sum().backward()
+    y = logp.double().clone().requires_grad_()
+    want, kl = verl_policy_loss(y, old.double(), adv.double(), mask, ref.double(), kl_coef=0.1)
+    want.sum().backward()
+    close(loss.detach().cpu(), want.detach().cpu(), (1e-5, 1e-5), "loss")
+    close(x.grad.cpu(), y.grad.cpu(), {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1e-2, 1e-2)}[dtype], "grad")
+    close(stats["kl"].cpu(), torch.where(mask, kl, 0).detach().cpu(), (1e-5, 1e-5), "kl")
+
+
+@needs_cuda
+def test_cuda_ppo_loss_int64_offsets():
+    """2^31 + 1,000 tokens: the programs past 2^31 / 1024 must read and write their own tokens. The op is
+    per token, so the reference on the last 1M tokens alone is the truth there."""
+    if free_gib() < 80:
+        pytest.skip(f"needs ~80 GiB of free GPU memory, {free_gib():.0f} free")
+    N = 2**31 + 1000
+    g = torch.Generator(device="cuda").manual_seed(6)
+    old = (-torch.rand(N, generator=g, device="cuda") * 5).bfloat16()
+    logp = (old.float() + torch.randn(N, generator=g, device="cuda") * 0.5).bfloat16()
+    adv = torch.randn(N, generator=g, device="cuda").bfloat16()
+    mask = torch.ones(N, dtype=torch.bool, device="cuda")
+    loss, stats = ppo_loss(logp, old, adv, mask, kl_coef=0.0)
+    tail = slice(N - 2**20, N)
+    want, want_stats = ppo_loss_ref(logp[tail], old[tail], adv[tail], mask[tail], kl_coef=0.0)
+    close(loss[tail].cpu(), want.cpu(), (1e-5, 1e-5), "loss past 2^31")
+    close(stats["ratio"][tail].cpu(), want_stats["ratio"].cpu(), (1e-5, 1e-5), "ratio past 2^31")
+
+
+@needs_cuda
+@pytest.mark.parametrize("mode", ["mean_std", "mean"])
+def test_cuda_group_normalize_vs_ref(mode):
+    """3M scores in 1,000 unsorted groups (each spans many 128-score loop steps) plus constant groups."""
+    M = 3_000_017
+    g = torch.Generator(device="cuda").manual_seed(8)
+    ids = torch.randint(0, 1000, (M,), generator=g, device="cuda") * 13 - 4000
+    scores = torch.randn(M, generator=g, device="cuda") * 3 + 1
+    scores[ids == -4000] = 0.7  # a constant group: exactly 0
+    got = group_normalize(scores, ids, mode=mode)
+    want = group_normalize_ref(scores, ids, mode=mode)
+    close(got.cpu(), want.cpu(), (1e-4, 1e-4), mode)
+    assert (got[ids == -4000] == 0).all()
+
+
+@needs_cuda
+def test_cuda_group_normalize_int64_offsets():
+    """2^31 + 2,048 scores in 1,024 groups, group r = every 1,024th score from r: every group has
+    scores past 2^31 elements. Scores alternate 0, 1 within a group (an even count), so every output
+    is known in closed form: (s - 1/2) / (std + eps), std = sqrt(n / 4 / (n - 1))."""
+    if free_gib() < 110:
+        pytest.skip(f"needs ~110 GiB of free GPU memory, {free_gib():.0f} free")
+    G, M = 1024, 2**31 + 2048
+    i = torch.arange(M, device="cuda")
+    ids = (i % G).int()
+    scores = ((i // G) % 2).float()
+    del i
+    got = group_normalize(scores, ids)
+    n = M // G
+    a = 0.5 / (math.sqrt(n / 4 / (n - 1)) + 1e-6)
+    want = torch.where(scores > 0, a, -a)
+    assert (got - want).abs().max().item() < 1e-5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or CUDA_COMPILED,
+                    reason="no GPU, or the CUDA tests already ran in this process")
+def test_cuda_tests_in_fresh_process():
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    env.pop("UIS1_FORCE_TRITON", None)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.abspath(__file__), "-k",
+           "test_cuda_ and not fresh_process"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=1800)
+    tail = proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, tail
+    assert " passed" in tail, tail

@@ -1,0 +1,752 @@
+"""GPU readiness check: the whole CUDA path in one command, one JSON and one Markdown summary.
+
+Sections, each check in its own try/except (a failure is recorded with its error and the rest runs):
+
+  env      versions (python, torch, CUDA, NCCL, triton, transformers, flash-attn), the GPU.
+  kernels  fused lm_head log-prob + entropy (kernels.fused_logprob) at the 7B shapes (H 3584,
+           V 152,064, N 4,096 and 16,384, bf16): forward and backward error against an fp32 torch
+           truth (full fp32 logits, autograd), time and peak memory against the bare lm_head GEMM
+           forward + backward and against the naive path (bf16 logits materialised, log_softmax);
+           kernels.ppo_loss and kernels.group_normalize: error against their torch references, time.
+  model    a randomly initialised Qwen2.5-VL built from the 7B config in assets/ (real hidden size,
+           vocabulary and 32-block vision tower) with --layers decoder layers, bf16, saved with the
+           real tokenizer to a temporary folder (nothing is downloaded).
+  sampler  rollout.Sampler vs Hugging Face `generate` in bf16 on the group workload (8 tasks x 8
+           rollouts), one real-size 1080x2400 screenshot per prompt: generated tokens per second.
+  rl       two semi-online RL steps of that model: `torchrun --nproc_per_node=1 train_semionline.py`
+           on AndroidControl episodes with blank 1080x2400 screens; from its metrics.jsonl: seconds
+           per phase, finite loss, first_ratio_dev, sampler_logp_gap; peak GPU memory sampled while
+           it runs.
+
+    python bench/gpu_check.py                     # one GPU: 7B shapes, budget 450 s
+    python bench/gpu_check.py --dry-run           # CPU: tiny shapes, Triton interpreter, ~1 minute
+
+Writes --out (default results/gpu_check.json) and the same name with .md after every check, so a
+run cut short still leaves what it measured; the last stdout line is the JSON. A dry run writes
+exactly the keys of a GPU run (values null where a figure does not exist on CPU, e.g. GPU memory).
+
+Choices made to fit 8 minutes on one H200 (each has a flag):
+- rl uses --rl-max-pixels 1003520 (the paper's training setting, 1280 * 28 * 28: 1080x2400 ->
+  672x1484, 1,272 image tokens per screenshot), not the processor default 12800 * 28 * 28 (1092x2408,
+  3,354 tokens) that the sampler section uses: at world size 1 the trainer keeps fp32 weights and
+  Adam state (~44 GB for 2.7 B parameters) and stores the activations of all 32 vision blocks for the
+  backward; two full-size screenshots per sequence would add an estimated ~70 GB more.
+- the trainer writes a full fp32 checkpoint with optimizer state (~33 GB) after its last step; the
+  check stops it once the last step's metrics row is written (--rl-wait-checkpoint waits instead).
+"""
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ANDROID_DATA = REPO / "data" / "android_control" / "android_control_train_example_uis1.jsonl"
+CONFIG_7B = REPO / "assets" / "qwen2_5_vl_tokenizer" / "config.json"
+
+PACKAGES = ("PIL", "safetensors", "tokenizers", "tqdm", "einops")  # what the stages import besides torch
+# Every key a run writes, GPU or dry: sections start from this and are filled in as checks pass.
+_LOGPROB_ROW = {
+    "n": None, "h": None, "v": None, "dtype": None,
+    "err_logp_max_abs": None, "err_entropy_max_abs": None, "err_dh_max_abs": None, "err_dh_rel": None,
+    "err_dw_max_abs": None, "err_dw_rel": None,
+    "naive_err_logp_max_abs": None, "naive_err_dh_rel": None, "naive_err_dw_rel": None,
+    "time_fused_s": None, "time_naive_s": None, "time_matmul_fwd_s": None, "time_matmul_fwd_bwd_s": None,
+    "fused_over_matmul_fwd_bwd": None, "fused_over_naive": None,
+    "peak_mem_fused_bytes": None, "peak_mem_naive_bytes": None, "peak_mem_matmul_bytes": None,
+}
+SCHEMA = {
+    "meta": {"mode": None, "argv": None, "started": None, "budget_s": None, "total_s": None,
+             "sections_s": {"env": None, "kernels": None, "model": None, "sampler": None, "rl": None}},
+    "env": {"python": None, "platform": None, "torch": None, "torch_cuda": None, "cudnn": None, "nccl": None,
+            "triton": None, "transformers": None, "transformers_pinned": None, "numpy": None, "flash_attn": None,
+            "device": None, "device_capability": None, "device_memory_bytes": None, "device_count": None,
+            "cpu_count": None, "triton_interpret": None, "packages": {m: None for m in PACKAGES}},
+    "kernels": {"logprob": [], "ppo_loss": {"n": None, "err_loss_max_abs": None, "err_grad_max_abs": None,
+                                            "err_kl_max_abs": None, "time_kernel_s": None, "time_ref_s": None},
+                "group_norm": {"m": None, "groups": None, "err_max_abs": None, "time_kernel_s": None,
+                               "time_ref_s": None}},
+    "model": {"layers": None, "hidden_size": None, "vocab_size": None, "vision_depth": None, "params": None,
+              "dtype": None, "attn_implementation": None, "build_s": None, "save_s": None},
+    "sampler": {"tasks": None, "rollouts": None, "max_new_tokens": None, "max_pixels": None, "image_tokens": None,
+                "prompt_tokens_mean": None, "tok_s_ours": None, "tok_s_hf": None, "ratio": None,
+                "time_ours_s": None, "time_hf_s": None, "prefill_tokens_ours": None, "prefill_tokens_hf": None,
+                "peak_mem_ours_bytes": None, "peak_mem_hf_bytes": None},
+    "rl": {"command": None, "returncode": None, "stopped_by_check": None, "steps_done": None, "max_pixels": None,
+           "launch_to_first_row_s": None, "wall_s": None, "time_rollout_s": [], "time_logp_s": [],
+           "time_update_s": [], "time_step_s": [], "loss": [], "loss_finite": None, "first_ratio_dev": [],
+           "sampler_logp_gap": [], "peak_gpu_mem_bytes": None, "fsdp_wraps_at_world_size_1": None, "rows": []},
+    "failures": [],
+}
+
+# -------------------------------------------------------------------------------------------------
+# config
+
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes and model, Triton in the interpreter")
+parser.add_argument("--out", default="results/gpu_check.json", help="JSON path; the Markdown goes beside it (.md)")
+parser.add_argument("--sections", default="env,kernels,model,sampler,rl", help="comma list of sections to run")
+parser.add_argument("--budget-s", type=float, default=None, help="total wall budget (default: 450 GPU, 300 dry)")
+parser.add_argument("--kernel-n", default=None, help="comma list of token counts N (default: 4096,16384; dry: 37)")
+parser.add_argument("--layers", type=int, default=4, help="decoder layers of the 7B-config model")
+parser.add_argument("--sampler-max-new-tokens", type=int, default=None, help="default: 64 (dry: 4)")
+parser.add_argument("--sampler-max-pixels", type=int, default=None,
+                    help="default: 12800*28*28, the processor's real default (dry: 50176)")
+parser.add_argument("--rl-max-pixels", type=int, default=None, help="default: 1003520, the paper's (dry: 50176)")
+parser.add_argument("--rl-max-new-tokens", type=int, default=None, help="default: 32 (dry: 4)")
+parser.add_argument("--rl-wait-checkpoint", action="store_true", help="let the trainer write its final checkpoint")
+parser.add_argument("--work-dir", default=None, help="where the model folder and the RL run go (default: a temp dir)")
+
+
+# -------------------------------------------------------------------------------------------------
+# harness: results, failures, time
+
+
+class Check:
+    """Holds the result dict, records failures, writes JSON + Markdown after every check."""
+
+    def __init__(self, out: Path, budget_s: float):
+        self.out, self.t0, self.budget_s = out, time.time(), budget_s
+        self.res = json.loads(json.dumps(SCHEMA))  # deep copy
+        self.res["meta"]["budget_s"] = budget_s
+
+    def left(self) -> float:
+        return self.budget_s - (time.time() - self.t0)
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')} +{time.time() - self.t0:6.1f}s] {msg}", flush=True)
+
+    def run(self, section: str, name: str, fn, *args, min_left_s: float = 0.0):
+        """fn(*args) in a try/except: a failure (or too little time left) is recorded and None returned."""
+        if self.left() < min_left_s:
+            self.fail(section, name, f"skipped: {self.left():.0f} s of the budget left, needs {min_left_s:.0f} s")
+            self.save()
+            return None
+        self.log(f"{section}/{name} ...")
+        t = time.time()
+        try:
+            out = fn(*args)
+            self.log(f"{section}/{name} done in {time.time() - t:.1f} s")
+            return out
+        except Exception as e:  # noqa: BLE001 - every failure is recorded, the next check runs
+            self.fail(section, name, f"{type(e).__name__}: {e}", traceback.format_exc(limit=8))
+            return None
+        finally:
+            self.save()
+
+    def fail(self, section, name, error, tb=None):
+        self.log(f"FAILED {section}/{name}: {error[:500]}")
+        self.res["failures"].append({"section": section, "check": name, "error": error[:4000],
+                                     "traceback": (tb or "")[-4000:]})
+
+    def save(self) -> None:
+        self.res["meta"]["total_s"] = round(time.time() - self.t0, 2)
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        for path, text in ((self.out, json.dumps(self.res, indent=1, default=_json_default)),
+                           (self.out.with_suffix(".md"), markdown(self.res))):
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(text)
+            os.replace(tmp, path)
+
+
+def _json_default(x):
+    return float(x) if hasattr(x, "__float__") else str(x)
+
+
+# -------------------------------------------------------------------------------------------------
+# env
+
+
+def check_env(C, torch):
+    import numpy
+    import transformers
+    import triton
+
+    e = C.res["env"]
+    e.update(python=sys.version.split()[0], platform=platform.platform(), torch=torch.__version__,
+             torch_cuda=torch.version.cuda, triton=triton.__version__, transformers=transformers.__version__,
+             numpy=numpy.__version__, cpu_count=os.cpu_count(), triton_interpret=os.environ.get("TRITON_INTERPRET"))
+    for mod in PACKAGES:
+        try:
+            e["packages"][mod] = getattr(__import__(mod), "__version__", "installed")
+        except ImportError:
+            e["packages"][mod] = "missing"
+    pins = [ln.strip() for ln in (REPO / "requirements.txt").read_text().splitlines() if ln.startswith("transformers")]
+    e["transformers_pinned"] = pins[0] if pins else None  # a mismatch is reported, never fatal
+    try:
+        import flash_attn
+        e["flash_attn"] = flash_attn.__version__
+    except ImportError:
+        e["flash_attn"] = "not installed (SDPA is used)"
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        e.update(device=p.name, device_capability=list(torch.cuda.get_device_capability(0)),
+                 device_memory_bytes=p.total_memory, device_count=torch.cuda.device_count(),
+                 cudnn=torch.backends.cudnn.version())
+        nccl = torch.cuda.nccl.version()
+        e["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+    else:
+        e["device"] = "cpu"
+
+
+# -------------------------------------------------------------------------------------------------
+# kernels
+
+
+class Timer:
+    def __init__(self, torch, device):
+        self.torch, self.cuda = torch, device.type == "cuda"
+
+    def sync(self):
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def best(self, fn, repeats: int, warmup: int = 1) -> float:
+        """Fastest of `repeats` timed calls after `warmup` untimed ones (compilation, cuBLAS heuristics)."""
+        for _ in range(warmup):
+            fn()
+        self.sync()
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            self.sync()
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    def peak(self, fn):
+        """Peak bytes allocated by fn above what was allocated before (CUDA); None on CPU."""
+        if not self.cuda:
+            fn()
+            return None
+        torch = self.torch
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+
+
+class forced_triton:
+    """On CPU the kernels' Triton path runs only when asked (UIS1_FORCE_TRITON=1, kernels/_dispatch.py)."""
+
+    def __init__(self, on: bool):
+        self.on = on
+
+    def __enter__(self):
+        self.prev = os.environ.get("UIS1_FORCE_TRITON")
+        if self.on:
+            os.environ["UIS1_FORCE_TRITON"] = "1"
+
+    def __exit__(self, *exc):
+        if self.prev is None:
+            os.environ.pop("UIS1_FORCE_TRITON", None)
+        else:
+            os.environ["UIS1_FORCE_TRITON"] = self.prev
+
+
+def logprob_truth(torch, h, W, y, g_logp, g_ent, chunk):
+    """fp32 truth: full fp32 logits (chunked over tokens), log_softmax, autograd; TF32 off."""
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        W32 = W.detach().float().requires_grad_()
+        logp, ent, dh = [], [], []
+        for c0 in range(0, h.shape[0], chunk):
+            hc = h[c0:c0 + chunk].detach().float().requires_grad_()
+            yc = y[c0:c0 + chunk]
+            valid = yc != -100
+            lp = torch.log_softmax(hc @ W32.T, dim=-1)  # (C, V) fp32
+            lpy = torch.where(valid, lp.gather(1, torch.where(valid, yc, 0)[:, None]).squeeze(1), 0.0)
+            en = torch.where(valid, -(lp.exp() * lp).sum(-1), 0.0)
+            ((lpy * g_logp[c0:c0 + chunk]).sum() + (en * g_ent[c0:c0 + chunk]).sum()).backward()
+            logp.append(lpy.detach())
+            ent.append(en.detach())
+            dh.append(hc.grad)
+            del lp, lpy, en, hc
+        return torch.cat(logp), torch.cat(ent), torch.cat(dh), W32.grad
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+def check_logprob(C, torch, device, dry, N, H, V, dtype):
+    from kernels import fused_logprob
+
+    timer = Timer(torch, device)
+    g = torch.Generator(device=device).manual_seed(N)
+    h = (torch.randn(N, H, generator=g, device=device) * 3).to(dtype)  # logits of std ~3: peaked softmax
+    W = (torch.randn(V, H, generator=g, device=device) / H ** 0.5).to(dtype)
+    y = torch.randint(0, V, (N,), generator=g, device=device)
+    y[:8] = V - 1 - torch.arange(8, device=device)  # targets in the vocab tail block
+    y[8:16] = -100  # ignored positions
+    g_logp = torch.randn(N, generator=g, device=device)
+    g_ent = torch.randn(N, generator=g, device=device)
+    h.requires_grad_()
+    W.requires_grad_()
+
+    def naive():
+        valid = y != -100
+        lp = torch.log_softmax((h @ W.T).float(), dim=-1)  # (N, V) materialised
+        logp = torch.where(valid, lp.gather(1, torch.where(valid, y, 0)[:, None]).squeeze(1), 0.0)
+        return logp, torch.where(valid, -(lp.exp() * lp).sum(-1), 0.0)
+
+    def fused():
+        return fused_logprob(h, W, y, return_entropy=True)
+
+    def fwd_bwd(fn):
+        h.grad = W.grad = None
+        logp, ent = fn()
+        ((logp * g_logp).sum() + (ent * g_ent).sum()).backward()
+        return logp.detach(), ent.detach()
+
+    row = dict(_LOGPROB_ROW, n=N, h=H, v=V, dtype=str(dtype).removeprefix("torch."))
+    C.res["kernels"]["logprob"].append(row)
+    t_logp, t_ent, t_dh, t_dw = logprob_truth(torch, h, W, y, g_logp, g_ent, chunk=N if dry else 2048)
+
+    def errs(prefix, logp, ent):
+        out = {f"{prefix}err_logp_max_abs": (logp - t_logp).abs().max().item(),
+               f"{prefix}err_dh_rel": (h.grad.float() - t_dh).abs().max().item() / t_dh.abs().max().item(),
+               f"{prefix}err_dw_rel": (W.grad.float() - t_dw).abs().max().item() / t_dw.abs().max().item()}
+        if not prefix:
+            out.update(err_entropy_max_abs=(ent - t_ent).abs().max().item(),
+                       err_dh_max_abs=(h.grad.float() - t_dh).abs().max().item(),
+                       err_dw_max_abs=(W.grad.float() - t_dw).abs().max().item())
+        return out
+
+    repeats, warmup = (1, 0) if dry else (3, 1)  # dry: the interpreter is slow, and its time means nothing
+    cuda = device.type == "cuda"
+    with forced_triton(dry):
+        row.update(errs("", *fwd_bwd(fused)))  # also the warm-up: Triton compiles here
+        row["peak_mem_fused_bytes"] = timer.peak(lambda: fwd_bwd(fused)) if cuda else None
+        row["time_fused_s"] = timer.best(lambda: fwd_bwd(fused), repeats, warmup)
+    del t_ent
+    C.save()
+    row.update(errs("naive_", *fwd_bwd(naive)))
+    del t_logp, t_dh, t_dw
+    row["peak_mem_naive_bytes"] = timer.peak(lambda: fwd_bwd(naive)) if cuda else None
+    row["time_naive_s"] = timer.best(lambda: fwd_bwd(naive), repeats, warmup)
+    C.save()
+    h.grad = W.grad = None
+    gz = torch.randn(N, V, generator=g, device=device).to(dtype)  # upstream grad of the logits
+
+    def matmul_fwd():
+        with torch.no_grad():
+            return h @ W.T
+
+    def matmul_fwd_bwd():  # the three GEMMs an lm_head costs in training: z = hW^T, dh = gz W, dW = gz^T h
+        h.grad = W.grad = None
+        (h @ W.T).backward(gz)
+
+    row["peak_mem_matmul_bytes"] = timer.peak(matmul_fwd_bwd) if cuda else None
+    row["time_matmul_fwd_s"] = timer.best(matmul_fwd, repeats)
+    row["time_matmul_fwd_bwd_s"] = timer.best(matmul_fwd_bwd, repeats)
+    row["fused_over_matmul_fwd_bwd"] = row["time_fused_s"] / row["time_matmul_fwd_bwd_s"]
+    row["fused_over_naive"] = row["time_fused_s"] / row["time_naive_s"]
+
+
+def check_ppo(C, torch, device, dry):
+    from kernels import ppo_loss, ppo_loss_ref
+
+    timer = Timer(torch, device)
+    N = 1000 if dry else 1 << 24
+    repeats, warmup = (1, 0) if dry else (5, 1)
+    g = torch.Generator(device=device).manual_seed(1)
+    old = -torch.rand(N, generator=g, device=device) * 5
+    logp = (old + torch.randn(N, generator=g, device=device) * 0.3).requires_grad_()
+    adv = torch.randn(N, generator=g, device=device)
+    mask = torch.rand(N, generator=g, device=device) > 0.1
+    ref = logp.detach() + torch.randn(N, generator=g, device=device) * 0.1
+    gout = torch.randn(N, generator=g, device=device)
+
+    def run(fn):
+        logp.grad = None
+        loss, st = fn(logp, old, adv, mask, ref_logp=ref, kl_coef=0.1)
+        (loss * gout).sum().backward()
+        return loss.detach(), logp.grad.clone(), st["kl"]
+
+    with forced_triton(dry):
+        loss_k, grad_k, kl_k = run(ppo_loss)
+        t_k = timer.best(lambda: run(ppo_loss), repeats, warmup)
+    loss_r, grad_r, kl_r = run(ppo_loss_ref)
+    t_r = timer.best(lambda: run(ppo_loss_ref), repeats, warmup)
+    C.res["kernels"]["ppo_loss"].update(
+        n=N, err_loss_max_abs=(loss_k - loss_r).abs().max().item(), err_grad_max_abs=(grad_k - grad_r).abs().max().item(),
+        err_kl_max_abs=(kl_k - kl_r).abs().max().item(), time_kernel_s=t_k, time_ref_s=t_r)
+
+
+def check_group_norm(C, torch, device, dry):
+    from kernels import group_normalize, group_normalize_ref
+
+    timer = Timer(torch, device)
+    M, G = (200, 20) if dry else (1 << 22, 1 << 16)
+    repeats, warmup = (1, 0) if dry else (5, 1)
+    g = torch.Generator(device=device).manual_seed(2)
+    scores = torch.randn(M, generator=g, device=device)
+    ids = torch.randint(0, G, (M,), generator=g, device=device) * 7 - 1000  # arbitrary ids
+    with forced_triton(dry):
+        got = group_normalize(scores, ids)
+        t_k = timer.best(lambda: group_normalize(scores, ids), repeats, warmup)
+    want = group_normalize_ref(scores, ids)
+    t_r = timer.best(lambda: group_normalize_ref(scores, ids), repeats, warmup)
+    C.res["kernels"]["group_norm"].update(m=M, groups=G, err_max_abs=(got - want).abs().max().item(),
+                                          time_kernel_s=t_k, time_ref_s=t_r)
+
+
+# -------------------------------------------------------------------------------------------------
+# model: 7B config with a few decoder layers (GPU) or the tiny model (dry), saved for the trainer
+
+
+def build_model(C, torch, device, dry, layers, model_dir):
+    import utils
+
+    m = C.res["model"]
+    t = time.time()
+    if dry:
+        model = utils.load_model("tiny", dtype=torch.float32, device=device, seed=0)
+    else:
+        from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+        cfg_dict = json.loads(CONFIG_7B.read_text())
+        cfg_dict["num_hidden_layers"] = layers  # before the config is built: layer_types follows it
+        cfg = Qwen2_5_VLConfig(**cfg_dict)
+        cfg._attn_implementation = utils.attn_implementation(device)
+        torch.manual_seed(0)
+        with torch.device(device):  # random init on the GPU: seconds, where CPU init takes minutes
+            model = Qwen2_5_VLForConditionalGeneration(cfg)
+        model = model.to(torch.bfloat16)
+    model.eval()
+    tc = model.config.get_text_config()
+    m.update(layers=tc.num_hidden_layers, hidden_size=tc.hidden_size, vocab_size=tc.vocab_size,
+             vision_depth=model.config.vision_config.depth, params=sum(p.numel() for p in model.parameters()),
+             dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+             attn_implementation=tc._attn_implementation, build_s=round(time.time() - t, 2))
+    t = time.time()
+    model.save_pretrained(str(model_dir), safe_serialization=True)
+    utils.load_processor()[0].save_pretrained(str(model_dir))
+    m["save_s"] = round(time.time() - t, 2)
+    return model
+
+
+# -------------------------------------------------------------------------------------------------
+# sampler: ours vs HF generate, group workload
+
+
+def check_sampler(C, torch, device, dry, model, a):
+    import numpy as np
+    from PIL import Image
+
+    import gui
+    import utils
+    from rollout import Sampler
+
+    s = C.res["sampler"]
+    tasks, rollouts = (2, 2) if dry else (8, 8)
+    max_new = a.sampler_max_new_tokens or (4 if dry else 64)
+    max_pixels = a.sampler_max_pixels or (50176 if dry else utils.MAX_PIXELS)
+    s.update(tasks=tasks, rollouts=rollouts, max_new_tokens=max_new, max_pixels=max_pixels)
+    tokenizer, image_processor = utils.load_processor(max_pixels=max_pixels)
+    episodes = gui.load_episodes(str(ANDROID_DATA))
+    rng = np.random.default_rng(0)
+    size = (1080, 2400)
+    prompts = []
+    for k in range(tasks):  # step min(2, last) of episode k: goal, expert history, one screenshot
+        ep = episodes[k % len(episodes)]
+        t = min(2, len(ep.steps) - 1)
+        shot = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+        resized = gui.resized_size(size, max_pixels=max_pixels)
+        history = [gui.expert_response(st, size, resized) for st in ep.steps[:t]]
+        prompts.append(gui.build_prompt(tokenizer, image_processor, goal=ep.goal, screenshots=[None] * t + [shot],
+                                        history=history, num_images=1, max_pixels=max_pixels))
+    s["prompt_tokens_mean"] = round(float(np.mean([len(p.input_ids) for p in prompts])), 1)
+    s["image_tokens"] = int(prompts[0].image_grid_thw.prod()) // 4
+    dtype = next(model.parameters()).dtype
+    timer = Timer(torch, device)
+    banned = None
+
+    def ours(batch, n, new):
+        nonlocal banned
+        sampler = Sampler(model, tokenizer, max_new_tokens=new, temperature=1.0, top_p=1.0, stop_token_ids=[], seed=0)
+        banned = sampler.banned_ids.tolist()
+        outs = sampler.generate(batch, n=n)
+        return sum(len(o.ids) for row in outs for o in row), sampler.stats.get("prefill_tokens")
+
+    def hf(batch, n, new):
+        T = max(len(p.input_ids) for p in batch)
+        ids = torch.full((len(batch), T), tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros(len(batch), T, dtype=torch.long)
+        for i, p in enumerate(batch):  # left padding, as generate expects
+            ids[i, T - len(p.input_ids):] = p.input_ids
+            mask[i, T - len(p.input_ids):] = 1
+        kw = dict(input_ids=ids.to(device), attention_mask=mask.to(device),
+                  mm_token_type_ids=(ids == model.config.image_token_id).int().to(device),
+                  pixel_values=torch.cat([p.pixel_values for p in batch]).to(device, dtype),
+                  image_grid_thw=torch.cat([p.image_grid_thw for p in batch]).to(device))
+        torch.manual_seed(0)
+        with torch.no_grad():
+            out = model.generate(**kw, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=new,
+                                 min_new_tokens=new, num_return_sequences=n, suppress_tokens=banned,
+                                 pad_token_id=tokenizer.pad_token_id)
+        return (out.shape[1] - T) * out.shape[0], len(batch) * n * T
+
+    for name, fn in (("ours", ours), ("hf", hf)):
+        fn(prompts[:2], 2, 4)  # warm-up: allocator, kernels' first launch
+        res = {}
+
+        def timed():
+            timer.sync()
+            t = time.perf_counter()
+            res["tok"], res["prefill"] = fn(prompts, rollouts, max_new)
+            timer.sync()
+            res["dt"] = time.perf_counter() - t
+
+        s[f"peak_mem_{name}_bytes"] = timer.peak(timed)
+        s.update({f"tok_s_{name}": round(res["tok"] / res["dt"], 1), f"time_{name}_s": round(res["dt"], 3),
+                  f"prefill_tokens_{name}": res["prefill"]})
+        C.save()
+    s["ratio"] = round(s["tok_s_ours"] / s["tok_s_hf"], 3)
+
+
+# -------------------------------------------------------------------------------------------------
+# rl: two semi-online RL steps under torchrun
+
+
+def check_rl(C, torch, device, dry, a, model_dir, work):
+    import utils
+
+    r = C.res["rl"]
+    max_pixels = a.rl_max_pixels or (50176 if dry else 1003520)
+    max_new = a.rl_max_new_tokens or (4 if dry else 32)
+    steps = 1 if dry else 2
+    out = work / "rl"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+           str(REPO / "train_semionline.py"), "--model", str(model_dir), "--data", str(ANDROID_DATA),
+           "--image-root", str(work / "no_screenshots"), "--blank-screens", "1080x2400",
+           "--max-episodes", "4", "--tasks-per-step", "1" if dry else "2", "--n-rollouts", "2" if dry else "4",
+           "--max-new-tokens", str(max_new), "--max-pixels", str(max_pixels), "--filter-std", "-1",
+           "--micro-batch-size", "1", "--ppo-mini-batches", "1" if dry else "2", "--lr", "1e-6",
+           "--kl-coef", "0" if dry else "1e-4", "--max-steps", str(steps),
+           "--device", "cpu" if dry else "cuda", "--out", str(out)]
+    r.update(command=" ".join(cmd), max_pixels=max_pixels)
+    # world size 1: does utils.apply_fsdp shard (NCCL, bf16 mixed precision) or hand the module back?
+    try:
+        probe = torch.nn.Linear(2, 2)
+        r["fsdp_wraps_at_world_size_1"] = utils.apply_fsdp(probe, probe, utils.Dist(0, 1, 0, device), True) is not probe
+    except Exception as e:  # noqa: BLE001
+        r["fsdp_wraps_at_world_size_1"] = f"probe failed: {type(e).__name__}: {e}"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    env.pop("UIS1_FORCE_TRITON", None)
+    cuda = device.type == "cuda"
+    if cuda:
+        gc.collect()
+        torch.cuda.empty_cache()
+        free0 = torch.cuda.mem_get_info()[0]
+    log_path = work / "rl.log"
+    deadline = time.time() + max(C.left() - 5, 10)
+    t0 = time.time()
+    metrics = out / "metrics.jsonl"
+    rows, peak, stopped, timed_out, first_row_t = [], None, False, False, None
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            while proc.poll() is None:
+                time.sleep(0.5)
+                if cuda:  # device-wide, so the trainer's caching allocator and CUDA context count
+                    used = free0 - torch.cuda.mem_get_info()[0]
+                    peak = used if peak is None else max(peak, used)
+                rows = _read_rows(metrics)
+                if rows and first_row_t is None:
+                    first_row_t = time.time() - t0
+                if len(rows) >= steps and not a.rl_wait_checkpoint:
+                    stopped = True  # the final checkpoint (fp32 weights + Adam state) is not what we measure
+                    break
+                if time.time() > deadline:
+                    stopped = timed_out = True
+                    break
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)  # torchrun and its worker: the group this check started
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+    rows = _read_rows(metrics)
+    r.update(returncode=proc.returncode, stopped_by_check=stopped, steps_done=len(rows), wall_s=round(time.time() - t0, 2),
+             launch_to_first_row_s=None if first_row_t is None else round(first_row_t, 2), peak_gpu_mem_bytes=peak)
+    for key, name in (("time_rollout_s", "time_rollout_s"), ("time_logp_s", "time_logp_s"),
+                      ("time_update_s", "time_update_s"), ("time_step_s", "time_s"), ("loss", "loss"),
+                      ("first_ratio_dev", "first_ratio_dev"), ("sampler_logp_gap", "sampler_logp_gap")):
+        r[key] = [row.get(name) for row in rows]  # read defensively: the trainer's fields may grow
+    r["rows"] = rows
+    r["loss_finite"] = bool(rows) and all(isinstance(x, (int, float)) and math.isfinite(x) for x in r["loss"])
+    if (not stopped and proc.returncode != 0) or len(rows) < steps:
+        tail = log_path.read_text()[-3000:] if log_path.exists() else ""
+        why = f"timeout after {time.time() - t0:.0f} s" if timed_out else f"trainer returncode {proc.returncode}"
+        raise RuntimeError(f"{why}, {len(rows)} of {steps} steps; log tail:\n{tail}")
+
+
+def _read_rows(path: Path) -> list:
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a line being written
+            if isinstance(row, dict) and "step" in row:
+                rows.append({k: v for k, v in row.items() if isinstance(v, (int, float, str, bool)) or v is None})
+    return rows
+
+
+# -------------------------------------------------------------------------------------------------
+# Markdown summary
+
+
+def _fmt(x, unit=""):
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.3g}{unit}"
+    return f"{x}{unit}"
+
+
+def _gib(x):
+    return "-" if x is None else f"{x / 2**30:.2f} GiB"
+
+
+def markdown(res) -> str:
+    e, k, m, s, r = res["env"], res["kernels"], res["model"], res["sampler"], res["rl"]
+    lines = [f"# GPU check ({res['meta']['mode']}, {res['meta']['started']}, {_fmt(res['meta']['total_s'])} s)", "",
+             f"{e['device']} | torch {e['torch']} (CUDA {e['torch_cuda']}, NCCL {e['nccl']}) | triton {e['triton']} "
+             f"| transformers {e['transformers']} (pinned: {e['transformers_pinned']}) | flash-attn {e['flash_attn']}", "",
+             "## Fused log-prob + entropy, forward + backward", "",
+             "| N | H | V | dtype | err logp | err entropy | rel err dh | rel err dW | naive rel err dh / dW "
+             "| fused s | naive s | GEMM f+b s | fused / GEMM | fused / naive | peak fused | peak naive | peak GEMM |",
+             "|" + "---|" * 17]
+    for row in k["logprob"]:
+        lines.append("| " + " | ".join([
+            _fmt(row["n"]), _fmt(row["h"]), _fmt(row["v"]), _fmt(row["dtype"]), _fmt(row["err_logp_max_abs"]),
+            _fmt(row["err_entropy_max_abs"]), _fmt(row["err_dh_rel"]), _fmt(row["err_dw_rel"]),
+            f"{_fmt(row['naive_err_dh_rel'])} / {_fmt(row['naive_err_dw_rel'])}", _fmt(row["time_fused_s"]),
+            _fmt(row["time_naive_s"]), _fmt(row["time_matmul_fwd_bwd_s"]), _fmt(row["fused_over_matmul_fwd_bwd"]),
+            _fmt(row["fused_over_naive"]), _gib(row["peak_mem_fused_bytes"]), _gib(row["peak_mem_naive_bytes"]),
+            _gib(row["peak_mem_matmul_bytes"])]) + " |")
+    p, g = k["ppo_loss"], k["group_norm"]
+    lines += ["", f"ppo_loss, N {_fmt(p['n'])}: max err loss {_fmt(p['err_loss_max_abs'])}, grad "
+              f"{_fmt(p['err_grad_max_abs'])}, kl {_fmt(p['err_kl_max_abs'])}; kernel {_fmt(p['time_kernel_s'])} s "
+              f"vs torch {_fmt(p['time_ref_s'])} s (forward + backward)",
+              f"group_normalize, M {_fmt(g['m'])} in {_fmt(g['groups'])} groups: max err {_fmt(g['err_max_abs'])}; "
+              f"kernel {_fmt(g['time_kernel_s'])} s vs fp64 torch {_fmt(g['time_ref_s'])} s", "",
+              "## Model", "",
+              f"{_fmt(m['params'])} parameters: {_fmt(m['layers'])} decoder layers, hidden {_fmt(m['hidden_size'])}, "
+              f"vocab {_fmt(m['vocab_size'])}, vision depth {_fmt(m['vision_depth'])}, {m['dtype']}, "
+              f"{m['attn_implementation']}; built in {_fmt(m['build_s'])} s, saved in {_fmt(m['save_s'])} s", "",
+              "## Sampler (group workload)", "",
+              f"{_fmt(s['tasks'])} tasks x {_fmt(s['rollouts'])} rollouts, {_fmt(s['max_new_tokens'])} new tokens, "
+              f"{_fmt(s['image_tokens'])} image tokens (max_pixels {_fmt(s['max_pixels'])}), prompt "
+              f"{_fmt(s['prompt_tokens_mean'])} tokens", "",
+              "| | tok/s | s | prefill tokens | peak memory |", "|---|---|---|---|---|",
+              f"| ours | {_fmt(s['tok_s_ours'])} | {_fmt(s['time_ours_s'])} | {_fmt(s['prefill_tokens_ours'])} "
+              f"| {_gib(s['peak_mem_ours_bytes'])} |",
+              f"| HF generate | {_fmt(s['tok_s_hf'])} | {_fmt(s['time_hf_s'])} | {_fmt(s['prefill_tokens_hf'])} "
+              f"| {_gib(s['peak_mem_hf_bytes'])} |", "", f"ours / HF: {_fmt(s['ratio'])}", "",
+              "## Semi-online RL under torchrun", "",
+              f"steps {_fmt(r['steps_done'])}, returncode {_fmt(r['returncode'])} (stopped by the check: "
+              f"{_fmt(r['stopped_by_check'])}), launch to first metrics row {_fmt(r['launch_to_first_row_s'])} s, "
+              f"peak GPU memory {_gib(r['peak_gpu_mem_bytes'])}, max_pixels {_fmt(r['max_pixels'])}, "
+              f"FSDP wraps at world size 1: {_fmt(r['fsdp_wraps_at_world_size_1'])}", "",
+              "| step | rollout s | logp s | update s | step s | loss | first_ratio_dev | sampler_logp_gap |",
+              "|---|---|---|---|---|---|---|---|"]
+    for i in range(len(r["rows"])):
+        lines.append(f"| {i + 1} | " + " | ".join(_fmt(r[key][i]) for key in (
+            "time_rollout_s", "time_logp_s", "time_update_s", "time_step_s", "loss", "first_ratio_dev",
+            "sampler_logp_gap")) + " |")
+    lines += ["", f"## Failures ({len(res['failures'])})", ""]
+    lines += [f"- {f['section']}/{f['check']}: {f['error'][:300]}" for f in res["failures"]] or ["none"]
+    return "\n".join(lines) + "\n"
+
+
+# -------------------------------------------------------------------------------------------------
+# main
+
+
+def main(argv=None):
+    a = parser.parse_args(argv)
+    if a.dry_run:  # the interpreter must be chosen before triton is first imported (kernels import it)
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    sys.path.insert(0, str(REPO))
+    import torch
+
+    sections = [x.strip() for x in a.sections.split(",") if x.strip()]
+    C = Check(Path(a.out), a.budget_s or (300.0 if a.dry_run else 450.0))  # dry: CI machines are slow
+    C.res["meta"].update(mode="dry-run" if a.dry_run else "gpu", argv=sys.argv[1:] if argv is None else argv,
+                         started=time.strftime("%Y-%m-%d %H:%M:%S"))
+    device = torch.device("cpu" if a.dry_run else "cuda")
+    if not a.dry_run and not torch.cuda.is_available():
+        C.fail("env", "cuda", "torch.cuda.is_available() is False: run with --dry-run on a machine without a GPU")
+    work = Path(a.work_dir) if a.work_dir else Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = work / "model"
+
+    def section(name, fn):
+        if name not in sections:
+            return
+        t = time.time()
+        fn()
+        C.res["meta"]["sections_s"][name] = round(time.time() - t, 2)
+        C.save()
+
+    section("env", lambda: C.run("env", "versions", check_env, C, torch))
+
+    def kernels():
+        ns = [int(x) for x in (a.kernel_n or ("37" if a.dry_run else "4096,16384")).split(",")]
+        H, V = (16, 150) if a.dry_run else (3584, 152064)  # dry: 150 = 4 vocab blocks of 32 + a tail of 22
+        for n in ns:
+            C.run("kernels", f"logprob_n{n}", check_logprob, C, torch, device, a.dry_run, n, H, V, torch.bfloat16,
+                  min_left_s=0 if a.dry_run else 200)
+            if device.type == "cuda":
+                gc.collect()
+                torch.cuda.empty_cache()
+        C.run("kernels", "ppo_loss", check_ppo, C, torch, device, a.dry_run)
+        C.run("kernels", "group_norm", check_group_norm, C, torch, device, a.dry_run)
+
+    section("kernels", kernels)
+    holder = {}
+    if any(x in sections for x in ("model", "sampler", "rl")):  # sampler and rl need the model either way
+        t = time.time()
+        holder["model"] = C.run("model", "build_and_save", build_model, C, torch, device, a.dry_run, a.layers, model_dir)
+        C.res["meta"]["sections_s"]["model"] = round(time.time() - t, 2)
+    if holder.get("model") is not None:
+        section("sampler", lambda: C.run("sampler", "group_workload", check_sampler, C, torch, device, a.dry_run,
+                                         holder["model"], a, min_left_s=0 if a.dry_run else 150))
+    holder.clear()  # free the sampler's model before the trainer needs the GPU
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    if (model_dir / "config.json").exists():
+        section("rl", lambda: C.run("rl", "torchrun", check_rl, C, torch, device, a.dry_run, a, model_dir, work,
+                                    min_left_s=0 if a.dry_run else 60))
+    elif "rl" in sections:
+        C.fail("rl", "torchrun", "skipped: no model folder (the model check failed)")
+    if not a.work_dir:
+        shutil.rmtree(work, ignore_errors=True)
+    C.save()
+    C.log(f"{len(C.res['failures'])} failure(s); wrote {C.out} and {C.out.with_suffix('.md')}")
+    print(json.dumps(C.res, default=_json_default))
+    return C.res
+
+
+if __name__ == "__main__":
+    main()
