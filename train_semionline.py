@@ -31,7 +31,9 @@ Task schedule and dynamic sampling (docs/method.md §6, last paragraph):
     per round, up to 10 batches, and then stops the run with an error; --max-resample 9 gives
     the same number of rounds, with the deficit drawn each round.
 
-Single process (CPU or one GPU):
+Single process (CPU or one GPU), after `python train_sft.py --max-steps 150` (--model auto starts
+from its checkpoint; a random tiny model earns no reward, so dynamic sampling keeps no task and
+its steps log and checkpoint without an update):
     python train_semionline.py --max-steps 4
 Several processes (FSDP2; gloo on CPU, nccl on GPU):
     torchrun --nproc_per_node=2 train_semionline.py
