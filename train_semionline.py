@@ -261,7 +261,7 @@ def main(argv=None):
         t2 = time.time()
         if n_train > 0:
             for mb in micro:
-                st = ppo_step(policy, optimizer, mb, collate, args, d.world_size)
+                st = ppo_step(policy, optimizer, mb, collate, args, d)
                 for k in ("loss", "kl", "entropy", "clipped", "tokens", "skipped"):
                     upd[k] += st[k]
                 upd["grad_norm"] = st["grad_norm"]

@@ -30,11 +30,11 @@ PY = sys.executable
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 # semi-online RL on 4 MiniWob++ episodes with dynamic sampling on (--filter-std 0: drop a task whose
-# rollouts all earn the same step-0 return), from RL_CKPT (see the rl_ckpt fixture); the reference is a
-# differently seeded tiny model, so the KL term is large too. Temperature 0.5 keeps the fitted model's
-# samples near its answers, so some tasks vary and some do not.
+# rollouts all earn the same step-0 return), from the rl_ckpt fixture's model, fitted to 2 of them: their
+# rollouts' rewards vary, the other 2 earn 0 (dropped, then refilled). The reference is a differently
+# seeded tiny model, so the KL term is large too.
 RL = ["train_semionline.py", "--max-episodes", "4", "--tasks-per-step", "2", "--n-rollouts", "3",
-      "--max-new-tokens", "28", "--max-pixels", "20000", "--temperature", "0.5", "--filter-std", "0",
+      "--max-new-tokens", "40", "--max-pixels", "20000", "--temperature", "1.0", "--filter-std", "0",
       "--max-resample", "2", "--kl-coef", "0.5", "--ref-model", "tiny", "--ref-seed", "1", "--lr", "1e-3",
       "--micro-batch-size", "2", "--ppo-mini-batches", "2"]
 SFT = ["train_sft.py", "--model", "tiny", "--max-episodes", "8", "--batch-size", "4", "--micro-batch-size", "2",
