@@ -135,6 +135,8 @@ def main(argv=None):
     utils.seed_everything(args.seed)
     if args.tasks_per_step % d.world_size:
         raise SystemExit(f"--tasks-per-step {args.tasks_per_step} must be a multiple of the world size {d.world_size}")
+    if args.max_resample < 0:
+        raise SystemExit(f"--max-resample {args.max_resample} must be >= 0")
     out = Path(args.out)
     if d.is_main:
         out.mkdir(parents=True, exist_ok=True)
