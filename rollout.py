@@ -610,7 +610,7 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
                         history_mode: str = "own", image_root=None, blank_screens=None,
                         num_images: int = 2, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS,
                         max_prompt_tokens: int | None = None, greedy: bool = False,
-                        seed: int | None = None, progress: bool = False) -> list[StepRecord]:
+                        seed: int | list[int] | None = None, progress: bool = False) -> list[StepRecord]:
     """Roll N copies of the policy through each expert episode, with their own history.
 
     At step t every live rollout of every task is prompted with the expert screenshot t
@@ -624,9 +624,10 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
     expert's, no rollout ends early, so every step is trained on its own.
 
     sampler: rollout.Sampler or anything with .generate(prompts, n, greedy, seeds).
-    episodes: list[gui.Episode]. seed: sampling seed; task k's prompts use seeds derived
-    from (seed, task k's episode_id, step), so a task's rollouts do not depend on which
-    other tasks share the batch (or on which rank runs it).
+    episodes: list[gui.Episode]. seed: sampling seed, an int or one int per task (the trainer
+    gives each task slot its own, so a task drawn twice is sampled afresh); task k's prompts
+    use seeds derived from (its seed, task k's episode_id, step, history), so a task's
+    rollouts do not depend on which other tasks share the batch (or on which rank runs it).
     Returns the records in (step, task, rollout) order.
     """
     if history_mode not in ("own", "expert"):
@@ -664,7 +665,8 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
         outs: dict[tuple[int, int], Any] = {}
         for size in sorted({len(v) for v in groups.values()}):
             ks = [key for key in keys if len(groups[key]) == size]
-            seeds = None if seed is None else [_seed(seed, episodes[key[0]].episode_id, t, key[1]) for key in ks]
+            seeds = None if seed is None else [_seed(seed if isinstance(seed, int) else seed[key[0]],
+                                                     episodes[key[0]].episode_id, t, key[1]) for key in ks]
             res = sampler.generate([prompts[key] for key in ks], n=size, greedy=greedy, seeds=seeds)
             for key, samples in zip(ks, res):
                 for i, s in zip(groups[key], samples):

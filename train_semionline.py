@@ -1,18 +1,39 @@
-"""Semi-online RL for GUI agents (UI-S1, SPEC sections 5-7): one top-down training script.
+"""Semi-online RL for GUI agents (UI-S1, docs/method.md §5-§7): one top-down training script.
 
 Each step:
   1. rollout  - `rollout.semi_online_rollout`: N rollouts per task walk through the
                 expert episode with their OWN history; wrong steps are patched
                 (patch.py) up to --patch-threshold times, else the rollout ends.
   2. advantages - `advantage.compute_advantages`: discounted returns, step-level group
-                advantages + episode-level advantages (SPEC 6); dynamic sampling
-                drops tasks whose step-0 returns do not vary (DAPO).
+                advantages + episode-level advantages (docs/method.md §6); dynamic
+                sampling drops tasks whose step-0 returns do not vary (DAPO) and refills.
   3. old/ref log-probs - one no-grad forward of the policy (and of the frozen reference).
   4. update   - PPO clipped objective with dual clip + k3 KL (kernels.ppo_loss) on the
                 fused lm_head log-prob (kernels.fused_logprob), token-mean over the
-                mini-batch across micro-batches and ranks, AdamW, grad clip.
+                mini-batch across micro-batches and ranks, AdamW, grad clip; a
+                non-finite gradient norm skips the optimizer step (counted in metrics).
 
-Single process (CPU or one GPU):
+Task schedule and dynamic sampling (docs/method.md §6, last paragraph):
+  - the tasks of (step, refill round) are a pure function of (--seed, step, round): round 0
+    takes positions [step * B, (step + 1) * B) of a stream of seeded permutations of the
+    episodes (B = --tasks-per-step); refill round k >= 1 draws from its own permutation seeded
+    with (seed, step, k). Every rank derives the same global list and rolls out every
+    world_size-th task, so the run does not depend on the world size and --resume needs only
+    the step number;
+  - each task's rollouts are sampled with a seed of (seed, step, task slot), the slot counting
+    every task drawn in the step across rounds: a task drawn twice, or again in a refill, is
+    sampled afresh, reproducibly;
+  - the keep decision is global: after each round all ranks know which slots survived, and the
+    next round draws exactly the missing number of tasks. At most 1 + --max-resample rounds
+    (default 3); a batch still short after them is trained on as it is and flagged
+    (`partial` in the step line and metrics.jsonl), and a step that kept nothing still logs
+    and checkpoints, with no update. The release (verl's DAPO loop) instead draws a full batch
+    per round, up to 10 batches, and then stops the run with an error; --max-resample 9 gives
+    the same number of rounds, with the deficit drawn each round.
+
+Single process (CPU or one GPU), after `python train_sft.py --max-steps 150` (--model auto starts
+from its checkpoint; a random tiny model earns no reward, so dynamic sampling keeps no task and
+its steps log and checkpoint without an update):
     python train_semionline.py --max-steps 4
 Several processes (FSDP2; gloo on CPU, nccl on GPU):
     torchrun --nproc_per_node=2 train_semionline.py
@@ -26,6 +47,7 @@ Offline-RL baseline on the same code: add --history expert.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -57,7 +79,7 @@ parser.add_argument("--min-pixels", type=int, default=utils.MIN_PIXELS, help="sm
 parser.add_argument("--max-pixels", type=int, default=utils.MAX_PIXELS, help="smart_resize upper bound (pixels)")
 parser.add_argument("--num-images", type=int, default=2, help="screenshots kept as images in the prompt (the last K)")
 parser.add_argument("--max-prompt-tokens", type=int, default=None, help="prompt budget; oldest history turns are summarised past it")
-# rollout (SPEC 5)
+# rollout (docs/method.md §5)
 parser.add_argument("--tasks-per-step", type=int, default=4, help="tasks per training step, all ranks together (release: 8)")
 parser.add_argument("--n-rollouts", type=int, default=4, help="rollouts per task N (release: 8)")
 parser.add_argument("--max-new-tokens", type=int, default=96, help="response length limit (release: 512)")
@@ -65,9 +87,9 @@ parser.add_argument("--temperature", type=float, default=1.0, help="sampling tem
 parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (release: 1.0)")
 parser.add_argument("--history", choices=["own", "expert"], default="own", help="own = semi-online RL; expert = offline-RL baseline")
 parser.add_argument("--patch", dest="patch_mode", default="thought-free",
-                    choices=["thought-free", "empty-thought", "off-policy", "on-policy"], help="patch mode (SPEC 5)")
+                    choices=["thought-free", "empty-thought", "off-policy", "on-policy"], help="patch mode (docs/method.md §5)")
 parser.add_argument("--patch-threshold", type=int, default=2, help="patches per rollout: 0 none, k at most k, -1 unlimited (release: 2)")
-# returns and advantages (SPEC 6)
+# returns and advantages (docs/method.md §6)
 parser.add_argument("--gamma", type=float, default=0.5, help="discount of step returns (paper: 0.5)")
 parser.add_argument("--returns-form", choices=["paper", "release"], default="paper", help="release: reset the return chain at a wrong step")
 parser.add_argument("--episode-adv", choices=["paper", "release"], default="paper", help="episode-level advantage form")
@@ -76,8 +98,10 @@ parser.add_argument("--omega", type=float, default=1.0, help="weight of the step
 parser.add_argument("--filter-std", type=float, default=0.0,
                     help="dynamic sampling: drop tasks whose step-0 return std <= this; <0 disables (release: 0.3; "
                          "0 keeps every task whose rollouts differ at all, which a tiny CPU model needs)")
-parser.add_argument("--max-resample", type=int, default=2, help="extra rollout rounds to refill the batch after dynamic sampling")
-# loss (SPEC 7)
+parser.add_argument("--max-resample", type=int, default=2,
+                    help="refill rounds after the first when dynamic sampling dropped tasks; a batch still short "
+                         "is trained on as it is and flagged 'partial' (release: up to 10 batches, then an error)")
+# loss (docs/method.md §7)
 parser.add_argument("--clip-low", type=float, default=0.2, help="PPO clip epsilon below 1")
 parser.add_argument("--clip-high", type=float, default=0.2, help="PPO clip epsilon above 1")
 parser.add_argument("--clip-c", type=float, default=3.0, help="dual-clip constant for negative advantages")
@@ -111,6 +135,8 @@ def main(argv=None):
     utils.seed_everything(args.seed)
     if args.tasks_per_step % d.world_size:
         raise SystemExit(f"--tasks-per-step {args.tasks_per_step} must be a multiple of the world size {d.world_size}")
+    if args.max_resample < 0:
+        raise SystemExit(f"--max-resample {args.max_resample} must be >= 0")
     out = Path(args.out)
     if d.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -147,29 +173,17 @@ def main(argv=None):
     sampler = Sampler(model, tokenizer, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                       top_p=args.top_p)
     start_step = 0
+    # what the task schedule depends on: a resume must continue the same schedule
+    schedule = {"seed": args.seed, "tasks_per_step": args.tasks_per_step, "n_episodes": len(episodes)}
     if args.resume:
         ckpt = utils.latest_checkpoint(out / "ckpt")
         if ckpt is not None:
-            start_step = int(utils.load_checkpoint_state(ckpt, policy, optimizer).get("step", 0))
+            state = utils.load_checkpoint_state(ckpt, policy, optimizer)  # model, optimizer, every RNG
+            start_step = int(state.get("step", 0))
+            if state.get("schedule", schedule) != schedule:
+                raise SystemExit(f"{ckpt}/trainer_state.json: field 'schedule' {state['schedule']} differs from this "
+                                 f"run's {schedule}; resume with the same --seed, --tasks-per-step and data")
             utils.print0(f"resumed from {ckpt} at step {start_step}")
-
-    # task order: one seeded permutation per epoch, the same on every rank; rank r takes
-    # every world_size-th task of each step's slice
-    def task_stream():
-        epoch = 0
-        while True:
-            perm = np.random.default_rng(args.seed + epoch).permutation(len(episodes))
-            yield from perm.tolist()
-            epoch += 1
-
-    stream = task_stream()
-    per_rank = args.tasks_per_step // d.world_size
-    for _ in range(start_step * args.tasks_per_step):  # a resumed run sees the tasks it would have seen
-        next(stream)
-
-    def next_tasks(n_global):
-        ids = [next(stream) for _ in range(n_global)]
-        return ids[d.rank::d.world_size]
 
     # -------------------------------------------------------------------------
     # training loop
@@ -178,143 +192,120 @@ def main(argv=None):
     bar = tqdm(range(start_step, args.max_steps), desc="semi-online RL", disable=not d.is_main)
     for step in bar:
         t0 = time.time()
-        # --- 1. rollout, with dynamic sampling refills (SPEC 6, last paragraph)
-        kept_records, all_records, n_tried, n_kept = [], [], 0, 0
+
+        # --- 1. rollout, with dynamic-sampling refills (docs/method.md §6, last paragraph)
+        def rollout_round(slots, episode_ids):
+            """Roll out this rank's share of one round; returns its records and the slots it keeps."""
+            if not slots:
+                return [], set()
+            records = semi_online_rollout(
+                sampler, [episodes[i] for i in episode_ids], tokenizer, image_processor, n_rollouts=args.n_rollouts,
+                patch_mode=args.patch_mode, patch_threshold=args.patch_threshold,
+                history_mode=args.history, image_root=args.image_root, blank_screens=blank,
+                num_images=args.num_images, min_pixels=args.min_pixels, max_pixels=args.max_pixels,
+                max_prompt_tokens=args.max_prompt_tokens, seed=[task_seed(args.seed, step, s) for s in slots],
+                progress=d.is_main)
+            for r in records:  # the global slot: unique within the step, the same on every world size
+                r.task_idx = slots[r.task_idx]
+            adv = compute_advantages(records, gamma=args.gamma, returns_form=args.returns_form,
+                                     episode_form=args.episode_adv, w_episode=args.w_episode, omega=args.omega)
+            for r, a, R in zip(records, adv.adv.tolist(), adv.returns.tolist()):
+                r.adv, r.ret = a, R
+            if args.filter_std < 0:
+                return records, set(slots)
+            return records, dynamic_sampling_tasks(records, adv.returns, threshold=args.filter_std)
+
         with sampling_mode(policy):
-            for round_ in range(args.max_resample + 1):
-                need = per_rank - n_kept
-                if need <= 0:
-                    break
-                eps = [episodes[i] for i in next_tasks(need * d.world_size)]
-                records = semi_online_rollout(
-                    sampler, eps, tokenizer, image_processor, n_rollouts=args.n_rollouts,
-                    patch_mode=args.patch_mode, patch_threshold=args.patch_threshold,
-                    history_mode=args.history, image_root=args.image_root, blank_screens=blank,
-                    num_images=args.num_images, min_pixels=args.min_pixels, max_pixels=args.max_pixels,
-                    max_prompt_tokens=args.max_prompt_tokens, seed=args.seed * 1_000_003 + step,
-                    progress=d.is_main)
-                for r in records:  # task index unique across refill rounds
-                    r.task_idx += n_tried
-                n_tried += len(eps)
-                adv = compute_advantages(records, gamma=args.gamma, returns_form=args.returns_form,
-                                         episode_form=args.episode_adv, w_episode=args.w_episode, omega=args.omega)
-                for r, a, R in zip(records, adv.adv.tolist(), adv.returns.tolist()):
-                    r.adv, r.ret = a, R
-                if args.filter_std >= 0:
-                    keep = dynamic_sampling_tasks(records, adv.returns, threshold=args.filter_std)
-                else:
-                    keep = {r.task_idx for r in records}
-                kept_records += [r for r in records if r.task_idx in keep]
-                n_kept += len(keep)
-                all_records += records
+            records, all_records, fill = fill_batch(
+                rollout_round, step=step, seed=args.seed, n_episodes=len(episodes), batch_size=args.tasks_per_step,
+                max_rounds=1 + args.max_resample, d=d)
         t_rollout = time.time() - t0
+        ep_len = {s: len(episodes[e].steps) for s, e in fill["slot_episode"].items()}
 
         # rollout statistics over every sampled response (kept or not), summed over ranks
-        stats = torch.tensor([
+        reward_sum, match_sum, n_resp, n_patched, resp_tok, prog_sum, n_roll, n_train = _all_sum([
             sum(r.reward for r in all_records), sum(r.match for r in all_records), len(all_records),
             sum(r.patched for r in all_records), sum(len(r.response_ids) for r in all_records),
-            _progress_sum(all_records), _n_rollouts(all_records), n_tried, n_kept,
-        ], dtype=torch.float64)
-        utils.all_reduce_sum(stats)
-        reward_sum, match_sum, n_resp, n_patched, resp_tok, prog_sum, n_roll, tried, kept = stats.tolist()
+            progress_sum(all_records, ep_len), len({(r.task_idx, r.rollout_idx) for r in all_records}),
+            len(records)], d)
 
         # --- 2./3. old and reference log-probs (no grad), on exactly the sampled ids
         t1 = time.time()
-        records = kept_records
-        n_local = torch.tensor([len(records)], dtype=torch.long)
-        utils.all_reduce_sum(n_local)
-        if n_local.item() == 0:
-            utils.print0(f"step {step}: dynamic sampling kept no task (all step-0 returns equal); no update")
-            last = {"step": step + 1, "reward_mean": reward_sum / max(n_resp, 1), "match_rate": match_sum / max(n_resp, 1),
-                    "loss": float("nan"), "tasks_kept": 0}
-            metrics.log(last)
-            continue
-        micro = _micro_batches(records, args.ppo_mini_batches, args.micro_batch_size, d)
-        fallback = (records or all_records)[:1]  # what a dummy micro-batch runs (FSDP collectives must match)
-
-        def collate(chunk):
-            rs = chunk if chunk is not None else fallback
-            return utils.to_device(utils.collate_sequences([r.prompt for r in rs], [r.response_ids for r in rs], pad_id), d.device)
-
+        upd = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0, "grad_norm": None,
+               "skipped": 0, "ratio_dev": None}
         sampler_gap = []
-        with torch.no_grad():
-            for mb in micro:
-                for chunk in mb:
-                    batch = collate(chunk)
-                    old, _ = policy(batch, temperature=args.temperature)
-                    refl = ref(batch, temperature=args.temperature)[0] if ref is not None else None
-                    if chunk is None:
-                        continue
-                    _split_to_records(chunk, "old_logp", old)
-                    if refl is not None:
-                        _split_to_records(chunk, "ref_logp", refl)
-                    for r in chunk:
-                        if len(r.response_ids):
-                            sampler_gap.append((r.old_logp - r.sampler_logp.to(r.old_logp)).abs().max().item())
+        if n_train > 0:  # global: every rank takes the same branch
+            micro = _micro_batches(records, args.ppo_mini_batches, args.micro_batch_size, d)
+            fallback = (records or all_records)[:1]  # what a dummy micro-batch runs (FSDP collectives must match)
+
+            def collate(chunk):
+                rs = chunk if chunk is not None else fallback
+                return utils.to_device(utils.collate_sequences([r.prompt for r in rs], [r.response_ids for r in rs],
+                                                               pad_id), d.device)
+
+            with torch.no_grad():
+                for mb in micro:
+                    for chunk in mb:
+                        batch = collate(chunk)
+                        old, _ = policy(batch, temperature=args.temperature)  # (N,) fp32
+                        refl = ref(batch, temperature=args.temperature)[0] if ref is not None else None  # (N,)
+                        if chunk is None:
+                            continue
+                        _split_to_records(chunk, "old_logp", old)
+                        if refl is not None:
+                            _split_to_records(chunk, "ref_logp", refl)
+                        for r in chunk:
+                            if len(r.response_ids):
+                                sampler_gap.append((r.old_logp - r.sampler_logp.to(r.old_logp)).abs().max().item())
         t_logp = time.time() - t1
 
         # --- 4. update: ppo_mini_batches optimizer steps over one pass of the data (1 PPO epoch)
         t2 = time.time()
-        policy.train()
-        loss_sum, kl_sum, ent_sum, clip_sum, tok_sum, gnorm = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-        first_ratio_dev = None
-        for mb in micro:
-            denom = _loss_denominator(mb, args.loss_agg)  # global over micro-batches and ranks
-            optimizer.zero_grad(set_to_none=True)
-            for chunk in mb:
-                logp, ent = policy(collate(chunk), temperature=args.temperature, return_entropy=True)
-                if chunk is None:  # dummy: same collectives, zero gradient
-                    (logp.sum() * 0.0).backward()
-                    continue
-                old = torch.cat([r.old_logp for r in chunk]).to(logp)
-                refl = torch.cat([r.ref_logp for r in chunk]).to(logp) if ref is not None else None
-                adv = torch.cat([torch.full((len(r.response_ids),), r.adv) for r in chunk]).to(logp)
-                mask = torch.ones_like(logp)
-                per_tok, st = ppo_loss(logp, old, adv, mask, ref_logp=refl, clip_low=args.clip_low,
-                                       clip_high=args.clip_high, clip_c=args.clip_c, kl_coef=args.kl_coef)
-                w = _token_weights(chunk, args.loss_agg).to(logp)  # (N,) per-token weight before the denominator
-                # FSDP averages gradients over ranks; * world_size turns that back into a global sum
-                loss = (per_tok * w).sum() / denom * d.world_size
-                loss.backward()
-                if first_ratio_dev is None:  # first on-policy micro-batch: ratio must be exactly 1
-                    first_ratio_dev = (st["ratio"] - 1).abs().max().item()
-                loss_sum += (per_tok * w).sum().item() / denom
-                kl_sum += st["kl"].sum().item()
-                ent_sum += ent.detach().sum().item()
-                clip_sum += st["clipped"].float().sum().item()
-                tok_sum += logp.numel()
-            gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
-            gnorm = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
-            optimizer.step()
+        if n_train > 0:
+            for mb in micro:
+                st = ppo_step(policy, optimizer, mb, collate, args, d)
+                for k in ("loss", "kl", "entropy", "clipped", "tokens", "skipped"):
+                    upd[k] += st[k]
+                upd["grad_norm"] = st["grad_norm"]
+                if upd["ratio_dev"] is None:
+                    upd["ratio_dev"] = st["ratio_dev"]
+        else:
+            utils.print0(f"step {step + 1}: dynamic sampling kept no task in {fill['rounds']} rounds; no update")
         t_update = time.time() - t2
 
         # --- logging (rank 0) and checkpoints
-        red = torch.tensor([loss_sum, kl_sum, ent_sum, clip_sum, tok_sum], dtype=torch.float64)
-        utils.all_reduce_sum(red)
-        loss_all, kl_all, ent_all, clip_all, tok_all = red.tolist()
-        gap, ratio_dev = max(sampler_gap, default=0.0), first_ratio_dev or 0.0  # rank 0's own, numerics checks
+        loss_all, kl_all, ent_all, clip_all, tok_all = _all_sum(
+            [upd["loss"], upd["kl"], upd["entropy"], upd["clipped"], upd["tokens"]], d)
+        per_tok = (lambda x: x / tok_all) if tok_all > 0 else (lambda x: None)  # noqa: E731
         dt = time.time() - t0
         last = {
-            "step": step + 1, "loss": loss_all / len(micro), "reward_mean": reward_sum / max(n_resp, 1),
-            "match_rate": match_sum / max(n_resp, 1), "progress": prog_sum / max(n_roll, 1),
-            "patch_rate": n_patched / max(n_resp, 1), "tasks_kept": int(kept), "tasks_tried": int(tried),
-            "kl": kl_all / max(tok_all, 1), "entropy": ent_all / max(tok_all, 1), "clipfrac": clip_all / max(tok_all, 1),
-            "grad_norm": gnorm, "response_len": resp_tok / max(n_resp, 1), "train_tokens": int(tok_all),
+            "step": step + 1, "loss": loss_all / len(micro) if n_train > 0 else None,
+            "reward_mean": reward_sum / max(n_resp, 1), "match_rate": match_sum / max(n_resp, 1),
+            "progress": prog_sum / max(n_roll, 1), "patch_rate": n_patched / max(n_resp, 1),
+            "rounds": fill["rounds"], "tasks_tried": fill["tasks_tried"], "tasks_kept": fill["tasks_kept"],
+            "partial": fill["partial"], "updates_skipped": upd["skipped"],
+            "kl": per_tok(kl_all), "entropy": per_tok(ent_all), "clipfrac": per_tok(clip_all),
+            "grad_norm": upd["grad_norm"], "response_len": resp_tok / max(n_resp, 1), "train_tokens": int(tok_all),
             "tok_s": resp_tok / max(t_rollout, 1e-9), "time_rollout_s": t_rollout, "time_logp_s": t_logp,
-            "time_update_s": t_update, "time_s": dt, "sampler_logp_gap": gap, "first_ratio_dev": ratio_dev,
+            "time_update_s": t_update, "time_s": dt,
+            "sampler_logp_gap": max(sampler_gap, default=0.0),  # rank 0's own, a numerics check
+            "first_ratio_dev": upd["ratio_dev"],  # the first on-policy micro-batch: must be 0
         }
         metrics.log(last)
         utils.print0(
-            f"step {step + 1:4d} | loss {last['loss']:+.4f} | reward {last['reward_mean']:.3f} | match {last['match_rate']:.3f} "
-            f"| prog {last['progress']:.3f} | patch {last['patch_rate']:.2f} | kept {int(kept)}/{int(tried)} | kl {last['kl']:.2e} "
-            f"| ent {last['entropy']:.2f} | clip {last['clipfrac']:.3f} | len {last['response_len']:.0f} "
-            f"| {last['tok_s']:.0f} tok/s | rollout {t_rollout:.1f}s update {t_logp + t_update:.1f}s")
-        done = step + 1 == args.max_steps
-        if args.stop_after is not None and step + 1 - start_step >= args.stop_after:
-            utils.save_checkpoint(out / "ckpt", policy, tokenizer, vars(args), optimizer=optimizer, extra={"step": step + 1})
+            f"step {step + 1:4d} | loss {_fmt(last['loss'], '+.4f')} | reward {last['reward_mean']:.3f} "
+            f"| match {last['match_rate']:.3f} | prog {last['progress']:.3f} | patch {last['patch_rate']:.2f} "
+            f"| kept {fill['tasks_kept']}/{fill['tasks_tried']} in {fill['rounds']} rounds"
+            f"{' (PARTIAL)' if fill['partial'] else ''} | kl {_fmt(last['kl'], '.2e')} "
+            f"| ent {_fmt(last['entropy'], '.2f')} | clip {_fmt(last['clipfrac'], '.3f')} "
+            f"| skipped {upd['skipped']} | len {last['response_len']:.0f} | {last['tok_s']:.0f} tok/s "
+            f"| rollout {t_rollout:.1f}s update {t_logp + t_update:.1f}s")
+        stop = args.stop_after is not None and step + 1 - start_step >= args.stop_after
+        if stop or step + 1 == args.max_steps or (args.save_every and (step + 1) % args.save_every == 0):
+            utils.save_checkpoint(out / "ckpt", policy, tokenizer, vars(args), optimizer=optimizer,
+                                  extra={"step": step + 1, "schedule": schedule})
+        if stop:
             break
-        if done or (args.save_every and (step + 1) % args.save_every == 0):
-            utils.save_checkpoint(out / "ckpt", policy, tokenizer, vars(args), optimizer=optimizer, extra={"step": step + 1})
 
     # -------------------------------------------------------------------------
     # cleanup
@@ -325,26 +316,143 @@ def main(argv=None):
 
 
 # -----------------------------------------------------------------------------
-# helpers of the loop (bookkeeping only; the method is in rollout/patch/advantage/kernels)
+# task schedule and dynamic-sampling refills
 
 
-def _progress_sum(records) -> float:
-    """Sum over rollouts of (matched steps before its first error) / (episode steps)."""
+def _perm_stream(key: tuple, start: int, n: int, n_episodes: int) -> list[int]:
+    """Positions [start, start + n) of the concatenation of permutations of range(n_episodes),
+    permutation e seeded with (*key, e): a pure function, no state to carry or replay."""
+    out, pos = [], start
+    while len(out) < n:
+        epoch, i = divmod(pos, n_episodes)
+        take = np.random.default_rng([*key, epoch]).permutation(n_episodes)[i:i + n - len(out)].tolist()
+        out += take
+        pos += len(take)
+    return out
+
+
+def step_tasks(seed: int, step: int, round_: int, n: int, n_episodes: int, batch_size: int) -> list[int]:
+    """Episode indices of the n tasks drawn, all ranks together, at (step, refill round).
+
+    Round 0 takes positions [step * batch_size, step * batch_size + n) of an epoch stream (one
+    seeded permutation per epoch: every episode once per epoch); refill round k >= 1 draws from
+    its own stream seeded with (seed, step, k). Depends on nothing else, so every rank and a
+    resumed run derive the same list. Raises ValueError on a negative seed/step or no episodes.
+    """
+    if min(seed, step, round_) < 0 or n_episodes < 1:
+        raise ValueError(f"step_tasks: seed {seed}, step {step}, round {round_} must be >= 0 and n_episodes "
+                         f"{n_episodes} >= 1")
+    if round_ == 0:
+        return _perm_stream((seed,), step * batch_size, n, n_episodes)
+    return _perm_stream((seed, step, round_), 0, n, n_episodes)
+
+
+def task_seed(seed: int, step: int, slot: int) -> int:
+    """The sampling seed of the task in global slot `slot` of `step` (slots count every task drawn
+    in the step, across refill rounds), stable across processes (no Python hash randomisation)."""
+    h = hashlib.blake2b(repr(("task", seed, step, slot)).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & 0x7FFF_FFFF_FFFF
+
+
+def fill_batch(rollout_round, *, step: int, seed: int, n_episodes: int, batch_size: int, max_rounds: int, d):
+    """Dynamic sampling with refills (DAPO; docs/method.md §6): draw batch_size tasks, keep those
+    whose rollouts vary, draw the missing number again, for at most max_rounds rounds.
+
+    rollout_round(slots, episode_ids) -> (records, kept_slots) rolls out this rank's share
+    (global slots slots[i] of the step, episodes episode_ids[i]) and returns its records (task_idx
+    = the global slot) and the subset of `slots` it keeps. Rank r takes every world_size-th slot.
+    The keep decision is then made global (one all-reduce of per-slot flags), so every rank knows
+    how many tasks survived and draws the same next round. Returns (kept records of this rank,
+    all records of this rank, info) with info = rounds, tasks_tried, tasks_kept (global counts),
+    partial (fewer than batch_size kept after max_rounds; the batch is used as it is) and
+    slot_episode {slot: episode index} over every slot of the step.
+    """
+    kept_records, all_records, slot_episode = [], [], {}
+    n_tried = n_kept = rounds = 0
+    while n_kept < batch_size and rounds < max_rounds:
+        need = batch_size - n_kept
+        slots = list(range(n_tried, n_tried + need))
+        slot_episode.update(zip(slots, step_tasks(seed, step, rounds, need, n_episodes, batch_size)))
+        mine = slots[d.rank::d.world_size]
+        records, keep = rollout_round(mine, [slot_episode[s] for s in mine])
+        if not set(keep) <= set(mine):
+            raise RuntimeError(f"rollout_round kept slots {sorted(set(keep) - set(mine))} it was not given")
+        flags = torch.zeros(need, dtype=torch.float64)  # (need,) 1 = kept, summed over ranks
+        flags[[s - n_tried for s in keep]] = 1.0
+        flags = torch.tensor(_all_sum(flags.tolist(), d))
+        kept_global = {n_tried + j for j in flags.nonzero().flatten().tolist()}
+        kept_records += [r for r in records if r.task_idx in kept_global]
+        all_records += records
+        n_tried, n_kept, rounds = n_tried + need, n_kept + len(kept_global), rounds + 1
+    info = {"rounds": rounds, "tasks_tried": n_tried, "tasks_kept": n_kept, "partial": n_kept < batch_size,
+            "slot_episode": slot_episode}
+    return kept_records, all_records, info
+
+
+def progress_sum(records, episode_len: dict) -> float:
+    """Sum over rollouts of SOP progress (docs/method.md §8): correct steps before the rollout's
+    first wrong step / the episode's length (episode_len[task_idx]), whether the rollout then
+    went on (patched) or ended."""
     first_err: dict[tuple, int] = {}
-    length: dict[tuple, int] = {}
     for r in records:
         key = (r.task_idx, r.rollout_idx)
-        length[key] = max(length.get(key, 0), r.step_idx + 1)
+        first_err.setdefault(key, episode_len[r.task_idx])
         if not r.match:
-            first_err[key] = min(first_err.get(key, 10**9), r.step_idx)
-    n_steps = {}
-    for r in records:
-        n_steps[r.task_idx] = max(n_steps.get(r.task_idx, 0), r.step_idx + 1)
-    return sum(first_err.get(k, n_steps[k[0]]) / n_steps[k[0]] for k in length)
+            first_err[key] = min(first_err[key], r.step_idx)
+    return sum(e / episode_len[k[0]] for k, e in first_err.items())
 
 
-def _n_rollouts(records) -> int:
-    return len({(r.task_idx, r.rollout_idx) for r in records})
+# -----------------------------------------------------------------------------
+# the update (docs/method.md §7)
+
+
+def ppo_step(policy, optimizer, mb, collate, args, d) -> dict:
+    """One optimizer step on one mini-batch: per-token PPO clip + dual clip + k3 KL
+    (kernels.ppo_loss), aggregated by args.loss_agg over the WHOLE mini-batch (all its
+    micro-batches on all ranks: `_loss_denominator`), backward per micro-batch, global grad-norm
+    clip (args.grad_clip), optimizer.step().
+
+    mb: list of micro-batches, each a list of records (response_ids, adv, old_logp, and ref_logp
+    when args.kl_coef > 0) or None: a dummy that runs the same FSDP collectives with zero gradient.
+    collate(chunk) -> model batch. d: utils.Dist. A non-finite global gradient norm skips
+    optimizer.step() and drops the gradients ("skipped": 1). Returns this rank's sums: loss (its
+    share of the mini-batch loss), kl, entropy, clipped, tokens; and grad_norm (global, float),
+    skipped (0/1), ratio_dev (max |ratio - 1| of the first real micro-batch, None if none).
+    """
+    denom = _loss_denominator(mb, args.loss_agg, d)  # global over micro-batches and ranks
+    out = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0, "ratio_dev": None}
+    policy.train()
+    optimizer.zero_grad(set_to_none=True)
+    for chunk in mb:
+        logp, ent = policy(collate(chunk), temperature=args.temperature, return_entropy=True)  # (N,), (N,) fp32
+        if chunk is None:  # dummy: same collectives, zero gradient
+            (logp.sum() * 0.0).backward()
+            continue
+        old = torch.cat([r.old_logp for r in chunk]).to(logp)  # (N,)
+        refl = torch.cat([r.ref_logp for r in chunk]).to(logp) if args.kl_coef > 0 else None  # (N,)
+        adv = torch.cat([torch.full((len(r.response_ids),), float(r.adv)) for r in chunk]).to(logp)  # (N,)
+        mask = torch.ones_like(logp)  # (N,): every target is a response token
+        per_tok, st = ppo_loss(logp, old, adv, mask, ref_logp=refl, clip_low=args.clip_low,
+                               clip_high=args.clip_high, clip_c=args.clip_c, kl_coef=args.kl_coef)  # (N,)
+        w = _token_weights(chunk, args.loss_agg).to(logp)  # (N,) per-token weight before the denominator
+        # FSDP averages gradients over ranks; * world_size turns that back into a global sum
+        loss = (per_tok * w).sum() / denom * d.world_size  # scalar
+        loss.backward()
+        if out["ratio_dev"] is None:  # on the first mini-batch this is on-policy: ratio exactly 1
+            out["ratio_dev"] = (st["ratio"] - 1).abs().max().item()
+        out["loss"] += (per_tok * w).sum().item() / denom
+        out["kl"] += st["kl"].sum().item()
+        out["entropy"] += ent.detach().sum().item()
+        out["clipped"] += st["clipped"].float().sum().item()
+        out["tokens"] += logp.numel()
+    gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)  # global norm (collective)
+    out["grad_norm"] = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
+    out["skipped"] = int(not np.isfinite(out["grad_norm"]))  # the same on every rank: a global norm
+    if out["skipped"]:
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        optimizer.step()
+    return out
 
 
 def _micro_batches(records, n_mini, micro_size, d):
@@ -352,7 +460,8 @@ def _micro_batches(records, n_mini, micro_size, d):
 
     Record j of a task (in record order) goes to mini-batch j % n_mini, so the union of a
     mini-batch over ranks does not depend on the world size (the 1- vs 2-process test).
-    Every rank runs the same number of micro-batches (None = a zero-weight dummy).
+    Every rank runs the same number of micro-batches (None = a zero-weight dummy); a
+    mini-batch empty on every rank is dropped.
     """
     minis = [[] for _ in range(n_mini)]
     seen: dict[int, int] = {}
@@ -363,7 +472,7 @@ def _micro_batches(records, n_mini, micro_size, d):
     out = []
     for m in minis:
         chunks = [m[i:i + micro_size] for i in range(0, len(m), micro_size)]
-        n = torch.tensor([len(chunks)], dtype=torch.long)
+        n = torch.tensor([len(chunks)], dtype=torch.long, device=d.device)
         if d.world_size > 1:
             torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MAX)
         chunks += [None] * (int(n.item()) - len(chunks))
@@ -373,19 +482,19 @@ def _micro_batches(records, n_mini, micro_size, d):
 
 
 def _token_weights(chunk, agg):
-    """Per-token weights: 1 for token-mean; 1/len (seq-mean-token-mean) or 1 (seq-mean-token-sum)
-    per sequence, whose sum is then divided by the global sequence count."""
+    """Per-token weights (N,): 1 for token-mean and seq-mean-token-sum, 1/len for
+    seq-mean-token-mean; their weighted sum is divided by `_loss_denominator`."""
     if agg == "seq-mean-token-mean":
         return torch.cat([torch.full((len(r.response_ids),), 1.0 / max(len(r.response_ids), 1)) for r in chunk])
     return torch.cat([torch.ones(len(r.response_ids)) for r in chunk])
 
 
-def _loss_denominator(mb, agg) -> float:
-    """Global (all ranks, all micro-batches) token or sequence count of a mini-batch."""
+def _loss_denominator(mb, agg, d) -> float:
+    """Global (all ranks, all micro-batches) token count (token-mean) or sequence count
+    (seq-mean-*) of a mini-batch, at least 1."""
     real = [r for chunk in mb if chunk is not None for r in chunk]
-    n = torch.tensor([sum(len(r.response_ids) for r in real) if agg == "token-mean" else len(real)], dtype=torch.float64)
-    utils.all_reduce_sum(n)
-    return max(n.item(), 1.0)
+    n = sum(len(r.response_ids) for r in real) if agg == "token-mean" else len(real)
+    return max(_all_sum([n], d)[0], 1.0)
 
 
 def _split_to_records(chunk, name, values):
@@ -393,6 +502,17 @@ def _split_to_records(chunk, name, values):
     sizes = [len(r.response_ids) for r in chunk]
     for r, v in zip(chunk, values.detach().float().cpu().split(sizes)):
         setattr(r, name, v)
+
+
+def _all_sum(values: list, d) -> list[float]:
+    """Element-wise sum over ranks of a list of numbers (on the device: nccl reduces no CPU tensors)."""
+    x = torch.tensor([float(v) for v in values], dtype=torch.float64, device=d.device)
+    utils.all_reduce_sum(x)
+    return x.tolist()
+
+
+def _fmt(x, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
 
 
 if __name__ == "__main__":

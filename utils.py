@@ -87,6 +87,27 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def rng_state() -> dict:
+    """This process's global generators (python, numpy, torch CPU, and every CUDA device when
+    CUDA is available, used or not yet), as JSON-able lists, for checkpoints."""
+    py, np_state = random.getstate(), np.random.get_state()
+    state = {"python": [py[0], list(py[1]), py[2]], "torch": torch.get_rng_state().tolist(),
+             "numpy": [np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])]}
+    if torch.cuda.is_available():
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what rng_state() returned (every generator it holds)."""
+    random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    n = state["numpy"]
+    np.random.set_state(("MT19937", np.array(n[0], dtype=np.uint32), n[1], n[2], n[3]))
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+
+
 # -----------------------------------------------------------------------------
 # model and processor
 
@@ -193,7 +214,7 @@ def _full_state_dicts(model, optimizer):
 def save_checkpoint(out_dir: str | os.PathLike, model, tokenizer, args: dict, *, optimizer=None,
                     extra: dict | None = None, keep: int = 2) -> Path | None:
     """Write out_dir/step_XXXXXX/ (config.json, model.safetensors, tokenizer files,
-    args.json, and with an optimizer: optimizer.pt + trainer_state.json with RNG state),
+    args.json, and with an optimizer: optimizer.pt + trainer_state.json with every rank's RNG state),
     then point out_dir/latest at it.
 
     Atomicity: everything goes to a temporary sibling folder that is renamed into place
@@ -203,6 +224,10 @@ def save_checkpoint(out_dir: str | os.PathLike, model, tokenizer, args: dict, *,
     `extra` must hold a "step" key.
     """
     msd, osd = _full_state_dicts(model, optimizer)
+    rngs = [rng_state()]  # every rank's generators: ranks draw different numbers
+    if dist.is_initialized():
+        rngs = [None] * dist.get_world_size()
+        dist.all_gather_object(rngs, rng_state())
     if get_rank() != 0:
         return None
     extra = dict(extra or {})
@@ -224,9 +249,7 @@ def save_checkpoint(out_dir: str | os.PathLike, model, tokenizer, args: dict, *,
     (tmp / "args.json").write_text(json.dumps(args, indent=2, default=str))
     if osd is not None:
         torch.save(osd, tmp / "optimizer.pt")
-        np_state = np.random.get_state()
-        extra["rng"] = {"torch": torch.get_rng_state().tolist(), "python": list(random.getstate()[1]),
-                        "numpy": [np_state[1].tolist(), int(np_state[2])]}
+        extra["rng"] = rngs  # one rng_state() per rank
     (tmp / "trainer_state.json").write_text(json.dumps(extra, default=str))
     if final.exists():
         shutil.rmtree(final)
@@ -278,11 +301,12 @@ def load_checkpoint_state(ckpt: str | os.PathLike, model, optimizer=None) -> dic
     if optimizer is not None and (ckpt / "optimizer.pt").exists():
         osd = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)
         set_optimizer_state_dict(model, optimizer, osd, options=StateDictOptions(full_state_dict=True, strict=False))
-    if "rng" in state:
-        rng = state["rng"]
-        torch.set_rng_state(torch.tensor(rng["torch"], dtype=torch.uint8))
-        random.setstate((3, tuple(rng["python"]), None))
-        np.random.set_state(("MT19937", np.array(rng["numpy"][0], dtype=np.uint32), rng["numpy"][1], 0, 0.0))
+    if isinstance(state.get("rng"), list):  # (older checkpoints kept rank 0's only, in another layout)
+        rank, n = get_rank(), len(state["rng"])
+        if n != (dist.get_world_size() if dist.is_initialized() else 1):
+            raise ValueError(f"{ckpt / 'trainer_state.json'}: field 'rng' holds {n} ranks' generators; "
+                             f"resume with that many processes")
+        set_rng_state(state["rng"][rank])
     return state
 
 

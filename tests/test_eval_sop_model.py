@@ -211,10 +211,12 @@ def test_tiny_model_end_to_end(capsys, miniwob_file, tmp_path):
                        "--model", "tiny", "--max-new-tokens", "8", "--elements", "--protocol", "sop", "static",
                        "--out", str(out)])
     assert last_json(capsys) == s
+    # 8 new tokens cannot hold '<think>..</think><action>{json}</action>': no step can parse, so every
+    # metric is exactly 0 and SOP stops each episode at its first step (2 steps run in all)
     for k in ("sop_pg", "sop_tsr", "static_type_acc", "static_step_sr"):
-        assert 0.0 <= s[k] <= 1.0, k
-    assert s["static_grounding_acc"] is None or 0.0 <= s["static_grounding_acc"] <= 1.0
-    assert s["episodes"] == 2 and s["static_steps"] == 5 and 2 <= s["steps_run"] <= 5
+        assert s[k] == 0.0, k
+    assert s["static_grounding_acc"] in (None, 0.0)
+    assert s["episodes"] == 2 and s["static_steps"] == 5 and s["steps_run"] == 2
     assert s["responses"] == s["steps_run"] + s["static_steps"]
     assert s["prompt_budget"] == 8192 - 8  # the tiny model's context minus the response budget
     page = (out / "report.html").read_text()

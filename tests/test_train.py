@@ -2,8 +2,12 @@
 
 - FSDP2: a 2-process run (torchrun, gloo, CPU) ends with the same parameters and losses as a
   1-process run on the same data, for SFT and for semi-online RL;
-- stop-and-resume of semi-online RL gives the same parameters as an uninterrupted run;
-- a process killed while writing a checkpoint leaves the previous one loadable.
+- semi-online RL with dynamic sampling ON, from a checkpoint whose rollouts earn varying rewards
+  (tests/rl_checkpoint.py), so tasks are dropped and refill rounds run: 2 processes == 1 process,
+  and stop-and-resume == uninterrupted (schedule, RNG and optimizer state restored);
+- a step where dynamic sampling keeps nothing is still a step: logged with its number, saved;
+- a process killed while writing a checkpoint leaves the previous one loadable;
+- the RNG state of every generator survives a checkpoint round trip.
 
 Tolerances: fp32 all the way; the two runs differ only in the order of floating-point sums
 (gradient reduce-scatter), so parameters agree to ~1e-6 after Adam's few steps.
@@ -25,14 +29,25 @@ REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
-# semi-online RL on 4 MiniWob++ episodes; the reference is a differently seeded tiny model so
-# the KL term gives every token a non-zero loss and gradient even though a random policy earns
-# no reward (all advantages 0): the whole loss / token-mean / FSDP-reduction path is exercised.
-RL = ["train_semionline.py", "--model", "tiny", "--max-episodes", "4", "--tasks-per-step", "2",
-      "--n-rollouts", "2", "--max-new-tokens", "6", "--filter-std", "-1", "--kl-coef", "0.5",
-      "--ref-seed", "1", "--lr", "1e-3", "--micro-batch-size", "2", "--ppo-mini-batches", "2"]
+# semi-online RL on 4 MiniWob++ episodes with dynamic sampling on (--filter-std 0: drop a task whose
+# rollouts all earn the same step-0 return), from the rl_ckpt fixture's model, fitted to 2 of them: their
+# rollouts' rewards vary, the other 2 earn 0 (dropped, then refilled). The reference is a differently
+# seeded tiny model, so the KL term is large too.
+RL = ["train_semionline.py", "--max-episodes", "4", "--tasks-per-step", "2", "--n-rollouts", "3",
+      "--max-new-tokens", "40", "--max-pixels", "20000", "--temperature", "1.0", "--filter-std", "0",
+      "--max-resample", "2", "--kl-coef", "0.5", "--ref-model", "tiny", "--ref-seed", "1", "--lr", "1e-3",
+      "--micro-batch-size", "2", "--ppo-mini-batches", "2"]
 SFT = ["train_sft.py", "--model", "tiny", "--max-episodes", "8", "--batch-size", "4", "--micro-batch-size", "2",
        "--lr", "1e-3", "--warmup-steps", "1", "--eval-every", "0", "--val-frac", "0.25"]
+
+
+@pytest.fixture(scope="session")
+def rl_ckpt(tmp_path_factory):
+    """A tiny model fitted to the first MiniWob++ steps: its rollouts' rewards vary (built once)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from rl_checkpoint import make_checkpoint
+    ckpt, _ = make_checkpoint(tmp_path_factory.mktemp("rl_ckpt"))
+    return ["--model", str(ckpt)]
 
 
 def launch(args, out, nproc=1):
@@ -66,28 +81,81 @@ def test_sft_fsdp_two_processes_match_one(tmp_path):
     assert_same_params(params(tmp_path / "p1"), params(tmp_path / "p2"), atol=2e-5)
 
 
-def test_semionline_fsdp_two_processes_match_one(tmp_path):
-    last1, m1 = launch(RL + ["--max-steps", "2"], tmp_path / "p1")
-    last2, m2 = launch(RL + ["--max-steps", "2"], tmp_path / "p2", nproc=2)
-    # same rollouts (per-task sampling seeds), same losses, same parameters
+def assert_refilled(m):
+    """Dynamic sampling did something: a task dropped, a refill round run, some task trained on."""
+    assert sum(r["tasks_tried"] for r in m) > sum(r["tasks_kept"] for r in m) > 0
+    assert max(r["rounds"] for r in m) > 1 and sum(r["train_tokens"] for r in m) > 0
+
+
+def test_semionline_fsdp_two_processes_match_one(tmp_path, rl_ckpt):
+    last1, m1 = launch(RL + rl_ckpt + ["--max-steps", "2"], tmp_path / "p1")
+    last2, m2 = launch(RL + rl_ckpt + ["--max-steps", "2"], tmp_path / "p2", nproc=2)
+    assert [r["step"] for r in m1] == [r["step"] for r in m2] == [1, 2]
+    assert_refilled(m1)
+    # same schedule, same keep decisions, same rollouts (per-slot sampling seeds), same losses, same parameters
     for a, b in zip(m1, m2):
-        assert a["train_tokens"] == b["train_tokens"] and a["reward_mean"] == b["reward_mean"]
-        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-7)
-        assert a["kl"] == pytest.approx(b["kl"], rel=1e-4)
-    assert m1[0]["first_ratio_dev"] == 0.0  # the first on-policy step's ratio is exactly 1
-    assert m1[0]["loss"] > 0 and m1[0]["kl"] > 0
+        for k in ("rounds", "tasks_tried", "tasks_kept", "partial", "train_tokens"):
+            assert a[k] == b[k], k
+        assert a["reward_mean"] == pytest.approx(b["reward_mean"]) and a["progress"] == pytest.approx(b["progress"])
+        if a["loss"] is not None:
+            assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-7)
+            assert a["kl"] == pytest.approx(b["kl"], rel=1e-4)
+    first = next(r for r in m1 if r["loss"] is not None)
+    if first["step"] == 1:
+        assert first["first_ratio_dev"] == 0.0  # the first on-policy step's ratio is exactly 1
     # lr 1e-3 x 4 Adam steps: entries move by up to 4e-3; near-zero-gradient entries may differ by <10% of a step
     assert_same_params(params(tmp_path / "p1"), params(tmp_path / "p2"), atol=1e-4)
 
 
-def test_semionline_resume_matches_uninterrupted(tmp_path):
-    launch(RL + ["--max-steps", "2"], tmp_path / "full")
-    launch(RL + ["--max-steps", "2", "--stop-after", "1"], tmp_path / "cut")
+def test_semionline_resume_matches_uninterrupted(tmp_path, rl_ckpt):
+    _, full = launch(RL + rl_ckpt + ["--max-steps", "3"], tmp_path / "full")
+    assert_refilled(full)
+    launch(RL + rl_ckpt + ["--max-steps", "3", "--stop-after", "1"], tmp_path / "cut")
     first = params(tmp_path / "cut")
-    launch(RL + ["--max-steps", "2", "--resume"], tmp_path / "cut")
+    _, cut = launch(RL + rl_ckpt + ["--max-steps", "3", "--resume"], tmp_path / "cut")
     final = params(tmp_path / "cut")
-    assert max((first[k] - final[k]).abs().max().item() for k in first) > 1e-5  # step 2 did train
+    assert [r["step"] for r in cut] == [1, 2, 3]
+    for a, b in zip(full, cut):
+        for k in ("rounds", "tasks_tried", "tasks_kept", "train_tokens"):
+            assert a[k] == b[k], (a["step"], k)
+        assert a["reward_mean"] == pytest.approx(b["reward_mean"])
+        assert (a["loss"] is None) == (b["loss"] is None)
+        if a["loss"] is not None:
+            assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-8)
+    assert max((first[k] - final[k]).abs().max().item() for k in first) > 1e-5  # steps 2-3 did train
     assert_same_params(params(tmp_path / "full"), final, atol=1e-6)
+
+
+def test_semionline_step_that_keeps_nothing_is_a_step(tmp_path):
+    """An untrained model earns 0 everywhere: dynamic sampling drops every task in every round; each
+    step still logs its own number, says it is partial, and the end (and --save-every) still saves."""
+    last, m = launch(["train_semionline.py", "--model", "tiny", "--max-episodes", "3", "--tasks-per-step", "2",
+                      "--n-rollouts", "2", "--max-new-tokens", "4", "--max-steps", "3", "--save-every", "2",
+                      "--max-resample", "1"], tmp_path)
+    assert [r["step"] for r in m] == [1, 2, 3] and last["step"] == 3
+    assert all(r["rounds"] == 2 and r["tasks_tried"] == 4 and r["tasks_kept"] == 0 and r["partial"] for r in m)
+    assert all(r["loss"] is None and r["train_tokens"] == 0 for r in m)
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("step_*")) == ["step_000002", "step_000003"]
+
+
+def test_rng_state_round_trip(tmp_path):
+    """Every global generator is saved and restored, the ones nothing has drawn from yet included."""
+    import random
+
+    import numpy as np
+
+    import utils
+    model = utils.load_model("tiny")
+    opt = torch.optim.AdamW(model.parameters())
+    utils.seed_everything(7)
+    torch.rand(3), np.random.rand(2), random.random()  # advance some, not others (np's gauss cache)
+    np.random.standard_normal()  # leaves a cached Gaussian in numpy's state
+    utils.save_checkpoint(tmp_path, model, None, {}, optimizer=opt, extra={"step": 1})
+    want = (torch.rand(4).tolist(), np.random.standard_normal(3).tolist(), random.random())
+    utils.seed_everything(123)
+    utils.load_checkpoint_state(utils.latest_checkpoint(tmp_path), model, opt)
+    got = (torch.rand(4).tolist(), np.random.standard_normal(3).tolist(), random.random())
+    assert got == want
 
 
 KILLER = textwrap.dedent("""
@@ -115,11 +183,20 @@ def test_kill_during_checkpoint_keeps_previous(tmp_path):
     proc = subprocess.Popen([PY, "-c", KILLER.format(repo=str(REPO), out=str(out))], stdout=subprocess.PIPE,
                             text=True, env=ENV)
     deadline = time.time() + 120
+    saw = False
     for line in proc.stdout:
-        if "WRITING" in line or time.time() > deadline:
+        if "WRITING" in line:
+            saw = True
             break
+        if time.time() > deadline:
+            break
+    assert saw, "the writer never reached the middle of its checkpoint"
+    # killed mid-write: step 2's files exist, but only in the temporary folder
+    tmp = list(out.glob(".tmp_step_000002_*"))
+    assert len(tmp) == 1 and (tmp[0] / "model.safetensors").exists()
     proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    assert proc.wait() == -signal.SIGKILL  # it died of the kill, not of finishing
+    assert tmp[0].exists() and (out / "latest").read_text().strip() == "step_000001"
     import utils
     from transformers import Qwen2_5_VLForConditionalGeneration
     latest = utils.latest_checkpoint(out)

@@ -1,0 +1,162 @@
+"""The task schedule, dynamic-sampling refills and rollout bookkeeping of train_semionline.py,
+against cases computed by hand: `step_tasks` (a pure function of seed, step, round), `fill_batch`
+(global keep decision, refill rounds, the cap, 1 vs 2 ranks), per-slot sampling seeds, SOP progress."""
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import train_semionline as ts
+from rollout import semi_online_rollout
+
+
+def dist(rank, world):
+    return SimpleNamespace(rank=rank, world_size=world, device=torch.device("cpu"), is_main=rank == 0)
+
+
+# -----------------------------------------------------------------------------
+# step_tasks
+
+
+def test_step_tasks_epochs_and_purity():
+    n_eps, B = 5, 2
+    stream = sum((ts.step_tasks(3, s, 0, B, n_eps, B) for s in range(10)), [])  # 20 positions = 4 epochs
+    for e in range(4):
+        assert sorted(stream[5 * e:5 * e + 5]) == list(range(5))  # every episode once per epoch
+    assert stream[:5] != stream[5:10] or stream[5:10] != stream[10:15]  # epochs are reshuffled
+    # pure: step 7 alone, in any order of calls, gives positions 14, 15 of the stream
+    assert ts.step_tasks(3, 7, 0, B, n_eps, B) == stream[14:16]
+    # refill rounds: their own draws, a function of (seed, step, round) only
+    r1 = ts.step_tasks(3, 7, 1, 4, n_eps, B)
+    assert r1 == ts.step_tasks(3, 7, 1, 4, n_eps, B) and len(set(r1)) == 4
+    assert {tuple(ts.step_tasks(3, s, k, 4, n_eps, B)) for s in range(3) for k in (1, 2)}.__len__() > 1
+    assert ts.step_tasks(4, 7, 0, B, n_eps, B) != stream[14:16] or ts.step_tasks(4, 8, 0, B, n_eps, B) != stream[16:18]
+    with pytest.raises(ValueError, match="seed -1"):
+        ts.step_tasks(-1, 0, 0, 2, 5, 2)
+
+
+def test_task_seed():
+    seeds = {ts.task_seed(0, step, slot) for step in range(3) for slot in range(6)}
+    assert len(seeds) == 18 and ts.task_seed(0, 1, 2) == ts.task_seed(0, 1, 2)
+    assert all(0 <= s < 2 ** 47 for s in seeds)
+
+
+# -----------------------------------------------------------------------------
+# fill_batch
+
+
+class Rec:
+    def __init__(self, slot):
+        self.task_idx = slot
+
+
+def run_fill(world, keep_slots, batch_size=4, max_rounds=3, seed=0, step=5, n_eps=7):
+    """fill_batch on `world` simulated ranks (threads; _all_sum summed through a barrier).
+    The fake rollout keeps the slots in keep_slots (a rank can only keep its own)."""
+    calls = {r: [] for r in range(world)}
+    results = {}
+    box, barrier = {}, threading.Barrier(world)
+
+    def all_sum(values, d):
+        box[d.rank] = list(values)
+        barrier.wait()
+        out = [sum(v[i] for v in box.values()) for i in range(len(values))]
+        barrier.wait()
+        return out
+
+    def worker(rank):
+        def rollout_round(slots, episode_ids):
+            calls[rank].append((list(slots), list(episode_ids)))
+            return [Rec(s) for s in slots], {s for s in slots if s in keep_slots}
+        results[rank] = ts.fill_batch(rollout_round, step=step, seed=seed, n_episodes=n_eps, batch_size=batch_size,
+                                      max_rounds=max_rounds, d=dist(rank, world))
+
+    orig = ts._all_sum
+    ts._all_sum = all_sum
+    try:
+        threads = [threading.Thread(target=worker, args=(r,)) for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+    finally:
+        ts._all_sum = orig
+    return results, calls
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_fill_batch_refills_by_hand(world):
+    # batch 4. round 0: slots 0-3, keep {1}; round 1: the missing 3, slots 4-6, keep {4, 6};
+    # round 2: the missing 1, slot 7, dropped; the cap (3 rounds) is reached: partial, 3 of 4 kept
+    results, calls = run_fill(world, keep_slots={1, 4, 6})
+    for rank, (kept, every, info) in results.items():
+        assert info["rounds"] == 3 and info["tasks_tried"] == 8 and info["tasks_kept"] == 3 and info["partial"]
+        if world == 1:
+            assert [r.task_idx for r in every] == list(range(8))
+        assert info["slot_episode"] == dict(zip(range(8), ts.step_tasks(0, 5, 0, 4, 7, 4) + ts.step_tasks(0, 5, 1, 3, 7, 4)
+                                                 + ts.step_tasks(0, 5, 2, 1, 7, 4)))
+    union_kept = sorted(r.task_idx for _, (kept, _, _) in results.items() for r in kept)
+    union_all = sorted(r.task_idx for _, (_, every, _) in results.items() for r in every)
+    assert union_kept == [1, 4, 6] and union_all == list(range(8))
+    if world == 2:  # rank r rolls out every 2nd slot of each round
+        assert [c[0] for c in calls[0]] == [[0, 2], [4, 6], [7]]
+        assert [c[0] for c in calls[1]] == [[1, 3], [5], []]
+        assert calls[0][0][1] == [results[0][2]["slot_episode"][s] for s in (0, 2)]
+
+
+def test_fill_batch_full_and_capped():
+    results, _ = run_fill(1, keep_slots=set(range(100)))
+    assert results[0][2] | {"slot_episode": None} == {"rounds": 1, "tasks_tried": 4, "tasks_kept": 4, "partial": False,
+                                                      "slot_episode": None}
+    results, _ = run_fill(2, keep_slots=set(), max_rounds=2)  # nothing kept: 2 rounds of 4, then stop
+    assert all(info["rounds"] == 2 and info["tasks_tried"] == 8 and info["tasks_kept"] == 0 and info["partial"]
+               for _, _, info in results.values())
+
+
+def test_fill_batch_rejects_foreign_slots():
+    def bad(slots, episode_ids):
+        return [], {99}
+    with pytest.raises(RuntimeError, match="99"):
+        ts.fill_batch(bad, step=0, seed=0, n_episodes=3, batch_size=2, max_rounds=2, d=dist(0, 1))
+
+
+# -----------------------------------------------------------------------------
+# sampling seeds: a task drawn twice is sampled afresh
+
+
+class SeedSampler:
+    def __init__(self):
+        self.seeds = []
+
+    def generate(self, prompts, n=1, greedy=False, seeds=None):
+        self.seeds.append(list(seeds))
+        return [[SimpleNamespace(text="no action", ids=[1], logprobs=torch.zeros(1), finish_reason="stop")] * n
+                for _ in prompts]
+
+
+def test_duplicate_task_gets_its_own_seed(monkeypatch):
+    import gui
+    from PIL import Image
+    ep = gui.Episode(goal="g", episode_id="e1", source="x",
+                     steps=[gui.Step(screenshot=None, action={"action": "wait", "time": 1})])
+    monkeypatch.setattr(gui, "load_screenshot", lambda *a, **k: Image.new("RGB", (56, 56)))
+    monkeypatch.setattr(gui, "build_prompt", lambda *a, **k: SimpleNamespace(resized_size=(56, 56)))
+    s = SeedSampler()
+    semi_online_rollout(s, [ep, ep], None, None, n_rollouts=2, seed=[ts.task_seed(0, 0, 0), ts.task_seed(0, 0, 1)])
+    assert len(s.seeds[0]) == 2 and s.seeds[0][0] != s.seeds[0][1]  # the two slots: different draws
+    s2 = SeedSampler()
+    semi_online_rollout(s2, [ep, ep], None, None, n_rollouts=2, seed=0)  # one run seed: the same draws
+    assert s2.seeds[0][0] == s2.seeds[0][1]
+
+
+# -----------------------------------------------------------------------------
+# SOP progress
+
+
+def test_progress_sum_by_hand():
+    R = lambda task, roll, t, match: SimpleNamespace(task_idx=task, rollout_idx=roll, step_idx=t, match=match)  # noqa
+    recs = [R(0, 0, 0, True), R(0, 0, 1, True), R(0, 0, 2, False),  # 10-step episode: 2 right, then wrong: 0.2
+            R(0, 1, 0, False), R(0, 1, 1, True),  # wrong first, patched, then right: 0
+            R(1, 0, 0, True), R(1, 0, 1, True), R(1, 0, 2, True)]  # 3-step episode, all right: 1
+    assert ts.progress_sum(recs, {0: 10, 1: 3}) == pytest.approx(0.2 + 0.0 + 1.0)
