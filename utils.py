@@ -300,7 +300,13 @@ class UsageError(Exception):
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """--help shows every flag's default and keeps the docstring's examples as written."""
+    """--help shows every flag's default (unless its help already says it) and keeps the
+    docstring's examples as written."""
+
+    def _get_help_string(self, action):
+        if "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
 
 class Parser(argparse.ArgumentParser):
