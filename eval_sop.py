@@ -979,6 +979,9 @@ def main(argv: list[str] | None = None) -> dict:
     if report_path:
         title = f"eval_sop: {args.policy}" + (f" {args.model}" if args.policy == "model" else "")
         write_report(report_path, title, summary, sections)
+    if out_dir or report_path:  # where the outputs are (the last line stays the JSON summary)
+        print(f"results: {os.path.join(out_dir, 'result.json') if out_dir else args.out}"
+              + (f"  report: {report_path} (open it in a browser)" if report_path else ""), flush=True)
     print(utils.dumps(summary))
     return summary
 

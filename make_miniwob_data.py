@@ -197,6 +197,7 @@ def main(argv=None):
                **{f"{s}_episodes": m["episodes"] for s, m in manifest_splits.items()},
                **{f"{s}_steps": m["steps"] for s, m in manifest_splits.items()},
                "skipped": sum(len(v) for m in manifest_splits.values() for v in m["skipped"].values())}
+    print(f"next: python train_sft.py --data {out / 'train.jsonl'}", flush=True)
     print(utils.dumps(summary))
 
 

@@ -314,7 +314,8 @@ class Parser(argparse.ArgumentParser):
     prints its whole usage block first, which hides the line that matters)."""
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n")
+        # under torchrun every rank parses the same argv: rank 0 alone says so
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n" if get_rank() == 0 else None)
 
 
 def make_parser(doc: str, **kwargs) -> Parser:
