@@ -59,7 +59,6 @@ CLI (last stdout line is a JSON object):
     python miniwob_env.py show --task login-user --seed 3   # goal, element list, expert's plan
 """
 
-import argparse
 import base64
 import io
 import json

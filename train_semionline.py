@@ -25,7 +25,6 @@ Offline-RL baseline on the same code: add --history expert.
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -120,7 +119,7 @@ def main(argv=None):
     out = Path(args.out)
     if d.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "args.json").write_text(json.dumps(vars(args), indent=2))
+        (out / "args.json").write_text(utils.dumps(vars(args), indent=2))
     metrics = utils.MetricsLogger(out / "metrics.jsonl", append=args.resume, tensorboard=args.tensorboard)
     gpu = d.device.type == "cuda"
 

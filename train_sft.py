@@ -22,7 +22,6 @@ train_semionline.py --model auto starts from the latest one.
 """
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
@@ -85,7 +84,7 @@ def main(argv=None):
     out = Path(args.out)
     if d.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "args.json").write_text(json.dumps(vars(args), indent=2))
+        (out / "args.json").write_text(utils.dumps(vars(args), indent=2))
     metrics = utils.MetricsLogger(out / "metrics.jsonl", append=args.resume, tensorboard=args.tensorboard)
     gpu = d.device.type == "cuda"
 

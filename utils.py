@@ -315,7 +315,9 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         # under torchrun every rank parses the same argv: rank 0 alone says so
-        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n" if get_rank() == 0 else None)
+        if get_rank() != 0:
+            _quiet_exit()
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n")
 
 
 def make_parser(doc: str, **kwargs) -> Parser:
@@ -395,9 +397,17 @@ def cli(main, argv=None):
     try:
         return main(argv)
     except _input_errors() as e:
-        if int(os.environ.get("RANK", 0)) == 0:
-            print(f"{os.path.basename(sys.argv[0])}: error: {error_line(e)}", file=sys.stderr, flush=True)
+        if get_rank() != 0:
+            _quiet_exit()
+        print(f"{os.path.basename(sys.argv[0])}: error: {error_line(e)}", file=sys.stderr, flush=True)
         sys.exit(2)
+
+
+def _quiet_exit():
+    """A non-zero rank's exit on an input error: silent, and a moment late, so that torchrun (which
+    stops the other ranks when one exits) does not stop rank 0 before it has printed the line."""
+    time.sleep(2.0)
+    sys.exit(2)
 
 
 def checkpoint_args(path: str | os.PathLike) -> dict:

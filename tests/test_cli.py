@@ -216,3 +216,70 @@ def test_train_semionline_adopts_sft_prompt_options(checkpoint):
     taken = utils.adopt_checkpoint_args(args, ts.parser, argv, args.model, ts.PROMPT_ARGS)
     assert taken == {"num_images": 1, "min_pixels": 3136, "max_prompt_tokens": None}
     assert args.max_pixels == 50176 and args.num_images == 1
+
+
+# -----------------------------------------------------------------------------
+# report labels: what happened, and frames coloured by it
+
+
+def test_outcome_labels_by_hand():
+    assert eval_sop.sop_outcome(3, 3, False) == "success: all 3 steps right"
+    assert eval_sop.sop_outcome(1, 4, False) == "wrong action at step 1: 1/4 steps right before it"
+    assert eval_sop.sop_outcome(0, 4, True) == "no valid action at step 0: 0/4 steps right before it"
+    ok = {"steps": 2, "cause": "success", "success": True}
+    term = {"steps": 2, "cause": "wrong_action", "terminated": True, "raw_reward": 0.0}
+    page = {"steps": 3, "cause": "wrong_action", "terminated": False, "raw_reward": -1.0}
+    limit = {"steps": 12, "cause": "step_limit"}
+    err = {"steps": 1, "cause": "policy_error", "error": "KeyError: 'x'"}
+    assert eval_sop.online_outcome(ok) == ("success in 2 steps", None)
+    assert eval_sop.online_outcome(term) == ("terminated early: terminate at step 1 before the task was done", 1)
+    assert eval_sop.online_outcome(page) == ("wrong action at step 2: the page ended the episode (raw reward -1.00)", 2)
+    assert eval_sop.online_outcome(limit) == ("step limit: not done after 12 steps", None)
+    assert eval_sop.online_outcome(err) == ("policy error at step 1: KeyError: 'x'", None)
+
+
+def test_online_report_frames_follow_the_outcome(monkeypatch, tmp_path):
+    """A terminated-early episode's frames are not green: the last one is red (the step that ended
+    it), the others grey; a success's are green; a malformed response is red."""
+    import miniwob_env
+    from PIL import Image
+
+    click = gui.format_response("t", {"action": "click", "coordinate": [10, 10]})
+    stop = gui.format_response("t", {"action": "terminate", "status": "success"})
+    answers = {("click-test", 1): [click, stop], ("click-test", 2): [click, stop], ("click-test", 3): ["junk", click]}
+    ends = {1: {"cause": "success", "success": True}, 2: {"cause": "wrong_action", "success": False, "terminated": True},
+            3: {"cause": "step_limit", "success": False}}
+
+    def fake_evaluate(policy, tasks, seeds, max_steps):
+        eps = []
+        for task in tasks:
+            for seed in seeds:
+                for t in range(2):
+                    policy({"task": task, "seed": seed, "goal": f"goal {seed}", "elements": "",
+                            "screenshot": Image.new("RGB", (168, 224), "white")}, t)
+                eps.append({"task": task, "seed": seed, "steps": 2, **ends[seed]})
+        return {"episodes": eps, "per_task": {}, "overall": {}}
+
+    monkeypatch.setattr(miniwob_env, "evaluate_online", fake_evaluate)
+    prompt = types.SimpleNamespace(resized_size=(168, 224))
+    model = lambda items: [answers[(items[0][0].task, items[0][0].seed)][items[0][2]]]  # noqa: E731
+
+    def make_prompt(obs, shots, history):
+        return types.SimpleNamespace(resized_size=prompt.resized_size, task=obs["task"], seed=obs["seed"])
+
+    args = types.SimpleNamespace(report_episodes=8, online_max_steps=2)
+    res, shown = eval_sop.run_online(model, make_prompt, ["click-test"], [1, 2, 3], args)
+    by_seed = {int(s["title"].split()[-1]): s for s in shown}
+    assert by_seed[1]["outcome"] == "success in 2 steps" and by_seed[1]["first_wrong"] is None
+    assert [v["cls"] for v in by_seed[1]["steps"]] == ["", ""]
+    assert by_seed[2]["outcome"].startswith("terminated early: terminate at step 1") and by_seed[2]["first_wrong"] == 1
+    assert [v["cls"] for v in by_seed[2]["steps"]] == ["neutral", "wrong"]
+    assert by_seed[2]["steps"][1]["verdict"] == "terminate before the task was done"
+    assert by_seed[3]["outcome"] == "step limit: not done after 2 steps"
+    assert [v["cls"] for v in by_seed[3]["steps"]] == ["wrong", "neutral"]  # junk, then a click of a failed episode
+    assert res["malformed"] == 1
+    page = tmp_path / "r.html"
+    eval_sop.write_report(str(page), "t", {}, [("Online", "", shown)])
+    html = page.read_text()
+    assert html.count("class='step neutral'") == 2 and html.count("class='step wrong first'") == 1
+    assert "terminated early" in html and "Step 1: terminate before the task was done" in html
