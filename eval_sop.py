@@ -98,7 +98,7 @@ def sop_parser() -> argparse.ArgumentParser:
                    help="strict (ours; the reward's rules) or release (the UI-S1 release's SOP scoring as it ran, "
                    "for comparison with the paper; README 'Reward rules and trivial-policy floors')")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--image-root", default=None, help="folder holding the screenshots (default: paths as recorded)")
+    g.add_argument("--image-root", default=None, type=utils.arg_type(utils.input_dir), help="folder holding the screenshots (default: paths as recorded)")
     g.add_argument("--blank-screens", type=size_arg, default=None,
                    help="WxH: blank images stand in for missing screenshots "
                    "(dry runs; AndroidControl phones are 1080x2400)")

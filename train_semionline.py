@@ -44,7 +44,7 @@ from rollout import Sampler, sampling_mode, semi_online_rollout
 parser = utils.make_parser(__doc__)
 # data
 parser.add_argument("--data", default="data/miniwob/train.jsonl", type=utils.arg_type(utils.input_file), help="episodes (UI-S1 JSONL or AndroidControl native JSON)")
-parser.add_argument("--image-root", default=None, help="folder screenshots are resolved against (default: the data file's folder)")
+parser.add_argument("--image-root", default=None, type=utils.arg_type(utils.input_dir), help="folder screenshots are resolved against (default: the data file's folder)")
 parser.add_argument("--blank-screens", default=None, type=utils.arg_type(gui.parse_size), help="WxH: use blank screenshots of this size when files are missing")
 parser.add_argument("--max-episodes", type=int, default=None, help="use only the first N episodes")
 # model

@@ -39,7 +39,7 @@ import utils
 parser = utils.make_parser(__doc__)
 # data
 parser.add_argument("--data", default="data/miniwob/train.jsonl", type=utils.arg_type(utils.input_file), help="expert episodes (UI-S1 JSONL or AndroidControl native JSON)")
-parser.add_argument("--image-root", default=None, help="folder screenshots are resolved against (default: the data file's folder)")
+parser.add_argument("--image-root", default=None, type=utils.arg_type(utils.input_dir), help="folder screenshots are resolved against (default: the data file's folder)")
 parser.add_argument("--blank-screens", default=None, type=utils.arg_type(gui.parse_size), help="WxH: blank screenshots of this size when files are missing")
 parser.add_argument("--max-episodes", type=int, default=None, help="use only the first N episodes")
 parser.add_argument("--val-frac", type=float, default=0.1, help="share of episodes held out for validation loss")

@@ -350,6 +350,13 @@ def input_file(path: str) -> str:
     return path
 
 
+def input_dir(path: str) -> str:
+    """argparse type: an existing folder. Raises UsageError naming the path otherwise."""
+    if not os.path.isdir(path):
+        raise UsageError(f"{'not a folder' if os.path.exists(path) else 'no such folder'}: {path!r}")
+    return path
+
+
 def model_path(name: str) -> str:
     """argparse type for --model: 'tiny' and 'auto' pass through; a Hugging Face folder (config.json)
     as is; a run folder with a `latest` pointer (e.g. out/sft/ckpt) -> the checkpoint it names.
