@@ -6,6 +6,7 @@ episodes. The errors fire before any model loads, so each run costs an interpret
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -56,10 +57,21 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("argv, expected", CASES, ids=[" ".join(c[0]) for c in CASES])
-def test_one_line_exit_2(argv, expected):
+def _run(argv):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    p = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    return subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """Every case's finished process, keyed by its argv; four at a time (each is an interpreter start)."""
+    with ThreadPoolExecutor(4) as pool:
+        return dict(zip((tuple(c[0]) for c in CASES), pool.map(_run, [c[0] for c in CASES])))
+
+
+@pytest.mark.parametrize("argv, expected", CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_one_line_exit_2(runs, argv, expected):
+    p = runs[tuple(argv)]
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
     assert "Traceback" not in p.stderr
