@@ -325,9 +325,10 @@ def main(argv=None):
     # cleanup
     utils.cleanup_distributed()
     if d.is_main:
-        print(f"checkpoint: {utils.latest_checkpoint(out / 'ckpt')}  metrics: {out / 'metrics.jsonl'}\n"
+        test = Path(args.data).with_name("test.jsonl") if Path(args.data).name == "train.jsonl" else Path(args.data)
+        print(f"checkpoint: {utils.latest_checkpoint(out / 'ckpt') or '(none written)'}  metrics: {out / 'metrics.jsonl'}\n"
               f"curves:     python plot_metrics.py {out / 'metrics.jsonl'}\n"
-              f"evaluate:   python eval_sop.py --data {Path(args.data).with_name('test.jsonl')} --policy model "
+              f"evaluate:   python eval_sop.py --data {test} --policy model "
               f"--model {out / 'ckpt'} --protocol sop static --online --out out/eval/semionline", flush=True)
         print(utils.dumps(last), flush=True)
     return last
