@@ -25,6 +25,8 @@ Offline-RL baseline on the same code: add --history expert.
 """
 from __future__ import annotations
 
+import argparse
+import json
 import time
 from pathlib import Path
 
@@ -115,7 +117,7 @@ def main(argv=None):
     utils.seed_everything(args.seed)
     utils.check_pixels(args)
     if args.tasks_per_step % d.world_size:
-        raise utils.UsageError(f"--tasks-per-step {args.tasks_per_step} must be a multiple of the world size {d.world_size}")
+        raise SystemExit(f"--tasks-per-step {args.tasks_per_step} must be a multiple of the world size {d.world_size}")
     out = Path(args.out)
     if d.is_main:
         out.mkdir(parents=True, exist_ok=True)
