@@ -31,12 +31,12 @@ Commands (the last stdout line is one JSON object; progress bars go to stderr):
     python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl --policy expert \\
         --blank-screens 1080x2400 --max-pixels 50176
     # a checkpoint on MiniWob++: SOP, static, and online on 5 held-out seeds per task, with a report
-    # (--model out/sft/ckpt follows its `latest` pointer; --elements as train_sft.py's prompts have them)
-    python eval_sop.py --data data/miniwob/test.jsonl --policy model --model out/sft/ckpt --elements \\
+    # (--model out/sft/ckpt follows its `latest` pointer; the prompt options come from its args.json)
+    python eval_sop.py --data data/miniwob/test.jsonl --policy model --model out/sft/ckpt \\
         --protocol sop static --online --online-seeds 5 --out out/eval/sft
     # the untrained tiny model, 2 episodes per task, short responses (a CPU smoke run, ~1 min)
     python eval_sop.py --data data/miniwob/test.jsonl --per-task-limit 2 --policy model --model tiny \\
-        --max-new-tokens 32 --elements --protocol sop static --out /tmp/eval_tiny
+        --max-new-tokens 32 --protocol sop static --out /tmp/eval_tiny
     # online only, the scripted DOM expert (must give online_sr = 1.0)
     python eval_sop.py --online --online-tasks click-test enter-text --online-seeds 3
     # AndroidControl-Low static metrics of a model
@@ -68,6 +68,7 @@ from PIL import Image, ImageDraw
 from tqdm import tqdm
 
 import gui
+import utils
 
 # -----------------------------------------------------------------------------
 # Config
@@ -76,20 +77,16 @@ GROUNDING_TYPES = ("click", "long_press")  # steps that count for grounding accu
 REPORT_WIDTH = 300                          # px of each screenshot in the HTML report
 
 
-def size_arg(text: str) -> tuple[int, int]:
-    """argparse type for 'WxH' -> (W, H)."""
-    try:
-        return gui.parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+size_arg = utils.arg_type(gui.parse_size)  # argparse type for 'WxH' -> (W, H)
+input_file = utils.arg_type(utils.input_file)  # argparse type: a readable file
+# prompt options that must agree with training: read from a checkpoint's args.json unless given
+PROMPT_ARGS = ("num_images", "min_pixels", "max_pixels", "max_prompt_tokens", "step_instruction", "elements")
 
 
 def sop_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Evaluation of a policy on expert episodes (SOP PG/TSR, static metrics) "
-                                "and online on MiniWob++. Subcommand: `eval_sop.py score ...` scores recorded "
-                                "responses.")
+    p = utils.make_parser(__doc__)
     # data
-    p.add_argument("--data", nargs="*", default=[], help="episode files (UI-S1 JSONL or AndroidControl native JSON); "
+    p.add_argument("--data", nargs="*", default=[], type=input_file, help="episode files (UI-S1 JSONL or AndroidControl native JSON); "
                    "may be empty with --online")
     p.add_argument("--limit", type=int, default=None, help="first N episodes of each file (default: all)")
     p.add_argument("--per-task-limit", type=int, default=None,
@@ -101,7 +98,7 @@ def sop_parser() -> argparse.ArgumentParser:
                    help="strict (ours; the reward's rules) or release (the UI-S1 release's SOP scoring as it ran, "
                    "for comparison with the paper; README 'Reward rules and trivial-policy floors')")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--image-root", default=None, help="folder holding the screenshots (default: paths as recorded)")
+    g.add_argument("--image-root", default=None, type=utils.arg_type(utils.input_dir), help="folder holding the screenshots (default: paths as recorded)")
     g.add_argument("--blank-screens", type=size_arg, default=None,
                    help="WxH: blank images stand in for missing screenshots "
                    "(dry runs; AndroidControl phones are 1080x2400)")
@@ -115,17 +112,17 @@ def sop_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-prompt-tokens", type=int, default=32768,
                    help="prompt budget: oldest turns are summarised beyond it (0: no budget); a model policy "
                    "also caps it at the model's context minus --max-new-tokens")
-    p.add_argument("--step-instruction", action="store_true",
+    p.add_argument("--step-instruction", action=argparse.BooleanOptionalAction, default=False,
                    help="add the step instruction (AndroidControl-Low style)")
-    p.add_argument("--elements", action="store_true",
-                   help="add the recorded element list, where there is one (train_sft.py always adds it: "
-                   "pass this for MiniWob++ checkpoints)")
+    p.add_argument("--elements", action=argparse.BooleanOptionalAction, default=True,
+                   help="add the recorded element list, where there is one (training always adds it)")
     # policy
     p.add_argument("--policy", choices=["expert", "model"], default="expert",
                    help="who acts: expert = replay the expert actions; model = greedy responses of --model")
     p.add_argument("--model", default="tiny",
                    help="'tiny' (random, seeded by --seed), a Hugging Face folder, a checkpoint folder, or a folder "
-                   "with a `latest` pointer (e.g. out/sft/ckpt)")
+                   "with a `latest` pointer (e.g. out/sft/ckpt); the prompt options not given (--num-images, "
+                   "--min/max-pixels, --max-prompt-tokens, --step-instruction, --elements) come from its args.json")
     p.add_argument("--max-new-tokens", type=int, default=512,
                    help="response length limit, as training's (SPEC 7); a response that hits it is cut and usually a "
                    "wrong step: result.json counts them (responses_at_cap)")
@@ -151,11 +148,13 @@ def sop_parser() -> argparse.ArgumentParser:
 
 
 def score_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="eval_sop.py score", description="Score recorded responses with the rule reward "
-                                "(SPEC section 4). Input lines: {episode_id, step (0-based), response}, coordinates in "
-                                "pixels of the resized screenshot.")
-    p.add_argument("--data", nargs="+", required=True, help="episode files the responses refer to")
-    p.add_argument("--responses", required=True, help="JSONL of responses; an optional field finish_reason ('length' "
+    p = utils.make_parser("Score recorded responses with the rule reward (docs/method.md §4). Input lines: "
+                          "{episode_id, step (0-based), response}, coordinates in pixels of the resized screenshot.\n\n"
+                          "    python eval_sop.py score --data data/android_control/android_control_test_uis1.jsonl \\\n"
+                          "        --responses responses.jsonl --out scores.jsonl --image-size 1080x2400",
+                          prog="eval_sop.py score")
+    p.add_argument("--data", nargs="+", required=True, type=input_file, help="episode files the responses refer to")
+    p.add_argument("--responses", required=True, type=input_file, help="JSONL of responses; an optional field finish_reason ('length' "
                    "= cut at the token cap) or truncated (bool) is counted into responses_at_cap")
     p.add_argument("--subset", action="store_true",
                    help="allow responses that cover only some steps (default: every step of --data must be scored)")
@@ -317,7 +316,7 @@ def step_view(t: int, image, orig, step: gui.Step | None, text: str, pred: dict 
 CSS = """body{font-family:sans-serif;margin:16px;color:#222} .ep{border:1px solid #bbb;margin:14px 0;padding:8px}
 .steps{display:flex;flex-wrap:wrap;gap:8px;align-items:flex-start}
 .step{width:310px;border:2px solid #8c8;padding:4px;font-size:12px}
-.step.wrong{border-color:#e88;background:#fff4f4} .step.first{border:4px solid #d00}
+.step.wrong{border-color:#e88;background:#fff4f4} .step.first{border:4px solid #d00} .step.neutral{border-color:#bbb}
 .step img{display:block} code{white-space:pre-wrap;word-break:break-all} table{border-collapse:collapse}
 td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px} .ok{color:#080} .bad{color:#c00}"""
 
@@ -325,7 +324,7 @@ td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px} .ok{color:#080} .bad
 def write_report(path: str, title: str, summary: dict, sections: list[tuple[str, str, list[dict]]]) -> None:
     """sections: (heading, note, episodes), each episode {title, goal, outcome, steps: [step_view], first_wrong}."""
     e = html.escape
-    rows = "".join(f"<tr><th>{e(k)}</th><td>{e(json.dumps(v) if not isinstance(v, float) else f'{v:.4f}')}</td></tr>"
+    rows = "".join(f"<tr><th>{e(k)}</th><td>{e(utils.dumps(v) if not isinstance(v, float) else f'{v:.4f}')}</td></tr>"
                    for k, v in summary.items() if k not in ("per_task", "sources", "report"))
     per_task = summary.get("per_task") or {}
     cols = list(dict.fromkeys(k for v in per_task.values() for k in v))
@@ -337,16 +336,20 @@ def write_report(path: str, title: str, summary: dict, sections: list[tuple[str,
             f"</tr>{tasks}</table>"
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{CSS}</style></head>"
            f"<body><h1>{e(title)}</h1><table>{rows}</table>{tasks}<p>Boxes: target candidates (green). Green cross: "
-           "expert point / swipe. Circle: predicted point (blue right, red wrong). Thick red frame: first wrong "
-           "step.</p>"]
+           "expert point / swipe. Circle: predicted point (blue right, red wrong). Frames: green right, red wrong, "
+           "thick red the step that ended the episode; online (no expert), grey: an action of a failed "
+           "episode.</p>"]
     for heading, note, episodes in sections:
         out.append(f"<h2>{e(heading)}</h2><p>{e(note)}</p>")
         for ep in episodes:
             out.append(f"<div class='ep'><h3>{e(ep['title'])} - <span class='{'ok' if ep['success'] else 'bad'}'>"
                        f"{e(ep['outcome'])}</span></h3><p>Goal: {e(ep['goal'])}</p><div class='steps'>")
             for s in ep["steps"]:
-                cls = "step" + ("" if s["ok"] else " wrong") + (" first" if s["t"] == ep.get("first_wrong") else "")
-                if s["expert"] is None:  # online: no expert to compare with, only whether an action parsed
+                cls = "step" + (f" {s['cls']}" if s.get("cls") else "" if s["ok"] else " wrong") + \
+                    (" first" if s["t"] == ep.get("first_wrong") else "")
+                if s.get("verdict"):  # online: set from the episode's outcome (run_online)
+                    verdict = s["verdict"]
+                elif s["expert"] is None:
                     verdict = "action" if s["ok"] else "no valid action (a no-op)"
                 else:
                     verdict = "right" if s["ok"] else "WRONG"
@@ -433,8 +436,7 @@ def run_sop(episodes: list[gui.Episode], policy, make_prompt, args, show: set[in
                 if s.views is not None:
                     shown[s.idx] = {"title": f"{ep.episode_id} ({task_of(ep)})", "goal": ep.goal,
                                     "success": n_correct == len(ep.steps),
-                                    "outcome": f"all {n_correct} steps right" if n_correct == len(ep.steps) else
-                                    f"{n_correct}/{len(ep.steps)} steps right before the first error",
+                                    "outcome": sop_outcome(n_correct, len(ep.steps), score.action is None),
                                     "steps": s.views, "first_wrong": None if n_correct == len(ep.steps) else n_correct}
                 bar.update(1)
         live = [s for s in live if not s.done]
@@ -480,7 +482,8 @@ def run_static(episodes: list[gui.Episode], policy, make_prompt, args, show: set
         ep, steps = episodes[idx], sorted(views[idx], key=lambda v: v["t"])
         wrong = [v["t"] for v in steps if not v["ok"]]
         shown.append({"title": f"{ep.episode_id} ({task_of(ep)})", "goal": ep.goal, "success": not wrong,
-                      "outcome": f"{len(steps) - len(wrong)}/{len(steps)} steps right",
+                      "outcome": f"all {len(steps)} steps right" if not wrong else
+                      f"{len(steps) - len(wrong)}/{len(steps)} steps right, first wrong action at step {wrong[0]}",
                       "steps": steps, "first_wrong": wrong[0] if wrong else None})
     return records, shown
 
@@ -535,11 +538,48 @@ def run_online(policy, make_prompt_online, tasks: list[str], seeds: list[int], a
         for key in keys:
             if key in wrapped.views:
                 e = by_key[key]
+                outcome, end = online_outcome(e)
+                for v in wrapped.views[key]:  # no expert online: a frame's colour follows the episode's outcome
+                    if v["pred"] == "(no valid action)":
+                        v["verdict"], v["cls"] = "no valid action (a no-op)", "wrong"
+                    elif v["t"] == end:
+                        v["verdict"], v["cls"] = ("terminate before the task was done" if e.get("terminated")
+                                                  else "wrong action: the page ended the episode"), "wrong"
+                    elif e["success"]:
+                        v["verdict"], v["cls"] = "action", ""
+                    else:
+                        v["verdict"], v["cls"] = "action (the episode failed)", "neutral"
                 shown.append({"title": f"{key[0]} seed {key[1]}", "goal": wrapped.goals[key],
-                              "success": e["success"], "outcome": f"{e['cause']} after {e['steps']} steps",
-                              "steps": wrapped.views[key], "first_wrong": None})
+                              "success": e["success"], "outcome": outcome,
+                              "steps": wrapped.views[key], "first_wrong": end})
     res["malformed"] = wrapped.n_malformed if wrapped is not None else 0
     return res, shown
+
+
+def sop_outcome(n_correct: int, n_steps: int, malformed: bool) -> str:
+    """The report's label of an SOP episode: what happened, and at which (0-based) step."""
+    if n_correct == n_steps:
+        return f"success: all {n_steps} steps right"
+    what = "no valid action" if malformed else "wrong action"
+    return f"{what} at step {n_correct}: {n_correct}/{n_steps} steps right before it"
+
+
+def online_outcome(e: dict) -> tuple[str, int | None]:
+    """The report's label of an online episode (a miniwob_env.run_episode record) and the 0-based
+    step that ended it wrongly (None: success, step limit, or an error outside the policy's actions).
+    The environment's cause "wrong_action" covers two things: the policy sent terminate before
+    the task was done, or the page itself ended the episode without full reward."""
+    n, cause = e["steps"], e["cause"]
+    if cause == "success":
+        return f"success in {n} steps", None
+    if cause == "wrong_action" and e.get("terminated"):
+        return f"terminated early: terminate at step {n - 1} before the task was done", n - 1
+    if cause == "wrong_action":
+        return (f"wrong action at step {n - 1}: the page ended the episode "
+                f"(raw reward {e.get('raw_reward', 0.0):.2f})", n - 1)
+    if cause == "step_limit":
+        return f"step limit: not done after {n} steps", None
+    return f"{cause.replace('_', ' ')} at step {n}: {e.get('error', '')}".rstrip(": "), None
 
 
 # -----------------------------------------------------------------------------
@@ -547,9 +587,11 @@ def run_online(policy, make_prompt_online, tasks: list[str], seeds: list[int], a
 
 
 def baselines_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="eval_sop.py baselines", description="Match rates of trivial policies per action "
-                                "type (the floor to put next to every score). Last stdout line: JSON.")
-    p.add_argument("--data", nargs="+", required=True, help="episode files")
+    p = utils.make_parser("Match rates of trivial policies per action type (the floor to put next to every score). "
+                          "Last stdout line: JSON.\n\n"
+                          "    python eval_sop.py baselines --data data/android_control/android_control_test_uis1.jsonl",
+                          prog="eval_sop.py baselines")
+    p.add_argument("--data", nargs="+", required=True, type=input_file, help="episode files")
     p.add_argument("--match-rules", choices=gui.MATCH_RULES, default="strict", help="strict (ours) or release")
     p.add_argument("--swipe-convention", choices=gui.SWIPE_CONVENTIONS, default=None,
                    help="how the data files store swipes (default: declared, or known for shipped files)")
@@ -687,7 +729,7 @@ def baselines_main(argv: list[str]) -> dict:
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(res, f, indent=1)
+            f.write(utils.dumps(res, indent=1))
     return res
 
 
@@ -698,13 +740,13 @@ def baselines_main(argv: list[str]) -> dict:
 def score_main(argv: list[str]) -> dict:
     """Score recorded responses. Every response must name a step of --data; unless --subset, every
     step of --data must have at least one response (several per step are allowed). Raises
-    ValueError naming the responses file, line and field, or the unscored steps."""
+    gui.DataError (a ValueError) naming the responses file, line and field, or the unscored steps."""
     args = score_parser().parse_args(argv)
     index: dict[str, tuple[gui.Episode, str]] = {}
     for path in args.data:
         for ep in gui.load_episodes(path, swipe_convention=args.swipe_convention):
             if ep.episode_id in index:
-                raise ValueError(f"episode id {ep.episode_id!r} is in both {index[ep.episode_id][1]} and {path}; "
+                raise gui.DataError(f"episode id {ep.episode_id!r} is in both {index[ep.episode_id][1]} and {path}; "
                                  "score one file at a time")
             index[ep.episode_id] = (ep, path)
     n = reward = match = type_match = at_cap = 0
@@ -718,22 +760,22 @@ def score_main(argv: list[str]) -> dict:
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON: {e.msg}") from None
+                raise gui.DataError(f"{where}: invalid JSON: {e.msg}") from None
             if not isinstance(rec, dict) or not {"episode_id", "step", "response"} <= rec.keys():
-                raise ValueError(f"{where}: expected an object with episode_id, step, response")
+                raise gui.DataError(f"{where}: expected an object with episode_id, step, response")
             ep_id, t = str(rec["episode_id"]), rec["step"]
             if ep_id not in index:
-                raise ValueError(f"{where}: field 'episode_id': unknown episode {ep_id!r} (not in {', '.join(args.data)})")
+                raise gui.DataError(f"{where}: field 'episode_id': unknown episode {ep_id!r} (not in {', '.join(args.data)})")
             ep = index[ep_id][0]
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < len(ep.steps):
-                raise ValueError(f"{where}: field 'step': episode {ep_id} has steps 0..{len(ep.steps) - 1}, got {t!r}")
+                raise gui.DataError(f"{where}: field 'step': episode {ep_id} has steps 0..{len(ep.steps) - 1}, got {t!r}")
             if not isinstance(rec["response"], str):
-                raise ValueError(f"{where}: field 'response': expected a string, got {type(rec['response']).__name__}")
+                raise gui.DataError(f"{where}: field 'response': expected a string, got {type(rec['response']).__name__}")
             step = ep.steps[t]
             try:
                 orig = gui.original_size(step, image_root=args.image_root, blank_screens=args.image_size)
             except FileNotFoundError:
-                raise ValueError(f"{where}: episode {ep_id} step {t} records no screenshot size; pass --image-size WxH "
+                raise gui.DataError(f"{where}: episode {ep_id} step {t} records no screenshot size; pass --image-size WxH "
                                  "or --image-root DIR") from None
             resized = gui.resized_size(orig, min_pixels=args.min_pixels, max_pixels=args.max_pixels)
             s = gui.score_response(rec["response"], step, resized_size=resized, orig_size=orig, rules=args.match_rules)
@@ -746,16 +788,16 @@ def score_main(argv: list[str]) -> dict:
             at_cap += rec.get("finish_reason") == "length" or rec.get("truncated") is True
             per_step[ep_id, t] += 1
     if n == 0:
-        raise ValueError(f"{args.responses}: no responses to score")
+        raise gui.DataError(f"{args.responses}: no responses to score")
     total = sum(len(ep.steps) for ep, _ in index.values())
     missing = [(i, t) for i, (ep, _) in index.items() for t in range(len(ep.steps)) if (i, t) not in per_step]
     if missing and not args.subset:
         shown = ", ".join(f"{i}:{t}" for i, t in missing[:10]) + (" ..." if len(missing) > 10 else "")
-        raise ValueError(f"{args.responses}: {len(missing)} of {total} steps of {', '.join(args.data)} have no response "
+        raise gui.DataError(f"{args.responses}: {len(missing)} of {total} steps of {', '.join(args.data)} have no response "
                          f"(episode:step {shown}); pass --subset to score only the steps given")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as fout:
-        fout.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        fout.writelines(utils.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     # the floor on the same steps, for the figure above
     eps = [ep for ep, _ in index.values()]
     base = run_baselines(eps, step_sizes(eps, args.image_root, args.image_size), args.match_rules)
@@ -774,13 +816,17 @@ def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in ("score", "baselines"):
         summary = (score_main if argv[0] == "score" else baselines_main)(argv[1:])
-        print(json.dumps(summary))
+        print(utils.dumps(summary))
         return summary
 
-    args = sop_parser().parse_args(argv)
+    parser = sop_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    if args.policy == "expert" and "model" in utils.explicit_flags(parser, argv):
+        raise utils.UsageError(f"--model {args.model} is given but --policy is expert (the default): add --policy model")
+    utils.check_pixels(args)
     if not args.data and not args.online:
-        raise SystemExit("eval_sop.py: nothing to evaluate: give --data and/or --online")
+        raise utils.UsageError("nothing to evaluate: give --data and/or --online")
     t0 = time.time()
     out_dir = args.out if args.out and not args.out.endswith(".jsonl") else None
     report_path = args.report or (os.path.join(out_dir, "report.html") if out_dir else None)
@@ -789,6 +835,7 @@ def main(argv: list[str] | None = None) -> dict:
     from utils import load_processor
     if args.policy == "model":
         args.model = resolve_model(args.model)
+        utils.adopt_checkpoint_args(args, parser, argv, args.model, PROMPT_ARGS)  # the prompt it was trained on
     tok_dir = args.tokenizer or (args.model if args.policy == "model" and args.model != "tiny" else None)
     tokenizer, image_processor = load_processor(tok_dir, min_pixels=args.min_pixels, max_pixels=args.max_pixels)
     budget = args.max_prompt_tokens or None
@@ -919,22 +966,25 @@ def main(argv: list[str] | None = None) -> dict:
     if args.out and out_dir is None and sop_records is not None:  # the per-episode JSONL alone
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in sop_records)
+            f.writelines(utils.dumps(r) + "\n" for r in sop_records)
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
         for name, rows in (("episodes.jsonl", sop_records), ("static_steps.jsonl", static_records),
                            ("online_episodes.jsonl", online_res["episodes"] if online_res else None)):
             if rows is not None:
                 with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
-                    f.writelines(json.dumps(r) + "\n" for r in rows)
+                    f.writelines(utils.dumps(r) + "\n" for r in rows)
         with open(os.path.join(out_dir, "result.json"), "w", encoding="utf-8") as f:
-            json.dump({**summary, "args": vars(args)}, f, indent=1, default=str)
+            f.write(utils.dumps({**summary, "args": vars(args)}, indent=1))
     if report_path:
         title = f"eval_sop: {args.policy}" + (f" {args.model}" if args.policy == "model" else "")
         write_report(report_path, title, summary, sections)
-    print(json.dumps(summary))
+    if out_dir or report_path:  # where the outputs are (the last line stays the JSON summary)
+        print(f"results: {os.path.join(out_dir, 'result.json') if out_dir else args.out}"
+              + (f"  report: {report_path} (open it in a browser)" if report_path else ""), flush=True)
+    print(utils.dumps(summary))
     return summary
 
 
 if __name__ == "__main__":
-    main()
+    utils.cli(main)

@@ -205,10 +205,11 @@ def expert_response(step: "Step", orig_size: tuple[int, int], resized: tuple[int
     return format_response(thought, scale_action(step.action, orig_size, resized))
 
 
-def parse_size(text: str) -> tuple[int, int]:
-    """'WxH' (e.g. '1080x2400', as --blank-screens and --image-size take it) -> (W, H)."""
+def parse_size(text) -> tuple[int, int]:
+    """'WxH' (e.g. '1080x2400', as --blank-screens and --image-size take it) -> (W, H); a (W, H)
+    pair parsed already passes through. Raises ValueError naming the text."""
     try:
-        w, h = (int(v) for v in str(text).lower().split("x"))
+        w, h = (int(v) for v in (text if isinstance(text, (tuple, list)) else str(text).lower().split("x")))
     except ValueError:
         raise ValueError(f"expected a size WxH such as 1080x2400, got {text!r}") from None
     if w <= 0 or h <= 0:
@@ -435,14 +436,19 @@ class Episode:
 _NATIVE_IMAGE_RE = re.compile(r"episode_(\w+?)-screenshot_(\d+)\.\w+$")
 
 
+class DataError(ValueError):
+    """A data file that cannot be read as episodes, or a step whose recorded size disagrees with its
+    screenshot: the message names file, line (or row) and field. Scripts report it in one line."""
+
+
 class _Where:
     """Error context: file and line (JSONL) or row index (JSON list)."""
 
     def __init__(self, path, kind, idx):
         self.path, self.kind, self.idx = path, kind, idx
 
-    def error(self, fld, msg) -> ValueError:
-        return ValueError(f"{self.path}: {self.kind} {self.idx}: field {fld!r}: {msg}")
+    def error(self, fld, msg) -> DataError:
+        return DataError(f"{self.path}: {self.kind} {self.idx}: field {fld!r}: {msg}")
 
     def __str__(self):
         return f"{self.path}: {self.kind} {self.idx}"
@@ -694,7 +700,7 @@ def _native_episodes(rows, path, root) -> list[Episode]:
 def load_episodes(path: str, *, limit: int | None = None, swipe_convention: str | None = None) -> list[Episode]:
     """Load episodes from a UI-S1 JSONL file (one episode per line; MiniWob files too), a JSON list
     of such episodes, or AndroidControl's native per-step JSON list (rows with image/gt/task).
-    Any malformed line or unknown action raises ValueError naming file, line (or row) and field:
+    Any malformed line or unknown action raises DataError (a ValueError) naming file, line (or row) and field:
     also boxes with reversed corners, zero-length expert swipes, expert points outside a recorded
     image_size (with a hint when it looks (H, W)-swapped), and swipes in a file whose swipe
     convention is neither given (swipe_convention, one of SWIPE_CONVENTIONS; it overrides a
@@ -706,7 +712,10 @@ def load_episodes(path: str, *, limit: int | None = None, swipe_convention: str 
     root = os.path.dirname(os.path.abspath(path))
     with open(path, "rb") as f:
         raw = f.read()
-    text = raw.decode("utf-8")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: byte {e.start}: not UTF-8 text (a JSONL or JSON episode file was expected)") from None
     if swipe_convention is None:
         swipe_convention = KNOWN_SWIPE_CONVENTIONS.get(hashlib.sha256(raw).hexdigest())
     episodes: list[Episode] = []
@@ -714,7 +723,7 @@ def load_episodes(path: str, *, limit: int | None = None, swipe_convention: str 
         try:
             rows = json.loads(text)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: line {e.lineno}: invalid JSON: {e.msg}") from None
+            raise DataError(f"{path}: line {e.lineno}: invalid JSON: {e.msg}") from None
         first = rows[0] if rows else None
         if isinstance(first, dict) and ("gt" in first or "image" in first) and "steps" not in first:
             episodes = _native_episodes(rows, path, root)
@@ -723,7 +732,7 @@ def load_episodes(path: str, *, limit: int | None = None, swipe_convention: str 
                         for i, r in enumerate(rows)]
         else:
             seen = sorted(first) if isinstance(first, dict) else type(first).__name__
-            raise ValueError(f"{path}: row 0: unknown format: expected a UI-S1 episode (goal, steps) or a native "
+            raise DataError(f"{path}: row 0: unknown format: expected a UI-S1 episode (goal, steps) or a native "
                              f"AndroidControl step (image, gt, task); saw {seen}")
     else:
         for n, line in enumerate(text.splitlines(), start=1):
@@ -740,7 +749,7 @@ def load_episodes(path: str, *, limit: int | None = None, swipe_convention: str 
     seen = set()
     for ep in episodes:
         if ep.episode_id in seen:
-            raise ValueError(f"{path}: field 'episode_id': duplicate episode id {ep.episode_id!r}")
+            raise DataError(f"{path}: field 'episode_id': duplicate episode id {ep.episode_id!r}")
         seen.add(ep.episode_id)
     return episodes[:limit] if limit is not None else episodes
 
@@ -784,7 +793,7 @@ def original_size(step: Step, *, image_root: str | None = None,
             size = im.size
         if rec is not None and (abs(rec[0] - size[0]) > 1 or abs(rec[1] - size[1]) > 1):
             swapped = (abs(rec[0] - size[1]) <= 1 and abs(rec[1] - size[0]) <= 1)
-            raise ValueError(f"{step.where or step.screenshot}: field 'image_size': recorded {rec[0]}x{rec[1]} (W x H) "
+            raise DataError(f"{step.where or step.screenshot}: field 'image_size': recorded {rec[0]}x{rec[1]} (W x H) "
                              f"but {path} is {size[0]}x{size[1]}"
                              + ("; the record looks (H, W)-swapped: write [W, H]" if swapped else ""))
         return size

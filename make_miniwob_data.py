@@ -22,8 +22,6 @@ Line format:
                 "thought", "elements", "check_options": {"action", "candidate_bbox"}}]}
 """
 
-import argparse
-import json
 import multiprocessing as mp
 import platform
 import shutil
@@ -38,11 +36,12 @@ from pathlib import Path
 from tqdm import tqdm
 
 import miniwob_env as me
+import utils
 
 # -----------------------------------------------------------------------------
 # config
 
-ap = argparse.ArgumentParser(description="MiniWob++ expert demonstrations -> UI-S1 JSONL")
+ap = utils.make_parser(__doc__)
 # data
 ap.add_argument("--out", default="data/miniwob", help="output folder")
 ap.add_argument("--tasks", nargs="+", default=["all"], help="task names, or 'all' (every expert)")
@@ -118,15 +117,19 @@ def versions():
 # main
 
 
-def main():
-    args = ap.parse_args()
+def main(argv=None):
+    args = ap.parse_args(argv)
     tasks = sorted(me.EXPERTS) if args.tasks == ["all"] else sorted(set(args.tasks))
-    unknown = [t for t in tasks if t not in me.EXPERTS]
-    if unknown:
-        sys.exit(f"no expert for {unknown}; experts: {sorted(me.EXPERTS)}")
+    try:
+        me.check_tasks(tasks, need_expert=True)
+    except ValueError as e:
+        raise utils.UsageError(str(e)) from None
     if args.train_seed_base + args.train_seeds > args.test_seed_base and \
             args.test_seed_base + args.test_seeds > args.train_seed_base:
-        sys.exit("train and test seed ranges overlap")
+        raise utils.UsageError(f"train seeds {args.train_seed_base}+{args.train_seeds} and test seeds "
+                               f"{args.test_seed_base}+{args.test_seeds} overlap")
+    if args.workers < 1:
+        raise utils.UsageError(f"--workers {args.workers}: need at least 1")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in ("train.jsonl", "test.jsonl", "manifest.json"):
@@ -163,7 +166,7 @@ def main():
         eps = [e for r in results for e in r["episodes"][split]]
         with open(out / f"{split}.jsonl", "w") as f:
             for e in eps:
-                f.write(json.dumps(e) + "\n")
+                f.write(utils.dumps(e) + "\n")
         manifest_splits[split] = {
             "file": f"{split}.jsonl", "seed_base": seeds.start, "seeds_per_task": len(seeds),
             "episodes": len(eps), "steps": sum(len(e["steps"]) for e in eps),
@@ -187,15 +190,16 @@ def main():
                    "seconds_per_env_step": round(env_seconds / max(env_steps, 1), 4)},
         "images": n_files,
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    (out / "manifest.json").write_text(utils.dumps(manifest, indent=1) + "\n")
     summary = {"out": str(out), "seconds": round(seconds, 1), "env_steps": env_steps,
                "seconds_per_env_step": manifest["timing"]["seconds_per_env_step"],
                "images": n_files, "size_mb": round(size_mb, 2),
                **{f"{s}_episodes": m["episodes"] for s, m in manifest_splits.items()},
                **{f"{s}_steps": m["steps"] for s, m in manifest_splits.items()},
                "skipped": sum(len(v) for m in manifest_splits.values() for v in m["skipped"].values())}
-    print(json.dumps(summary))
+    print(f"next: python train_sft.py --data {out / 'train.jsonl'}", flush=True)
+    print(utils.dumps(summary))
 
 
 if __name__ == "__main__":
-    main()
+    utils.cli(main)

@@ -59,7 +59,6 @@ CLI (last stdout line is a JSON object):
     python miniwob_env.py show --task login-user --seed 3   # goal, element list, expert's plan
 """
 
-import argparse
 import base64
 import io
 import json
@@ -967,14 +966,27 @@ def evaluate_online(policy: Policy, tasks, seeds, max_steps: int = 15, *, retrie
     return {"per_task": per_task, "overall": summary(episodes), "episodes": episodes}
 
 
+def check_tasks(tasks, need_expert: bool = False) -> None:
+    """Raise ValueError naming the first task that is no MiniWob++ task (or, with need_expert, has
+    no scripted expert here)."""
+    for task in tasks:
+        if not (HTML_DIR / f"{task}.html").exists():
+            raise ValueError(f"unknown MiniWob++ task {task!r} (tasks with an expert: {', '.join(sorted(EXPERTS))})")
+        if need_expert and task not in EXPERTS:
+            raise ValueError(f"task {task!r} has no scripted expert (those with one: {', '.join(sorted(EXPERTS))})")
+
+
 # -----------------------------------------------------------------------------
 # CLI
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    import utils  # only the CLI needs it (it imports torch; the environment itself does not)
+
+    ap = utils.make_parser(__doc__.split("\n")[0] + "\n\n" + __doc__[__doc__.index("CLI ("):])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    ev = sub.add_parser("eval", help="online evaluation of a built-in policy")
+    ev = sub.add_parser("eval", help="online evaluation of a built-in policy", formatter_class=utils.HelpFormatter,
+                        epilog=ap.epilog)
     ev.add_argument("--policy", choices=sorted(POLICIES), default="expert", help="policy to run")
     ev.add_argument("--tasks", nargs="+", default=["all"], help="task names, or 'all' (experts)")
     ev.add_argument("--seeds", type=int, default=20, help="episodes per task")
@@ -984,10 +996,18 @@ def main(argv=None):
     ev.add_argument("--no-screenshots", action="store_true",
                     help="skip screenshots (the built-in policies do not look at them)")
     ev.add_argument("--out", default=None, help="also write the full result JSON here")
-    sh = sub.add_parser("show", help="print one episode: goal, element lists, expert actions")
+    sh = sub.add_parser("show", help="print one episode: goal, element lists, expert actions",
+                        formatter_class=utils.HelpFormatter, epilog=ap.epilog)
     sh.add_argument("--task", required=True, help="task name")
     sh.add_argument("--seed", type=int, default=0, help="episode seed")
     args = ap.parse_args(argv)
+    try:
+        check_tasks([args.task] if args.cmd == "show" else [] if args.tasks == ["all"] else args.tasks,
+                    need_expert=args.cmd == "show" or args.policy == "expert")
+    except ValueError as e:
+        raise utils.UsageError(str(e)) from None
+    if args.cmd == "eval" and args.seeds < 1:
+        raise utils.UsageError(f"--seeds {args.seeds}: need at least 1 episode per task")
 
     if args.cmd == "show":
         env = MiniWobEnv(args.task)
@@ -999,8 +1019,8 @@ def main(argv=None):
         for k, st in enumerate(ep["steps"]):
             print(f"--- step {k}\n{st['elements']}\nthought: {st['thought']}\n"
                   f"action: {json.dumps(st['action'])}  candidate_bbox: {st['candidate_bbox']}")
-        print(json.dumps({"task": args.task, "seed": args.seed, "success": ep["success"],
-                          "steps": len(ep["steps"])}))
+        print(utils.dumps({"task": args.task, "seed": args.seed, "success": ep["success"],
+                           "steps": len(ep["steps"])}))
         return
 
     tasks = sorted(EXPERTS) if args.tasks == ["all"] else args.tasks
@@ -1013,14 +1033,16 @@ def main(argv=None):
         print(f"{task:24s} success {r['success_rate']:6.1%}  mean steps {r['mean_steps']:4.1f}  "
               f"{r['seconds_per_env_step'] * 1000:5.0f} ms/env step  {fails}")
     if args.out:
-        Path(args.out).write_text(json.dumps(res, indent=1))
+        Path(args.out).write_text(utils.dumps(res, indent=1))
     out = {"policy": args.policy, "seeds": args.seeds, "seed_base": args.seed_base,
            "max_steps": args.max_steps, "seconds": round(time.time() - t0, 1),
            "overall": res["overall"],
            "per_task": {t: {"success_rate": r["success_rate"], "mean_steps": r["mean_steps"],
                             "failures": r["failures"]} for t, r in res["per_task"].items()}}
-    print(json.dumps(out))
+    print(utils.dumps(out))
 
 
 if __name__ == "__main__":
-    main()
+    import utils
+
+    utils.cli(main)

@@ -38,9 +38,9 @@ its steps log and checkpoint without an update):
 Several processes (FSDP2; gloo on CPU, nccl on GPU):
     torchrun --nproc_per_node=2 train_semionline.py
 The paper's setting (8 GPUs, Qwen2.5-VL-7B-Instruct, AndroidControl with screenshots):
-    torchrun --nproc_per_node=8 train_semionline.py --model /models/Qwen2.5-VL-7B-Instruct \
-        --data data/android_control/android_control_train_example_uis1.jsonl --image-root /data/ac \
-        --tasks-per-step 8 --n-rollouts 8 --max-new-tokens 512 --lr 1e-6 --gamma 0.5 \
+    torchrun --nproc_per_node=8 train_semionline.py --model /models/Qwen2.5-VL-7B-Instruct \\
+        --data data/android_control/android_control_train_example_uis1.jsonl --image-root /data/ac \\
+        --tasks-per-step 8 --n-rollouts 8 --max-new-tokens 512 --lr 1e-6 --gamma 0.5 \\
         --patch-threshold 2 --filter-std 0.3 --max-pixels 1003520
 Offline-RL baseline on the same code: add --history expert.
 """
@@ -65,15 +65,16 @@ from rollout import Sampler, sampling_mode, semi_online_rollout
 # -----------------------------------------------------------------------------
 # config
 
-parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+parser = utils.make_parser(__doc__)
 # data
-parser.add_argument("--data", default="data/miniwob/train.jsonl", help="episodes (UI-S1 JSONL or AndroidControl native JSON)")
-parser.add_argument("--image-root", default=None, help="folder screenshots are resolved against (default: the data file's folder)")
-parser.add_argument("--blank-screens", default=None, help="WxH: use blank screenshots of this size when files are missing")
+parser.add_argument("--data", default="data/miniwob/train.jsonl", type=utils.arg_type(utils.input_file), help="episodes (UI-S1 JSONL or AndroidControl native JSON)")
+parser.add_argument("--image-root", default=None, type=utils.arg_type(utils.input_dir), help="folder screenshots are resolved against (default: the data file's folder)")
+parser.add_argument("--blank-screens", default=None, type=utils.arg_type(gui.parse_size), help="WxH: use blank screenshots of this size when files are missing")
 parser.add_argument("--max-episodes", type=int, default=None, help="use only the first N episodes")
 # model
-parser.add_argument("--model", default="auto", help="'tiny', a Hugging Face folder, or 'auto' (latest out/sft checkpoint, else tiny)")
+parser.add_argument("--model", default="auto", type=utils.arg_type(utils.model_path),
+                    help="'tiny', a Hugging Face or checkpoint folder, or 'auto' (latest --sft-dir checkpoint, else tiny); "
+                    "prompt options not given (--num-images, --min/max-pixels, --max-prompt-tokens) come from its args.json")
 parser.add_argument("--sft-dir", default="out/sft/ckpt", help="where --model auto looks for an SFT checkpoint")
 parser.add_argument("--min-pixels", type=int, default=utils.MIN_PIXELS, help="smart_resize lower bound (pixels)")
 parser.add_argument("--max-pixels", type=int, default=utils.MAX_PIXELS, help="smart_resize upper bound (pixels)")
@@ -106,7 +107,7 @@ parser.add_argument("--clip-low", type=float, default=0.2, help="PPO clip epsilo
 parser.add_argument("--clip-high", type=float, default=0.2, help="PPO clip epsilon above 1")
 parser.add_argument("--clip-c", type=float, default=3.0, help="dual-clip constant for negative advantages")
 parser.add_argument("--kl-coef", type=float, default=1e-4, help="k3 KL to the frozen reference; 0 disables the reference model")
-parser.add_argument("--ref-model", default=None, help="reference model: 'tiny' or a folder (default: the policy's initialisation)")
+parser.add_argument("--ref-model", default=None, type=utils.arg_type(utils.model_path), help="reference model: 'tiny' or a folder (default: the policy's initialisation)")
 parser.add_argument("--ref-seed", type=int, default=None, help="init seed of a 'tiny' reference (default: --seed)")
 parser.add_argument("--loss-agg", choices=["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"], default="token-mean",
                     help="how per-token losses become the mini-batch loss")
@@ -119,20 +120,26 @@ parser.add_argument("--micro-batch-size", type=int, default=8, help="sequences p
 # run
 parser.add_argument("--max-steps", type=int, default=12, help="training steps")
 parser.add_argument("--out", default="out/semionline", help="output folder (checkpoints, metrics.jsonl, args.json)")
+parser.add_argument("--tensorboard", default=None, help="also log the metrics as TensorBoard scalars in this folder (pip install tensorboard)")
 parser.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: at the end only)")
 parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
 parser.add_argument("--seed", type=int, default=0, help="seed of task order, sampling and the tiny model's init")
 parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to run")
 parser.add_argument("--stop-after", type=int, default=None, help="exit after this many steps without a final checkpoint (tests resume)")
+# prompt options that must agree with the starting checkpoint: taken from its args.json unless given
+PROMPT_ARGS = ("num_images", "min_pixels", "max_pixels", "max_prompt_tokens")
 
 
 def main(argv=None):
     args = parser.parse_args(argv)
+    start = str(utils.latest_checkpoint(args.sft_dir) or "tiny") if args.model == "auto" else args.model
+    utils.adopt_checkpoint_args(args, parser, argv, start, PROMPT_ARGS)  # the prompt the checkpoint was trained on
 
     # -------------------------------------------------------------------------
     # setup
     d = utils.init_distributed(args.device)
     utils.seed_everything(args.seed)
+    utils.check_pixels(args)
     if args.tasks_per_step % d.world_size:
         raise SystemExit(f"--tasks-per-step {args.tasks_per_step} must be a multiple of the world size {d.world_size}")
     if args.max_resample < 0:
@@ -140,8 +147,8 @@ def main(argv=None):
     out = Path(args.out)
     if d.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "args.json").write_text(json.dumps(vars(args), indent=2))
-    metrics = utils.MetricsLogger(out / "metrics.jsonl", append=args.resume)
+        (out / "args.json").write_text(utils.dumps(vars(args), indent=2))
+    metrics = utils.MetricsLogger(out / "metrics.jsonl", append=args.resume, tensorboard=args.tensorboard)
     gpu = d.device.type == "cuda"
 
     # -------------------------------------------------------------------------
@@ -149,7 +156,7 @@ def main(argv=None):
     blank = gui.parse_size(args.blank_screens) if args.blank_screens else None
     episodes = gui.load_episodes(args.data, limit=args.max_episodes)
     if not episodes:
-        raise SystemExit(f"{args.data}: no episodes")
+        raise utils.UsageError(f"{args.data}: no episodes")
     tokenizer, image_processor = utils.load_processor(min_pixels=args.min_pixels, max_pixels=args.max_pixels)
     utils.print0(f"{len(episodes)} episodes, {sum(len(e.steps) for e in episodes)} steps from {args.data}")
 
@@ -311,7 +318,12 @@ def main(argv=None):
     # cleanup
     utils.cleanup_distributed()
     if d.is_main:
-        print(json.dumps(last), flush=True)
+        test = Path(args.data).with_name("test.jsonl") if Path(args.data).name == "train.jsonl" else Path(args.data)
+        print(f"checkpoint: {utils.latest_checkpoint(out / 'ckpt') or '(none written)'}  metrics: {out / 'metrics.jsonl'}\n"
+              f"curves:     python plot_metrics.py {out / 'metrics.jsonl'}\n"
+              f"evaluate:   python eval_sop.py --data {test} --policy model "
+              f"--model {out / 'ckpt'} --protocol sop static --online --out out/eval/semionline", flush=True)
+        print(utils.dumps(last), flush=True)
     return last
 
 
@@ -516,4 +528,4 @@ def _fmt(x, spec: str) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    utils.cli(main)

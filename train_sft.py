@@ -15,15 +15,13 @@ Single process:
 Several processes (FSDP2; gloo on CPU, nccl on GPU):
     torchrun --nproc_per_node=2 train_sft.py
 AndroidControl without screenshots (dry run on blank 1080x2400 phones):
-    python train_sft.py --data data/android_control/android_control_train_example_uis1.jsonl \
+    python train_sft.py --data data/android_control/android_control_train_example_uis1.jsonl \\
         --blank-screens 1080x2400 --max-pixels 200704
 Checkpoints land in --out/ckpt/step_XXXXXX (Hugging Face layout, safetensors);
 train_semionline.py --model auto starts from the latest one.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import random
 import time
@@ -38,17 +36,17 @@ import utils
 # -----------------------------------------------------------------------------
 # config
 
-parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+parser = utils.make_parser(__doc__)
 # data
-parser.add_argument("--data", default="data/miniwob/train.jsonl", help="expert episodes (UI-S1 JSONL or AndroidControl native JSON)")
-parser.add_argument("--image-root", default=None, help="folder screenshots are resolved against (default: the data file's folder)")
-parser.add_argument("--blank-screens", default=None, help="WxH: blank screenshots of this size when files are missing")
+parser.add_argument("--data", default="data/miniwob/train.jsonl", type=utils.arg_type(utils.input_file), help="expert episodes (UI-S1 JSONL or AndroidControl native JSON)")
+parser.add_argument("--image-root", default=None, type=utils.arg_type(utils.input_dir), help="folder screenshots are resolved against (default: the data file's folder)")
+parser.add_argument("--blank-screens", default=None, type=utils.arg_type(gui.parse_size), help="WxH: blank screenshots of this size when files are missing")
 parser.add_argument("--max-episodes", type=int, default=None, help="use only the first N episodes")
 parser.add_argument("--val-frac", type=float, default=0.1, help="share of episodes held out for validation loss")
 parser.add_argument("--step-instruction", action="store_true", help="put the low-level step instruction in the prompt (AndroidControl-Low)")
 # model
-parser.add_argument("--model", default="tiny", help="'tiny' or a local Hugging Face folder")
+parser.add_argument("--model", default="tiny", type=utils.arg_type(utils.model_path),
+                    help="'tiny', a local Hugging Face folder, or a checkpoint folder (a `latest` pointer is followed)")
 parser.add_argument("--min-pixels", type=int, default=utils.MIN_PIXELS, help="smart_resize lower bound (pixels)")
 parser.add_argument("--max-pixels", type=int, default=utils.MAX_PIXELS, help="smart_resize upper bound (pixels)")
 parser.add_argument("--num-images", type=int, default=2, help="screenshots kept as images in the prompt (the last K)")
@@ -65,6 +63,7 @@ parser.add_argument("--micro-batch-size", type=int, default=8, help="examples pe
 parser.add_argument("--max-steps", type=int, default=300, help="optimizer steps")
 parser.add_argument("--eval-every", type=int, default=50, help="validation loss every N steps (0: at the end only)")
 parser.add_argument("--out", default="out/sft", help="output folder (ckpt/, metrics.jsonl, args.json)")
+parser.add_argument("--tensorboard", default=None, help="also log the metrics as TensorBoard scalars in this folder (pip install tensorboard)")
 parser.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: at the end only)")
 parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out/ckpt")
 parser.add_argument("--seed", type=int, default=0, help="seed of data order, split and the tiny model's init")
@@ -78,14 +77,15 @@ def main(argv=None):
     # setup
     d = utils.init_distributed(args.device)
     utils.seed_everything(args.seed)
+    utils.check_pixels(args)
     if args.batch_size % (args.micro_batch_size * d.world_size):
-        raise SystemExit(f"--batch-size {args.batch_size} must be a multiple of micro-batch-size x world size "
+        raise utils.UsageError(f"--batch-size {args.batch_size} must be a multiple of micro-batch-size x world size "
                          f"({args.micro_batch_size} x {d.world_size})")
     out = Path(args.out)
     if d.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "args.json").write_text(json.dumps(vars(args), indent=2))
-    metrics = utils.MetricsLogger(out / "metrics.jsonl", append=args.resume)
+        (out / "args.json").write_text(utils.dumps(vars(args), indent=2))
+    metrics = utils.MetricsLogger(out / "metrics.jsonl", append=args.resume, tensorboard=args.tensorboard)
     gpu = d.device.type == "cuda"
 
     # -------------------------------------------------------------------------
@@ -218,9 +218,15 @@ def main(argv=None):
     # cleanup
     utils.cleanup_distributed()
     if d.is_main:
-        print(json.dumps(last), flush=True)
+        test = Path(args.data).with_name("test.jsonl") if Path(args.data).name == "train.jsonl" else Path(args.data)
+        print(f"checkpoint: {utils.latest_checkpoint(out / 'ckpt') or '(none written)'}  metrics: {out / 'metrics.jsonl'}\n"
+              f"curves:     python plot_metrics.py {out / 'metrics.jsonl'}\n"
+              f"evaluate:   python eval_sop.py --data {test} --policy model --model {out / 'ckpt'} "
+              f"--protocol sop static --online --out out/eval/sft\n"
+              f"next stage: torchrun --nproc_per_node=2 train_semionline.py --sft-dir {out / 'ckpt'}", flush=True)
+        print(utils.dumps(last), flush=True)
     return last
 
 
 if __name__ == "__main__":
-    main()
+    utils.cli(main)

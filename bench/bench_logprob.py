@@ -20,7 +20,6 @@ Peak memory, honestly measured:
   (V x H) is included for both paths. Linux only.
 """
 
-import argparse
 import json
 import os
 import subprocess
@@ -30,12 +29,13 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root, for `kernels`
+import utils  # noqa: E402
 from kernels import fused_logprob  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------
 # config
 
-parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser = utils.make_parser(__doc__)
 parser.add_argument("--n", type=int, default=4096, help="tokens N")
 parser.add_argument("--h", type=int, default=256, help="hidden size H")
 parser.add_argument("--v", type=int, default=151936, help="vocab size V (Qwen2.5: 151936)")
@@ -122,7 +122,7 @@ def cpu_worker(path):
     out = {"path": path, "peak_bytes": peak, "time_s": min(times)}
     if path == "fused":
         out["logp_max_abs_err"] = logp_error(h, W, y)
-    print(json.dumps(out))
+    print(utils.dumps(out))
 
 
 def cpu_main():
@@ -219,4 +219,4 @@ if __name__ == "__main__":
         sys.exit(0)
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     result = cuda_main() if use_cuda else cpu_main()
-    print(json.dumps(result))
+    print(utils.dumps(result))

@@ -19,8 +19,6 @@ padding included (HF: rows x longest prompt; ours: the prefix tree's padded segm
     python bench/bench_sampler.py --device cuda --dtype bf16 --model small --max-new-tokens 256
 The last stdout line is one JSON object.
 """
-import argparse
-import json
 import os
 import sys
 import time
@@ -37,7 +35,7 @@ from rollout import Sampler  # noqa: E402
 # ---------------------------------------------------------------------------------------------------
 # config
 
-parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser = utils.make_parser(__doc__)
 parser.add_argument("--model", default="tiny", help="'tiny' (utils.tiny_config), 'small' (a ~0.2B random "
                     "Qwen2.5-VL for GPUs) or a Hugging Face directory")
 parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
@@ -183,4 +181,4 @@ for name in args.workloads.split(","):
                        f"prefill_tokens_{who}_{name}": pf, f"prefill_tokens_real_{who}_{name}": pfr})
     result[f"ratio_{name}"] = round(best["ours"][0] / best["hf"][0], 2)
 result.update(loadavg_1m_before=round(load_before, 2), loadavg_1m_after=round(os.getloadavg()[0], 2))
-print(json.dumps(result))
+print(utils.dumps(result))

@@ -11,7 +11,6 @@ the table can be reproduced by hand. A stage whose output exists is skipped (--f
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -22,8 +21,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+import utils  # noqa: E402
 
-parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+STAGES = ("data", "sft", "rl", "eval", "report")
+parser = utils.make_parser(__doc__)
 parser.add_argument("--out", default="out/repro", help="where checkpoints and eval outputs go")
 parser.add_argument("--results", default="results", help="where the committed results land")
 parser.add_argument("--stages", default="data,sft,rl,eval,report", help="comma list of stages to run")
@@ -38,6 +39,9 @@ parser.add_argument("--eval-jobs", type=int, default=2, help="evaluations run at
 parser.add_argument("--online-seeds", type=int, default=1, help="held-out online seeds per MiniWob++ task")
 parser.add_argument("--seed", type=int, default=0, help="seed of every stage")
 args = parser.parse_args()
+if set(args.stages.split(",")) - set(STAGES):
+    parser.error(f"--stages {args.stages}: unknown stage(s) {sorted(set(args.stages.split(',')) - set(STAGES))}; "
+                 f"known: {','.join(STAGES)}")
 
 out = REPO / args.out
 results = REPO / args.results
@@ -227,7 +231,7 @@ if "report" in stages:
         "stages": log,
         "config": vars(args),
     }
-    (results / "cpu_repro.json").write_text(json.dumps(summary, indent=2))
+    (results / "cpu_repro.json").write_text(utils.dumps(summary, indent=2))
     # RL reward curves
     for key in ("semionline", "offline"):
         mf = out / key / "metrics.jsonl"
@@ -248,4 +252,4 @@ if "report" in stages:
                  f"R^2 (static step SR vs online) = {summary['r2_static_online']:.3f}; wall {summary['wall_s']:.0f} s")
     (results / "cpu_repro.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
-    print(json.dumps({k: summary[k] for k in ("r2_sop_online", "r2_static_online", "wall_s")}), flush=True)
+    print(utils.dumps({k: summary[k] for k in ("r2_sop_online", "r2_static_online", "wall_s")}), flush=True)

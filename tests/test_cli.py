@@ -1,0 +1,285 @@
+"""Command-line plumbing: strict JSON (no NaN in any file we write), the TensorBoard option, the
+plot command, --help with defaults and examples, and prompt options read back from a checkpoint's
+args.json by eval_sop.py and train_semionline.py."""
+
+import json
+import math
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import eval_sop
+import gui
+import plot_metrics
+import utils
+
+REPO = Path(__file__).resolve().parent.parent
+MINIWOB = REPO / "data" / "miniwob"
+
+
+def strict_loads(text):
+    """json.loads that refuses NaN / Infinity, as RFC 8259 parsers do."""
+    def bad(c):
+        raise ValueError(f"non-standard JSON constant {c}")
+    return json.loads(text, parse_constant=bad)
+
+
+# -----------------------------------------------------------------------------
+# strict JSON
+
+
+def test_dumps_replaces_nonfinite_with_null_and_reason():
+    import numpy as np
+    import torch
+
+    row = {"step": 3, "loss": float("nan"), "kl": np.float32("inf"), "ent": torch.tensor(-math.inf),
+           "ok": 1.5, "per_task": {"a": [0.5, float("nan")]}, "flag": True}
+    text = utils.dumps(row)
+    back = strict_loads(text)
+    assert back["loss"] is None and back["kl"] is None and back["ent"] is None
+    assert back["ok"] == 1.5 and back["step"] == 3 and back["flag"] is True and back["per_task"]["a"] == [0.5, None]
+    assert back["nonfinite"] == {"loss": "nan", "kl": "inf", "ent": "-inf", "per_task.a[1]": "nan"}
+    assert "nonfinite" not in strict_loads(utils.dumps({"loss": 1.0}))  # nothing to report: no field
+    with pytest.raises(ValueError):  # the check itself can fail: the standard library writes NaN
+        strict_loads(json.dumps({"loss": float("nan")}))
+
+
+def test_metrics_logger_writes_strict_lines(tmp_path):
+    m = utils.MetricsLogger(tmp_path / "metrics.jsonl")
+    m.log({"step": 1, "loss": float("nan"), "reward_mean": 0.25})
+    m.log({"step": 2, "loss": 0.5, "reward_mean": 0.5})
+    rows = [strict_loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["loss"] is None and rows[0]["nonfinite"] == {"loss": "nan"}
+    assert rows[1]["loss"] == 0.5 and "nonfinite" not in rows[1] and "t" in rows[1]
+
+
+def test_tensorboard_scalars(tmp_path, monkeypatch):
+    calls = []
+
+    class Writer:
+        def __init__(self, logdir):
+            calls.append(("dir", logdir))
+
+        def add_scalar(self, k, v, x):
+            calls.append((k, v, x))
+
+        def flush(self):
+            pass
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=Writer))
+    m = utils.MetricsLogger(tmp_path / "m.jsonl", tensorboard=str(tmp_path / "tb"))
+    m.log({"step": 7, "loss": 0.25, "kl": float("nan"), "tasks_kept": 3, "note": "x", "flag": True})
+    scalars = {c[0]: c[1:] for c in calls[1:]}
+    assert calls[0] == ("dir", str(tmp_path / "tb"))
+    assert scalars["loss"] == (0.25, 7) and scalars["tasks_kept"] == (3, 7)
+    assert not {"kl", "note", "flag", "step", "nonfinite"} & set(scalars)  # NaN, text, bools, the x axis: not curves
+
+
+def test_tensorboard_missing_is_a_usage_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import raises ImportError
+    with pytest.raises(utils.UsageError, match="pip install tensorboard"):
+        utils.MetricsLogger(tmp_path / "m.jsonl", tensorboard=str(tmp_path / "tb"))
+
+
+# -----------------------------------------------------------------------------
+# plot command
+
+
+def test_rolling_mean_by_hand():
+    assert plot_metrics.rolling_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    assert plot_metrics.rolling_mean([2.0, 4.0, 9.0], 5) == [2.0, 3.0, 5.0]
+
+
+def test_plot_writes_png(tmp_path, capsys):
+    f = tmp_path / "metrics.jsonl"
+    rows = [{"step": s, "loss": 1 / s, "reward_mean": s / 30, "note": "text"} for s in range(1, 31)]
+    rows[4]["loss"] = float("nan")
+    rows[9]["val_loss"] = 0.7
+    f.write_text("".join(utils.dumps(r) + "\n" for r in rows))
+    series = plot_metrics.read_metrics(str(f))
+    assert set(series) == {"loss", "reward_mean", "val_loss"}  # numbers only; step and t are the axes
+    assert series["loss"][1][4] is None and series["val_loss"] == ([10], [0.7])
+    written = plot_metrics.main([str(f), "--smooth", "3"])
+    png = tmp_path / "metrics.png"
+    assert written == [str(png)] and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    with pytest.raises(utils.UsageError, match="no numeric metric kl"):
+        plot_metrics.main([str(f), "--keys", "loss", "kl"])
+
+
+# -----------------------------------------------------------------------------
+# --help: defaults and the docstring's examples
+
+
+@pytest.mark.parametrize("argv, example", [
+    (["train_sft.py"], "torchrun --nproc_per_node=2 train_sft.py"),
+    (["eval_sop.py"], "python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl --policy expert"),
+    (["eval_sop.py", "score"], "--responses responses.jsonl --out scores.jsonl"),
+    (["plot_metrics.py"], "python plot_metrics.py out/sft/metrics.jsonl"),
+])
+def test_help_shows_defaults_and_examples(argv, example):
+    p = subprocess.run([sys.executable, *argv, "--help"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert example in p.stdout and "(default: " in p.stdout
+    assert "(default: all) (default:" not in p.stdout  # a help text that names its default is not repeated
+
+
+# -----------------------------------------------------------------------------
+# prompt options stored with the checkpoint
+
+
+class _Out:
+    def __init__(self, text):
+        self.text, self.ids, self.finish_reason = text, [0], "stop"
+
+
+class ExpertSampler:
+    """Answers every prompt with the expert's action and keeps the decoded prompts."""
+
+    def __init__(self, tokenizer, episodes):
+        import torch
+
+        self.model = torch.nn.Linear(1, 1)
+        self.tok, self.by_goal, self.prompts = tokenizer, {e.goal: e for e in episodes}, []
+
+    def generate(self, prompts, n=1, greedy=False):
+        outs = []
+        for p in prompts:
+            text = self.tok.decode(p.input_ids.tolist())
+            self.prompts.append(text)
+            ep = next(e for g, e in self.by_goal.items() if f"Task goal: {g}" in text)
+            t = text.count("<|im_start|>assistant") - 1
+            outs.append([_Out(gui.expert_response(ep.steps[t], ep.steps[t].image_size, p.resized_size))])
+        return outs
+
+
+@pytest.fixture()
+def checkpoint(tmp_path):
+    """A checkpoint folder as save_checkpoint leaves it, as far as eval reads it before the weights."""
+    ckpt = tmp_path / "ckpt" / "step_000010"
+    ckpt.mkdir(parents=True)
+    (ckpt / "config.json").write_text("{}")
+    (ckpt / "args.json").write_text(json.dumps({"num_images": 1, "min_pixels": 3136, "max_pixels": 20000,
+                                                "max_prompt_tokens": None, "step_instruction": False, "lr": 0.1}))
+    (tmp_path / "ckpt" / "latest").write_text("step_000010")
+    return tmp_path / "ckpt"
+
+
+def run_eval(monkeypatch, data, argv):
+    from utils import load_processor
+
+    sampler = ExpertSampler(load_processor()[0], gui.load_episodes(str(data)))
+    monkeypatch.setattr(eval_sop, "load_sampler", lambda args, tok: sampler)
+    s = eval_sop.main(["--data", str(data), "--image-root", str(MINIWOB), "--limit", "2", "--policy", "model",
+                       "--protocol", "static", "--out", str(data.parent / "eval"), *argv])
+    return s, sampler, json.loads((data.parent / "eval" / "result.json").read_text())["args"]
+
+
+@pytest.fixture()
+def data(tmp_path):
+    lines = [ln for ln in (MINIWOB / "test.jsonl").read_text().splitlines() if "enter-text-100000" in ln]
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "eps.jsonl").write_text(lines[0] + "\n")
+    return tmp_path / "d" / "eps.jsonl"
+
+
+def test_eval_reads_prompt_options_from_checkpoint(monkeypatch, capsys, checkpoint, data):
+    s, sampler, args = run_eval(monkeypatch, data, ["--model", str(checkpoint)])
+    out = capsys.readouterr().out
+    assert f"prompt options from {checkpoint}/step_000010/args.json" in out and "--num-images 1" in out
+    assert args["num_images"] == 1 and args["max_pixels"] == 20000 and args["max_prompt_tokens"] is None
+    assert args["elements"] is True  # training always shows the element list; so does eval by default
+    assert s["static_step_sr"] == 1.0  # the expert's answers in pixels of the 20000-pixel image: all match
+    later = [p for p in sampler.prompts if p.count("<|im_start|>assistant") > 1]
+    assert later and all(p.count("<|vision_start|>") == 1 for p in later)  # --num-images 1 from the checkpoint
+    assert all("UI elements on screen:" in p for p in sampler.prompts)
+
+
+def test_eval_explicit_flag_wins_with_a_warning(monkeypatch, capsys, checkpoint, data):
+    s, sampler, args = run_eval(monkeypatch, data, ["--model", str(checkpoint), "--num-images", "2", "--no-elements"])
+    out = capsys.readouterr().out
+    assert "warning: --num-images 2 differs from the checkpoint's 1" in out
+    assert args["num_images"] == 2 and args["max_pixels"] == 20000 and args["elements"] is False
+    later = [p for p in sampler.prompts if p.count("<|im_start|>assistant") > 1]
+    assert later and all(p.count("<|vision_start|>") == 2 for p in later)
+    assert not any("UI elements on screen:" in p for p in sampler.prompts)
+
+
+def test_train_semionline_adopts_sft_prompt_options(checkpoint):
+    import train_semionline as ts
+
+    argv = ["--model", str(checkpoint), "--max-pixels", "50176"]
+    args = ts.parser.parse_args(argv)
+    assert args.model == str(checkpoint / "step_000010")  # the `latest` pointer is followed
+    taken = utils.adopt_checkpoint_args(args, ts.parser, argv, args.model, ts.PROMPT_ARGS)
+    assert taken == {"num_images": 1, "min_pixels": 3136, "max_prompt_tokens": None}
+    assert args.max_pixels == 50176 and args.num_images == 1
+
+
+# -----------------------------------------------------------------------------
+# report labels: what happened, and frames coloured by it
+
+
+def test_outcome_labels_by_hand():
+    assert eval_sop.sop_outcome(3, 3, False) == "success: all 3 steps right"
+    assert eval_sop.sop_outcome(1, 4, False) == "wrong action at step 1: 1/4 steps right before it"
+    assert eval_sop.sop_outcome(0, 4, True) == "no valid action at step 0: 0/4 steps right before it"
+    ok = {"steps": 2, "cause": "success", "success": True}
+    term = {"steps": 2, "cause": "wrong_action", "terminated": True, "raw_reward": 0.0}
+    page = {"steps": 3, "cause": "wrong_action", "terminated": False, "raw_reward": -1.0}
+    limit = {"steps": 12, "cause": "step_limit"}
+    err = {"steps": 1, "cause": "policy_error", "error": "KeyError: 'x'"}
+    assert eval_sop.online_outcome(ok) == ("success in 2 steps", None)
+    assert eval_sop.online_outcome(term) == ("terminated early: terminate at step 1 before the task was done", 1)
+    assert eval_sop.online_outcome(page) == ("wrong action at step 2: the page ended the episode (raw reward -1.00)", 2)
+    assert eval_sop.online_outcome(limit) == ("step limit: not done after 12 steps", None)
+    assert eval_sop.online_outcome(err) == ("policy error at step 1: KeyError: 'x'", None)
+
+
+def test_online_report_frames_follow_the_outcome(monkeypatch, tmp_path):
+    """A terminated-early episode's frames are not green: the last one is red (the step that ended
+    it), the others grey; a success's are green; a malformed response is red."""
+    import miniwob_env
+    from PIL import Image
+
+    click = gui.format_response("t", {"action": "click", "coordinate": [10, 10]})
+    stop = gui.format_response("t", {"action": "terminate", "status": "success"})
+    answers = {("click-test", 1): [click, stop], ("click-test", 2): [click, stop], ("click-test", 3): ["junk", click]}
+    ends = {1: {"cause": "success", "success": True}, 2: {"cause": "wrong_action", "success": False, "terminated": True},
+            3: {"cause": "step_limit", "success": False}}
+
+    def fake_evaluate(policy, tasks, seeds, max_steps):
+        eps = []
+        for task in tasks:
+            for seed in seeds:
+                for t in range(2):
+                    policy({"task": task, "seed": seed, "goal": f"goal {seed}", "elements": "",
+                            "screenshot": Image.new("RGB", (168, 224), "white")}, t)
+                eps.append({"task": task, "seed": seed, "steps": 2, **ends[seed]})
+        return {"episodes": eps, "per_task": {}, "overall": {}}
+
+    monkeypatch.setattr(miniwob_env, "evaluate_online", fake_evaluate)
+    prompt = types.SimpleNamespace(resized_size=(168, 224))
+    model = lambda items: [answers[(items[0][0].task, items[0][0].seed)][items[0][2]]]  # noqa: E731
+
+    def make_prompt(obs, shots, history):
+        return types.SimpleNamespace(resized_size=prompt.resized_size, task=obs["task"], seed=obs["seed"])
+
+    args = types.SimpleNamespace(report_episodes=8, online_max_steps=2)
+    res, shown = eval_sop.run_online(model, make_prompt, ["click-test"], [1, 2, 3], args)
+    by_seed = {int(s["title"].split()[-1]): s for s in shown}
+    assert by_seed[1]["outcome"] == "success in 2 steps" and by_seed[1]["first_wrong"] is None
+    assert [v["cls"] for v in by_seed[1]["steps"]] == ["", ""]
+    assert by_seed[2]["outcome"].startswith("terminated early: terminate at step 1") and by_seed[2]["first_wrong"] == 1
+    assert [v["cls"] for v in by_seed[2]["steps"]] == ["neutral", "wrong"]
+    assert by_seed[2]["steps"][1]["verdict"] == "terminate before the task was done"
+    assert by_seed[3]["outcome"] == "step limit: not done after 2 steps"
+    assert [v["cls"] for v in by_seed[3]["steps"]] == ["wrong", "neutral"]  # junk, then a click of a failed episode
+    assert res["malformed"] == 1
+    page = tmp_path / "r.html"
+    eval_sop.write_report(str(page), "t", {}, [("Online", "", shown)])
+    html = page.read_text()
+    assert html.count("class='step neutral'") == 2 and html.count("class='step wrong first'") == 1
+    assert "terminated early" in html and "Step 1: terminate before the task was done" in html

@@ -1,0 +1,81 @@
+"""Every script meets each kind of input mistake with ONE line on stderr, `<script>: error: ...`
+naming the flag or file, exit code 2 and no traceback: missing or unreadable files, malformed
+sizes, a model folder that is not one, flags that contradict each other, data that is not
+episodes. The errors fire before any model loads, so each run costs an interpreter start."""
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+NOT_A_MODEL = "assets"  # a folder, but no config.json and no `latest` pointer
+TRAIN = "data/miniwob/train.jsonl"
+TEST = "data/miniwob/test.jsonl"
+
+CASES = [
+    # (script and arguments, text the one line must contain)
+    (["train_sft.py", "--data", "nope/train.jsonl"], "argument --data: no such file: 'nope/train.jsonl'"),
+    (["train_sft.py", "--data", "data"], "argument --data: not a file: 'data'"),
+    (["train_sft.py", "--blank-screens", "1080*2400"], "argument --blank-screens: expected a size WxH"),
+    (["train_sft.py", "--image-root", "no/shots"], "argument --image-root: no such folder: 'no/shots'"),
+    (["train_sft.py", "--model", NOT_A_MODEL], "argument --model: 'assets': not a model folder"),
+    (["train_sft.py", "--model", "no/such/model"], "argument --model: 'no/such/model': no such folder"),
+    (["train_sft.py", "--batch-size", "5", "--micro-batch-size", "2"], "--batch-size 5 must be a multiple"),
+    (["train_sft.py", "--min-pixels", "9000", "--max-pixels", "10"], "--min-pixels 9000 / --max-pixels 10"),
+    (["train_sft.py", "--data", "README.md"], "README.md: line 1: field '<json>': invalid JSON"),
+    (["train_sft.py", "--max-steps", "ten"], "argument --max-steps: invalid int value: 'ten'"),
+    (["train_semionline.py", "--data", "nope.jsonl"], "argument --data: no such file: 'nope.jsonl'"),
+    (["train_semionline.py", "--blank-screens", "0x5"], "argument --blank-screens: expected a positive size"),
+    (["train_semionline.py", "--model", NOT_A_MODEL], "argument --model: 'assets': not a model folder"),
+    (["train_semionline.py", "--ref-model", "no/such/model"], "argument --ref-model: 'no/such/model': no such folder"),
+    (["train_semionline.py", "--model", "tiny", "--min-pixels", "0"], "--min-pixels 0 / --max-pixels"),
+    (["eval_sop.py", "--data", "nope.jsonl"], "argument --data: no such file: 'nope.jsonl'"),
+    (["eval_sop.py", "--data", TEST, "--blank-screens", "1080*2400"], "argument --blank-screens: expected a size WxH"),
+    (["eval_sop.py", "--data", TEST, "--policy", "model", "--model", NOT_A_MODEL], "--model assets: not 'tiny'"),
+    (["eval_sop.py", "--data", TEST, "--model", "tiny"], "--model tiny is given but --policy is expert"),
+    (["eval_sop.py"], "nothing to evaluate: give --data and/or --online"),
+    (["eval_sop.py", "--data", "README.md"], "README.md: line 1: field '<json>': invalid JSON"),
+    (["eval_sop.py", "--data", TEST, "--image-root", "data", "--blank-screens", "9x9"],
+     "argument --blank-screens: not allowed with argument --image-root"),
+    (["eval_sop.py", "score", "--data", TEST, "--responses", "nope.jsonl", "--out", "/dev/null"],
+     "argument --responses: no such file: 'nope.jsonl'"),
+    (["eval_sop.py", "score", "--data", TEST, "--responses", "README.md", "--out", "/dev/null"],
+     "README.md: line 1: invalid JSON"),
+    (["eval_sop.py", "baselines", "--data", TEST, "--image-size", "big"], "argument --image-size: expected a size WxH"),
+    (["miniwob_env.py", "eval", "--tasks", "click-tset"], "unknown MiniWob++ task 'click-tset'"),
+    (["miniwob_env.py", "eval", "--seeds", "0"], "--seeds 0: need at least 1"),
+    (["make_miniwob_data.py", "--tasks", "nope", "--out", "/tmp/never"], "unknown MiniWob++ task 'nope'"),
+    (["make_miniwob_data.py", "--train-seed-base", "100000", "--out", "/tmp/never"], "overlap"),
+    (["plot_metrics.py", "nope/metrics.jsonl"], "argument metrics: no such file: 'nope/metrics.jsonl'"),
+    (["plot_metrics.py", "README.md"], "README.md: line 1: invalid JSON"),
+    (["runs/cpu_repro.py", "--stages", "sft,evl"], "--stages sft,evl: unknown stage(s) ['evl']"),
+    (["bench/bench_logprob.py", "--n", "x"], "argument --n: invalid int value: 'x'"),
+]
+
+
+def _run(argv):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """Every case's finished process, keyed by its argv; four at a time (each is an interpreter start)."""
+    with ThreadPoolExecutor(4) as pool:
+        return dict(zip((tuple(c[0]) for c in CASES), pool.map(_run, [c[0] for c in CASES])))
+
+
+@pytest.mark.parametrize("argv, expected", CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_one_line_exit_2(runs, argv, expected):
+    p = runs[tuple(argv)]
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    assert "Traceback" not in p.stderr
+    assert len(lines) == 1, p.stderr
+    script = Path(argv[0]).name
+    assert lines[0].startswith(f"{script}") and ": error: " in lines[0], lines[0]
+    assert expected in lines[0], lines[0]
