@@ -1,4 +1,4 @@
-"""The trainer's log-prob forward (utils.PolicyLogProb + collate_sequences) must score exactly
+"""The trainer's log-prob forward (kernels.policy_logprob: PolicyLogProb + collate_sequences) must score exactly
 the positions the sampler generated with: Qwen2.5-VL's 3-D mrope positions, also for prompts
 with two screenshots and under right padding in a batch (SPEC 11). A regression test: without
 mm_token_type_ids transformers falls back to 1-D positions and the gap reached several nats."""
@@ -6,6 +6,7 @@ import torch
 
 import gui
 import utils
+from kernels.policy_logprob import PolicyLogProb, collate_sequences
 from rollout import Sampler, sampling_mode
 
 
@@ -27,9 +28,9 @@ def test_trainer_logp_equals_sampler_logp_on_two_image_prompts():
     sampler = Sampler(model, tok, max_new_tokens=12, stop_token_ids=[])
     with sampling_mode(model):
         outs = sampler.generate(prompts, n=1, seeds=[0, 1, 2])
-    policy = utils.PolicyLogProb(model)
+    policy = PolicyLogProb(model)
     with torch.no_grad():
-        batch = utils.collate_sequences(prompts, [o[0].ids for o in outs], tok.pad_token_id)
+        batch = collate_sequences(prompts, [o[0].ids for o in outs], tok.pad_token_id)
         logp, _ = policy(batch)  # (N,) over all response tokens, right-padded batch
     sampled = torch.cat([o[0].logprobs for o in outs])
     # the sampler renormalises over non-vision tokens: tiny mass, so a tight bound still holds

@@ -369,7 +369,7 @@ def test_sampling_mode_without_fsdp(model):
 
 
 class _Policy(torch.nn.Module):
-    """The training root, as utils.PolicyLogProb: FSDP's root wraps the HF model, while the
+    """The training root, as kernels.policy_logprob.PolicyLogProb: FSDP's root wraps the HF model, while the
     sampler calls the HF model inside it."""
 
     def __init__(self, model):
