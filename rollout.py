@@ -58,7 +58,169 @@ import gui
 import patch
 from gui import MAX_PIXELS, MIN_PIXELS
 
-# --- sampler
+# -----------------------------------------------------------------------------
+# semi-online rollout driver (SPEC section 5)
+
+
+@dataclass
+class StepRecord:
+    """One sampled response: rollout `rollout_idx` of task `task_idx` at step `step_idx`.
+
+    prompt: the gui.Prompt it was sampled from (token ids, images, resized_size).
+    response_ids: the sampler's ids, exactly (the trainer scores these, never re-tokenised text).
+    sampler_logp: (L,) fp32 log-probs under the sampling distribution.
+    reward / match / type_match: gui.score_response against the expert action.
+    patched: this wrong response was replaced in the history by a patch (patch text
+        itself is never trained on). ended: the rollout ended at this step (a wrong
+        step with no patch left, or the episode's last step).
+    history: the rollout's history (earlier responses or patches) the prompt was built from.
+    """
+    task_idx: int
+    rollout_idx: int
+    step_idx: int
+    prompt: Any
+    response_ids: list[int]
+    sampler_logp: torch.Tensor
+    response: str
+    finish_reason: str
+    reward: float
+    match: bool
+    type_match: bool
+    patched: bool
+    ended: bool
+    history: list[str]
+
+
+@dataclass
+class _Rollout:
+    history: list[str] = field(default_factory=list)
+    n_patches: int = 0
+    alive: bool = True
+
+
+def _expert_response(step, orig_size, resized_size) -> str:
+    """The expert's own step as a response: its thought (or none) + action in resized px."""
+    return gui.format_response(patch.clean_thought(step.thought), gui.scale_action(step.action, orig_size, resized_size))
+
+
+def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_rollouts: int = 8,
+                        patch_mode: str = "thought-free", patch_threshold: int = 2,
+                        history_mode: str = "own", image_root=None, blank_screens=None,
+                        num_images: int = 2, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS,
+                        max_prompt_tokens: int | None = None, greedy: bool = False,
+                        seed: int | None = None, progress: bool = False) -> list[StepRecord]:
+    """Roll N copies of the policy through each expert episode, with their own history.
+
+    At step t every live rollout of every task is prompted with the expert screenshot t
+    and its OWN history; all of them are sampled in one batched sampler call (prompts
+    that are identical, as at step 0 where the N rollouts of a task share one, are
+    prefilled once). Each response is scored with gui.score_response against the expert
+    action (SPEC 4). match -> the response joins the history; mismatch -> while
+    patch.should_patch(n_patches, patch_threshold) the history gets a patch
+    (patch.make_patch, mode `patch_mode`) else the rollout ends (SPEC 5).
+    history_mode "expert" is the offline-RL baseline: every step's history is the
+    expert's, no rollout ends early, so every step is trained on its own.
+
+    sampler: rollout.Sampler or anything with .generate(prompts, n, greedy, seeds).
+    episodes: list[gui.Episode]. seed: sampling seed; task k's prompts use seeds derived
+    from (seed, task k's episode_id, step), so a task's rollouts do not depend on which
+    other tasks share the batch (or on which rank runs it).
+    Returns the records in (step, task, rollout) order.
+    """
+    if history_mode not in ("own", "expert"):
+        raise ValueError(f"history_mode must be 'own' or 'expert', got {history_mode!r}")
+    patch.check_patch_data(patch_mode, episodes)
+    shots = [[None] * len(ep.steps) for ep in episodes]  # loaded lazily, once per (task, step)
+
+    def shot(k, t):
+        if shots[k][t] is None:
+            shots[k][t] = gui.load_screenshot(episodes[k].steps[t], image_root=image_root, blank_screens=blank_screens)
+        return shots[k][t]
+
+    def prompt_for(k, t, history, instruction=None):
+        return gui.build_prompt(tokenizer, image_processor, goal=episodes[k].goal,
+                                screenshots=[shot(k, s) for s in range(t + 1)], history=history,
+                                step_instruction=instruction, elements=episodes[k].steps[t].elements,
+                                num_images=num_images, min_pixels=min_pixels, max_pixels=max_pixels,
+                                max_prompt_tokens=max_prompt_tokens)
+
+    states = [[_Rollout() for _ in range(n_rollouts)] for _ in episodes]
+    records: list[StepRecord] = []
+    T = max((len(ep.steps) for ep in episodes), default=0)
+    for t in tqdm(range(T), desc="rollout steps", disable=not progress, leave=False):
+        live = [(k, i) for k, ep in enumerate(episodes) if t < len(ep.steps)
+                for i in range(n_rollouts) if states[k][i].alive]
+        if not live:
+            break
+        # identical (task, history) pairs share one prompt: build once, sample n of it
+        groups: dict[tuple, list[int]] = {}
+        for k, i in live:
+            groups.setdefault((k, tuple(states[k][i].history)), []).append(i)
+        keys = list(groups)
+        prompts = {key: prompt_for(key[0], t, list(key[1])) for key in keys}
+        # one sampler call per group size (usually one or two calls a step)
+        outs: dict[tuple[int, int], Any] = {}
+        for size in sorted({len(v) for v in groups.values()}):
+            ks = [key for key in keys if len(groups[key]) == size]
+            seeds = None if seed is None else [_seed(seed, episodes[key[0]].episode_id, t, key[1]) for key in ks]
+            res = sampler.generate([prompts[key] for key in ks], n=size, greedy=greedy, seeds=seeds)
+            for key, samples in zip(ks, res):
+                for i, s in zip(groups[key], samples):
+                    outs[(key[0], i)] = (prompts[key], s)
+        # score, then decide: keep, patch or end
+        to_patch = []
+        for k, i in live:
+            prompt, s = outs[(k, i)]
+            step = episodes[k].steps[t]
+            orig = shot(k, t).size
+            sc = gui.score_response(s.text, step, resized_size=prompt.resized_size, orig_size=orig)
+            st = states[k][i]
+            rec = StepRecord(task_idx=k, rollout_idx=i, step_idx=t, prompt=prompt, response_ids=list(s.ids),
+                             sampler_logp=s.logprobs, response=s.text, finish_reason=s.finish_reason,
+                             reward=sc.reward, match=sc.match, type_match=sc.type_match, patched=False,
+                             ended=False, history=list(st.history))
+            records.append(rec)
+            if history_mode == "expert":
+                st.history.append(_expert_response(step, orig, prompt.resized_size))
+            elif sc.match:
+                st.history.append(s.text)  # build_prompt strips special tokens
+            elif patch.should_patch(st.n_patches, patch_threshold):
+                rec.patched = True
+                st.n_patches += 1
+                if patch_mode == "on-policy":
+                    to_patch.append((k, i, rec))
+                    st.history.append(None)  # filled below, after one batched generation
+                else:
+                    st.history.append(patch.make_patch(patch_mode, response=s.text, step=step, orig_size=orig,
+                                                       resized_size=prompt.resized_size,
+                                                       episode_id=episodes[k].episode_id))
+            else:
+                st.alive = False
+                rec.ended = True
+            if t == len(episodes[k].steps) - 1:
+                rec.ended = True
+                st.alive = False
+        if to_patch:  # on-policy thought: the policy explains the expert action, all at once
+            hint_prompts, actions = [], []
+            for k, i, rec in to_patch:
+                a = patch.expert_action_resized(episodes[k].steps[t], shot(k, t).size, rec.prompt.resized_size)
+                hint_prompts.append(prompt_for(k, t, rec.history, instruction=patch.hinted_step_instruction(None, a)))
+                actions.append(a)
+            gen = lambda ps: [o[0].text for o in sampler.generate(ps, n=1, greedy=greedy)]  # noqa: E731
+            for (k, i, rec), text in zip(to_patch, patch.on_policy_patches(hint_prompts, actions, gen)):
+                states[k][i].history[-1] = text
+    return records
+
+
+def _seed(seed: int, episode_id: str, t: int, history: tuple) -> int:
+    """A sampling seed for one prompt that depends only on the run seed, the task, the step
+    and the history (stable across processes: no Python hash randomisation)."""
+    h = hashlib.blake2b(repr((seed, episode_id, t, history)).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & 0x7FFF_FFFF_FFFF
+
+
+# -----------------------------------------------------------------------------
+# the sampler engine: KV cache, prefix sharing, sampling, the FSDP2 hand-off
 
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
@@ -558,164 +720,3 @@ class Sampler:
                                       reason[r + j], i) for j in range(n)])
             r += n
         return outs
-
-
-# -----------------------------------------------------------------------------
-# semi-online rollout driver (SPEC section 5)
-
-
-@dataclass
-class StepRecord:
-    """One sampled response: rollout `rollout_idx` of task `task_idx` at step `step_idx`.
-
-    prompt: the gui.Prompt it was sampled from (token ids, images, resized_size).
-    response_ids: the sampler's ids, exactly (the trainer scores these, never re-tokenised text).
-    sampler_logp: (L,) fp32 log-probs under the sampling distribution.
-    reward / match / type_match: gui.score_response against the expert action.
-    patched: this wrong response was replaced in the history by a patch (patch text
-        itself is never trained on). ended: the rollout ended at this step (a wrong
-        step with no patch left, or the episode's last step).
-    history: the rollout's history (earlier responses or patches) the prompt was built from.
-    """
-    task_idx: int
-    rollout_idx: int
-    step_idx: int
-    prompt: Any
-    response_ids: list[int]
-    sampler_logp: torch.Tensor
-    response: str
-    finish_reason: str
-    reward: float
-    match: bool
-    type_match: bool
-    patched: bool
-    ended: bool
-    history: list[str]
-
-
-@dataclass
-class _Rollout:
-    history: list[str] = field(default_factory=list)
-    n_patches: int = 0
-    alive: bool = True
-
-
-def _expert_response(step, orig_size, resized_size) -> str:
-    """The expert's own step as a response: its thought (or none) + action in resized px."""
-    return gui.format_response(patch.clean_thought(step.thought), gui.scale_action(step.action, orig_size, resized_size))
-
-
-def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_rollouts: int = 8,
-                        patch_mode: str = "thought-free", patch_threshold: int = 2,
-                        history_mode: str = "own", image_root=None, blank_screens=None,
-                        num_images: int = 2, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS,
-                        max_prompt_tokens: int | None = None, greedy: bool = False,
-                        seed: int | None = None, progress: bool = False) -> list[StepRecord]:
-    """Roll N copies of the policy through each expert episode, with their own history.
-
-    At step t every live rollout of every task is prompted with the expert screenshot t
-    and its OWN history; all of them are sampled in one batched sampler call (prompts
-    that are identical, as at step 0 where the N rollouts of a task share one, are
-    prefilled once). Each response is scored with gui.score_response against the expert
-    action (SPEC 4). match -> the response joins the history; mismatch -> while
-    patch.should_patch(n_patches, patch_threshold) the history gets a patch
-    (patch.make_patch, mode `patch_mode`) else the rollout ends (SPEC 5).
-    history_mode "expert" is the offline-RL baseline: every step's history is the
-    expert's, no rollout ends early, so every step is trained on its own.
-
-    sampler: rollout.Sampler or anything with .generate(prompts, n, greedy, seeds).
-    episodes: list[gui.Episode]. seed: sampling seed; task k's prompts use seeds derived
-    from (seed, task k's episode_id, step), so a task's rollouts do not depend on which
-    other tasks share the batch (or on which rank runs it).
-    Returns the records in (step, task, rollout) order.
-    """
-    if history_mode not in ("own", "expert"):
-        raise ValueError(f"history_mode must be 'own' or 'expert', got {history_mode!r}")
-    patch.check_patch_data(patch_mode, episodes)
-    shots = [[None] * len(ep.steps) for ep in episodes]  # loaded lazily, once per (task, step)
-
-    def shot(k, t):
-        if shots[k][t] is None:
-            shots[k][t] = gui.load_screenshot(episodes[k].steps[t], image_root=image_root, blank_screens=blank_screens)
-        return shots[k][t]
-
-    def prompt_for(k, t, history, instruction=None):
-        return gui.build_prompt(tokenizer, image_processor, goal=episodes[k].goal,
-                                screenshots=[shot(k, s) for s in range(t + 1)], history=history,
-                                step_instruction=instruction, elements=episodes[k].steps[t].elements,
-                                num_images=num_images, min_pixels=min_pixels, max_pixels=max_pixels,
-                                max_prompt_tokens=max_prompt_tokens)
-
-    states = [[_Rollout() for _ in range(n_rollouts)] for _ in episodes]
-    records: list[StepRecord] = []
-    T = max((len(ep.steps) for ep in episodes), default=0)
-    for t in tqdm(range(T), desc="rollout steps", disable=not progress, leave=False):
-        live = [(k, i) for k, ep in enumerate(episodes) if t < len(ep.steps)
-                for i in range(n_rollouts) if states[k][i].alive]
-        if not live:
-            break
-        # identical (task, history) pairs share one prompt: build once, sample n of it
-        groups: dict[tuple, list[int]] = {}
-        for k, i in live:
-            groups.setdefault((k, tuple(states[k][i].history)), []).append(i)
-        keys = list(groups)
-        prompts = {key: prompt_for(key[0], t, list(key[1])) for key in keys}
-        # one sampler call per group size (usually one or two calls a step)
-        outs: dict[tuple[int, int], Any] = {}
-        for size in sorted({len(v) for v in groups.values()}):
-            ks = [key for key in keys if len(groups[key]) == size]
-            seeds = None if seed is None else [_seed(seed, episodes[key[0]].episode_id, t, key[1]) for key in ks]
-            res = sampler.generate([prompts[key] for key in ks], n=size, greedy=greedy, seeds=seeds)
-            for key, samples in zip(ks, res):
-                for i, s in zip(groups[key], samples):
-                    outs[(key[0], i)] = (prompts[key], s)
-        # score, then decide: keep, patch or end
-        to_patch = []
-        for k, i in live:
-            prompt, s = outs[(k, i)]
-            step = episodes[k].steps[t]
-            orig = shot(k, t).size
-            sc = gui.score_response(s.text, step, resized_size=prompt.resized_size, orig_size=orig)
-            st = states[k][i]
-            rec = StepRecord(task_idx=k, rollout_idx=i, step_idx=t, prompt=prompt, response_ids=list(s.ids),
-                             sampler_logp=s.logprobs, response=s.text, finish_reason=s.finish_reason,
-                             reward=sc.reward, match=sc.match, type_match=sc.type_match, patched=False,
-                             ended=False, history=list(st.history))
-            records.append(rec)
-            if history_mode == "expert":
-                st.history.append(_expert_response(step, orig, prompt.resized_size))
-            elif sc.match:
-                st.history.append(s.text)  # build_prompt strips special tokens
-            elif patch.should_patch(st.n_patches, patch_threshold):
-                rec.patched = True
-                st.n_patches += 1
-                if patch_mode == "on-policy":
-                    to_patch.append((k, i, rec))
-                    st.history.append(None)  # filled below, after one batched generation
-                else:
-                    st.history.append(patch.make_patch(patch_mode, response=s.text, step=step, orig_size=orig,
-                                                       resized_size=prompt.resized_size,
-                                                       episode_id=episodes[k].episode_id))
-            else:
-                st.alive = False
-                rec.ended = True
-            if t == len(episodes[k].steps) - 1:
-                rec.ended = True
-                st.alive = False
-        if to_patch:  # on-policy thought: the policy explains the expert action, all at once
-            hint_prompts, actions = [], []
-            for k, i, rec in to_patch:
-                a = patch.expert_action_resized(episodes[k].steps[t], shot(k, t).size, rec.prompt.resized_size)
-                hint_prompts.append(prompt_for(k, t, rec.history, instruction=patch.hinted_step_instruction(None, a)))
-                actions.append(a)
-            gen = lambda ps: [o[0].text for o in sampler.generate(ps, n=1, greedy=greedy)]  # noqa: E731
-            for (k, i, rec), text in zip(to_patch, patch.on_policy_patches(hint_prompts, actions, gen)):
-                states[k][i].history[-1] = text
-    return records
-
-
-def _seed(seed: int, episode_id: str, t: int, history: tuple) -> int:
-    """A sampling seed for one prompt that depends only on the run seed, the task, the step
-    and the history (stable across processes: no Python hash randomisation)."""
-    h = hashlib.blake2b(repr((seed, episode_id, t, history)).encode(), digest_size=8).digest()
-    return int.from_bytes(h, "little") & 0x7FFF_FFFF_FFFF
