@@ -308,37 +308,30 @@ def sampling_mode(model: torch.nn.Module):
     unsharded once on entry (one all-gather each: a collective, so all ranks enter together)
     and kept unsharded across forwards, so decoding issues no collectives and ranks may run
     different numbers of decode steps. On exit the parameters are resharded (the full weights are
-    freed) and each module's reshard-after-forward setting and the train/eval mode are restored.
-    Nothing is copied to disk or into a second model. Without FSDP only eval + no_grad remain.
+    freed), the train/eval mode is restored, and so are FSDP2's default reshard-after-forward
+    settings (True for every FSDP module, False for the root), the ones `utils.apply_fsdp` uses.
+    Public FSDP2 API only. An FSDP root must accept `model(None)` as a no-op forward
+    (PolicyLogProb does): FSDP2 makes the first module to run forward its root, and the sampler
+    calls the HF model inside, so the root runs first here. Nothing is copied to disk or into a
+    second model. Without FSDP only eval + no_grad remain.
     """
     from torch.distributed.fsdp import FSDPModule
 
-    if isinstance(model, FSDPModule):
-        # FSDP2 makes the first module to run forward its root; the sampler calls the inner HF
-        # model, so settle the root now, before a rollout can come first (no collectives)
-        model._get_fsdp_state()._lazy_init()
     fsdp = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    # set_reshard_after_forward has no getter: remember the settings it overwrites (FSDP2 state)
-    saved = []
-    for m in fsdp:
-        state = m._get_fsdp_state()
-        saved.append((state, state._auto_reshard_after_forward,
-                      [(g, g.post_forward_mesh_info) for g in state._fsdp_param_groups]))
     was_training = model.training
     model.eval()
     try:
-        for m in fsdp:
-            m.set_reshard_after_forward(False, recurse=False)
-            m.unshard()
         with torch.no_grad():
+            if isinstance(model, FSDPModule):
+                model(None)      # settles the root (and its hooks) before the inner model runs
+            for m in fsdp:
+                m.set_reshard_after_forward(False, recurse=False)
+                m.unshard()
             yield model
     finally:
         for m in fsdp:
             m.reshard()
-        for state, auto, groups in saved:
-            state._auto_reshard_after_forward = auto
-            for g, info in groups:
-                g.post_forward_mesh_info = info
+            m.set_reshard_after_forward(m is not model, recurse=False)
         model.train(was_training)
 
 

@@ -15,14 +15,18 @@ class PolicyLogProb(torch.nn.Module):
     materialised: the decoder's last hidden states at those positions go through
     kernels.fused_logprob with the (possibly tied) lm_head weight. Calling this module
     (not model.model directly) lets FSDP2's root hooks gather embed/lm_head.
+    forward(None) returns None (rollout.sampling_mode's FSDP2 root settling call).
     """
 
     def __init__(self, model):
         super().__init__()
         self.model = model
 
-    def forward(self, batch: dict, temperature: float = 1.0, return_entropy: bool = False):
+    def forward(self, batch: dict | None, temperature: float = 1.0, return_entropy: bool = False):
         from kernels import fused_logprob
+
+        if batch is None:  # no-op: rollout.sampling_mode settles the FSDP2 root with it
+            return None
 
         ids = batch["input_ids"]
         # transformers builds Qwen2.5-VL's 3-D mrope positions only when told which tokens are

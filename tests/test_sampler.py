@@ -377,6 +377,8 @@ class _Policy(torch.nn.Module):
         self.model = model
 
     def forward(self, p):
+        if p is None:                      # sampling_mode's no-op call, as PolicyLogProb
+            return None
         ids = p.input_ids[None]
         return self.model(input_ids=ids, pixel_values=p.pixel_values, image_grid_thw=p.image_grid_thw,
                           mm_token_type_ids=(ids == self.model.config.image_token_id).int()).logits.float().mean()
