@@ -4,6 +4,8 @@ and the batch it reads (collate_sequences: prompt + sampled ids, right-padded).
 """
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
 
@@ -33,9 +35,12 @@ class PolicyLogProb(torch.nn.Module):
         # image tokens; without mm_token_type_ids it silently falls back to 1-D positions, and the
         # trainer would score other positions than the sampler (and generate) used (SPEC 11).
         mm_types = (ids == self.model.config.image_token_id).int()  # (B, T): 1 = image token
+        kw = dict(pixel_values=batch.get("pixel_values"))
+        if "image_index" in batch:  # each distinct screenshot through the vision tower once
+            kw = dict(mm_encoder_outputs={"image": self._image_features(batch)})
         out = self.model.model(input_ids=ids, attention_mask=batch["attention_mask"],
-                               pixel_values=batch.get("pixel_values"), image_grid_thw=batch.get("image_grid_thw"),
-                               mm_token_type_ids=mm_types, use_cache=False)
+                               image_grid_thw=batch.get("image_grid_thw"), mm_token_type_ids=mm_types,
+                               use_cache=False, **kw)
         hidden = out.last_hidden_state[:, :-1]  # (B, T-1, H): position p predicts token p+1
         targets = batch["targets"][:, 1:]  # (B, T-1)
         sel = targets != -100
@@ -43,6 +48,19 @@ class PolicyLogProb(torch.nn.Module):
         res = fused_logprob(h, self.model.lm_head.weight, targets[sel], temperature=temperature,
                             return_entropy=return_entropy)
         return res if return_entropy else (res, None)
+
+    def _image_features(self, batch: dict):
+        """Vision features of the batch's images in row order, each distinct image encoded once
+        (the rollouts of a task share screenshots). Exact: the tower encodes every image on its
+        own (attention within the image), and a shared image's gradient is the sum of its uses."""
+        thw, index = batch["image_grid_thw"], batch["image_index"]  # (I, 3), (I,)
+        offs = [0] + thw.prod(-1).cumsum(0).tolist()
+        first = sorted(set(index.tolist()))
+        pv = torch.cat([batch["pixel_values"][offs[i]:offs[i + 1]] for i in first])
+        out = self.model.model.get_image_features(pv, thw[first], return_dict=True)
+        feats = dict(zip(first, out.pooler_output))
+        out.pooler_output = tuple(feats[i] for i in index.tolist())
+        return out
 
 
 def collate_sequences(prompts: list, responses: list[list[int]], pad_id: int) -> dict:
@@ -53,7 +71,9 @@ def collate_sequences(prompts: list, responses: list[list[int]], pad_id: int) ->
     exactly as the sampler produced them (never re-tokenised text). Returns input_ids and
     targets (B, T) int64 (targets = input_ids on response tokens, -100 elsewhere: padding
     is masked by position, never by comparing with pad_id, which may equal EOS),
-    attention_mask (B, T) int64, and the images concatenated in row order.
+    attention_mask (B, T) int64, the images concatenated in row order (pixel_values,
+    image_grid_thw) and image_index (I,) int64: the first image with the same pixels and grid
+    (PolicyLogProb encodes each distinct image once).
     """
     seqs = [torch.cat([p.input_ids.long(), torch.tensor(r, dtype=torch.long)]) for p, r in zip(prompts, responses)]
     T = max(len(s) for s in seqs)
@@ -70,6 +90,13 @@ def collate_sequences(prompts: list, responses: list[list[int]], pad_id: int) ->
     if pv:
         batch["pixel_values"] = torch.cat(pv)
         batch["image_grid_thw"] = torch.cat([p.image_grid_thw for p in prompts if p.image_grid_thw is not None])
+        offs = [0] + batch["image_grid_thw"].prod(-1).cumsum(0).tolist()
+        first: dict[tuple, int] = {}
+        index = []
+        for i, g in enumerate(batch["image_grid_thw"].tolist()):
+            px = batch["pixel_values"][offs[i]:offs[i + 1]].detach().cpu().numpy().tobytes()
+            index.append(first.setdefault((tuple(g), hashlib.blake2b(px, digest_size=16).digest()), i))
+        batch["image_index"] = torch.tensor(index, dtype=torch.long)
     return batch
 
 
