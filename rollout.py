@@ -1,9 +1,14 @@
-"""Rollouts for semi-online RL (SPEC section 5).
+"""Rollouts for semi-online RL (docs/method.md §5; arXiv 2509.11543, section 3).
 
-This file has two parts, top to bottom:
-  1. the sampler (`# --- sampler`): batched, KV-cached sampling from a transformers
-     Qwen2.5-VL policy (or any plain causal LM), n samples per prompt;
-  2. the semi-online rollout driver (below the sampler).
+Map, top to bottom:
+  1. the method: `StepRecord` and `semi_online_rollout`, the driver. N rollouts per task walk
+     through the expert episode with their OWN history; at each step all live rollouts of all
+     tasks are sampled in one batched call, scored against the expert action, and a wrong
+     response is patched (patch.py) or ends its rollout.
+  2. the sampler engine (`# --- the sampler engine`): `Sampler`, batched KV-cached sampling from
+     a transformers Qwen2.5-VL policy (or any plain causal LM), n samples per prompt;
+     `process_logits` / `sample_from_logits`, the sampling distribution; `sampling_mode`, which
+     lends the (FSDP2) policy to the sampler and gives it back to training.
 
 The sampler, in use:
 
@@ -12,32 +17,29 @@ The sampler, in use:
         outs = sampler.generate(prompts, n=8)        # outs[i][j]: SampleOutput of sample j of prompt i
     outs[0][0].ids, outs[0][0].logprobs, outs[0][0].finish_reason
 
-Design (what it does that `model.generate` does not):
-  1. Shared prefixes are prefilled once. Prompts are deduplicated, then arranged in a radix
-     tree over their token ids (an image's placeholder tokens are keyed by the image's pixels,
-     so two same-size screenshots never count as shared). Each tree node is run through the
-     model once; children copy their parent's KV rows. The n samples of a prompt copy its
-     leaf's rows. Group rollouts (8 tasks x 8 samples) prefill 8 prompts, not 64.
-  2. Rows may hold gaps: padding at the front of each node's segment (segments are
-     left-padded so every row's last token sits in the last column) and between the prefill and
-     the decoded tokens. A per-row validity mask (R, K) and an explicit 4-D attention mask handle
-     them exactly; a padding query attends to itself only, so no softmax row is empty (no NaN).
-  3. Positions are explicit and computed per prompt on the unpadded ids: 1-D for text LMs,
+Engine design (what it does that `model.generate` does not):
+  1. Shared prefixes are prefilled once: distinct prompts go into a radix tree over their ids
+     (an image's placeholder tokens are keyed by its pixels, so two same-size screenshots never
+     count as shared); each node runs through the model once, children and samples copy its KV
+     rows. Group rollouts (8 tasks x 8 samples) prefill 8 prompts, not 64.
+  2. Rows may hold gaps (left padding of each node's segment, and between prefill and decoded
+     tokens): a per-row validity mask (R, K) and an explicit 4-D attention mask handle them
+     exactly; a padding query attends to itself only, so no softmax row is empty (no NaN).
+  3. Positions are explicit, computed per prompt on the unpadded ids: 1-D for text LMs,
      Qwen2.5-VL's 3-D mrope positions from the model's own `get_rope_index` for image prompts.
-     A decoded token's position is (max prompt position + 1 + step), i.e. the rope delta is
-     per row. The model's cached `rope_deltas` is never read, and cleared after each call.
+     A decoded token's position is (max prompt position + 1 + step): the rope delta is per row.
+     The model's cached `rope_deltas` is never read, and cleared after each call.
   4. `process_logits` is the one place where temperature, top-p and the ban on vision tokens
-     (the policy must never write <|image_pad|> etc. into its own history) are applied; the
-     returned logprobs are those of exactly this distribution, one fp32 value per returned id.
-     At temperature 1 and top-p 1 they are log_softmax(logits) - log(1 - mass of the banned
+     (the policy must never write <|image_pad|> into its own history) are applied; the returned
+     logprobs are those of exactly this distribution, one fp32 value per returned id. At
+     temperature 1 and top-p 1 they are log_softmax(logits) - log(1 - mass of the banned
      tokens); that mass is ~0 for a trained policy.
   5. Decoding writes into a preallocated KV buffer (gpt-fast's static cache: nothing is
      re-concatenated per step), and rows that stop leave the batch and the cache that step.
   6. The trainer trains on `SampleOutput.ids` as returned, never on re-tokenised text.
-  7. Same inputs + same seed -> same samples. Across different batch compositions (shared or
-     not, other prompts alongside) greedy ids agree, but sampled ids may not: logits differ in
-     the last bits, and a uniform near a CDF boundary then picks a neighbouring token (vLLM and
-     HF generate behave the same way).
+  7. Same inputs + same seed -> same samples. Across batch compositions greedy ids agree, but
+     sampled ids may not: logits differ in the last bits, and a uniform near a CDF boundary then
+     picks a neighbouring token (vLLM and HF generate behave the same way).
 """
 from __future__ import annotations
 
@@ -309,7 +311,7 @@ def sampling_mode(model: torch.nn.Module):
     and kept unsharded across forwards, so decoding issues no collectives and ranks may run
     different numbers of decode steps. On exit the parameters are resharded (the full weights are
     freed), the train/eval mode is restored, and so are FSDP2's default reshard-after-forward
-    settings (True for every FSDP module, False for the root), the ones `utils.apply_fsdp` uses.
+    settings (True for every FSDP module, False for the root), the ones `apply_fsdp` uses.
     Public FSDP2 API only. An FSDP root must accept `model(None)` as a no-op forward
     (PolicyLogProb does): FSDP2 makes the first module to run forward its root, and the sampler
     calls the HF model inside, so the root runs first here. Nothing is copied to disk or into a

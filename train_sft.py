@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 import gui
 import utils
-from kernels.policy_logprob import PolicyLogProb, collate_sequences, to_device
+from kernels.policy_logprob import PolicyLogProb, apply_fsdp, collate_sequences, to_device
 
 # -----------------------------------------------------------------------------
 # config
@@ -132,7 +132,7 @@ def main(argv=None):
     # -------------------------------------------------------------------------
     # model (FSDP2) and optimizer
     model = utils.load_model(args.model, dtype=torch.float32, device=d.device, seed=args.seed)
-    policy = utils.apply_fsdp(model, PolicyLogProb(model), d, mixed_precision=gpu)
+    policy = apply_fsdp(model, PolicyLogProb(model), d, mixed_precision=gpu)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     start_step = 0
     if args.resume:

@@ -178,6 +178,11 @@ def load_model(name: str | os.PathLike = "tiny", *, dtype: torch.dtype = torch.f
 # checkpoints: Hugging Face layout + safetensors, written atomically
 
 
+def _hf_model(model):
+    """The Hugging Face model inside a training root (kernels.policy_logprob.PolicyLogProb), or model."""
+    return model if hasattr(model, "save_pretrained") else model.model
+
+
 def _full_state_dicts(model, optimizer):
     """Full (unsharded, CPU) model and optimizer state dicts; works for plain modules and
     FSDP2-sharded ones alike. Collective under FSDP: every rank must call it."""
@@ -212,11 +217,8 @@ def save_checkpoint(out_dir: str | os.PathLike, model, tokenizer, args: dict, *,
     final = out_dir / f"step_{step:06d}"
     tmp = out_dir / f".tmp_step_{step:06d}_{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    from kernels.policy_logprob import PolicyLogProb
-
-    inner = model
-    if isinstance(model, PolicyLogProb):  # the FSDP root wraps the HF model: drop its prefix
-        inner = model.model
+    inner = _hf_model(model)
+    if inner is not model:  # the FSDP root (PolicyLogProb) wraps the HF model: drop its prefix
         msd = {k.removeprefix("model."): v for k, v in msd.items()}
     if getattr(inner.config, "tie_word_embeddings", False):
         msd.pop("lm_head.weight", None)  # tied to the input embedding (FSDP's state dict lists both)
@@ -259,8 +261,6 @@ def load_checkpoint_state(ckpt: str | os.PathLike, model, optimizer=None) -> dic
                                                          set_optimizer_state_dict)
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from kernels.policy_logprob import PolicyLogProb
-
     ckpt = Path(ckpt)
     if not (ckpt / "config.json").exists():
         raise FileNotFoundError(f"{ckpt}: no config.json (not a checkpoint folder)")
@@ -269,9 +269,8 @@ def load_checkpoint_state(ckpt: str | os.PathLike, model, optimizer=None) -> dic
     src = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(ckpt), dtype=torch.float32)
     msd = src.state_dict()
     del src
-    inner = model
-    if isinstance(model, PolicyLogProb):
-        inner = model.model
+    inner = _hf_model(model)
+    if inner is not model:
         msd = {"model." + k: v for k, v in msd.items()}
     if getattr(inner.config, "tie_word_embeddings", False):
         msd.pop("lm_head.weight", None)
@@ -312,28 +311,3 @@ class MetricsLogger:
         row = {**row, "t": round(time.time() - self.t0, 3)}
         with open(self.path, "a") as f:
             f.write(json.dumps(row, default=float) + "\n")
-
-
-# -----------------------------------------------------------------------------
-# FSDP2 (shared by train_sft.py and train_semionline.py)
-
-
-def apply_fsdp(model, root: torch.nn.Module, dist_info: Dist, mixed_precision: bool):
-    """Shard with FSDP2: `fully_shard` each decoder layer and vision block, then `root`
-    (which owns the embeddings, lm_head and the rest). bf16 params with fp32 gradient
-    reduction when `mixed_precision` (GPU); fp32 otherwise (CPU, gloo). World size 1:
-    returns `root` unchanged (no process group, same code path)."""
-    if dist_info.world_size == 1:
-        return root
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    mesh = init_device_mesh(dist_info.device.type, (dist_info.world_size,))
-    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-          if mixed_precision else MixedPrecisionPolicy())
-    for layer in model.model.language_model.layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mp)
-    for block in model.model.visual.blocks:
-        fully_shard(block, mesh=mesh, mp_policy=mp)
-    fully_shard(root, mesh=mesh, mp_policy=mp)
-    return root

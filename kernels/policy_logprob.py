@@ -1,12 +1,36 @@
-"""The policy's log-prob forward, the thin module beside the fused kernel (kernels/logprob.py):
-the Hugging Face model's decoder, then kernels.fused_logprob on the response positions only;
-and the batch it reads (collate_sequences: prompt + sampled ids, right-padded).
+"""The policy as training runs it, the thin module beside the fused kernel (kernels/logprob.py):
+PolicyLogProb, the Hugging Face model's decoder then kernels.fused_logprob on the response
+positions only, one FSDP2 root (apply_fsdp shards it); and the batch it reads
+(collate_sequences: prompt + sampled ids, right-padded).
 """
 from __future__ import annotations
 
 import hashlib
 
 import torch
+
+from utils import Dist
+
+
+def apply_fsdp(model, root: torch.nn.Module, dist_info: Dist, mixed_precision: bool):
+    """Shard with FSDP2: `fully_shard` each decoder layer and vision block, then `root`
+    (which owns the embeddings, lm_head and the rest). bf16 params with fp32 gradient
+    reduction when `mixed_precision` (GPU); fp32 otherwise (CPU, gloo). World size 1:
+    returns `root` unchanged (no process group, same code path)."""
+    if dist_info.world_size == 1:
+        return root
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(dist_info.device.type, (dist_info.world_size,))
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+          if mixed_precision else MixedPrecisionPolicy())
+    for layer in model.model.language_model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    for block in model.model.visual.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(root, mesh=mesh, mp_policy=mp)
+    return root
 
 
 class PolicyLogProb(torch.nn.Module):

@@ -386,7 +386,7 @@ class _Policy(torch.nn.Module):
 
 @pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")     # the training forward's logits view
 def test_sampling_mode_fsdp2_single_process(proc, prompts):
-    """FSDP2 on a 1-process gloo group, sharded like utils.apply_fsdp (layers, vision blocks, then
+    """FSDP2 on a 1-process gloo group, sharded like kernels.policy_logprob.apply_fsdp (layers, vision blocks, then
     a wrapping root), rollout before the first training forward: unsharded inside (same greedy
     ids as the plain model), sharded DTensors after, and training works; then a second round."""
     import torch.distributed as dist
