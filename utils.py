@@ -18,8 +18,7 @@ import torch.distributed as dist
 
 REPO_DIR = Path(__file__).resolve().parent
 TOKENIZER_DIR = REPO_DIR / "assets" / "qwen2_5_vl_tokenizer"
-# Release defaults (Qwen2.5-VL smart_resize): SPEC section 3.
-MIN_PIXELS = 4 * 28 * 28
+MIN_PIXELS = 4 * 28 * 28  # release defaults of Qwen2.5-VL's smart_resize (docs/method.md §3)
 MAX_PIXELS = 12800 * 28 * 28
 
 # -----------------------------------------------------------------------------
@@ -50,9 +49,7 @@ def init_distributed(device: str = "auto") -> Dist:
     use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
     if use_cuda:
         torch.cuda.set_device(local_rank)
-        dev = torch.device("cuda", local_rank)
-    else:
-        dev = torch.device("cpu")
+    dev = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
     return Dist(rank, world_size, local_rank, dev)
@@ -93,14 +90,10 @@ def seed_everything(seed: int) -> None:
 
 def load_processor(path: str | os.PathLike | None = None, min_pixels: int = MIN_PIXELS,
                    max_pixels: int = MAX_PIXELS):
-    """Load (tokenizer, image_processor) for Qwen2.5-VL.
-
-    `path` is a local Hugging Face directory holding the tokenizer files; None means the
-    real Qwen2.5-VL-7B-Instruct tokenizer shipped in assets/. The image processor is
-    transformers' PIL implementation (Qwen2VLImageProcessorPil): the fast one needs
-    torchvision, and we build the processor parts ourselves rather than going through
-    Qwen2_5_VLProcessor (which insists on a video processor).
-    """
+    """Load (tokenizer, image_processor) for Qwen2.5-VL. `path`: a local Hugging Face folder with
+    the tokenizer files; None: the real Qwen2.5-VL-7B-Instruct tokenizer shipped in assets/. The
+    image processor is transformers' PIL one (the fast one needs torchvision), built directly:
+    Qwen2_5_VLProcessor insists on a video processor."""
     from transformers import AutoTokenizer
     from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -124,13 +117,11 @@ def tiny_config():
             hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=151936, max_position_embeddings=8192,
             rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1e6},
-            tie_word_embeddings=True, rms_norm_eps=1e-6,
-        ),
+            tie_word_embeddings=True, rms_norm_eps=1e-6),
         vision_config=dict(
             depth=2, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=64,
             patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
-            fullatt_block_indexes=[1],
-        ),
+            fullatt_block_indexes=[1]),
         image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
         vision_end_token_id=151653, bos_token_id=151643, eos_token_id=151645, pad_token_id=151643,
         tie_word_embeddings=True,
@@ -150,8 +141,7 @@ def attn_implementation(device: torch.device | str) -> str:
 
 def load_model(name: str | os.PathLike = "tiny", *, dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu", seed: int = 0):
-    """Build or load a Qwen2_5_VLForConditionalGeneration.
-
+    """Build or load a Qwen2_5_VLForConditionalGeneration (swap the policy model here).
     name: "tiny" builds tiny_config() with random weights (seeded by `seed`, so every rank
     and every run gets the same initial model); anything else is a local Hugging Face
     directory (e.g. Qwen2.5-VL-7B-Instruct, or a checkpoint written by save_checkpoint).
@@ -169,8 +159,7 @@ def load_model(name: str | os.PathLike = "tiny", *, dtype: torch.dtype = torch.f
         path = Path(name)
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"--model {name}: not 'tiny' and no config.json in that directory")
-        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
-            str(path), dtype=dtype, attn_implementation=attn)
+        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(path), dtype=dtype, attn_implementation=attn)
     return model.to(device)
 
 
@@ -232,8 +221,7 @@ def save_checkpoint(out_dir: str | os.PathLike, model, tokenizer, args: dict, *,
         extra["rng"] = {"torch": torch.get_rng_state().tolist(), "python": list(random.getstate()[1]),
                         "numpy": [np_state[1].tolist(), int(np_state[2])]}
     (tmp / "trainer_state.json").write_text(json.dumps(extra, default=str))
-    if final.exists():
-        shutil.rmtree(final)
+    shutil.rmtree(final, ignore_errors=True)  # an older checkpoint of the same step
     os.replace(tmp, final)  # atomic on POSIX: the folder appears complete or not at all
     ptr_tmp = out_dir / f".latest.{os.getpid()}"
     ptr_tmp.write_text(final.name)
@@ -266,9 +254,7 @@ def load_checkpoint_state(ckpt: str | os.PathLike, model, optimizer=None) -> dic
         raise FileNotFoundError(f"{ckpt}: no config.json (not a checkpoint folder)")
     # save_pretrained writes the Hub's key names; from_pretrained maps them back to the
     # module's names, so the full state dict is read through it (on CPU).
-    src = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(ckpt), dtype=torch.float32)
-    msd = src.state_dict()
-    del src
+    msd = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(ckpt), dtype=torch.float32).state_dict()
     inner = _hf_model(model)
     if inner is not model:
         msd = {"model." + k: v for k, v in msd.items()}
