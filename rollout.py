@@ -1,10 +1,9 @@
 """Rollouts for semi-online RL (docs/method.md §5; arXiv 2509.11543, section 3).
 
 Map, top to bottom:
-  1. the method: `StepRecord` and `semi_online_rollout`, the driver. N rollouts per task walk
-     through the expert episode with their OWN history; at each step all live rollouts of all
-     tasks are sampled in one batched call, scored against the expert action, and a wrong
-     response is patched (patch.py) or ends its rollout.
+  1. the method: `StepRecord` and `semi_online_rollout`, the driver. N rollouts per task walk the
+     expert episode with their OWN history; each step, all live rollouts are sampled in one batched
+     call, scored against the expert action, and a wrong response is patched or ends its rollout.
   2. the sampler engine (`# --- the sampler engine`): `Sampler`, batched KV-cached sampling from
      a transformers Qwen2.5-VL policy (or any plain causal LM), n samples per prompt;
      `process_logits` / `sample_from_logits`, the sampling distribution; `sampling_mode`, which
@@ -18,28 +17,23 @@ The sampler, in use:
     outs[0][0].ids, outs[0][0].logprobs, outs[0][0].finish_reason
 
 Engine design (what it does that `model.generate` does not):
-  1. Shared prefixes are prefilled once: distinct prompts go into a radix tree over their ids
-     (an image's placeholder tokens are keyed by its pixels, so two same-size screenshots never
-     count as shared); each node runs through the model once, children and samples copy its KV
-     rows. Group rollouts (8 tasks x 8 samples) prefill 8 prompts, not 64.
+  1. Shared prefixes are prefilled once: distinct prompts go into a radix tree over their ids (an
+     image's placeholders are keyed by its pixels, so same-size screenshots never count as shared);
+     each node runs once, children and samples copy its KV rows (8 tasks x 8 samples: 8 prefills).
   2. Rows may hold gaps (left padding of each node's segment, and between prefill and decoded
      tokens): a per-row validity mask (R, K) and an explicit 4-D attention mask handle them
      exactly; a padding query attends to itself only, so no softmax row is empty (no NaN).
-  3. Positions are explicit, computed per prompt on the unpadded ids: 1-D for text LMs,
-     Qwen2.5-VL's 3-D mrope positions from the model's own `get_rope_index` for image prompts.
-     A decoded token's position is (max prompt position + 1 + step): the rope delta is per row.
-     The model's cached `rope_deltas` is never read, and cleared after each call.
+  3. Positions are explicit, per prompt on the unpadded ids: 1-D for text LMs, Qwen2.5-VL's 3-D
+     mrope positions from the model's own `get_rope_index`; a decoded token's position is (max
+     prompt position + 1 + step). The model's cached `rope_deltas` is never read, and is cleared.
   4. `process_logits` is the one place where temperature, top-p and the ban on vision tokens
-     (the policy must never write <|image_pad|> into its own history) are applied; the returned
-     logprobs are those of exactly this distribution, one fp32 value per returned id. At
-     temperature 1 and top-p 1 they are log_softmax(logits) - log(1 - mass of the banned
-     tokens); that mass is ~0 for a trained policy.
+     (never written into the policy's own history) are applied; the returned logprobs are those
+     of exactly this distribution, one fp32 value per returned id.
   5. Decoding writes into a preallocated KV buffer (gpt-fast's static cache: nothing is
      re-concatenated per step), and rows that stop leave the batch and the cache that step.
   6. The trainer trains on `SampleOutput.ids` as returned, never on re-tokenised text.
-  7. Same inputs + same seed -> same samples. Across batch compositions greedy ids agree, but
-     sampled ids may not: logits differ in the last bits, and a uniform near a CDF boundary then
-     picks a neighbouring token (vLLM and HF generate behave the same way).
+  7. Same inputs + same seed -> same samples. Across batch compositions greedy ids agree; sampled
+     ids may not (last-bit logit differences move a draw across a CDF boundary, as in vLLM).
 """
 from __future__ import annotations
 
@@ -240,7 +234,6 @@ class SampleOutput:
 def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0,
                    banned_ids: torch.Tensor | None = None) -> torch.Tensor:
     """logits (B, V) -> (B, V) fp32 probabilities of the sampling distribution.
-
     p(v) is proportional to exp(logit_v / temperature) over the allowed tokens; a token is not
     allowed if it is banned or lies outside the top-p nucleus: the smallest set of most likely
     tokens whose probability reaches top_p (Holtzman et al. 2020; the most likely token is always
@@ -275,7 +268,6 @@ def sample_from_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: fl
                        banned_ids: torch.Tensor | None = None,
                        greedy: bool = False, u: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row. logits (B, V) -> (tokens (B,) long, logp (B,) fp32).
-
     logp is the token's log-probability under process_logits(...), also when greedy. Sampling is
     by inverse CDF with one uniform per row (several times cheaper than torch.multinomial on CPU);
     a token of zero probability (banned, outside the nucleus) can never be drawn. Greedy takes the
@@ -307,15 +299,13 @@ def sampling_mode(model: torch.nn.Module):
     `model` is the module training calls (the FSDP root); the Sampler may hold a module inside it.
 
     Inside: eval mode and torch.no_grad. Under FSDP2 (`fully_shard`), every FSDP module is
-    unsharded once on entry (one all-gather each: a collective, so all ranks enter together)
-    and kept unsharded across forwards, so decoding issues no collectives and ranks may run
-    different numbers of decode steps. On exit the parameters are resharded (the full weights are
-    freed), the train/eval mode is restored, and so are FSDP2's default reshard-after-forward
-    settings (True for every FSDP module, False for the root), the ones `apply_fsdp` uses.
-    Public FSDP2 API only. An FSDP root must accept `model(None)` as a no-op forward
-    (PolicyLogProb does): FSDP2 makes the first module to run forward its root, and the sampler
-    calls the HF model inside, so the root runs first here. Nothing is copied to disk or into a
-    second model. Without FSDP only eval + no_grad remain.
+    unsharded once on entry (one all-gather each: a collective, all ranks enter together) and kept
+    unsharded, so decoding issues no collectives and ranks may run different numbers of steps. On
+    exit the full weights are freed, and train/eval mode and FSDP2's default reshard-after-forward
+    settings (True, False for the root: those of `apply_fsdp`) are restored. Public FSDP2 API
+    only. An FSDP root must accept `model(None)` as a no-op forward (PolicyLogProb does): FSDP2
+    makes the first module to run forward its root, and the sampler calls the HF model inside.
+    Nothing is copied to disk or into a second model. Without FSDP only eval + no_grad remain.
     """
     from torch.distributed.fsdp import FSDPModule
 
@@ -617,12 +607,9 @@ class Sampler:
                  seeds: list[int] | None = None) -> list[list[SampleOutput]]:
         """Sample n continuations of every prompt. Returns outs[i][j] for prompt i, sample j.
 
-        seeds: optional, one int per prompt. Sample j of prompt i then draws its uniforms from
-        its own generator seeded with (seeds[i], j), so its draws do not depend on which other
-        prompts share the batch (or on which rank runs it). Its tokens then agree across batch
-        compositions except where the last bits of the logits move a draw across a CDF boundary
-        (design note 7): rare for a trained policy, common for a random one.
-
+        seeds: optional, one int per prompt. Sample j of prompt i then draws its uniforms from its
+        own generator seeded with (seeds[i], j): its draws do not depend on which other prompts
+        share the batch or which rank runs it (its tokens may still, design note 7).
         A prompt is any object or dict with input_ids (T,) LongTensor (images already expanded
         to <|vision_start|><|image_pad|>*k<|vision_end|>), pixel_values (P, 1176) or None and
         image_grid_thw (I, 3) or None; a plain 1-D id tensor/list is a text prompt.
@@ -661,8 +648,7 @@ class Sampler:
             t1 = time.perf_counter()
             # 3. decode; a row leaves the batch (and the cache) on the step it stops
             R = len(row_prompt)
-            out_ids = [[] for _ in range(R)]
-            out_lp = [[] for _ in range(R)]
+            out_ids, out_lp = [[] for _ in range(R)], [[] for _ in range(R)]
             reason = ["length"] * R
             active = list(range(R))
             stop = set(self.stop_token_ids)
@@ -709,9 +695,5 @@ class Sampler:
         self.stats.update(time_prefill=t1 - t0, time_decode=t2 - t1, rows=R, distinct_prompts=len(distinct))
         # 4. package: rows are (prompt, sample) in order, whatever the sharing was
         texts = self.tokenizer.batch_decode(out_ids, skip_special_tokens=True)
-        outs, r = [], 0
-        for i in range(len(prompts)):
-            outs.append([SampleOutput(out_ids[r + j], texts[r + j], torch.tensor(out_lp[r + j], dtype=torch.float32),
-                                      reason[r + j], i) for j in range(n)])
-            r += n
-        return outs
+        return [[SampleOutput(out_ids[r], texts[r], torch.tensor(out_lp[r], dtype=torch.float32), reason[r], i)
+                 for r in range(i * n, (i + 1) * n)] for i in range(len(prompts))]
