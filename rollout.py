@@ -1,9 +1,13 @@
-"""Rollouts for semi-online RL (SPEC section 5).
+"""Rollouts for semi-online RL (docs/method.md §5; arXiv 2509.11543, section 3).
 
-This file has two parts, top to bottom:
-  1. the sampler (`# --- sampler`): batched, KV-cached sampling from a transformers
-     Qwen2.5-VL policy (or any plain causal LM), n samples per prompt;
-  2. the semi-online rollout driver (below the sampler).
+Map, top to bottom:
+  1. the method: `StepRecord` and `semi_online_rollout`, the driver. N rollouts per task walk the
+     expert episode with their OWN history; each step, all live rollouts are sampled in one batched
+     call, scored against the expert action, and a wrong response is patched or ends its rollout.
+  2. the sampler engine (`# --- the sampler engine`): `Sampler`, batched KV-cached sampling from
+     a transformers Qwen2.5-VL policy (or any plain causal LM), n samples per prompt;
+     `process_logits` / `sample_from_logits`, the sampling distribution; `sampling_mode`, which
+     lends the (FSDP2) policy to the sampler and gives it back to training.
 
 The sampler, in use:
 
@@ -12,32 +16,24 @@ The sampler, in use:
         outs = sampler.generate(prompts, n=8)        # outs[i][j]: SampleOutput of sample j of prompt i
     outs[0][0].ids, outs[0][0].logprobs, outs[0][0].finish_reason
 
-Design (what it does that `model.generate` does not):
-  1. Shared prefixes are prefilled once. Prompts are deduplicated, then arranged in a radix
-     tree over their token ids (an image's placeholder tokens are keyed by the image's pixels,
-     so two same-size screenshots never count as shared). Each tree node is run through the
-     model once; children copy their parent's KV rows. The n samples of a prompt copy its
-     leaf's rows. Group rollouts (8 tasks x 8 samples) prefill 8 prompts, not 64.
-  2. Rows may hold gaps: padding at the front of each node's segment (segments are
-     left-padded so every row's last token sits in the last column) and between the prefill and
-     the decoded tokens. A per-row validity mask (R, K) and an explicit 4-D attention mask handle
-     them exactly; a padding query attends to itself only, so no softmax row is empty (no NaN).
-  3. Positions are explicit and computed per prompt on the unpadded ids: 1-D for text LMs,
-     Qwen2.5-VL's 3-D mrope positions from the model's own `get_rope_index` for image prompts.
-     A decoded token's position is (max prompt position + 1 + step), i.e. the rope delta is
-     per row. The model's cached `rope_deltas` is never read, and cleared after each call.
+Engine design (what it does that `model.generate` does not):
+  1. Shared prefixes are prefilled once: distinct prompts go into a radix tree over their ids (an
+     image's placeholders are keyed by its pixels, so same-size screenshots never count as shared);
+     each node runs once, children and samples copy its KV rows (8 tasks x 8 samples: 8 prefills).
+  2. Rows may hold gaps (left padding of each node's segment, and between prefill and decoded
+     tokens): a per-row validity mask (R, K) and an explicit 4-D attention mask handle them
+     exactly; a padding query attends to itself only, so no softmax row is empty (no NaN).
+  3. Positions are explicit, per prompt on the unpadded ids: 1-D for text LMs, Qwen2.5-VL's 3-D
+     mrope positions from the model's own `get_rope_index`; a decoded token's position is (max
+     prompt position + 1 + step). The model's cached `rope_deltas` is never read, and is cleared.
   4. `process_logits` is the one place where temperature, top-p and the ban on vision tokens
-     (the policy must never write <|image_pad|> etc. into its own history) are applied; the
-     returned logprobs are those of exactly this distribution, one fp32 value per returned id.
-     At temperature 1 and top-p 1 they are log_softmax(logits) - log(1 - mass of the banned
-     tokens); that mass is ~0 for a trained policy.
+     (never written into the policy's own history) are applied; the returned logprobs are those
+     of exactly this distribution, one fp32 value per returned id.
   5. Decoding writes into a preallocated KV buffer (gpt-fast's static cache: nothing is
      re-concatenated per step), and rows that stop leave the batch and the cache that step.
   6. The trainer trains on `SampleOutput.ids` as returned, never on re-tokenised text.
-  7. Same inputs + same seed -> same samples. Across different batch compositions (shared or
-     not, other prompts alongside) greedy ids agree, but sampled ids may not: logits differ in
-     the last bits, and a uniform near a CDF boundary then picks a neighbouring token (vLLM and
-     HF generate behave the same way).
+  7. Same inputs + same seed -> same samples. Across batch compositions greedy ids agree; sampled
+     ids may not (last-bit logit differences move a draw across a CDF boundary, as in vLLM).
 """
 from __future__ import annotations
 
@@ -58,7 +54,172 @@ import gui
 import patch
 from gui import MAX_PIXELS, MIN_PIXELS
 
-# --- sampler
+# -----------------------------------------------------------------------------
+# semi-online rollout driver (SPEC section 5)
+
+
+@dataclass
+class StepRecord:
+    """One sampled response: rollout `rollout_idx` of task `task_idx` at step `step_idx`.
+
+    prompt: the gui.Prompt it was sampled from (token ids, images, resized_size).
+    response_ids: the sampler's ids, exactly (the trainer scores these, never re-tokenised text).
+    sampler_logp: (L,) fp32 log-probs under the sampling distribution.
+    reward / match / type_match: gui.score_response against the expert action.
+    patched: this wrong response was replaced in the history by a patch (patch text
+        itself is never trained on). ended: the rollout ended at this step (a wrong
+        step with no patch left, or the episode's last step).
+    history: the rollout's history (earlier responses or patches) the prompt was built from.
+    """
+    task_idx: int
+    rollout_idx: int
+    step_idx: int
+    prompt: Any
+    response_ids: list[int]
+    sampler_logp: torch.Tensor
+    response: str
+    finish_reason: str
+    reward: float
+    match: bool
+    type_match: bool
+    patched: bool
+    ended: bool
+    history: list[str]
+
+
+@dataclass
+class _Rollout:
+    history: list[str] = field(default_factory=list)
+    n_patches: int = 0
+    alive: bool = True
+
+
+def _expert_response(step, orig_size, resized_size) -> str:
+    """The expert's own step as a response: its thought (or none) + action in resized px."""
+    return gui.format_response(patch.clean_thought(step.thought), gui.scale_action(step.action, orig_size, resized_size))
+
+
+def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_rollouts: int = 8,
+                        patch_mode: str = "thought-free", patch_threshold: int = 2,
+                        history_mode: str = "own", image_root=None, blank_screens=None,
+                        num_images: int = 2, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS,
+                        max_prompt_tokens: int | None = None, greedy: bool = False,
+                        seed: int | list[int] | None = None, progress: bool = False) -> list[StepRecord]:
+    """Roll N copies of the policy through each expert episode, with their own history.
+
+    At step t every live rollout of every task is prompted with the expert screenshot t
+    and its OWN history; all of them are sampled in one batched sampler call (prompts
+    that are identical, as at step 0 where the N rollouts of a task share one, are
+    prefilled once). Each response is scored with gui.score_response against the expert
+    action (SPEC 4). match -> the response joins the history; mismatch -> while
+    patch.should_patch(n_patches, patch_threshold) the history gets a patch
+    (patch.make_patch, mode `patch_mode`) else the rollout ends (SPEC 5).
+    history_mode "expert" is the offline-RL baseline: every step's history is the
+    expert's, no rollout ends early, so every step is trained on its own.
+
+    sampler: rollout.Sampler or anything with .generate(prompts, n, greedy, seeds).
+    episodes: list[gui.Episode]. seed: sampling seed, an int or one int per task (the trainer
+    gives each task slot its own, so a task drawn twice is sampled afresh); task k's prompts
+    use seeds derived from (its seed, task k's episode_id, step, history), so a task's
+    rollouts do not depend on which other tasks share the batch (or on which rank runs it).
+    Returns the records in (step, task, rollout) order.
+    """
+    if history_mode not in ("own", "expert"):
+        raise ValueError(f"history_mode must be 'own' or 'expert', got {history_mode!r}")
+    patch.check_patch_data(patch_mode, episodes)
+    shots = [[None] * len(ep.steps) for ep in episodes]  # loaded lazily, once per (task, step)
+
+    def shot(k, t):
+        if shots[k][t] is None:
+            shots[k][t] = gui.load_screenshot(episodes[k].steps[t], image_root=image_root, blank_screens=blank_screens)
+        return shots[k][t]
+
+    def prompt_for(k, t, history, instruction=None):
+        return gui.build_prompt(tokenizer, image_processor, goal=episodes[k].goal,
+                                screenshots=[shot(k, s) for s in range(t + 1)], history=history,
+                                step_instruction=instruction, elements=episodes[k].steps[t].elements,
+                                num_images=num_images, min_pixels=min_pixels, max_pixels=max_pixels,
+                                max_prompt_tokens=max_prompt_tokens)
+
+    states = [[_Rollout() for _ in range(n_rollouts)] for _ in episodes]
+    records: list[StepRecord] = []
+    T = max((len(ep.steps) for ep in episodes), default=0)
+    for t in tqdm(range(T), desc="rollout steps", disable=not progress, leave=False):
+        live = [(k, i) for k, ep in enumerate(episodes) if t < len(ep.steps)
+                for i in range(n_rollouts) if states[k][i].alive]
+        if not live:
+            break
+        # identical (task, history) pairs share one prompt: build once, sample n of it
+        groups: dict[tuple, list[int]] = {}
+        for k, i in live:
+            groups.setdefault((k, tuple(states[k][i].history)), []).append(i)
+        keys = list(groups)
+        prompts = {key: prompt_for(key[0], t, list(key[1])) for key in keys}
+        # one sampler call per group size (usually one or two calls a step)
+        outs: dict[tuple[int, int], Any] = {}
+        for size in sorted({len(v) for v in groups.values()}):
+            ks = [key for key in keys if len(groups[key]) == size]
+            seeds = None if seed is None else [_seed(seed if isinstance(seed, int) else seed[key[0]],
+                                                     episodes[key[0]].episode_id, t, key[1]) for key in ks]
+            res = sampler.generate([prompts[key] for key in ks], n=size, greedy=greedy, seeds=seeds)
+            for key, samples in zip(ks, res):
+                for i, s in zip(groups[key], samples):
+                    outs[(key[0], i)] = (prompts[key], s)
+        # score, then decide: keep, patch or end
+        to_patch = []
+        for k, i in live:
+            prompt, s = outs[(k, i)]
+            step = episodes[k].steps[t]
+            orig = gui.original_size(step, image_root=image_root, blank_screens=blank_screens)
+            sc = gui.score_response(s.text, step, resized_size=prompt.resized_size, orig_size=orig)
+            st = states[k][i]
+            rec = StepRecord(task_idx=k, rollout_idx=i, step_idx=t, prompt=prompt, response_ids=list(s.ids),
+                             sampler_logp=s.logprobs, response=s.text, finish_reason=s.finish_reason,
+                             reward=sc.reward, match=sc.match, type_match=sc.type_match, patched=False,
+                             ended=False, history=list(st.history))
+            records.append(rec)
+            if history_mode == "expert":
+                st.history.append(_expert_response(step, orig, prompt.resized_size))
+            elif sc.match:
+                st.history.append(s.text)  # build_prompt strips special tokens
+            elif patch.should_patch(st.n_patches, patch_threshold):
+                rec.patched = True
+                st.n_patches += 1
+                if patch_mode == "on-policy":
+                    to_patch.append((k, i, rec))
+                    st.history.append(None)  # filled below, after one batched generation
+                else:
+                    st.history.append(patch.make_patch(patch_mode, response=s.text, step=step, orig_size=orig,
+                                                       resized_size=prompt.resized_size,
+                                                       episode_id=episodes[k].episode_id))
+            else:
+                st.alive = False
+                rec.ended = True
+            if t == len(episodes[k].steps) - 1:
+                rec.ended = True
+                st.alive = False
+        if to_patch:  # on-policy thought: the policy explains the expert action, all at once
+            hint_prompts, actions = [], []
+            for k, i, rec in to_patch:
+                orig = gui.original_size(episodes[k].steps[t], image_root=image_root, blank_screens=blank_screens)
+                a = patch.expert_action_resized(episodes[k].steps[t], orig, rec.prompt.resized_size)
+                hint_prompts.append(prompt_for(k, t, rec.history, instruction=patch.hinted_step_instruction(None, a)))
+                actions.append(a)
+            gen = lambda ps: [o[0].text for o in sampler.generate(ps, n=1, greedy=greedy)]  # noqa: E731
+            for (k, i, rec), text in zip(to_patch, patch.on_policy_patches(hint_prompts, actions, gen)):
+                states[k][i].history[-1] = text
+    return records
+
+
+def _seed(seed: int, episode_id: str, t: int, history: tuple) -> int:
+    """A sampling seed for one prompt that depends only on the run seed, the task, the step
+    and the history (stable across processes: no Python hash randomisation)."""
+    h = hashlib.blake2b(repr((seed, episode_id, t, history)).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & 0x7FFF_FFFF_FFFF
+
+
+# -----------------------------------------------------------------------------
+# the sampler engine: KV cache, prefix sharing, sampling, the FSDP2 hand-off
 
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
@@ -76,7 +237,6 @@ class SampleOutput:
 def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0,
                    banned_ids: torch.Tensor | None = None) -> torch.Tensor:
     """logits (B, V) -> (B, V) fp32 probabilities of the sampling distribution.
-
     p(v) is proportional to exp(logit_v / temperature) over the allowed tokens; a token is not
     allowed if it is banned or lies outside the top-p nucleus: the smallest set of most likely
     tokens whose probability reaches top_p (Holtzman et al. 2020; the most likely token is always
@@ -111,7 +271,6 @@ def sample_from_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: fl
                        banned_ids: torch.Tensor | None = None,
                        greedy: bool = False, u: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row. logits (B, V) -> (tokens (B,) long, logp (B,) fp32).
-
     logp is the token's log-probability under process_logits(...), also when greedy. Sampling is
     by inverse CDF with one uniform per row (several times cheaper than torch.multinomial on CPU);
     a token of zero probability (banned, outside the nucleus) can never be drawn. Greedy takes the
@@ -143,40 +302,31 @@ def sampling_mode(model: torch.nn.Module):
     `model` is the module training calls (the FSDP root); the Sampler may hold a module inside it.
 
     Inside: eval mode and torch.no_grad. Under FSDP2 (`fully_shard`), every FSDP module is
-    unsharded once on entry (one all-gather each: a collective, so all ranks enter together)
-    and kept unsharded across forwards, so decoding issues no collectives and ranks may run
-    different numbers of decode steps. On exit the parameters are resharded (the full weights are
-    freed) and each module's reshard-after-forward setting and the train/eval mode are restored.
+    unsharded once on entry (one all-gather each: a collective, all ranks enter together) and kept
+    unsharded, so decoding issues no collectives and ranks may run different numbers of steps. On
+    exit the full weights are freed, and train/eval mode and FSDP2's default reshard-after-forward
+    settings (True, False for the root: those of `apply_fsdp`) are restored. Public FSDP2 API
+    only. An FSDP root must accept `model(None)` as a no-op forward (PolicyLogProb does): FSDP2
+    makes the first module to run forward its root, and the sampler calls the HF model inside.
     Nothing is copied to disk or into a second model. Without FSDP only eval + no_grad remain.
     """
     from torch.distributed.fsdp import FSDPModule
 
-    if isinstance(model, FSDPModule):
-        # FSDP2 makes the first module to run forward its root; the sampler calls the inner HF
-        # model, so settle the root now, before a rollout can come first (no collectives)
-        model._get_fsdp_state()._lazy_init()
     fsdp = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    # set_reshard_after_forward has no getter: remember the settings it overwrites (FSDP2 state)
-    saved = []
-    for m in fsdp:
-        state = m._get_fsdp_state()
-        saved.append((state, state._auto_reshard_after_forward,
-                      [(g, g.post_forward_mesh_info) for g in state._fsdp_param_groups]))
     was_training = model.training
     model.eval()
     try:
-        for m in fsdp:
-            m.set_reshard_after_forward(False, recurse=False)
-            m.unshard()
         with torch.no_grad():
+            if isinstance(model, FSDPModule):
+                model(None)      # settles the root (and its hooks) before the inner model runs
+            for m in fsdp:
+                m.set_reshard_after_forward(False, recurse=False)
+                m.unshard()
             yield model
     finally:
         for m in fsdp:
             m.reshard()
-        for state, auto, groups in saved:
-            state._auto_reshard_after_forward = auto
-            for g, info in groups:
-                g.post_forward_mesh_info = info
+            m.set_reshard_after_forward(m is not model, recurse=False)
         model.train(was_training)
 
 
@@ -460,12 +610,9 @@ class Sampler:
                  seeds: list[int] | None = None) -> list[list[SampleOutput]]:
         """Sample n continuations of every prompt. Returns outs[i][j] for prompt i, sample j.
 
-        seeds: optional, one int per prompt. Sample j of prompt i then draws its uniforms from
-        its own generator seeded with (seeds[i], j), so its draws do not depend on which other
-        prompts share the batch (or on which rank runs it). Its tokens then agree across batch
-        compositions except where the last bits of the logits move a draw across a CDF boundary
-        (design note 7): rare for a trained policy, common for a random one.
-
+        seeds: optional, one int per prompt. Sample j of prompt i then draws its uniforms from its
+        own generator seeded with (seeds[i], j): its draws do not depend on which other prompts
+        share the batch or which rank runs it (its tokens may still, design note 7).
         A prompt is any object or dict with input_ids (T,) LongTensor (images already expanded
         to <|vision_start|><|image_pad|>*k<|vision_end|>), pixel_values (P, 1176) or None and
         image_grid_thw (I, 3) or None; a plain 1-D id tensor/list is a text prompt.
@@ -504,8 +651,7 @@ class Sampler:
             t1 = time.perf_counter()
             # 3. decode; a row leaves the batch (and the cache) on the step it stops
             R = len(row_prompt)
-            out_ids = [[] for _ in range(R)]
-            out_lp = [[] for _ in range(R)]
+            out_ids, out_lp = [[] for _ in range(R)], [[] for _ in range(R)]
             reason = ["length"] * R
             active = list(range(R))
             stop = set(self.stop_token_ids)
@@ -552,172 +698,5 @@ class Sampler:
         self.stats.update(time_prefill=t1 - t0, time_decode=t2 - t1, rows=R, distinct_prompts=len(distinct))
         # 4. package: rows are (prompt, sample) in order, whatever the sharing was
         texts = self.tokenizer.batch_decode(out_ids, skip_special_tokens=True)
-        outs, r = [], 0
-        for i in range(len(prompts)):
-            outs.append([SampleOutput(out_ids[r + j], texts[r + j], torch.tensor(out_lp[r + j], dtype=torch.float32),
-                                      reason[r + j], i) for j in range(n)])
-            r += n
-        return outs
-
-
-# -----------------------------------------------------------------------------
-# semi-online rollout driver (SPEC section 5)
-
-
-@dataclass
-class StepRecord:
-    """One sampled response: rollout `rollout_idx` of task `task_idx` at step `step_idx`.
-
-    prompt: the gui.Prompt it was sampled from (token ids, images, resized_size).
-    response_ids: the sampler's ids, exactly (the trainer scores these, never re-tokenised text).
-    sampler_logp: (L,) fp32 log-probs under the sampling distribution.
-    reward / match / type_match: gui.score_response against the expert action.
-    patched: this wrong response was replaced in the history by a patch (patch text
-        itself is never trained on). ended: the rollout ended at this step (a wrong
-        step with no patch left, or the episode's last step).
-    history: the rollout's history (earlier responses or patches) the prompt was built from.
-    """
-    task_idx: int
-    rollout_idx: int
-    step_idx: int
-    prompt: Any
-    response_ids: list[int]
-    sampler_logp: torch.Tensor
-    response: str
-    finish_reason: str
-    reward: float
-    match: bool
-    type_match: bool
-    patched: bool
-    ended: bool
-    history: list[str]
-
-
-@dataclass
-class _Rollout:
-    history: list[str] = field(default_factory=list)
-    n_patches: int = 0
-    alive: bool = True
-
-
-def _expert_response(step, orig_size, resized_size) -> str:
-    """The expert's own step as a response: its thought (or none) + action in resized px."""
-    return gui.format_response(patch.clean_thought(step.thought), gui.scale_action(step.action, orig_size, resized_size))
-
-
-def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_rollouts: int = 8,
-                        patch_mode: str = "thought-free", patch_threshold: int = 2,
-                        history_mode: str = "own", image_root=None, blank_screens=None,
-                        num_images: int = 2, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS,
-                        max_prompt_tokens: int | None = None, greedy: bool = False,
-                        seed: int | list[int] | None = None, progress: bool = False) -> list[StepRecord]:
-    """Roll N copies of the policy through each expert episode, with their own history.
-
-    At step t every live rollout of every task is prompted with the expert screenshot t
-    and its OWN history; all of them are sampled in one batched sampler call (prompts
-    that are identical, as at step 0 where the N rollouts of a task share one, are
-    prefilled once). Each response is scored with gui.score_response against the expert
-    action (SPEC 4). match -> the response joins the history; mismatch -> while
-    patch.should_patch(n_patches, patch_threshold) the history gets a patch
-    (patch.make_patch, mode `patch_mode`) else the rollout ends (SPEC 5).
-    history_mode "expert" is the offline-RL baseline: every step's history is the
-    expert's, no rollout ends early, so every step is trained on its own.
-
-    sampler: rollout.Sampler or anything with .generate(prompts, n, greedy, seeds).
-    episodes: list[gui.Episode]. seed: sampling seed, an int or one int per task (the trainer
-    gives each task slot its own, so a task drawn twice is sampled afresh); task k's prompts
-    use seeds derived from (its seed, task k's episode_id, step, history), so a task's
-    rollouts do not depend on which other tasks share the batch (or on which rank runs it).
-    Returns the records in (step, task, rollout) order.
-    """
-    if history_mode not in ("own", "expert"):
-        raise ValueError(f"history_mode must be 'own' or 'expert', got {history_mode!r}")
-    patch.check_patch_data(patch_mode, episodes)
-    shots = [[None] * len(ep.steps) for ep in episodes]  # loaded lazily, once per (task, step)
-
-    def shot(k, t):
-        if shots[k][t] is None:
-            shots[k][t] = gui.load_screenshot(episodes[k].steps[t], image_root=image_root, blank_screens=blank_screens)
-        return shots[k][t]
-
-    def prompt_for(k, t, history, instruction=None):
-        return gui.build_prompt(tokenizer, image_processor, goal=episodes[k].goal,
-                                screenshots=[shot(k, s) for s in range(t + 1)], history=history,
-                                step_instruction=instruction, elements=episodes[k].steps[t].elements,
-                                num_images=num_images, min_pixels=min_pixels, max_pixels=max_pixels,
-                                max_prompt_tokens=max_prompt_tokens)
-
-    states = [[_Rollout() for _ in range(n_rollouts)] for _ in episodes]
-    records: list[StepRecord] = []
-    T = max((len(ep.steps) for ep in episodes), default=0)
-    for t in tqdm(range(T), desc="rollout steps", disable=not progress, leave=False):
-        live = [(k, i) for k, ep in enumerate(episodes) if t < len(ep.steps)
-                for i in range(n_rollouts) if states[k][i].alive]
-        if not live:
-            break
-        # identical (task, history) pairs share one prompt: build once, sample n of it
-        groups: dict[tuple, list[int]] = {}
-        for k, i in live:
-            groups.setdefault((k, tuple(states[k][i].history)), []).append(i)
-        keys = list(groups)
-        prompts = {key: prompt_for(key[0], t, list(key[1])) for key in keys}
-        # one sampler call per group size (usually one or two calls a step)
-        outs: dict[tuple[int, int], Any] = {}
-        for size in sorted({len(v) for v in groups.values()}):
-            ks = [key for key in keys if len(groups[key]) == size]
-            seeds = None if seed is None else [_seed(seed if isinstance(seed, int) else seed[key[0]],
-                                                     episodes[key[0]].episode_id, t, key[1]) for key in ks]
-            res = sampler.generate([prompts[key] for key in ks], n=size, greedy=greedy, seeds=seeds)
-            for key, samples in zip(ks, res):
-                for i, s in zip(groups[key], samples):
-                    outs[(key[0], i)] = (prompts[key], s)
-        # score, then decide: keep, patch or end
-        to_patch = []
-        for k, i in live:
-            prompt, s = outs[(k, i)]
-            step = episodes[k].steps[t]
-            orig = gui.original_size(step, image_root=image_root, blank_screens=blank_screens)
-            sc = gui.score_response(s.text, step, resized_size=prompt.resized_size, orig_size=orig)
-            st = states[k][i]
-            rec = StepRecord(task_idx=k, rollout_idx=i, step_idx=t, prompt=prompt, response_ids=list(s.ids),
-                             sampler_logp=s.logprobs, response=s.text, finish_reason=s.finish_reason,
-                             reward=sc.reward, match=sc.match, type_match=sc.type_match, patched=False,
-                             ended=False, history=list(st.history))
-            records.append(rec)
-            if history_mode == "expert":
-                st.history.append(_expert_response(step, orig, prompt.resized_size))
-            elif sc.match:
-                st.history.append(s.text)  # build_prompt strips special tokens
-            elif patch.should_patch(st.n_patches, patch_threshold):
-                rec.patched = True
-                st.n_patches += 1
-                if patch_mode == "on-policy":
-                    to_patch.append((k, i, rec))
-                    st.history.append(None)  # filled below, after one batched generation
-                else:
-                    st.history.append(patch.make_patch(patch_mode, response=s.text, step=step, orig_size=orig,
-                                                       resized_size=prompt.resized_size,
-                                                       episode_id=episodes[k].episode_id))
-            else:
-                st.alive = False
-                rec.ended = True
-            if t == len(episodes[k].steps) - 1:
-                rec.ended = True
-                st.alive = False
-        if to_patch:  # on-policy thought: the policy explains the expert action, all at once
-            hint_prompts, actions = [], []
-            for k, i, rec in to_patch:
-                a = patch.expert_action_resized(episodes[k].steps[t], gui.original_size(episodes[k].steps[t], image_root=image_root, blank_screens=blank_screens), rec.prompt.resized_size)
-                hint_prompts.append(prompt_for(k, t, rec.history, instruction=patch.hinted_step_instruction(None, a)))
-                actions.append(a)
-            gen = lambda ps: [o[0].text for o in sampler.generate(ps, n=1, greedy=greedy)]  # noqa: E731
-            for (k, i, rec), text in zip(to_patch, patch.on_policy_patches(hint_prompts, actions, gen)):
-                states[k][i].history[-1] = text
-    return records
-
-
-def _seed(seed: int, episode_id: str, t: int, history: tuple) -> int:
-    """A sampling seed for one prompt that depends only on the run seed, the task, the step
-    and the history (stable across processes: no Python hash randomisation)."""
-    h = hashlib.blake2b(repr((seed, episode_id, t, history)).encode(), digest_size=8).digest()
-    return int.from_bytes(h, "little") & 0x7FFF_FFFF_FFFF
+        return [[SampleOutput(out_ids[r], texts[r], torch.tensor(out_lp[r], dtype=torch.float32), reason[r], i)
+                 for r in range(i * n, (i + 1) * n)] for i in range(len(prompts))]

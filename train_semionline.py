@@ -60,6 +60,7 @@ import gui
 import utils
 from advantage import compute_advantages, dynamic_sampling_tasks
 from kernels import ppo_loss
+from kernels.policy_logprob import PolicyLogProb, apply_fsdp, collate_sequences, to_device
 from rollout import Sampler, sampling_mode, semi_online_rollout
 
 # -----------------------------------------------------------------------------
@@ -169,13 +170,13 @@ def main(argv=None):
     utils.print0(f"policy initialised from: {init}")
     dtype = torch.float32  # master weights; bf16 compute comes from FSDP's mixed precision on GPU
     model = utils.load_model(init, dtype=dtype, device=d.device, seed=args.seed)
-    policy = utils.apply_fsdp(model, utils.PolicyLogProb(model), d, mixed_precision=gpu)
+    policy = apply_fsdp(model, PolicyLogProb(model), d, mixed_precision=gpu)
     ref = None
     if args.kl_coef > 0:
         ref_model = utils.load_model(args.ref_model or init, dtype=torch.bfloat16 if gpu else dtype, device=d.device,
                                      seed=args.seed if args.ref_seed is None else args.ref_seed)
         ref_model.requires_grad_(False).eval()
-        ref = utils.apply_fsdp(ref_model, utils.PolicyLogProb(ref_model), d, mixed_precision=False)
+        ref = apply_fsdp(ref_model, PolicyLogProb(ref_model), d, mixed_precision=False)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.999))
     sampler = Sampler(model, tokenizer, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                       top_p=args.top_p)
@@ -247,7 +248,7 @@ def main(argv=None):
 
             def collate(chunk):
                 rs = chunk if chunk is not None else fallback
-                return utils.to_device(utils.collate_sequences([r.prompt for r in rs], [r.response_ids for r in rs],
+                return to_device(collate_sequences([r.prompt for r in rs], [r.response_ids for r in rs],
                                                                pad_id), d.device)
 
             with torch.no_grad():

@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 import gui
 import utils
+from kernels.policy_logprob import PolicyLogProb, apply_fsdp, collate_sequences, to_device
 
 # -----------------------------------------------------------------------------
 # config
@@ -131,7 +132,7 @@ def main(argv=None):
     # -------------------------------------------------------------------------
     # model (FSDP2) and optimizer
     model = utils.load_model(args.model, dtype=torch.float32, device=d.device, seed=args.seed)
-    policy = utils.apply_fsdp(model, utils.PolicyLogProb(model), d, mixed_precision=gpu)
+    policy = apply_fsdp(model, PolicyLogProb(model), d, mixed_precision=gpu)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     start_step = 0
     if args.resume:
@@ -149,7 +150,7 @@ def main(argv=None):
     def nll(built):
         """Summed NLL (fp32 scalar, with grad) and token count of built (prompt, target) pairs."""
         prompts, targets = zip(*built)
-        batch = utils.to_device(utils.collate_sequences(list(prompts), list(targets), pad_id), d.device)
+        batch = to_device(collate_sequences(list(prompts), list(targets), pad_id), d.device)
         logp, _ = policy(batch)
         return -logp.sum(), logp.numel()
 

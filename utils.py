@@ -21,8 +21,7 @@ import torch.distributed as dist
 
 REPO_DIR = Path(__file__).resolve().parent
 TOKENIZER_DIR = REPO_DIR / "assets" / "qwen2_5_vl_tokenizer"
-# Release defaults (Qwen2.5-VL smart_resize): SPEC section 3.
-MIN_PIXELS = 4 * 28 * 28
+MIN_PIXELS = 4 * 28 * 28  # release defaults of Qwen2.5-VL's smart_resize (docs/method.md §3)
 MAX_PIXELS = 12800 * 28 * 28
 
 # -----------------------------------------------------------------------------
@@ -53,9 +52,7 @@ def init_distributed(device: str = "auto") -> Dist:
     use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
     if use_cuda:
         torch.cuda.set_device(local_rank)
-        dev = torch.device("cuda", local_rank)
-    else:
-        dev = torch.device("cpu")
+    dev = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
     return Dist(rank, world_size, local_rank, dev)
@@ -118,14 +115,10 @@ def set_rng_state(state: dict) -> None:
 
 def load_processor(path: str | os.PathLike | None = None, min_pixels: int = MIN_PIXELS,
                    max_pixels: int = MAX_PIXELS):
-    """Load (tokenizer, image_processor) for Qwen2.5-VL.
-
-    `path` is a local Hugging Face directory holding the tokenizer files; None means the
-    real Qwen2.5-VL-7B-Instruct tokenizer shipped in assets/. The image processor is
-    transformers' PIL implementation (Qwen2VLImageProcessorPil): the fast one needs
-    torchvision, and we build the processor parts ourselves rather than going through
-    Qwen2_5_VLProcessor (which insists on a video processor).
-    """
+    """Load (tokenizer, image_processor) for Qwen2.5-VL. `path`: a local Hugging Face folder with
+    the tokenizer files; None: the real Qwen2.5-VL-7B-Instruct tokenizer shipped in assets/. The
+    image processor is transformers' PIL one (the fast one needs torchvision), built directly:
+    Qwen2_5_VLProcessor insists on a video processor."""
     from transformers import AutoTokenizer
     from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -149,13 +142,11 @@ def tiny_config():
             hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=151936, max_position_embeddings=8192,
             rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1e6},
-            tie_word_embeddings=True, rms_norm_eps=1e-6,
-        ),
+            tie_word_embeddings=True, rms_norm_eps=1e-6),
         vision_config=dict(
             depth=2, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=64,
             patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
-            fullatt_block_indexes=[1],
-        ),
+            fullatt_block_indexes=[1]),
         image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
         vision_end_token_id=151653, bos_token_id=151643, eos_token_id=151645, pad_token_id=151643,
         tie_word_embeddings=True,
@@ -175,8 +166,7 @@ def attn_implementation(device: torch.device | str) -> str:
 
 def load_model(name: str | os.PathLike = "tiny", *, dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu", seed: int = 0):
-    """Build or load a Qwen2_5_VLForConditionalGeneration.
-
+    """Build or load a Qwen2_5_VLForConditionalGeneration (swap the policy model here).
     name: "tiny" builds tiny_config() with random weights (seeded by `seed`, so every rank
     and every run gets the same initial model); anything else is a local Hugging Face
     directory (e.g. Qwen2.5-VL-7B-Instruct, or a checkpoint written by save_checkpoint).
@@ -194,13 +184,17 @@ def load_model(name: str | os.PathLike = "tiny", *, dtype: torch.dtype = torch.f
         path = Path(name)
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"--model {name}: not 'tiny' and no config.json in that directory")
-        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
-            str(path), dtype=dtype, attn_implementation=attn)
+        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(path), dtype=dtype, attn_implementation=attn)
     return model.to(device)
 
 
 # -----------------------------------------------------------------------------
 # checkpoints: Hugging Face layout + safetensors, written atomically
+
+
+def _hf_model(model):
+    """The Hugging Face model inside a training root (kernels.policy_logprob.PolicyLogProb), or model."""
+    return model if hasattr(model, "save_pretrained") else model.model
 
 
 def _full_state_dicts(model, optimizer):
@@ -241,9 +235,8 @@ def save_checkpoint(out_dir: str | os.PathLike, model, tokenizer, args: dict, *,
     final = out_dir / f"step_{step:06d}"
     tmp = out_dir / f".tmp_step_{step:06d}_{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    inner = model
-    if isinstance(model, PolicyLogProb):  # the FSDP root wraps the HF model: drop its prefix
-        inner = model.model
+    inner = _hf_model(model)
+    if inner is not model:  # the FSDP root (PolicyLogProb) wraps the HF model: drop its prefix
         msd = {k.removeprefix("model."): v for k, v in msd.items()}
     if getattr(inner.config, "tie_word_embeddings", False):
         msd.pop("lm_head.weight", None)  # tied to the input embedding (FSDP's state dict lists both)
@@ -255,8 +248,7 @@ def save_checkpoint(out_dir: str | os.PathLike, model, tokenizer, args: dict, *,
         torch.save(osd, tmp / "optimizer.pt")
         extra["rng"] = rngs  # one rng_state() per rank
     (tmp / "trainer_state.json").write_text(json.dumps(extra, default=str))
-    if final.exists():
-        shutil.rmtree(final)
+    shutil.rmtree(final, ignore_errors=True)  # an older checkpoint of the same step
     os.replace(tmp, final)  # atomic on POSIX: the folder appears complete or not at all
     ptr_tmp = out_dir / f".latest.{os.getpid()}"
     ptr_tmp.write_text(final.name)
@@ -289,12 +281,9 @@ def load_checkpoint_state(ckpt: str | os.PathLike, model, optimizer=None) -> dic
         raise FileNotFoundError(f"{ckpt}: no config.json (not a checkpoint folder)")
     # save_pretrained writes the Hub's key names; from_pretrained maps them back to the
     # module's names, so the full state dict is read through it (on CPU).
-    src = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(ckpt), dtype=torch.float32)
-    msd = src.state_dict()
-    del src
-    inner = model
-    if isinstance(model, PolicyLogProb):
-        inner = model.model
+    msd = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(ckpt), dtype=torch.float32).state_dict()
+    inner = _hf_model(model)
+    if inner is not model:
         msd = {"model." + k: v for k, v in msd.items()}
     if getattr(inner.config, "tie_word_embeddings", False):
         msd.pop("lm_head.weight", None)
@@ -570,93 +559,3 @@ class MetricsLogger:
             self.tb.flush()
         self.n += 1
 
-
-# -----------------------------------------------------------------------------
-# FSDP2 and the policy's log-prob forward (shared by train_sft.py and train_semionline.py)
-
-
-def apply_fsdp(model, root: torch.nn.Module, dist_info: Dist, mixed_precision: bool):
-    """Shard with FSDP2: `fully_shard` each decoder layer and vision block, then `root`
-    (which owns the embeddings, lm_head and the rest). bf16 params with fp32 gradient
-    reduction when `mixed_precision` (GPU); fp32 otherwise (CPU, gloo). World size 1:
-    returns `root` unchanged (no process group, same code path)."""
-    if dist_info.world_size == 1:
-        return root
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    mesh = init_device_mesh(dist_info.device.type, (dist_info.world_size,))
-    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-          if mixed_precision else MixedPrecisionPolicy())
-    for layer in model.model.language_model.layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mp)
-    for block in model.model.visual.blocks:
-        fully_shard(block, mesh=mesh, mp_policy=mp)
-    fully_shard(root, mesh=mesh, mp_policy=mp)
-    return root
-
-
-class PolicyLogProb(torch.nn.Module):
-    """The Hugging Face model plus the fused lm_head log-prob, as one root module for FSDP.
-
-    forward(batch) -> (logp (N,) fp32, entropy (N,) fp32 or None) over the N target
-    positions of the batch (targets != -100), in row-major order. Logits are never
-    materialised: the decoder's last hidden states at those positions go through
-    kernels.fused_logprob with the (possibly tied) lm_head weight. Calling this module
-    (not model.model directly) lets FSDP2's root hooks gather embed/lm_head.
-    """
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, batch: dict, temperature: float = 1.0, return_entropy: bool = False):
-        from kernels import fused_logprob
-
-        ids = batch["input_ids"]
-        # transformers builds Qwen2.5-VL's 3-D mrope positions only when told which tokens are
-        # image tokens; without mm_token_type_ids it silently falls back to 1-D positions, and the
-        # trainer would score other positions than the sampler (and generate) used (SPEC 11).
-        mm_types = (ids == self.model.config.image_token_id).int()  # (B, T): 1 = image token
-        out = self.model.model(input_ids=ids, attention_mask=batch["attention_mask"],
-                               pixel_values=batch.get("pixel_values"), image_grid_thw=batch.get("image_grid_thw"),
-                               mm_token_type_ids=mm_types, use_cache=False)
-        hidden = out.last_hidden_state[:, :-1]  # (B, T-1, H): position p predicts token p+1
-        targets = batch["targets"][:, 1:]  # (B, T-1)
-        sel = targets != -100
-        h = hidden[sel]  # (N, H)
-        res = fused_logprob(h, self.model.lm_head.weight, targets[sel], temperature=temperature,
-                            return_entropy=return_entropy)
-        return res if return_entropy else (res, None)
-
-
-def collate_sequences(prompts: list, responses: list[list[int]], pad_id: int) -> dict:
-    """Right-pad prompt+response sequences into one batch.
-
-    prompts: objects with input_ids (T_i,) int64, pixel_values (P_i, 1176) or None and
-    image_grid_thw (I_i, 3) or None (gui.Prompt). responses: the sampled token ids,
-    exactly as the sampler produced them (never re-tokenised text). Returns input_ids and
-    targets (B, T) int64 (targets = input_ids on response tokens, -100 elsewhere: padding
-    is masked by position, never by comparing with pad_id, which may equal EOS),
-    attention_mask (B, T) int64, and the images concatenated in row order.
-    """
-    seqs = [torch.cat([p.input_ids.long(), torch.tensor(r, dtype=torch.long)]) for p, r in zip(prompts, responses)]
-    T = max(len(s) for s in seqs)
-    B = len(seqs)
-    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
-    targets = torch.full((B, T), -100, dtype=torch.long)
-    attention_mask = torch.zeros((B, T), dtype=torch.long)
-    for b, (s, p) in enumerate(zip(seqs, prompts)):
-        input_ids[b, :len(s)] = s
-        attention_mask[b, :len(s)] = 1
-        targets[b, len(p.input_ids):len(s)] = s[len(p.input_ids):]
-    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "targets": targets}
-    pv = [p.pixel_values for p in prompts if p.pixel_values is not None]
-    if pv:
-        batch["pixel_values"] = torch.cat(pv)
-        batch["image_grid_thw"] = torch.cat([p.image_grid_thw for p in prompts if p.image_grid_thw is not None])
-    return batch
-
-
-def to_device(batch: dict, device) -> dict:
-    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}

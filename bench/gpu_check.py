@@ -524,6 +524,7 @@ def check_sampler(C, torch, device, dry, model, a):
 
 def check_rl(C, torch, device, dry, a, model_dir, work):
     import utils
+    from kernels import policy_logprob
 
     r = C.res["rl"]
     max_pixels = a.rl_max_pixels or (50176 if dry else 1003520)
@@ -542,7 +543,7 @@ def check_rl(C, torch, device, dry, a, model_dir, work):
     # world size 1: does utils.apply_fsdp shard (NCCL, bf16 mixed precision) or hand the module back?
     try:
         probe = torch.nn.Linear(2, 2)
-        r["fsdp_wraps_at_world_size_1"] = utils.apply_fsdp(probe, probe, utils.Dist(0, 1, 0, device), True) is not probe
+        r["fsdp_wraps_at_world_size_1"] = policy_logprob.apply_fsdp(probe, probe, utils.Dist(0, 1, 0, device), True) is not probe
     except Exception as e:  # noqa: BLE001
         r["fsdp_wraps_at_world_size_1"] = f"probe failed: {type(e).__name__}: {e}"
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")

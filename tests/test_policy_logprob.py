@@ -1,11 +1,14 @@
-"""The trainer's log-prob forward (utils.PolicyLogProb + collate_sequences) must score exactly
+"""The trainer's log-prob forward (kernels.policy_logprob: PolicyLogProb + collate_sequences) must score exactly
 the positions the sampler generated with: Qwen2.5-VL's 3-D mrope positions, also for prompts
 with two screenshots and under right padding in a batch (SPEC 11). A regression test: without
 mm_token_type_ids transformers falls back to 1-D positions and the gap reached several nats."""
+import numpy as np
 import torch
+from PIL import Image
 
 import gui
 import utils
+from kernels.policy_logprob import PolicyLogProb, collate_sequences
 from rollout import Sampler, sampling_mode
 
 
@@ -27,9 +30,9 @@ def test_trainer_logp_equals_sampler_logp_on_two_image_prompts():
     sampler = Sampler(model, tok, max_new_tokens=12, stop_token_ids=[])
     with sampling_mode(model):
         outs = sampler.generate(prompts, n=1, seeds=[0, 1, 2])
-    policy = utils.PolicyLogProb(model)
+    policy = PolicyLogProb(model)
     with torch.no_grad():
-        batch = utils.collate_sequences(prompts, [o[0].ids for o in outs], tok.pad_token_id)
+        batch = collate_sequences(prompts, [o[0].ids for o in outs], tok.pad_token_id)
         logp, _ = policy(batch)  # (N,) over all response tokens, right-padded batch
     sampled = torch.cat([o[0].logprobs for o in outs])
     # the sampler renormalises over non-vision tokens: tiny mass, so a tight bound still holds
@@ -44,3 +47,39 @@ def test_trainer_logp_equals_sampler_logp_on_two_image_prompts():
     sel = tgt != -100
     wrong = lm[sel].gather(-1, tgt[sel][:, None])[:, 0]
     assert (wrong - sampled).abs().max().item() > 1e-2
+
+
+def test_shared_screenshots_encoded_once_same_logp_and_grads():
+    """collate_sequences marks repeated screenshots (image_index) and PolicyLogProb encodes each
+    distinct one once: log-probs, entropies and every gradient equal those of encoding all."""
+    tok, ip = utils.load_processor(max_pixels=64 * 28 * 28)
+    model = utils.load_model("tiny")
+    eps = [e for e in gui.load_episodes("data/miniwob/test.jsonl", limit=12) if len(e.steps) > 1][:2]
+    prompts = []
+    rng = np.random.default_rng(0)
+    for ep in eps:  # noise screenshots: all four differ (two real MiniWob screens may be identical)
+        shots = [Image.fromarray(rng.integers(0, 256, (210, 160, 3), dtype=np.uint8)) for _ in range(2)]
+        prompts.append(gui.build_prompt(tok, ip, goal=ep.goal, screenshots=shots, history=["x"], num_images=2))
+    rows = [prompts[0], prompts[1], prompts[0], prompts[0]]       # task 0 rolled out 3 times
+    batch = collate_sequences(rows, [[11, 12, 13], [14, 15], [16], [17, 18]], tok.pad_token_id)
+    # images in row order: (p0 a, p0 b), (p1 a, p1 b), (p0 a, p0 b), (p0 a, p0 b) -> first occurrences
+    assert batch["image_index"].tolist() == [0, 1, 2, 3, 0, 1, 0, 1]
+    policy = PolicyLogProb(model)
+
+    def run(b):
+        model.zero_grad()
+        logp, ent = policy(b, return_entropy=True)
+        (logp.sum() + 0.3 * ent.sum()).backward()
+        return logp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    full = {k: v for k, v in batch.items() if k != "image_index"}
+    (lp1, e1, g1), (lp2, e2, g2) = run(batch), run(full)
+    torch.testing.assert_close(lp1, lp2, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(e1, e2, atol=1e-5, rtol=1e-5)
+    assert g1.keys() == g2.keys() and any("visual" in n for n in g1)
+    for n in g1:
+        torch.testing.assert_close(g1[n], g2[n], atol=1e-5, rtol=1e-4, msg=n)
+    # and the index is used: pointing an image at another screenshot changes the log-probs
+    wrong = dict(batch, image_index=torch.tensor([0, 1, 0, 1, 0, 1, 0, 1]))
+    with torch.no_grad():
+        assert (policy(wrong)[0] - lp1).abs().max() > 1e-4

@@ -369,7 +369,7 @@ def test_sampling_mode_without_fsdp(model):
 
 
 class _Policy(torch.nn.Module):
-    """The training root, as utils.PolicyLogProb: FSDP's root wraps the HF model, while the
+    """The training root, as kernels.policy_logprob.PolicyLogProb: FSDP's root wraps the HF model, while the
     sampler calls the HF model inside it."""
 
     def __init__(self, model):
@@ -377,6 +377,8 @@ class _Policy(torch.nn.Module):
         self.model = model
 
     def forward(self, p):
+        if p is None:                      # sampling_mode's no-op call, as PolicyLogProb
+            return None
         ids = p.input_ids[None]
         return self.model(input_ids=ids, pixel_values=p.pixel_values, image_grid_thw=p.image_grid_thw,
                           mm_token_type_ids=(ids == self.model.config.image_token_id).int()).logits.float().mean()
@@ -384,7 +386,7 @@ class _Policy(torch.nn.Module):
 
 @pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")     # the training forward's logits view
 def test_sampling_mode_fsdp2_single_process(proc, prompts):
-    """FSDP2 on a 1-process gloo group, sharded like utils.apply_fsdp (layers, vision blocks, then
+    """FSDP2 on a 1-process gloo group, sharded like kernels.policy_logprob.apply_fsdp (layers, vision blocks, then
     a wrapping root), rollout before the first training forward: unsharded inside (same greedy
     ids as the plain model), sharded DTensors after, and training works; then a second round."""
     import torch.distributed as dist

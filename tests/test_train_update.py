@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import train_semionline as ts
+from kernels import policy_logprob
 import utils
 from update_case import ARGV, make_records, reference_grads
 
@@ -46,12 +47,12 @@ def ref_grads(records, agg):
 
 
 def run_update(model, records, pad_id, args, micro_size=2, opt=None):
-    policy = utils.PolicyLogProb(model)
+    policy = policy_logprob.PolicyLogProb(model)
     opt = opt or torch.optim.SGD(policy.parameters(), lr=0.0)
     mb = ts._micro_batches(records, 1, micro_size, ONE)[0]
 
     def collate(chunk):
-        return utils.collate_sequences([r.prompt for r in chunk], [r.response_ids for r in chunk], pad_id)
+        return policy_logprob.collate_sequences([r.prompt for r in chunk], [r.response_ids for r in chunk], pad_id)
 
     return ts.ppo_step(policy, opt, mb, collate, args, ONE), mb
 

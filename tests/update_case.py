@@ -13,6 +13,7 @@ import torch
 
 import gui
 import utils
+from kernels import policy_logprob
 from rollout import Sampler, semi_online_rollout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,11 +30,11 @@ def make_records(model):
         recs = semi_online_rollout(sampler, eps, tok, ip, n_rollouts=3, patch_threshold=1, seed=[11, 12],
                                    max_pixels=20000)
     g = torch.Generator().manual_seed(5)
-    pol = utils.PolicyLogProb(model)
+    pol = policy_logprob.PolicyLogProb(model)
     for j, r in enumerate(recs):
         r.adv = (1.0 + j % 3) * (1.0 if j % 2 else -1.0)  # non-zero, both signs, several sizes
         with torch.no_grad():
-            logp, _ = pol(utils.collate_sequences([r.prompt], [r.response_ids], tok.pad_token_id))
+            logp, _ = pol(policy_logprob.collate_sequences([r.prompt], [r.response_ids], tok.pad_token_id))
         # old: up to +-0.6 nats away, so ratios leave [1 - 0.2, 1 + 0.25] and the dual clip (ratio > 3) fires
         r.old_logp = logp + (torch.rand(len(logp), generator=g) * 2.4 - 1.2)
         r.ref_logp = logp + (torch.rand(len(logp), generator=g) - 0.5)

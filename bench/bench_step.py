@@ -1,0 +1,330 @@
+"""Benchmark: one semi-online RL step on the tiny model, phase by phase, each beside its floor,
+and beside the same work done the Hugging Face / TRL way.
+
+Workload (fixed, so runs compare): the first --tasks MiniWob training episodes, their first
+--steps steps, --rollouts rollouts per task, expert history (`history_mode="expert"`: no rollout
+ends early, every step is trained) and stopping disabled, so every response is exactly
+--max-new-tokens tokens. One step = rollout (semi_online_rollout with the Sampler) -> old and
+reference log-probs (no grad) -> one update pass (forward + ppo_loss + backward + AdamW step per
+mini-batch), as in train_semionline.py. The model's weights are restored before each repeat.
+
+Phases and floors. A phase's floor is the time its GEMMs alone take: its lm_head FLOPs
+(2 H V per position that needs logits) and body FLOPs (2 x decoder weights per token, attention
+4 H per (query, key) pair, 2 x vision weights per patch), each divided by the GEMM rate this
+script measures in the same run at that phase's shape (a bare `h @ W.T`). The update's floor is
+3x the forward's (forward, grad of h, grad of W). ratio_to_floor = seconds / floor.
+
+Peer. TRL's GRPOTrainer cannot drive Qwen2.5-VL with images here (see `trl_grpo_error` in the
+JSON: transformers builds Qwen2_5_VLProcessor only with a video processor, which needs
+torchvision), so the peer is phase by phase on the same prompts and batch: the rollout through
+HF `generate` (same prompts, num_return_sequences = rollouts, same length, vision tokens
+suppressed), log-probs and update the TRL way (full logits through
+`trl.trainer.utils.selective_log_softmax`, the clipped GRPO loss written as TRL's `_compute_loss`
+computes it, AdamW). ratio_vs_trl = peer step seconds / ours.
+
+    pip install --no-deps -r bench/requirements-bench.txt   # TRL 1.16 and its deps (bench only)
+    python bench/bench_step.py                           # ~10 min on 2 loaded CPU cores
+The last stdout line is one JSON object (medians over --repeats; *_runs lists every run).
+"""
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
+import gui  # noqa: E402
+import utils  # noqa: E402
+from kernels import ppo_loss  # noqa: E402
+from kernels.policy_logprob import PolicyLogProb, collate_sequences, to_device  # noqa: E402
+from rollout import Sampler, sampling_mode, semi_online_rollout  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------------
+# config
+
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--data", default="data/miniwob/train.jsonl", help="episodes the prompts come from")
+parser.add_argument("--tasks", type=int, default=4, help="tasks per step (train_semionline default)")
+parser.add_argument("--rollouts", type=int, default=4, help="rollouts per task (train_semionline default)")
+parser.add_argument("--steps", type=int, default=2, help="episode steps per task (first K; 2 images from step 1 on)")
+parser.add_argument("--max-new-tokens", type=int, default=96, help="response length (stop disabled)")
+parser.add_argument("--micro-batch-size", type=int, default=8, help="sequences per forward/backward")
+parser.add_argument("--mini-batches", type=int, default=4, help="optimizer steps per rollout batch")
+parser.add_argument("--repeats", type=int, default=3, help="timed steps (weights restored before each)")
+parser.add_argument("--peer-repeats", type=int, default=1, help="timed peer steps (HF generate is slow: one is ~5 min)")
+parser.add_argument("--no-peer", action="store_true", help="skip the HF generate / TRL side")
+parser.add_argument("--seed", type=int, default=0, help="model init and sampling seed")
+args = parser.parse_args()
+
+torch.manual_seed(args.seed)
+tokenizer, image_processor = utils.load_processor()
+model = utils.load_model("tiny", seed=args.seed)
+ref_model = utils.load_model("tiny", seed=args.seed).requires_grad_(False).eval()
+init_state = {k: v.clone() for k, v in model.state_dict().items()}
+text_cfg = model.config.get_text_config()
+H, V = text_cfg.hidden_size, text_cfg.vocab_size
+pad_id = tokenizer.pad_token_id
+
+eps = [e for e in gui.load_episodes(args.data) if len(e.steps) >= args.steps][:args.tasks]
+eps = [dataclasses.replace(e, steps=e.steps[:args.steps]) for e in eps]
+
+
+def n_params(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+BODY_W = n_params(model.model.language_model.layers)       # decoder weights a token passes through
+VIS_W = n_params(model.model.visual)
+N_LAYERS = text_cfg.num_hidden_layers
+
+# ---------------------------------------------------------------------------------------------------
+# GEMM rates at the phases' shapes (measured in this run)
+
+_rates: dict = {}
+
+
+def gemm_rate(M: int, K: int, N: int) -> float:
+    """FLOP/s of a bare (M, K) @ (K, N)^T as F.linear: the best of 7 rounds, each timing enough
+    calls to last ~20 ms (other processes on the machine only ever slow a round down)."""
+    key = (max(M, 1), K, N)
+    if key not in _rates:
+        a, w = torch.randn(key[0], K), torch.randn(N, K)
+        reps = max(1, int(0.02 / max(_timed(lambda: F.linear(a, w))[1], 1e-6)))
+        best = min(_timed(lambda: [F.linear(a, w) for _ in range(reps)])[1] / reps for _ in range(7))
+        _rates[key] = 2 * key[0] * K * N / best
+    return _rates[key]
+
+
+def _timed(fn):
+    t = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t
+
+
+def floor_s(lm_rows: int, body_tokens: int, attn_pairs: int = 0, patches: int = 0, rows_shape: int | None = None):
+    """Seconds of the GEMMs alone: lm_head on lm_rows positions, the decoder on body_tokens
+    tokens (+ attention over attn_pairs (query, key) pairs per layer), the vision tower on patches."""
+    M = rows_shape or max(lm_rows, 1)
+    t = 2 * lm_rows * H * V / gemm_rate(M, H, V)
+    body = 2 * BODY_W * body_tokens + 4 * H * attn_pairs * N_LAYERS
+    t += body / gemm_rate(max(body_tokens, 1), H, text_cfg.intermediate_size)
+    if patches:
+        t += 2 * VIS_W * patches / gemm_rate(patches, model.config.vision_config.hidden_size,
+                                             model.config.vision_config.intermediate_size)
+    return t
+
+
+# ---------------------------------------------------------------------------------------------------
+# our step
+
+class CountingSampler(Sampler):
+    """The Sampler, recording each generate call's prompts, n and stats (for floors and the peer)."""
+    calls: list
+
+    def generate(self, prompts, n=1, **kw):
+        out = super().generate(prompts, n=n, **kw)
+        self.calls.append((list(prompts), n, dict(self.stats)))
+        return out
+
+
+def our_step():
+    model.load_state_dict(init_state)
+    policy, ref = PolicyLogProb(model), PolicyLogProb(ref_model)
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-4)
+    sampler = CountingSampler(model, tokenizer, max_new_tokens=args.max_new_tokens, stop_token_ids=[])
+    sampler.calls = []
+    with sampling_mode(policy):
+        recs, t_roll = _timed(lambda: semi_online_rollout(sampler, eps, tokenizer, image_processor,
+                                                          n_rollouts=args.rollouts, history_mode="expert", seed=0))
+    t_prefill = sum(s["time_prefill"] for _, _, s in sampler.calls)
+    t_decode = sum(s["time_decode"] for _, _, s in sampler.calls)
+    for r in recs:
+        r.adv = float(r.reward) - 0.5
+    chunks = [recs[i:i + args.micro_batch_size] for i in range(0, len(recs), args.micro_batch_size)]
+    batches = [to_device(collate_sequences([r.prompt for r in c], [r.response_ids for r in c], pad_id), "cpu")
+               for c in chunks]
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        old = [policy(b)[0] for b in batches]
+        refl = [ref(b)[0] for b in batches]
+    t_logp = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    policy.train()
+    per_mini = max(1, len(batches) // args.mini_batches)
+    for m in range(0, len(batches), per_mini):
+        opt.zero_grad(set_to_none=True)
+        for b, c, o, rl in list(zip(batches, chunks, old, refl))[m:m + per_mini]:
+            logp, ent = policy(b, return_entropy=True)
+            adv = torch.cat([torch.full((len(r.response_ids),), r.adv) for r in c])
+            loss, _ = ppo_loss(logp, o, adv, torch.ones_like(logp), ref_logp=rl)
+            loss.mean().backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        opt.step()
+    t_update = time.perf_counter() - t0
+    return dict(prefill=t_prefill, decode=t_decode, rollout=t_roll, logprob=t_logp, update=t_update,
+                step=t_roll + t_logp + t_update), sampler.calls, recs, batches
+
+
+# ---------------------------------------------------------------------------------------------------
+# peer: HF generate for the rollout, TRL's log-prob and loss for the rest
+
+try:
+    from trl.trainer.utils import selective_log_softmax
+    trl_version = __import__("trl").__version__
+except ImportError as e:                                  # bench requirements not installed
+    selective_log_softmax, trl_version = None, f"not installed ({e})"
+
+
+def trl_grpo_error() -> str:
+    """Why TRL's GRPOTrainer cannot run this model: it needs a ProcessorMixin for image prompts."""
+    try:
+        from transformers import Qwen2_5_VLProcessor
+        Qwen2_5_VLProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=None)
+        return ""
+    except Exception as e:  # noqa: BLE001 - reported verbatim
+        return f"{type(e).__name__}: {e}"
+
+
+def hf_rollout(calls, banned):
+    t = 0.0
+    for prompts, n, _ in calls:
+        T = max(len(p.input_ids) for p in prompts)
+        ids = torch.full((len(prompts), T), pad_id, dtype=torch.long)
+        mask = torch.zeros(len(prompts), T, dtype=torch.long)
+        for i, p in enumerate(prompts):                          # left padding, as generate expects
+            ids[i, T - len(p.input_ids):] = p.input_ids
+            mask[i, T - len(p.input_ids):] = 1
+        kw = dict(input_ids=ids, attention_mask=mask, mm_token_type_ids=(ids == model.config.image_token_id).int(),
+                  pixel_values=torch.cat([p.pixel_values for p in prompts]),
+                  image_grid_thw=torch.cat([p.image_grid_thw for p in prompts]))
+        with torch.no_grad():
+            _, dt = _timed(lambda: model.generate(
+                **kw, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,
+                min_new_tokens=args.max_new_tokens, num_return_sequences=n, suppress_tokens=banned,
+                pad_token_id=pad_id))
+        t += dt
+    return t
+
+
+def trl_logps(m, b):
+    """TRL's per-token log-probs: left-padded prompts + right-padded completions, logits of the
+    last `logits_to_keep` positions, selective_log_softmax (GRPOTrainer._get_per_token_logps...)."""
+    logits = m(input_ids=b["input_ids"], attention_mask=b["attention_mask"], pixel_values=b["pixel_values"],
+               image_grid_thw=b["image_grid_thw"], mm_token_type_ids=(b["input_ids"] == model.config.image_token_id).int(),
+               logits_to_keep=b["keep"] + 1).logits[:, :-1]
+    return selective_log_softmax(logits, b["completion"])
+
+
+def trl_batch(recs):
+    """The same sequences laid out as TRL does: prompts left-padded, completions right-padded."""
+    P = max(len(r.prompt.input_ids) for r in recs)
+    L = max(len(r.response_ids) for r in recs)
+    ids = torch.full((len(recs), P + L), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(recs):
+        p = r.prompt.input_ids
+        ids[i, P - len(p):P], mask[i, P - len(p):P] = p, 1
+        ids[i, P:P + len(r.response_ids)], mask[i, P:P + len(r.response_ids)] = torch.tensor(r.response_ids), 1
+    return dict(input_ids=ids, attention_mask=mask, keep=L, completion=ids[:, P:], cmask=mask[:, P:].float(),
+                pixel_values=torch.cat([r.prompt.pixel_values for r in recs]),
+                image_grid_thw=torch.cat([r.prompt.image_grid_thw for r in recs]))
+
+
+def peer_step(calls, recs, banned):
+    model.load_state_dict(init_state)
+    t_roll = hf_rollout(calls, banned)
+    chunks = [recs[i:i + args.micro_batch_size] for i in range(0, len(recs), args.micro_batch_size)]
+    batches = [trl_batch(c) for c in chunks]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    t0 = time.perf_counter()
+    model.eval()
+    with torch.no_grad():
+        old = [trl_logps(model, b) for b in batches]
+        refl = [trl_logps(ref_model, b) for b in batches]
+    t_logp = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    model.train()
+    per_mini = max(1, len(batches) // args.mini_batches)
+    for m in range(0, len(batches), per_mini):
+        opt.zero_grad(set_to_none=True)
+        for b, c, o, rl in list(zip(batches, chunks, old, refl))[m:m + per_mini]:
+            logp = trl_logps(model, b)
+            adv = torch.tensor([r.adv for r in c])[:, None]
+            # TRL GRPO loss ("bnpo"): clipped ratio, k3 KL, mean over completion tokens
+            ratio = torch.exp(logp - o)
+            per_tok = -torch.min(ratio * adv, torch.clamp(ratio, 0.8, 1.2) * adv)
+            per_tok = per_tok + 1e-4 * (torch.exp(rl - logp) - (rl - logp) - 1)
+            ((per_tok * b["cmask"]).sum() / b["cmask"].sum()).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    t_update = time.perf_counter() - t0
+    model.eval()
+    return dict(rollout=t_roll, logprob=t_logp, update=t_update, step=t_roll + t_logp + t_update)
+
+
+# ---------------------------------------------------------------------------------------------------
+# floors of our phases
+
+def floors(calls, batches):
+    pf = dc = 0.0
+    for prompts, n, st in calls:
+        R = len(prompts) * n
+        T = st["prefill_tokens_real"]
+        patches = sum(int(p.pixel_values.shape[0]) for p in prompts)
+        pf += floor_s(len(prompts), T, attn_pairs=sum(len(p.input_ids) ** 2 // 2 for p in prompts), patches=patches)
+        ctx = statistics.mean(len(p.input_ids) for p in prompts) + args.max_new_tokens / 2
+        dc += args.max_new_tokens * floor_s(R, R, attn_pairs=int(R * ctx))
+    lp = 0.0
+    for b in batches:
+        N = int((b["targets"] != -100).sum())
+        lens = b["attention_mask"].sum(1)
+        lp += floor_s(N, int(lens.sum()), attn_pairs=int((lens ** 2 // 2).sum()), patches=int(b["pixel_values"].shape[0]))
+    return dict(prefill=pf, decode=dc, logprob=2 * lp, update=3 * lp)    # logprob: old + ref passes
+
+
+# ---------------------------------------------------------------------------------------------------
+# run
+
+commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                        cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+print(f"commit {commit} | threads {torch.get_num_threads()} | {len(eps)} tasks x {args.rollouts} rollouts x "
+      f"{args.steps} steps, {args.max_new_tokens} new tokens | trl {trl_version}", flush=True)
+load_before = os.getloadavg()[0]
+ours, peer = [], []
+banned = Sampler(model, tokenizer).banned_ids.tolist()
+for rep in range(args.repeats):
+    t, calls, recs, batches = our_step()
+    ours.append(t)
+    print("ours", {k: round(v, 2) for k, v in t.items()}, flush=True)
+    if not args.no_peer and selective_log_softmax is not None and rep < args.peer_repeats:
+        peer.append(peer_step(calls, recs, banned))
+        print("peer", {k: round(v, 2) for k, v in peer[-1].items()}, flush=True)
+fl = floors(calls, batches)
+med = {k: statistics.median(r[k] for r in ours) for k in ours[0]}
+decode_tokens = sum(len(p) * n * args.max_new_tokens for p, n, _ in calls)
+result = dict(
+    commit=commit, threads=torch.get_num_threads(), tasks=len(eps), rollouts=args.rollouts, steps=args.steps,
+    max_new_tokens=args.max_new_tokens, sequences=len(recs), decode_tokens=decode_tokens,
+    seconds={k: round(v, 3) for k, v in med.items()},
+    seconds_runs={k: [round(r[k], 3) for r in ours] for k in ours[0]},
+    floor_s={k: round(v, 3) for k, v in fl.items()},
+    ratio_to_floor={k: round(med[k] / fl[k], 2) for k in ("prefill", "decode", "logprob", "update")},
+    rollout_tok_s=round(decode_tokens / med["rollout"], 1),
+    decode_tok_s=round(decode_tokens / med["decode"], 1),
+    gemm_gflops={f"{m}x{k}x{n}": round(r / 1e9, 1) for (m, k, n), r in _rates.items()},
+    trl_version=trl_version, trl_grpo_error=trl_grpo_error(),
+)
+if peer:
+    pmed = {k: statistics.median(r[k] for r in peer) for k in peer[0]}
+    result.update(peer_seconds={k: round(v, 3) for k, v in pmed.items()},
+                  peer_seconds_runs={k: [round(r[k], 3) for r in peer] for k in peer[0]},
+                  ratio_vs_trl=round(pmed["step"] / med["step"], 2),
+                  ratio_vs_peer={k: round(pmed[k] / med[k], 2) for k in ("rollout", "logprob", "update")})
+result.update(loadavg_1m_before=round(load_before, 2), loadavg_1m_after=round(os.getloadavg()[0], 2))
+print(json.dumps(result))

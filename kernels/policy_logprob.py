@@ -1,0 +1,128 @@
+"""The policy as training runs it, the thin module beside the fused kernel (kernels/logprob.py):
+PolicyLogProb, the Hugging Face model's decoder then kernels.fused_logprob on the response
+positions only, one FSDP2 root (apply_fsdp shards it); and the batch it reads
+(collate_sequences: prompt + sampled ids, right-padded).
+"""
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from utils import Dist
+
+
+def apply_fsdp(model, root: torch.nn.Module, dist_info: Dist, mixed_precision: bool):
+    """Shard with FSDP2: `fully_shard` each decoder layer and vision block, then `root`
+    (which owns the embeddings, lm_head and the rest). bf16 params with fp32 gradient
+    reduction when `mixed_precision` (GPU); fp32 otherwise (CPU, gloo). World size 1:
+    returns `root` unchanged (no process group, same code path)."""
+    if dist_info.world_size == 1:
+        return root
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(dist_info.device.type, (dist_info.world_size,))
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+          if mixed_precision else MixedPrecisionPolicy())
+    for layer in model.model.language_model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    for block in model.model.visual.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(root, mesh=mesh, mp_policy=mp)
+    return root
+
+
+class PolicyLogProb(torch.nn.Module):
+    """The Hugging Face model plus the fused lm_head log-prob, as one root module for FSDP.
+
+    forward(batch) -> (logp (N,) fp32, entropy (N,) fp32 or None) over the N target
+    positions of the batch (targets != -100), in row-major order. Logits are never
+    materialised: the decoder's last hidden states at those positions go through
+    kernels.fused_logprob with the (possibly tied) lm_head weight. Calling this module
+    (not model.model directly) lets FSDP2's root hooks gather embed/lm_head.
+    forward(None) returns None (rollout.sampling_mode's FSDP2 root settling call).
+    """
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: dict | None, temperature: float = 1.0, return_entropy: bool = False):
+        from kernels import fused_logprob
+
+        if batch is None:  # no-op: rollout.sampling_mode settles the FSDP2 root with it
+            return None
+
+        ids = batch["input_ids"]
+        # transformers builds Qwen2.5-VL's 3-D mrope positions only when told which tokens are
+        # image tokens; without mm_token_type_ids it silently falls back to 1-D positions, and the
+        # trainer would score other positions than the sampler (and generate) used (SPEC 11).
+        mm_types = (ids == self.model.config.image_token_id).int()  # (B, T): 1 = image token
+        kw = dict(pixel_values=batch.get("pixel_values"))
+        if "image_index" in batch:  # each distinct screenshot through the vision tower once
+            kw = dict(mm_encoder_outputs={"image": self._image_features(batch)})
+        out = self.model.model(input_ids=ids, attention_mask=batch["attention_mask"],
+                               image_grid_thw=batch.get("image_grid_thw"), mm_token_type_ids=mm_types,
+                               use_cache=False, **kw)
+        hidden = out.last_hidden_state[:, :-1]  # (B, T-1, H): position p predicts token p+1
+        targets = batch["targets"][:, 1:]  # (B, T-1)
+        sel = targets != -100
+        h = hidden[sel]  # (N, H)
+        res = fused_logprob(h, self.model.lm_head.weight, targets[sel], temperature=temperature,
+                            return_entropy=return_entropy)
+        return res if return_entropy else (res, None)
+
+    def _image_features(self, batch: dict):
+        """Vision features of the batch's images in row order, each distinct image encoded once
+        (the rollouts of a task share screenshots). Exact: the tower encodes every image on its
+        own (attention within the image), and a shared image's gradient is the sum of its uses."""
+        thw, index = batch["image_grid_thw"], batch["image_index"]  # (I, 3), (I,)
+        offs = [0] + thw.prod(-1).cumsum(0).tolist()
+        first = sorted(set(index.tolist()))
+        pv = torch.cat([batch["pixel_values"][offs[i]:offs[i + 1]] for i in first])
+        out = self.model.model.get_image_features(pv, thw[first], return_dict=True)
+        feats = dict(zip(first, out.pooler_output))
+        out.pooler_output = tuple(feats[i] for i in index.tolist())
+        return out
+
+
+def collate_sequences(prompts: list, responses: list[list[int]], pad_id: int) -> dict:
+    """Right-pad prompt+response sequences into one batch.
+
+    prompts: objects with input_ids (T_i,) int64, pixel_values (P_i, 1176) or None and
+    image_grid_thw (I_i, 3) or None (gui.Prompt). responses: the sampled token ids,
+    exactly as the sampler produced them (never re-tokenised text). Returns input_ids and
+    targets (B, T) int64 (targets = input_ids on response tokens, -100 elsewhere: padding
+    is masked by position, never by comparing with pad_id, which may equal EOS),
+    attention_mask (B, T) int64, the images concatenated in row order (pixel_values,
+    image_grid_thw) and image_index (I,) int64: the first image with the same pixels and grid
+    (PolicyLogProb encodes each distinct image once).
+    """
+    seqs = [torch.cat([p.input_ids.long(), torch.tensor(r, dtype=torch.long)]) for p, r in zip(prompts, responses)]
+    T = max(len(s) for s in seqs)
+    B = len(seqs)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    targets = torch.full((B, T), -100, dtype=torch.long)
+    attention_mask = torch.zeros((B, T), dtype=torch.long)
+    for b, (s, p) in enumerate(zip(seqs, prompts)):
+        input_ids[b, :len(s)] = s
+        attention_mask[b, :len(s)] = 1
+        targets[b, len(p.input_ids):len(s)] = s[len(p.input_ids):]
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "targets": targets}
+    pv = [p.pixel_values for p in prompts if p.pixel_values is not None]
+    if pv:
+        batch["pixel_values"] = torch.cat(pv)
+        batch["image_grid_thw"] = torch.cat([p.image_grid_thw for p in prompts if p.image_grid_thw is not None])
+        offs = [0] + batch["image_grid_thw"].prod(-1).cumsum(0).tolist()
+        first: dict[tuple, int] = {}
+        index = []
+        for i, g in enumerate(batch["image_grid_thw"].tolist()):
+            px = batch["pixel_values"][offs[i]:offs[i + 1]].detach().cpu().numpy().tobytes()
+            index.append(first.setdefault((tuple(g), hashlib.blake2b(px, digest_size=16).digest()), i))
+        batch["image_index"] = torch.tensor(index, dtype=torch.long)
+    return batch
+
+
+def to_device(batch: dict, device) -> dict:
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
