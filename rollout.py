@@ -205,7 +205,11 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
                 a = patch.expert_action_resized(episodes[k].steps[t], orig, rec.prompt.resized_size)
                 hint_prompts.append(prompt_for(k, t, rec.history, instruction=patch.hinted_step_instruction(None, a)))
                 actions.append(a)
-            gen = lambda ps: [o[0].text for o in sampler.generate(ps, n=1, greedy=greedy)]  # noqa: E731
+            # seeded per (task, rollout) like the samples, so patches do not depend on the batch or rank
+            hint_seeds = None if seed is None else [
+                _seed(seed if isinstance(seed, int) else seed[k], episodes[k].episode_id, t, ("patch", i, *rec.history))
+                for k, i, rec in to_patch]
+            gen = lambda ps: [o[0].text for o in sampler.generate(ps, n=1, greedy=greedy, seeds=hint_seeds)]  # noqa: E731
             for (k, i, rec), text in zip(to_patch, patch.on_policy_patches(hint_prompts, actions, gen)):
                 states[k][i].history[-1] = text
     return records

@@ -298,6 +298,7 @@ def main(argv=None):
             "time_update_s": t_update, "time_s": dt,
             "sampler_logp_gap": max(sampler_gap, default=0.0),  # rank 0's own, a numerics check
             "first_ratio_dev": upd["ratio_dev"],  # the first on-policy micro-batch: must be 0
+            "fsdp": torch.distributed.is_initialized(),  # sharded by FSDP2 (always under torchrun)
         }
         metrics.log(last)
         utils.print0(

@@ -43,8 +43,10 @@ class Dist:
 def init_distributed(device: str = "auto") -> Dist:
     """Read torchrun's RANK / WORLD_SIZE / LOCAL_RANK and start a process group.
 
-    World size 1 (plain `python script.py`) starts no process group and runs the same
-    code. The backend is nccl on CUDA and gloo on CPU. `device` is "auto", "cpu" or "cuda".
+    A plain `python script.py` starts no process group and runs the same code unsharded;
+    anything torchrun launched (RANK set), `--nproc_per_node=1` included, gets a process group,
+    so one GPU runs the same FSDP2 + mixed-precision path as eight. The backend is nccl on
+    CUDA and gloo on CPU. `device` is "auto", "cpu" or "cuda".
     """
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
@@ -53,7 +55,7 @@ def init_distributed(device: str = "auto") -> Dist:
     if use_cuda:
         torch.cuda.set_device(local_rank)
     dev = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
-    if world_size > 1 and not dist.is_initialized():
+    if (world_size > 1 or "RANK" in os.environ) and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
     return Dist(rank, world_size, local_rank, dev)
 

@@ -523,10 +523,8 @@ def check_sampler(C, torch, device, dry, model, a):
 
 
 def check_rl(C, torch, device, dry, a, model_dir, work):
-    import utils
-    from kernels import policy_logprob
-
     r = C.res["rl"]
+    (work / "no_screenshots").mkdir(parents=True, exist_ok=True)  # an empty folder: every screen is blank
     max_pixels = a.rl_max_pixels or (50176 if dry else 1003520)
     max_new = a.rl_max_new_tokens or (4 if dry else 32)
     steps = 1 if dry else 2
@@ -540,12 +538,6 @@ def check_rl(C, torch, device, dry, a, model_dir, work):
            "--kl-coef", "0" if dry else "1e-4", "--max-steps", str(steps),
            "--device", "cpu" if dry else "cuda", "--out", str(out)]
     r.update(command=" ".join(cmd), max_pixels=max_pixels)
-    # world size 1: does utils.apply_fsdp shard (NCCL, bf16 mixed precision) or hand the module back?
-    try:
-        probe = torch.nn.Linear(2, 2)
-        r["fsdp_wraps_at_world_size_1"] = policy_logprob.apply_fsdp(probe, probe, utils.Dist(0, 1, 0, device), True) is not probe
-    except Exception as e:  # noqa: BLE001
-        r["fsdp_wraps_at_world_size_1"] = f"probe failed: {type(e).__name__}: {e}"
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     env.pop("UIS1_FORCE_TRITON", None)
     cuda = device.type == "cuda"
@@ -591,6 +583,8 @@ def check_rl(C, torch, device, dry, a, model_dir, work):
                       ("first_ratio_dev", "first_ratio_dev"), ("sampler_logp_gap", "sampler_logp_gap")):
         r[key] = [row.get(name) for row in rows]  # read defensively: the trainer's fields may grow
     r["rows"] = rows
+    # world size 1 under torchrun: did the trainer shard with FSDP2 (the path NCCL + bf16 take)?
+    r["fsdp_wraps_at_world_size_1"] = rows[0].get("fsdp") if rows else None
     r["loss_finite"] = bool(rows) and all(isinstance(x, (int, float)) and math.isfinite(x) for x in r["loss"])
     if (not stopped and proc.returncode != 0) or len(rows) < steps:
         tail = log_path.read_text()[-3000:] if log_path.exists() else ""

@@ -15,9 +15,10 @@ from utils import Dist
 def apply_fsdp(model, root: torch.nn.Module, dist_info: Dist, mixed_precision: bool):
     """Shard with FSDP2: `fully_shard` each decoder layer and vision block, then `root`
     (which owns the embeddings, lm_head and the rest). bf16 params with fp32 gradient
-    reduction when `mixed_precision` (GPU); fp32 otherwise (CPU, gloo). World size 1:
-    returns `root` unchanged (no process group, same code path)."""
-    if dist_info.world_size == 1:
+    reduction when `mixed_precision` (GPU); fp32 otherwise (CPU, gloo). Without a process
+    group (a plain `python script.py`) returns `root` unchanged; under torchrun it shards even
+    at world size 1, so a single GPU trains with the same FSDP2 and bf16 path as many."""
+    if not torch.distributed.is_initialized():
         return root
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
