@@ -606,10 +606,10 @@ def naive_same_dtype(h, W, y, return_entropy=True):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("N,H,V", [(300, 3584, 151937), (4100, 3584, 1000), (257, 200, 152064)])
 def test_cuda_logprob_gpu_tiles_vs_fp32_truth(dtype, N, H, V):
-    """V = 151,937 and 1,000 end in a partial 128-wide vocabulary tile, H = 200 in a partial 64-wide
+    """V = 151,937 and 1,000 end in a partial 256-wide vocabulary tile, H = 200 in a partial 64-wide
     k-step, N is never a multiple of the 128-row tile. logp and entropy accumulate in fp32 whatever
     the input dtype; the gradients must be at least as accurate as the textbook path in that dtype."""
-    assert lp_mod._triton_config(torch.empty(1, device="cuda", dtype=dtype))[:3] == (128, 128, 64)
+    assert lp_mod._triton_config(torch.empty(1, device="cuda", dtype=dtype))[:3] == (128, 256, 64)
     h, W, y, g_logp, g_ent = cuda_case(N, H, V, dtype, seed=N + V)
     got = fused_fwd_bwd(h, W, y, g_logp, g_ent)
     naive = fused_fwd_bwd(h, W, y, g_logp, g_ent, fn=naive_same_dtype)
@@ -641,8 +641,10 @@ def test_cuda_logprob_int64_offsets(which):
     logp, ent, dh, dW = fused_fwd_bwd(h, W, y, g_logp, g_ent)
     rows = slice(None) if which == "weight" else slice(N - 2048, N)  # past 2^31 elements of hidden
     t_logp, t_ent, t_dh, t_dW = logprob_fp32_truth(h[rows], W, y[rows], g_logp[rows], g_ent[rows])
-    close(logp[rows], t_logp, (1e-4, 1e-5), "logp")
-    close(ent[rows], t_ent, (1e-4, 1e-5), "entropy")
+    # the truth is fp32 too: at H = 14,208 its own summation order leaves ~1e-4 on logits of size ~10
+    tol = (5e-4, 1e-5) if which == "weight" else (1e-4, 1e-5)
+    close(logp[rows], t_logp, tol, "logp")
+    close(ent[rows], t_ent, tol, "entropy")
     scale = t_dh.abs().max().item()
     assert (dh[rows].float() - t_dh).abs().max().item() <= 2e-2 * scale, "dh"
     if which == "weight":  # dW over all tokens; its last rows lie past 2^31 elements
@@ -671,7 +673,19 @@ def test_cuda_ppo_loss_vs_release(dtype):
     want, kl = verl_policy_loss(y, old.double(), adv.double(), mask, ref.double(), kl_coef=0.1)
     want.sum().backward()
     close(loss.detach().cpu(), want.detach().cpu(), (1e-5, 1e-5), "loss")
-    close(x.grad.cpu(), y.grad.cpu(), {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1e-2, 1e-2)}[dtype], "grad")
+    # The loss is piecewise: at a kink (ratio at 1 -+ clip, ratio at the dual-clip c, a clamp's edge) the
+    # gradient jumps, and an fp32 ratio one ulp from the fp64 one may take the other branch. Compare the
+    # gradient away from kinks only; a kink-adjacent token must be rare (its value is checked above).
+    with torch.no_grad():
+        lr, kd = (y - old.double()), (ref.double() - y)
+        r, k3 = lr.clamp(-20, 20).exp(), kd.clamp(-20, 20).exp() - kd.clamp(-20, 20) - 1
+        near = lambda v, edge: (v - edge).abs() <= 1e-5 * max(abs(edge), 1.0)  # noqa: E731
+        kink = (near(r, 0.8) | near(r, 1.2) | near(r, 3.0) | near(lr.abs(), 20.0) | near(kd.abs(), 20.0)
+                | near(k3, 10.0) | near(k3, -10.0))
+    assert kink.float().mean().item() < 1e-4, "too many tokens at a kink to call this a test"
+    smooth = (~kink).cpu()
+    close(x.grad.cpu()[smooth], y.grad.cpu()[smooth], {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1e-2, 1e-2)}[dtype],
+          "grad")
     close(stats["kl"].cpu(), torch.where(mask, kl, 0).detach().cpu(), (1e-5, 1e-5), "kl")
 
 
