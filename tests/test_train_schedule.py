@@ -143,10 +143,11 @@ def test_duplicate_task_gets_its_own_seed(monkeypatch):
     monkeypatch.setattr(gui, "load_screenshot", lambda *a, **k: Image.new("RGB", (56, 56)))
     monkeypatch.setattr(gui, "build_prompt", lambda *a, **k: SimpleNamespace(resized_size=(56, 56)))
     s = SeedSampler()
-    semi_online_rollout(s, [ep, ep], None, None, n_rollouts=2, seed=[ts.task_seed(0, 0, 0), ts.task_seed(0, 0, 1)])
+    semi_online_rollout(s, [ep, ep], None, None, n_rollouts=2, seed=[ts.task_seed(0, 0, 0), ts.task_seed(0, 0, 1)],
+                        blank_screens=(56, 56))
     assert len(s.seeds[0]) == 2 and s.seeds[0][0] != s.seeds[0][1]  # the two slots: different draws
     s2 = SeedSampler()
-    semi_online_rollout(s2, [ep, ep], None, None, n_rollouts=2, seed=0)  # one run seed: the same draws
+    semi_online_rollout(s2, [ep, ep], None, None, n_rollouts=2, seed=0, blank_screens=(56, 56))  # one run seed: same draws
     assert s2.seeds[0][0] == s2.seeds[0][1]
 
 
