@@ -252,10 +252,11 @@ def _parse_dom(raw: dict) -> list[Element]:
 
 def elements_text(dom: list[Element], max_text: int = 60) -> str:
     """The element list a model sees: one line per visible leaf or interactive element,
-    "[ref] tag 'text' (x1,y1,x2,y2) at (x,y)" in original screenshot pixels, where (x,y) is the
+    "[ref] tag 'text' at (x,y) (x1,y1,x2,y2)" in original screenshot pixels, where (x,y) is the
     element's click point (Element.point, the point the experts click; left out when nothing of
-    the element is on top). Showing the point turns grounding into copying: a small model need
-    not average box corners."""
+    the element is on top) and the rest its box. Showing the point right after the text turns
+    grounding into copying: short_thought's "Click tag 'text' at (x,y)." is a substring of the
+    line, so a small model need not average box corners."""
     lines = []
     for e in dom:
         if not e.visible or not (e.leaf or e.tag.split("_")[0] in INTERACTIVE_TAGS):
@@ -266,7 +267,7 @@ def elements_text(dom: list[Element], max_text: int = 60) -> str:
         if len(text) > max_text:
             text = text[: max_text - 3] + "..."
         at = f" at ({e.point[0]},{e.point[1]})" if e.point is not None else ""
-        lines.append(f"[{e.ref}] {e.tag} '{text}' ({','.join(str(v) for v in e.box)}){at}")
+        lines.append(f"[{e.ref}] {e.tag} '{text}'{at} ({','.join(str(v) for v in e.box)})")
     return "\n".join(lines)
 
 

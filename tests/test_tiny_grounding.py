@@ -19,18 +19,17 @@ def test_elements_text_shows_click_point():
            _el(6, "div", "hidden under", (2, 90, 40, 100), None),  # nothing on top: no point shown
            _el(7, "input_text", None, (2.4, 84.6, 151.5, 104.2), (76, 94), value="")]
     lines = me.elements_text(dom).split("\n")
-    assert lines == ["[5] button 'okay' (2,63,47,84) at (24,73)",
+    assert lines == ["[5] button 'okay' at (24,73) (2,63,47,84)",
                      "[6] div 'hidden under' (2,90,40,100)",
-                     "[7] input_text '' (2,84,152,105) at (76,94)"]
+                     "[7] input_text '' at (76,94) (2,84,152,105)"]
 
 
 def test_short_thought_copies_the_element_line():
     e = _el(5, "button", "  okay\n now ", (2, 63, 47, 84), (24, 73))
     click = {"action": "click", "coordinate": [24, 73]}
     assert me.short_thought(click, e) == "Click button 'okay now' at (24,73)."
-    # its words and point are a substring of the element line the model sees
-    line = me.elements_text([e])
-    assert "button 'okay now'" in line and "at (24,73)" in line
+    # the thought (less "Click " and ".") is a substring of the element line the model sees: a copy
+    assert "button 'okay now' at (24,73)" in me.elements_text([e])
     assert me.short_thought(click, _el(1, "input_text", None, (0, 0, 9, 9), (4, 4), value="")) == \
         "Click input_text at (24,73)."
     assert me.short_thought({"action": "type", "text": "abc"}, None) == "Type 'abc'."
