@@ -250,6 +250,12 @@ def _parse_dom(raw: dict) -> list[Element]:
     return dom
 
 
+def _shown_text(e: Element, max_text: int = 60) -> str:
+    """An element's label as its elements_text line shows it: whitespace collapsed, cut to max_text."""
+    text = " ".join(e.label.split())
+    return text[: max_text - 3] + "..." if len(text) > max_text else text
+
+
 def elements_text(dom: list[Element], max_text: int = 60) -> str:
     """The element list a model sees: one line per visible leaf or interactive element,
     "[ref] tag 'text' at (x,y) (x1,y1,x2,y2)" in original screenshot pixels, where (x,y) is the
@@ -263,9 +269,7 @@ def elements_text(dom: list[Element], max_text: int = 60) -> str:
             continue
         if e.tag in ("body", "div") and not e.label:
             continue  # empty layout boxes carry nothing
-        text = " ".join(e.label.split())
-        if len(text) > max_text:
-            text = text[: max_text - 3] + "..."
+        text = _shown_text(e, max_text)
         at = f" at ({e.point[0]},{e.point[1]})" if e.point is not None else ""
         lines.append(f"[{e.ref}] {e.tag} '{text}'{at} ({','.join(str(v) for v in e.box)})")
     return "\n".join(lines)
@@ -579,9 +583,8 @@ def short_thought(action: dict, target: Element | None) -> str:
     if kind == "terminate":
         return "Done."
     if kind == "click" and target is not None:
-        label = " ".join(target.label.split())
         x, y = action["coordinate"]
-        return f"Click {target.tag} '{label}' at ({x},{y})." if label else f"Click {target.tag} at ({x},{y})."
+        return f"Click {target.tag} '{_shown_text(target)}' at ({x},{y})."
     if kind == "type":
         return f"Type '{action['text']}'."
     return f"{kind.capitalize()}."

@@ -31,7 +31,10 @@ def test_short_thought_copies_the_element_line():
     # the thought (less "Click " and ".") is a substring of the element line the model sees: a copy
     assert "button 'okay now' at (24,73)" in me.elements_text([e])
     assert me.short_thought(click, _el(1, "input_text", None, (0, 0, 9, 9), (4, 4), value="")) == \
-        "Click input_text at (24,73)."
+        "Click input_text '' at (24,73)."
+    long = _el(2, "a", "x" * 80, (0, 0, 9, 9), (4, 4))  # cut as the element line cuts it
+    assert me.short_thought(click, long) == f"Click a '{'x' * 57}...' at (24,73)."
+    assert f"a '{'x' * 57}...' at (4,4)" in me.elements_text([long])
     assert me.short_thought({"action": "type", "text": "abc"}, None) == "Type 'abc'."
     assert me.short_thought({"action": "terminate", "status": "success"}, None) == "Done."
 
