@@ -14,6 +14,8 @@ and listed in the manifest. Train and test splits use disjoint seed ranges
     python make_miniwob_data.py                          # default set -> data/miniwob/
     python make_miniwob_data.py --train-seeds 100 --test-seeds 20 --out /tmp/miniwob_big
     python make_miniwob_data.py --tasks enter-text login-user --workers 1
+    python make_miniwob_data.py --tasks click-test focus-text click-dialog click-button \
+        --train-seeds 150 --thoughts short --out /tmp/miniwob_click   # a set a tiny model learns
 
 Writes (replacing only these): OUT/train.jsonl, OUT/test.jsonl, OUT/images/, OUT/manifest.json.
 Line format:
@@ -49,6 +51,8 @@ ap.add_argument("--train-seeds", type=int, default=24, help="train episodes per 
 ap.add_argument("--test-seeds", type=int, default=8, help="held-out test episodes per task")
 ap.add_argument("--train-seed-base", type=int, default=me.TRAIN_SEED_BASE, help="first train seed")
 ap.add_argument("--test-seed-base", type=int, default=me.TEST_SEED_BASE, help="first test seed")
+ap.add_argument("--thoughts", choices=["long", "short"], default="long",
+                help="long: the expert's reasoning; short: 'Click button 'okay' at (24,73).' (fewer target tokens)")
 # environment
 ap.add_argument("--max-steps", type=int, default=me.MAX_EXPERT_STEPS, help="expert step limit")
 ap.add_argument("--step-timeout", type=float, default=20.0, help="seconds per env step")
@@ -64,7 +68,7 @@ def run_job(job):
     """Play the expert on every seed of one task (both splits, one browser); write the PNGs;
     return the episodes per split (JSON-ready, screenshots as relative paths), skipped seeds
     and timing."""
-    task, splits, out, max_steps, step_timeout, retries = job
+    task, splits, out, max_steps, step_timeout, retries, thoughts = job
     env = me.MiniWobEnv(task, step_timeout_s=step_timeout)
     res = {"task": task, "episodes": {s: [] for s in splits}, "skipped": {s: [] for s in splits},
            "env_steps": 0, "env_seconds": 0.0}
@@ -74,7 +78,7 @@ def run_job(job):
                 t0 = time.time()
                 for attempt in range(retries + 1):
                     try:
-                        ep = me.expert_episode(env, seed, max_steps=max_steps)
+                        ep = me.expert_episode(env, seed, max_steps=max_steps, thoughts=thoughts)
                         break
                     except me.BrowserFault as e:
                         env.close()  # the next reset starts a fresh browser
@@ -140,7 +144,7 @@ def main(argv=None):
     splits = {"train": range(args.train_seed_base, args.train_seed_base + args.train_seeds),
               "test": range(args.test_seed_base, args.test_seed_base + args.test_seeds)}
     jobs = [(t, {s: list(seeds) for s, seeds in splits.items()}, str(out), args.max_steps,
-             args.step_timeout, args.retries) for t in tasks]
+             args.step_timeout, args.retries, args.thoughts) for t in tasks]
     t0 = time.time()
     results = []
     bar = tqdm(total=len(tasks), desc="tasks", unit="task")

@@ -249,19 +249,28 @@ def _parse_dom(raw: dict) -> list[Element]:
     return dom
 
 
+def _shown_text(e: Element, max_text: int = 60) -> str:
+    """An element's label as its elements_text line shows it: whitespace collapsed, cut to max_text."""
+    text = " ".join(e.label.split())
+    return text[: max_text - 3] + "..." if len(text) > max_text else text
+
+
 def elements_text(dom: list[Element], max_text: int = 60) -> str:
     """The element list a model sees: one line per visible leaf or interactive element,
-    "[ref] tag 'text' (x1,y1,x2,y2)" in original screenshot pixels."""
+    "[ref] tag 'text' at (x,y) (x1,y1,x2,y2)" in original screenshot pixels, where (x,y) is the
+    element's click point (Element.point, the point the experts click; left out when nothing of
+    the element is on top) and the rest its box. Showing the point right after the text turns
+    grounding into copying: short_thought's "Click tag 'text' at (x,y)." is a substring of the
+    line, so a small model need not average box corners."""
     lines = []
     for e in dom:
         if not e.visible or not (e.leaf or e.tag.split("_")[0] in INTERACTIVE_TAGS):
             continue
         if e.tag in ("body", "div") and not e.label:
             continue  # empty layout boxes carry nothing
-        text = " ".join(e.label.split())
-        if len(text) > max_text:
-            text = text[: max_text - 3] + "..."
-        lines.append(f"[{e.ref}] {e.tag} '{text}' ({','.join(str(v) for v in e.box)})")
+        text = _shown_text(e, max_text)
+        at = f" at ({e.point[0]},{e.point[1]})" if e.point is not None else ""
+        lines.append(f"[{e.ref}] {e.tag} '{text}'{at} ({','.join(str(v) for v in e.box)})")
     return "\n".join(lines)
 
 
@@ -565,6 +574,21 @@ class ExpertStep:
     target: Element | None = None  # clicked element; its box is the step's candidate_bbox
 
 
+def short_thought(action: dict, target: Element | None) -> str:
+    """A one-sentence thought naming what the action does: "Click button 'okay' at (24,73).",
+    "Type 'abc'.", "Done." (terminate). The click's words and point are those of the target's
+    line in elements_text, so a model can copy them; make_miniwob_data.py --thoughts short."""
+    kind = action["action"]
+    if kind == "terminate":
+        return "Done."
+    if kind == "click" and target is not None:
+        x, y = action["coordinate"]
+        return f"Click {target.tag} '{_shown_text(target)}' at ({x},{y})."
+    if kind == "type":
+        return f"Type '{action['text']}'."
+    return f"{kind.capitalize()}."
+
+
 class ExpertError(RuntimeError):
     """The expert found no sensible next action (should not happen on a healthy page)."""
 
@@ -835,18 +859,23 @@ def final_observation(env: MiniWobEnv) -> tuple[Image.Image, str]:
     return img, elements_text(_parse_dom(raw))
 
 
-def expert_episode(env: MiniWobEnv, seed: int, max_steps: int = MAX_EXPERT_STEPS) -> dict:
+def expert_episode(env: MiniWobEnv, seed: int, max_steps: int = MAX_EXPERT_STEPS,
+                   thoughts: str = "long") -> dict:
     """Roll the task's expert through episode `seed`, recording every step.
 
     Returns {"goal", "task", "seed", "success", "raw_reward", "reason", "steps": [...]}, each
     step {"screenshot": PIL, "action", "thought", "elements", "candidate_bbox"}; a successful
-    episode ends with a terminate step on the final screenshot. Raises BrowserFault."""
+    episode ends with a terminate step on the final screenshot. thoughts: "long" (the expert's
+    reasoning sentence) or "short" (short_thought). Raises BrowserFault, ValueError."""
+    if thoughts not in ("long", "short"):
+        raise ValueError(f"expert_episode: thoughts must be 'long' or 'short', got {thoughts!r}")
     expert = EXPERTS[env.task]
     obs = env.reset(seed)
     goal, steps, reward, info = obs["goal"], [], 0.0, {}
     for _ in range(max_steps):
         st = expert(obs)
-        steps.append({"screenshot": obs["screenshot"], "action": st.action, "thought": st.thought,
+        thought = st.thought if thoughts == "long" else short_thought(st.action, st.target)
+        steps.append({"screenshot": obs["screenshot"], "action": st.action, "thought": thought,
                       "elements": obs["elements"],
                       "candidate_bbox": [st.target.box] if st.target is not None else []})
         obs, reward, done, info = env.step(st.action)
@@ -855,8 +884,10 @@ def expert_episode(env: MiniWobEnv, seed: int, max_steps: int = MAX_EXPERT_STEPS
     success = bool(info.get("success"))
     if success:
         img, elements = final_observation(env)
-        steps.append({"screenshot": img, "action": {"action": "terminate", "status": "success"},
-                      "thought": "The task is complete, so I finish with success.",
+        done_action = {"action": "terminate", "status": "success"}
+        steps.append({"screenshot": img, "action": done_action,
+                      "thought": "The task is complete, so I finish with success." if thoughts == "long"
+                      else short_thought(done_action, None),
                       "elements": elements, "candidate_bbox": []})
     return {"goal": goal, "task": env.task, "seed": seed, "success": success,
             "raw_reward": reward, "reason": info.get("reason"), "steps": steps}

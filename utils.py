@@ -133,20 +133,43 @@ def load_processor(path: str | os.PathLike | None = None, min_pixels: int = MIN_
     return tokenizer, image_processor
 
 
-def tiny_config():
-    """A Qwen2.5-VL config small enough for CPU training (~10 M parameters, most of them
-    the tied 151,936 x 64 embedding). Same architecture as the 7B: mrope with sections
-    summing to head_dim / 2, a windowed vision tower with patch 14 and merge 2."""
+def parse_tiny(name: str) -> tuple[int, int] | None:
+    """'tiny' -> (64, 2); 'tiny:HxL' -> (H, L) (hidden size, text layers); anything else None.
+    Raises ValueError on a malformed 'tiny:...' or an H that is not a positive multiple of 16."""
+    name = str(name)
+    if name == "tiny":
+        return 64, 2
+    if not name.startswith("tiny:"):
+        return None
+    try:
+        h, n = (int(v) for v in name[5:].split("x"))
+    except ValueError:
+        raise ValueError(f"--model {name}: expected tiny:HxL, e.g. tiny:128x4") from None
+    if h <= 0 or h % 16 or n <= 0:
+        raise ValueError(f"--model {name}: hidden size must be a positive multiple of 16, layers >= 1")
+    return h, n
+
+
+def tiny_config(hidden_size: int = 64, num_layers: int = 2):
+    """A Qwen2.5-VL config small enough for CPU training (~10 M parameters at the default 64 x 2,
+    most of them the tied 151,936 x hidden embedding). Same architecture as the 7B: mrope with
+    sections summing to head_dim / 2, a windowed vision tower with patch 14 and merge 2.
+    Heads: max(4, hidden/32), head_dim 16 or more; MLP width 2 x hidden."""
     from transformers import Qwen2_5_VLConfig
 
+    heads = max(4, hidden_size // 32)
+    half = hidden_size // heads // 2  # mrope sections (t, h, w) sum to head_dim / 2
+    t = half // 4
+    section = [t, (half - t) // 2, half - t - (half - t) // 2]
     return Qwen2_5_VLConfig(
         text_config=dict(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=151936, max_position_embeddings=8192,
-            rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1e6},
-            tie_word_embeddings=True, rms_norm_eps=1e-6),
+            hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
+            num_attention_heads=heads, num_key_value_heads=2, vocab_size=151936, max_position_embeddings=8192,
+            rope_parameters={"rope_type": "default", "mrope_section": section, "rope_theta": 1e6},
+            tie_word_embeddings=True, rms_norm_eps=1e-6,
+        ),
         vision_config=dict(
-            depth=2, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=64,
+            depth=2, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=hidden_size,
             patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
             fullatt_block_indexes=[1]),
         image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
@@ -170,16 +193,18 @@ def load_model(name: str | os.PathLike = "tiny", *, dtype: torch.dtype = torch.f
                device: torch.device | str = "cpu", seed: int = 0):
     """Build or load a Qwen2_5_VLForConditionalGeneration (swap the policy model here).
     name: "tiny" builds tiny_config() with random weights (seeded by `seed`, so every rank
-    and every run gets the same initial model); anything else is a local Hugging Face
+    and every run gets the same initial model), "tiny:HxL" the same with hidden size H and L
+    text layers (parse_tiny); anything else is a local Hugging Face
     directory (e.g. Qwen2.5-VL-7B-Instruct, or a checkpoint written by save_checkpoint).
     Raises FileNotFoundError when the directory has no config.json: nothing is downloaded.
     """
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     attn = attn_implementation(device)
-    if str(name) == "tiny":
+    size = parse_tiny(name)
+    if size is not None:
         torch.manual_seed(seed)
-        cfg = tiny_config()
+        cfg = tiny_config(*size)
         cfg._attn_implementation = attn
         model = Qwen2_5_VLForConditionalGeneration(cfg).to(dtype)
     else:

@@ -314,3 +314,28 @@ def test_generated_data_round_trips(tmp_path):
     eps = gui.load_episodes(str(out / "train.jsonl"))
     assert len(eps) == 4 and eps[0].steps[0].image_size == (168, 224)
     assert gui.load_screenshot(eps[0].steps[0]).size == (168, 224)
+
+
+def test_short_thoughts_copy_the_element_line(tmp_path):
+    # --thoughts short: a click's thought names the target as its element line does, with the
+    # point the expert clicks, so "tag 'text' at (x,y)" is copied from the prompt, never computed
+    out = tmp_path / "mw"
+    cmd = [sys.executable, "make_miniwob_data.py", "--out", str(out), "--tasks", "click-button", "enter-text",
+           "--train-seeds", "2", "--test-seeds", "1", "--workers", "1", "--thoughts", "short"]
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads((out / "manifest.json").read_text())["args"]["thoughts"] == "short"
+    kinds = set()
+    for line in (out / "train.jsonl").read_text().splitlines():
+        for st in json.loads(line)["steps"]:
+            a, thought = st["action_content"], st["thought"]
+            kinds.add(a["action"])
+            if a["action"] == "click":
+                x, y = a["coordinate"]
+                assert thought.startswith("Click ") and thought.endswith(f" at ({x},{y}).")
+                assert f"{thought[len('Click '):-1]} (" in st["elements"]  # the target's line, box next
+            elif a["action"] == "type":
+                assert thought == f"Type '{a['text']}'."
+            else:
+                assert a["action"] == "terminate" and thought == "Done."
+    assert kinds == {"click", "type", "terminate"}

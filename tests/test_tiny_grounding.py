@@ -1,0 +1,69 @@
+"""What makes a tiny random-init model able to act on MiniWob++: element lines that show each
+element's click point (grounding becomes copying), short thoughts, and a tiny model of chosen size.
+Pure: no browser."""
+
+import pytest
+
+import miniwob_env as me
+import utils
+
+
+def _el(ref, tag, text, box, point, *, value=None, leaf=True):
+    x1, y1, x2, y2 = box
+    return me.Element(ref=ref, parent=0, tag=tag, text=text, value=value, id="", classes="", left=x1, top=y1,
+                      width=x2 - x1, height=y2 - y1, focused=False, tampered=False, leaf=leaf, point=point)
+
+
+def test_elements_text_shows_click_point():
+    dom = [_el(5, "button", "okay", (2, 63, 47, 84), (24, 73)),
+           _el(6, "div", "hidden under", (2, 90, 40, 100), None),  # nothing on top: no point shown
+           _el(7, "input_text", None, (2.4, 84.6, 151.5, 104.2), (76, 94), value="")]
+    lines = me.elements_text(dom).split("\n")
+    assert lines == ["[5] button 'okay' at (24,73) (2,63,47,84)",
+                     "[6] div 'hidden under' (2,90,40,100)",
+                     "[7] input_text '' at (76,94) (2,84,152,105)"]
+
+
+def test_short_thought_copies_the_element_line():
+    e = _el(5, "button", "  okay\n now ", (2, 63, 47, 84), (24, 73))
+    click = {"action": "click", "coordinate": [24, 73]}
+    assert me.short_thought(click, e) == "Click button 'okay now' at (24,73)."
+    # the thought (less "Click " and ".") is a substring of the element line the model sees: a copy
+    assert "button 'okay now' at (24,73)" in me.elements_text([e])
+    assert me.short_thought(click, _el(1, "input_text", None, (0, 0, 9, 9), (4, 4), value="")) == \
+        "Click input_text '' at (24,73)."
+    long = _el(2, "a", "x" * 80, (0, 0, 9, 9), (4, 4))  # cut as the element line cuts it
+    assert me.short_thought(click, long) == f"Click a '{'x' * 57}...' at (24,73)."
+    assert f"a '{'x' * 57}...' at (4,4)" in me.elements_text([long])
+    assert me.short_thought({"action": "type", "text": "abc"}, None) == "Type 'abc'."
+    assert me.short_thought({"action": "terminate", "status": "success"}, None) == "Done."
+
+
+def test_parse_tiny():
+    assert utils.parse_tiny("tiny") == (64, 2)
+    assert utils.parse_tiny("tiny:128x4") == (128, 4)
+    assert utils.parse_tiny("out/sft/ckpt/latest") is None
+    for bad in ("tiny:128", "tiny:axb", "tiny:100x2", "tiny:128x0", "tiny:0x2"):
+        with pytest.raises(ValueError, match="tiny"):
+            utils.parse_tiny(bad)
+
+
+@pytest.mark.parametrize("h,n", [(64, 2), (128, 4), (256, 2)])
+def test_tiny_config_sizes(h, n):
+    tc = utils.tiny_config(h, n).text_config
+    head_dim = tc.hidden_size // tc.num_attention_heads
+    assert (tc.hidden_size, tc.num_hidden_layers, tc.intermediate_size) == (h, n, 2 * h)
+    assert sum(tc.rope_parameters["mrope_section"]) == head_dim // 2  # mrope covers the head
+    assert tc.num_attention_heads % tc.num_key_value_heads == 0
+    assert utils.tiny_config(h, n).vision_config.out_hidden_size == h  # merger feeds the LM
+
+
+def test_tiny_default_unchanged():
+    tc = utils.tiny_config().text_config
+    assert (tc.hidden_size, tc.num_hidden_layers, tc.num_attention_heads) == (64, 2, 4)
+    assert tc.rope_parameters["mrope_section"] == [2, 3, 3]
+
+
+def test_load_model_tiny_size():
+    m = utils.load_model("tiny:96x3")
+    assert m.config.text_config.hidden_size == 96 and len(m.model.language_model.layers) == 3
