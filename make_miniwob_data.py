@@ -35,13 +35,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+import cli
 import miniwob_env as me
 import utils
 
 # -----------------------------------------------------------------------------
 # config
 
-ap = utils.make_parser(__doc__)
+ap = cli.make_parser(__doc__)
 # data
 ap.add_argument("--out", default="data/miniwob", help="output folder")
 ap.add_argument("--tasks", nargs="+", default=["all"], help="task names, or 'all' (every expert)")
@@ -123,13 +124,13 @@ def main(argv=None):
     try:
         me.check_tasks(tasks, need_expert=True)
     except ValueError as e:
-        raise utils.UsageError(str(e)) from None
+        raise cli.UsageError(str(e)) from None
     if args.train_seed_base + args.train_seeds > args.test_seed_base and \
             args.test_seed_base + args.test_seeds > args.train_seed_base:
-        raise utils.UsageError(f"train seeds {args.train_seed_base}+{args.train_seeds} and test seeds "
+        raise cli.UsageError(f"train seeds {args.train_seed_base}+{args.train_seeds} and test seeds "
                                f"{args.test_seed_base}+{args.test_seeds} overlap")
     if args.workers < 1:
-        raise utils.UsageError(f"--workers {args.workers}: need at least 1")
+        raise cli.UsageError(f"--workers {args.workers}: need at least 1")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in ("train.jsonl", "test.jsonl", "manifest.json"):
@@ -202,4 +203,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    utils.cli(main)
+    cli.cli(main)

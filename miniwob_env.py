@@ -981,11 +981,12 @@ def check_tasks(tasks, need_expert: bool = False) -> None:
 
 
 def main(argv=None):
-    import utils  # only the CLI needs it (it imports torch; the environment itself does not)
+    import cli  # only the CLI needs these (utils imports torch; the environment itself does not)
+    import utils
 
-    ap = utils.make_parser(__doc__.split("\n")[0] + "\n\n" + __doc__[__doc__.index("CLI ("):])
+    ap = cli.make_parser(__doc__.split("\n")[0] + "\n\n" + __doc__[__doc__.index("CLI ("):])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    ev = sub.add_parser("eval", help="online evaluation of a built-in policy", formatter_class=utils.HelpFormatter,
+    ev = sub.add_parser("eval", help="online evaluation of a built-in policy", formatter_class=cli.HelpFormatter,
                         epilog=ap.epilog)
     ev.add_argument("--policy", choices=sorted(POLICIES), default="expert", help="policy to run")
     ev.add_argument("--tasks", nargs="+", default=["all"], help="task names, or 'all' (experts)")
@@ -997,7 +998,7 @@ def main(argv=None):
                     help="skip screenshots (the built-in policies do not look at them)")
     ev.add_argument("--out", default=None, help="also write the full result JSON here")
     sh = sub.add_parser("show", help="print one episode: goal, element lists, expert actions",
-                        formatter_class=utils.HelpFormatter, epilog=ap.epilog)
+                        formatter_class=cli.HelpFormatter, epilog=ap.epilog)
     sh.add_argument("--task", required=True, help="task name")
     sh.add_argument("--seed", type=int, default=0, help="episode seed")
     args = ap.parse_args(argv)
@@ -1005,9 +1006,9 @@ def main(argv=None):
         check_tasks([args.task] if args.cmd == "show" else [] if args.tasks == ["all"] else args.tasks,
                     need_expert=args.cmd == "show" or args.policy == "expert")
     except ValueError as e:
-        raise utils.UsageError(str(e)) from None
+        raise cli.UsageError(str(e)) from None
     if args.cmd == "eval" and args.seeds < 1:
-        raise utils.UsageError(f"--seeds {args.seeds}: need at least 1 episode per task")
+        raise cli.UsageError(f"--seeds {args.seeds}: need at least 1 episode per task")
 
     if args.cmd == "show":
         env = MiniWobEnv(args.task)
@@ -1043,6 +1044,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    import utils
+    import cli
 
-    utils.cli(main)
+    cli.cli(main)

@@ -56,6 +56,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+import cli
 import gui
 import utils
 from advantage import compute_advantages, dynamic_sampling_tasks
@@ -66,19 +67,19 @@ from rollout import Sampler, sampling_mode, semi_online_rollout
 # -----------------------------------------------------------------------------
 # config
 
-parser = utils.make_parser(__doc__)
+parser = cli.make_parser(__doc__)
 # data
-parser.add_argument("--data", default="data/miniwob/train.jsonl", type=utils.arg_type(utils.input_file), help="episodes (UI-S1 JSONL or AndroidControl native JSON)")
-parser.add_argument("--image-root", default=None, type=utils.arg_type(utils.input_dir), help="folder screenshots are resolved against (default: the data file's folder)")
-parser.add_argument("--blank-screens", default=None, type=utils.arg_type(gui.parse_size), help="WxH: use blank screenshots of this size when files are missing")
+parser.add_argument("--data", default="data/miniwob/train.jsonl", type=cli.arg_type(cli.input_file), help="episodes (UI-S1 JSONL or AndroidControl native JSON)")
+parser.add_argument("--image-root", default=None, type=cli.arg_type(cli.input_dir), help="folder screenshots are resolved against (default: the data file's folder)")
+parser.add_argument("--blank-screens", default=None, type=cli.arg_type(gui.parse_size), help="WxH: use blank screenshots of this size when files are missing")
 parser.add_argument("--max-episodes", type=int, default=None, help="use only the first N episodes")
 # model
-parser.add_argument("--model", default="auto", type=utils.arg_type(utils.model_path),
+parser.add_argument("--model", default="auto", type=cli.arg_type(cli.model_path),
                     help="'tiny', a Hugging Face or checkpoint folder, or 'auto' (latest --sft-dir checkpoint, else tiny); "
                     "prompt options not given (--num-images, --min/max-pixels, --max-prompt-tokens) come from its args.json")
 parser.add_argument("--sft-dir", default="out/sft/ckpt", help="where --model auto looks for an SFT checkpoint")
-parser.add_argument("--min-pixels", type=int, default=utils.MIN_PIXELS, help="smart_resize lower bound (pixels)")
-parser.add_argument("--max-pixels", type=int, default=utils.MAX_PIXELS, help="smart_resize upper bound (pixels)")
+parser.add_argument("--min-pixels", type=int, default=gui.MIN_PIXELS, help="smart_resize lower bound (pixels)")
+parser.add_argument("--max-pixels", type=int, default=gui.MAX_PIXELS, help="smart_resize upper bound (pixels)")
 parser.add_argument("--num-images", type=int, default=2, help="screenshots kept as images in the prompt (the last K)")
 parser.add_argument("--max-prompt-tokens", type=int, default=None, help="prompt budget; oldest history turns are summarised past it")
 # rollout (docs/method.md §5)
@@ -108,7 +109,7 @@ parser.add_argument("--clip-low", type=float, default=0.2, help="PPO clip epsilo
 parser.add_argument("--clip-high", type=float, default=0.2, help="PPO clip epsilon above 1")
 parser.add_argument("--clip-c", type=float, default=3.0, help="dual-clip constant for negative advantages")
 parser.add_argument("--kl-coef", type=float, default=1e-4, help="k3 KL to the frozen reference; 0 disables the reference model")
-parser.add_argument("--ref-model", default=None, type=utils.arg_type(utils.model_path), help="reference model: 'tiny' or a folder (default: the policy's initialisation)")
+parser.add_argument("--ref-model", default=None, type=cli.arg_type(cli.model_path), help="reference model: 'tiny' or a folder (default: the policy's initialisation)")
 parser.add_argument("--ref-seed", type=int, default=None, help="init seed of a 'tiny' reference (default: --seed)")
 parser.add_argument("--loss-agg", choices=["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"], default="token-mean",
                     help="how per-token losses become the mini-batch loss")
@@ -134,13 +135,13 @@ PROMPT_ARGS = ("num_images", "min_pixels", "max_pixels", "max_prompt_tokens")
 def main(argv=None):
     args = parser.parse_args(argv)
     start = str(utils.latest_checkpoint(args.sft_dir) or "tiny") if args.model == "auto" else args.model
-    utils.adopt_checkpoint_args(args, parser, argv, start, PROMPT_ARGS)  # the prompt the checkpoint was trained on
+    cli.adopt_checkpoint_args(args, parser, argv, start, PROMPT_ARGS)  # the prompt the checkpoint was trained on
 
     # -------------------------------------------------------------------------
     # setup
     d = utils.init_distributed(args.device)
     utils.seed_everything(args.seed)
-    utils.check_pixels(args)
+    cli.check_pixels(args)
     if args.tasks_per_step % d.world_size:
         raise SystemExit(f"--tasks-per-step {args.tasks_per_step} must be a multiple of the world size {d.world_size}")
     if args.max_resample < 0:
@@ -157,7 +158,7 @@ def main(argv=None):
     blank = gui.parse_size(args.blank_screens) if args.blank_screens else None
     episodes = gui.load_episodes(args.data, limit=args.max_episodes)
     if not episodes:
-        raise utils.UsageError(f"{args.data}: no episodes")
+        raise cli.UsageError(f"{args.data}: no episodes")
     tokenizer, image_processor = utils.load_processor(min_pixels=args.min_pixels, max_pixels=args.max_pixels)
     utils.print0(f"{len(episodes)} episodes, {sum(len(e.steps) for e in episodes)} steps from {args.data}")
 
@@ -530,4 +531,4 @@ def _fmt(x, spec: str) -> str:
 
 
 if __name__ == "__main__":
-    utils.cli(main)
+    cli.cli(main)

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+import cli
 import gui
 import utils
 from kernels.policy_logprob import PolicyLogProb, apply_fsdp, collate_sequences, to_device
@@ -37,19 +38,19 @@ from kernels.policy_logprob import PolicyLogProb, apply_fsdp, collate_sequences,
 # -----------------------------------------------------------------------------
 # config
 
-parser = utils.make_parser(__doc__)
+parser = cli.make_parser(__doc__)
 # data
-parser.add_argument("--data", default="data/miniwob/train.jsonl", type=utils.arg_type(utils.input_file), help="expert episodes (UI-S1 JSONL or AndroidControl native JSON)")
-parser.add_argument("--image-root", default=None, type=utils.arg_type(utils.input_dir), help="folder screenshots are resolved against (default: the data file's folder)")
-parser.add_argument("--blank-screens", default=None, type=utils.arg_type(gui.parse_size), help="WxH: blank screenshots of this size when files are missing")
+parser.add_argument("--data", default="data/miniwob/train.jsonl", type=cli.arg_type(cli.input_file), help="expert episodes (UI-S1 JSONL or AndroidControl native JSON)")
+parser.add_argument("--image-root", default=None, type=cli.arg_type(cli.input_dir), help="folder screenshots are resolved against (default: the data file's folder)")
+parser.add_argument("--blank-screens", default=None, type=cli.arg_type(gui.parse_size), help="WxH: blank screenshots of this size when files are missing")
 parser.add_argument("--max-episodes", type=int, default=None, help="use only the first N episodes")
 parser.add_argument("--val-frac", type=float, default=0.1, help="share of episodes held out for validation loss")
 parser.add_argument("--step-instruction", action="store_true", help="put the low-level step instruction in the prompt (AndroidControl-Low)")
 # model
-parser.add_argument("--model", default="tiny", type=utils.arg_type(utils.model_path),
+parser.add_argument("--model", default="tiny", type=cli.arg_type(cli.model_path),
                     help="'tiny', a local Hugging Face folder, or a checkpoint folder (a `latest` pointer is followed)")
-parser.add_argument("--min-pixels", type=int, default=utils.MIN_PIXELS, help="smart_resize lower bound (pixels)")
-parser.add_argument("--max-pixels", type=int, default=utils.MAX_PIXELS, help="smart_resize upper bound (pixels)")
+parser.add_argument("--min-pixels", type=int, default=gui.MIN_PIXELS, help="smart_resize lower bound (pixels)")
+parser.add_argument("--max-pixels", type=int, default=gui.MAX_PIXELS, help="smart_resize upper bound (pixels)")
 parser.add_argument("--num-images", type=int, default=2, help="screenshots kept as images in the prompt (the last K)")
 parser.add_argument("--max-prompt-tokens", type=int, default=None, help="prompt budget; oldest history turns are summarised past it")
 # optimisation
@@ -78,9 +79,9 @@ def main(argv=None):
     # setup
     d = utils.init_distributed(args.device)
     utils.seed_everything(args.seed)
-    utils.check_pixels(args)
+    cli.check_pixels(args)
     if args.batch_size % (args.micro_batch_size * d.world_size):
-        raise utils.UsageError(f"--batch-size {args.batch_size} must be a multiple of micro-batch-size x world size "
+        raise cli.UsageError(f"--batch-size {args.batch_size} must be a multiple of micro-batch-size x world size "
                          f"({args.micro_batch_size} x {d.world_size})")
     out = Path(args.out)
     if d.is_main:
@@ -230,4 +231,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    utils.cli(main)
+    cli.cli(main)

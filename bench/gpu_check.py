@@ -454,7 +454,7 @@ def check_sampler(C, torch, device, dry, model, a):
     s = C.res["sampler"]
     tasks, rollouts = (2, 2) if dry else (8, 8)
     max_new = a.sampler_max_new_tokens or (4 if dry else 64)
-    max_pixels = a.sampler_max_pixels or (50176 if dry else utils.MAX_PIXELS)
+    max_pixels = a.sampler_max_pixels or (50176 if dry else gui.MAX_PIXELS)
     s.update(tasks=tasks, rollouts=rollouts, max_new_tokens=max_new, max_pixels=max_pixels)
     tokenizer, image_processor = utils.load_processor(max_pixels=max_pixels)
     episodes = gui.load_episodes(str(ANDROID_DATA))
