@@ -195,7 +195,7 @@ def make_patch(
     if mode == "off-policy":
         if not (step.thought or "").strip():
             raise ValueError(_missing_thought_msg(episode_id))
-        return gui.format_response(clean_thought(step.thought), action)
+        return gui.expert_response(step, orig_size, resized_size, clean_thought(step.thought))
     # on-policy
     if policy_thought is None:
         raise ValueError(

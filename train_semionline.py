@@ -59,13 +59,16 @@ from tqdm import tqdm
 import cli
 import gui
 import utils
-from advantage import compute_advantages, dynamic_sampling_tasks
+from advantage import EPISODE_FORMS, RETURNS_FORMS, compute_advantages, dynamic_sampling_tasks
 from kernels import ppo_loss
-from kernels.policy_logprob import PolicyLogProb, apply_fsdp, collate_sequences, to_device
-from rollout import Sampler, sampling_mode, semi_online_rollout
+from kernels.policy_logprob import PolicyLogProb, apply_fsdp, collate_sequences, pad_token_id, to_device
+from patch import PATCH_MODES
+from rollout import HISTORY_MODES, Sampler, sampling_mode, semi_online_rollout
 
 # -----------------------------------------------------------------------------
 # config
+
+LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")  # _token_weights / _loss_denominator
 
 parser = cli.make_parser(__doc__)
 # data
@@ -88,14 +91,14 @@ parser.add_argument("--n-rollouts", type=int, default=4, help="rollouts per task
 parser.add_argument("--max-new-tokens", type=int, default=96, help="response length limit (release: 512)")
 parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (release: 1.0)")
 parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (release: 1.0)")
-parser.add_argument("--history", choices=["own", "expert"], default="own", help="own = semi-online RL; expert = offline-RL baseline")
+parser.add_argument("--history", choices=HISTORY_MODES, default="own", help="own = semi-online RL; expert = offline-RL baseline")
 parser.add_argument("--patch", dest="patch_mode", default="thought-free",
-                    choices=["thought-free", "empty-thought", "off-policy", "on-policy"], help="patch mode (docs/method.md §5)")
+                    choices=PATCH_MODES, help="patch mode (docs/method.md §5)")
 parser.add_argument("--patch-threshold", type=int, default=2, help="patches per rollout: 0 none, k at most k, -1 unlimited (release: 2)")
 # returns and advantages (docs/method.md §6)
 parser.add_argument("--gamma", type=float, default=0.5, help="discount of step returns (paper: 0.5)")
-parser.add_argument("--returns-form", choices=["paper", "release"], default="paper", help="release: reset the return chain at a wrong step")
-parser.add_argument("--episode-adv", choices=["paper", "release"], default="paper", help="episode-level advantage form")
+parser.add_argument("--returns-form", choices=RETURNS_FORMS, default="paper", help="release: reset the return chain at a wrong step")
+parser.add_argument("--episode-adv", choices=EPISODE_FORMS, default="paper", help="episode-level advantage form")
 parser.add_argument("--w-episode", type=float, default=1.0, help="weight of the episode-level advantage")
 parser.add_argument("--omega", type=float, default=1.0, help="weight of the step-level advantage")
 parser.add_argument("--filter-std", type=float, default=0.0,
@@ -111,7 +114,7 @@ parser.add_argument("--clip-c", type=float, default=3.0, help="dual-clip constan
 parser.add_argument("--kl-coef", type=float, default=1e-4, help="k3 KL to the frozen reference; 0 disables the reference model")
 parser.add_argument("--ref-model", default=None, type=cli.arg_type(cli.model_path), help="reference model: 'tiny' or a folder (default: the policy's initialisation)")
 parser.add_argument("--ref-seed", type=int, default=None, help="init seed of a 'tiny' reference (default: --seed)")
-parser.add_argument("--loss-agg", choices=["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"], default="token-mean",
+parser.add_argument("--loss-agg", choices=LOSS_AGGS, default="token-mean",
                     help="how per-token losses become the mini-batch loss")
 # optimisation
 parser.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate, constant (tiny-model default; paper, 7B: 1e-6)")
@@ -196,7 +199,7 @@ def main(argv=None):
 
     # -------------------------------------------------------------------------
     # training loop
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = pad_token_id(tokenizer)
     last = {}
     bar = tqdm(range(start_step, args.max_steps), desc="semi-online RL", disable=not d.is_main)
     for step in bar:
@@ -213,9 +216,7 @@ def main(argv=None):
                 history_mode=args.history, image_root=args.image_root, blank_screens=blank,
                 num_images=args.num_images, min_pixels=args.min_pixels, max_pixels=args.max_pixels,
                 max_prompt_tokens=args.max_prompt_tokens, seed=[task_seed(args.seed, step, s) for s in slots],
-                progress=d.is_main)
-            for r in records:  # the global slot: unique within the step, the same on every world size
-                r.task_idx = slots[r.task_idx]
+                progress=d.is_main, task_ids=slots)  # task_idx = the global slot: the same on every world size
             adv = compute_advantages(records, gamma=args.gamma, returns_form=args.returns_form,
                                      episode_form=args.episode_adv, w_episode=args.w_episode, omega=args.omega)
             for r, a, R in zip(records, adv.adv.tolist(), adv.returns.tolist()):
@@ -260,9 +261,11 @@ def main(argv=None):
                         refl = ref(batch, temperature=args.temperature)[0] if ref is not None else None  # (N,)
                         if chunk is None:
                             continue
-                        _split_to_records(chunk, "old_logp", old)
+                        for r, lp in zip(chunk, _per_record(chunk, old)):
+                            r.old_logp = lp  # (L,)
                         if refl is not None:
-                            _split_to_records(chunk, "ref_logp", refl)
+                            for r, lp in zip(chunk, _per_record(chunk, refl)):
+                                r.ref_logp = lp  # (L,)
                         for r in chunk:
                             if len(r.response_ids):
                                 sampler_gap.append((r.old_logp - r.sampler_logp.to(r.old_logp)).abs().max().item())
@@ -506,17 +509,18 @@ def _token_weights(chunk, agg):
 
 def _loss_denominator(mb, agg, d) -> float:
     """Global (all ranks, all micro-batches) token count (token-mean) or sequence count
-    (seq-mean-*) of a mini-batch, at least 1."""
+    (seq-mean-*) of a mini-batch, at least 1. Raises ValueError for an agg not in LOSS_AGGS."""
+    if agg not in LOSS_AGGS:
+        raise ValueError(f"loss aggregation must be one of {LOSS_AGGS}, got {agg!r}")
     real = [r for chunk in mb if chunk is not None for r in chunk]
     n = sum(len(r.response_ids) for r in real) if agg == "token-mean" else len(real)
     return max(_all_sum([n], d)[0], 1.0)
 
 
-def _split_to_records(chunk, name, values):
-    """Hand the flat (N,) per-token tensor back to each record, in order."""
-    sizes = [len(r.response_ids) for r in chunk]
-    for r, v in zip(chunk, values.detach().float().cpu().split(sizes)):
-        setattr(r, name, v)
+def _per_record(chunk, values: torch.Tensor) -> list[torch.Tensor]:
+    """Split a flat (N,) per-token tensor of a micro-batch into one (L_i,) fp32 CPU tensor per
+    record, in order (N = sum of the records' response lengths L_i)."""
+    return list(values.detach().float().cpu().split([len(r.response_ids) for r in chunk]))
 
 
 def _all_sum(values: list, d) -> list[float]:

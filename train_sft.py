@@ -33,7 +33,7 @@ from tqdm import tqdm
 import cli
 import gui
 import utils
-from kernels.policy_logprob import PolicyLogProb, apply_fsdp, collate_sequences, to_device
+from kernels.policy_logprob import PolicyLogProb, apply_fsdp, collate_sequences, pad_token_id, to_device
 
 # -----------------------------------------------------------------------------
 # config
@@ -101,7 +101,7 @@ def main(argv=None):
     train_ex = [(e, t) for e in train_eps for t in range(len(e.steps))]
     val_ex = [(e, t) for e in val_eps for t in range(len(e.steps))]
     tokenizer, image_processor = utils.load_processor(min_pixels=args.min_pixels, max_pixels=args.max_pixels)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = pad_token_id(tokenizer)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     utils.print0(f"{len(train_eps)} train / {len(val_eps)} val episodes, {len(train_ex)} / {len(val_ex)} examples")
 

@@ -88,6 +88,15 @@ class PolicyLogProb(torch.nn.Module):
         return out
 
 
+def pad_token_id(tokenizer) -> int:
+    """The id that fills padding positions (the trainer's batches, the sampler's gaps): the
+    tokenizer's pad id, else its EOS id, else 0; never the image placeholder <|image_pad|>, which
+    Qwen2.5-VL counts to place image features (0 then). Padding is masked by position everywhere,
+    so any other real id is correct."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return 0 if pad is None or pad == tokenizer.get_vocab().get("<|image_pad|>") else int(pad)
+
+
 def collate_sequences(prompts: list, responses: list[list[int]], pad_id: int) -> dict:
     """Right-pad prompt+response sequences into one batch.
 
