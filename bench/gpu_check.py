@@ -53,7 +53,7 @@ REPO = Path(__file__).resolve().parents[1]
 ANDROID_DATA = REPO / "data" / "android_control" / "android_control_train_example_uis1.jsonl"
 CONFIG_7B = REPO / "assets" / "qwen2_5_vl_tokenizer" / "config.json"
 
-PACKAGES = ("PIL", "safetensors", "tokenizers", "tqdm", "einops")  # what the stages import besides torch
+PACKAGES = ("PIL", "safetensors", "tokenizers", "tqdm")  # what the stages import besides torch
 # Every key a run writes, GPU or dry: sections start from this and are filled in as checks pass.
 _LOGPROB_ROW = {
     "n": None, "h": None, "v": None, "dtype": None,
