@@ -631,6 +631,9 @@ class Sampler:
         A prompt is any object or dict with input_ids (T,) LongTensor (images already expanded
         to <|vision_start|><|image_pad|>*k<|vision_end|>), pixel_values (P, 1176) or None and
         image_grid_thw (I, 3) or None; a plain 1-D id tensor/list is a text prompt.
+        Raises ValueError: no prompts or n < 1; len(seeds) != len(prompts); an empty prompt; a
+        video prompt; image placeholder runs, image_grid_thw rows and pixel_values rows that
+        disagree; temperature <= 0 or top_p outside (0, 1] (the logprobs need them, greedy too).
         """
         if n < 1 or not prompts:
             raise ValueError("need at least one prompt and n >= 1")
