@@ -1,7 +1,7 @@
 """The policy as training runs it, the thin module beside the fused kernel (kernels/logprob.py):
 PolicyLogProb, the Hugging Face model's decoder then kernels.fused_logprob on the response
 positions only, one FSDP2 root (apply_fsdp shards it); and the batch it reads
-(collate_sequences: prompt + sampled ids, right-padded).
+(collate_sequences: prompt + sampled ids, right-padded with pad_token_id, the one pad-id rule).
 """
 from __future__ import annotations
 
