@@ -1,17 +1,17 @@
 """
-Returns and advantages of semi-online RL (SPEC section 6).
+Returns and advantages of semi-online RL (docs/method.md §6).
 
 The rollout driver (rollout.py) hands over one flat record per sampled response,
 i.e. per (task, rollout, step): its task index, rollout index, step index, rule
 reward r and whether the action matched the expert's. This module turns those
 records into one scalar advantage per record; the trainer gives that scalar to
-every response token of the record (SPEC 6, last lines).
+every response token of the record (docs/method.md §6, last lines).
 
-    R_t     = r_t + gamma * R_(t+1)                                  (SPEC 6, eq. return)
-    A^S_i,t = (R_i,t - mean(G_t)) / (std(G_t) + eps)                  (SPEC 6, eq. step adv)
+    R_t     = r_t + gamma * R_(t+1)                                  (docs/method.md eq. 6.1)
+    A^S_i,t = (R_i,t - mean(G_t)) / (std(G_t) + eps)                  (docs/method.md eq. 6.2)
               G_t = the rollouts of the same task at step t, unbiased std, |G_t| = 1 -> 0
-    A^E_i   = (R_i - mean) / (std + eps) over the task's N rollouts  (SPEC 6, eq. episode adv)
-    A_i,t   = w_episode * A^E_i + omega * A^S_i,t                    (SPEC 6, eq. combined)
+    A^E_i   = (R_i - mean) / (std + eps) over the task's N rollouts  (docs/method.md eq. 6.3)
+    A_i,t   = w_episode * A^E_i + omega * A^S_i,t                    (docs/method.md eq. 6.4)
 
 Where the paper and the released code disagree, both are here behind a flag
 (`returns_form`, `episode_form`, each "paper" or "release"):
@@ -34,7 +34,7 @@ Where the paper and the released code disagree, both are here behind a flag
 All group normalisations go through `kernels.group_normalize` (one grouped
 mean/std op, Triton on GPU, torch reference on CPU).
 
-Run the tests: /work/venv/bin/python -m pytest -q tests/test_advantage.py
+Run the tests: python -m pytest -q tests/test_advantage.py
 """
 
 import math
@@ -73,7 +73,7 @@ def _check_same_len(**tensors: torch.Tensor) -> int:
 
 
 # -----------------------------------------------------------------------------
-# discounted returns (SPEC 6: R_t = r_t + gamma * R_(t+1), computed backwards)
+# discounted returns (docs/method.md §6: R_t = r_t + gamma * R_(t+1), computed backwards)
 
 
 def discounted_returns(rewards, gamma: float, reset_mask=None) -> torch.Tensor:
@@ -131,7 +131,7 @@ def discounted_returns_ragged(rewards, rollout_ids, step_idx, gamma: float, rese
 
 
 # -----------------------------------------------------------------------------
-# step-level advantage (SPEC 6: group G_t = same task, same step)
+# step-level advantage (docs/method.md §6: group G_t = same task, same step)
 
 
 def step_advantages(returns, task_ids, step_idx, eps: float = 1e-6, norm: str = "mean_std") -> torch.Tensor:
@@ -151,7 +151,7 @@ def step_advantages(returns, task_ids, step_idx, eps: float = 1e-6, norm: str = 
 
 
 # -----------------------------------------------------------------------------
-# episode-level advantage (SPEC 6: paper form and release form)
+# episode-level advantage (docs/method.md §6: paper form and release form)
 
 
 def episode_advantages(
@@ -201,7 +201,7 @@ def episode_advantages(
 
 
 def combine(adv_episode, adv_step, w_episode: float = 1.0, omega: float = 1.0) -> torch.Tensor:
-    """A_i,t = w_episode * A^E_i + omega * A^S_i,t (SPEC 6; release: both weights 1.0), fp32 (M,).
+    """A_i,t = w_episode * A^E_i + omega * A^S_i,t (docs/method.md §6; release: both weights 1.0), fp32 (M,).
     Raises ValueError when adv_episode and adv_step differ in length."""
     aE, aS = _as_1d(adv_episode, torch.float32), _as_1d(adv_step, torch.float32)
     _check_same_len(adv_episode=aE, adv_step=aS)
@@ -209,7 +209,7 @@ def combine(adv_episode, adv_step, w_episode: float = 1.0, omega: float = 1.0) -
 
 
 # -----------------------------------------------------------------------------
-# dynamic sampling (SPEC 6, DAPO-style)
+# dynamic sampling (docs/method.md §6, DAPO-style)
 
 
 def dynamic_sampling_keep(step0_returns: Sequence[Sequence[float]], threshold: float = 0.3) -> list[bool]:
@@ -287,7 +287,7 @@ def compute_advantages(
     norm: str = "mean_std",
     eps: float = 1e-6,
 ) -> Advantages:
-    """Returns and advantages of the flat per-(task, rollout, step) records (SPEC 6).
+    """Returns and advantages of the flat per-(task, rollout, step) records (docs/method.md §6).
 
     records: see `records_to_tensors`. Groups never cross tasks, so the result of a
     task does not depend on which other tasks are in the list (dynamic sampling may

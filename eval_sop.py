@@ -1,4 +1,4 @@
-"""Evaluation of a GUI policy: SOP (SPEC section 8), static AndroidControl-style metrics, online
+"""Evaluation of a GUI policy: SOP (docs/method.md §8), static AndroidControl-style metrics, online
 MiniWob++ success, and offline scoring of recorded responses.
 
 Protocols (one run may combine them; each prompt is built by gui.build_prompt, each step judged by
@@ -125,7 +125,7 @@ def sop_parser() -> argparse.ArgumentParser:
                    "with a `latest` pointer (e.g. out/sft/ckpt); the prompt options not given (--num-images, "
                    "--min/max-pixels, --max-prompt-tokens, --step-instruction, --elements) come from its args.json")
     p.add_argument("--max-new-tokens", type=int, default=512,
-                   help="response length limit, as training's (SPEC 7); a response that hits it is cut and usually a "
+                   help="response length limit, as training's (docs/method.md §7); a response that hits it is cut and usually a "
                    "wrong step: result.json counts them (responses_at_cap)")
     p.add_argument("--batch-size", type=int, default=32, help="prompts per generate call (SOP: live episodes)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where the model runs")
@@ -844,7 +844,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.policy == "model":
         sampler = load_sampler(args, tokenizer)
         model_policy = ModelPolicy(sampler, args.batch_size)
-        # SPEC 10: a long history must be summarised, never overflow the context
+        # docs/method.md §10: a long history must be summarised, never overflow the context
         cfg = getattr(sampler.model, "config", None)
         ctx = getattr(cfg.get_text_config(), "max_position_embeddings", None) if cfg is not None else None
         if ctx:

@@ -5,7 +5,7 @@ episodes in a live headless Chromium. Every step stores the 168 x 224 screenshot
 (the 160 x 210 task area plus page background; 168 x 224 is what Qwen2.5-VL's smart_resize keeps
 unchanged, see miniwob_env.SCREEN_W), the action in ORIGINAL screenshot pixels (= page pixels =
 element-box pixels), a templated thought, the element list and the target's
-box (check_options.candidate_bbox, for the click match of SPEC section 4). A successful episode
+box (check_options.candidate_bbox, for the click match of docs/method.md §4). A successful episode
 ends with a {"action": "terminate", "status": "success"} step on the final screen, so a model
 learns to stop. Episodes the expert fails (none expected: experts reach >= 99%) are left out
 and listed in the manifest. Train and test splits use disjoint seed ranges

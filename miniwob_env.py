@@ -18,7 +18,7 @@ browser's life cycle:
    any WebDriver/transport error, kills the browser's whole process group and raises
    BrowserFault; the next reset starts a fresh browser. evaluate_online retries the episode once
    and otherwise counts it as a browser fault, so a run never hangs.
-3. Actions. Our action dicts (SPEC section 3) with coordinates in pixels of the image the
+3. Actions. Our action dicts (docs/method.md §3) with coordinates in pixels of the image the
    policy saw (`image_size`, e.g. a smart_resize'd screenshot) are mapped back to page pixels by
    `to_page_xy` (pixel centres, clamped to the screen). click -> mouse click; long_press ->
    press, hold, release; type -> key strokes into the focused element; key / system_button Enter
@@ -29,7 +29,7 @@ browser's life cycle:
 4. Reward and success. MiniWob's env_reward is scaled by elapsed time and some tasks give
    partial POSITIVE raw rewards to wrong answers (click-checkboxes: (right - wrong) / n), so
    success := raw_reward >= 1.0 (SUCCESS_RAW_REWARD). "raw > 0" would count a click-checkboxes
-   episode with 3 of 4 boxes right as a success (SPEC section 11). MiniWob's own wall-clock limit
+   episode with 3 of 4 boxes right as a success (docs/method.md §11). MiniWob's own wall-clock limit
    (10-30 s per task) is raised to episode_time_s (default 600 s) because time does not enter the
    success test and a model policy on a CPU is slow; the step limit is the budget that counts.
 5. Experts. EXPERTS maps a task to a scripted expert that reads the DOM (element boxes, values,

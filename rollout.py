@@ -56,7 +56,7 @@ from gui import MAX_PIXELS, MIN_PIXELS
 from kernels.policy_logprob import pad_token_id
 
 # -----------------------------------------------------------------------------
-# semi-online rollout driver (SPEC section 5)
+# semi-online rollout driver (docs/method.md §5)
 
 HISTORY_MODES = ("own", "expert")  # own: semi-online RL; expert: the offline-RL baseline
 
@@ -121,9 +121,9 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
     and its OWN history; all of them are sampled in one batched sampler call (prompts
     that are identical, as at step 0 where the N rollouts of a task share one, are
     prefilled once). Each response is scored with gui.score_response against the expert
-    action (SPEC 4). match -> the response joins the history; mismatch -> while
+    action (docs/method.md §4). match -> the response joins the history; mismatch -> while
     patch.should_patch(n_patches, patch_threshold) the history gets a patch
-    (patch.make_patch, mode `patch_mode`) else the rollout ends (SPEC 5).
+    (patch.make_patch, mode `patch_mode`) else the rollout ends (docs/method.md §5).
     history_mode "expert" is the offline-RL baseline: every step's history is the
     expert's, no rollout ends early, so every step is trained on its own.
 

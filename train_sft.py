@@ -106,7 +106,7 @@ def main(argv=None):
     utils.print0(f"{len(train_eps)} train / {len(val_eps)} val episodes, {len(train_ex)} / {len(val_ex)} examples")
 
     def example(ep, t):
-        """(prompt, target ids) of step t with the expert's history (SPEC 2-3)."""
+        """(prompt, target ids) of step t with the expert's history (docs/method.md §2-§3)."""
         shots = [gui.load_screenshot(s, image_root=args.image_root, blank_screens=blank) for s in ep.steps[:t + 1]]
         history = [gui.expert_response(ep.steps[s], gui.original_size(ep.steps[s], image_root=args.image_root, blank_screens=blank), thought=ep.steps[s].thought, min_pixels=args.min_pixels,
                                        max_pixels=args.max_pixels) for s in range(t)]

@@ -58,7 +58,7 @@ class PolicyLogProb(torch.nn.Module):
         ids = batch["input_ids"]
         # transformers builds Qwen2.5-VL's 3-D mrope positions only when told which tokens are
         # image tokens; without mm_token_type_ids it silently falls back to 1-D positions, and the
-        # trainer would score other positions than the sampler (and generate) used (SPEC 11).
+        # trainer would score other positions than the sampler (and generate) used (docs/method.md §11).
         mm_types = (ids == self.model.config.image_token_id).int()  # (B, T): 1 = image token
         kw = dict(pixel_values=batch.get("pixel_values"))
         if "image_index" in batch:  # each distinct screenshot through the vision tower once

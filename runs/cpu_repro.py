@@ -1,4 +1,4 @@
-"""CPU-scale reproduction of the UI-S1 pipeline on MiniWob++ (issue 7): a tiny Qwen2.5-VL
+"""CPU-scale reproduction of the UI-S1 pipeline on MiniWob++: a tiny Qwen2.5-VL
 learns MiniWob++ tasks by SFT, then semi-online RL (and, for comparison, offline RL with
 expert history), and every checkpoint is measured by SOP, static step success and online
 success in the live environment. Writes results/cpu_repro.{json,md} and the plots.

@@ -1,4 +1,4 @@
-"""The semi-online rollout driver (rollout.semi_online_rollout, SPEC section 5) on a
+"""The semi-online rollout driver (rollout.semi_online_rollout, docs/method.md §5) on a
 hand-built 3-step episode with a scripted "policy": the histories, patches, early ends
 and rewards are written out by hand for patch thresholds 0, 1 and -1."""
 import re
@@ -77,7 +77,7 @@ def run(proc, threshold, mode="thought-free", history="own"):
     return {(r.rollout_idx, r.step_idx): r for r in recs}, sampler
 
 
-# rewards by hand (SPEC 4): think block non-empty -> format 1 (0.1); full match 0.9 * 1.0,
+# rewards by hand (docs/method.md §4): think block non-empty -> format 1 (0.1); full match 0.9 * 1.0,
 # type only 0.9 * 0.5, parsed but wrong type 0.9 * 0.1
 R_RIGHT, R_TYPE_ONLY, R_WRONG_TYPE = 0.1 + 0.9, 0.1 + 0.45, 0.1 + 0.09
 
