@@ -113,10 +113,8 @@ def load_processor(path: str | os.PathLike | None = None, min_pixels: int = MIN_
     from transformers import AutoTokenizer
     from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
-    path = Path(path) if path is not None else TOKENIZER_DIR
-    if not (path / "tokenizer_config.json").exists():
-        path = TOKENIZER_DIR
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    has_tokenizer = path is not None and (Path(path) / "tokenizer_config.json").exists()
+    tokenizer = AutoTokenizer.from_pretrained(str(path if has_tokenizer else TOKENIZER_DIR))
     image_processor = Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels,
                                                patch_size=14, temporal_patch_size=2, merge_size=2)
     return tokenizer, image_processor

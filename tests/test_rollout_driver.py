@@ -119,3 +119,17 @@ def test_expert_history_is_offline_rl(proc):
     assert len(recs) == 9  # nobody ends early
     expert = [gui.format_response("", CLICK), gui.format_response("", TYPE)]
     assert recs[(2, 2)].history == expert and recs[(0, 2)].history == expert
+
+
+def test_task_ids_name_the_records_and_change_nothing_else(proc):
+    """task_ids (the trainer's global task slots) only relabel task_idx; the fields the trainer
+    fills (adv, ret, old_logp, ref_logp) start as None."""
+    tok, ip = proc
+    kw = dict(n_rollouts=2, patch_threshold=1, blank_screens=(W, H))
+    plain = semi_online_rollout(ScriptedSampler(tok), [episode(), episode()], tok, ip, **kw)
+    named = semi_online_rollout(ScriptedSampler(tok), [episode(), episode()], tok, ip, task_ids=[7, 3], **kw)
+    assert [r.task_idx for r in named] == [[7, 3][r.task_idx] for r in plain]
+    assert {r.task_idx for r in named} == {7, 3}
+    strip = lambda r: (r.rollout_idx, r.step_idx, r.response, r.reward, r.patched, r.ended, r.history)  # noqa: E731
+    assert [strip(r) for r in named] == [strip(r) for r in plain]
+    assert all(r.adv is None and r.ret is None and r.old_logp is None and r.ref_logp is None for r in named)
