@@ -293,9 +293,9 @@ class MetricsLogger:
     every finite number of a row as a scalar at x = row["step"] (else the row's index); raises
     cli.UsageError when the tensorboard package is missing."""
 
-    def __init__(self, path: str | os.PathLike | None, append: bool = False, tensorboard: str | None = None):
-        self.path, self.t0, self.tb, self.n = Path(path) if path is not None else None, time.time(), None, 0
-        if self.path is not None and get_rank() == 0:
+    def __init__(self, path: str | os.PathLike, append: bool = False, tensorboard: str | None = None):
+        self.path, self.t0, self.tb, self.n = Path(path), time.time(), None, 0
+        if get_rank() == 0:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if not append:
                 self.path.write_text("")
@@ -311,9 +311,8 @@ class MetricsLogger:
         if get_rank() != 0:
             return
         row = {**row, "t": round(time.time() - self.t0, 3)}
-        if self.path is not None:
-            with open(self.path, "a") as f:
-                f.write(dumps(row) + "\n")
+        with open(self.path, "a") as f:
+            f.write(dumps(row) + "\n")
         if self.tb is not None:
             x = row.get("step", self.n)
             for k, v in finite_json(row).items():
