@@ -185,7 +185,8 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
             orig = gui.original_size(step, image_root=image_root, blank_screens=blank_screens)
             sc = gui.score_response(s.text, step, resized_size=prompt.resized_size, orig_size=orig)
             st = states[k][i]
-            rec = StepRecord(task_idx=k if task_ids is None else task_ids[k], rollout_idx=i, step_idx=t, prompt=prompt, response_ids=list(s.ids),
+            rec = StepRecord(task_idx=k if task_ids is None else task_ids[k], rollout_idx=i, step_idx=t, prompt=prompt,
+                             response_ids=list(s.ids),
                              sampler_logp=s.logprobs, response=s.text, finish_reason=s.finish_reason,
                              reward=sc.reward, match=sc.match, type_match=sc.type_match, patched=False,
                              ended=False, history=list(st.history))
