@@ -1,17 +1,17 @@
 """
-Returns and advantages of semi-online RL (SPEC section 6).
+Returns and advantages of semi-online RL (docs/method.md §6).
 
 The rollout driver (rollout.py) hands over one flat record per sampled response,
 i.e. per (task, rollout, step): its task index, rollout index, step index, rule
 reward r and whether the action matched the expert's. This module turns those
 records into one scalar advantage per record; the trainer gives that scalar to
-every response token of the record (SPEC 6, last lines).
+every response token of the record (docs/method.md §6, last lines).
 
-    R_t     = r_t + gamma * R_(t+1)                                  (SPEC 6, eq. return)
-    A^S_i,t = (R_i,t - mean(G_t)) / (std(G_t) + eps)                  (SPEC 6, eq. step adv)
+    R_t     = r_t + gamma * R_(t+1)                                  (docs/method.md eq. 6.1)
+    A^S_i,t = (R_i,t - mean(G_t)) / (std(G_t) + eps)                  (docs/method.md eq. 6.2)
               G_t = the rollouts of the same task at step t, unbiased std, |G_t| = 1 -> 0
-    A^E_i   = (R_i - mean) / (std + eps) over the task's N rollouts  (SPEC 6, eq. episode adv)
-    A_i,t   = w_episode * A^E_i + omega * A^S_i,t                    (SPEC 6, eq. combined)
+    A^E_i   = (R_i - mean) / (std + eps) over the task's N rollouts  (docs/method.md eq. 6.3)
+    A_i,t   = w_episode * A^E_i + omega * A^S_i,t                    (docs/method.md eq. 6.4)
 
 Where the paper and the released code disagree, both are here behind a flag
 (`returns_form`, `episode_form`, each "paper" or "release"):
@@ -34,7 +34,7 @@ Where the paper and the released code disagree, both are here behind a flag
 All group normalisations go through `kernels.group_normalize` (one grouped
 mean/std op, Triton on GPU, torch reference on CPU).
 
-Run the tests: /work/venv/bin/python -m pytest -q tests/test_advantage.py
+Run the tests: python -m pytest -q tests/test_advantage.py
 """
 
 import math
@@ -73,7 +73,7 @@ def _check_same_len(**tensors: torch.Tensor) -> int:
 
 
 # -----------------------------------------------------------------------------
-# discounted returns (SPEC 6: R_t = r_t + gamma * R_(t+1), computed backwards)
+# discounted returns (docs/method.md §6: R_t = r_t + gamma * R_(t+1), computed backwards)
 
 
 def discounted_returns(rewards, gamma: float, reset_mask=None) -> torch.Tensor:
@@ -84,6 +84,7 @@ def discounted_returns(rewards, gamma: float, reset_mask=None) -> torch.Tensor:
         the chain: R_t = r_t, and the running return restarts from 0 so the steps
         before it do not see r_t either (see note 1 of the module docstring).
     Returns fp32 (T,). gamma = 0 gives R = r.
+    Raises ValueError: gamma outside [0, 1]; reset_mask not of the rewards' length.
     """
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
@@ -110,6 +111,8 @@ def discounted_returns_ragged(rewards, rollout_ids, step_idx, gamma: float, rese
     step_idx (M,) int, reset_mask optional bool (M,). Records may come in any order;
     each rollout must hold the steps 0..L-1 exactly once (a semi-online rollout is a
     prefix of its episode). Returns fp32 (M,) in the input order.
+    Raises ValueError: inputs of different lengths; a rollout whose steps are not 0..L-1 once
+    each; gamma outside [0, 1].
     """
     r = _as_1d(rewards, torch.float32)  # (M,)
     rid = _as_1d(rollout_ids, torch.int64)  # (M,)
@@ -128,7 +131,7 @@ def discounted_returns_ragged(rewards, rollout_ids, step_idx, gamma: float, rese
 
 
 # -----------------------------------------------------------------------------
-# step-level advantage (SPEC 6: group G_t = same task, same step)
+# step-level advantage (docs/method.md §6: group G_t = same task, same step)
 
 
 def step_advantages(returns, task_ids, step_idx, eps: float = 1e-6, norm: str = "mean_std") -> torch.Tensor:
@@ -137,6 +140,7 @@ def step_advantages(returns, task_ids, step_idx, eps: float = 1e-6, norm: str = 
     returns (M,) float, task_ids (M,) int, step_idx (M,) int -> fp32 (M,).
     Unbiased std; a group of one gets 0 (only one rollout reached step t).
     norm="mean" drops the division (the release's "mean_norm" mode).
+    Raises ValueError: inputs of different lengths; norm not in NORM_MODES; eps < 0.
     """
     R = _as_1d(returns, torch.float32)  # (M,)
     tid, sidx = _as_1d(task_ids, torch.int64), _as_1d(step_idx, torch.int64)
@@ -147,7 +151,7 @@ def step_advantages(returns, task_ids, step_idx, eps: float = 1e-6, norm: str = 
 
 
 # -----------------------------------------------------------------------------
-# episode-level advantage (SPEC 6: paper form and release form)
+# episode-level advantage (docs/method.md §6: paper form and release form)
 
 
 def episode_advantages(
@@ -168,6 +172,8 @@ def episode_advantages(
     form="paper": A^E_i = (R_i,last - mean) / (std + eps) over the task's rollouts,
         where R_i,last is rollout i's return at its last step; broadcast to all its steps.
     form="release": each record's r_i,t normalised against all records of its task.
+    Raises ValueError: form not in EPISODE_FORMS; inputs of different lengths; norm not in
+    NORM_MODES; eps < 0.
     """
     if form not in EPISODE_FORMS:
         raise ValueError(f"episode form must be one of {EPISODE_FORMS}, got {form!r}")
@@ -195,14 +201,15 @@ def episode_advantages(
 
 
 def combine(adv_episode, adv_step, w_episode: float = 1.0, omega: float = 1.0) -> torch.Tensor:
-    """A_i,t = w_episode * A^E_i + omega * A^S_i,t (SPEC 6; release: both weights 1.0)."""
+    """A_i,t = w_episode * A^E_i + omega * A^S_i,t (docs/method.md §6; release: both weights 1.0), fp32 (M,).
+    Raises ValueError when adv_episode and adv_step differ in length."""
     aE, aS = _as_1d(adv_episode, torch.float32), _as_1d(adv_step, torch.float32)
     _check_same_len(adv_episode=aE, adv_step=aS)
     return w_episode * aE + omega * aS
 
 
 # -----------------------------------------------------------------------------
-# dynamic sampling (SPEC 6, DAPO-style)
+# dynamic sampling (docs/method.md §6, DAPO-style)
 
 
 def dynamic_sampling_keep(step0_returns: Sequence[Sequence[float]], threshold: float = 0.3) -> list[bool]:
@@ -212,6 +219,7 @@ def dynamic_sampling_keep(step0_returns: Sequence[Sequence[float]], threshold: f
     The std is the POPULATION std (ddof=0), as the release's np.std; a task with a
     single rollout is kept, as in the release. A constant group has std exactly 0
     (no float residue), so threshold 0 drops exactly the tasks with no variation.
+    Raises ValueError when a task has no step-0 return.
     """
     keep = []
     for vals in step0_returns:
@@ -251,6 +259,8 @@ def records_to_tensors(records: Sequence[Any]) -> dict[str, torch.Tensor]:
 
     A record is a dict or any object with those attributes. rollout_idx need only
     be unique within its task; "rollout" below is the dense id of (task_idx, rollout_idx).
+    Raises KeyError / AttributeError when a record lacks a field, ValueError / TypeError when a
+    field is not a number.
     """
     cols = {
         "task_idx": _as_1d([_field(x, "task_idx") for x in records], torch.int64),
@@ -277,11 +287,13 @@ def compute_advantages(
     norm: str = "mean_std",
     eps: float = 1e-6,
 ) -> Advantages:
-    """Returns and advantages of the flat per-(task, rollout, step) records (SPEC 6).
+    """Returns and advantages of the flat per-(task, rollout, step) records (docs/method.md §6).
 
     records: see `records_to_tensors`. Groups never cross tasks, so the result of a
     task does not depend on which other tasks are in the list (dynamic sampling may
     drop tasks before or after this call alike).
+    Raises ValueError: returns_form not in RETURNS_FORMS, episode_form not in EPISODE_FORMS,
+    norm not in NORM_MODES, gamma outside [0, 1], eps < 0, a rollout whose steps are not 0..L-1.
     """
     if returns_form not in RETURNS_FORMS:
         raise ValueError(f"returns form must be one of {RETURNS_FORMS}, got {returns_form!r}")
@@ -302,6 +314,7 @@ def dynamic_sampling_tasks(records: Sequence[Any], returns, threshold: float = 0
     """The task_idx values to keep: `dynamic_sampling_keep` on each task's step-0 returns.
 
     returns (M,) in record order, e.g. `compute_advantages(...).returns`.
+    Raises ValueError when returns and records differ in length.
     """
     R = _as_1d(returns, torch.float32).tolist()
     if len(R) != len(records):

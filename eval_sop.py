@@ -1,4 +1,4 @@
-"""Evaluation of a GUI policy: SOP (SPEC section 8), static AndroidControl-style metrics, online
+"""Evaluation of a GUI policy: SOP (docs/method.md §8), static AndroidControl-style metrics, online
 MiniWob++ success, and offline scoring of recorded responses.
 
 Protocols (one run may combine them; each prompt is built by gui.build_prompt, each step judged by
@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
+import cli
 import gui
 import utils
 
@@ -77,14 +78,14 @@ GROUNDING_TYPES = ("click", "long_press")  # steps that count for grounding accu
 REPORT_WIDTH = 300                          # px of each screenshot in the HTML report
 
 
-size_arg = utils.arg_type(gui.parse_size)  # argparse type for 'WxH' -> (W, H)
-input_file = utils.arg_type(utils.input_file)  # argparse type: a readable file
+size_arg = cli.arg_type(gui.parse_size)  # argparse type for 'WxH' -> (W, H)
+input_file = cli.arg_type(cli.input_file)  # argparse type: a readable file
 # prompt options that must agree with training: read from a checkpoint's args.json unless given
 PROMPT_ARGS = ("num_images", "min_pixels", "max_pixels", "max_prompt_tokens", "step_instruction", "elements")
 
 
 def sop_parser() -> argparse.ArgumentParser:
-    p = utils.make_parser(__doc__)
+    p = cli.make_parser(__doc__)
     # data
     p.add_argument("--data", nargs="*", default=[], type=input_file, help="episode files (UI-S1 JSONL or AndroidControl native JSON); "
                    "may be empty with --online")
@@ -98,7 +99,7 @@ def sop_parser() -> argparse.ArgumentParser:
                    help="strict (ours; the reward's rules) or release (the UI-S1 release's SOP scoring as it ran, "
                    "for comparison with the paper; README 'Reward rules and trivial-policy floors')")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--image-root", default=None, type=utils.arg_type(utils.input_dir), help="folder holding the screenshots (default: paths as recorded)")
+    g.add_argument("--image-root", default=None, type=cli.arg_type(cli.input_dir), help="folder holding the screenshots (default: paths as recorded)")
     g.add_argument("--blank-screens", type=size_arg, default=None,
                    help="WxH: blank images stand in for missing screenshots "
                    "(dry runs; AndroidControl phones are 1080x2400)")
@@ -124,7 +125,7 @@ def sop_parser() -> argparse.ArgumentParser:
                    "with a `latest` pointer (e.g. out/sft/ckpt); the prompt options not given (--num-images, "
                    "--min/max-pixels, --max-prompt-tokens, --step-instruction, --elements) come from its args.json")
     p.add_argument("--max-new-tokens", type=int, default=512,
-                   help="response length limit, as training's (SPEC 7); a response that hits it is cut and usually a "
+                   help="response length limit, as training's (docs/method.md §7); a response that hits it is cut and usually a "
                    "wrong step: result.json counts them (responses_at_cap)")
     p.add_argument("--batch-size", type=int, default=32, help="prompts per generate call (SOP: live episodes)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where the model runs")
@@ -148,7 +149,7 @@ def sop_parser() -> argparse.ArgumentParser:
 
 
 def score_parser() -> argparse.ArgumentParser:
-    p = utils.make_parser("Score recorded responses with the rule reward (docs/method.md §4). Input lines: "
+    p = cli.make_parser("Score recorded responses with the rule reward (docs/method.md §4). Input lines: "
                           "{episode_id, step (0-based), response}, coordinates in pixels of the resized screenshot.\n\n"
                           "    python eval_sop.py score --data data/android_control/android_control_test_uis1.jsonl \\\n"
                           "        --responses responses.jsonl --out scores.jsonl --image-size 1080x2400",
@@ -587,7 +588,7 @@ def online_outcome(e: dict) -> tuple[str, int | None]:
 
 
 def baselines_parser() -> argparse.ArgumentParser:
-    p = utils.make_parser("Match rates of trivial policies per action type (the floor to put next to every score). "
+    p = cli.make_parser("Match rates of trivial policies per action type (the floor to put next to every score). "
                           "Last stdout line: JSON.\n\n"
                           "    python eval_sop.py baselines --data data/android_control/android_control_test_uis1.jsonl",
                           prog="eval_sop.py baselines")
@@ -822,11 +823,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser = sop_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    if args.policy == "expert" and "model" in utils.explicit_flags(parser, argv):
-        raise utils.UsageError(f"--model {args.model} is given but --policy is expert (the default): add --policy model")
-    utils.check_pixels(args)
+    if args.policy == "expert" and "model" in cli.explicit_flags(parser, argv):
+        raise cli.UsageError(f"--model {args.model} is given but --policy is expert (the default): add --policy model")
+    cli.check_pixels(args)
     if not args.data and not args.online:
-        raise utils.UsageError("nothing to evaluate: give --data and/or --online")
+        raise cli.UsageError("nothing to evaluate: give --data and/or --online")
     t0 = time.time()
     out_dir = args.out if args.out and not args.out.endswith(".jsonl") else None
     report_path = args.report or (os.path.join(out_dir, "report.html") if out_dir else None)
@@ -835,7 +836,7 @@ def main(argv: list[str] | None = None) -> dict:
     from utils import load_processor
     if args.policy == "model":
         args.model = resolve_model(args.model)
-        utils.adopt_checkpoint_args(args, parser, argv, args.model, PROMPT_ARGS)  # the prompt it was trained on
+        cli.adopt_checkpoint_args(args, parser, argv, args.model, PROMPT_ARGS)  # the prompt it was trained on
     tok_dir = args.tokenizer or (args.model if args.policy == "model" and args.model != "tiny" else None)
     tokenizer, image_processor = load_processor(tok_dir, min_pixels=args.min_pixels, max_pixels=args.max_pixels)
     budget = args.max_prompt_tokens or None
@@ -843,7 +844,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.policy == "model":
         sampler = load_sampler(args, tokenizer)
         model_policy = ModelPolicy(sampler, args.batch_size)
-        # SPEC 10: a long history must be summarised, never overflow the context
+        # docs/method.md §10: a long history must be summarised, never overflow the context
         cfg = getattr(sampler.model, "config", None)
         ctx = getattr(cfg.get_text_config(), "max_position_embeddings", None) if cfg is not None else None
         if ctx:
@@ -987,4 +988,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    utils.cli(main)
+    cli.cli(main)

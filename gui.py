@@ -2,9 +2,9 @@
 
 One module, used by train_sft.py, rollout.py, patch.py, train_semionline.py and eval_sop.py:
 
-1. the action space and the response format of SPEC section 3 (parse_response never raises);
+1. the action space and the response format of docs/method.md §3 (parse_response never raises);
 2. coordinates: Qwen2.5-VL smart_resize, mapping actions between original and resized pixels;
-3. the match and rule reward of SPEC section 4: action_match / score_response, the ONE function
+3. the match and rule reward of docs/method.md §4: action_match / score_response, the ONE function
    that decides "wrong step" in rollout, patching, returns and SOP;
 4. episodes: the UI-S1 JSONL format and AndroidControl's native per-step JSON, screenshots;
 5. prompts: the Qwen2.5-VL chat template with image pads expanded, history as text, the last K
@@ -40,7 +40,7 @@ from PIL import Image
 logger = logging.getLogger(__name__)
 
 # -----------------------------------------------------------------------------
-# Action space (SPEC section 3)
+# Action space (docs/method.md §3)
 
 ACTION_TYPES = ("click", "long_press", "swipe", "type", "answer", "key", "system_button", "open", "wait", "terminate")
 SYSTEM_BUTTONS = ("Back", "Home", "Menu", "Enter")
@@ -159,7 +159,7 @@ def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = MI
                  max_pixels: int = MAX_PIXELS) -> tuple[int, int]:
     """Qwen2.5-VL's resize rule, (height, width) in and out as upstream: both sides multiples of
     `factor`, pixel count within [min_pixels, max_pixels], aspect ratio kept as far as possible.
-    Unlike a naive round, no side can become 0 (SPEC section 11)."""
+    Unlike a naive round, no side can become 0 (docs/method.md §11)."""
     if height <= 0 or width <= 0:
         raise ValueError(f"smart_resize: non-positive size (height={height}, width={width})")
     if max(height, width) / min(height, width) > 200:
@@ -218,7 +218,7 @@ def parse_size(text) -> tuple[int, int]:
 
 
 # -----------------------------------------------------------------------------
-# Match and rule reward (SPEC section 4 / docs/method.md §4)
+# Match and rule reward (docs/method.md §4)
 #
 # Two rule sets, one function (action_match). "strict" (the default everywhere: reward, patching,
 # returns, SOP, static metrics) is built so that trivial policies score near zero on the shipped
@@ -355,7 +355,7 @@ def action_match(pred: dict | None, expert: dict, candidate_bbox, image_size: tu
     - click/long_press: normalised Euclidean distance to the expert point <= 0.04, or inside the
       target box (target_box: smallest box holding the expert point, <= 10% of the screen)
       enlarged 1.2x about its centre.
-    rules="release" (the UI-S1 release's SOP scoring as it ran, SPEC section 4/10): clicks by
+    rules="release" (the UI-S1 release's SOP scoring as it ran, docs/method.md §4, §10): clicks by
     distance alone; texts lower-cased, stripped, one contained in the other; any swipe matches.
     Raises ValueError on unknown rules."""
     if rules not in MATCH_RULES:
@@ -394,7 +394,7 @@ class Score:
 
 def score_response(text: str, step: "Step", *, resized_size: tuple[int, int], orig_size: tuple[int, int],
                    rules: str = "strict") -> Score:
-    """The rule reward of one step (SPEC section 4), the one function used everywhere.
+    """The rule reward of one step (docs/method.md §4), the one function used everywhere.
     `text` is a model response with coordinates in pixels of the resized screenshot (W, H) =
     resized_size; the step's expert action and boxes are in original pixels, orig_size = (W, H)
     (original_size(step) decides it). rules: see action_match."""
@@ -826,7 +826,7 @@ def load_screenshot(step: Step, *, image_root: str | None = None,
 
 
 # -----------------------------------------------------------------------------
-# Prompts (SPEC section 3: system prompt, goal, per step the screenshot and earlier responses)
+# Prompts (docs/method.md §3: system prompt, goal, per step the screenshot and earlier responses)
 
 SYSTEM_PROMPT = """You are a GUI agent operating a device. You are given a task goal, the screenshots of the steps so far and your own earlier responses. Perform the next action to complete the task.
 

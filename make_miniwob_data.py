@@ -5,7 +5,7 @@ episodes in a live headless Chromium. Every step stores the 168 x 224 screenshot
 (the 160 x 210 task area plus page background; 168 x 224 is what Qwen2.5-VL's smart_resize keeps
 unchanged, see miniwob_env.SCREEN_W), the action in ORIGINAL screenshot pixels (= page pixels =
 element-box pixels), a templated thought, the element list and the target's
-box (check_options.candidate_bbox, for the click match of SPEC section 4). A successful episode
+box (check_options.candidate_bbox, for the click match of docs/method.md §4). A successful episode
 ends with a {"action": "terminate", "status": "success"} step on the final screen, so a model
 learns to stop. Episodes the expert fails (none expected: experts reach >= 99%) are left out
 and listed in the manifest. Train and test splits use disjoint seed ranges
@@ -37,13 +37,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+import cli
 import miniwob_env as me
 import utils
 
 # -----------------------------------------------------------------------------
 # config
 
-ap = utils.make_parser(__doc__)
+ap = cli.make_parser(__doc__)
 # data
 ap.add_argument("--out", default="data/miniwob", help="output folder")
 ap.add_argument("--tasks", nargs="+", default=["all"], help="task names, or 'all' (every expert)")
@@ -127,13 +128,13 @@ def main(argv=None):
     try:
         me.check_tasks(tasks, need_expert=True)
     except ValueError as e:
-        raise utils.UsageError(str(e)) from None
+        raise cli.UsageError(str(e)) from None
     if args.train_seed_base + args.train_seeds > args.test_seed_base and \
             args.test_seed_base + args.test_seeds > args.train_seed_base:
-        raise utils.UsageError(f"train seeds {args.train_seed_base}+{args.train_seeds} and test seeds "
+        raise cli.UsageError(f"train seeds {args.train_seed_base}+{args.train_seeds} and test seeds "
                                f"{args.test_seed_base}+{args.test_seeds} overlap")
     if args.workers < 1:
-        raise utils.UsageError(f"--workers {args.workers}: need at least 1")
+        raise cli.UsageError(f"--workers {args.workers}: need at least 1")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in ("train.jsonl", "test.jsonl", "manifest.json"):
@@ -206,4 +207,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    utils.cli(main)
+    cli.cli(main)

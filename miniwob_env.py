@@ -18,7 +18,7 @@ browser's life cycle:
    any WebDriver/transport error, kills the browser's whole process group and raises
    BrowserFault; the next reset starts a fresh browser. evaluate_online retries the episode once
    and otherwise counts it as a browser fault, so a run never hangs.
-3. Actions. Our action dicts (SPEC section 3) with coordinates in pixels of the image the
+3. Actions. Our action dicts (docs/method.md §3) with coordinates in pixels of the image the
    policy saw (`image_size`, e.g. a smart_resize'd screenshot) are mapped back to page pixels by
    `to_page_xy` (pixel centres, clamped to the screen). click -> mouse click; long_press ->
    press, hold, release; type -> key strokes into the focused element; key / system_button Enter
@@ -29,7 +29,7 @@ browser's life cycle:
 4. Reward and success. MiniWob's env_reward is scaled by elapsed time and some tasks give
    partial POSITIVE raw rewards to wrong answers (click-checkboxes: (right - wrong) / n), so
    success := raw_reward >= 1.0 (SUCCESS_RAW_REWARD). "raw > 0" would count a click-checkboxes
-   episode with 3 of 4 boxes right as a success (SPEC section 11). MiniWob's own wall-clock limit
+   episode with 3 of 4 boxes right as a success (docs/method.md §11). MiniWob's own wall-clock limit
    (10-30 s per task) is raised to episode_time_s (default 600 s) because time does not enter the
    success test and a model policy on a CPU is slow; the step limit is the budget that counts.
 5. Experts. EXPERTS maps a task to a scripted expert that reads the DOM (element boxes, values,
@@ -1012,11 +1012,12 @@ def check_tasks(tasks, need_expert: bool = False) -> None:
 
 
 def main(argv=None):
-    import utils  # only the CLI needs it (it imports torch; the environment itself does not)
+    import cli  # only the CLI needs these (utils imports torch; the environment itself does not)
+    import utils
 
-    ap = utils.make_parser(__doc__.split("\n")[0] + "\n\n" + __doc__[__doc__.index("CLI ("):])
+    ap = cli.make_parser(__doc__.split("\n")[0] + "\n\n" + __doc__[__doc__.index("CLI ("):])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    ev = sub.add_parser("eval", help="online evaluation of a built-in policy", formatter_class=utils.HelpFormatter,
+    ev = sub.add_parser("eval", help="online evaluation of a built-in policy", formatter_class=cli.HelpFormatter,
                         epilog=ap.epilog)
     ev.add_argument("--policy", choices=sorted(POLICIES), default="expert", help="policy to run")
     ev.add_argument("--tasks", nargs="+", default=["all"], help="task names, or 'all' (experts)")
@@ -1028,7 +1029,7 @@ def main(argv=None):
                     help="skip screenshots (the built-in policies do not look at them)")
     ev.add_argument("--out", default=None, help="also write the full result JSON here")
     sh = sub.add_parser("show", help="print one episode: goal, element lists, expert actions",
-                        formatter_class=utils.HelpFormatter, epilog=ap.epilog)
+                        formatter_class=cli.HelpFormatter, epilog=ap.epilog)
     sh.add_argument("--task", required=True, help="task name")
     sh.add_argument("--seed", type=int, default=0, help="episode seed")
     args = ap.parse_args(argv)
@@ -1036,9 +1037,9 @@ def main(argv=None):
         check_tasks([args.task] if args.cmd == "show" else [] if args.tasks == ["all"] else args.tasks,
                     need_expert=args.cmd == "show" or args.policy == "expert")
     except ValueError as e:
-        raise utils.UsageError(str(e)) from None
+        raise cli.UsageError(str(e)) from None
     if args.cmd == "eval" and args.seeds < 1:
-        raise utils.UsageError(f"--seeds {args.seeds}: need at least 1 episode per task")
+        raise cli.UsageError(f"--seeds {args.seeds}: need at least 1 episode per task")
 
     if args.cmd == "show":
         env = MiniWobEnv(args.task)
@@ -1074,6 +1075,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    import utils
+    import cli
 
-    utils.cli(main)
+    cli.cli(main)

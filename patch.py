@@ -1,5 +1,5 @@
 """
-The patch module of semi-online RL (SPEC section 5).
+The patch module of semi-online RL (docs/method.md §5).
 
 When a rollout's sampled response y_t does not match the expert action a*_t, the
 rollout may go on with a *patch* in its history instead of y_t: a response that
@@ -25,9 +25,9 @@ rollout ends at its first error), k = at most k patches per rollout (release: 2)
 The expert action is stored in ORIGINAL screenshot pixels; every patch writes it
 in the RESIZED pixel space of the screenshot the model saw at that step
 (gui.scale_action(action, orig_size, resized_size), sizes (W, H)), the space in
-which the model itself writes coordinates (SPEC 3, SPEC 11 "coordinates").
+which the model itself writes coordinates (docs/method.md §3, §11 "coordinates").
 
-Run the tests: /work/venv/bin/python -m pytest -q tests/test_patch.py
+Run the tests: python -m pytest -q tests/test_patch.py
 """
 
 import json
@@ -39,7 +39,7 @@ import gui
 PATCH_MODES = ("thought-free", "empty-thought", "off-policy", "on-policy")
 
 # special tokens (<|im_end|>, <|vision_start|>, <|image_pad|>, ...) must never reach a
-# history: decoded padding and sampled vision tokens are known faults (SPEC 10, 11)
+# history: decoded padding and sampled vision tokens are known faults (docs/method.md §10, §11)
 _SPECIAL_TOKEN = re.compile(r"<\|[^<>|]*\|>")
 _THINK_TAG = re.compile(r"</?think>")
 
@@ -195,7 +195,7 @@ def make_patch(
     if mode == "off-policy":
         if not (step.thought or "").strip():
             raise ValueError(_missing_thought_msg(episode_id))
-        return gui.format_response(clean_thought(step.thought), action)
+        return gui.expert_response(step, orig_size, resized_size, clean_thought(step.thought))
     # on-policy
     if policy_thought is None:
         raise ValueError(

@@ -15,13 +15,13 @@ import json
 import math
 from pathlib import Path
 
+import cli
 import gui
-import utils
 
 SKIP = ("step", "t")  # the x axis and wall time are not curves
 
-parser = utils.make_parser(__doc__)
-parser.add_argument("metrics", nargs="+", type=utils.arg_type(utils.input_file), help="metrics.jsonl files, one PNG each")
+parser = cli.make_parser(__doc__)
+parser.add_argument("metrics", nargs="+", type=cli.arg_type(cli.input_file), help="metrics.jsonl files, one PNG each")
 parser.add_argument("--keys", nargs="+", default=None, help="metrics to draw (default: every numeric one)")
 parser.add_argument("--smooth", type=int, default=0, help="also draw a trailing rolling mean over this many points (0: off)")
 parser.add_argument("--out", default=None, help="PNG path (one input only; default: beside the JSONL, same name .png)")
@@ -100,19 +100,19 @@ def plot(series: dict, path: str | Path, title: str, smooth: int = 0, cols: int 
 def main(argv=None):
     args = parser.parse_args(argv)
     if args.out and len(args.metrics) > 1:
-        raise utils.UsageError(f"--out names one PNG but {len(args.metrics)} metrics files were given")
+        raise cli.UsageError(f"--out names one PNG but {len(args.metrics)} metrics files were given")
     if args.smooth < 0 or args.cols < 1:
-        raise utils.UsageError(f"--smooth {args.smooth} / --cols {args.cols}: need smooth >= 0 and cols >= 1")
+        raise cli.UsageError(f"--smooth {args.smooth} / --cols {args.cols}: need smooth >= 0 and cols >= 1")
     written = []
     for src in args.metrics:
         series = read_metrics(src)
         if args.keys:
             missing = [k for k in args.keys if k not in series]
             if missing:
-                raise utils.UsageError(f"{src}: no numeric metric {', '.join(missing)} (has: {', '.join(series)})")
+                raise cli.UsageError(f"{src}: no numeric metric {', '.join(missing)} (has: {', '.join(series)})")
             series = {k: series[k] for k in args.keys}
         if not series:
-            raise utils.UsageError(f"{src}: no numeric metrics to draw")
+            raise cli.UsageError(f"{src}: no numeric metrics to draw")
         out = Path(args.out) if args.out else Path(src).with_suffix(".png")
         written.append(str(plot(series, out, src, smooth=args.smooth, cols=args.cols)))
         print(f"wrote {out} ({len(series)} panels)")
@@ -120,4 +120,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    utils.cli(main)
+    cli.cli(main)

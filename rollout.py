@@ -53,15 +53,20 @@ from transformers.cache_utils import Cache, DynamicLayer
 import gui
 import patch
 from gui import MAX_PIXELS, MIN_PIXELS
+from kernels.policy_logprob import pad_token_id
 
 # -----------------------------------------------------------------------------
-# semi-online rollout driver (SPEC section 5)
+# semi-online rollout driver (docs/method.md §5)
+
+HISTORY_MODES = ("own", "expert")  # own: semi-online RL; expert: the offline-RL baseline
 
 
 @dataclass
 class StepRecord:
-    """One sampled response: rollout `rollout_idx` of task `task_idx` at step `step_idx`.
+    """One sampled response: rollout `rollout_idx` of task `task_idx` at step `step_idx`; the
+    contract between the rollout (which fills the first block) and the trainer (the second).
 
+    task_idx: the task's index in `episodes`, or task_ids[index] when the driver is given task_ids.
     prompt: the gui.Prompt it was sampled from (token ids, images, resized_size).
     response_ids: the sampler's ids, exactly (the trainer scores these, never re-tokenised text).
     sampler_logp: (L,) fp32 log-probs under the sampling distribution.
@@ -70,6 +75,11 @@ class StepRecord:
         itself is never trained on). ended: the rollout ended at this step (a wrong
         step with no patch left, or the episode's last step).
     history: the rollout's history (earlier responses or patches) the prompt was built from.
+    Filled by the trainer (None until then):
+    adv: the response's advantage A (docs/method.md §6), one float for all its tokens.
+    ret: its discounted step return R (docs/method.md §6).
+    old_logp: (L,) fp32 log-probs of response_ids under the policy before the update.
+    ref_logp: (L,) fp32 log-probs under the frozen reference (only when the KL term is on).
     """
     task_idx: int
     rollout_idx: int
@@ -85,6 +95,10 @@ class StepRecord:
     patched: bool
     ended: bool
     history: list[str]
+    adv: float | None = None
+    ret: float | None = None
+    old_logp: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
 
 
 @dataclass
@@ -94,26 +108,22 @@ class _Rollout:
     alive: bool = True
 
 
-def _expert_response(step, orig_size, resized_size) -> str:
-    """The expert's own step as a response: its thought (or none) + action in resized px."""
-    return gui.format_response(patch.clean_thought(step.thought), gui.scale_action(step.action, orig_size, resized_size))
-
-
 def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_rollouts: int = 8,
                         patch_mode: str = "thought-free", patch_threshold: int = 2,
                         history_mode: str = "own", image_root=None, blank_screens=None,
                         num_images: int = 2, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS,
                         max_prompt_tokens: int | None = None, greedy: bool = False,
-                        seed: int | list[int] | None = None, progress: bool = False) -> list[StepRecord]:
+                        seed: int | list[int] | None = None, progress: bool = False,
+                        task_ids: list[int] | None = None) -> list[StepRecord]:
     """Roll N copies of the policy through each expert episode, with their own history.
 
     At step t every live rollout of every task is prompted with the expert screenshot t
     and its OWN history; all of them are sampled in one batched sampler call (prompts
     that are identical, as at step 0 where the N rollouts of a task share one, are
     prefilled once). Each response is scored with gui.score_response against the expert
-    action (SPEC 4). match -> the response joins the history; mismatch -> while
+    action (docs/method.md §4). match -> the response joins the history; mismatch -> while
     patch.should_patch(n_patches, patch_threshold) the history gets a patch
-    (patch.make_patch, mode `patch_mode`) else the rollout ends (SPEC 5).
+    (patch.make_patch, mode `patch_mode`) else the rollout ends (docs/method.md §5).
     history_mode "expert" is the offline-RL baseline: every step's history is the
     expert's, no rollout ends early, so every step is trained on its own.
 
@@ -122,10 +132,12 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
     gives each task slot its own, so a task drawn twice is sampled afresh); task k's prompts
     use seeds derived from (its seed, task k's episode_id, step, history), so a task's
     rollouts do not depend on which other tasks share the batch (or on which rank runs it).
+    task_ids: optional, one id per episode, written as the records' task_idx (the trainer's global
+    task slots); default: the episode's index in `episodes`.
     Returns the records in (step, task, rollout) order.
     """
-    if history_mode not in ("own", "expert"):
-        raise ValueError(f"history_mode must be 'own' or 'expert', got {history_mode!r}")
+    if history_mode not in HISTORY_MODES:
+        raise ValueError(f"history_mode must be one of {HISTORY_MODES}, got {history_mode!r}")
     patch.check_patch_data(patch_mode, episodes)
     shots = [[None] * len(ep.steps) for ep in episodes]  # loaded lazily, once per (task, step)
 
@@ -173,13 +185,14 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
             orig = gui.original_size(step, image_root=image_root, blank_screens=blank_screens)
             sc = gui.score_response(s.text, step, resized_size=prompt.resized_size, orig_size=orig)
             st = states[k][i]
-            rec = StepRecord(task_idx=k, rollout_idx=i, step_idx=t, prompt=prompt, response_ids=list(s.ids),
+            rec = StepRecord(task_idx=k if task_ids is None else task_ids[k], rollout_idx=i, step_idx=t, prompt=prompt,
+                             response_ids=list(s.ids),
                              sampler_logp=s.logprobs, response=s.text, finish_reason=s.finish_reason,
                              reward=sc.reward, match=sc.match, type_match=sc.type_match, patched=False,
                              ended=False, history=list(st.history))
             records.append(rec)
             if history_mode == "expert":
-                st.history.append(_expert_response(step, orig, prompt.resized_size))
+                st.history.append(gui.expert_response(step, orig, prompt.resized_size, patch.clean_thought(step.thought)))
             elif sc.match:
                 st.history.append(s.text)  # build_prompt strips special tokens
             elif patch.should_patch(st.n_patches, patch_threshold):
@@ -472,8 +485,7 @@ class Sampler:
         if stop_token_ids is None:
             stop_token_ids = [vocab[t] for t in STOP_TOKENS if t in vocab] or [tokenizer.eos_token_id]
         self.stop_token_ids = [int(i) for i in stop_token_ids]
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.pad_id = 0 if pad == self.image_token_id else pad              # pads are masked; any real id works
+        self.pad_id = pad_token_id(tokenizer)                                 # pads are masked; any real id works
         self.device = next(model.parameters()).device
         self.generator = None
         if seed is not None:
@@ -620,6 +632,9 @@ class Sampler:
         A prompt is any object or dict with input_ids (T,) LongTensor (images already expanded
         to <|vision_start|><|image_pad|>*k<|vision_end|>), pixel_values (P, 1176) or None and
         image_grid_thw (I, 3) or None; a plain 1-D id tensor/list is a text prompt.
+        Raises ValueError: no prompts or n < 1; len(seeds) != len(prompts); an empty prompt; a
+        video prompt; image placeholder runs, image_grid_thw rows and pixel_values rows that
+        disagree; temperature <= 0 or top_p outside (0, 1] (the logprobs need them, greedy too).
         """
         if n < 1 or not prompts:
             raise ValueError("need at least one prompt and n >= 1")

@@ -56,29 +56,33 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+import cli
 import gui
 import utils
-from advantage import compute_advantages, dynamic_sampling_tasks
+from advantage import EPISODE_FORMS, RETURNS_FORMS, compute_advantages, dynamic_sampling_tasks
 from kernels import ppo_loss
-from kernels.policy_logprob import PolicyLogProb, apply_fsdp, collate_sequences, to_device
-from rollout import Sampler, sampling_mode, semi_online_rollout
+from kernels.policy_logprob import PolicyLogProb, apply_fsdp, collate_sequences, pad_token_id, to_device
+from patch import PATCH_MODES
+from rollout import HISTORY_MODES, Sampler, sampling_mode, semi_online_rollout
 
 # -----------------------------------------------------------------------------
 # config
 
-parser = utils.make_parser(__doc__)
+LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")  # _token_weights / _loss_denominator
+
+parser = cli.make_parser(__doc__)
 # data
-parser.add_argument("--data", default="data/miniwob/train.jsonl", type=utils.arg_type(utils.input_file), help="episodes (UI-S1 JSONL or AndroidControl native JSON)")
-parser.add_argument("--image-root", default=None, type=utils.arg_type(utils.input_dir), help="folder screenshots are resolved against (default: the data file's folder)")
-parser.add_argument("--blank-screens", default=None, type=utils.arg_type(gui.parse_size), help="WxH: use blank screenshots of this size when files are missing")
+parser.add_argument("--data", default="data/miniwob/train.jsonl", type=cli.arg_type(cli.input_file), help="episodes (UI-S1 JSONL or AndroidControl native JSON)")
+parser.add_argument("--image-root", default=None, type=cli.arg_type(cli.input_dir), help="folder screenshots are resolved against (default: the data file's folder)")
+parser.add_argument("--blank-screens", default=None, type=cli.arg_type(gui.parse_size), help="WxH: use blank screenshots of this size when files are missing")
 parser.add_argument("--max-episodes", type=int, default=None, help="use only the first N episodes")
 # model
-parser.add_argument("--model", default="auto", type=utils.arg_type(utils.model_path),
+parser.add_argument("--model", default="auto", type=cli.arg_type(cli.model_path),
                     help="'tiny', a Hugging Face or checkpoint folder, or 'auto' (latest --sft-dir checkpoint, else tiny); "
                     "prompt options not given (--num-images, --min/max-pixels, --max-prompt-tokens) come from its args.json")
 parser.add_argument("--sft-dir", default="out/sft/ckpt", help="where --model auto looks for an SFT checkpoint")
-parser.add_argument("--min-pixels", type=int, default=utils.MIN_PIXELS, help="smart_resize lower bound (pixels)")
-parser.add_argument("--max-pixels", type=int, default=utils.MAX_PIXELS, help="smart_resize upper bound (pixels)")
+parser.add_argument("--min-pixels", type=int, default=gui.MIN_PIXELS, help="smart_resize lower bound (pixels)")
+parser.add_argument("--max-pixels", type=int, default=gui.MAX_PIXELS, help="smart_resize upper bound (pixels)")
 parser.add_argument("--num-images", type=int, default=2, help="screenshots kept as images in the prompt (the last K)")
 parser.add_argument("--max-prompt-tokens", type=int, default=None, help="prompt budget; oldest history turns are summarised past it")
 # rollout (docs/method.md §5)
@@ -87,14 +91,14 @@ parser.add_argument("--n-rollouts", type=int, default=4, help="rollouts per task
 parser.add_argument("--max-new-tokens", type=int, default=96, help="response length limit (release: 512)")
 parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (release: 1.0)")
 parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (release: 1.0)")
-parser.add_argument("--history", choices=["own", "expert"], default="own", help="own = semi-online RL; expert = offline-RL baseline")
+parser.add_argument("--history", choices=HISTORY_MODES, default="own", help="own = semi-online RL; expert = offline-RL baseline")
 parser.add_argument("--patch", dest="patch_mode", default="thought-free",
-                    choices=["thought-free", "empty-thought", "off-policy", "on-policy"], help="patch mode (docs/method.md §5)")
+                    choices=PATCH_MODES, help="patch mode (docs/method.md §5)")
 parser.add_argument("--patch-threshold", type=int, default=2, help="patches per rollout: 0 none, k at most k, -1 unlimited (release: 2)")
 # returns and advantages (docs/method.md §6)
 parser.add_argument("--gamma", type=float, default=0.5, help="discount of step returns (paper: 0.5)")
-parser.add_argument("--returns-form", choices=["paper", "release"], default="paper", help="release: reset the return chain at a wrong step")
-parser.add_argument("--episode-adv", choices=["paper", "release"], default="paper", help="episode-level advantage form")
+parser.add_argument("--returns-form", choices=RETURNS_FORMS, default="paper", help="release: reset the return chain at a wrong step")
+parser.add_argument("--episode-adv", choices=EPISODE_FORMS, default="paper", help="episode-level advantage form")
 parser.add_argument("--w-episode", type=float, default=1.0, help="weight of the episode-level advantage")
 parser.add_argument("--omega", type=float, default=1.0, help="weight of the step-level advantage")
 parser.add_argument("--filter-std", type=float, default=0.0,
@@ -108,9 +112,9 @@ parser.add_argument("--clip-low", type=float, default=0.2, help="PPO clip epsilo
 parser.add_argument("--clip-high", type=float, default=0.2, help="PPO clip epsilon above 1")
 parser.add_argument("--clip-c", type=float, default=3.0, help="dual-clip constant for negative advantages")
 parser.add_argument("--kl-coef", type=float, default=1e-4, help="k3 KL to the frozen reference; 0 disables the reference model")
-parser.add_argument("--ref-model", default=None, type=utils.arg_type(utils.model_path), help="reference model: 'tiny' or a folder (default: the policy's initialisation)")
+parser.add_argument("--ref-model", default=None, type=cli.arg_type(cli.model_path), help="reference model: 'tiny' or a folder (default: the policy's initialisation)")
 parser.add_argument("--ref-seed", type=int, default=None, help="init seed of a 'tiny' reference (default: --seed)")
-parser.add_argument("--loss-agg", choices=["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"], default="token-mean",
+parser.add_argument("--loss-agg", choices=LOSS_AGGS, default="token-mean",
                     help="how per-token losses become the mini-batch loss")
 # optimisation
 parser.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate, constant (tiny-model default; paper, 7B: 1e-6)")
@@ -134,13 +138,13 @@ PROMPT_ARGS = ("num_images", "min_pixels", "max_pixels", "max_prompt_tokens")
 def main(argv=None):
     args = parser.parse_args(argv)
     start = str(utils.latest_checkpoint(args.sft_dir) or "tiny") if args.model == "auto" else args.model
-    utils.adopt_checkpoint_args(args, parser, argv, start, PROMPT_ARGS)  # the prompt the checkpoint was trained on
+    cli.adopt_checkpoint_args(args, parser, argv, start, PROMPT_ARGS)  # the prompt the checkpoint was trained on
 
     # -------------------------------------------------------------------------
     # setup
     d = utils.init_distributed(args.device)
     utils.seed_everything(args.seed)
-    utils.check_pixels(args)
+    cli.check_pixels(args)
     if args.tasks_per_step % d.world_size:
         raise SystemExit(f"--tasks-per-step {args.tasks_per_step} must be a multiple of the world size {d.world_size}")
     if args.max_resample < 0:
@@ -157,7 +161,7 @@ def main(argv=None):
     blank = gui.parse_size(args.blank_screens) if args.blank_screens else None
     episodes = gui.load_episodes(args.data, limit=args.max_episodes)
     if not episodes:
-        raise utils.UsageError(f"{args.data}: no episodes")
+        raise cli.UsageError(f"{args.data}: no episodes")
     tokenizer, image_processor = utils.load_processor(min_pixels=args.min_pixels, max_pixels=args.max_pixels)
     utils.print0(f"{len(episodes)} episodes, {sum(len(e.steps) for e in episodes)} steps from {args.data}")
 
@@ -195,7 +199,7 @@ def main(argv=None):
 
     # -------------------------------------------------------------------------
     # training loop
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = pad_token_id(tokenizer)
     last = {}
     bar = tqdm(range(start_step, args.max_steps), desc="semi-online RL", disable=not d.is_main)
     for step in bar:
@@ -212,9 +216,7 @@ def main(argv=None):
                 history_mode=args.history, image_root=args.image_root, blank_screens=blank,
                 num_images=args.num_images, min_pixels=args.min_pixels, max_pixels=args.max_pixels,
                 max_prompt_tokens=args.max_prompt_tokens, seed=[task_seed(args.seed, step, s) for s in slots],
-                progress=d.is_main)
-            for r in records:  # the global slot: unique within the step, the same on every world size
-                r.task_idx = slots[r.task_idx]
+                progress=d.is_main, task_ids=slots)  # task_idx = the global slot: the same on every world size
             adv = compute_advantages(records, gamma=args.gamma, returns_form=args.returns_form,
                                      episode_form=args.episode_adv, w_episode=args.w_episode, omega=args.omega)
             for r, a, R in zip(records, adv.adv.tolist(), adv.returns.tolist()):
@@ -259,9 +261,11 @@ def main(argv=None):
                         refl = ref(batch, temperature=args.temperature)[0] if ref is not None else None  # (N,)
                         if chunk is None:
                             continue
-                        _split_to_records(chunk, "old_logp", old)
+                        for r, lp in zip(chunk, _per_record(chunk, old)):
+                            r.old_logp = lp  # (L,)
                         if refl is not None:
-                            _split_to_records(chunk, "ref_logp", refl)
+                            for r, lp in zip(chunk, _per_record(chunk, refl)):
+                                r.ref_logp = lp  # (L,)
                         for r in chunk:
                             if len(r.response_ids):
                                 sampler_gap.append((r.old_logp - r.sampler_logp.to(r.old_logp)).abs().max().item())
@@ -505,17 +509,18 @@ def _token_weights(chunk, agg):
 
 def _loss_denominator(mb, agg, d) -> float:
     """Global (all ranks, all micro-batches) token count (token-mean) or sequence count
-    (seq-mean-*) of a mini-batch, at least 1."""
+    (seq-mean-*) of a mini-batch, at least 1. Raises ValueError for an agg not in LOSS_AGGS."""
+    if agg not in LOSS_AGGS:
+        raise ValueError(f"loss aggregation must be one of {LOSS_AGGS}, got {agg!r}")
     real = [r for chunk in mb if chunk is not None for r in chunk]
     n = sum(len(r.response_ids) for r in real) if agg == "token-mean" else len(real)
     return max(_all_sum([n], d)[0], 1.0)
 
 
-def _split_to_records(chunk, name, values):
-    """Hand the flat (N,) per-token tensor back to each record, in order."""
-    sizes = [len(r.response_ids) for r in chunk]
-    for r, v in zip(chunk, values.detach().float().cpu().split(sizes)):
-        setattr(r, name, v)
+def _per_record(chunk, values: torch.Tensor) -> list[torch.Tensor]:
+    """Split a flat (N,) per-token tensor of a micro-batch into one (L_i,) fp32 CPU tensor per
+    record, in order (N = sum of the records' response lengths L_i)."""
+    return list(values.detach().float().cpu().split([len(r.response_ids) for r in chunk]))
 
 
 def _all_sum(values: list, d) -> list[float]:
@@ -530,4 +535,4 @@ def _fmt(x, spec: str) -> str:
 
 
 if __name__ == "__main__":
-    utils.cli(main)
+    cli.cli(main)

@@ -30,26 +30,27 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+import cli
 import gui
 import utils
-from kernels.policy_logprob import PolicyLogProb, apply_fsdp, collate_sequences, to_device
+from kernels.policy_logprob import PolicyLogProb, apply_fsdp, collate_sequences, pad_token_id, to_device
 
 # -----------------------------------------------------------------------------
 # config
 
-parser = utils.make_parser(__doc__)
+parser = cli.make_parser(__doc__)
 # data
-parser.add_argument("--data", default="data/miniwob/train.jsonl", type=utils.arg_type(utils.input_file), help="expert episodes (UI-S1 JSONL or AndroidControl native JSON)")
-parser.add_argument("--image-root", default=None, type=utils.arg_type(utils.input_dir), help="folder screenshots are resolved against (default: the data file's folder)")
-parser.add_argument("--blank-screens", default=None, type=utils.arg_type(gui.parse_size), help="WxH: blank screenshots of this size when files are missing")
+parser.add_argument("--data", default="data/miniwob/train.jsonl", type=cli.arg_type(cli.input_file), help="expert episodes (UI-S1 JSONL or AndroidControl native JSON)")
+parser.add_argument("--image-root", default=None, type=cli.arg_type(cli.input_dir), help="folder screenshots are resolved against (default: the data file's folder)")
+parser.add_argument("--blank-screens", default=None, type=cli.arg_type(gui.parse_size), help="WxH: blank screenshots of this size when files are missing")
 parser.add_argument("--max-episodes", type=int, default=None, help="use only the first N episodes")
 parser.add_argument("--val-frac", type=float, default=0.1, help="share of episodes held out for validation loss")
 parser.add_argument("--step-instruction", action="store_true", help="put the low-level step instruction in the prompt (AndroidControl-Low)")
 # model
-parser.add_argument("--model", default="tiny", type=utils.arg_type(utils.model_path),
+parser.add_argument("--model", default="tiny", type=cli.arg_type(cli.model_path),
                     help="'tiny', a local Hugging Face folder, or a checkpoint folder (a `latest` pointer is followed)")
-parser.add_argument("--min-pixels", type=int, default=utils.MIN_PIXELS, help="smart_resize lower bound (pixels)")
-parser.add_argument("--max-pixels", type=int, default=utils.MAX_PIXELS, help="smart_resize upper bound (pixels)")
+parser.add_argument("--min-pixels", type=int, default=gui.MIN_PIXELS, help="smart_resize lower bound (pixels)")
+parser.add_argument("--max-pixels", type=int, default=gui.MAX_PIXELS, help="smart_resize upper bound (pixels)")
 parser.add_argument("--num-images", type=int, default=2, help="screenshots kept as images in the prompt (the last K)")
 parser.add_argument("--max-prompt-tokens", type=int, default=None, help="prompt budget; oldest history turns are summarised past it")
 # optimisation
@@ -78,9 +79,9 @@ def main(argv=None):
     # setup
     d = utils.init_distributed(args.device)
     utils.seed_everything(args.seed)
-    utils.check_pixels(args)
+    cli.check_pixels(args)
     if args.batch_size % (args.micro_batch_size * d.world_size):
-        raise utils.UsageError(f"--batch-size {args.batch_size} must be a multiple of micro-batch-size x world size "
+        raise cli.UsageError(f"--batch-size {args.batch_size} must be a multiple of micro-batch-size x world size "
                          f"({args.micro_batch_size} x {d.world_size})")
     out = Path(args.out)
     if d.is_main:
@@ -100,12 +101,12 @@ def main(argv=None):
     train_ex = [(e, t) for e in train_eps for t in range(len(e.steps))]
     val_ex = [(e, t) for e in val_eps for t in range(len(e.steps))]
     tokenizer, image_processor = utils.load_processor(min_pixels=args.min_pixels, max_pixels=args.max_pixels)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = pad_token_id(tokenizer)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     utils.print0(f"{len(train_eps)} train / {len(val_eps)} val episodes, {len(train_ex)} / {len(val_ex)} examples")
 
     def example(ep, t):
-        """(prompt, target ids) of step t with the expert's history (SPEC 2-3)."""
+        """(prompt, target ids) of step t with the expert's history (docs/method.md §2-§3)."""
         shots = [gui.load_screenshot(s, image_root=args.image_root, blank_screens=blank) for s in ep.steps[:t + 1]]
         history = [gui.expert_response(ep.steps[s], gui.original_size(ep.steps[s], image_root=args.image_root, blank_screens=blank), thought=ep.steps[s].thought, min_pixels=args.min_pixels,
                                        max_pixels=args.max_pixels) for s in range(t)]
@@ -230,4 +231,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    utils.cli(main)
+    cli.cli(main)

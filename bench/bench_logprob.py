@@ -29,13 +29,14 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root, for `kernels`
+import cli  # noqa: E402
 import utils  # noqa: E402
 from kernels import fused_logprob  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------
 # config
 
-parser = utils.make_parser(__doc__)
+parser = cli.make_parser(__doc__)
 parser.add_argument("--n", type=int, default=4096, help="tokens N")
 parser.add_argument("--h", type=int, default=256, help="hidden size H")
 parser.add_argument("--v", type=int, default=151936, help="vocab size V (Qwen2.5: 151936)")

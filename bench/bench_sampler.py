@@ -28,6 +28,7 @@ import torch
 from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
+import cli  # noqa: E402
 import gui  # noqa: E402
 import utils  # noqa: E402
 from rollout import Sampler  # noqa: E402
@@ -35,7 +36,7 @@ from rollout import Sampler  # noqa: E402
 # ---------------------------------------------------------------------------------------------------
 # config
 
-parser = utils.make_parser(__doc__)
+parser = cli.make_parser(__doc__)
 parser.add_argument("--model", default="tiny", help="'tiny' (utils.tiny_config), 'small' (a ~0.2B random "
                     "Qwen2.5-VL for GPUs) or a Hugging Face directory")
 parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")

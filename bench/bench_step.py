@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import gui  # noqa: E402
 import utils  # noqa: E402
 from kernels import ppo_loss  # noqa: E402
-from kernels.policy_logprob import PolicyLogProb, collate_sequences, to_device  # noqa: E402
+from kernels.policy_logprob import PolicyLogProb, collate_sequences, pad_token_id, to_device  # noqa: E402
 from rollout import Sampler, sampling_mode, semi_online_rollout  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------
@@ -69,7 +69,7 @@ ref_model = utils.load_model("tiny", seed=args.seed).requires_grad_(False).eval(
 init_state = {k: v.clone() for k, v in model.state_dict().items()}
 text_cfg = model.config.get_text_config()
 H, V = text_cfg.hidden_size, text_cfg.vocab_size
-pad_id = tokenizer.pad_token_id
+pad_id = pad_token_id(tokenizer)
 
 eps = [e for e in gui.load_episodes(args.data) if len(e.steps) >= args.steps][:args.tasks]
 eps = [dataclasses.replace(e, steps=e.steps[:args.steps]) for e in eps]

@@ -53,7 +53,7 @@ REPO = Path(__file__).resolve().parents[1]
 ANDROID_DATA = REPO / "data" / "android_control" / "android_control_train_example_uis1.jsonl"
 CONFIG_7B = REPO / "assets" / "qwen2_5_vl_tokenizer" / "config.json"
 
-PACKAGES = ("PIL", "safetensors", "tokenizers", "tqdm", "einops")  # what the stages import besides torch
+PACKAGES = ("PIL", "safetensors", "tokenizers", "tqdm")  # what the stages import besides torch
 # Every key a run writes, GPU or dry: sections start from this and are filled in as checks pass.
 _LOGPROB_ROW = {
     "n": None, "h": None, "v": None, "dtype": None,
@@ -454,7 +454,7 @@ def check_sampler(C, torch, device, dry, model, a):
     s = C.res["sampler"]
     tasks, rollouts = (2, 2) if dry else (8, 8)
     max_new = a.sampler_max_new_tokens or (4 if dry else 64)
-    max_pixels = a.sampler_max_pixels or (50176 if dry else utils.MAX_PIXELS)
+    max_pixels = a.sampler_max_pixels or (50176 if dry else gui.MAX_PIXELS)
     s.update(tasks=tasks, rollouts=rollouts, max_new_tokens=max_new, max_pixels=max_pixels)
     tokenizer, image_processor = utils.load_processor(max_pixels=max_pixels)
     episodes = gui.load_episodes(str(ANDROID_DATA))

@@ -1,7 +1,7 @@
 """The policy as training runs it, the thin module beside the fused kernel (kernels/logprob.py):
 PolicyLogProb, the Hugging Face model's decoder then kernels.fused_logprob on the response
 positions only, one FSDP2 root (apply_fsdp shards it); and the batch it reads
-(collate_sequences: prompt + sampled ids, right-padded).
+(collate_sequences: prompt + sampled ids, right-padded with pad_token_id, the one pad-id rule).
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ class PolicyLogProb(torch.nn.Module):
         ids = batch["input_ids"]
         # transformers builds Qwen2.5-VL's 3-D mrope positions only when told which tokens are
         # image tokens; without mm_token_type_ids it silently falls back to 1-D positions, and the
-        # trainer would score other positions than the sampler (and generate) used (SPEC 11).
+        # trainer would score other positions than the sampler (and generate) used (docs/method.md §11).
         mm_types = (ids == self.model.config.image_token_id).int()  # (B, T): 1 = image token
         kw = dict(pixel_values=batch.get("pixel_values"))
         if "image_index" in batch:  # each distinct screenshot through the vision tower once
@@ -86,6 +86,15 @@ class PolicyLogProb(torch.nn.Module):
         feats = dict(zip(first, out.pooler_output))
         out.pooler_output = tuple(feats[i] for i in index.tolist())
         return out
+
+
+def pad_token_id(tokenizer) -> int:
+    """The id that fills padding positions (the trainer's batches, the sampler's gaps): the
+    tokenizer's pad id, else its EOS id, else 0; never the image placeholder <|image_pad|>, which
+    Qwen2.5-VL counts to place image features (0 then). Padding is masked by position everywhere,
+    so any other real id is correct."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return 0 if pad is None or pad == tokenizer.get_vocab().get("<|image_pad|>") else int(pad)
 
 
 def collate_sequences(prompts: list, responses: list[list[int]], pad_id: int) -> dict:

@@ -1,4 +1,4 @@
-"""CPU-scale reproduction of the UI-S1 pipeline on MiniWob++ (issue 7): a tiny Qwen2.5-VL
+"""CPU-scale reproduction of the UI-S1 pipeline on MiniWob++: a tiny Qwen2.5-VL
 learns MiniWob++ tasks by SFT, then semi-online RL (and, for comparison, offline RL with
 expert history), and every checkpoint is measured by SOP, static step success and online
 success in the live environment. Writes results/cpu_repro.{json,md} and the plots.
@@ -21,10 +21,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+import cli  # noqa: E402
 import utils  # noqa: E402
 
 STAGES = ("data", "sft", "rl", "eval", "report")
-parser = utils.make_parser(__doc__)
+parser = cli.make_parser(__doc__)
 parser.add_argument("--out", default="out/repro", help="where checkpoints and eval outputs go")
 parser.add_argument("--results", default="results", help="where the committed results land")
 parser.add_argument("--stages", default="data,sft,rl,eval,report", help="comma list of stages to run")

@@ -1,4 +1,4 @@
-"""Returns, advantages and dynamic sampling (SPEC 6) against cases computed by hand.
+"""Returns, advantages and dynamic sampling (docs/method.md §6) against cases computed by hand.
 
 The scenario below: three tasks with non-contiguous ids, ragged rollouts (some end
 early, some are patched and go on), a task with a single rollout (groups of one).

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import cli
 import eval_sop
 import gui
 import plot_metrics
@@ -80,7 +81,7 @@ def test_tensorboard_scalars(tmp_path, monkeypatch):
 
 def test_tensorboard_missing_is_a_usage_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import raises ImportError
-    with pytest.raises(utils.UsageError, match="pip install tensorboard"):
+    with pytest.raises(cli.UsageError, match="pip install tensorboard"):
         utils.MetricsLogger(tmp_path / "m.jsonl", tensorboard=str(tmp_path / "tb"))
 
 
@@ -105,7 +106,7 @@ def test_plot_writes_png(tmp_path, capsys):
     written = plot_metrics.main([str(f), "--smooth", "3"])
     png = tmp_path / "metrics.png"
     assert written == [str(png)] and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
-    with pytest.raises(utils.UsageError, match="no numeric metric kl"):
+    with pytest.raises(cli.UsageError, match="no numeric metric kl"):
         plot_metrics.main([str(f), "--keys", "loss", "kl"])
 
 
@@ -213,7 +214,7 @@ def test_train_semionline_adopts_sft_prompt_options(checkpoint):
     argv = ["--model", str(checkpoint), "--max-pixels", "50176"]
     args = ts.parser.parse_args(argv)
     assert args.model == str(checkpoint / "step_000010")  # the `latest` pointer is followed
-    taken = utils.adopt_checkpoint_args(args, ts.parser, argv, args.model, ts.PROMPT_ARGS)
+    taken = cli.adopt_checkpoint_args(args, ts.parser, argv, args.model, ts.PROMPT_ARGS)
     assert taken == {"num_images": 1, "min_pixels": 3136, "max_prompt_tokens": None}
     assert args.max_pixels == 50176 and args.num_images == 1
 

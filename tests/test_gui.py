@@ -1,4 +1,4 @@
-"""Action space, parsing/formatting, coordinates, and the rule reward (SPEC sections 3-4).
+"""Action space, parsing/formatting, coordinates, and the rule reward (docs/method.md §3-§4).
 
 Every expectation below is computed by hand in the comment next to it."""
 
@@ -215,7 +215,7 @@ def test_buttons_case_insensitive_and_type_only_actions():
     assert action_match({"action": "system_button", "button": "Home"}, back, [], SIZE) == (False, True)
     assert action_match({"action": "wait"}, {"action": "wait", "time": 2}, [], SIZE) == (True, True)
     assert action_match({"action": "terminate", "status": "failure"}, {"action": "terminate", "status": "success"},
-                        [], SIZE) == (True, True)  # SPEC: type alone
+                        [], SIZE) == (True, True)  # docs/method.md §4: type alone
     assert action_match(None, back, [], SIZE) == (False, False)
 
 

@@ -1,4 +1,4 @@
-"""Tests for kernels/ (issue 4): every forward and gradient against the pure-torch reference and a
+"""Tests for kernels/: every forward and gradient against the pure-torch reference and a
 naive full-logits ground truth, on irregular shapes, with a dtype -> (atol, rtol) table.
 
 The Triton kernels run on CPU under the Triton interpreter (TRITON_INTERPRET=1, set below before
@@ -142,7 +142,7 @@ def test_group_normalize_random_layouts(impl, mode, M, n_ids, seed):
 def test_group_normalize_constant_groups_are_exactly_zero(impl, dtype, mode):
     """n copies of 0.1 / 0.3 / 0.7 / 1.1 do not sum to exactly n times the value (e.g. 7 x 0.7 in fp64,
     6 x 0.3 in fp32), so a mean-then-std implementation returns residue / (residue + eps), up to
-    ~0.1 in fp32, instead of 0. SPEC section 11: 'fp32 rounding residue in a group std'."""
+    ~0.1 in fp32, instead of 0. docs/method.md §11: 'fp32 rounding residue in a group std'."""
     vals, ids = [], []
     for gi, (n, x) in enumerate((n, x) for n in (3, 6, 7, 10) for x in (0.1, 0.3, 0.7, 1.1)):
         vals += [x] * n

@@ -154,7 +154,7 @@ def test_reset_is_deterministic_per_seed(env_factory):
 
 def test_success_needs_full_raw_reward(env_factory):
     # click-checkboxes pays (right - wrong) / n: submitting at once on seed 8 (6 boxes, 2 to
-    # check) earns raw reward 2/6 > 0. That is a wrong answer, not a success (SPEC 11).
+    # check) earns raw reward 2/6 > 0. That is a wrong answer, not a success (docs/method.md §11).
     env = env_factory("click-checkboxes", screenshots=False)
     obs = env.reset(8)
     assert sum(e.tag == "input_checkbox" for e in obs["dom"]) == 6

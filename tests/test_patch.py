@@ -1,4 +1,4 @@
-"""Patch modes and the patch threshold (SPEC 5) against texts written out by hand.
+"""Patch modes and the patch threshold (docs/method.md §5) against texts written out by hand.
 
 The step's screenshot is 1080 x 2400 (W, H) as stored and 540 x 1200 as the model
 saw it, so the expert click [500, 1000] (original pixels) must appear in every patch

@@ -1,4 +1,4 @@
-"""The semi-online rollout driver (rollout.semi_online_rollout, SPEC section 5) on a
+"""The semi-online rollout driver (rollout.semi_online_rollout, docs/method.md §5) on a
 hand-built 3-step episode with a scripted "policy": the histories, patches, early ends
 and rewards are written out by hand for patch thresholds 0, 1 and -1."""
 import re
@@ -77,7 +77,7 @@ def run(proc, threshold, mode="thought-free", history="own"):
     return {(r.rollout_idx, r.step_idx): r for r in recs}, sampler
 
 
-# rewards by hand (SPEC 4): think block non-empty -> format 1 (0.1); full match 0.9 * 1.0,
+# rewards by hand (docs/method.md §4): think block non-empty -> format 1 (0.1); full match 0.9 * 1.0,
 # type only 0.9 * 0.5, parsed but wrong type 0.9 * 0.1
 R_RIGHT, R_TYPE_ONLY, R_WRONG_TYPE = 0.1 + 0.9, 0.1 + 0.45, 0.1 + 0.09
 
@@ -119,3 +119,17 @@ def test_expert_history_is_offline_rl(proc):
     assert len(recs) == 9  # nobody ends early
     expert = [gui.format_response("", CLICK), gui.format_response("", TYPE)]
     assert recs[(2, 2)].history == expert and recs[(0, 2)].history == expert
+
+
+def test_task_ids_name_the_records_and_change_nothing_else(proc):
+    """task_ids (the trainer's global task slots) only relabel task_idx; the fields the trainer
+    fills (adv, ret, old_logp, ref_logp) start as None."""
+    tok, ip = proc
+    kw = dict(n_rollouts=2, patch_threshold=1, blank_screens=(W, H))
+    plain = semi_online_rollout(ScriptedSampler(tok), [episode(), episode()], tok, ip, **kw)
+    named = semi_online_rollout(ScriptedSampler(tok), [episode(), episode()], tok, ip, task_ids=[7, 3], **kw)
+    assert [r.task_idx for r in named] == [[7, 3][r.task_idx] for r in plain]
+    assert {r.task_idx for r in named} == {7, 3}
+    strip = lambda r: (r.rollout_idx, r.step_idx, r.response, r.reward, r.patched, r.ended, r.history)  # noqa: E731
+    assert [strip(r) for r in named] == [strip(r) for r in plain]
+    assert all(r.adv is None and r.ret is None and r.old_logp is None and r.ref_logp is None for r in named)

@@ -133,6 +133,32 @@ def test_token_weights_seq_mean_token_mean_by_hand():
     # split over micro-batches (and a dummy): the denominator is the mini-batch's, not the micro-batch's
     assert ts._loss_denominator([chunk[:1], None, chunk[1:]], "token-mean", ONE) == 6
     assert ts._loss_denominator([chunk[:1], None, chunk[1:]], "seq-mean-token-mean", ONE) == 2
+    assert list(ts.LOSS_AGGS) == AGGS  # the flag's choices
+    with pytest.raises(ValueError, match="token-sum"):
+        ts._loss_denominator([chunk], "token-sum", ONE)  # not a form: no silent token-sum
+
+
+def test_per_record_split_by_hand():
+    """A flat (N,) tensor of a micro-batch back to (L_i,) fp32 CPU pieces, in record order."""
+    parts = ts._per_record([R(0, 2), R(1, 0), R(1, 3)], torch.arange(5, dtype=torch.float64))
+    assert [p.tolist() for p in parts] == [[0.0, 1.0], [], [2.0, 3.0, 4.0]]
+    assert all(p.dtype == torch.float32 for p in parts)
+
+
+def test_pad_token_id_rule():
+    """The one pad-id rule: pad id, else EOS, else 0; never <|image_pad|>."""
+    class Tok:
+        def __init__(self, pad, eos):
+            self.pad_token_id, self.eos_token_id = pad, eos
+
+        def get_vocab(self):
+            return {"<|image_pad|>": 151655}
+    assert policy_logprob.pad_token_id(Tok(151643, 151645)) == 151643
+    assert policy_logprob.pad_token_id(Tok(None, 151645)) == 151645
+    assert policy_logprob.pad_token_id(Tok(None, None)) == 0
+    assert policy_logprob.pad_token_id(Tok(151655, 151645)) == 0
+    tok, _ = utils.load_processor()
+    assert policy_logprob.pad_token_id(tok) == tok.pad_token_id == 151643  # the shipped Qwen2.5-VL tokenizer
 
 
 def test_micro_batches_by_hand():

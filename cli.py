@@ -1,0 +1,191 @@
+"""argparse and one-line input errors, shared by every script.
+
+`make_parser` builds a parser whose --help shows defaults and the module docstring's examples;
+`cli(main)` runs a script so that a mistake in its input (UsageError, gui.DataError, a missing or
+unreadable file) is one line on stderr and exit code 2, never a traceback; the `arg_type` helpers
+check files, folders and models while the flags are parsed; `adopt_checkpoint_args` reads prompt
+options back from a checkpoint's args.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from utils import get_rank, latest_checkpoint, print0
+
+
+class UsageError(Exception):
+    """A mistake in what the user gave (a flag, a file, a folder): reported by `cli` as one line,
+    exit code 2, no traceback. The message names the flag or file and what was expected."""
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """--help shows every flag's default (unless its help already says it) and keeps the
+    docstring's examples as written."""
+
+    def _get_help_string(self, action):
+        if "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error: `prog: error: message (see --help)`, exit code 2 (argparse
+    prints its whole usage block first, which hides the line that matters)."""
+
+    def error(self, message):
+        # under torchrun every rank parses the same argv: rank 0 alone says so
+        if get_rank() != 0:
+            _quiet_exit()
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n")
+
+
+def make_parser(doc: str, **kwargs) -> Parser:
+    """A Parser whose description is the first paragraph of the module docstring `doc` and whose
+    epilog is the rest of it (the commands to copy), with defaults shown."""
+    first, _, rest = (doc or "").strip().partition("\n\n")
+    return Parser(description=first, epilog=rest.strip("\n") or None, formatter_class=HelpFormatter, **kwargs)
+
+
+def arg_type(fn):
+    """Wrap a parser function (str -> value, raising ValueError/UsageError) as an argparse `type=`,
+    so argparse itself reports a bad value in one line: `argument --x: <message>`."""
+    def convert(text):
+        try:
+            return fn(text)
+        except (ValueError, UsageError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    convert.__name__ = fn.__name__
+    return convert
+
+
+def input_file(path: str) -> str:
+    """argparse type: a readable file. Raises UsageError naming the path otherwise."""
+    if not os.path.exists(path):
+        raise UsageError(f"no such file: {path!r}")
+    if not os.path.isfile(path):
+        raise UsageError(f"not a file: {path!r}")
+    if not os.access(path, os.R_OK):
+        raise UsageError(f"not readable: {path!r}")
+    return path
+
+
+def input_dir(path: str) -> str:
+    """argparse type: an existing folder. Raises UsageError naming the path otherwise."""
+    if not os.path.isdir(path):
+        raise UsageError(f"{'not a folder' if os.path.exists(path) else 'no such folder'}: {path!r}")
+    return path
+
+
+def model_path(name: str) -> str:
+    """argparse type for --model: 'tiny' and 'auto' pass through; a Hugging Face folder (config.json)
+    as is; a run folder with a `latest` pointer (e.g. out/sft/ckpt) -> the checkpoint it names.
+    Raises UsageError for anything else, before a model is loaded."""
+    if name in ("tiny", "auto") or (Path(name) / "config.json").is_file():
+        return name
+    if not Path(name).exists():
+        raise UsageError(f"{name!r}: no such folder (expected 'tiny', a Hugging Face model folder or a checkpoint folder)")
+    ckpt = latest_checkpoint(name) if Path(name).is_dir() else None
+    if ckpt is None:
+        raise UsageError(f"{name!r}: not a model folder (no config.json, no `latest` checkpoint pointer)")
+    return str(ckpt)
+
+
+def check_pixels(args) -> None:
+    """--min-pixels must be positive and not above --max-pixels (smart_resize's bounds)."""
+    if args.min_pixels <= 0 or args.max_pixels < args.min_pixels:
+        raise UsageError(f"--min-pixels {args.min_pixels} / --max-pixels {args.max_pixels}: need 0 < min <= max")
+
+
+def _input_errors() -> tuple:
+    """The exception classes that mean bad input, never a bug: ours, the data loader's, the OS's."""
+    from gui import DataError
+
+    return (UsageError, DataError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
+            UnicodeDecodeError)
+
+
+def error_line(e: BaseException) -> str:
+    """One line for an input error: OS errors as 'path: reason', the rest as their message."""
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        msg = f"{e.filename}: {e.strerror}"
+    elif isinstance(e, UnicodeDecodeError):
+        msg = f"not UTF-8 text ({e.reason} at byte {e.start})"
+    else:
+        msg = str(e) or type(e).__name__
+    return " ".join(msg.split())
+
+
+def cli(main, argv=None):
+    """Run `main(argv)` as a script: an input error (UsageError, gui.DataError, a missing or
+    unreadable file) prints `<script>: error: <one line>` to stderr and exits with code 2, like
+    argparse's own errors; anything else (a bug) keeps its traceback. Under torchrun every rank
+    meets the same error: rank 0 prints it, every rank exits 2."""
+    try:
+        return main(argv)
+    except _input_errors() as e:
+        if get_rank() != 0:
+            _quiet_exit()
+        print(f"{os.path.basename(sys.argv[0])}: error: {error_line(e)}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def _quiet_exit():
+    """A non-zero rank's exit on an input error: silent, and a moment late, so that torchrun (which
+    stops the other ranks when one exits) does not stop rank 0 before it has printed the line."""
+    time.sleep(2.0)
+    sys.exit(2)
+
+
+def checkpoint_args(path: str | os.PathLike) -> dict:
+    """The args.json save_checkpoint wrote beside the weights of checkpoint folder `path`, or {} (a
+    plain Hugging Face folder, 'tiny'). A malformed file raises UsageError naming it."""
+    f = Path(path) / "args.json"
+    if str(path) in ("tiny", "auto") or not f.is_file():
+        return {}
+    try:
+        return json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{f}: line {e.lineno}: invalid JSON: {e.msg}") from None
+
+
+def explicit_flags(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:
+    """The dests the user set on the command line (argv), as opposed to defaults."""
+    seen = argparse.Namespace()
+    defaults = {a.dest: a.default for a in parser._actions}
+    for a in parser._actions:
+        a.default = argparse.SUPPRESS
+    try:
+        parser.parse_known_args(sys.argv[1:] if argv is None else argv, seen)
+    finally:
+        for a in parser._actions:
+            a.default = defaults[a.dest]
+    return set(vars(seen))
+
+
+def adopt_checkpoint_args(args, parser: argparse.ArgumentParser, argv: list[str] | None, model: str,
+                          names: tuple[str, ...]) -> dict:
+    """Prompt options that must agree between training and evaluation (e.g. num_images, min/max
+    pixels) are read from the checkpoint's args.json when the user did not pass them: a flag left
+    out cannot silently change what the model sees. An explicit flag that
+    disagrees with the checkpoint is kept, with a warning. Returns {name: value} taken; prints one
+    line saying what it took (rank 0)."""
+    saved = checkpoint_args(model)
+    given = explicit_flags(parser, argv)
+    taken = {}
+    for name in names:
+        if name in given:
+            if name in saved and saved[name] != getattr(args, name):
+                print0(f"warning: --{name.replace('_', '-')} {getattr(args, name)} differs from the checkpoint's "
+                       f"{saved[name]} ({model}/args.json)")
+            continue
+        if name in saved:
+            taken[name] = saved[name]
+            setattr(args, name, saved[name])
+    if taken:
+        print0(f"prompt options from {model}/args.json: " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in taken.items()))
+    return taken
