@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import utils
 from utils import get_rank, latest_checkpoint, print0
 
 
@@ -82,9 +83,15 @@ def input_dir(path: str) -> str:
 
 
 def model_path(name: str) -> str:
-    """argparse type for --model: 'tiny' and 'auto' pass through; a Hugging Face folder (config.json)
-    as is; a run folder with a `latest` pointer (e.g. out/sft/ckpt) -> the checkpoint it names.
-    Raises UsageError for anything else, before a model is loaded."""
+    """argparse type for --model: 'tiny', 'tiny:HxL' and 'auto' pass through; a Hugging Face folder
+    (config.json) as is; a run folder with a `latest` pointer (e.g. out/sft/ckpt) -> the checkpoint
+    it names. Raises UsageError for anything else, before a model is loaded."""
+    if name.startswith("tiny:"):
+        try:
+            utils.parse_tiny(name)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        return name
     if name in ("tiny", "auto") or (Path(name) / "config.json").is_file():
         return name
     if not Path(name).exists():
