@@ -72,7 +72,7 @@ LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")  # _toke
 
 parser = cli.make_parser(__doc__)
 # data
-parser.add_argument("--data", default="data/miniwob/train.jsonl", type=cli.arg_type(cli.input_file), help="episodes (UI-S1 JSONL or AndroidControl native JSON)")
+parser.add_argument("--data", default="data/miniwob_click/train.jsonl", type=cli.arg_type(cli.input_file), help="episodes (UI-S1 JSONL or AndroidControl native JSON)")
 parser.add_argument("--image-root", default=None, type=cli.arg_type(cli.input_dir), help="folder screenshots are resolved against (default: the data file's folder)")
 parser.add_argument("--blank-screens", default=None, type=cli.arg_type(gui.parse_size), help="WxH: use blank screenshots of this size when files are missing")
 parser.add_argument("--max-episodes", type=int, default=None, help="use only the first N episodes")
@@ -88,7 +88,7 @@ parser.add_argument("--max-prompt-tokens", type=int, default=None, help="prompt 
 # rollout (docs/method.md §5)
 parser.add_argument("--tasks-per-step", type=int, default=4, help="tasks per training step, all ranks together (release: 8)")
 parser.add_argument("--n-rollouts", type=int, default=4, help="rollouts per task N (release: 8)")
-parser.add_argument("--max-new-tokens", type=int, default=96, help="response length limit (release: 512)")
+parser.add_argument("--max-new-tokens", type=int, default=48, help="response length limit (release: 512)")
 parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (release: 1.0)")
 parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (release: 1.0)")
 parser.add_argument("--history", choices=HISTORY_MODES, default="own", help="own = semi-online RL; expert = offline-RL baseline")

@@ -40,14 +40,14 @@ from kernels.policy_logprob import PolicyLogProb, apply_fsdp, collate_sequences,
 
 parser = cli.make_parser(__doc__)
 # data
-parser.add_argument("--data", default="data/miniwob/train.jsonl", type=cli.arg_type(cli.input_file), help="expert episodes (UI-S1 JSONL or AndroidControl native JSON)")
+parser.add_argument("--data", default="data/miniwob_click/train.jsonl", type=cli.arg_type(cli.input_file), help="expert episodes (UI-S1 JSONL or AndroidControl native JSON)")
 parser.add_argument("--image-root", default=None, type=cli.arg_type(cli.input_dir), help="folder screenshots are resolved against (default: the data file's folder)")
 parser.add_argument("--blank-screens", default=None, type=cli.arg_type(gui.parse_size), help="WxH: blank screenshots of this size when files are missing")
 parser.add_argument("--max-episodes", type=int, default=None, help="use only the first N episodes")
 parser.add_argument("--val-frac", type=float, default=0.1, help="share of episodes held out for validation loss")
 parser.add_argument("--step-instruction", action="store_true", help="put the low-level step instruction in the prompt (AndroidControl-Low)")
 # model
-parser.add_argument("--model", default="tiny", type=cli.arg_type(cli.model_path),
+parser.add_argument("--model", default="tiny:128x4", type=cli.arg_type(cli.model_path),
                     help="'tiny', a local Hugging Face folder, or a checkpoint folder (a `latest` pointer is followed)")
 parser.add_argument("--min-pixels", type=int, default=gui.MIN_PIXELS, help="smart_resize lower bound (pixels)")
 parser.add_argument("--max-pixels", type=int, default=gui.MAX_PIXELS, help="smart_resize upper bound (pixels)")
@@ -59,7 +59,7 @@ parser.add_argument("--min-lr-frac", type=float, default=0.1, help="cosine decay
 parser.add_argument("--warmup-steps", type=int, default=20, help="linear warm-up steps")
 parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
 parser.add_argument("--grad-clip", type=float, default=1.0, help="global grad-norm clip")
-parser.add_argument("--batch-size", type=int, default=16, help="examples per optimizer step, all ranks together")
+parser.add_argument("--batch-size", type=int, default=8, help="examples per optimizer step, all ranks together")
 parser.add_argument("--micro-batch-size", type=int, default=8, help="examples per forward/backward")
 # run
 parser.add_argument("--max-steps", type=int, default=300, help="optimizer steps")

@@ -33,11 +33,11 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 # rollouts all earn the same step-0 return), from the rl_ckpt fixture's model, fitted to 2 of them: their
 # rollouts' rewards vary, the other 2 earn 0 (dropped, then refilled). The reference is a differently
 # seeded tiny model, so the KL term is large too.
-RL = ["train_semionline.py", "--max-episodes", "4", "--tasks-per-step", "2", "--n-rollouts", "3",
+RL = ["train_semionline.py", "--data", "data/miniwob/train.jsonl", "--max-episodes", "4", "--tasks-per-step", "2", "--n-rollouts", "3",
       "--max-new-tokens", "40", "--max-pixels", "20000", "--temperature", "1.0", "--filter-std", "0",
       "--max-resample", "2", "--kl-coef", "0.5", "--ref-model", "tiny", "--ref-seed", "1", "--lr", "1e-3",
       "--micro-batch-size", "2", "--ppo-mini-batches", "2"]
-SFT = ["train_sft.py", "--model", "tiny", "--max-episodes", "8", "--batch-size", "4", "--micro-batch-size", "2",
+SFT = ["train_sft.py", "--data", "data/miniwob/train.jsonl", "--model", "tiny", "--max-episodes", "8", "--batch-size", "4", "--micro-batch-size", "2",
        "--lr", "1e-3", "--warmup-steps", "1", "--eval-every", "0", "--val-frac", "0.25"]
 
 
@@ -129,7 +129,7 @@ def test_semionline_resume_matches_uninterrupted(tmp_path, rl_ckpt):
 def test_semionline_step_that_keeps_nothing_is_a_step(tmp_path):
     """An untrained model earns 0 everywhere: dynamic sampling drops every task in every round; each
     step still logs its own number, says it is partial, and the end (and --save-every) still saves."""
-    last, m = launch(["train_semionline.py", "--model", "tiny", "--max-episodes", "3", "--tasks-per-step", "2",
+    last, m = launch(["train_semionline.py", "--data", "data/miniwob/train.jsonl", "--model", "tiny", "--max-episodes", "3", "--tasks-per-step", "2",
                       "--n-rollouts", "2", "--max-new-tokens", "4", "--max-steps", "3", "--save-every", "2",
                       "--max-resample", "1"], tmp_path)
     assert [r["step"] for r in m] == [1, 2, 3] and last["step"] == 3
