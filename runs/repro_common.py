@@ -1,6 +1,6 @@
 """Shared machinery of the MiniWob++ reproduction scripts (runs/repro_main.py, runs/repro_ablations.py).
 
-Four parts, top to bottom:
+Five parts, top to bottom:
 1. statistics (numpy only): Wilson intervals, the exact McNemar test, a paired (two-level) bootstrap
    of a difference, R^2 of a least-squares line with a bootstrap interval over checkpoints, and the
    data-scaling law y = A - B * N^k fitted by profile least squares, with a bootstrap interval on k;
@@ -10,7 +10,10 @@ Four parts, top to bottom:
    reuses a stale run);
 3. checkpoint rows: one evaluated checkpoint -> the metrics of the results schema plus its
    per-episode online outcomes on the shared (task, seed) list, so every comparison is paired;
-4. report: comparisons, verdicts, results JSON + Markdown twin, matplotlib figures, schema check.
+4. report: comparisons, verdicts, results JSON + Markdown twin, matplotlib figures, schema check,
+   wall-time estimate from measured unit costs;
+5. the pipeline both scripts share: the SETTING-driven CLI, task-subset data files, and the
+   SFT / RL / eval stage commands.
 
 The results schema (both scripts; `validate_results` checks it):
     command, commit, seeds, wall_s, config, online_episodes [[task, seed], ...],
@@ -555,7 +558,8 @@ def arm_summaries(checkpoints: list[dict], curves: dict) -> dict:
         per_task = {t: float(np.mean([r["online_per_task"][t] for r in rows if r["online_per_task"].get(t) is not None]))
                     for t in tasks}
         rl = [rl_diagnostics(rs) for rs in curves.get(arm, {}).values() if rs]
-        out[arm] = {"seeds": [r["seed"] for r in rows], "online_sr": k / n if n else None,
+        out[arm] = {"seeds": [r["seed"] for r in rows], "per_seed": [r["online_sr"] for r in rows],
+                    "online_sr": k / n if n else None,
                     "online_sr_ci95": list(wilson(k, n)) if n else [None, None],
                     "sop_pg": float(np.mean([r["sop_pg"] for r in rows if r["sop_pg"] is not None] or [np.nan])),
                     "online_per_task": per_task,
@@ -734,6 +738,25 @@ def python() -> str:
 # 5. the pipeline shared by both scripts: CLI, data subsets, SFT, RL and eval jobs
 
 
+# semi-online RL as the main table runs it, spelled out so the ablations' reference arm is the same
+# run (same command hash): gamma 0.5, patch threshold 2, thought-free patches (docs/method.md §5-§6)
+SEMIONLINE_REF = ["--history", "own", "--gamma", "0.5", "--patch-threshold", "2", "--patch", "thought-free"]
+
+
+def compare_scaling(fa: dict | None, fb: dict | None, a: str, b: str) -> dict | None:
+    """k of law a minus k of law b, interval and shifted-null p from their bootstrap k values
+    (independent resamples of independent runs, paired by index)."""
+    if not fa or not fb or not fa.get("k_boot") or not fb.get("k_boot"):
+        return None
+    m = min(len(fa["k_boot"]), len(fb["k_boot"]))
+    d = np.asarray(fa["k_boot"][:m]) - np.asarray(fb["k_boot"][:m])
+    diff = fa["k"] - fb["k"]
+    p = (1 + np.sum(np.abs(d - diff) >= abs(diff) - 1e-12)) / (1 + m)
+    return {"a": a, "b": b, "metric": "scaling_k", "diff": diff,
+            "diff_ci95": [float(np.percentile(d, 2.5)), float(np.percentile(d, 97.5))], "p_value": float(min(1.0, p)),
+            "test": "bootstrap of each law's k over its points"}
+
+
 def make_parser(doc: str, setting: dict, quick: dict):
     """argparse over a script's SETTING dict (every key a flag, its value the default); --quick
     swaps in the QUICK overrides. Lists are given as space-separated values."""
@@ -805,8 +828,8 @@ def job(root: Path, name: str, cmd: list[str], done: str) -> dict:
 def sft_job(args, data: dict, seed: int) -> dict:
     cmd = [python(), "train_sft.py", "--data", _rel(data["train"]), "--image-root", data["image_root"],
            "--model", args.model, *args.model_args, "--max-steps", str(args.sft_steps), "--lr", str(args.sft_lr),
-           "--seed", str(seed), "--save-every", str(max(args.sft_steps // 2, 1)) if args.eval_mid else "0",
-           "--eval-every", str(max(args.sft_steps // 4, 1)), *args.sft_extra]
+           "--seed", str(seed), "--save-every", str(max(args.sft_steps // 2, 1)),  # the midpoint is kept either way:
+           "--eval-every", str(max(args.sft_steps // 4, 1)), *args.sft_extra]  # the same command from both scripts
     return job(args.out_root / "sft", f"sft_s{seed}", cmd, "ckpt/latest")
 
 
@@ -816,7 +839,7 @@ def rl_job(args, data: dict, sft: dict, seed: int, name: str, flags: list[str], 
            "--data", _rel(train or data["train"]),
            "--image-root", data["image_root"], "--max-steps", str(args.rl_steps),
            "--lr", str(args.rl_lr), "--seed", str(seed),
-           "--save-every", str(max(args.rl_steps // 2, 1)) if args.eval_mid else "0", *args.rl_extra, *flags]
+           "--save-every", str(max(args.rl_steps // 2, 1)), *args.rl_extra, *flags]
     return job(args.out_root / "rl", f"{name}_s{seed}", cmd, "ckpt/latest")
 
 

@@ -51,7 +51,7 @@ QUICK = dict(SEEDS=[0], SFT_STEPS=60, RL_STEPS=4, EVAL_PER_TASK=1, ONLINE_EPISOD
 # seconds per unit, one process with one thread, on the loaded 2-core machine; replaced by the
 # unit_costs measured by an earlier run (results JSON) when there is one
 COSTS = {"sft_steps": 2.5, "rl_steps": 25.0, "online_episodes": 2.0, "sop_episodes": 1.0}
-ARMS = {"offline": ["--history", "expert"], "semionline": ["--history", "own"]}  # RL arms and their flags
+ARMS = {"offline": ["--history", "expert"], "semionline": rc.SEMIONLINE_REF}  # RL arms and their flags
 
 
 def main(argv=None) -> dict:
