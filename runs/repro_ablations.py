@@ -84,7 +84,7 @@ def main(argv=None) -> dict:
     n_ckpt = len(args.seeds) + n_rl
     counts = {"sft_steps": len(args.seeds) * args.sft_steps, "rl_steps": n_rl * args.rl_steps,
               "online_episodes": n_ckpt * len(keys), "sop_episodes": n_ckpt * args.eval_per_task * n_tasks}
-    costs = rc.load_costs(COSTS, args.results_dir / "repro_main.json", out_json)
+    costs = rc.load_costs(COSTS, args.results_dir / "repro_main_quick.json", args.results_dir / "repro_main.json", out_json)
     print(f"[plan] {n_tasks} tasks, seeds {args.seeds}, {n_rl} RL runs, {n_ckpt} checkpoints x {len(keys)} online "
           f"episodes; estimated wall {rc.estimate(counts, costs, args.jobs) / 60:.0f} min with {args.jobs} jobs "
           "(an SFT or reference run shared with repro_main.py is not retrained)", flush=True)

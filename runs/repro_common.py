@@ -330,7 +330,7 @@ def read_eval(res_dir: Path, episode_keys: list[tuple[str, int]]) -> dict:
     k = bits.count("1")
     return {"sop_pg": r.get("sop_pg"), "sop_tsr": r.get("sop_tsr"), "static_step_sr": r.get("static_step_sr"),
             "online_sr": k / len(bits), "online_sr_ci95": list(wilson(k, len(bits))),
-            "n_online_episodes": len(bits), "online_outcomes": bits,
+            "n_online_episodes": len(bits), "online_outcomes": bits, "n_sop_episodes": r.get("episodes"),
             "online_per_task": {t: v.get("online_sr") for t, v in r.get("per_task", {}).items()},
             "malformed_responses": r.get("malformed_responses"), "eval_seconds": r.get("seconds"),
             "online_seconds": sum(float(json.loads(l).get("seconds", 0.0))
@@ -602,7 +602,12 @@ def plot_r2(path: Path, checkpoints: list[dict], summary: dict) -> Path:
             lo, hi = c["online_sr_ci95"]
             ax.errorbar(c[key], c["online_sr"], yerr=[[c["online_sr"] - lo], [hi - c["online_sr"]]], fmt="o",
                         color=colours[c["arm"]], capsize=2, alpha=0.8)
-            ax.annotate(c["name"], (c[key], c["online_sr"]), textcoords="offset points", xytext=(4, 4), fontsize=6)
+        labels: dict = {}  # coinciding points share one label instead of overprinting each other
+        for c in pts:
+            labels.setdefault((round(c[key], 4), round(c["online_sr"], 4)), []).append(c["name"])
+        for (x, y), names in labels.items():
+            text = names[0] if len(names) == 1 else f"{names[0]} (+{len(names) - 1} more)"
+            ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=6)
         if len(pts) >= 2 and np.ptp([c[key] for c in pts]) > 0:
             slope, icpt = np.polyfit([c[key] for c in pts], [c["online_sr"] for c in pts], 1)
             xs = np.linspace(min(c[key] for c in pts), max(c[key] for c in pts), 10)
@@ -709,13 +714,13 @@ def unit_costs(stage_log: list[dict], evals: list[dict], sft_steps: int, rl_step
     """Measured seconds per unit (one process, one thread) from this run's stage log and eval rows,
     for the next run's estimate: per SFT step, per RL step, per online episode, per offline (SOP +
     static) episode."""
-    def per(kind, units):
-        w = [e["wall_s"] for e in stage_log if e["name"].startswith(kind)]
+    def per(script, units):
+        w = [e["wall_s"] for e in stage_log if script in e["cmd"]]
         return float(np.mean(w)) / units if w and units else None
     on = [c["online_seconds"] / c["n_online_episodes"] for c in evals if c.get("online_seconds")]
     off = [(c["eval_seconds"] - c["online_seconds"]) / max(c.get("n_sop_episodes") or 1, 1)
            for c in evals if c.get("eval_seconds") and c.get("online_seconds") is not None]
-    return {"sft_steps": per("sft", sft_steps), "rl_steps": per("rl", rl_steps),
+    return {"sft_steps": per("train_sft.py", sft_steps), "rl_steps": per("train_semionline.py", rl_steps),
             "online_episodes": float(np.mean(on)) if on else None, "sop_episodes": float(np.mean(off)) if off else None}
 
 
@@ -793,6 +798,7 @@ def parse(doc: str, setting: dict, quick: dict, argv=None):
         args = p.parse_args(argv)
     args.out_root = REPO / args.out
     args.results_dir = REPO / args.results
+    args.results_dir.mkdir(parents=True, exist_ok=True)
     return args
 
 
