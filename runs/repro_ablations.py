@@ -45,10 +45,9 @@ SETTING = dict(
     SCALING_THRESHOLDS=[0, -1],                  # patch thresholds whose laws are compared
     SCALING_SEEDS=[0],
 )
-QUICK = dict(SEEDS=[0], SFT_STEPS=60, RL_STEPS=4, EVAL_PER_TASK=1, ONLINE_EPISODES=24, SCALING_PER_TASK=[2, 6, 24],
-             SCALING_THRESHOLDS=[0, -1], TASKS=["click-button", "click-link", "click-test", "enter-text", "focus-text",
-                                                "click-dialog"])
-COSTS = {"sft_steps": 2.5, "rl_steps": 25.0, "online_episodes": 2.0, "sop_episodes": 1.0}
+QUICK = dict(SEEDS=[0], SFT_STEPS=60, RL_STEPS=2, EVAL_PER_TASK=1, ONLINE_EPISODES=12, SCALING_PER_TASK=[2, 6, 24],
+             SCALING_THRESHOLDS=[0, -1], TASKS=["click-button", "click-test", "enter-text", "focus-text"])
+COSTS = {"sft_steps": 2.5, "rl_steps": 25.0, "online_episodes": 5.0, "sop_episodes": 3.0, "stages": 60.0}
 
 
 def flags(gamma="0.5", threshold="2", patch="thought-free") -> list[str]:
@@ -79,28 +78,37 @@ def main(argv=None) -> dict:
     n_tasks = len(data["tasks"])
     scale_runs = [(t, n, s) for t in args.scaling_thresholds for n in args.scaling_per_task for s in args.scaling_seeds]
 
+    # --- SFT per seed (shared with repro_main.py when the setting is the same)
+    sft_seeds = sorted(set(args.seeds) | set(args.scaling_seeds))
+    sft = {s: rc.sft_job(args, data, s) for s in sft_seeds}
+    # --- RL: every ablation arm per seed, then the data-scaling runs on per-task subsets
+    rl = {(arm, s): rc.rl_job(args, data, sft[s], s, arm, f) for arm, f in ARMS.items() for s in args.seeds}
+    per_task_all = min(sum(1 for l in data["train"].read_text().splitlines() if f'"task": "{t}"' in l)
+                       for t in data["tasks"])
+    point_arm = {}  # (threshold, episodes per task, seed) -> the arm whose final checkpoint is that point
+    for t, n, s in scale_runs:
+        same = next((a for a, f in ARMS.items() if f == flags(threshold=str(t))), None)
+        if n >= per_task_all and same and s in args.seeds:  # the full data: the ablation arm's own run
+            point_arm[(t, n, s)] = same
+            continue
+        name = f"scale_t{thr_name(t)}_n{n * n_tasks}"
+        sub = rc.write_subset(data["train"], args.out_root / "data" / f"train_{n_tasks}t_{n}pt.jsonl", data["tasks"], n)
+        rl[(name, s)] = rc.rl_job(args, data, sft[s], s, name, flags(threshold=str(t)), train=sub)
+        point_arm[(t, n, s)] = name
+
     # --- estimate
-    n_rl = len(ARMS) * len(args.seeds) + len(scale_runs)
+    n_rl = len(rl)
     n_ckpt = len(args.seeds) + n_rl
-    counts = {"sft_steps": len(args.seeds) * args.sft_steps, "rl_steps": n_rl * args.rl_steps,
-              "online_episodes": n_ckpt * len(keys), "sop_episodes": n_ckpt * args.eval_per_task * n_tasks}
+    counts = {"sft_steps": len(sft) * args.sft_steps, "rl_steps": n_rl * args.rl_steps,
+              "online_episodes": n_ckpt * len(keys), "sop_episodes": n_ckpt * args.eval_per_task * n_tasks,
+              "stages": len(sft) + n_rl + n_ckpt}
     costs = rc.load_costs(COSTS, args.results_dir / "repro_main_quick.json", args.results_dir / "repro_main.json", out_json)
     print(f"[plan] {n_tasks} tasks, seeds {args.seeds}, {n_rl} RL runs, {n_ckpt} checkpoints x {len(keys)} online "
           f"episodes; estimated wall {rc.estimate(counts, costs, args.jobs) / 60:.0f} min with {args.jobs} jobs "
           "(an SFT or reference run shared with repro_main.py is not retrained)", flush=True)
 
-    # --- SFT per seed (shared with repro_main.py when the setting is the same)
-    sft_seeds = sorted(set(args.seeds) | set(args.scaling_seeds))
-    sft = {s: rc.sft_job(args, data, s) for s in sft_seeds}
     if not args.report_only:
         stages.run(list(sft.values()))
-    # --- RL: every ablation arm per seed, then the data-scaling runs on per-task subsets
-    rl = {(arm, s): rc.rl_job(args, data, sft[s], s, arm, f) for arm, f in ARMS.items() for s in args.seeds}
-    for t, n, s in scale_runs:
-        sub = rc.write_subset(data["train"], args.out_root / "data" / f"train_{n_tasks}t_{n}pt.jsonl", data["tasks"], n)
-        rl[(f"scale_t{thr_name(t)}_n{n * n_tasks}", s)] = rc.rl_job(
-            args, data, sft[s], s, f"scale_t{thr_name(t)}_n{n * n_tasks}", flags(threshold=str(t)), train=sub)
-    if not args.report_only:
         stages.run(list(rl.values()))
 
     # --- evaluate the SFT checkpoints and every RL run's end on the same online episodes
@@ -129,7 +137,8 @@ def main(argv=None) -> dict:
         points, fits = {}, {}
         for t in args.scaling_thresholds:
             name = f"thr {thr_name(t)}"
-            pts = [(int(r["arm"].split("_n")[1]), r["online_sr"]) for r in ck if r["arm"].startswith(f"scale_t{thr_name(t)}_n")]
+            pts = [(min(n, per_task_all) * n_tasks, r["online_sr"]) for (tt, n, sd), arm in point_arm.items() if tt == t
+                   for r in ck if r["arm"] == arm and r["seed"] == sd]
             points[name] = pts
             try:
                 fits[name] = rc.scaling_bootstrap([p[0] for p in pts], [p[1] for p in pts], seed=0)

@@ -706,7 +706,8 @@ def plot_scaling(path: Path, points: dict, fits: dict) -> Path:
 
 def estimate(counts: dict, costs: dict, jobs: int) -> float:
     """Estimated wall seconds: sum over kinds of units x seconds per unit, divided by the pool size.
-    counts/costs keys: sft_steps, rl_steps, online_episodes, sop_episodes."""
+    counts/costs keys: sft_steps, rl_steps, online_episodes, sop_episodes, stages (the fixed cost of
+    a stage process: imports, model load, browser start; ~60-100 s each on the loaded 2-core machine)."""
     return sum(counts[k] * costs.get(k, 0.0) for k in counts) / max(jobs, 1)
 
 

@@ -46,11 +46,11 @@ SETTING = dict(
     ONLINE_MAX_STEPS=8,
     EVAL_EXTRA=["--max-new-tokens", "80"],
 )
-QUICK = dict(SEEDS=[0], SFT_STEPS=60, RL_STEPS=4, EVAL_PER_TASK=1, ONLINE_EPISODES=24,
+QUICK = dict(SEEDS=[0], SFT_STEPS=60, RL_STEPS=4, EVAL_MID=False, EVAL_PER_TASK=1, ONLINE_EPISODES=24,
              TASKS=["click-button", "click-link", "click-test", "enter-text", "focus-text", "click-dialog"])
 # seconds per unit, one process with one thread, on the loaded 2-core machine; replaced by the
 # unit_costs measured by an earlier run (results JSON) when there is one
-COSTS = {"sft_steps": 2.5, "rl_steps": 25.0, "online_episodes": 2.0, "sop_episodes": 1.0}
+COSTS = {"sft_steps": 2.5, "rl_steps": 25.0, "online_episodes": 5.0, "sop_episodes": 3.0, "stages": 60.0}
 ARMS = {"offline": ["--history", "expert"], "semionline": rc.SEMIONLINE_REF}  # RL arms and their flags
 
 
@@ -65,7 +65,8 @@ def main(argv=None) -> dict:
     # --- estimate
     n_ckpt = len(args.base_seeds) + len(args.seeds) * (1 + len(ARMS)) * (2 if args.eval_mid else 1)
     counts = {"sft_steps": len(args.seeds) * args.sft_steps, "rl_steps": len(args.seeds) * len(ARMS) * args.rl_steps,
-              "online_episodes": n_ckpt * len(keys), "sop_episodes": n_ckpt * args.eval_per_task * len(data["tasks"])}
+              "online_episodes": n_ckpt * len(keys), "sop_episodes": n_ckpt * args.eval_per_task * len(data["tasks"]),
+              "stages": len(args.seeds) * (1 + len(ARMS)) + n_ckpt}
     costs = rc.load_costs(COSTS, out_json)
     print(f"[plan] {len(data['tasks'])} tasks, seeds {args.seeds}, {n_ckpt} checkpoints x {len(keys)} online episodes; "
           f"estimated wall {rc.estimate(counts, costs, args.jobs) / 60:.0f} min with {args.jobs} jobs "
