@@ -175,7 +175,7 @@ def main(argv=None) -> dict:
         if final_report:
             stem = args.results_dir / out_json.stem
             figs = [rc.plot_bars(Path(f"{stem}_bars.png"), GROUPS, s["arms"]), rc.plot_r2(Path(f"{stem}_r2.png"), ck, s)]
-            if any(any(v) for v in curves.values()):
+            if any(rs for runs in curves.values() for rs in runs.values()):
                 figs.append(rc.plot_curves(Path(f"{stem}_curves.png"), curves))
             if any(points.values()):
                 figs.append(rc.plot_scaling(Path(f"{stem}_scaling.png"), points, fits))

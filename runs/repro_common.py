@@ -84,7 +84,8 @@ def paired_bootstrap(a, b, groups=None, n_boot: int = N_BOOT, seed: int = 0) -> 
     well as episodes: resample groups with replacement, then items within each drawn group.
     Returns {diff, diff_ci95 [lo, hi] (percentile), p_value}: two-sided, from the bootstrap
     distribution shifted to the null, p = (1 + #{|d* - d| >= |d|}) / (1 + n_boot).
-    Fixed `seed`: the same inputs give the same numbers. Raises ValueError on mismatched lengths."""
+    Fixed `seed`: the same inputs give the same numbers. p_value is nan for fewer than 3 pairs.
+    Raises ValueError on mismatched lengths."""
     a = np.asarray(a, dtype=float)
     b = np.asarray(b, dtype=float)
     if a.shape != b.shape or a.ndim != 1 or a.size == 0:
@@ -101,9 +102,11 @@ def paired_bootstrap(a, b, groups=None, n_boot: int = N_BOOT, seed: int = 0) -> 
         parts = [blocks[j][rng.integers(blocks[j].size, size=blocks[j].size)] for j in picks]
         stats[i] = np.concatenate(parts).mean()
     diff = float(d.mean())
-    p = (1 + np.sum(np.abs(stats - diff) >= abs(diff) - 1e-12)) / (1 + n_boot)
+    p = min(1.0, float((1 + np.sum(np.abs(stats - diff) >= abs(diff) - 1e-12)) / (1 + n_boot)))
+    if d.size < 3:  # a resample of one or two pairs says nothing about their spread: no test
+        p = float("nan")
     return {"diff": diff, "diff_ci95": [float(np.percentile(stats, 2.5)), float(np.percentile(stats, 97.5))],
-            "p_value": float(min(1.0, p))}
+            "p_value": p}
 
 
 def r2(x, y) -> float:

@@ -122,7 +122,7 @@ def main(argv=None) -> dict:
              "unit_costs": rc.unit_costs(stages.log, ck, args.sft_steps, args.rl_steps), "complete": final_report}
         if final_report:
             figs = [rc.plot_r2(args.results_dir / f"{out_json.stem}_r2.png", ck, s)]
-            if any(any(v) for v in curves.values()):
+            if any(rs for runs in curves.values() for rs in runs.values()):
                 figs.append(rc.plot_curves(args.results_dir / f"{out_json.stem}_curves.png", curves))
             s["figures"] = [rc._rel(f) for f in figs]
         return s

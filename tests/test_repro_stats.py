@@ -57,6 +57,10 @@ def test_paired_bootstrap_extremes_and_sign():
     assert rr["diff"] == pytest.approx(-0.1) and rr["diff_ci95"][1] < 0
     with pytest.raises(ValueError):
         rc.paired_bootstrap([1, 0], [1])
+    # one pair (e.g. the second half of a 2-step run): no test, not a p of 1/(B+1)
+    one = rc.paired_bootstrap([0.5], [0.4], n_boot=100)
+    assert one["diff"] == pytest.approx(0.1) and math.isnan(one["p_value"])
+    assert rc.verdict(one) == "inconclusive"
 
 
 def test_paired_bootstrap_groups_widen_for_seed_variance():
