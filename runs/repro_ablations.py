@@ -1,0 +1,207 @@
+"""The paper's ablations at CPU scale on MiniWob++ (docs/method.md §5, §6, §9), each arm semi-online
+RL from the same SFT checkpoint of each seed, evaluated online on the same fresh episodes:
+  3. discount: gamma 0.5 beats gamma 0;
+  4. patch threshold: a higher threshold (0 vs 1 vs unlimited) helps and keeps policy entropy higher;
+  5. patch modes: on-policy and thought-free thoughts beat off-policy thoughts;
+  6. data scaling: online success against training episodes N follows y = A - B N^k, and a higher
+     patch threshold (unlimited vs 0) moves k closer to 0 (paper: -1.13 -> -0.73).
+Writes results/repro_ablations.{json,md} and results/repro_ablations_{bars,curves,scaling,r2}.png.
+
+    python runs/repro_ablations.py            # the full setting below (prints its estimated wall time first)
+    python runs/repro_ablations.py --quick    # a small check of the whole pipeline (< 20 min on 2 cores)
+    python runs/repro_ablations.py --dry-run  # the commands and the estimate, nothing run
+
+Shares OUT with runs/repro_main.py: an identical SFT run, and the reference arm (gamma 0.5,
+threshold 2, thought-free = the main table's semi-online arm), are reused, not retrained.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import repro_common as rc  # noqa: E402
+
+# --- the setting: every default in one place (each key is also a command-line flag)
+SETTING = dict(
+    TASKS=None,
+    TRAIN_DATA="data/miniwob/train.jsonl",
+    TEST_DATA="data/miniwob/test.jsonl",
+    MODEL="tiny",
+    MODEL_ARGS=[],
+    SEEDS=[0, 1],                                # seeds per ablation arm (>= 2)
+    SFT_STEPS=400, SFT_LR=5e-3, SFT_EXTRA=[],
+    RL_STEPS=16, RL_LR=1e-4,
+    RL_EXTRA=["--tasks-per-step", "4", "--n-rollouts", "4", "--max-new-tokens", "80", "--filter-std", "0"],
+    EVAL_MID=False,
+    EVAL_PER_TASK=3,
+    ONLINE_EPISODES=100,
+    ONLINE_SEED_BASE=200000,
+    ONLINE_MAX_STEPS=8,
+    EVAL_EXTRA=["--max-new-tokens", "80"],
+    SCALING_PER_TASK=[3, 6, 12, 24],             # training episodes per task of the data-scaling runs
+    SCALING_THRESHOLDS=[0, -1],                  # patch thresholds whose laws are compared
+    SCALING_SEEDS=[0],
+)
+QUICK = dict(SEEDS=[0], SFT_STEPS=60, RL_STEPS=2, EVAL_PER_TASK=1, ONLINE_EPISODES=12, SCALING_PER_TASK=[2, 6, 24],
+             SCALING_THRESHOLDS=[0, -1], TASKS=["click-button", "click-test", "enter-text", "focus-text"])
+COSTS = {"sft_steps": 2.5, "rl_steps": 25.0, "online_episodes": 5.0, "sop_episodes": 3.0, "stages": 60.0}
+
+
+def flags(gamma="0.5", threshold="2", patch="thought-free") -> list[str]:
+    return ["--history", "own", "--gamma", gamma, "--patch-threshold", threshold, "--patch", patch]
+
+
+# arm -> RL flags; "semionline" is the reference, the same run as the main table's
+ARMS = {"semionline": rc.SEMIONLINE_REF, "gamma0": flags(gamma="0"), "thr0": flags(threshold="0"),
+        "thr1": flags(threshold="1"), "thr_unlim": flags(threshold="-1"), "on-policy": flags(patch="on-policy"),
+        "off-policy": flags(patch="off-policy")}
+assert ARMS["semionline"] == flags()
+GROUPS = [("3: discount", ["semionline", "gamma0"]),
+          ("4: patch threshold", ["thr0", "thr1", "semionline", "thr_unlim"]),
+          ("5: patch mode", ["semionline", "on-policy", "off-policy"])]
+
+
+def thr_name(t: int) -> str:
+    return "unlim" if t < 0 else str(t)
+
+
+def main(argv=None) -> dict:
+    args = rc.parse(__doc__, SETTING, QUICK, argv)
+    t_start = time.time()
+    out_json = args.results_dir / ("repro_ablations_quick.json" if args.quick else "repro_ablations.json")
+    stages = rc.Stages(jobs=args.jobs, force=args.force, dry_run=args.dry_run)
+    data = rc.prepare_data(args)
+    keys = data["online_episodes"]
+    n_tasks = len(data["tasks"])
+    scale_runs = [(t, n, s) for t in args.scaling_thresholds for n in args.scaling_per_task for s in args.scaling_seeds]
+
+    # --- SFT per seed (shared with repro_main.py when the setting is the same)
+    sft_seeds = sorted(set(args.seeds) | set(args.scaling_seeds))
+    sft = {s: rc.sft_job(args, data, s) for s in sft_seeds}
+    # --- RL: every ablation arm per seed, then the data-scaling runs on per-task subsets
+    rl = {(arm, s): rc.rl_job(args, data, sft[s], s, arm, f) for arm, f in ARMS.items() for s in args.seeds}
+    per_task_all = min(sum(1 for l in data["train"].read_text().splitlines() if f'"task": "{t}"' in l)
+                       for t in data["tasks"])
+    point_arm = {}  # (threshold, episodes per task, seed) -> the arm whose final checkpoint is that point
+    for t, n, s in scale_runs:
+        same = next((a for a, f in ARMS.items() if f == flags(threshold=str(t))), None)
+        if n >= per_task_all and same and s in args.seeds:  # the full data: the ablation arm's own run
+            point_arm[(t, n, s)] = same
+            continue
+        name = f"scale_t{thr_name(t)}_n{n * n_tasks}"
+        sub = rc.write_subset(data["train"], args.out_root / "data" / f"train_{n_tasks}t_{n}pt.jsonl", data["tasks"], n)
+        rl[(name, s)] = rc.rl_job(args, data, sft[s], s, name, flags(threshold=str(t)), train=sub)
+        point_arm[(t, n, s)] = name
+
+    # --- estimate
+    n_rl = len(rl)
+    n_ckpt = len(args.seeds) + n_rl
+    counts = {"sft_steps": len(sft) * args.sft_steps, "rl_steps": n_rl * args.rl_steps,
+              "online_episodes": n_ckpt * len(keys), "sop_episodes": n_ckpt * args.eval_per_task * n_tasks,
+              "stages": len(sft) + n_rl + n_ckpt}
+    costs = rc.load_costs(COSTS, args.results_dir / "repro_main_quick.json", args.results_dir / "repro_main.json", out_json)
+    print(f"[plan] {n_tasks} tasks, seeds {args.seeds}, {n_rl} RL runs, {n_ckpt} checkpoints x {len(keys)} online "
+          f"episodes; estimated wall {rc.estimate(counts, costs, args.jobs) / 60:.0f} min with {args.jobs} jobs "
+          "(an SFT or reference run shared with repro_main.py is not retrained)", flush=True)
+
+    if not args.report_only:
+        stages.run(list(sft.values()))
+        stages.run(list(rl.values()))
+
+    # --- evaluate the SFT checkpoints and every RL run's end on the same online episodes
+    todo = []
+    for s in args.seeds:
+        if sft[s]["done"].exists():
+            ck = rc.checkpoint_at(sft[s]["dir"], args.sft_steps)
+            todo.append({**rc.eval_job(args, data, rc._rel(ck), f"sft_s{s}_step{args.sft_steps}_{sft[s]['dir'].name}", s),
+                         "meta": (f"sft s{s}", "sft", s, args.sft_steps, True, rc._rel(sft[s]["dir"]))})
+    for (arm, s), tj in rl.items():
+        if tj["done"].exists() or args.dry_run:
+            ck = rc.checkpoint_at(tj["dir"], args.rl_steps)
+            todo.append({**rc.eval_job(args, data, rc._rel(ck), f"{arm}_s{s}_step{args.rl_steps}_{tj['dir'].name}", s),
+                         "meta": (f"{arm} s{s}", arm, s, args.rl_steps, True, rc._rel(tj["dir"]))})
+    rows = []
+    curves = {arm: {s: rc.read_metrics(rl[(arm, s)]["dir"]) for s in args.seeds} for arm in ARMS}
+
+    def summary(final_report: bool = False) -> dict:
+        ck = sorted(rows, key=lambda r: (r["arm"], r["seed"]))
+        r2f, r2cmp = rc.r2_summary(ck)
+        pairs = [("semionline", "gamma0"), ("thr1", "thr0"), ("thr_unlim", "thr0"), ("thr_unlim", "thr1"),
+                 ("on-policy", "off-policy"), ("semionline", "off-policy"), ("semionline", "sft")]
+        cmps = {(a, b): rc.compare_online(ck, a, b) for a, b in pairs}
+        ent = {(a, b): rc.compare_curves(curves, a, b, "entropy") for a, b in (("thr_unlim", "thr0"), ("thr1", "thr0"))}
+        # --- data scaling: one law per patch threshold over its (N, online SR) points
+        points, fits = {}, {}
+        for t in args.scaling_thresholds:
+            name = f"thr {thr_name(t)}"
+            pts = [(min(n, per_task_all) * n_tasks, r["online_sr"]) for (tt, n, sd), arm in point_arm.items() if tt == t
+                   for r in ck if r["arm"] == arm and r["seed"] == sd]
+            points[name] = pts
+            try:
+                fits[name] = rc.scaling_bootstrap([p[0] for p in pts], [p[1] for p in pts], seed=0)
+            except ValueError as e:  # fewer than 3 sizes evaluated so far
+                fits[name] = {"error": str(e)}
+        k_cmp = None
+        if len(args.scaling_thresholds) >= 2:
+            hi, lo = max(args.scaling_thresholds, key=lambda t: 1e9 if t < 0 else t), min(
+                args.scaling_thresholds, key=lambda t: 1e9 if t < 0 else t)
+            k_cmp = rc.compare_scaling(fits.get(f"thr {thr_name(hi)}"), fits.get(f"thr {thr_name(lo)}"),
+                                       f"k thr {thr_name(hi)}", f"k thr {thr_name(lo)}")
+
+        def claim(text, c, higher_is="a"):
+            return {"claim": text, "test": f"{c['a']} - {c['b']} ({c.get('metric')})" if c else "not run",
+                    "diff": c["diff"] if c else None, "diff_ci95": c.get("diff_ci95") if c else None,
+                    "p_value": c["p_value"] if c else None, "verdict": rc.verdict(c, higher_is)}
+        claims = [claim("3: gamma 0.5 > gamma 0 (online SR)", cmps[("semionline", "gamma0")]),
+                  claim("4a: threshold 1 > threshold 0 (online SR)", cmps[("thr1", "thr0")]),
+                  claim("4b: unlimited threshold > threshold 0 (online SR)", cmps[("thr_unlim", "thr0")]),
+                  claim("4c: unlimited threshold keeps entropy higher than 0", ent[("thr_unlim", "thr0")]),
+                  claim("5a: on-policy thoughts > off-policy thoughts (online SR)", cmps[("on-policy", "off-policy")]),
+                  claim("5b: thought-free > off-policy thoughts (online SR)", cmps[("semionline", "off-policy")]),
+                  claim("6: a higher patch threshold moves the scaling exponent k towards 0", k_cmp)]
+        comparisons = [c for c in [*cmps.values(), *ent.values(), k_cmp, r2cmp] if c]
+        s = {"command": "python runs/repro_ablations.py " + " ".join(sys.argv[1:] if argv is None else argv),
+             "commit": rc.git_commit(), "seeds": args.seeds, "scaling_seeds": args.scaling_seeds,
+             "wall_s": round(time.time() - t_start, 1), "stages": stages.log,
+             "config": {k.lower(): getattr(args, k.lower()) for k in SETTING}, "tasks": data["tasks"],
+             "online_episodes": [list(k) for k in keys], "checkpoints": ck, **r2f, "comparisons": comparisons,
+             "claims": claims, "arms": rc.arm_summaries(ck, curves),
+             "scaling": {a: {k: v for k, v in f.items() if k != "k_boot"} for a, f in fits.items()},
+             "scaling_points": points,
+             "unit_costs": rc.unit_costs(stages.log, ck, args.sft_steps, args.rl_steps), "complete": final_report}
+        if final_report:
+            stem = args.results_dir / out_json.stem
+            figs = [rc.plot_bars(Path(f"{stem}_bars.png"), GROUPS, s["arms"]), rc.plot_r2(Path(f"{stem}_r2.png"), ck, s)]
+            if any(rs for runs in curves.values() for rs in runs.values()):
+                figs.append(rc.plot_curves(Path(f"{stem}_curves.png"), curves))
+            if any(points.values()):
+                figs.append(rc.plot_scaling(Path(f"{stem}_scaling.png"), points, fits))
+            s["figures"] = [rc._rel(f) for f in figs]
+        return s
+
+    def on_eval(j):
+        name, arm, seed, step, final, run = j["meta"]
+        rows.append({"name": name, "arm": arm, "seed": seed, "step": step, "final": final, "run": run,
+                     "eval": rc._rel(j["dir"]), **rc.read_eval(j["dir"], keys)})
+        if not args.report_only:
+            rc.write_results(summary(), out_json, "MiniWob++ reproduction: ablations (partial)")
+
+    if args.report_only:
+        for j in todo:
+            if j["done"].exists():
+                on_eval(j)
+    else:
+        stages.run(todo, on_done=on_eval)
+    if args.dry_run:
+        return {}
+    result = summary(final_report=True)
+    rc.write_results(result, out_json, "MiniWob++ reproduction: ablations")
+    print(rc.markdown(rc._nan_to_none(result), "MiniWob++ reproduction: ablations"), flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()

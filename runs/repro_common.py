@@ -1,0 +1,876 @@
+"""Shared machinery of the MiniWob++ reproduction scripts (runs/repro_main.py, runs/repro_ablations.py).
+
+Five parts, top to bottom:
+1. statistics (numpy only): Wilson intervals, the exact McNemar test, a paired (two-level) bootstrap
+   of a difference, R^2 of a least-squares line with a bootstrap interval over checkpoints, and the
+   data-scaling law y = A - B * N^k fitted by profile least squares, with a bootstrap interval on k;
+2. stages: every stage is a printed command of a stage script (train_sft.py, train_semionline.py,
+   eval_sop.py), logged to a file, run in a small pool of one-thread processes, skipped when its
+   output exists (a run folder's name carries a hash of its command, so a changed setting never
+   reuses a stale run);
+3. checkpoint rows: one evaluated checkpoint -> the metrics of the results schema plus its
+   per-episode online outcomes on the shared (task, seed) list, so every comparison is paired;
+4. report: comparisons, verdicts, results JSON + Markdown twin, matplotlib figures, schema check,
+   wall-time estimate from measured unit costs;
+5. the pipeline both scripts share: the SETTING-driven CLI, task-subset data files, and the
+   SFT / RL / eval stage commands.
+
+The results schema (both scripts; `validate_results` checks it):
+    command, commit, seeds, wall_s, config, online_episodes [[task, seed], ...],
+    checkpoints [{name, arm, seed, step, final, run, sop_pg, sop_tsr, static_step_sr, online_sr,
+                  online_sr_ci95 [lo, hi], n_online_episodes, online_outcomes "0110..."}],
+    r2_sop_online, r2_sop_online_ci95, r2_static_online, r2_static_online_ci95,
+    comparisons [{a, b, metric, diff, diff_ci95, p_value, test, ...}], claims [{claim, verdict, ...}]
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+Z95 = 1.959963984540054  # two-sided 95% normal quantile
+N_BOOT = 4000  # bootstrap resamples for every interval and p-value below
+ALPHA = 0.05  # verdict threshold on p-values
+
+# -----------------------------------------------------------------------------
+# 1. statistics
+
+
+def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial rate k/n (Wilson 1927); (nan, nan) for n = 0.
+
+    Unlike the normal interval p +- z*se it stays inside [0, 1] and is not empty at k = 0 or k = n:
+    centre (p + z^2/2n) / (1 + z^2/n), half-width z*sqrt(p(1-p)/n + z^2/4n^2) / (1 + z^2/n).
+    Raises ValueError for k outside [0, n]."""
+    if not 0 <= k <= n:
+        raise ValueError(f"wilson: k={k} outside [0, n={n}]")
+    if n == 0:
+        return (float("nan"), float("nan"))
+    p = k / n
+    den = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value for paired binary outcomes: b = pairs where only A
+    succeeded, c = pairs where only B succeeded. Under H0 the b + c discordant pairs split
+    Binomial(b + c, 1/2); p = min(1, 2 * P(X <= min(b, c))). 1.0 when there is no discordant pair."""
+    if b < 0 or c < 0:
+        raise ValueError(f"mcnemar_exact: negative counts b={b}, c={c}")
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2.0 ** n
+    return min(1.0, 2.0 * tail)
+
+
+def paired_bootstrap(a, b, groups=None, n_boot: int = N_BOOT, seed: int = 0) -> dict:
+    """Bootstrap of mean(a) - mean(b) over paired items (a[i], b[i]): the same online episode
+    played by two checkpoints, or the same RL step of two runs.
+
+    a, b: 1-D arrays of equal length (0/1 outcomes or floats). groups: optional 1-D labels (e.g.
+    the training seed of the pair); then the bootstrap has two levels, as training seeds vary as
+    well as episodes: resample groups with replacement, then items within each drawn group.
+    Returns {diff, diff_ci95 [lo, hi] (percentile), p_value}: two-sided, from the bootstrap
+    distribution shifted to the null, p = (1 + #{|d* - d| >= |d|}) / (1 + n_boot).
+    Fixed `seed`: the same inputs give the same numbers. p_value is nan for fewer than 3 pairs.
+    Raises ValueError on mismatched lengths."""
+    a = np.asarray(a, dtype=float)
+    b = np.asarray(b, dtype=float)
+    if a.shape != b.shape or a.ndim != 1 or a.size == 0:
+        raise ValueError(f"paired_bootstrap: a {a.shape} and b {b.shape} must be equal non-empty 1-D arrays")
+    d = a - b
+    groups = np.zeros(d.size, dtype=int) if groups is None else np.asarray(groups)
+    if groups.shape != d.shape:
+        raise ValueError(f"paired_bootstrap: groups {groups.shape} must match a {a.shape}")
+    rng = np.random.default_rng(seed)
+    blocks = [d[groups == g] for g in np.unique(groups)]
+    stats = np.empty(n_boot)
+    for i in range(n_boot):
+        picks = rng.integers(len(blocks), size=len(blocks)) if len(blocks) > 1 else [0]
+        parts = [blocks[j][rng.integers(blocks[j].size, size=blocks[j].size)] for j in picks]
+        stats[i] = np.concatenate(parts).mean()
+    diff = float(d.mean())
+    p = min(1.0, float((1 + np.sum(np.abs(stats - diff) >= abs(diff) - 1e-12)) / (1 + n_boot)))
+    if d.size < 3:  # a resample of one or two pairs says nothing about their spread: no test
+        p = float("nan")
+    return {"diff": diff, "diff_ci95": [float(np.percentile(stats, 2.5)), float(np.percentile(stats, 97.5))],
+            "p_value": p}
+
+
+def r2(x, y) -> float:
+    """R^2 of the least-squares line of y on x (= squared Pearson correlation); nan when x or y
+    is constant or fewer than 3 points are given (a line through 2 points always has R^2 = 1)."""
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    if x.shape != y.shape or x.size < 3:
+        return float("nan")
+    sxx = np.sum((x - x.mean()) ** 2)
+    syy = np.sum((y - y.mean()) ** 2)
+    if sxx <= 1e-15 or syy <= 1e-15:
+        return float("nan")
+    sxy = np.sum((x - x.mean()) * (y - y.mean()))
+    return float(sxy * sxy / (sxx * syy))
+
+
+def r2_bootstrap(x, y, x2=None, n_boot: int = N_BOOT, seed: int = 0) -> dict:
+    """Percentile 95% interval of R^2(x, y) over checkpoints resampled with replacement.
+    With x2 (a second metric on the same checkpoints), also the paired difference
+    R^2(x, y) - R^2(x2, y) on the same resamples: `diff`, `diff_ci95` and a two-sided p-value
+    (shifted-null rule as in paired_bootstrap). Resamples where R^2 is undefined (a constant
+    column) are dropped and counted in `dropped`. Intervals are [nan, nan] if none is left."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    rng = np.random.default_rng(seed)
+    vals, diffs, dropped = [], [], 0
+    for _ in range(n_boot):
+        idx = rng.integers(x.size, size=x.size)
+        r = r2(x[idx], y[idx])
+        r_2 = r2(np.asarray(x2, dtype=float)[idx], y[idx]) if x2 is not None else 0.0
+        if math.isnan(r) or math.isnan(r_2):
+            dropped += 1
+            continue
+        vals.append(r)
+        diffs.append(r - r_2)
+    ci = [float(np.percentile(vals, 2.5)), float(np.percentile(vals, 97.5))] if vals else [float("nan")] * 2
+    out = {"r2": r2(x, y), "ci95": ci, "dropped": dropped}
+    if x2 is not None:
+        d = out["r2"] - r2(x2, y)
+        diffs = np.asarray(diffs)
+        out["diff"] = d
+        if diffs.size and not math.isnan(d):
+            out["diff_ci95"] = [float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))]
+            out["p_value"] = float(min(1.0, (1 + np.sum(np.abs(diffs - d) >= abs(d) - 1e-12)) / (1 + diffs.size)))
+        else:
+            out["diff_ci95"], out["p_value"] = [float("nan")] * 2, float("nan")
+    return out
+
+
+K_GRID = np.linspace(-4.0, -0.01, 800)
+
+
+def fit_scaling_law(n, y) -> dict:
+    """Fit performance y against data size n (> 0) as y = A - B * n^k = A - B * exp(k ln n): the
+    paper's "exponential law" of performance in (log) data size (arXiv 2509.11543, data-scaling
+    figure; docs/method.md §9). k < 0: performance saturates at A; the closer k is to 0, the more
+    performance still grows with more data (paper: k = -1.13 at patch threshold 0, -0.73 unlimited).
+    Units of n only rescale B, so k is unit-free; our k and the paper's are comparable in order only.
+
+    Profile least squares: for each k on a grid in [-4, -0.01], A and B are the linear LS solution;
+    the k with the smallest residual wins. Returns {A, B, k, sse, at_bound} (at_bound: k hit the
+    grid's end, the law is not identified by these points). Raises ValueError for < 3 distinct
+    sizes or n <= 0."""
+    n, y = np.asarray(n, dtype=float), np.asarray(y, dtype=float)
+    if n.shape != y.shape or np.any(n <= 0) or np.unique(n).size < 3:
+        raise ValueError("fit_scaling_law: need >= 3 distinct positive data sizes, one y per size")
+    best = None
+    for k in K_GRID:
+        X = np.stack([np.ones_like(n), -np.power(n, k)], axis=1)  # (P, 2): y = A*1 + B*(-n^k)
+        coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+        sse = float(np.sum((X @ coef - y) ** 2))
+        if best is None or sse < best[0] - 1e-15:
+            best = (sse, float(coef[0]), float(coef[1]), float(k))
+    sse, A, B, k = best
+    return {"A": A, "B": B, "k": k, "sse": sse, "at_bound": bool(k in (K_GRID[0], K_GRID[-1]))}
+
+
+def scaling_bootstrap(n, y, n_boot: int = 1000, seed: int = 0) -> dict:
+    """fit_scaling_law plus a percentile 95% interval on k over points resampled with replacement
+    (resamples with < 3 distinct sizes are dropped and counted). Returns the fit and `k_ci95`,
+    `k_boot` (the resampled k values, for comparing two laws on matched resamples), `dropped`."""
+    n, y = np.asarray(n, dtype=float), np.asarray(y, dtype=float)
+    fit = fit_scaling_law(n, y)
+    rng = np.random.default_rng(seed)
+    ks, dropped = [], 0
+    for _ in range(n_boot):
+        idx = rng.integers(n.size, size=n.size)
+        if np.unique(n[idx]).size < 3:
+            dropped += 1
+            continue
+        ks.append(fit_scaling_law(n[idx], y[idx])["k"])
+    ci = [float(np.percentile(ks, 2.5)), float(np.percentile(ks, 97.5))] if ks else [float("nan")] * 2
+    return {**fit, "k_ci95": ci, "k_boot": ks, "dropped": dropped}
+
+
+# -----------------------------------------------------------------------------
+# 2. stages
+
+
+def git_commit() -> str:
+    r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                           capture_output=True, text=True).stdout.strip()
+    return r.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def run_dir(root: Path, name: str, cmd: list[str]) -> Path:
+    """root/name_<hash of cmd>: a run folder named by what produced it, so a changed setting (steps,
+    lr, data, model) gets a new folder and identical commands from either script share one."""
+    h = hashlib.sha1(" ".join(cmd[1:]).encode()).hexdigest()[:8]  # not the interpreter path
+    return root / f"{name}_{h}"
+
+
+class Stages:
+    """Runs stage commands from the repo root in a pool of `jobs` processes (OMP_NUM_THREADS =
+    `threads` each), skipping a job whose `done` file exists (unless force). Every job prints its
+    command, logs stdout+stderr to its folder's log.txt and records its wall time in self.log.
+    A failed job raises SystemExit naming its command and log."""
+
+    def __init__(self, jobs: int = 2, threads: int = 1, force: bool = False, dry_run: bool = False):
+        self.jobs, self.threads, self.force, self.dry_run = jobs, threads, force, dry_run
+        self.log: list[dict] = []
+
+    def run(self, todo: list[dict], on_done=None) -> None:
+        """todo: [{"name", "cmd" (list), "dir" (Path), "done" (Path)}]; on_done(job) after each."""
+        pending = []
+        for job in todo:
+            if job["done"].exists() and not self.force:
+                print(f"[skip] {job['name']}: {job['done'].relative_to(REPO)} exists", flush=True)
+                if on_done:
+                    on_done(job)
+            else:
+                pending.append(job)
+        if self.dry_run:
+            for job in pending:
+                print(f"[dry-run] {' '.join(job['cmd'])}", flush=True)
+            return
+        env = {**os.environ, "OMP_NUM_THREADS": str(self.threads), "PYTHONUNBUFFERED": "1"}
+        running = []
+        while pending or running:
+            while pending and len(running) < self.jobs:
+                job = pending.pop(0)
+                job["dir"].mkdir(parents=True, exist_ok=True)
+                (job["dir"] / "cmd.txt").write_text(" ".join(job["cmd"]) + "\n")
+                print(f"[run] {job['name']}: {' '.join(job['cmd'])}  (log: {job['dir'].relative_to(REPO)}/log.txt)",
+                      flush=True)
+                f = open(job["dir"] / "log.txt", "w")
+                running.append((job, time.time(), f, subprocess.Popen(job["cmd"], cwd=REPO, env=env, stdout=f,
+                                                                     stderr=subprocess.STDOUT)))
+            time.sleep(1.0)
+            for item in list(running):
+                job, t0, f, p = item
+                if p.poll() is None:
+                    continue
+                running.remove(item)
+                f.close()
+                if p.returncode != 0:
+                    for _, _, _, other in running:
+                        other.terminate()
+                    raise SystemExit(f"failed ({p.returncode}): {' '.join(job['cmd'])}\n"
+                                     f"see {job['dir'] / 'log.txt'}")
+                wall = round(time.time() - t0, 1)
+                self.log.append({"name": job["name"], "cmd": " ".join(job["cmd"]), "wall_s": wall})
+                print(f"[done] {job['name']} in {wall:.0f} s", flush=True)
+                if on_done:
+                    on_done(job)
+
+
+def checkpoint_at(train_dir: Path, step: int | None = None) -> Path:
+    """train_dir/ckpt/step_XXXXXX (step None: the folder `latest` points to)."""
+    from utils import latest_checkpoint
+    if step is None:
+        c = latest_checkpoint(train_dir / "ckpt")
+        if c is None:
+            raise SystemExit(f"no checkpoint in {train_dir}/ckpt")
+        return c
+    return train_dir / "ckpt" / f"step_{step:06d}"
+
+
+def write_subset(src: Path, dst: Path, tasks: list[str] | None, per_task: int | None) -> Path:
+    """Write the episodes of `tasks` (None: all), the first `per_task` of each (None: all), from
+    JSONL `src` to `dst` (skipped when dst exists with the same content). Screenshots stay where
+    they are: stages given this file need --image-root src's folder."""
+    seen: dict[str, int] = {}
+    lines = []
+    for i, line in enumerate(src.read_text().splitlines()):
+        if not line.strip():
+            continue
+        task = json.loads(line).get("task")
+        if task is None:
+            raise ValueError(f"{src}:{i + 1}: episode has no 'task' field")
+        if tasks is not None and task not in tasks:
+            continue
+        seen[task] = seen.get(task, 0) + 1
+        if per_task is None or seen[task] <= per_task:
+            lines.append(line)
+    if tasks is not None and set(tasks) - set(seen):
+        raise ValueError(f"{src}: no episodes of task(s) {sorted(set(tasks) - set(seen))}")
+    text = "\n".join(lines) + "\n"
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if not dst.exists() or dst.read_text() != text:
+        dst.write_text(text)
+    return dst
+
+
+# -----------------------------------------------------------------------------
+# 3. checkpoint rows
+
+
+def read_eval(res_dir: Path, episode_keys: list[tuple[str, int]]) -> dict:
+    """Metrics of one eval_sop.py --out folder: result.json plus online_episodes.jsonl, the latter
+    as a 0/1 string in the order of `episode_keys` ([(task, seed)], the same list for every
+    checkpoint: paired). Raises SystemExit if an episode of the list is missing."""
+    r = json.loads((res_dir / "result.json").read_text())
+    outcome = {}
+    for line in (res_dir / "online_episodes.jsonl").read_text().splitlines():
+        if line.strip():
+            e = json.loads(line)
+            outcome[(e["task"], int(e["seed"]))] = int(bool(e["success"]))
+    missing = [k for k in episode_keys if k not in outcome]
+    if missing:
+        raise SystemExit(f"{res_dir}/online_episodes.jsonl: {len(missing)} episodes missing, e.g. {missing[0]}")
+    bits = "".join(str(outcome[k]) for k in episode_keys)
+    k = bits.count("1")
+    return {"sop_pg": r.get("sop_pg"), "sop_tsr": r.get("sop_tsr"), "static_step_sr": r.get("static_step_sr"),
+            "online_sr": k / len(bits), "online_sr_ci95": list(wilson(k, len(bits))),
+            "n_online_episodes": len(bits), "online_outcomes": bits, "n_sop_episodes": r.get("episodes"),
+            "online_per_task": {t: v.get("online_sr") for t, v in r.get("per_task", {}).items()},
+            "malformed_responses": r.get("malformed_responses"), "eval_seconds": r.get("seconds"),
+            "online_seconds": sum(float(json.loads(l).get("seconds", 0.0))
+                                  for l in (res_dir / "online_episodes.jsonl").read_text().splitlines() if l.strip())}
+
+
+def read_metrics(train_dir: Path) -> list[dict]:
+    """The per-step lines of a training run's metrics.jsonl ([] if absent)."""
+    f = train_dir / "metrics.jsonl"
+    return [json.loads(l) for l in f.read_text().splitlines() if l.strip()] if f.exists() else []
+
+
+def rl_diagnostics(rows: list[dict]) -> dict:
+    """Per RL run: means over the second half of the steps of reward, entropy, KL, patch rate."""
+    half = rows[len(rows) // 2:]
+
+    def mean(key):
+        v = [r[key] for r in half if r.get(key) is not None]
+        return float(np.mean(v)) if v else None
+    return {k: mean(k) for k in ("reward_mean", "entropy", "kl", "patch_rate", "match_rate", "progress")}
+
+
+# -----------------------------------------------------------------------------
+# 4. report
+
+
+def final_rows(checkpoints: list[dict], arm: str) -> list[dict]:
+    return sorted((c for c in checkpoints if c["arm"] == arm and c.get("final", True)), key=lambda c: c["seed"])
+
+
+def compare_online(checkpoints: list[dict], a: str, b: str, seed: int = 0) -> dict | None:
+    """Paired comparison of the final checkpoints of arms a and b on online success: seed s of a
+    against seed s of b (or against b's only checkpoint when b has one seed, e.g. the base model),
+    every pair on the same episodes. diff, diff_ci95 and p_value from the two-level paired
+    bootstrap (seeds, then episodes); p_mcnemar: exact McNemar on the pooled discordant pairs
+    (treats the pooled episodes as independent; ignores seed-to-seed variance)."""
+    ra, rb = final_rows(checkpoints, a), final_rows(checkpoints, b)
+    if not ra or not rb:
+        return None
+    by_seed = {c["seed"]: c for c in rb}
+    pairs = [(x, by_seed.get(x["seed"], rb[0] if len(rb) == 1 else None)) for x in ra]
+    pairs = [(x, y) for x, y in pairs if y is not None]
+    if not pairs:
+        return None
+    va = np.concatenate([np.array(list(x["online_outcomes"]), dtype=int) for x, _ in pairs])
+    vb = np.concatenate([np.array(list(y["online_outcomes"]), dtype=int) for _, y in pairs])
+    groups = np.concatenate([np.full(len(x["online_outcomes"]), i) for i, (x, _) in enumerate(pairs)])
+    bs = paired_bootstrap(va, vb, groups, seed=seed)
+    n_b, n_c = int(np.sum((va == 1) & (vb == 0))), int(np.sum((va == 0) & (vb == 1)))
+    return {"a": a, "b": b, "metric": "online_sr", **bs, "p_mcnemar": mcnemar_exact(n_b, n_c),
+            "discordant": [n_b, n_c], "n_pairs": int(va.size), "seeds": [x["seed"] for x, _ in pairs],
+            "per_seed_diff": [x["online_sr"] - y["online_sr"] for x, y in pairs],
+            "test": "two-level paired bootstrap (seeds, episodes); exact McNemar on pooled pairs"}
+
+
+def compare_curves(curves: dict, a: str, b: str, key: str, seed: int = 0) -> dict | None:
+    """Paired comparison of a training-curve quantity (e.g. entropy) between arms a and b over the
+    second half of their RL steps, pairs = (seed, step), bootstrap two-level over seeds and steps.
+    curves: {arm: {seed: [metrics rows]}}."""
+    va, vb, groups = [], [], []
+    for s in sorted(set(curves.get(a, {})) & set(curves.get(b, {}))):
+        xa = [r.get(key) for r in curves[a][s]]
+        xb = [r.get(key) for r in curves[b][s]]
+        n = min(len(xa), len(xb))
+        for t in range(n // 2, n):
+            if xa[t] is not None and xb[t] is not None:
+                va.append(xa[t]), vb.append(xb[t]), groups.append(s)
+    if not va:
+        return None
+    return {"a": a, "b": b, "metric": key, **paired_bootstrap(va, vb, groups, seed=seed), "n_pairs": len(va),
+            "test": "two-level paired bootstrap over (seed, RL step), second half of training"}
+
+
+def verdict(cmp: dict | None, higher_is: str = "a") -> str:
+    """held: the difference favours the claim with p < ALPHA; not held: it goes the other way with
+    p < ALPHA; inconclusive otherwise (or when it could not be computed)."""
+    if cmp is None or cmp.get("p_value") is None or math.isnan(cmp["p_value"]) or math.isnan(cmp["diff"]):
+        return "inconclusive"
+    good = cmp["diff"] > 0 if higher_is == "a" else cmp["diff"] < 0
+    if cmp["p_value"] < ALPHA:
+        return "held" if good else "not held"
+    return "inconclusive"
+
+
+def r2_summary(checkpoints: list[dict], seed: int = 0) -> tuple[dict, dict | None]:
+    """Top-level R^2 fields over all checkpoints with the three metrics, and the paired bootstrap
+    comparison R^2(SOP-PG) - R^2(static step SR) as a comparisons entry."""
+    pts = [c for c in checkpoints if None not in (c.get("sop_pg"), c.get("static_step_sr"), c.get("online_sr"))]
+    x_sop = [c["sop_pg"] for c in pts]
+    x_st = [c["static_step_sr"] for c in pts]
+    y = [c["online_sr"] for c in pts]
+    if len(pts) < 3:
+        nan = float("nan")
+        return {"r2_sop_online": nan, "r2_sop_online_ci95": [nan, nan], "r2_static_online": nan,
+                "r2_static_online_ci95": [nan, nan], "r2_n_checkpoints": len(pts)}, None
+    bs_sop = r2_bootstrap(x_sop, y, x2=x_st, seed=seed)
+    bs_st = r2_bootstrap(x_st, y, seed=seed)
+    fields = {"r2_sop_online": bs_sop["r2"], "r2_sop_online_ci95": bs_sop["ci95"],
+              "r2_static_online": bs_st["r2"], "r2_static_online_ci95": bs_st["ci95"],
+              "r2_n_checkpoints": len(pts)}
+    cmp = {"a": "r2_sop_online", "b": "r2_static_online", "metric": "r2", "diff": bs_sop["diff"],
+           "diff_ci95": bs_sop["diff_ci95"], "p_value": bs_sop["p_value"], "n_pairs": len(pts),
+           "test": "paired bootstrap over checkpoints (the same resample for both metrics)"}
+    return fields, cmp
+
+
+def _nan_to_none(o):
+    if isinstance(o, float) and (math.isnan(o) or math.isinf(o)):
+        return None
+    if isinstance(o, dict):
+        return {k: _nan_to_none(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_nan_to_none(v) for v in o]
+    if isinstance(o, (np.floating, np.integer)):
+        return _nan_to_none(o.item())
+    return o
+
+
+CHECKPOINT_KEYS = {"name": str, "arm": str, "seed": int, "sop_pg": float, "sop_tsr": float,
+                   "static_step_sr": float, "online_sr": float, "online_sr_ci95": list, "n_online_episodes": int}
+TOP_KEYS = ("command", "commit", "seeds", "wall_s", "checkpoints", "r2_sop_online", "r2_sop_online_ci95",
+            "r2_static_online", "r2_static_online_ci95", "comparisons")
+
+
+def validate_results(summary: dict, where: str = "results") -> None:
+    """Raise ValueError naming the field if `summary` breaks the results schema (module docstring).
+    Numbers may be None where they are undefined (e.g. R^2 of constant points); JSON has no NaN."""
+    for k in TOP_KEYS:
+        if k not in summary:
+            raise ValueError(f"{where}: missing top-level field '{k}'")
+    for i, c in enumerate(summary["checkpoints"]):
+        for k, typ in CHECKPOINT_KEYS.items():
+            if k not in c:
+                raise ValueError(f"{where}: checkpoints[{i}] missing '{k}'")
+            v = c[k]
+            ok = (v is None and typ is float) or (isinstance(v, typ) and not isinstance(v, bool)) or (
+                typ is float and isinstance(v, int) and not isinstance(v, bool))
+            if not ok:
+                raise ValueError(f"{where}: checkpoints[{i}].{k} = {v!r} is not {typ.__name__}")
+        lo, hi = c["online_sr_ci95"]
+        if not lo <= c["online_sr"] <= hi:
+            raise ValueError(f"{where}: checkpoints[{i}].online_sr_ci95 {c['online_sr_ci95']} excludes online_sr")
+    for k in ("r2_sop_online_ci95", "r2_static_online_ci95"):
+        if not (isinstance(summary[k], list) and len(summary[k]) == 2):
+            raise ValueError(f"{where}: '{k}' must be [low, high]")
+    for i, c in enumerate(summary["comparisons"]):
+        for k in ("a", "b", "diff", "p_value"):
+            if k not in c:
+                raise ValueError(f"{where}: comparisons[{i}] missing '{k}'")
+
+
+def fmt(v, spec=".3f") -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def fmt_ci(ci) -> str:
+    return "[n/a]" if ci is None or any(v is None or (isinstance(v, float) and math.isnan(v)) for v in ci) \
+        else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+def markdown(summary: dict, title: str) -> str:
+    """The Markdown twin: the command, the checkpoint table, R^2, comparisons, claims with verdicts,
+    per-arm diagnostics and per-task online success."""
+    L = [f"# {title}", "", f"`{summary['command']}`  ", f"commit `{summary['commit']}`, seeds {summary['seeds']}, "
+         f"wall {fmt(summary['wall_s'], '.0f')} s, {summary['checkpoints'][0]['n_online_episodes'] if summary['checkpoints'] else 0} "
+         "online episodes per checkpoint (the same for all: paired)", "",
+         "| checkpoint | arm | seed | SOP-PG | SOP-TSR | static step SR | online SR [95% Wilson] | n |",
+         "|---|---|---|---|---|---|---|---|"]
+    for c in summary["checkpoints"]:
+        L.append(f"| {c['name']} | {c['arm']} | {c['seed']} | {fmt(c['sop_pg'])} | {fmt(c['sop_tsr'])} | "
+                 f"{fmt(c['static_step_sr'])} | {fmt(c['online_sr'])} {fmt_ci(c['online_sr_ci95'])} | "
+                 f"{c['n_online_episodes']} |")
+    L += ["", f"R^2 over {summary.get('r2_n_checkpoints', len(summary['checkpoints']))} checkpoints: "
+          f"SOP-PG vs online {fmt(summary['r2_sop_online'])} {fmt_ci(summary['r2_sop_online_ci95'])}, "
+          f"static step SR vs online {fmt(summary['r2_static_online'])} {fmt_ci(summary['r2_static_online_ci95'])} "
+          "(bootstrap 95% over checkpoints; paper: 0.934 vs 0.470)", "",
+          "## Comparisons", "", "| a | b | metric | diff (a - b) [95%] | p | McNemar p | test |", "|---|---|---|---|---|---|---|"]
+    for c in summary["comparisons"]:
+        L.append(f"| {c['a']} | {c['b']} | {c.get('metric', '')} | {fmt(c['diff'], '+.3f')} {fmt_ci(c.get('diff_ci95'))} "
+                 f"| {fmt(c['p_value'], '.3g')} | {fmt(c.get('p_mcnemar'), '.3g')} | {c.get('test', '')} |")
+    if summary.get("claims"):
+        L += ["", "## Claims (automatic verdict; the reading is in the README)", "",
+              f"Rule: held = the difference favours the claim with p < {ALPHA}; not held = it goes the other way "
+              f"with p < {ALPHA}; else inconclusive.", "", "| claim | test | diff | p | verdict |", "|---|---|---|---|---|"]
+        for c in summary["claims"]:
+            L.append(f"| {c['claim']} | {c['test']} | {fmt(c.get('diff'), '+.3f')} | {fmt(c.get('p_value'), '.3g')} "
+                     f"| **{c['verdict']}** |")
+    if summary.get("arms"):
+        L += ["", "## Per-arm diagnostics (final checkpoints pooled over seeds; RL means over the second half of steps)",
+              "", "| arm | seeds | online SR [95%] | SOP-PG | reward | entropy | KL | patch rate |", "|---|---|---|---|---|---|---|---|"]
+        for arm, a in summary["arms"].items():
+            d = a.get("rl") or {}
+            L.append(f"| {arm} | {a['seeds']} | {fmt(a['online_sr'])} {fmt_ci(a['online_sr_ci95'])} | {fmt(a.get('sop_pg'))} "
+                     f"| {fmt(d.get('reward_mean'))} | {fmt(d.get('entropy'))} | {fmt(d.get('kl'), '.2e')} "
+                     f"| {fmt(d.get('patch_rate'))} |")
+        tasks = sorted({t for a in summary["arms"].values() for t in a.get("online_per_task", {})})
+        if tasks:
+            L += ["", "Per-task online success (final checkpoints, mean over seeds):", "",
+                  "| task | " + " | ".join(summary["arms"]) + " |", "|---|" + "---|" * len(summary["arms"])]
+            for t in tasks:
+                L.append(f"| {t} | " + " | ".join(fmt(a.get("online_per_task", {}).get(t), ".2f")
+                                                   for a in summary["arms"].values()) + " |")
+    if summary.get("scaling"):
+        L += ["", "## Data scaling: y = A - B * N^k (N = training episodes)", "",
+              "| arm | k [95%] | A | B | at grid bound |", "|---|---|---|---|---|"]
+        for arm, f in summary["scaling"].items():
+            L.append(f"| {arm} | {fmt(f.get('k'), '.2f')} {fmt_ci(f.get('k_ci95'))} | {fmt(f.get('A'))} | {fmt(f.get('B'))} "
+                     f"| {f.get('at_bound')} |")
+    if summary.get("figures"):
+        L += ["", "Figures: " + ", ".join(f"`{p}`" for p in summary["figures"])]
+    return "\n".join(L) + "\n"
+
+
+def arm_summaries(checkpoints: list[dict], curves: dict) -> dict:
+    """Per arm: its final checkpoints pooled over seeds (online SR with a Wilson interval on the
+    pooled counts, mean SOP-PG, mean per-task online success) and its RL diagnostics."""
+    out = {}
+    for arm in dict.fromkeys(c["arm"] for c in checkpoints):
+        rows = final_rows(checkpoints, arm)
+        if not rows:
+            continue
+        k = sum(r["online_outcomes"].count("1") for r in rows)
+        n = sum(len(r["online_outcomes"]) for r in rows)
+        tasks = sorted({t for r in rows for t in (r.get("online_per_task") or {})})
+        per_task = {t: float(np.mean([r["online_per_task"][t] for r in rows if r["online_per_task"].get(t) is not None]))
+                    for t in tasks}
+        rl = [rl_diagnostics(rs) for rs in curves.get(arm, {}).values() if rs]
+        out[arm] = {"seeds": [r["seed"] for r in rows], "per_seed": [r["online_sr"] for r in rows],
+                    "online_sr": k / n if n else None,
+                    "online_sr_ci95": list(wilson(k, n)) if n else [None, None],
+                    "sop_pg": float(np.mean([r["sop_pg"] for r in rows if r["sop_pg"] is not None] or [np.nan])),
+                    "online_per_task": per_task,
+                    "rl": {key: (float(np.mean([d[key] for d in rl if d[key] is not None]))
+                                 if any(d[key] is not None for d in rl) else None) for key in rl[0]} if rl else None}
+    return out
+
+
+def write_results(summary: dict, json_path: Path, title: str) -> None:
+    """Validate, then write the JSON and its Markdown twin (called after every evaluated checkpoint
+    and at the end, so partial results survive an interrupted run)."""
+    summary = _nan_to_none(summary)
+    validate_results(summary, str(json_path))
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(summary, indent=1) + "\n")
+    json_path.with_suffix(".md").write_text(markdown(summary, title))
+
+
+# --- figures (matplotlib, Agg)
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_r2(path: Path, checkpoints: list[dict], summary: dict) -> Path:
+    """Two panels: SOP-PG and static step SR (x) against online success (y), one labelled point per
+    checkpoint with its Wilson interval, the least-squares line and R^2 with its bootstrap interval."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
+    arms = list(dict.fromkeys(c["arm"] for c in checkpoints))
+    colours = {a: plt.cm.tab10(i % 10) for i, a in enumerate(arms)}
+    for ax, key, label, r2k in ((axes[0], "sop_pg", "SOP-PG", "r2_sop_online"),
+                                (axes[1], "static_step_sr", "static step SR", "r2_static_online")):
+        pts = [c for c in checkpoints if c.get(key) is not None and c.get("online_sr") is not None]
+        for c in pts:
+            lo, hi = c["online_sr_ci95"]
+            ax.errorbar(c[key], c["online_sr"], yerr=[[c["online_sr"] - lo], [hi - c["online_sr"]]], fmt="o",
+                        color=colours[c["arm"]], capsize=2, alpha=0.8)
+        labels: dict = {}  # coinciding points share one label instead of overprinting each other
+        for c in pts:
+            labels.setdefault((round(c[key], 4), round(c["online_sr"], 4)), []).append(c["name"])
+        for (x, y), names in labels.items():
+            text = names[0] if len(names) == 1 else f"{names[0]} (+{len(names) - 1} more)"
+            ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=6)
+        if len(pts) >= 2 and np.ptp([c[key] for c in pts]) > 0:
+            slope, icpt = np.polyfit([c[key] for c in pts], [c["online_sr"] for c in pts], 1)
+            xs = np.linspace(min(c[key] for c in pts), max(c[key] for c in pts), 10)
+            ax.plot(xs, slope * xs + icpt, "k--", lw=1)
+        ax.set_title(f"{label}: R$^2$ = {fmt(summary.get(r2k))} {fmt_ci(summary.get(r2k + '_ci95'))}")
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("online success (95% Wilson)")
+    handles = [plt.Line2D([], [], marker="o", ls="", color=colours[a], label=a) for a in arms]
+    axes[1].legend(handles=handles, fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_curves(path: Path, curves: dict, keys=("reward_mean", "entropy", "kl", "patch_rate")) -> Path:
+    """RL training curves per arm: the mean over seeds as a line, the min-max over seeds as a band.
+    curves: {arm: {seed: [metrics.jsonl rows]}}."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.6))
+    for i, arm in enumerate(curves):
+        runs = [rs for rs in curves[arm].values() if rs]
+        if not runs:
+            continue
+        n = min(len(rs) for rs in runs)
+        for ax, key in zip(axes, keys):
+            m = np.array([[np.nan if r.get(key) is None else r[key] for r in rs[:n]] for rs in runs], dtype=float)
+            steps = np.arange(1, n + 1)
+            colour = plt.cm.tab10(i % 10)
+            ax.plot(steps, np.nanmean(m, axis=0), color=colour, label=f"{arm} ({len(runs)} seeds)")
+            if len(runs) > 1:
+                ax.fill_between(steps, np.nanmin(m, axis=0), np.nanmax(m, axis=0), color=colour, alpha=0.2)
+    for ax, key in zip(axes, keys):
+        ax.set_title(key)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_bars(path: Path, groups: list[tuple[str, list[str]]], arms: dict) -> Path:
+    """Ablation bars: one panel per ablation (title, [arm, ...]), pooled online success per arm with
+    its Wilson interval, the per-seed values as dots."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(groups), figsize=(3.6 * len(groups), 3.8), squeeze=False)
+    for ax, (title, names) in zip(axes[0], groups):
+        names = [a for a in names if a in arms]
+        for j, a in enumerate(names):
+            s = arms[a]
+            lo, hi = s["online_sr_ci95"]
+            ax.bar(j, s["online_sr"], color=plt.cm.tab10(j % 10), alpha=0.7)
+            ax.errorbar(j, s["online_sr"], yerr=[[s["online_sr"] - lo], [hi - s["online_sr"]]], color="k", capsize=4)
+            for v in s.get("per_seed", []):
+                ax.plot(j, v, "k.", ms=5)
+        ax.set_xticks(range(len(names)), names, rotation=20, fontsize=7)
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0][0].set_ylabel("online success (95% Wilson, pooled seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_scaling(path: Path, points: dict, fits: dict) -> Path:
+    """Data scaling: points {arm: [(N, y), ...]} on a log N axis, each arm's fitted law y = A - B N^k."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for i, (arm, pts) in enumerate(points.items()):
+        colour = plt.cm.tab10(i % 10)
+        n = np.array([p[0] for p in pts], dtype=float)
+        y = np.array([p[1] for p in pts], dtype=float)
+        ax.plot(n, y, "o", color=colour, alpha=0.8)
+        f = fits.get(arm)
+        if f and f.get("k") is not None:
+            xs = np.geomspace(n.min(), n.max(), 50)
+            ax.plot(xs, f["A"] - f["B"] * xs ** f["k"], color=colour,
+                    label=f"{arm}: k = {fmt(f['k'], '.2f')} {fmt_ci(f.get('k_ci95'))}")
+        else:
+            ax.plot([], [], "o", color=colour, label=f"{arm}: no fit")
+    ax.set_xscale("log")
+    ax.set_xlabel("training episodes N (log)")
+    ax.set_ylabel("online success")
+    ax.set_title("data scaling: y = A - B N^k")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def estimate(counts: dict, costs: dict, jobs: int) -> float:
+    """Estimated wall seconds: sum over kinds of units x seconds per unit, divided by the pool size.
+    counts/costs keys: sft_steps, rl_steps, online_episodes, sop_episodes, stages (the fixed cost of
+    a stage process: imports, model load, browser start; ~60-100 s each on the loaded 2-core machine)."""
+    return sum(counts[k] * costs.get(k, 0.0) for k in counts) / max(jobs, 1)
+
+
+def unit_costs(stage_log: list[dict], evals: list[dict], sft_steps: int, rl_steps: int) -> dict:
+    """Measured seconds per unit (one process, one thread) from this run's stage log and eval rows,
+    for the next run's estimate: per SFT step, per RL step, per online episode, per offline (SOP +
+    static) episode."""
+    def per(script, units):
+        w = [e["wall_s"] for e in stage_log if script in e["cmd"]]
+        return float(np.mean(w)) / units if w and units else None
+    on = [c["online_seconds"] / c["n_online_episodes"] for c in evals if c.get("online_seconds")]
+    off = [(c["eval_seconds"] - c["online_seconds"]) / max(c.get("n_sop_episodes") or 1, 1)
+           for c in evals if c.get("eval_seconds") and c.get("online_seconds") is not None]
+    return {"sft_steps": per("train_sft.py", sft_steps), "rl_steps": per("train_semionline.py", rl_steps),
+            "online_episodes": float(np.mean(on)) if on else None, "sop_episodes": float(np.mean(off)) if off else None}
+
+
+def load_costs(defaults: dict, *paths: Path) -> dict:
+    """Cost constants: `defaults`, overridden by the unit_costs of earlier results files that exist."""
+    costs = dict(defaults)
+    for p in paths:
+        if p.exists():
+            for k, v in (json.loads(p.read_text()).get("unit_costs") or {}).items():
+                if v:
+                    costs[k] = v
+    return costs
+
+
+def python() -> str:
+    return sys.executable
+
+
+# -----------------------------------------------------------------------------
+# 5. the pipeline shared by both scripts: CLI, data subsets, SFT, RL and eval jobs
+
+
+# semi-online RL as the main table runs it, spelled out so the ablations' reference arm is the same
+# run (same command hash): gamma 0.5, patch threshold 2, thought-free patches (docs/method.md §5-§6)
+SEMIONLINE_REF = ["--history", "own", "--gamma", "0.5", "--patch-threshold", "2", "--patch", "thought-free"]
+
+
+def compare_scaling(fa: dict | None, fb: dict | None, a: str, b: str) -> dict | None:
+    """k of law a minus k of law b, interval and shifted-null p from their bootstrap k values
+    (independent resamples of independent runs, paired by index)."""
+    if not fa or not fb or not fa.get("k_boot") or not fb.get("k_boot"):
+        return None
+    m = min(len(fa["k_boot"]), len(fb["k_boot"]))
+    d = np.asarray(fa["k_boot"][:m]) - np.asarray(fb["k_boot"][:m])
+    diff = fa["k"] - fb["k"]
+    p = (1 + np.sum(np.abs(d - diff) >= abs(diff) - 1e-12)) / (1 + m)
+    return {"a": a, "b": b, "metric": "scaling_k", "diff": diff,
+            "diff_ci95": [float(np.percentile(d, 2.5)), float(np.percentile(d, 97.5))], "p_value": float(min(1.0, p)),
+            "test": "bootstrap of each law's k over its points"}
+
+
+def make_parser(doc: str, setting: dict, quick: dict):
+    """argparse over a script's SETTING dict (every key a flag, its value the default); --quick
+    swaps in the QUICK overrides. Lists are given as space-separated values."""
+    import argparse
+    p = argparse.ArgumentParser(description=doc.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--quick", action="store_true", help=f"the small setting for a user check: {quick}".replace("%", "%%"))
+    p.add_argument("--out", default="out/repro", help="root folder of runs (shared by both scripts: identical stages are reused)")
+    p.add_argument("--results", default="results", help="where the results JSON/MD/PNGs land")
+    p.add_argument("--jobs", type=int, default=2, help="stage processes at once (one thread each)")
+    p.add_argument("--force", action="store_true", help="redo stages whose outputs exist")
+    p.add_argument("--dry-run", action="store_true", help="print the commands and the estimate, run nothing")
+    p.add_argument("--report-only", action="store_true", help="no training or evaluation: report what exists")
+    for k, v in setting.items():
+        flag = "--" + k.lower().replace("_", "-")
+        if k.endswith(("_EXTRA", "_ARGS")):  # flags passed through to a stage: one quoted string
+            p.add_argument(flag, type=shlex.split, default=list(v), help=k + " (one quoted string, e.g. \"--a 1 --b\")")
+        elif isinstance(v, list):
+            p.add_argument(flag, nargs="*", type=type(v[0]) if v and not isinstance(v[0], str) else str, default=v, help=k)
+        elif isinstance(v, bool):
+            p.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=v, help=k)
+        elif v is None:
+            p.add_argument(flag, nargs="*", default=None, help=k + " (None: all)")
+        else:
+            p.add_argument(flag, type=type(v), default=v, help=k)
+    return p
+
+
+def parse(doc: str, setting: dict, quick: dict, argv=None):
+    """Parse the command line; with --quick, QUICK overrides the defaults (explicit flags still win)."""
+    p = make_parser(doc, setting, quick)
+    args = p.parse_args(argv)
+    if args.quick:
+        p.set_defaults(**{k.lower(): v for k, v in quick.items()})
+        args = p.parse_args(argv)
+    args.out_root = REPO / args.out
+    args.results_dir = REPO / args.results
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def all_tasks(test_data: str) -> list[str]:
+    return list(dict.fromkeys(json.loads(l)["task"] for l in (REPO / test_data).read_text().splitlines() if l.strip()))
+
+
+def prepare_data(args) -> dict:
+    """The task subset's train/test files under OUT/data (all tasks: the files as they are),
+    the online episode list [(task, seed)] and its seeds per task (>= args.online_episodes in all)."""
+    tasks = args.tasks or all_tasks(args.test_data)
+    root = args.out_root / "data"
+    src_train, src_test = REPO / args.train_data, REPO / args.test_data
+    train = write_subset(src_train, root / f"train_{len(tasks)}t.jsonl", tasks, None) if args.tasks else src_train
+    test = write_subset(src_test, root / f"test_{len(tasks)}t.jsonl", tasks, None) if args.tasks else src_test
+    per_task = math.ceil(args.online_episodes / len(tasks))
+    keys = [(t, args.online_seed_base + i) for t in tasks for i in range(per_task)]
+    return {"tasks": tasks, "train": train, "test": test, "image_root": str(src_train.parent.relative_to(REPO)),
+            "online_seeds_per_task": per_task, "online_episodes": keys}
+
+
+def _rel(p: Path | str) -> str:
+    p = Path(p)
+    return str(p.relative_to(REPO)) if p.is_absolute() and REPO in p.parents else str(p)
+
+
+def job(root: Path, name: str, cmd: list[str], done: str) -> dict:
+    """A stage job: its folder is root/name_<hash of cmd>, `--out` that folder, done = folder/done."""
+    d = run_dir(root, name, cmd)
+    return {"name": name, "cmd": cmd + ["--out", _rel(d)], "dir": d, "done": d / done}
+
+
+def sft_job(args, data: dict, seed: int) -> dict:
+    cmd = [python(), "train_sft.py", "--data", _rel(data["train"]), "--image-root", data["image_root"],
+           "--model", args.model, *args.model_args, "--max-steps", str(args.sft_steps), "--lr", str(args.sft_lr),
+           "--seed", str(seed), "--save-every", str(max(args.sft_steps // 2, 1)),  # the midpoint is kept either way:
+           "--eval-every", str(max(args.sft_steps // 4, 1)), *args.sft_extra]  # the same command from both scripts
+    return job(args.out_root / "sft", f"sft_s{seed}", cmd, "ckpt/latest")
+
+
+def rl_job(args, data: dict, sft: dict, seed: int, name: str, flags: list[str], train: Path | None = None) -> dict:
+    """Semi-online (or, with --history expert, offline) RL from seed `seed`'s SFT checkpoint."""
+    cmd = [python(), "train_semionline.py", "--model", _rel(checkpoint_at(sft["dir"], args.sft_steps)),
+           "--data", _rel(train or data["train"]),
+           "--image-root", data["image_root"], "--max-steps", str(args.rl_steps),
+           "--lr", str(args.rl_lr), "--seed", str(seed),
+           "--save-every", str(max(args.rl_steps // 2, 1)), *args.rl_extra, *flags]
+    return job(args.out_root / "rl", f"{name}_s{seed}", cmd, "ckpt/latest")
+
+
+def eval_job(args, data: dict, model: str, name: str, seed: int) -> dict:
+    """eval_sop.py on the test file (SOP + static) and online on the shared episode list."""
+    tasks = list(dict.fromkeys(t for t, _ in data["online_episodes"]))
+    base = args.model_args if model == args.model else []  # the untrained model's own flags
+    cmd = [python(), "eval_sop.py", "--policy", "model", "--model", model, *base, "--seed", str(seed),
+           "--data", _rel(data["test"]), "--image-root", data["image_root"], "--per-task-limit", str(args.eval_per_task),
+           "--elements", "--protocol", "sop", "static", "--online", "--online-tasks", *tasks,
+           "--online-seeds", str(data["online_seeds_per_task"]), "--online-seed-base", str(args.online_seed_base),
+           "--online-max-steps", str(args.online_max_steps), "--report-episodes", "4", *args.eval_extra]
+    return job(args.out_root / "eval", name.replace(" ", "_").replace("/", "-"), cmd, "result.json")
+
+
+def checkpoints_of(train_job: dict, steps: int, eval_mid: bool) -> list[tuple[int, bool, Path]]:
+    """[(step, final, folder)] to evaluate for a finished training job: the midpoint (when kept) and the end."""
+    out = []
+    if eval_mid and steps >= 2:
+        mid = checkpoint_at(train_job["dir"], max(steps // 2, 1))
+        if mid.exists() and steps // 2 != steps:
+            out.append((steps // 2, False, mid))
+    out.append((steps, True, checkpoint_at(train_job["dir"], steps)))
+    return out

@@ -1,0 +1,156 @@
+"""The main table of the MiniWob++ reproduction: base, SFT, SFT + offline RL and SFT + semi-online RL,
+several seeds, every checkpoint measured by SOP, static step success and online success on the same
+fresh online episodes. Tests the paper's claims (docs/method.md §9):
+  1. SFT + semi-online RL beats SFT, and beats offline RL (--history expert) from the same SFT
+     checkpoint, on online success (paired, per seed, then pooled with a two-level bootstrap);
+  2. SOP-PG tracks online success better than static step SR (R^2 over every evaluated checkpoint:
+     base, SFT and RL midpoints and ends; paper 0.934 vs 0.470).
+Writes results/repro_main.{json,md}, results/repro_main_r2.png, results/repro_main_curves.png.
+
+    python runs/repro_main.py               # the full setting below (prints its estimated wall time first)
+    python runs/repro_main.py --quick       # a small check of the whole pipeline (< 20 min on 2 cores)
+    python runs/repro_main.py --dry-run     # the commands and the estimate, nothing run
+    python runs/repro_main.py --report-only # rebuild the results from the runs that exist
+
+Each stage is a printed call of a stage script, logged to its run folder (OUT/<stage>/<name>_<hash>/
+log.txt) and skipped when its output exists; the results are rewritten after every evaluated
+checkpoint, so an interrupted run leaves partial results. runs/repro_ablations.py shares OUT and
+reuses the SFT runs of an identical setting.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import repro_common as rc  # noqa: E402
+
+# --- the setting: every default in one place (each key is also a command-line flag)
+SETTING = dict(
+    TASKS=None,                                  # MiniWob++ task subset (None: every task of TEST_DATA)
+    TRAIN_DATA="data/miniwob/train.jsonl",
+    TEST_DATA="data/miniwob/test.jsonl",
+    MODEL="tiny",                                # 'tiny' or a Hugging Face folder
+    MODEL_ARGS=[],                               # flags of the untrained model, given to train_sft.py and the base eval
+    SEEDS=[0, 1, 2],                             # training seeds per arm (claims 1-2: >= 3)
+    BASE_SEEDS=[0],                              # seeds of the untrained model evaluated
+    SFT_STEPS=400, SFT_LR=5e-3, SFT_EXTRA=[],
+    RL_STEPS=16, RL_LR=1e-4,
+    RL_EXTRA=["--tasks-per-step", "4", "--n-rollouts", "4", "--max-new-tokens", "80", "--filter-std", "0"],
+    EVAL_MID=True,                               # also evaluate the SFT and RL midpoints (more points for R^2)
+    EVAL_PER_TASK=3,                             # SOP/static test episodes per task
+    ONLINE_EPISODES=100,                         # at least this many fresh online episodes per checkpoint
+    ONLINE_SEED_BASE=200000,                     # fresh: not the seeds of the train (0+) or test (100000+) files
+    ONLINE_MAX_STEPS=8,
+    EVAL_EXTRA=["--max-new-tokens", "80"],
+)
+QUICK = dict(SEEDS=[0], SFT_STEPS=60, RL_STEPS=4, EVAL_MID=False, EVAL_PER_TASK=1, ONLINE_EPISODES=24,
+             TASKS=["click-button", "click-link", "click-test", "enter-text", "focus-text", "click-dialog"])
+# seconds per unit, one process with one thread, on the loaded 2-core machine; replaced by the
+# unit_costs measured by an earlier run (results JSON) when there is one
+COSTS = {"sft_steps": 2.5, "rl_steps": 25.0, "online_episodes": 5.0, "sop_episodes": 3.0, "stages": 60.0}
+ARMS = {"offline": ["--history", "expert"], "semionline": rc.SEMIONLINE_REF}  # RL arms and their flags
+
+
+def main(argv=None) -> dict:
+    args = rc.parse(__doc__, SETTING, QUICK, argv)
+    t_start = time.time()
+    out_json = args.results_dir / ("repro_main_quick.json" if args.quick else "repro_main.json")
+    stages = rc.Stages(jobs=args.jobs, force=args.force, dry_run=args.dry_run)
+    data = rc.prepare_data(args)
+    keys = data["online_episodes"]
+
+    # --- estimate
+    n_ckpt = len(args.base_seeds) + len(args.seeds) * (1 + len(ARMS)) * (2 if args.eval_mid else 1)
+    counts = {"sft_steps": len(args.seeds) * args.sft_steps, "rl_steps": len(args.seeds) * len(ARMS) * args.rl_steps,
+              "online_episodes": n_ckpt * len(keys), "sop_episodes": n_ckpt * args.eval_per_task * len(data["tasks"]),
+              "stages": len(args.seeds) * (1 + len(ARMS)) + n_ckpt}
+    costs = rc.load_costs(COSTS, out_json)
+    print(f"[plan] {len(data['tasks'])} tasks, seeds {args.seeds}, {n_ckpt} checkpoints x {len(keys)} online episodes; "
+          f"estimated wall {rc.estimate(counts, costs, args.jobs) / 60:.0f} min with {args.jobs} jobs "
+          f"(costs s/unit: {costs})", flush=True)
+
+    # --- SFT, one run per seed
+    sft = {s: rc.sft_job(args, data, s) for s in args.seeds}
+    if not args.report_only:
+        stages.run(list(sft.values()))
+    # --- RL from each seed's SFT checkpoint: offline (expert history) and semi-online (own history)
+    rl = {(arm, s): rc.rl_job(args, data, sft[s], s, arm, flags) for arm, flags in ARMS.items() for s in args.seeds}
+    if not args.report_only:
+        stages.run(list(rl.values()))
+
+    # --- evaluate every checkpoint on the same online episodes
+    todo = []
+    for s in args.base_seeds:
+        todo.append({**rc.eval_job(args, data, args.model, f"base_s{s}", s), "meta": ("base", "base", s, 0, True, None)})
+    for arm, runs, steps in [("sft", {s: sft[s] for s in args.seeds}, args.sft_steps)] + \
+            [(arm, {s: rl[(arm, s)] for s in args.seeds}, args.rl_steps) for arm in ARMS]:
+        for s, tj in runs.items():
+            if not tj["done"].exists():
+                continue
+            for step, final, ck in rc.checkpoints_of(tj, steps, args.eval_mid):
+                name = f"{arm} s{s}" + ("" if final else f" @{step}")
+                todo.append({**rc.eval_job(args, data, rc._rel(ck), f"{arm}_s{s}_step{step}_{tj['dir'].name}", s),
+                             "meta": (name, arm, s, step, final, rc._rel(tj["dir"]))})
+    rows = []
+    curves = {arm: {s: rc.read_metrics(rl[(arm, s)]["dir"]) for s in args.seeds} for arm in ARMS}
+
+    def summary(final_report: bool = False) -> dict:
+        order = {a: i for i, a in enumerate(["base", "sft", *ARMS])}
+        ck = sorted(rows, key=lambda r: (order.get(r["arm"], 9), r["seed"], r["step"]))
+        r2f, r2cmp = rc.r2_summary(ck)
+        cmps = [c for c in (rc.compare_online(ck, "semionline", "sft"), rc.compare_online(ck, "semionline", "offline"),
+                            rc.compare_online(ck, "offline", "sft"), rc.compare_online(ck, "sft", "base"),
+                            r2cmp) if c]
+        by = {(c["a"], c["b"]): c for c in cmps}
+        claims = [
+            {"claim": "1a: SFT + semi-online RL > SFT (online SR)", "test": "semionline - sft",
+             **_pick(by.get(("semionline", "sft"))), "verdict": rc.verdict(by.get(("semionline", "sft")))},
+            {"claim": "1b: semi-online RL > offline RL from the same SFT (online SR)", "test": "semionline - offline",
+             **_pick(by.get(("semionline", "offline"))), "verdict": rc.verdict(by.get(("semionline", "offline")))},
+            {"claim": "2: R^2(SOP-PG, online) > R^2(static step SR, online)", "test": "r2_sop - r2_static",
+             **_pick(r2cmp), "verdict": rc.verdict(r2cmp)},
+        ]
+        s = {"command": "python runs/repro_main.py " + " ".join(sys.argv[1:] if argv is None else argv),
+             "commit": rc.git_commit(), "seeds": args.seeds, "wall_s": round(time.time() - t_start, 1),
+             "stages": stages.log, "config": {k.lower(): getattr(args, k.lower()) for k in SETTING},
+             "tasks": data["tasks"], "online_episodes": [list(k) for k in keys],
+             "checkpoints": ck, **r2f, "comparisons": cmps, "claims": claims,
+             "arms": rc.arm_summaries(ck, curves),
+             "unit_costs": rc.unit_costs(stages.log, ck, args.sft_steps, args.rl_steps), "complete": final_report}
+        if final_report:
+            figs = [rc.plot_r2(args.results_dir / f"{out_json.stem}_r2.png", ck, s)]
+            if any(rs for runs in curves.values() for rs in runs.values()):
+                figs.append(rc.plot_curves(args.results_dir / f"{out_json.stem}_curves.png", curves))
+            s["figures"] = [rc._rel(f) for f in figs]
+        return s
+
+    def on_eval(j):
+        name, arm, seed, step, final, run = j["meta"]
+        rows.append({"name": name, "arm": arm, "seed": seed, "step": step, "final": final, "run": run,
+                     "eval": rc._rel(j["dir"]), **rc.read_eval(j["dir"], keys)})
+        if not args.report_only:
+            rc.write_results(summary(), out_json, "MiniWob++ reproduction: main table (partial)")
+
+    if args.report_only:
+        for j in todo:
+            if j["done"].exists():
+                on_eval(j)
+    else:
+        stages.run(todo, on_done=on_eval)
+    if args.dry_run:
+        return {}
+    result = summary(final_report=True)
+    rc.write_results(result, out_json, "MiniWob++ reproduction: main table")
+    print(rc.markdown(rc._nan_to_none(result), "MiniWob++ reproduction: main table"), flush=True)
+    return result
+
+
+def _pick(c: dict | None) -> dict:
+    return {k: c[k] for k in ("diff", "diff_ci95", "p_value")} if c else {"diff": None, "p_value": None}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""Statistics and report of the reproduction scripts (runs/repro_common.py) against hand-computed
+values, and the results schema on a small fabricated results set (no training, no browser)."""
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runs"))
+import repro_common as rc  # noqa: E402
+
+
+# --- Wilson: hand values, z = 1.959964
+# 0/30: [0, z^2/(n+z^2)] = [0, 3.841459/33.841459] = [0, 0.113513]
+# 15/30: centre 0.5, half = z*sqrt(0.25/30 + z^2/3600)/(1 + z^2/30) = 0.190030/1.128049 = 0.168459 -> [0.331541, 0.668459]
+# 30/30: mirror of 0/30
+@pytest.mark.parametrize("k,n,lo,hi", [(0, 30, 0.0, 0.113513), (15, 30, 0.331541, 0.668459), (30, 30, 0.886487, 1.0),
+                                       (1, 18, 0.009875, 0.257573)])
+def test_wilson_hand_values(k, n, lo, hi):
+    got = rc.wilson(k, n)
+    assert got[0] == pytest.approx(lo, abs=2e-6) and got[1] == pytest.approx(hi, abs=2e-6)
+
+
+def test_wilson_rejects_bad_counts():
+    with pytest.raises(ValueError, match="outside"):
+        rc.wilson(5, 4)
+    assert all(math.isnan(v) for v in rc.wilson(0, 0))
+
+
+def test_mcnemar_exact_hand_values():
+    # b=1, c=5: n=6, P(X<=1) = (1 + 6)/64, two-sided 14/64
+    assert rc.mcnemar_exact(1, 5) == pytest.approx(14 / 64)
+    assert rc.mcnemar_exact(5, 1) == pytest.approx(14 / 64)
+    # b=0, c=6: 2 * 1/64
+    assert rc.mcnemar_exact(0, 6) == pytest.approx(2 / 64)
+    # balanced or empty: 1
+    assert rc.mcnemar_exact(3, 3) == 1.0 and rc.mcnemar_exact(0, 0) == 1.0
+    with pytest.raises(ValueError):
+        rc.mcnemar_exact(-1, 2)
+
+
+def test_paired_bootstrap_extremes_and_sign():
+    a, b = np.ones(100), np.zeros(100)
+    r = rc.paired_bootstrap(a, b, n_boot=500)
+    assert r["diff"] == 1.0 and r["diff_ci95"] == [1.0, 1.0]
+    assert r["p_value"] == pytest.approx(1 / 501)  # no resample as far from the null as the data
+    same = rc.paired_bootstrap(a, a, n_boot=200)
+    assert same["diff"] == 0.0 and same["p_value"] == 1.0
+    # 10 discordant pairs for a, 0 for b, out of 100: diff 0.1, CI above 0, small p; reversed is the mirror
+    x = np.zeros(100)
+    x[:10] = 1
+    r = rc.paired_bootstrap(x, np.zeros(100), n_boot=2000, seed=1)
+    assert r["diff"] == pytest.approx(0.1) and r["diff_ci95"][0] > 0 and r["p_value"] < 0.01
+    rr = rc.paired_bootstrap(np.zeros(100), x, n_boot=2000, seed=1)
+    assert rr["diff"] == pytest.approx(-0.1) and rr["diff_ci95"][1] < 0
+    with pytest.raises(ValueError):
+        rc.paired_bootstrap([1, 0], [1])
+    # one pair (e.g. the second half of a 2-step run): no test, not a p of 1/(B+1)
+    one = rc.paired_bootstrap([0.5], [0.4], n_boot=100)
+    assert one["diff"] == pytest.approx(0.1) and math.isnan(one["p_value"])
+    assert rc.verdict(one) == "inconclusive"
+
+
+def test_paired_bootstrap_groups_widen_for_seed_variance():
+    # two seeds that disagree (+0.5 and -0.3): resampling seeds must widen the interval
+    rng = np.random.default_rng(0)
+    a = np.concatenate([np.ones(50) * (rng.random(50) < 0.8), np.ones(50) * (rng.random(50) < 0.2)])
+    b = np.concatenate([np.ones(50) * (rng.random(50) < 0.3), np.ones(50) * (rng.random(50) < 0.5)])
+    g = np.repeat([0, 1], 50)
+    flat = rc.paired_bootstrap(a, b, n_boot=1000)
+    two = rc.paired_bootstrap(a, b, groups=g, n_boot=1000)
+    assert two["diff"] == flat["diff"]
+    assert two["diff_ci95"][1] - two["diff_ci95"][0] > flat["diff_ci95"][1] - flat["diff_ci95"][0]
+
+
+def test_r2_hand_values():
+    assert rc.r2([0, 1, 2, 3], [1, 3, 5, 7]) == pytest.approx(1.0)  # a perfect line
+    assert rc.r2([0, 1, 2, 3], [7, 5, 3, 1]) == pytest.approx(1.0)  # a falling one too
+    # x = 0,1,2, y = 0,2,1: sxy = 1, sxx = 2, syy = 2 -> 1/4
+    assert rc.r2([0, 1, 2], [0, 2, 1]) == pytest.approx(0.25)
+    assert math.isnan(rc.r2([1, 1, 1], [0, 1, 2]))  # constant x: undefined, not 0 or 1
+    assert math.isnan(rc.r2([0, 1], [0, 1]))  # two points: always 1, reported as undefined
+
+
+def test_r2_bootstrap_and_difference():
+    x = np.linspace(0, 1, 12)
+    y = x + np.array([0.01, -0.02, 0.0, 0.02, -0.01, 0.0, 0.01, -0.02, 0.02, 0.0, -0.01, 0.01])
+    noise = np.array([0.9, 0.1, 0.5, 0.3, 0.8, 0.2, 0.7, 0.4, 0.6, 0.0, 1.0, 0.35])
+    r = rc.r2_bootstrap(x, y, x2=noise, n_boot=1000)
+    assert r["r2"] > 0.99 and r["ci95"][0] > 0.95 and r["ci95"][1] <= 1.0
+    assert r["diff"] > 0.5 and r["diff_ci95"][0] > 0 and r["p_value"] < 0.01
+
+
+def test_scaling_law_recovers_exponent():
+    n = np.array([10, 20, 40, 80, 160, 320], dtype=float)
+    y = 0.8 - 0.9 * n ** -0.7
+    f = rc.fit_scaling_law(n, y)
+    assert f["k"] == pytest.approx(-0.7, abs=0.01) and f["A"] == pytest.approx(0.8, abs=0.01)
+    assert f["B"] == pytest.approx(0.9, rel=0.05) and not f["at_bound"]
+    rng = np.random.default_rng(0)
+    nn = np.repeat(n, 2)
+    yy = 0.8 - 0.9 * nn ** -0.7 + rng.normal(0, 0.01, nn.size)
+    b = rc.scaling_bootstrap(nn, yy, n_boot=200)
+    assert b["k_ci95"][0] < -0.7 + 0.15 and b["k_ci95"][1] > -0.7 - 0.15 and b["k_ci95"][0] <= b["k_ci95"][1]
+    with pytest.raises(ValueError, match="distinct"):
+        rc.fit_scaling_law([1, 1, 2], [0.1, 0.2, 0.3])
+
+
+def test_verdict_rule():
+    assert rc.verdict({"diff": 0.1, "p_value": 0.01}) == "held"
+    assert rc.verdict({"diff": -0.1, "p_value": 0.01}) == "not held"
+    assert rc.verdict({"diff": 0.1, "p_value": 0.2}) == "inconclusive"
+    assert rc.verdict(None) == "inconclusive"
+
+
+def _fabricated_checkpoints():
+    """base, sft, offline, semionline on 2 seeds and 40 paired episodes; semionline wins."""
+    rng = np.random.default_rng(3)
+    rates = {"base": 0.05, "sft": 0.3, "offline": 0.3, "semionline": 0.6}
+    rows = []
+    for arm, p in rates.items():
+        for s in ([0] if arm == "base" else [0, 1]):
+            bits = "".join(str(int(v)) for v in rng.random(40) < p)
+            k = bits.count("1")
+            rows.append({"name": f"{arm} s{s}", "arm": arm, "seed": s, "step": 1, "final": True,
+                         "sop_pg": p * 0.5 + 0.01 * s, "sop_tsr": p * 0.3, "static_step_sr": 0.4 + 0.01 * s,
+                         "online_sr": k / 40, "online_sr_ci95": list(rc.wilson(k, 40)), "n_online_episodes": 40,
+                         "online_outcomes": bits, "online_per_task": {"click-test": k / 40}})
+    return rows
+
+
+def test_report_schema_on_fabricated_results(tmp_path):
+    ck = _fabricated_checkpoints()
+    curves = {"semionline": {0: [{"reward_mean": 0.1 * t, "entropy": 1.0, "kl": 1e-3, "patch_rate": 0.2} for t in range(6)]}}
+    r2f, r2cmp = rc.r2_summary(ck)
+    cmp = rc.compare_online(ck, "semionline", "sft")
+    assert cmp["seeds"] == [0, 1] and cmp["n_pairs"] == 80
+    base_cmp = rc.compare_online(ck, "sft", "base")  # base has one seed: each sft seed is paired with it
+    assert base_cmp["n_pairs"] == 80
+    summary = {"command": "python runs/repro_main.py --fabricated", "commit": "0" * 40, "seeds": [0, 1], "wall_s": 1.0,
+               "checkpoints": ck, **r2f, "comparisons": [cmp, base_cmp, r2cmp],
+               "claims": [{"claim": "1a", "test": "semionline - sft", "diff": cmp["diff"], "p_value": cmp["p_value"],
+                           "verdict": rc.verdict(cmp)}],
+               "arms": rc.arm_summaries(ck, curves)}
+    summary["figures"] = [str(rc.plot_r2(tmp_path / "r2.png", ck, summary)), str(rc.plot_curves(tmp_path / "c.png", curves))]
+    out = tmp_path / "repro.json"
+    rc.write_results(summary, out, "fabricated")
+    back = json.loads(out.read_text())
+    rc.validate_results(back)
+    assert back["r2_sop_online"] > back["r2_static_online"] or back["r2_static_online"] is None
+    assert "| semionline | sft |" in out.with_suffix(".md").read_text()
+    assert all((tmp_path / p).stat().st_size > 1000 for p in ("r2.png", "c.png"))
+    # a broken row is named
+    bad = json.loads(out.read_text())
+    bad["checkpoints"][1]["seed"] = "0"
+    with pytest.raises(ValueError, match=r"checkpoints\[1\]\.seed"):
+        rc.validate_results(bad)
+    del bad["comparisons"][0]["p_value"]
+    bad["checkpoints"][1]["seed"] = 0
+    with pytest.raises(ValueError, match=r"comparisons\[0\] missing 'p_value'"):
+        rc.validate_results(bad)
+
+
+def test_committed_results_follow_the_schema():
+    """Whatever results the scripts committed must stay readable by the report code."""
+    for name in ("repro_main.json", "repro_ablations.json"):
+        p = Path(rc.REPO) / "results" / name
+        if p.exists():
+            rc.validate_results(json.loads(p.read_text()), str(p))
