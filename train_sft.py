@@ -62,7 +62,7 @@ parser.add_argument("--grad-clip", type=float, default=1.0, help="global grad-no
 parser.add_argument("--batch-size", type=int, default=8, help="examples per optimizer step, all ranks together")
 parser.add_argument("--micro-batch-size", type=int, default=8, help="examples per forward/backward")
 # run
-parser.add_argument("--max-steps", type=int, default=300, help="optimizer steps")
+parser.add_argument("--max-steps", type=int, default=200, help="optimizer steps")
 parser.add_argument("--eval-every", type=int, default=50, help="validation loss every N steps (0: at the end only)")
 parser.add_argument("--out", default="out/sft", help="output folder (ckpt/, metrics.jsonl, args.json)")
 parser.add_argument("--tensorboard", default=None, help="also log the metrics as TensorBoard scalars in this folder (pip install tensorboard)")
