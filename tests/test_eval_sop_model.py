@@ -13,6 +13,7 @@ from PIL import Image
 
 import eval_sop
 import gui
+import report
 from utils import load_processor
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,7 +46,7 @@ def miniwob_file(tmp_path):
 
 class Out:
     def __init__(self, text):
-        self.text, self.ids, self.finish_reason = text, [0] * 3, "stop"
+        self.text, self.ids, self.logprobs, self.finish_reason = text, [0] * 3, torch.zeros(3), "stop"
 
 
 class FakeSampler:
@@ -57,7 +58,7 @@ class FakeSampler:
         self.tok, self.by_goal, self.answer = tokenizer, {e.goal: e for e in episodes}, answer
         self.calls, self.seen = [], []
 
-    def generate(self, prompts, n=1, greedy=False):
+    def generate(self, prompts, n=1, greedy=False, seeds=None):
         assert n == 1 and greedy
         self.calls.append(len(prompts))
         outs = []
@@ -109,7 +110,8 @@ def test_sop_by_hand(monkeypatch, capsys, tokenizer, miniwob_file, batch_size, c
     assert s["sop_pg"] == pytest.approx((1 + 1 / 3 + 0) / 3) and s["pg"] == s["sop_pg"]
     assert s["sop_tsr"] == pytest.approx(1 / 3)
     assert s["steps_run"] == 5 and s["episodes"] == 3 and s["steps"] == 9
-    # live episodes share one generate call per round; a finished one makes room for the next
+    # one generate call per step of the walker over --batch-size episodes: {A, B, C} runs 3 then A1, B1;
+    # {A, B} runs 2, 2, then {C} 1
     assert fake.calls == calls
     assert s["step_reward_mean"] == pytest.approx((1 + 1 + 1 + 0.55 + 0) / 5)  # wrong point: 0.1 + 0.9 * 0.5
     assert s["malformed_responses"] == 1 and s["responses"] == 5
@@ -125,13 +127,16 @@ def test_sop_by_hand(monkeypatch, capsys, tokenizer, miniwob_file, batch_size, c
 # static
 
 
-def test_static_by_hand(monkeypatch, capsys, tokenizer, miniwob_file):
+@pytest.mark.parametrize("batch_size, calls", [(4, [3, 3, 2, 1]), (2, [2, 2, 1, 1, 1, 1, 1])])
+def test_static_by_hand(monkeypatch, capsys, tokenizer, miniwob_file, batch_size, calls):
     s, fake = run_fake(monkeypatch, tokenizer, miniwob_file, scripted,
-                       ["--image-root", str(MINIWOB), *SMALL, "--protocol", "static", "--batch-size", "4"])
+                       ["--image-root", str(MINIWOB), *SMALL, "--protocol", "static", "--batch-size", str(batch_size)])
     assert last_json(capsys) == s
     # 9 steps: type right on A0 A1 B0 B1 B2 C1 C2 (7); full match A0 A1 B0 B2 C2 (5);
     # click steps with the type right: A0 B0 B1 C2, of which 3 match
-    assert s["static_steps"] == 9 and fake.calls == [4, 4, 1]
+    # one call per step of the walker over --batch-size episodes: {A, B, C} has 3, 3, 2, 1 steps
+    # at t = 0..3; {A, B} then {C}: 2, 2, 1 (B's last step), then 1, 1, 1, 1 (C's four)
+    assert s["static_steps"] == 9 and fake.calls == calls
     assert s["static_type_acc"] == pytest.approx(7 / 9)
     assert s["static_step_sr"] == pytest.approx(5 / 9)
     assert s["static_grounding_acc"] == pytest.approx(3 / 4) and s["static_grounding_steps"] == 4
@@ -192,7 +197,7 @@ def test_report(monkeypatch, capsys, tokenizer, miniwob_file, tmp_path):
     assert sop.count("class='step wrong first'") == 2 and static.count("class='step wrong first'") == 2
     # B's step 1 under SOP: expert point (67, 165) as a green cross, the far click (166, 222) as a red ring,
     # drawn at REPORT_WIDTH / 168 of the original pixels
-    k = eval_sop.REPORT_WIDTH / 168
+    k = report.REPORT_WIDTH / 168
     b1 = images_in(sop)[3]  # A0, A1, B0, B1, C0
     assert b1.size == (300, 400)
     assert has_colour(b1, (67 * k, 165 * k), (0, 200, 0)) and has_colour(b1, (166 * k, 222 * k), (230, 0, 0))
