@@ -14,6 +14,7 @@ from PIL import Image
 import eval_sop
 import gui
 import report
+from rollout import semi_online_rollout
 from utils import load_processor
 
 REPO = Path(__file__).resolve().parent.parent
@@ -121,6 +122,40 @@ def test_sop_by_hand(monkeypatch, capsys, tokenizer, miniwob_file, batch_size, c
     # own history: A's step-1 prompt holds A's own step-0 response
     a1 = next(text for ep, t, text in fake.seen if ep == "click-button-100000" and t == 1)
     assert "fake-click-button-100000-0" in a1
+
+
+def test_sop_walks_as_the_training_driver(monkeypatch, capsys, tokenizer, miniwob_file, tmp_path):
+    """SOP evaluation and the training driver called as SOP defines it (one greedy rollout, patch
+    threshold 0, own history) give the scripted policy the same prompts, visit the same steps and
+    stop at the same first error; a patch threshold of 1 (training's kind of walk) visits more."""
+    out = tmp_path / "sop.jsonl"
+    s, fake = run_fake(monkeypatch, tokenizer, miniwob_file, scripted, ["--image-root", str(MINIWOB), *SMALL,
+                                                                         "--out", str(out)])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    eps = gui.load_episodes(miniwob_file)
+    image_processor = load_processor()[1]
+
+    def drive(threshold):
+        sampler = FakeSampler(tokenizer, eps, scripted)
+        recs = semi_online_rollout(sampler, eps, tokenizer, image_processor, n_rollouts=1, patch_threshold=threshold,
+                                   greedy=True, image_root=str(MINIWOB), max_pixels=20000, max_prompt_tokens=32768)
+        return recs, sampler
+
+    recs, drv = drive(0)
+    # by hand: A right at 0, 1; B right at 0, wrong at 1; C malformed at 0
+    visited = [("click-button-100000", 0), ("click-button-sequence-100000", 0), ("enter-text-100000", 0),
+               ("click-button-100000", 1), ("click-button-sequence-100000", 1)]
+    assert [(ep, t) for ep, t, _ in drv.seen] == [(ep, t) for ep, t, _ in fake.seen] == visited
+    assert [text for _, _, text in drv.seen] == [text for _, _, text in fake.seen]  # the very same prompts
+    assert eval_sop.sop_progress(recs, {k: len(e.steps) for k, e in enumerate(eps)}) == \
+        {(0, 0): (2, 2), (1, 0): (1, 3), (2, 0): (0, 4)}
+    assert [r["correct"] for r in rows] == [2, 1, 0]
+    assert [r["responses"] for r in rows] == [[r.response for r in recs if r.task_idx == k] for k in range(3)]
+    assert [r["rewards"] for r in rows] == [[r.reward for r in recs if r.task_idx == k] for k in range(3)]
+    # with one patch B goes on to step 2 and C to step 1: a different walk, which SOP must not be
+    _, patched = drive(1)
+    assert ("click-button-sequence-100000", 2) in [(ep, t) for ep, t, _ in patched.seen]
+    assert len(patched.seen) > len(fake.seen)
 
 
 # -----------------------------------------------------------------------------
