@@ -1,35 +1,38 @@
 """Evaluation of a GUI policy: SOP (SPEC section 8), static AndroidControl-style metrics, online
 MiniWob++ success, and offline scoring of recorded responses.
 
-Protocols (one run may combine them; each prompt is built by gui.build_prompt, each step judged by
-gui.score_response, the same match function rollout and training use):
+Protocols (one run may combine them). SOP and static walk the episodes with
+rollout.semi_online_rollout, the driver that training uses, as ONE greedy rollout per episode with
+patch_threshold 0: evaluation walks exactly as training does (prompts by gui.build_prompt, each
+step judged by gui.score_response, the one match function of rollout, training and evaluation).
 - sop (default): the policy acts on each expert episode with its OWN earlier responses as history,
   greedy, no patching; an episode stops at its first wrong step. PG = mean over episodes of
-  (correct steps before the first error) / (episode length); TSR = share of episodes with every
-  step correct.
+  (correct steps before the first error) / (episode length) (sop_progress, which training logs
+  too); TSR = share of episodes with every step correct.
 - static (AndroidControl-High; with --step-instruction -Low): every step is evaluated with the
-  EXPERT's earlier actions as history. type_acc = share of steps whose action type matched;
-  grounding_acc = among click/long_press steps whose type matched, the share that fully matched;
-  step_sr = share of steps fully matched.
+  EXPERT's earlier actions as history (the driver's history "expert", offline RL's). type_acc =
+  share of steps whose action type matched; grounding_acc = among click/long_press steps whose
+  type matched, the share that fully matched; step_sr = share of steps fully matched.
 - online (--online; MiniWob++ only): the policy plays live episodes through
   miniwob_env.evaluate_online on held-out seeds, with its own responses as history; malformed
   output is a no-op that still costs a step. Success = MiniWob raw reward >= 1.
 
-Policies:
-- expert: the expert actions, written as model responses in pixels of the resized screenshot,
-  replayed through the full path (prompt building with the real tokenizer and image processor,
-  token budget, parse, coordinate mapping, match). Must give PG = TSR = 1.0 on every real file;
-  anything less is a bug in that path. Online it is miniwob_env's scripted DOM expert.
+Policies (each a sampler of the driver: .generate(prompts, n, greedy, seeds)):
+- expert: ExpertSampler answers each step with the expert action, written as a model response in
+  pixels of the resized screenshot; it never reads a prompt, so none is built (no tokens, no
+  pixels: the 1,262 AndroidControl test episodes replay in seconds). What it checks: data
+  loading, response format, parse, coordinate mapping and match must give PG = TSR = 1.0 on every
+  real file; anything less is a bug there. Online it is miniwob_env's scripted DOM expert.
 - model: greedy decoding of --model ('tiny', a Hugging Face folder, or a checkpoint folder or run
-  folder with a `latest` pointer) through rollout.Sampler. SOP keeps a pool of --batch-size live
-  episodes and sends the current step of every live episode in ONE generate call; an episode that
-  ends is replaced by the next one (greedy ids do not depend on the batch's make-up).
+  folder with a `latest` pointer) through rollout.Sampler. The driver walks --batch-size episodes
+  at a time and sends the current step of every live one in ONE generate call (greedy ids do not
+  depend on the batch's make-up).
+- recorded responses: the `score` subcommand scores them step by step with gui.score_response.
 
 Commands (the last stdout line is one JSON object; progress bars go to stderr):
-    # expert replay on the AndroidControl test episodes, blank 1080x2400 screens (none ship);
-    # --max-pixels 50176 keeps the blank images small so the replay takes minutes, not an hour
+    # expert replay on the AndroidControl test episodes, blank 1080x2400 screens (none ship)
     python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl --policy expert \\
-        --blank-screens 1080x2400 --max-pixels 50176
+        --blank-screens 1080x2400
     # a checkpoint on MiniWob++: SOP, static, and online on 5 held-out seeds per task, with a report
     # (--model out/sft/ckpt follows its `latest` pointer; the prompt options come from its args.json)
     python eval_sop.py --data data/miniwob/test.jsonl --policy model --model out/sft/ckpt \\
@@ -73,7 +76,6 @@ from rollout import SampleOutput, StepPrompt, StepRecord, sampling_mode, semi_on
 # Config
 
 GROUNDING_TYPES = ("click", "long_press")  # steps that count for grounding accuracy
-
 
 size_arg = utils.arg_type(gui.parse_size)  # argparse type for 'WxH' -> (W, H)
 input_file = utils.arg_type(utils.input_file)  # argparse type: a readable file
@@ -124,7 +126,8 @@ def sop_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=512,
                    help="response length limit, as training's (SPEC 7); a response that hits it is cut and usually a "
                    "wrong step: result.json counts them (responses_at_cap)")
-    p.add_argument("--batch-size", type=int, default=32, help="prompts per generate call (SOP: live episodes)")
+    p.add_argument("--batch-size", type=int, default=32,
+                   help="episodes walked together: prompts per generate call (at most)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where the model runs")
     p.add_argument("--seed", type=int, default=0, help="seed of the tiny model's init")
     # protocols
@@ -335,7 +338,8 @@ def run_sop(episodes: list[gui.Episode], walker, args, show: set[int]) -> tuple[
                         "malformed": sum(malformed), "responses": [s["response"] for s in steps]})
         if i in show:
             shown.append({"title": f"{ep.episode_id} ({task_of(ep)})", "goal": ep.goal, "success": correct == n,
-                          "outcome": report.sop_outcome(correct, n, malformed[-1]), "steps": episode_views(ep, steps, args),
+                          "outcome": report.sop_outcome(correct, n, malformed[-1]),
+                          "steps": episode_views(ep, steps, args),
                           "first_wrong": None if correct == n else correct})
     return records, shown
 
@@ -383,18 +387,18 @@ class OnlineModelPolicy:
         self.shots.append(image)
         prompt = self.make_prompt(obs, self.shots, self.history)
         out = self.sampler.generate([prompt], n=1, greedy=True)[0][0]
-        text = out.text
         self.stats["responses"] += 1
         self.stats["truncated"] += out.finish_reason != "stop"
         self.stats["tokens"] += len(out.ids)
-        self.history.append(text)
-        action = gui.parse_response(text).action
+        self.history.append(out.text)
+        action = gui.parse_response(out.text).action
         self.n_malformed += action is None
         if action is not None:  # model pixels (resized screenshot) -> pixels of the screenshot we were given
             action = gui.scale_action(action, prompt.resized_size, image.size)
         if key in self.views:
             # no expert online: the action is drawn, "right" or "wrong" is the episode's outcome
-            self.views[key].append(report.step_view(t, image, image.size, None, text, action, action is not None, None))
+            self.views[key].append(report.step_view(t, image, image.size, None, out.text, action, action is not None,
+                                                     None))
         return action
 
 
@@ -435,157 +439,6 @@ def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], 
                               "steps": wrapped.views[key], "first_wrong": end})
     res["malformed"] = wrapped.n_malformed if wrapped is not None else 0
     return res, shown
-
-
-# -----------------------------------------------------------------------------
-# Trivial-policy floors: what a policy that never looks at the screen scores under the rules
-
-
-def baselines_parser() -> argparse.ArgumentParser:
-    p = utils.make_parser("Match rates of trivial policies per action type (the floor to put next to every score). "
-                          "Last stdout line: JSON.\n\n"
-                          "    python eval_sop.py baselines --data data/android_control/android_control_test_uis1.jsonl",
-                          prog="eval_sop.py baselines")
-    p.add_argument("--data", nargs="+", required=True, type=input_file, help="episode files")
-    p.add_argument("--match-rules", choices=gui.MATCH_RULES, default="strict", help="strict (ours) or release")
-    p.add_argument("--swipe-convention", choices=gui.SWIPE_CONVENTIONS, default=None,
-                   help="how the data files store swipes (default: declared, or known for shipped files)")
-    p.add_argument("--image-root", default=None, help="screenshots folder (sizes are read from file headers)")
-    p.add_argument("--image-size", type=size_arg, default=gui.ANDROID_CONTROL_SIZE,
-                   help="WxH for steps with neither a recorded size nor a file (default 1080x2400, AndroidControl)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random-click policy")
-    p.add_argument("--out", default=None, help="also write the JSON here")
-    return p
-
-
-def trivial_policies(steps: list[tuple[gui.Step, tuple[int, int]]], seed: int = 0) -> dict:
-    """Trivial policies as {name: (action types it answers, fn(step, size) -> action in original
-    pixels)}. Each answers with the step's own action type (an oracle for the type, so its rate
-    isolates the arguments): clicks at the centre, uniformly at random, at the most frequent expert
-    point (0.04 grid, read off the data); the constant texts "", "a", "e", "the", and each text
-    type's most frequent token and text; each swipe direction; each system button. "most frequent
-    type" answers every step with the data's most frequent action type and trivial arguments."""
-    import random
-
-    rng = random.Random(seed)
-    kinds = Counter(s.action["action"] for s, _ in steps)
-    pts = Counter((round(s.action["coordinate"][0] / w / 0.04), round(s.action["coordinate"][1] / h / 0.04))
-                  for s, (w, h) in steps if s.action["action"] in GROUNDING_TYPES)
-    mode = pts.most_common(1)[0][0] if pts else (12, 12)
-    pol = {
-        "click centre": (GROUNDING_TYPES, lambda s, z: {"action": s.action["action"], "coordinate": [z[0] / 2, z[1] / 2]}),
-        "click uniform random": (GROUNDING_TYPES, lambda s, z: {"action": s.action["action"],
-                                                                 "coordinate": [rng.uniform(0, z[0]), rng.uniform(0, z[1])]}),
-        "click most frequent point": (GROUNDING_TYPES, lambda s, z: {"action": s.action["action"], "coordinate":
-                                                                      [mode[0] * 0.04 * z[0], mode[1] * 0.04 * z[1]]}),
-    }
-    texts = {}
-    for kind in gui.TEXT_ACTIONS:
-        vals = [s.action["text"] for s, _ in steps if s.action["action"] == kind]
-        if vals:
-            tok = Counter(t for v in vals for t in set(gui.text_tokens(v))).most_common(1)
-            full = Counter(gui.normalize_text(v) for v in vals).most_common(1)
-            texts[kind] = [c for c in (tok[0][0] if tok else None, full[0][0]) if c]
-    for c in ("", "a", "e", "the"):
-        pol[f"text {c!r}"] = (gui.TEXT_ACTIONS, lambda s, z, c=c: {"action": s.action["action"], "text": c})
-    for kind, cands in texts.items():
-        for label, c in zip(("most frequent token", "most frequent text"), cands):
-            pol[f"{kind} {label} {c!r}"] = ((kind,), lambda s, z, c=c: {"action": kind, "text": c})
-    for d, (a, b) in {"up": ((0.5, 0.75), (0.5, 0.25)), "down": ((0.5, 0.25), (0.5, 0.75)),
-                      "left": ((0.75, 0.5), (0.25, 0.5)), "right": ((0.25, 0.5), (0.75, 0.5))}.items():
-        pol[f"swipe {d}"] = (("swipe",), lambda s, z, a=a, b=b: {"action": "swipe", "coordinate": [a[0] * z[0], a[1] * z[1]],
-                                                                   "coordinate2": [b[0] * z[0], b[1] * z[1]]})
-    pol["type alone (wait, terminate)"] = (("wait", "terminate"), lambda s, z: {"action": s.action["action"]})
-    for btn in gui.SYSTEM_BUTTONS:
-        pol[f"button {btn}"] = (("system_button",), lambda s, z, btn=btn: {"action": "system_button", "button": btn})
-    top = kinds.most_common(1)[0][0] if kinds else "click"
-    trivial_args = {"click": {"coordinate": None}, "long_press": {"coordinate": None}, "type": {"text": "the"},
-                    "answer": {"text": "the"}, "key": {"text": "the"}, "open": {"text": "the"},
-                    "system_button": {"button": "Back"}, "swipe": {"coordinate": None, "coordinate2": None}}
-
-    def most_frequent(s, z):
-        a = {"action": top, **trivial_args.get(top, {})}
-        if "coordinate" in a:
-            a["coordinate"] = [z[0] / 2, z[1] * (0.75 if top == "swipe" else 0.5)]
-        if "coordinate2" in a:
-            a["coordinate2"] = [z[0] / 2, z[1] * 0.25]
-        return a
-    pol[f"most frequent type ({top})"] = (gui.ACTION_TYPES, most_frequent)
-    return pol
-
-
-def run_baselines(episodes: list[gui.Episode], sizes: dict, rules: str = "strict", seed: int = 0) -> dict:
-    """Match rates of trivial_policies on `episodes` (sizes: id(step) -> original (W, H)).
-    Returns {"counts": steps per type, "rates": {policy: {type: rate}}, "floor": {...}} where floor
-    is the best trivial policy per action type ("floor_by_type", with its name), the step success
-    rate and SOP PG/TSR of the policy that uses that best one for every step of its type (a floor
-    tuned on the data itself: an upper bound on what ignoring the screen can get), and the type
-    accuracy of always answering the most frequent type."""
-    steps = [(s, sizes[id(s)]) for ep in episodes for s in ep.steps]
-    counts = Counter(s.action["action"] for s, _ in steps)
-    pol = trivial_policies(steps, seed)
-    hits = {name: Counter() for name in pol}
-    per_step = {}  # (policy, id(step)) -> match, only for the types a policy answers
-    for name, (types, fn) in pol.items():
-        for s, z in steps:
-            if s.action["action"] in types:
-                ok = gui.action_match(fn(s, z), s.action, s.candidate_bbox, z, rules=rules)[0]
-                hits[name][s.action["action"]] += ok
-                per_step[name, id(s)] = ok
-    rates = {name: {k: hits[name][k] / counts[k] for k in counts if k in types}
-             for name, (types, _) in pol.items()}
-    best = {}
-    for k in counts:
-        cands = [(r[k], name) for name, r in rates.items() if k in r and not name.startswith("most frequent type")]
-        best[k] = max(cands) if cands else (0.0, None)
-    best_ok = {id(s): per_step.get((best[s.action["action"]][1], id(s)), False) for s, _ in steps}
-    progress = []
-    for ep in episodes:
-        c = 0
-        while c < len(ep.steps) and best_ok[id(ep.steps[c])]:
-            c += 1
-        progress.append((c, len(ep.steps)))
-    sop = sop_metrics(progress)
-    top = next(name for name in pol if name.startswith("most frequent type"))
-    floor = {"floor_by_type": {k: {"rate": v[0], "policy": v[1]} for k, v in best.items()},
-             "step_sr": sum(best_ok.values()) / max(len(steps), 1), "sop_pg": sop["pg"], "sop_tsr": sop["tsr"],
-             "type_acc": counts.most_common(1)[0][1] / len(steps) if steps else 0.0,
-             "most_frequent_type_step_sr": sum(hits[top].values()) / max(len(steps), 1)}
-    return {"rules": rules, "steps": len(steps), "episodes": len(episodes), "counts": dict(counts),
-            "rates": rates, "floor": floor}
-
-
-def format_baselines(res: dict) -> str:
-    """The rates of run_baselines as a plain-text table (percent), one row per policy."""
-    kinds = list(res["counts"])
-    head = f"{'policy':<44}" + "".join(f"{k:>14}" for k in kinds)
-    lines = [f"trivial-policy match rates (%), rules={res['rules']}, {res['steps']} steps", head,
-             f"{'(steps)':<44}" + "".join(f"{res['counts'][k]:>14}" for k in kinds)]
-    for name, r in res["rates"].items():
-        lines.append(f"{name[:44]:<44}" + "".join(f"{100 * r[k]:>14.1f}" if k in r else f"{'':>14}" for k in kinds))
-    f = res["floor"]
-    lines.append(f"floor (best trivial per type): step SR {100 * f['step_sr']:.1f}%, SOP PG {100 * f['sop_pg']:.1f}%, "
-                 f"TSR {100 * f['sop_tsr']:.1f}%; most frequent type: type acc {100 * f['type_acc']:.1f}%")
-    return "\n".join(lines)
-
-
-def step_sizes(episodes: list[gui.Episode], image_root=None, blank_screens=None) -> dict:
-    """id(step) -> original (W, H) by gui.original_size (headers only)."""
-    return {id(s): gui.original_size(s, image_root=image_root, blank_screens=blank_screens)
-            for ep in episodes for s in ep.steps}
-
-
-def baselines_main(argv: list[str]) -> dict:
-    args = baselines_parser().parse_args(argv)
-    episodes = [ep for path in args.data for ep in gui.load_episodes(path, swipe_convention=args.swipe_convention)]
-    res = run_baselines(episodes, step_sizes(episodes, args.image_root, args.image_size), args.match_rules, args.seed)
-    res["data"] = list(args.data)
-    print(format_baselines(res))
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(utils.dumps(res, indent=1))
-    return res
 
 
 # -----------------------------------------------------------------------------
@@ -655,7 +508,9 @@ def score_main(argv: list[str]) -> dict:
         fout.writelines(utils.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     # the floor on the same steps, for the figure above
     eps = [ep for ep, _ in index.values()]
-    base = run_baselines(eps, step_sizes(eps, args.image_root, args.image_size), args.match_rules)
+    import baselines
+    sizes = baselines.step_sizes(eps, args.image_root, args.image_size)
+    base = baselines.run_baselines(eps, sizes, args.match_rules)
     return {"responses": n, "reward_mean": reward / n, "match_rate": match / n, "type_match_rate": type_match / n,
             "match_rules": args.match_rules, "steps_total": total, "steps_scored": len(per_step),
             "steps_unscored": len(missing), "responses_per_step_mean": n / len(per_step),
@@ -669,8 +524,11 @@ def score_main(argv: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("score", "baselines"):
-        summary = (score_main if argv[0] == "score" else baselines_main)(argv[1:])
+    if argv and argv[0] == "baselines":  # the trivial-policy floors (they import this module's metrics)
+        import baselines
+        return baselines.main(argv[1:])  # prints its own table and JSON line
+    if argv and argv[0] == "score":
+        summary = score_main(argv[1:])
         print(utils.dumps(summary))
         return summary
 
@@ -739,8 +597,9 @@ def main(argv: list[str] | None = None) -> dict:
     sections, malformed = [], 0
     floor = None
     if episodes:  # the trivial-policy floor of these episodes, printed beside every figure
-        floor = run_baselines(episodes, step_sizes(episodes, args.image_root, args.blank_screens),
-                              args.match_rules)["floor"]
+        import baselines
+        sizes = baselines.step_sizes(episodes, args.image_root, args.blank_screens)
+        floor = baselines.run_baselines(episodes, sizes, args.match_rules)["floor"]
         summary.update({"floor_sop_pg": floor["sop_pg"], "floor_sop_tsr": floor["sop_tsr"],
                         "floor_step_sr": floor["step_sr"], "floor_type_acc": floor["type_acc"]})
     sop_records = static_records = online_res = None
