@@ -1,35 +1,38 @@
 """Evaluation of a GUI policy: SOP (docs/method.md §8), static AndroidControl-style metrics, online
 MiniWob++ success, and offline scoring of recorded responses.
 
-Protocols (one run may combine them; each prompt is built by gui.build_prompt, each step judged by
-gui.score_response, the same match function rollout and training use):
+Protocols (one run may combine them). SOP and static walk the episodes with
+rollout.semi_online_rollout, the driver that training uses, as ONE greedy rollout per episode with
+patch_threshold 0: evaluation walks exactly as training does (prompts by gui.build_prompt, each
+step judged by gui.score_response, the one match function of rollout, training and evaluation).
 - sop (default): the policy acts on each expert episode with its OWN earlier responses as history,
   greedy, no patching; an episode stops at its first wrong step. PG = mean over episodes of
-  (correct steps before the first error) / (episode length); TSR = share of episodes with every
-  step correct.
+  (correct steps before the first error) / (episode length) (sop_progress, which training logs
+  too); TSR = share of episodes with every step correct.
 - static (AndroidControl-High; with --step-instruction -Low): every step is evaluated with the
-  EXPERT's earlier actions as history. type_acc = share of steps whose action type matched;
-  grounding_acc = among click/long_press steps whose type matched, the share that fully matched;
-  step_sr = share of steps fully matched.
+  EXPERT's earlier actions as history (the driver's history "expert", offline RL's). type_acc =
+  share of steps whose action type matched; grounding_acc = among click/long_press steps whose
+  type matched, the share that fully matched; step_sr = share of steps fully matched.
 - online (--online; MiniWob++ only): the policy plays live episodes through
   miniwob_env.evaluate_online on held-out seeds, with its own responses as history; malformed
   output is a no-op that still costs a step. Success = MiniWob raw reward >= 1.
 
-Policies:
-- expert: the expert actions, written as model responses in pixels of the resized screenshot,
-  replayed through the full path (prompt building with the real tokenizer and image processor,
-  token budget, parse, coordinate mapping, match). Must give PG = TSR = 1.0 on every real file;
-  anything less is a bug in that path. Online it is miniwob_env's scripted DOM expert.
+Policies (each a sampler of the driver: .generate(prompts, n, greedy, seeds)):
+- expert: ExpertSampler answers each step with the expert action, written as a model response in
+  pixels of the resized screenshot; it never reads a prompt, so none is built (no tokens, no
+  pixels: the 1,262 AndroidControl test episodes replay in seconds). What it checks: data
+  loading, response format, parse, coordinate mapping and match must give PG = TSR = 1.0 on every
+  real file; anything less is a bug there. Online it is miniwob_env's scripted DOM expert.
 - model: greedy decoding of --model ('tiny', a Hugging Face folder, or a checkpoint folder or run
-  folder with a `latest` pointer) through rollout.Sampler. SOP keeps a pool of --batch-size live
-  episodes and sends the current step of every live episode in ONE generate call; an episode that
-  ends is replaced by the next one (greedy ids do not depend on the batch's make-up).
+  folder with a `latest` pointer) through rollout.Sampler. The driver walks --batch-size episodes
+  at a time and sends the current step of every live one in ONE generate call (greedy ids do not
+  depend on the batch's make-up).
+- recorded responses: the `score` subcommand scores them step by step with gui.score_response.
 
 Commands (the last stdout line is one JSON object; progress bars go to stderr):
-    # expert replay on the AndroidControl test episodes, blank 1080x2400 screens (none ship);
-    # --max-pixels 50176 keeps the blank images small so the replay takes minutes, not an hour
+    # expert replay on the AndroidControl test episodes, blank 1080x2400 screens (none ship)
     python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl --policy expert \\
-        --blank-screens 1080x2400 --max-pixels 50176
+        --blank-screens 1080x2400
     # a checkpoint on MiniWob++: SOP, static, and online on 5 held-out seeds per task, with a report
     # (--model out/sft/ckpt follows its `latest` pointer; the prompt options come from its args.json)
     python eval_sop.py --data data/miniwob/test.jsonl --policy model --model out/sft/ckpt \\
@@ -53,30 +56,27 @@ Single process only (no torchrun).
 """
 
 import argparse
-import base64
-import html
-import io
+import contextlib
 import json
 import logging
 import os
 import sys
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
 
-from PIL import Image, ImageDraw
+import torch
 from tqdm import tqdm
 
 import cli
 import gui
+import report
 import utils
+from rollout import SampleOutput, StepPrompt, StepRecord, sampling_mode, semi_online_rollout
 
 # -----------------------------------------------------------------------------
 # Config
 
 GROUNDING_TYPES = ("click", "long_press")  # steps that count for grounding accuracy
-REPORT_WIDTH = 300                          # px of each screenshot in the HTML report
-
 
 size_arg = cli.arg_type(gui.parse_size)  # argparse type for 'WxH' -> (W, H)
 input_file = cli.arg_type(cli.input_file)  # argparse type: a readable file
@@ -127,7 +127,8 @@ def sop_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=512,
                    help="response length limit, as training's (docs/method.md §7); a response that hits it is cut and usually a "
                    "wrong step: result.json counts them (responses_at_cap)")
-    p.add_argument("--batch-size", type=int, default=32, help="prompts per generate call (SOP: live episodes)")
+    p.add_argument("--batch-size", type=int, default=32,
+                   help="episodes walked together: prompts per generate call (at most)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where the model runs")
     p.add_argument("--seed", type=int, default=0, help="seed of the tiny model's init")
     # protocols
@@ -172,48 +173,24 @@ def score_parser() -> argparse.ArgumentParser:
 
 
 # -----------------------------------------------------------------------------
-# Policies. An item is (prompt, episode, t, orig_size); a policy maps a list of items to response texts.
+# Policies: samplers for the walker (rollout.semi_online_rollout), as training's policy is
 
 
-def expert_policy(prompt: gui.Prompt, episode: gui.Episode, t: int, orig_size: tuple[int, int]) -> str:
-    """The expert action, in pixels of the screenshot the prompt shows."""
-    return gui.expert_response(episode.steps[t], orig_size, prompt.resized_size)
+def expert_policy(prompt: StepPrompt) -> str:
+    """The expert action of prompt.step as a response, in pixels of the resized screenshot."""
+    return gui.expert_response(prompt.step, prompt.orig_size, prompt.resized_size)
 
 
-def expert_batch(items: list) -> list[str]:
-    return [expert_policy(*item) for item in items]  # the global name: tests replace expert_policy
+class ExpertSampler:
+    """The expert replay as a sampler: every prompt is answered with expert_policy. It never reads a
+    prompt (reads_prompt False), so the walker builds none: no chat template, no tokens, no pixels;
+    what it checks is the data, the response format, the coordinate mapping and the match."""
 
+    reads_prompt = False
 
-expert_batch.needs_pixels = False  # it reads the prompt's resized size only: screenshots are never decoded
-
-
-class ModelPolicy:
-    """Greedy responses of a model through the batched sampler, in chunks of batch_size prompts.
-    Counts what it generated: responses, truncated ones (no stop token within max_new_tokens),
-    response tokens and generation time."""
-
-    needs_pixels = True
-
-    def __init__(self, sampler, batch_size: int):
-        self.sampler, self.batch_size = sampler, batch_size
-        self.n_responses = self.n_truncated = self.n_tokens = 0
-        self.seconds = 0.0
-
-    def __call__(self, items: list) -> list[str]:
-        from rollout import sampling_mode
-
-        texts = []
-        for i in range(0, len(items), self.batch_size):
-            t0 = time.time()
-            with sampling_mode(self.sampler.model):  # eval + no_grad
-                outs = self.sampler.generate([item[0] for item in items[i:i + self.batch_size]], n=1, greedy=True)
-            self.seconds += time.time() - t0
-            for o in outs:
-                texts.append(o[0].text)
-                self.n_responses += 1
-                self.n_truncated += o[0].finish_reason != "stop"
-                self.n_tokens += len(o[0].ids)
-        return texts
+    def generate(self, prompts: list[StepPrompt], n: int = 1, greedy: bool = True, seeds=None):
+        # expert_policy looked up at call time: tests replace it with a scripted policy
+        return [[SampleOutput([], expert_policy(p), torch.zeros(0), "stop", i)] * n for i, p in enumerate(prompts)]
 
 
 def resolve_model(name: str) -> str:
@@ -230,8 +207,6 @@ def resolve_model(name: str) -> str:
 
 def load_sampler(args, tokenizer):
     """The model of --model on --device (bf16 on CUDA, fp32 on CPU) inside a rollout.Sampler."""
-    import torch
-
     from rollout import Sampler
     from utils import load_model
 
@@ -244,6 +219,21 @@ def load_sampler(args, tokenizer):
 
 # -----------------------------------------------------------------------------
 # Metrics
+
+
+def sop_progress(records: list[StepRecord], episode_len: dict) -> dict[tuple[int, int], tuple[int, int]]:
+    """SOP progress of each rollout (docs/method.md §8), the one definition that evaluation (PG, TSR)
+    and training (the logged progress of its rollouts) share. records: rollout.StepRecords;
+    episode_len: task_idx -> steps of its episode. Returns (task_idx, rollout_idx) -> (correct steps
+    before the rollout's first wrong step, episode length); a rollout patched after its first wrong
+    step still counts only the steps before it."""
+    first_err: dict[tuple[int, int], int] = {}
+    for r in records:
+        key = (r.task_idx, r.rollout_idx)
+        first_err.setdefault(key, episode_len[r.task_idx])
+        if not r.match:
+            first_err[key] = min(first_err[key], r.step_idx)
+    return {key: (c, episode_len[key[0]]) for key, c in first_err.items()}
 
 
 def sop_metrics(progress: list[tuple[int, int]]) -> dict:
@@ -271,231 +261,119 @@ def task_of(ep: gui.Episode) -> str:
     return str(ep.meta.get("task") or ep.source)
 
 
-# -----------------------------------------------------------------------------
-# Report: screenshots with the points and boxes drawn, as static HTML
-
-
-def draw_step(image: Image.Image, orig: tuple[int, int], expert: dict | None, boxes: list,
-              pred: dict | None, ok: bool) -> str:
-    """The screenshot scaled to REPORT_WIDTH px wide with the target boxes (green), the expert point
-    or swipe (green cross / line) and the predicted one (blue if right, red if wrong); all actions and
-    boxes in ORIGINAL pixels (orig = (W, H)). Returns a base64 PNG."""
-    scale = REPORT_WIDTH / image.width
-    size = (REPORT_WIDTH, max(1, round(image.height * scale)))
-    im = image.convert("RGB").resize(size, Image.NEAREST if scale > 1 else Image.BILINEAR)
-    sx, sy = size[0] / orig[0], size[1] / orig[1]
-    d = ImageDraw.Draw(im)
-    pt = lambda xy: (xy[0] * sx, xy[1] * sy)  # noqa: E731
-    for x1, y1, x2, y2 in boxes or ():
-        d.rectangle([pt((x1, y1)), pt((x2, y2))], outline=(0, 200, 0), width=2)
-    for act, colour, mark in ((expert, (0, 200, 0), "cross"), (pred, (40, 90, 255) if ok else (230, 0, 0), "dot")):
-        if not act or "coordinate" not in act:
-            continue
-        x, y = pt(act["coordinate"])
-        if "coordinate2" in act:
-            d.line([(x, y), pt(act["coordinate2"])], fill=colour, width=3)
-        if mark == "cross":
-            d.line([(x - 8, y), (x + 8, y)], fill=colour, width=3)
-            d.line([(x, y - 8), (x, y + 8)], fill=colour, width=3)
-        else:
-            d.ellipse([x - 6, y - 6, x + 6, y + 6], outline=colour, width=3)
-    buf = io.BytesIO()
-    im.save(buf, format="PNG")
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def step_view(t: int, image, orig, step: gui.Step | None, text: str, pred: dict | None, ok: bool,
-              reward: float | None) -> dict:
-    """What the report shows of one evaluated step: pred is the parsed action in ORIGINAL pixels;
-    step None (online: no expert) draws the prediction alone."""
-    return {"t": t, "png": draw_step(image, orig, step.action if step else None, step.candidate_bbox if step else [],
-                                     pred, ok),
-            "thought": gui.parse_response(text).thought, "pred": json.dumps(pred) if pred else "(no valid action)",
-            "expert": json.dumps(step.action) if step else None, "ok": ok, "reward": reward, "raw": text}
-
-
-CSS = """body{font-family:sans-serif;margin:16px;color:#222} .ep{border:1px solid #bbb;margin:14px 0;padding:8px}
-.steps{display:flex;flex-wrap:wrap;gap:8px;align-items:flex-start}
-.step{width:310px;border:2px solid #8c8;padding:4px;font-size:12px}
-.step.wrong{border-color:#e88;background:#fff4f4} .step.first{border:4px solid #d00} .step.neutral{border-color:#bbb}
-.step img{display:block} code{white-space:pre-wrap;word-break:break-all} table{border-collapse:collapse}
-td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px} .ok{color:#080} .bad{color:#c00}"""
-
-
-def write_report(path: str, title: str, summary: dict, sections: list[tuple[str, str, list[dict]]]) -> None:
-    """sections: (heading, note, episodes), each episode {title, goal, outcome, steps: [step_view], first_wrong}."""
-    e = html.escape
-    rows = "".join(f"<tr><th>{e(k)}</th><td>{e(utils.dumps(v) if not isinstance(v, float) else f'{v:.4f}')}</td></tr>"
-                   for k, v in summary.items() if k not in ("per_task", "sources", "report"))
-    per_task = summary.get("per_task") or {}
-    cols = list(dict.fromkeys(k for v in per_task.values() for k in v))
-    cell = lambda v: "" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
-    tasks = "".join(f"<tr><th>{e(t)}</th>" + "".join(f"<td>{cell(v.get(c))}</td>" for c in cols) + "</tr>"
-                    for t, v in per_task.items())
-    if tasks:
-        tasks = "<h2>Per task</h2><table><tr><th>task</th>" + "".join(f"<th>{e(c)}</th>" for c in cols) + \
-            f"</tr>{tasks}</table>"
-    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{CSS}</style></head>"
-           f"<body><h1>{e(title)}</h1><table>{rows}</table>{tasks}<p>Boxes: target candidates (green). Green cross: "
-           "expert point / swipe. Circle: predicted point (blue right, red wrong). Frames: green right, red wrong, "
-           "thick red the step that ended the episode; online (no expert), grey: an action of a failed "
-           "episode.</p>"]
-    for heading, note, episodes in sections:
-        out.append(f"<h2>{e(heading)}</h2><p>{e(note)}</p>")
-        for ep in episodes:
-            out.append(f"<div class='ep'><h3>{e(ep['title'])} - <span class='{'ok' if ep['success'] else 'bad'}'>"
-                       f"{e(ep['outcome'])}</span></h3><p>Goal: {e(ep['goal'])}</p><div class='steps'>")
-            for s in ep["steps"]:
-                cls = "step" + (f" {s['cls']}" if s.get("cls") else "" if s["ok"] else " wrong") + \
-                    (" first" if s["t"] == ep.get("first_wrong") else "")
-                if s.get("verdict"):  # online: set from the episode's outcome (run_online)
-                    verdict = s["verdict"]
-                elif s["expert"] is None:
-                    verdict = "action" if s["ok"] else "no valid action (a no-op)"
-                else:
-                    verdict = "right" if s["ok"] else "WRONG"
-                reward = f", reward {s['reward']:.2f}" if s["reward"] is not None else ""
-                out.append(f"<div class='{cls}'><img src='data:image/png;base64,{s['png']}' alt='step {s['t']}'>"
-                           f"<b>Step {s['t']}: {verdict}{reward}</b><br>Thought: <code>{e(s['thought'] or '')}</code>"
-                           f"<br>Model: <code>{e(s['pred'])}</code>")
-                if s["expert"] is not None:
-                    out.append(f"<br>Expert: <code>{e(s['expert'])}</code>")
-                if s["pred"] == "(no valid action)":
-                    out.append(f"<br>Raw output: <code>{e(s['raw'][:400]) or '(empty)'}</code>")
-                out.append("</div>")
-            out.append("</div></div>")
-    out.append("</body></html>")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("".join(out))
-
-
-def shown_indices(n: int, k: int) -> set[int]:
-    """k indices spread evenly over range(n) (MiniWob files are sorted by task: this covers tasks)."""
-    return {int(i * n / k) for i in range(k)} if n > k else set(range(n))
-
 
 # -----------------------------------------------------------------------------
-# Protocols
+# Protocols. SOP and static walk the episodes with rollout.semi_online_rollout, the driver that
+# training uses, as one greedy rollout per episode: evaluation walks exactly as training does.
 
 
-@dataclass
-class _Live:
-    """One episode under SOP."""
-    idx: int
-    ep: gui.Episode
-    t: int = 0
-    shots: list = field(default_factory=list)
-    history: list = field(default_factory=list)
-    rewards: list = field(default_factory=list)
-    responses: list = field(default_factory=list)
-    views: list | None = None  # report views when this episode is shown
-    done: bool = False
+def lent(sampler):
+    """rollout.sampling_mode for a sampler that holds a model (eval + no_grad); else nothing."""
+    model = getattr(sampler, "model", None)
+    return sampling_mode(model) if isinstance(model, torch.nn.Module) else contextlib.nullcontext()
 
 
-def run_sop(episodes: list[gui.Episode], policy, make_prompt, args, show: set[int]) -> tuple[list[dict], list[dict]]:
-    """SOP over `episodes` with a pool of --batch-size live episodes, one policy call per round.
-    Returns (one record per episode, in order; report episodes)."""
-    todo, live, records, shown = list(range(len(episodes)))[::-1], [], [None] * len(episodes), {}
-    pixels = getattr(policy, "needs_pixels", True)
-    bar = tqdm(total=len(episodes), desc=f"SOP {args.policy}", unit="ep", file=sys.stderr)
-    while todo or live:
-        while todo and len(live) < args.batch_size:
-            i = todo.pop()
-            live.append(_Live(i, episodes[i], views=[] if i in show else None))
-        items, images = [], []
-        for s in live:
-            step = s.ep.steps[s.t]
-            orig = gui.original_size(step, image_root=args.image_root, blank_screens=args.blank_screens)
-            image = None  # decoded only for a policy that looks at it, or for the report
-            if pixels or s.views is not None:
-                image = gui.load_screenshot(step, image_root=args.image_root, blank_screens=args.blank_screens)
-            s.shots.append(image if pixels else orig)
-            if len(s.shots) > args.num_images:  # build_prompt reads only the last num_images; free the rest
-                s.shots[-args.num_images - 1] = None
-            items.append((make_prompt(s.ep, s.t, s.shots, s.history, pixels=pixels), s.ep, s.t, orig))
-            images.append(image)
-        for s, (prompt, ep, t, orig), image, text in zip(live, items, images, policy(items)):
-            step = ep.steps[t]
-            score = gui.score_response(text, step, resized_size=prompt.resized_size, orig_size=orig,
-                                       rules=args.match_rules)
-            s.rewards.append(score.reward)
-            s.responses.append(text)
-            if s.views is not None:
-                s.views.append(step_view(t, image, orig, step, text, score.action, score.match, score.reward))
-            if score.match:
-                s.history.append(text)
-                s.t += 1
-            if not score.match or s.t == len(ep.steps):  # SOP: the episode ends at its first wrong step
-                s.done = True
-                n_correct = s.t
-                records[s.idx] = {"source": ep.source, "task": task_of(ep), "episode_id": ep.episode_id,
-                                  "steps": len(ep.steps), "correct": n_correct, "success": n_correct == len(ep.steps),
-                                  "rewards": s.rewards, "malformed": sum(gui.parse_response(r).action is None
-                                                                         for r in s.responses),
-                                  "responses": s.responses}
-                if s.views is not None:
-                    shown[s.idx] = {"title": f"{ep.episode_id} ({task_of(ep)})", "goal": ep.goal,
-                                    "success": n_correct == len(ep.steps),
-                                    "outcome": sop_outcome(n_correct, len(ep.steps), score.action is None),
-                                    "steps": s.views, "first_wrong": None if n_correct == len(ep.steps) else n_correct}
-                bar.update(1)
-        live = [s for s in live if not s.done]
+def walk(episodes: list[gui.Episode], sampler, args, tokenizer, image_processor, budget: int | None,
+         history: str, stats: dict) -> tuple[list[list[dict]], list[tuple[int, int]]]:
+    """Walk `episodes` with rollout.semi_online_rollout, --batch-size episodes per call (so at most
+    that many prompts, with their pixels, are alive at once): one greedy rollout per episode,
+    patch_threshold 0 (a wrong step ends it), history "own" (SOP) or "expert" (static: every step
+    is run). Returns, per episode, its walked steps in order ({t, response, reward, match,
+    type_match, resized_size}) and its SOP progress (sop_progress: correct steps before the first
+    wrong one, length). stats gains the prompt and response counts of the summary."""
+    rows, progress = [[] for _ in episodes], [None] * len(episodes)
+    bar = tqdm(total=len(episodes), desc=f"{'SOP' if history == 'own' else 'static'} {args.policy}", unit="ep",
+               file=sys.stderr)
+    with lent(sampler):
+        for lo in range(0, len(episodes), args.batch_size):
+            chunk = episodes[lo:lo + args.batch_size]
+            records = semi_online_rollout(
+                sampler, chunk, tokenizer, image_processor, n_rollouts=1, patch_threshold=0, history_mode=history,
+                image_root=args.image_root, blank_screens=args.blank_screens, num_images=args.num_images,
+                min_pixels=args.min_pixels, max_pixels=args.max_pixels, max_prompt_tokens=budget,
+                step_instruction=args.step_instruction, elements=args.elements, match_rules=args.match_rules,
+                greedy=True)
+            for (k, _), p in sop_progress(records, {k: len(ep.steps) for k, ep in enumerate(chunk)}).items():
+                progress[lo + k] = p
+            for r in records:  # in (step, episode) order; the prompt (tokens, pixels) is not kept
+                rows[lo + r.task_idx].append({"t": r.step_idx, "response": r.response, "reward": r.reward,
+                                              "match": r.match, "type_match": r.type_match,
+                                              "resized_size": r.prompt.resized_size})
+                ids = getattr(r.prompt, "input_ids", None)  # None: a StepPrompt, no prompt was built
+                if ids is not None:
+                    stats["max_tokens"] = max(stats["max_tokens"], len(ids))
+                    stats["budgeted"] += r.prompt.n_dropped_turns > 0
+                    stats["over"] += budget is not None and len(ids) > budget  # the current turn alone is too long
+                stats["responses"] += 1
+                stats["truncated"] += r.finish_reason != "stop"
+                stats["tokens"] += len(r.response_ids)
+            bar.update(len(chunk))
     bar.close()
-    return records, [shown[i] for i in sorted(shown)]
+    return rows, progress
 
 
-def run_static(episodes: list[gui.Episode], policy, make_prompt, args, show: set[int]) -> tuple[list[dict], list[dict]]:
-    """Every step of every episode with the expert's earlier actions as history, --batch-size
-    prompts per policy call. Returns (one record per step, report episodes)."""
-    records, pending, meta, views = [], [], [], defaultdict(list)  # pending items, their (episode, screenshot)
+def episode_views(ep: gui.Episode, rows: list[dict], args) -> list[dict]:
+    """report.step_view of each walked step of `ep` (rows of walk), the predicted action mapped back
+    to original pixels by gui.score_response, as the walker scored it."""
+    views = []
+    for row in rows:
+        step = ep.steps[row["t"]]
+        orig = gui.original_size(step, image_root=args.image_root, blank_screens=args.blank_screens)
+        image = gui.load_screenshot(step, image_root=args.image_root, blank_screens=args.blank_screens)
+        pred = gui.score_response(row["response"], step, resized_size=row["resized_size"], orig_size=orig,
+                                  rules=args.match_rules).action
+        views.append(report.step_view(row["t"], image, orig, step, row["response"], pred, row["match"], row["reward"]))
+    return views
 
-    def flush():
-        for (prompt, ep, t, orig), (idx, image), text in zip(pending, meta, policy(pending)):
-            step = ep.steps[t]
-            score = gui.score_response(text, step, resized_size=prompt.resized_size, orig_size=orig,
-                                       rules=args.match_rules)
-            records.append({"episode": idx, "episode_id": ep.episode_id, "task": task_of(ep), "t": t,
-                            "expert_type": step.action["action"], "type_match": score.type_match, "match": score.match,
-                            "reward": score.reward, "malformed": score.action is None, "response": text})
-            if idx in show:
-                views[idx].append(step_view(t, image, orig, step, text, score.action, score.match, score.reward))
-        pending.clear()
-        meta.clear()
 
-    pixels = getattr(policy, "needs_pixels", True)
-    for idx, ep in enumerate(tqdm(episodes, desc=f"static {args.policy}", unit="ep", file=sys.stderr)):
-        origs = [gui.original_size(s, image_root=args.image_root, blank_screens=args.blank_screens) for s in ep.steps]
-        images = [gui.load_screenshot(s, image_root=args.image_root, blank_screens=args.blank_screens)
-                  for s in ep.steps] if pixels or idx in show else [None] * len(ep.steps)
-        shots = images if pixels else origs
-        # expert history: each earlier action as a response in pixels of ITS resized screenshot
-        history = [gui.expert_response(s, o, min_pixels=args.min_pixels, max_pixels=args.max_pixels)
-                   for s, o in zip(ep.steps, origs)]
-        for t in range(len(ep.steps)):
-            pending.append((make_prompt(ep, t, shots[:t + 1], history[:t], pixels=pixels), ep, t, origs[t]))
-            meta.append((idx, images[t]))
-            if len(pending) >= args.batch_size:
-                flush()
-    flush()
-    shown = []
-    for idx in sorted(views):
-        ep, steps = episodes[idx], sorted(views[idx], key=lambda v: v["t"])
-        wrong = [v["t"] for v in steps if not v["ok"]]
-        shown.append({"title": f"{ep.episode_id} ({task_of(ep)})", "goal": ep.goal, "success": not wrong,
-                      "outcome": f"all {len(steps)} steps right" if not wrong else
-                      f"{len(steps) - len(wrong)}/{len(steps)} steps right, first wrong action at step {wrong[0]}",
-                      "steps": steps, "first_wrong": wrong[0] if wrong else None})
+def run_sop(episodes: list[gui.Episode], walker, args, show: set[int]) -> tuple[list[dict], list[dict]]:
+    """SOP (docs/method.md §8): own history, greedy, each episode ends at its first wrong step.
+    walker(history) is `walk` bound to the run's sampler and prompt options. Returns (one record
+    per episode, in order; report episodes)."""
+    rows, progress = walker("own")
+    records, shown = [], []
+    for i, (ep, steps, (correct, n)) in enumerate(zip(episodes, rows, progress)):
+        malformed = [gui.parse_response(s["response"]).action is None for s in steps]
+        records.append({"source": ep.source, "task": task_of(ep), "episode_id": ep.episode_id, "steps": n,
+                        "correct": correct, "success": correct == n, "rewards": [s["reward"] for s in steps],
+                        "malformed": sum(malformed), "responses": [s["response"] for s in steps]})
+        if i in show:
+            shown.append({"title": f"{ep.episode_id} ({task_of(ep)})", "goal": ep.goal, "success": correct == n,
+                          "outcome": report.sop_outcome(correct, n, malformed[-1]),
+                          "steps": episode_views(ep, steps, args),
+                          "first_wrong": None if correct == n else correct})
+    return records, shown
+
+
+def run_static(episodes: list[gui.Episode], walker, args, show: set[int]) -> tuple[list[dict], list[dict]]:
+    """Static (AndroidControl-High/-Low): every step with the expert's earlier actions as history
+    (the walker's history "expert", as offline RL trains). Returns (one record per step, report
+    episodes)."""
+    rows, _ = walker("expert")
+    records, shown = [], []
+    for i, (ep, steps) in enumerate(zip(episodes, rows)):
+        for s in steps:
+            records.append({"episode": i, "episode_id": ep.episode_id, "task": task_of(ep), "t": s["t"],
+                            "expert_type": ep.steps[s["t"]].action["action"], "type_match": s["type_match"],
+                            "match": s["match"], "reward": s["reward"],
+                            "malformed": gui.parse_response(s["response"]).action is None, "response": s["response"]})
+        if i in show:
+            wrong = [s["t"] for s in steps if not s["match"]]
+            shown.append({"title": f"{ep.episode_id} ({task_of(ep)})", "goal": ep.goal, "success": not wrong,
+                          "outcome": f"all {len(steps)} steps right" if not wrong else
+                          f"{len(steps) - len(wrong)}/{len(steps)} steps right, first wrong action at step {wrong[0]}",
+                          "steps": episode_views(ep, steps, args), "first_wrong": wrong[0] if wrong else None})
     return records, shown
 
 
 class OnlineModelPolicy:
-    """A miniwob_env policy: obs -> prompt with its own earlier responses -> one greedy response ->
-    action in pixels of obs['screenshot']. Malformed output returns None (the env's no-op that costs
-    a step). Keeps report views of the (task, seed) episodes in `show`."""
+    """A miniwob_env policy: obs -> prompt with its own earlier responses -> one greedy response of
+    `sampler` -> action in pixels of obs['screenshot']. Malformed output returns None (the env's
+    no-op that costs a step). Keeps report views of the (task, seed) episodes in `show`; stats
+    gains the response counts."""
 
-    def __init__(self, policy, make_prompt_online, show: set):
-        self.policy, self.make_prompt, self.show = policy, make_prompt_online, show
+    def __init__(self, sampler, make_prompt_online, show: set, stats: dict):
+        self.sampler, self.make_prompt, self.show, self.stats = sampler, make_prompt_online, show, stats
         self.views: dict = {}
         self.goals: dict = {}
         self.n_malformed = 0
@@ -509,37 +387,44 @@ class OnlineModelPolicy:
         image = obs["screenshot"]
         self.shots.append(image)
         prompt = self.make_prompt(obs, self.shots, self.history)
-        text = self.policy([(prompt, None, t, image.size)])[0]
-        self.history.append(text)
-        action = gui.parse_response(text).action
+        out = self.sampler.generate([prompt], n=1, greedy=True)[0][0]
+        self.stats["responses"] += 1
+        self.stats["truncated"] += out.finish_reason != "stop"
+        self.stats["tokens"] += len(out.ids)
+        self.history.append(out.text)
+        action = gui.parse_response(out.text).action
         self.n_malformed += action is None
         if action is not None:  # model pixels (resized screenshot) -> pixels of the screenshot we were given
             action = gui.scale_action(action, prompt.resized_size, image.size)
         if key in self.views:
             # no expert online: the action is drawn, "right" or "wrong" is the episode's outcome
-            self.views[key].append(step_view(t, image, image.size, None, text, action, action is not None, None))
+            self.views[key].append(report.step_view(t, image, image.size, None, out.text, action, action is not None,
+                                                     None))
         return action
 
 
-def run_online(policy, make_prompt_online, tasks: list[str], seeds: list[int], args) -> tuple[dict, list[dict]]:
-    """Live MiniWob++ episodes. policy None -> miniwob_env's scripted expert. The result of
+def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], args,
+               stats: dict | None = None) -> tuple[dict, list[dict]]:
+    """Live MiniWob++ episodes. sampler None -> miniwob_env's scripted expert. The result of
     evaluate_online gains `malformed` (responses that parsed to no action)."""
     import miniwob_env
 
     k = max(args.report_episodes, 0)
     keys = [(task, seed) for task in tasks for seed in seeds]
     wrapped = None
-    if policy is not None:
-        wrapped = OnlineModelPolicy(policy, make_prompt_online, {keys[i] for i in shown_indices(len(keys), k)})
-    res = miniwob_env.evaluate_online(wrapped or miniwob_env.expert_policy, tasks, seeds,
-                                      max_steps=args.online_max_steps)
+    if sampler is not None:
+        wrapped = OnlineModelPolicy(sampler, make_prompt_online, {keys[i] for i in report.shown_indices(len(keys), k)},
+                                    stats if stats is not None else Counter())
+    with lent(sampler):
+        res = miniwob_env.evaluate_online(wrapped or miniwob_env.expert_policy, tasks, seeds,
+                                          max_steps=args.online_max_steps)
     shown = []
     if wrapped is not None:
         by_key = {(e["task"], e["seed"]): e for e in res["episodes"]}
         for key in keys:
             if key in wrapped.views:
                 e = by_key[key]
-                outcome, end = online_outcome(e)
+                outcome, end = report.online_outcome(e)
                 for v in wrapped.views[key]:  # no expert online: a frame's colour follows the episode's outcome
                     if v["pred"] == "(no valid action)":
                         v["verdict"], v["cls"] = "no valid action (a no-op)", "wrong"
@@ -555,183 +440,6 @@ def run_online(policy, make_prompt_online, tasks: list[str], seeds: list[int], a
                               "steps": wrapped.views[key], "first_wrong": end})
     res["malformed"] = wrapped.n_malformed if wrapped is not None else 0
     return res, shown
-
-
-def sop_outcome(n_correct: int, n_steps: int, malformed: bool) -> str:
-    """The report's label of an SOP episode: what happened, and at which (0-based) step."""
-    if n_correct == n_steps:
-        return f"success: all {n_steps} steps right"
-    what = "no valid action" if malformed else "wrong action"
-    return f"{what} at step {n_correct}: {n_correct}/{n_steps} steps right before it"
-
-
-def online_outcome(e: dict) -> tuple[str, int | None]:
-    """The report's label of an online episode (a miniwob_env.run_episode record) and the 0-based
-    step that ended it wrongly (None: success, step limit, or an error outside the policy's actions).
-    The environment's cause "wrong_action" covers two things: the policy sent terminate before
-    the task was done, or the page itself ended the episode without full reward."""
-    n, cause = e["steps"], e["cause"]
-    if cause == "success":
-        return f"success in {n} steps", None
-    if cause == "wrong_action" and e.get("terminated"):
-        return f"terminated early: terminate at step {n - 1} before the task was done", n - 1
-    if cause == "wrong_action":
-        return (f"wrong action at step {n - 1}: the page ended the episode "
-                f"(raw reward {e.get('raw_reward', 0.0):.2f})", n - 1)
-    if cause == "step_limit":
-        return f"step limit: not done after {n} steps", None
-    return f"{cause.replace('_', ' ')} at step {n}: {e.get('error', '')}".rstrip(": "), None
-
-
-# -----------------------------------------------------------------------------
-# Trivial-policy floors: what a policy that never looks at the screen scores under the rules
-
-
-def baselines_parser() -> argparse.ArgumentParser:
-    p = cli.make_parser("Match rates of trivial policies per action type (the floor to put next to every score). "
-                          "Last stdout line: JSON.\n\n"
-                          "    python eval_sop.py baselines --data data/android_control/android_control_test_uis1.jsonl",
-                          prog="eval_sop.py baselines")
-    p.add_argument("--data", nargs="+", required=True, type=input_file, help="episode files")
-    p.add_argument("--match-rules", choices=gui.MATCH_RULES, default="strict", help="strict (ours) or release")
-    p.add_argument("--swipe-convention", choices=gui.SWIPE_CONVENTIONS, default=None,
-                   help="how the data files store swipes (default: declared, or known for shipped files)")
-    p.add_argument("--image-root", default=None, help="screenshots folder (sizes are read from file headers)")
-    p.add_argument("--image-size", type=size_arg, default=gui.ANDROID_CONTROL_SIZE,
-                   help="WxH for steps with neither a recorded size nor a file (default 1080x2400, AndroidControl)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random-click policy")
-    p.add_argument("--out", default=None, help="also write the JSON here")
-    return p
-
-
-def trivial_policies(steps: list[tuple[gui.Step, tuple[int, int]]], seed: int = 0) -> dict:
-    """Trivial policies as {name: (action types it answers, fn(step, size) -> action in original
-    pixels)}. Each answers with the step's own action type (an oracle for the type, so its rate
-    isolates the arguments): clicks at the centre, uniformly at random, at the most frequent expert
-    point (0.04 grid, read off the data); the constant texts "", "a", "e", "the", and each text
-    type's most frequent token and text; each swipe direction; each system button. "most frequent
-    type" answers every step with the data's most frequent action type and trivial arguments."""
-    import random
-
-    rng = random.Random(seed)
-    kinds = Counter(s.action["action"] for s, _ in steps)
-    pts = Counter((round(s.action["coordinate"][0] / w / 0.04), round(s.action["coordinate"][1] / h / 0.04))
-                  for s, (w, h) in steps if s.action["action"] in GROUNDING_TYPES)
-    mode = pts.most_common(1)[0][0] if pts else (12, 12)
-    pol = {
-        "click centre": (GROUNDING_TYPES, lambda s, z: {"action": s.action["action"], "coordinate": [z[0] / 2, z[1] / 2]}),
-        "click uniform random": (GROUNDING_TYPES, lambda s, z: {"action": s.action["action"],
-                                                                 "coordinate": [rng.uniform(0, z[0]), rng.uniform(0, z[1])]}),
-        "click most frequent point": (GROUNDING_TYPES, lambda s, z: {"action": s.action["action"], "coordinate":
-                                                                      [mode[0] * 0.04 * z[0], mode[1] * 0.04 * z[1]]}),
-    }
-    texts = {}
-    for kind in gui.TEXT_ACTIONS:
-        vals = [s.action["text"] for s, _ in steps if s.action["action"] == kind]
-        if vals:
-            tok = Counter(t for v in vals for t in set(gui.text_tokens(v))).most_common(1)
-            full = Counter(gui.normalize_text(v) for v in vals).most_common(1)
-            texts[kind] = [c for c in (tok[0][0] if tok else None, full[0][0]) if c]
-    for c in ("", "a", "e", "the"):
-        pol[f"text {c!r}"] = (gui.TEXT_ACTIONS, lambda s, z, c=c: {"action": s.action["action"], "text": c})
-    for kind, cands in texts.items():
-        for label, c in zip(("most frequent token", "most frequent text"), cands):
-            pol[f"{kind} {label} {c!r}"] = ((kind,), lambda s, z, c=c: {"action": kind, "text": c})
-    for d, (a, b) in {"up": ((0.5, 0.75), (0.5, 0.25)), "down": ((0.5, 0.25), (0.5, 0.75)),
-                      "left": ((0.75, 0.5), (0.25, 0.5)), "right": ((0.25, 0.5), (0.75, 0.5))}.items():
-        pol[f"swipe {d}"] = (("swipe",), lambda s, z, a=a, b=b: {"action": "swipe", "coordinate": [a[0] * z[0], a[1] * z[1]],
-                                                                   "coordinate2": [b[0] * z[0], b[1] * z[1]]})
-    pol["type alone (wait, terminate)"] = (("wait", "terminate"), lambda s, z: {"action": s.action["action"]})
-    for btn in gui.SYSTEM_BUTTONS:
-        pol[f"button {btn}"] = (("system_button",), lambda s, z, btn=btn: {"action": "system_button", "button": btn})
-    top = kinds.most_common(1)[0][0] if kinds else "click"
-    trivial_args = {"click": {"coordinate": None}, "long_press": {"coordinate": None}, "type": {"text": "the"},
-                    "answer": {"text": "the"}, "key": {"text": "the"}, "open": {"text": "the"},
-                    "system_button": {"button": "Back"}, "swipe": {"coordinate": None, "coordinate2": None}}
-
-    def most_frequent(s, z):
-        a = {"action": top, **trivial_args.get(top, {})}
-        if "coordinate" in a:
-            a["coordinate"] = [z[0] / 2, z[1] * (0.75 if top == "swipe" else 0.5)]
-        if "coordinate2" in a:
-            a["coordinate2"] = [z[0] / 2, z[1] * 0.25]
-        return a
-    pol[f"most frequent type ({top})"] = (gui.ACTION_TYPES, most_frequent)
-    return pol
-
-
-def run_baselines(episodes: list[gui.Episode], sizes: dict, rules: str = "strict", seed: int = 0) -> dict:
-    """Match rates of trivial_policies on `episodes` (sizes: id(step) -> original (W, H)).
-    Returns {"counts": steps per type, "rates": {policy: {type: rate}}, "floor": {...}} where floor
-    is the best trivial policy per action type ("floor_by_type", with its name), the step success
-    rate and SOP PG/TSR of the policy that uses that best one for every step of its type (a floor
-    tuned on the data itself: an upper bound on what ignoring the screen can get), and the type
-    accuracy of always answering the most frequent type."""
-    steps = [(s, sizes[id(s)]) for ep in episodes for s in ep.steps]
-    counts = Counter(s.action["action"] for s, _ in steps)
-    pol = trivial_policies(steps, seed)
-    hits = {name: Counter() for name in pol}
-    per_step = {}  # (policy, id(step)) -> match, only for the types a policy answers
-    for name, (types, fn) in pol.items():
-        for s, z in steps:
-            if s.action["action"] in types:
-                ok = gui.action_match(fn(s, z), s.action, s.candidate_bbox, z, rules=rules)[0]
-                hits[name][s.action["action"]] += ok
-                per_step[name, id(s)] = ok
-    rates = {name: {k: hits[name][k] / counts[k] for k in counts if k in types}
-             for name, (types, _) in pol.items()}
-    best = {}
-    for k in counts:
-        cands = [(r[k], name) for name, r in rates.items() if k in r and not name.startswith("most frequent type")]
-        best[k] = max(cands) if cands else (0.0, None)
-    best_ok = {id(s): per_step.get((best[s.action["action"]][1], id(s)), False) for s, _ in steps}
-    progress = []
-    for ep in episodes:
-        c = 0
-        while c < len(ep.steps) and best_ok[id(ep.steps[c])]:
-            c += 1
-        progress.append((c, len(ep.steps)))
-    sop = sop_metrics(progress)
-    top = next(name for name in pol if name.startswith("most frequent type"))
-    floor = {"floor_by_type": {k: {"rate": v[0], "policy": v[1]} for k, v in best.items()},
-             "step_sr": sum(best_ok.values()) / max(len(steps), 1), "sop_pg": sop["pg"], "sop_tsr": sop["tsr"],
-             "type_acc": counts.most_common(1)[0][1] / len(steps) if steps else 0.0,
-             "most_frequent_type_step_sr": sum(hits[top].values()) / max(len(steps), 1)}
-    return {"rules": rules, "steps": len(steps), "episodes": len(episodes), "counts": dict(counts),
-            "rates": rates, "floor": floor}
-
-
-def format_baselines(res: dict) -> str:
-    """The rates of run_baselines as a plain-text table (percent), one row per policy."""
-    kinds = list(res["counts"])
-    head = f"{'policy':<44}" + "".join(f"{k:>14}" for k in kinds)
-    lines = [f"trivial-policy match rates (%), rules={res['rules']}, {res['steps']} steps", head,
-             f"{'(steps)':<44}" + "".join(f"{res['counts'][k]:>14}" for k in kinds)]
-    for name, r in res["rates"].items():
-        lines.append(f"{name[:44]:<44}" + "".join(f"{100 * r[k]:>14.1f}" if k in r else f"{'':>14}" for k in kinds))
-    f = res["floor"]
-    lines.append(f"floor (best trivial per type): step SR {100 * f['step_sr']:.1f}%, SOP PG {100 * f['sop_pg']:.1f}%, "
-                 f"TSR {100 * f['sop_tsr']:.1f}%; most frequent type: type acc {100 * f['type_acc']:.1f}%")
-    return "\n".join(lines)
-
-
-def step_sizes(episodes: list[gui.Episode], image_root=None, blank_screens=None) -> dict:
-    """id(step) -> original (W, H) by gui.original_size (headers only)."""
-    return {id(s): gui.original_size(s, image_root=image_root, blank_screens=blank_screens)
-            for ep in episodes for s in ep.steps}
-
-
-def baselines_main(argv: list[str]) -> dict:
-    args = baselines_parser().parse_args(argv)
-    episodes = [ep for path in args.data for ep in gui.load_episodes(path, swipe_convention=args.swipe_convention)]
-    res = run_baselines(episodes, step_sizes(episodes, args.image_root, args.image_size), args.match_rules, args.seed)
-    res["data"] = list(args.data)
-    print(format_baselines(res))
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(utils.dumps(res, indent=1))
-    return res
 
 
 # -----------------------------------------------------------------------------
@@ -801,7 +509,9 @@ def score_main(argv: list[str]) -> dict:
         fout.writelines(utils.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     # the floor on the same steps, for the figure above
     eps = [ep for ep, _ in index.values()]
-    base = run_baselines(eps, step_sizes(eps, args.image_root, args.image_size), args.match_rules)
+    import baselines
+    sizes = baselines.step_sizes(eps, args.image_root, args.image_size)
+    base = baselines.run_baselines(eps, sizes, args.match_rules)
     return {"responses": n, "reward_mean": reward / n, "match_rate": match / n, "type_match_rate": type_match / n,
             "match_rules": args.match_rules, "steps_total": total, "steps_scored": len(per_step),
             "steps_unscored": len(missing), "responses_per_step_mean": n / len(per_step),
@@ -815,8 +525,11 @@ def score_main(argv: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("score", "baselines"):
-        summary = (score_main if argv[0] == "score" else baselines_main)(argv[1:])
+    if argv and argv[0] == "baselines":  # the trivial-policy floors (they import this module's metrics)
+        import baselines
+        return baselines.main(argv[1:])  # prints its own table and JSON line
+    if argv and argv[0] == "score":
+        summary = score_main(argv[1:])
         print(utils.dumps(summary))
         return summary
 
@@ -832,42 +545,35 @@ def main(argv: list[str] | None = None) -> dict:
     out_dir = args.out if args.out and not args.out.endswith(".jsonl") else None
     report_path = args.report or (os.path.join(out_dir, "report.html") if out_dir else None)
 
-    # --- setup: tokenizer, image processor and, for --policy model, the model inside a sampler
-    from utils import load_processor
+    # --- setup: the policy as a sampler of the walker; for a model, its tokenizer and image processor
+    tokenizer = image_processor = None  # the expert reads no prompt: none is built
+    budget = args.max_prompt_tokens or None
+    sampler = ExpertSampler()
     if args.policy == "model":
         args.model = resolve_model(args.model)
         cli.adopt_checkpoint_args(args, parser, argv, args.model, PROMPT_ARGS)  # the prompt it was trained on
-    tok_dir = args.tokenizer or (args.model if args.policy == "model" and args.model != "tiny" else None)
-    tokenizer, image_processor = load_processor(tok_dir, min_pixels=args.min_pixels, max_pixels=args.max_pixels)
-    budget = args.max_prompt_tokens or None
-    model_policy = None
-    if args.policy == "model":
+        tok_dir = args.tokenizer or (args.model if args.model != "tiny" else None)
+        tokenizer, image_processor = utils.load_processor(tok_dir, min_pixels=args.min_pixels, max_pixels=args.max_pixels)
         sampler = load_sampler(args, tokenizer)
-        model_policy = ModelPolicy(sampler, args.batch_size)
         # docs/method.md §10: a long history must be summarised, never overflow the context
         cfg = getattr(sampler.model, "config", None)
         ctx = getattr(cfg.get_text_config(), "max_position_embeddings", None) if cfg is not None else None
         if ctx:
             budget = min(budget or ctx, ctx - args.max_new_tokens)
-    policy = model_policy or expert_batch
-    stats = {"max_tokens": 0, "budgeted": 0, "over": 0}
+    stats = Counter()  # prompts: max_tokens, budgeted, over; responses: responses, truncated, tokens
 
-    def build(goal, shots, history, step_instruction, elements, pixels=True):
-        prompt = gui.build_prompt(
-            tokenizer, image_processor, goal=goal, screenshots=shots, history=history,
-            step_instruction=step_instruction if args.step_instruction else None,
-            elements=elements if args.elements else None, num_images=args.num_images,
-            min_pixels=args.min_pixels, max_pixels=args.max_pixels, max_prompt_tokens=budget, pixels=pixels)
-        stats["max_tokens"] = max(stats["max_tokens"], len(prompt.input_ids))
-        stats["budgeted"] += prompt.n_dropped_turns > 0
-        stats["over"] += budget is not None and len(prompt.input_ids) > budget  # the current turn alone is too long
-        return prompt
-
-    def make_prompt(ep, t, shots, history, pixels=True):
-        return build(ep.goal, shots, history, ep.steps[t].step_instruction, ep.steps[t].elements, pixels)
+    def walker(history):
+        return walk(episodes, sampler, args, tokenizer, image_processor, budget, history, stats)
 
     def make_prompt_online(obs, shots, history):
-        return build(obs["goal"], shots, history, None, obs["elements"])
+        prompt = gui.build_prompt(
+            tokenizer, image_processor, goal=obs["goal"], screenshots=shots, history=history,
+            elements=obs["elements"] if args.elements else None, num_images=args.num_images,
+            min_pixels=args.min_pixels, max_pixels=args.max_pixels, max_prompt_tokens=budget)
+        stats["max_tokens"] = max(stats["max_tokens"], len(prompt.input_ids))
+        stats["budgeted"] += prompt.n_dropped_turns > 0
+        stats["over"] += budget is not None and len(prompt.input_ids) > budget
+        return prompt
 
     # --- data
     episodes = []
@@ -881,7 +587,7 @@ def main(argv: list[str] | None = None) -> dict:
             if seen[task_of(ep)] <= args.per_task_limit:
                 keep.append(ep)
         episodes = keep
-    show = shown_indices(len(episodes), max(args.report_episodes, 0))
+    show = report.shown_indices(len(episodes), max(args.report_episodes, 0))
 
     # --- protocols
     summary = {"policy": args.policy, "model": args.model if args.policy == "model" else None,
@@ -892,13 +598,14 @@ def main(argv: list[str] | None = None) -> dict:
     sections, malformed = [], 0
     floor = None
     if episodes:  # the trivial-policy floor of these episodes, printed beside every figure
-        floor = run_baselines(episodes, step_sizes(episodes, args.image_root, args.blank_screens),
-                              args.match_rules)["floor"]
+        import baselines
+        sizes = baselines.step_sizes(episodes, args.image_root, args.blank_screens)
+        floor = baselines.run_baselines(episodes, sizes, args.match_rules)["floor"]
         summary.update({"floor_sop_pg": floor["sop_pg"], "floor_sop_tsr": floor["sop_tsr"],
                         "floor_step_sr": floor["step_sr"], "floor_type_acc": floor["type_acc"]})
     sop_records = static_records = online_res = None
     if episodes and "sop" in args.protocol:
-        sop_records, shown = run_sop(episodes, policy, make_prompt, args, show)
+        sop_records, shown = run_sop(episodes, walker, args, show)
         m = sop_metrics([(r["correct"], r["steps"]) for r in sop_records])
         steps_run = sum(len(r["rewards"]) for r in sop_records)
         malformed += sum(r["malformed"] for r in sop_records)
@@ -915,7 +622,7 @@ def main(argv: list[str] | None = None) -> dict:
                          f"PG {floor['sop_pg']:.3f}, TSR {floor['sop_tsr']:.3f}); "
                          f"{len(shown)} shown.", shown))
     if episodes and "static" in args.protocol:
-        static_records, shown = run_static(episodes, policy, make_prompt, args, show)
+        static_records, shown = run_static(episodes, walker, args, show)
         m = static_metrics(static_records)
         malformed += sum(r["malformed"] for r in static_records)
         summary.update({"static_type_acc": m["type_acc"], "static_grounding_acc": m["grounding_acc"],
@@ -937,7 +644,8 @@ def main(argv: list[str] | None = None) -> dict:
                                       if t in miniwob_env.EXPERTS] or sorted(miniwob_env.EXPERTS)
         base = miniwob_env.TEST_SEED_BASE if args.online_seed_base is None else args.online_seed_base
         seeds = list(range(base, base + args.online_seeds))
-        online_res, shown = run_online(model_policy, make_prompt_online, tasks, seeds, args)
+        online_res, shown = run_online(sampler if args.policy == "model" else None, make_prompt_online, tasks,
+                                       seeds, args, stats)
         o = online_res["overall"]
         malformed += online_res["malformed"]
         summary.update({"online_sr": o["success_rate"], "n_online_episodes": o["episodes"],
@@ -950,14 +658,15 @@ def main(argv: list[str] | None = None) -> dict:
                          shown))
 
     # --- summary: last stdout line
-    summary.update({"max_prompt_tokens_seen": stats["max_tokens"], "prompts_budgeted": stats["budgeted"],
-                    "prompts_over_budget": stats["over"], "prompt_budget": budget, "malformed_responses": malformed,
-                    "max_new_tokens": args.max_new_tokens,
-                    "responses_at_cap": model_policy.n_truncated if model_policy is not None else 0})
-    if model_policy is not None:
-        summary.update({"responses": model_policy.n_responses, "truncated_responses": model_policy.n_truncated,
-                        "response_tokens_mean": model_policy.n_tokens / max(model_policy.n_responses, 1),
-                        "generate_seconds": round(model_policy.seconds, 1)})
+    built = args.policy == "model"  # the expert reads no prompt: none was built, nothing to count
+    summary.update({"max_prompt_tokens_seen": stats["max_tokens"] if built else None,
+                    "prompts_budgeted": stats["budgeted"] if built else None,
+                    "prompts_over_budget": stats["over"] if built else None, "prompt_budget": budget,
+                    "malformed_responses": malformed, "max_new_tokens": args.max_new_tokens,
+                    "responses_at_cap": stats["truncated"] if built else 0})
+    if built:
+        summary.update({"responses": stats["responses"], "truncated_responses": stats["truncated"],
+                        "response_tokens_mean": stats["tokens"] / max(stats["responses"], 1)})
     summary["per_task"] = dict(per_task)
     summary["seconds"] = round(time.time() - t0, 1)
     if report_path:
@@ -979,7 +688,7 @@ def main(argv: list[str] | None = None) -> dict:
             f.write(utils.dumps({**summary, "args": vars(args)}, indent=1))
     if report_path:
         title = f"eval_sop: {args.policy}" + (f" {args.model}" if args.policy == "model" else "")
-        write_report(report_path, title, summary, sections)
+        report.write_report(report_path, title, summary, sections)
     if out_dir or report_path:  # where the outputs are (the last line stays the JSON summary)
         print(f"results: {os.path.join(out_dir, 'result.json') if out_dir else args.out}"
               + (f"  report: {report_path} (open it in a browser)" if report_path else ""), flush=True)

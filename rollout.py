@@ -108,11 +108,24 @@ class _Rollout:
     alive: bool = True
 
 
+@dataclass
+class StepPrompt:
+    """What the driver hands a policy that never reads its prompt (a sampler whose `reads_prompt`
+    is False: the expert replay of eval_sop.py) instead of a gui.Prompt: the step to act on and
+    the sizes, no tokens and no pixels. Sizes are (W, H): orig_size of the screenshot,
+    resized_size as the model would see it (gui.resized_size under min/max_pixels)."""
+    step: gui.Step
+    step_idx: int
+    orig_size: tuple[int, int]
+    resized_size: tuple[int, int]
+
+
 def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_rollouts: int = 8,
                         patch_mode: str = "thought-free", patch_threshold: int = 2,
                         history_mode: str = "own", image_root=None, blank_screens=None,
                         num_images: int = 2, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS,
-                        max_prompt_tokens: int | None = None, greedy: bool = False,
+                        max_prompt_tokens: int | None = None, step_instruction: bool = False,
+                        elements: bool = True, match_rules: str = "strict", greedy: bool = False,
                         seed: int | list[int] | None = None, progress: bool = False,
                         task_ids: list[int] | None = None) -> list[StepRecord]:
     """Roll N copies of the policy through each expert episode, with their own history.
@@ -127,18 +140,27 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
     history_mode "expert" is the offline-RL baseline: every step's history is the
     expert's, no rollout ends early, so every step is trained on its own.
 
-    sampler: rollout.Sampler or anything with .generate(prompts, n, greedy, seeds).
+    This is also the walker of evaluation (eval_sop.py): SOP is n_rollouts=1, greedy,
+    patch_threshold=0 (a rollout ends at its first wrong step), own history; the static
+    protocol is the same with history_mode "expert" (docs/method.md §8).
+
+    sampler: rollout.Sampler or anything with .generate(prompts, n, greedy, seeds) returning
+    outs[i][j] with .text, .ids, .logprobs, .finish_reason. If its attribute `reads_prompt` is
+    False, no prompt is built (no tokens, no screenshot decoded): it gets StepPrompt objects.
     episodes: list[gui.Episode]. seed: sampling seed, an int or one int per task (the trainer
     gives each task slot its own, so a task drawn twice is sampled afresh); task k's prompts
     use seeds derived from (its seed, task k's episode_id, step, history), so a task's
     rollouts do not depend on which other tasks share the batch (or on which rank runs it).
     task_ids: optional, one id per episode, written as the records' task_idx (the trainer's global
     task slots); default: the episode's index in `episodes`.
-    Returns the records in (step, task, rollout) order.
+    step_instruction: add each step's recorded instruction (AndroidControl-Low); elements: add
+    the recorded element list; match_rules: gui.action_match's rules ("strict" or "release").
+    Returns the records in (step, task, rollout) order. Raises ValueError on a bad history_mode.
     """
     if history_mode not in HISTORY_MODES:
         raise ValueError(f"history_mode must be one of {HISTORY_MODES}, got {history_mode!r}")
     patch.check_patch_data(patch_mode, episodes)
+    reads_prompt = getattr(sampler, "reads_prompt", True)
     shots = [[None] * len(ep.steps) for ep in episodes]  # loaded lazily, once per (task, step)
 
     def shot(k, t):
@@ -146,10 +168,22 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
             shots[k][t] = gui.load_screenshot(episodes[k].steps[t], image_root=image_root, blank_screens=blank_screens)
         return shots[k][t]
 
-    def prompt_for(k, t, history, instruction=None):
+    def prompt_for(k, t, history, hint=None):
+        step = episodes[k].steps[t]
+        if not reads_prompt:
+            orig = gui.original_size(step, image_root=image_root, blank_screens=blank_screens)
+            return StepPrompt(step, t, orig, gui.resized_size(orig, min_pixels=min_pixels, max_pixels=max_pixels))
+        instruction = step.step_instruction if step_instruction else None
+        if hint is not None:
+            instruction = patch.hinted_step_instruction(instruction, hint)
+        # build_prompt reads the last num_images screenshots only; steps are walked in order,
+        # so older ones are never needed again: free them
+        if t >= num_images:
+            shots[k][t - num_images] = None
         return gui.build_prompt(tokenizer, image_processor, goal=episodes[k].goal,
-                                screenshots=[shot(k, s) for s in range(t + 1)], history=history,
-                                step_instruction=instruction, elements=episodes[k].steps[t].elements,
+                                screenshots=[shot(k, s) if s > t - num_images else None for s in range(t + 1)],
+                                history=history, step_instruction=instruction,
+                                elements=step.elements if elements else None,
                                 num_images=num_images, min_pixels=min_pixels, max_pixels=max_pixels,
                                 max_prompt_tokens=max_prompt_tokens)
 
@@ -183,7 +217,7 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
             prompt, s = outs[(k, i)]
             step = episodes[k].steps[t]
             orig = gui.original_size(step, image_root=image_root, blank_screens=blank_screens)
-            sc = gui.score_response(s.text, step, resized_size=prompt.resized_size, orig_size=orig)
+            sc = gui.score_response(s.text, step, resized_size=prompt.resized_size, orig_size=orig, rules=match_rules)
             st = states[k][i]
             rec = StepRecord(task_idx=k if task_ids is None else task_ids[k], rollout_idx=i, step_idx=t, prompt=prompt,
                              response_ids=list(s.ids),
@@ -216,7 +250,7 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
             for k, i, rec in to_patch:
                 orig = gui.original_size(episodes[k].steps[t], image_root=image_root, blank_screens=blank_screens)
                 a = patch.expert_action_resized(episodes[k].steps[t], orig, rec.prompt.resized_size)
-                hint_prompts.append(prompt_for(k, t, rec.history, instruction=patch.hinted_step_instruction(None, a)))
+                hint_prompts.append(prompt_for(k, t, rec.history, hint=a))
                 actions.append(a)
             # seeded per (task, rollout) like the samples, so patches do not depend on the batch or rank
             hint_seeds = None if seed is None else [

@@ -60,6 +60,7 @@ import cli
 import gui
 import utils
 from advantage import EPISODE_FORMS, RETURNS_FORMS, compute_advantages, dynamic_sampling_tasks
+from eval_sop import sop_progress
 from kernels import ppo_loss
 from kernels.policy_logprob import PolicyLogProb, apply_fsdp, collate_sequences, pad_token_id, to_device
 from patch import PATCH_MODES
@@ -236,7 +237,8 @@ def main(argv=None):
         reward_sum, match_sum, n_resp, n_patched, resp_tok, prog_sum, n_roll, n_train = _all_sum([
             sum(r.reward for r in all_records), sum(r.match for r in all_records), len(all_records),
             sum(r.patched for r in all_records), sum(len(r.response_ids) for r in all_records),
-            progress_sum(all_records, ep_len), len({(r.task_idx, r.rollout_idx) for r in all_records}),
+            sum(c / n for c, n in sop_progress(all_records, ep_len).values()),  # SOP progress, as eval's PG
+            len({(r.task_idx, r.rollout_idx) for r in all_records}),
             len(records)], d)
 
         # --- 2./3. old and reference log-probs (no grad), on exactly the sampled ids
@@ -405,19 +407,6 @@ def fill_batch(rollout_round, *, step: int, seed: int, n_episodes: int, batch_si
     info = {"rounds": rounds, "tasks_tried": n_tried, "tasks_kept": n_kept, "partial": n_kept < batch_size,
             "slot_episode": slot_episode}
     return kept_records, all_records, info
-
-
-def progress_sum(records, episode_len: dict) -> float:
-    """Sum over rollouts of SOP progress (docs/method.md §8): correct steps before the rollout's
-    first wrong step / the episode's length (episode_len[task_idx]), whether the rollout then
-    went on (patched) or ended."""
-    first_err: dict[tuple, int] = {}
-    for r in records:
-        key = (r.task_idx, r.rollout_idx)
-        first_err.setdefault(key, episode_len[r.task_idx])
-        if not r.match:
-            first_err[key] = min(first_err[key], r.step_idx)
-    return sum(e / episode_len[k[0]] for k, e in first_err.items())
 
 
 # -----------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import cli
 import eval_sop
 import gui
 import plot_metrics
+import report
 import utils
 
 REPO = Path(__file__).resolve().parent.parent
@@ -133,7 +134,7 @@ def test_help_shows_defaults_and_examples(argv, example):
 
 class _Out:
     def __init__(self, text):
-        self.text, self.ids, self.finish_reason = text, [0], "stop"
+        self.text, self.ids, self.logprobs, self.finish_reason = text, [0], None, "stop"
 
 
 class ExpertSampler:
@@ -145,7 +146,7 @@ class ExpertSampler:
         self.model = torch.nn.Linear(1, 1)
         self.tok, self.by_goal, self.prompts = tokenizer, {e.goal: e for e in episodes}, []
 
-    def generate(self, prompts, n=1, greedy=False):
+    def generate(self, prompts, n=1, greedy=False, seeds=None):
         outs = []
         for p in prompts:
             text = self.tok.decode(p.input_ids.tolist())
@@ -224,19 +225,19 @@ def test_train_semionline_adopts_sft_prompt_options(checkpoint):
 
 
 def test_outcome_labels_by_hand():
-    assert eval_sop.sop_outcome(3, 3, False) == "success: all 3 steps right"
-    assert eval_sop.sop_outcome(1, 4, False) == "wrong action at step 1: 1/4 steps right before it"
-    assert eval_sop.sop_outcome(0, 4, True) == "no valid action at step 0: 0/4 steps right before it"
+    assert report.sop_outcome(3, 3, False) == "success: all 3 steps right"
+    assert report.sop_outcome(1, 4, False) == "wrong action at step 1: 1/4 steps right before it"
+    assert report.sop_outcome(0, 4, True) == "no valid action at step 0: 0/4 steps right before it"
     ok = {"steps": 2, "cause": "success", "success": True}
     term = {"steps": 2, "cause": "wrong_action", "terminated": True, "raw_reward": 0.0}
     page = {"steps": 3, "cause": "wrong_action", "terminated": False, "raw_reward": -1.0}
     limit = {"steps": 12, "cause": "step_limit"}
     err = {"steps": 1, "cause": "policy_error", "error": "KeyError: 'x'"}
-    assert eval_sop.online_outcome(ok) == ("success in 2 steps", None)
-    assert eval_sop.online_outcome(term) == ("terminated early: terminate at step 1 before the task was done", 1)
-    assert eval_sop.online_outcome(page) == ("wrong action at step 2: the page ended the episode (raw reward -1.00)", 2)
-    assert eval_sop.online_outcome(limit) == ("step limit: not done after 12 steps", None)
-    assert eval_sop.online_outcome(err) == ("policy error at step 1: KeyError: 'x'", None)
+    assert report.online_outcome(ok) == ("success in 2 steps", None)
+    assert report.online_outcome(term) == ("terminated early: terminate at step 1 before the task was done", 1)
+    assert report.online_outcome(page) == ("wrong action at step 2: the page ended the episode (raw reward -1.00)", 2)
+    assert report.online_outcome(limit) == ("step limit: not done after 12 steps", None)
+    assert report.online_outcome(err) == ("policy error at step 1: KeyError: 'x'", None)
 
 
 def test_online_report_frames_follow_the_outcome(monkeypatch, tmp_path):
@@ -263,10 +264,15 @@ def test_online_report_frames_follow_the_outcome(monkeypatch, tmp_path):
 
     monkeypatch.setattr(miniwob_env, "evaluate_online", fake_evaluate)
     prompt = types.SimpleNamespace(resized_size=(168, 224))
-    model = lambda items: [answers[(items[0][0].task, items[0][0].seed)][items[0][2]]]  # noqa: E731
+
+    class Model:  # a sampler: answers[(task, seed)][t], t = the history's length
+        def generate(self, prompts, n=1, greedy=False):
+            p = prompts[0]
+            return [[types.SimpleNamespace(text=answers[(p.task, p.seed)][p.t], ids=[0], finish_reason="stop")]]
+    model = Model()
 
     def make_prompt(obs, shots, history):
-        return types.SimpleNamespace(resized_size=prompt.resized_size, task=obs["task"], seed=obs["seed"])
+        return types.SimpleNamespace(resized_size=prompt.resized_size, task=obs["task"], seed=obs["seed"], t=len(history))
 
     args = types.SimpleNamespace(report_episodes=8, online_max_steps=2)
     res, shown = eval_sop.run_online(model, make_prompt, ["click-test"], [1, 2, 3], args)
@@ -280,7 +286,7 @@ def test_online_report_frames_follow_the_outcome(monkeypatch, tmp_path):
     assert [v["cls"] for v in by_seed[3]["steps"]] == ["wrong", "neutral"]  # junk, then a click of a failed episode
     assert res["malformed"] == 1
     page = tmp_path / "r.html"
-    eval_sop.write_report(str(page), "t", {}, [("Online", "", shown)])
+    report.write_report(str(page), "t", {}, [("Online", "", shown)])
     html = page.read_text()
     assert html.count("class='step neutral'") == 2 and html.count("class='step wrong first'") == 1
     assert "terminated early" in html and "Step 1: terminate before the task was done" in html

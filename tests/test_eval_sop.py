@@ -1,17 +1,21 @@
 """eval_sop.py: expert replay under the SOP protocol, PG/TSR by hand, and the `score` subcommand."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import eval_sop
 import gui
+from rollout import SampleOutput
+from utils import load_processor
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "android_control"
 FILES = [DATA / "android_control_test_uis1.jsonl", DATA / "android_control_train_example_uis1.jsonl",
          DATA / "thought_example_uis1.jsonl", DATA / "android_control_test_native_steps.json"]
-FAST = ["--blank-screens", "1080x2400", "--max-pixels", "50176"]  # full-size blanks, small images to the model
+FAST = ["--blank-screens", "1080x2400", "--max-pixels", "50176"]  # full-size blanks, small images to a model
 
 
 def last_json(capsys):
@@ -35,21 +39,45 @@ def test_expert_replay_is_perfect_on_every_real_file(capsys):
     assert s["step_reward_mean"] == pytest.approx(0.9)  # expert responses carry an empty think block
 
 
-def test_expert_replay_survives_the_budget(capsys):
+class PromptReadingExpert:
+    """A "model" that reads its real prompt: the episode from the goal line, the step from the
+    summarised turns ("Earlier steps: N") plus the assistant turns, and answers the expert action."""
+
+    def __init__(self, tokenizer, episodes):
+        self.model = torch.nn.Linear(1, 1)  # lent to sampling_mode; no config: no context cap
+        self.tok, self.by_goal = tokenizer, {e.goal: e for e in episodes}
+
+    def generate(self, prompts, n=1, greedy=False, seeds=None):
+        outs = []
+        for p in prompts:
+            text = self.tok.decode(p.input_ids.tolist())
+            ep = self.by_goal[re.search(r"Task goal: (.*)", text).group(1)]
+            summarised = re.search(r"Earlier steps: (\d+)", text)
+            t = text.count("<|im_start|>assistant") - 1 + (int(summarised.group(1)) if summarised else 0)
+            resp = gui.expert_response(ep.steps[t], (1080, 2400), p.resized_size)
+            outs.append([SampleOutput([0], resp, torch.zeros(1), "stop", len(outs))] * n)
+        return outs
+
+
+def test_prompts_survive_the_budget(capsys, monkeypatch):
     # longest histories of the train file, with a budget that forces summaries: still every step right
-    s = eval_sop.main(["--data", str(FILES[1]), "--limit", "12", *FAST, "--max-prompt-tokens", "700", "--step-instruction"])
+    eps = gui.load_episodes(FILES[1], limit=12)
+    fake = PromptReadingExpert(load_processor()[0], eps)
+    monkeypatch.setattr(eval_sop, "load_sampler", lambda args, tok: fake)
+    s = eval_sop.main(["--data", str(FILES[1]), "--limit", "12", *FAST, "--max-prompt-tokens", "700",
+                       "--step-instruction", "--policy", "model"])
     assert s["pg"] == 1.0 and s["tsr"] == 1.0 and s["prompts_budgeted"] > 0 and s["max_prompt_tokens_seen"] <= 700
-    assert s["prompts_over_budget"] == 0
+    assert s["prompts_over_budget"] == 0 and s["responses"] == s["steps_run"] == s["steps"]
 
 
 def test_sop_stops_at_the_first_wrong_step(capsys, monkeypatch, tmp_path):
     calls, expert = [], eval_sop.expert_policy
 
-    def wrong_at_step_1(prompt, episode, t, orig_size):
-        calls.append((episode.episode_id, t))
-        if t == 1:
+    def wrong_at_step_1(prompt):
+        calls.append(prompt.step_idx)
+        if prompt.step_idx == 1:
             return gui.format_response("no", {"action": "answer", "text": "nothing"})  # no expert answers here
-        return expert(prompt, episode, t, orig_size)
+        return expert(prompt)
 
     monkeypatch.setattr(eval_sop, "expert_policy", wrong_at_step_1)
     out = tmp_path / "episodes.jsonl"

@@ -13,6 +13,8 @@ from PIL import Image
 
 import eval_sop
 import gui
+import report
+from rollout import semi_online_rollout
 from utils import load_processor
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,7 +47,7 @@ def miniwob_file(tmp_path):
 
 class Out:
     def __init__(self, text):
-        self.text, self.ids, self.finish_reason = text, [0] * 3, "stop"
+        self.text, self.ids, self.logprobs, self.finish_reason = text, [0] * 3, torch.zeros(3), "stop"
 
 
 class FakeSampler:
@@ -57,7 +59,7 @@ class FakeSampler:
         self.tok, self.by_goal, self.answer = tokenizer, {e.goal: e for e in episodes}, answer
         self.calls, self.seen = [], []
 
-    def generate(self, prompts, n=1, greedy=False):
+    def generate(self, prompts, n=1, greedy=False, seeds=None):
         assert n == 1 and greedy
         self.calls.append(len(prompts))
         outs = []
@@ -109,7 +111,8 @@ def test_sop_by_hand(monkeypatch, capsys, tokenizer, miniwob_file, batch_size, c
     assert s["sop_pg"] == pytest.approx((1 + 1 / 3 + 0) / 3) and s["pg"] == s["sop_pg"]
     assert s["sop_tsr"] == pytest.approx(1 / 3)
     assert s["steps_run"] == 5 and s["episodes"] == 3 and s["steps"] == 9
-    # live episodes share one generate call per round; a finished one makes room for the next
+    # one generate call per step of the walker over --batch-size episodes: {A, B, C} runs 3 then A1, B1;
+    # {A, B} runs 2, 2, then {C} 1
     assert fake.calls == calls
     assert s["step_reward_mean"] == pytest.approx((1 + 1 + 1 + 0.55 + 0) / 5)  # wrong point: 0.1 + 0.9 * 0.5
     assert s["malformed_responses"] == 1 and s["responses"] == 5
@@ -121,17 +124,54 @@ def test_sop_by_hand(monkeypatch, capsys, tokenizer, miniwob_file, batch_size, c
     assert "fake-click-button-100000-0" in a1
 
 
+def test_sop_walks_as_the_training_driver(monkeypatch, capsys, tokenizer, miniwob_file, tmp_path):
+    """SOP evaluation and the training driver called as SOP defines it (one greedy rollout, patch
+    threshold 0, own history) give the scripted policy the same prompts, visit the same steps and
+    stop at the same first error; a patch threshold of 1 (training's kind of walk) visits more."""
+    out = tmp_path / "sop.jsonl"
+    s, fake = run_fake(monkeypatch, tokenizer, miniwob_file, scripted, ["--image-root", str(MINIWOB), *SMALL,
+                                                                         "--out", str(out)])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    eps = gui.load_episodes(miniwob_file)
+    image_processor = load_processor()[1]
+
+    def drive(threshold):
+        sampler = FakeSampler(tokenizer, eps, scripted)
+        recs = semi_online_rollout(sampler, eps, tokenizer, image_processor, n_rollouts=1, patch_threshold=threshold,
+                                   greedy=True, image_root=str(MINIWOB), max_pixels=20000, max_prompt_tokens=32768)
+        return recs, sampler
+
+    recs, drv = drive(0)
+    # by hand: A right at 0, 1; B right at 0, wrong at 1; C malformed at 0
+    visited = [("click-button-100000", 0), ("click-button-sequence-100000", 0), ("enter-text-100000", 0),
+               ("click-button-100000", 1), ("click-button-sequence-100000", 1)]
+    assert [(ep, t) for ep, t, _ in drv.seen] == [(ep, t) for ep, t, _ in fake.seen] == visited
+    assert [text for _, _, text in drv.seen] == [text for _, _, text in fake.seen]  # the very same prompts
+    assert eval_sop.sop_progress(recs, {k: len(e.steps) for k, e in enumerate(eps)}) == \
+        {(0, 0): (2, 2), (1, 0): (1, 3), (2, 0): (0, 4)}
+    assert [r["correct"] for r in rows] == [2, 1, 0]
+    assert [r["responses"] for r in rows] == [[r.response for r in recs if r.task_idx == k] for k in range(3)]
+    assert [r["rewards"] for r in rows] == [[r.reward for r in recs if r.task_idx == k] for k in range(3)]
+    # with one patch B goes on to step 2 and C to step 1: a different walk, which SOP must not be
+    _, patched = drive(1)
+    assert ("click-button-sequence-100000", 2) in [(ep, t) for ep, t, _ in patched.seen]
+    assert len(patched.seen) > len(fake.seen)
+
+
 # -----------------------------------------------------------------------------
 # static
 
 
-def test_static_by_hand(monkeypatch, capsys, tokenizer, miniwob_file):
+@pytest.mark.parametrize("batch_size, calls", [(4, [3, 3, 2, 1]), (2, [2, 2, 1, 1, 1, 1, 1])])
+def test_static_by_hand(monkeypatch, capsys, tokenizer, miniwob_file, batch_size, calls):
     s, fake = run_fake(monkeypatch, tokenizer, miniwob_file, scripted,
-                       ["--image-root", str(MINIWOB), *SMALL, "--protocol", "static", "--batch-size", "4"])
+                       ["--image-root", str(MINIWOB), *SMALL, "--protocol", "static", "--batch-size", str(batch_size)])
     assert last_json(capsys) == s
     # 9 steps: type right on A0 A1 B0 B1 B2 C1 C2 (7); full match A0 A1 B0 B2 C2 (5);
     # click steps with the type right: A0 B0 B1 C2, of which 3 match
-    assert s["static_steps"] == 9 and fake.calls == [4, 4, 1]
+    # one call per step of the walker over --batch-size episodes: {A, B, C} has 3, 3, 2, 1 steps
+    # at t = 0..3; {A, B} then {C}: 2, 2, 1 (B's last step), then 1, 1, 1, 1 (C's four)
+    assert s["static_steps"] == 9 and fake.calls == calls
     assert s["static_type_acc"] == pytest.approx(7 / 9)
     assert s["static_step_sr"] == pytest.approx(5 / 9)
     assert s["static_grounding_acc"] == pytest.approx(3 / 4) and s["static_grounding_steps"] == 4
@@ -192,7 +232,7 @@ def test_report(monkeypatch, capsys, tokenizer, miniwob_file, tmp_path):
     assert sop.count("class='step wrong first'") == 2 and static.count("class='step wrong first'") == 2
     # B's step 1 under SOP: expert point (67, 165) as a green cross, the far click (166, 222) as a red ring,
     # drawn at REPORT_WIDTH / 168 of the original pixels
-    k = eval_sop.REPORT_WIDTH / 168
+    k = report.REPORT_WIDTH / 168
     b1 = images_in(sop)[3]  # A0, A1, B0, B1, C0
     assert b1.size == (300, 400)
     assert has_colour(b1, (67 * k, 165 * k), (0, 200, 0)) and has_colour(b1, (166 * k, 222 * k), (230, 0, 0))

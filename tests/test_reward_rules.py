@@ -7,6 +7,7 @@ import os
 import pytest
 from PIL import Image
 
+import baselines
 import eval_sop
 import gui
 
@@ -18,8 +19,8 @@ SIZE = (1080, 2400)
 @pytest.fixture(scope="module")
 def floors():
     eps = gui.load_episodes(TEST)
-    sizes = eval_sop.step_sizes(eps, blank_screens=SIZE)
-    return {r: eval_sop.run_baselines(eps, sizes, r)["rates"] for r in gui.MATCH_RULES}
+    sizes = baselines.step_sizes(eps, blank_screens=SIZE)
+    return {r: baselines.run_baselines(eps, sizes, r)["rates"] for r in gui.MATCH_RULES}
 
 
 def test_trivial_policies_score_near_zero(floors):

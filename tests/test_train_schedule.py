@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import eval_sop
 import train_semionline as ts
 from rollout import semi_online_rollout
 
@@ -155,9 +156,11 @@ def test_duplicate_task_gets_its_own_seed(monkeypatch):
 # SOP progress
 
 
-def test_progress_sum_by_hand():
+def test_sop_progress_by_hand():
     R = lambda task, roll, t, match: SimpleNamespace(task_idx=task, rollout_idx=roll, step_idx=t, match=match)  # noqa
     recs = [R(0, 0, 0, True), R(0, 0, 1, True), R(0, 0, 2, False),  # 10-step episode: 2 right, then wrong: 0.2
             R(0, 1, 0, False), R(0, 1, 1, True),  # wrong first, patched, then right: 0
             R(1, 0, 0, True), R(1, 0, 1, True), R(1, 0, 2, True)]  # 3-step episode, all right: 1
-    assert ts.progress_sum(recs, {0: 10, 1: 3}) == pytest.approx(0.2 + 0.0 + 1.0)
+    # the trainer logs the sum of correct / length over rollouts
+    assert eval_sop.sop_progress(recs, {0: 10, 1: 3}) == {(0, 0): (2, 10), (0, 1): (0, 10), (1, 0): (3, 3)}
+    assert sum(c / n for c, n in eval_sop.sop_progress(recs, {0: 10, 1: 3}).values()) == pytest.approx(0.2 + 0.0 + 1.0)
