@@ -5,14 +5,10 @@ Protocols (one run may combine them). SOP and static walk the episodes with
 rollout.semi_online_rollout, the driver that training uses, as ONE greedy rollout per episode with
 patch_threshold 0: evaluation walks exactly as training does (prompts by gui.build_prompt, each
 step judged by gui.score_response, the one match function of rollout, training and evaluation).
-- sop (default): the policy acts on each expert episode with its OWN earlier responses as history,
-  greedy, no patching; an episode stops at its first wrong step. PG = mean over episodes of
-  (correct steps before the first error) / (episode length) (sop_progress, which training logs
-  too); TSR = share of episodes with every step correct.
-- static (AndroidControl-High; with --step-instruction -Low): every step is evaluated with the
-  EXPERT's earlier actions as history (the driver's history "expert", offline RL's). type_acc =
-  share of steps whose action type matched; grounding_acc = among click/long_press steps whose
-  type matched, the share that fully matched; step_sr = share of steps fully matched.
+- sop (default): own history, greedy, no patching; an episode stops at its first wrong step. PG and
+  TSR as in docs/method.md §8 (sop_progress, the one definition, which training logs too).
+- static (AndroidControl-High; with --step-instruction -Low): the EXPERT's earlier actions as
+  history (the driver's history "expert", offline RL's); type_acc, grounding_acc, step_sr as in §8.
 - online (--online; MiniWob++ only): the policy plays live episodes through
   miniwob_env.evaluate_online on held-out seeds, with its own responses as history; malformed
   output is a no-op that still costs a step. Success = MiniWob raw reward >= 1.
@@ -261,10 +257,8 @@ def task_of(ep: gui.Episode) -> str:
     return str(ep.meta.get("task") or ep.source)
 
 
-
 # -----------------------------------------------------------------------------
-# Protocols. SOP and static walk the episodes with rollout.semi_online_rollout, the driver that
-# training uses, as one greedy rollout per episode: evaluation walks exactly as training does.
+# Protocols (the module docstring): SOP and static through rollout.semi_online_rollout, online
 
 
 def lent(sampler):
