@@ -26,13 +26,12 @@ Engine design (what it does that `model.generate` does not):
   3. Positions are explicit, per prompt on the unpadded ids: 1-D for text LMs, Qwen2.5-VL's 3-D
      mrope positions from the model's own `get_rope_index`; a decoded token's position is (max
      prompt position + 1 + step). The model's cached `rope_deltas` is never read, and is cleared.
-  4. `process_logits` is the one place where temperature, top-p and the ban on vision tokens
-     (never written into the policy's own history) are applied; the returned logprobs are those
-     of exactly this distribution, one fp32 value per returned id.
+  4. `process_logits` is the one place where temperature, top-p and the ban on vision tokens are
+     applied (docs/method.md §11); the logprobs returned are those of exactly this distribution, one
+     fp32 value per returned id, and the trainer trains on `SampleOutput.ids` as returned.
   5. Decoding writes into a preallocated KV buffer (gpt-fast's static cache: nothing is
      re-concatenated per step), and rows that stop leave the batch and the cache that step.
-  6. The trainer trains on `SampleOutput.ids` as returned, never on re-tokenised text.
-  7. Same inputs + same seed -> same samples. Across batch compositions greedy ids agree; sampled
+  6. Same inputs + same seed -> same samples. Across batch compositions greedy ids agree; sampled
      ids may not (last-bit logit differences move a draw across a CDF boundary, as in vLLM).
 """
 from __future__ import annotations
@@ -71,13 +70,11 @@ class StepRecord:
     response_ids: the sampler's ids, exactly (the trainer scores these, never re-tokenised text).
     sampler_logp: (L,) fp32 log-probs under the sampling distribution.
     reward / match / type_match: gui.score_response against the expert action.
-    patched: this wrong response was replaced in the history by a patch (patch text
-        itself is never trained on). ended: the rollout ended at this step (a wrong
-        step with no patch left, or the episode's last step).
+    patched: replaced in the history by a patch (the patch text is never trained on).
+    ended: the rollout ended at this step (a wrong step with no patch left, or the last step).
     history: the rollout's history (earlier responses or patches) the prompt was built from.
-    Filled by the trainer (None until then):
-    adv: the response's advantage A (docs/method.md §6), one float for all its tokens.
-    ret: its discounted step return R (docs/method.md §6).
+    Filled by the trainer (None until then), docs/method.md §6: adv, the response's advantage A
+    (one float for all its tokens); ret, its discounted step return R;
     old_logp: (L,) fp32 log-probs of response_ids under the policy before the update.
     ref_logp: (L,) fp32 log-probs under the frozen reference (only when the KL term is on).
     """
@@ -128,33 +125,24 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
                         elements: bool = True, match_rules: str = "strict", greedy: bool = False,
                         seed: int | list[int] | None = None, progress: bool = False,
                         task_ids: list[int] | None = None) -> list[StepRecord]:
-    """Roll N copies of the policy through each expert episode, with their own history.
+    """Roll N copies of the policy through each expert episode, with their own history
+    (docs/method.md §5): at step t all live rollouts of all tasks are sampled in one batched call
+    (identical prompts, as at step 0, are prefilled once) and scored by gui.score_response (§4); a
+    wrong response is patched while patch.should_patch(n_patches, patch_threshold) allows, else its
+    rollout ends. history_mode "expert", the offline-RL baseline: every step's history is the
+    expert's and no rollout ends early. Also evaluation's walker (eval_sop.py, §8): SOP is
+    n_rollouts=1, greedy, patch_threshold=0, own history; static the same with "expert".
 
-    At step t every live rollout of every task is prompted with the expert screenshot t
-    and its OWN history; all of them are sampled in one batched sampler call (prompts
-    that are identical, as at step 0 where the N rollouts of a task share one, are
-    prefilled once). Each response is scored with gui.score_response against the expert
-    action (docs/method.md §4). match -> the response joins the history; mismatch -> while
-    patch.should_patch(n_patches, patch_threshold) the history gets a patch
-    (patch.make_patch, mode `patch_mode`) else the rollout ends (docs/method.md §5).
-    history_mode "expert" is the offline-RL baseline: every step's history is the
-    expert's, no rollout ends early, so every step is trained on its own.
-
-    This is also the walker of evaluation (eval_sop.py): SOP is n_rollouts=1, greedy,
-    patch_threshold=0 (a rollout ends at its first wrong step), own history; the static
-    protocol is the same with history_mode "expert" (docs/method.md §8).
-
-    sampler: rollout.Sampler or anything with .generate(prompts, n, greedy, seeds) returning
-    outs[i][j] with .text, .ids, .logprobs, .finish_reason. If its attribute `reads_prompt` is
-    False, no prompt is built (no tokens, no screenshot decoded): it gets StepPrompt objects.
-    episodes: list[gui.Episode]. seed: sampling seed, an int or one int per task (the trainer
-    gives each task slot its own, so a task drawn twice is sampled afresh); task k's prompts
-    use seeds derived from (its seed, task k's episode_id, step, history), so a task's
-    rollouts do not depend on which other tasks share the batch (or on which rank runs it).
-    task_ids: optional, one id per episode, written as the records' task_idx (the trainer's global
-    task slots); default: the episode's index in `episodes`.
-    step_instruction: add each step's recorded instruction (AndroidControl-Low); elements: add
-    the recorded element list; match_rules: gui.action_match's rules ("strict" or "release").
+    sampler: rollout.Sampler or anything with .generate(prompts, n, greedy, seeds) returning outs[i][j]
+    with .text, .ids, .logprobs, .finish_reason; if its `reads_prompt` is False it gets StepPrompt
+    objects (no tokens built, no screenshot decoded). episodes: list[gui.Episode].
+    seed: an int or one int per task (the trainer gives each task slot its own, so a task drawn twice
+    is sampled afresh); a prompt's seed derives from (that seed, episode_id, step, history), so a
+    task's rollouts do not depend on which other tasks share the batch or which rank runs it.
+    task_ids: one id per episode, written as the records' task_idx (the trainer's global task slots);
+    default: the episode's index in `episodes`. step_instruction: add each step's recorded
+    instruction (AndroidControl-Low); elements: add the recorded element list; match_rules:
+    gui.action_match's rules ("strict" or "release").
     Returns the records in (step, task, rollout) order. Raises ValueError on a bad history_mode.
     """
     if history_mode not in HISTORY_MODES:
@@ -220,10 +208,9 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
             sc = gui.score_response(s.text, step, resized_size=prompt.resized_size, orig_size=orig, rules=match_rules)
             st = states[k][i]
             rec = StepRecord(task_idx=k if task_ids is None else task_ids[k], rollout_idx=i, step_idx=t, prompt=prompt,
-                             response_ids=list(s.ids),
-                             sampler_logp=s.logprobs, response=s.text, finish_reason=s.finish_reason,
-                             reward=sc.reward, match=sc.match, type_match=sc.type_match, patched=False,
-                             ended=False, history=list(st.history))
+                             response_ids=list(s.ids), sampler_logp=s.logprobs, response=s.text,
+                             finish_reason=s.finish_reason, reward=sc.reward, match=sc.match, type_match=sc.type_match,
+                             patched=False, ended=False, history=list(st.history))
             records.append(rec)
             if history_mode == "expert":
                 st.history.append(gui.expert_response(step, orig, prompt.resized_size, patch.clean_thought(step.thought)))
@@ -233,7 +220,7 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
                 rec.patched = True
                 st.n_patches += 1
                 if patch_mode == "on-policy":
-                    to_patch.append((k, i, rec))
+                    to_patch.append((k, i, rec, patch.expert_action_resized(step, orig, prompt.resized_size)))
                     st.history.append(None)  # filled below, after one batched generation
                 else:
                     st.history.append(patch.make_patch(patch_mode, response=s.text, step=step, orig_size=orig,
@@ -246,18 +233,14 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
                 rec.ended = True
                 st.alive = False
         if to_patch:  # on-policy thought: the policy explains the expert action, all at once
-            hint_prompts, actions = [], []
-            for k, i, rec in to_patch:
-                orig = gui.original_size(episodes[k].steps[t], image_root=image_root, blank_screens=blank_screens)
-                a = patch.expert_action_resized(episodes[k].steps[t], orig, rec.prompt.resized_size)
-                hint_prompts.append(prompt_for(k, t, rec.history, hint=a))
-                actions.append(a)
+            hint_prompts = [prompt_for(k, t, rec.history, hint=a) for k, _, rec, a in to_patch]
+            actions = [a for *_, a in to_patch]
             # seeded per (task, rollout) like the samples, so patches do not depend on the batch or rank
             hint_seeds = None if seed is None else [
                 _seed(seed if isinstance(seed, int) else seed[k], episodes[k].episode_id, t, ("patch", i, *rec.history))
-                for k, i, rec in to_patch]
+                for k, i, rec, _ in to_patch]
             gen = lambda ps: [o[0].text for o in sampler.generate(ps, n=1, greedy=greedy, seeds=hint_seeds)]  # noqa: E731
-            for (k, i, rec), text in zip(to_patch, patch.on_policy_patches(hint_prompts, actions, gen)):
+            for (k, i, _, _), text in zip(to_patch, patch.on_policy_patches(hint_prompts, actions, gen)):
                 states[k][i].history[-1] = text
     return records
 
@@ -291,8 +274,7 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: float 
     p(v) is proportional to exp(logit_v / temperature) over the allowed tokens; a token is not
     allowed if it is banned or lies outside the top-p nucleus: the smallest set of most likely
     tokens whose probability reaches top_p (Holtzman et al. 2020; the most likely token is always
-    kept). This function (through _unnormalised_probs) is the ONLY place temperature is applied.
-    """
+    kept). The only place temperature is applied (design note 4)."""
     probs = _unnormalised_probs(logits, temperature, top_p, banned_ids)
     return probs / probs.sum(dim=-1, keepdim=True)
 
@@ -327,8 +309,7 @@ def sample_from_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: fl
     a token of zero probability (banned, outside the nucleus) can never be drawn. Greedy takes the
     argmax of the logits with banned ids removed, as generate(do_sample=False, suppress_tokens=..)
     does (not of the probabilities, whose rounding could create ties). The Sampler bans in place
-    on its own logits and passes banned_ids=None, saving a (B, V) copy per step.
-    """
+    on its own logits and passes banned_ids=None, saving a (B, V) copy per step."""
     if banned_ids is not None and banned_ids.numel():
         logits = logits.index_fill(-1, banned_ids.to(logits.device), float("-inf"))
     probs = _unnormalised_probs(logits, temperature, top_p, None)           # (B, V)
@@ -356,11 +337,10 @@ def sampling_mode(model: torch.nn.Module):
     unsharded once on entry (one all-gather each: a collective, all ranks enter together) and kept
     unsharded, so decoding issues no collectives and ranks may run different numbers of steps. On
     exit the full weights are freed, and train/eval mode and FSDP2's default reshard-after-forward
-    settings (True, False for the root: those of `apply_fsdp`) are restored. Public FSDP2 API
-    only. An FSDP root must accept `model(None)` as a no-op forward (PolicyLogProb does): FSDP2
-    makes the first module to run forward its root, and the sampler calls the HF model inside.
-    Nothing is copied to disk or into a second model. Without FSDP only eval + no_grad remain.
-    """
+    settings (True, False for the root: those of `apply_fsdp`) are restored. Public FSDP2 API only;
+    nothing is copied to disk or into a second model. An FSDP root must accept `model(None)` as a
+    no-op forward (PolicyLogProb does): FSDP2 makes the first module to run forward its root, and the
+    sampler calls the HF model inside. Without FSDP only eval + no_grad remain."""
     from torch.distributed.fsdp import FSDPModule
 
     fsdp = [m for m in model.modules() if isinstance(m, FSDPModule)]
@@ -491,8 +471,7 @@ class Sampler:
     eos); [] -> never stop (every sample runs max_new_tokens). seed: a torch.Generator on the
     model's device seeded with it is used unless generate() gets one; None -> global RNG.
     share_prefix=False prefills every sample's prompt separately (the reference path).
-    After each call `stats` holds prefill/decode token counts and times.
-    """
+    After each call `stats` holds prefill/decode token counts and times."""
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int = 512, temperature: float = 1.0,
                  top_p: float = 1.0, stop_token_ids: list[int] | None = None, seed: int | None = None,
@@ -521,9 +500,7 @@ class Sampler:
         self.stop_token_ids = [int(i) for i in stop_token_ids]
         self.pad_id = pad_token_id(tokenizer)                                 # pads are masked; any real id works
         self.device = next(model.parameters()).device
-        self.generator = None
-        if seed is not None:
-            self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.generator = None if seed is None else torch.Generator(device=self.device).manual_seed(seed)
         self.stats: dict = {}
 
     # --- prompts
@@ -662,14 +639,13 @@ class Sampler:
 
         seeds: optional, one int per prompt. Sample j of prompt i then draws its uniforms from its
         own generator seeded with (seeds[i], j): its draws do not depend on which other prompts
-        share the batch or which rank runs it (its tokens may still, design note 7).
+        share the batch or which rank runs it (its tokens may still, design note 6).
         A prompt is any object or dict with input_ids (T,) LongTensor (images already expanded
         to <|vision_start|><|image_pad|>*k<|vision_end|>), pixel_values (P, 1176) or None and
         image_grid_thw (I, 3) or None; a plain 1-D id tensor/list is a text prompt.
         Raises ValueError: no prompts or n < 1; len(seeds) != len(prompts); an empty prompt; a
         video prompt; image placeholder runs, image_grid_thw rows and pixel_values rows that
-        disagree; temperature <= 0 or top_p outside (0, 1] (the logprobs need them, greedy too).
-        """
+        disagree; temperature <= 0 or top_p outside (0, 1] (the logprobs need them, greedy too)."""
         if n < 1 or not prompts:
             raise ValueError("need at least one prompt and n >= 1")
         gen = generator if generator is not None else self.generator
