@@ -139,16 +139,16 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
     seed: an int or one int per task (the trainer gives each task slot its own, so a task drawn twice
     is sampled afresh); a prompt's seed derives from (that seed, episode_id, step, history), so a
     task's rollouts do not depend on which other tasks share the batch or which rank runs it.
-    task_ids: one id per episode, written as the records' task_idx (the trainer's global task slots);
-    default: the episode's index in `episodes`. step_instruction: add each step's recorded
-    instruction (AndroidControl-Low); elements: add the recorded element list; match_rules:
-    gui.action_match's rules ("strict" or "release").
+    task_ids: each episode's task_idx in the records (the trainer's global task slots; default: its
+    index). step_instruction: add each step's recorded instruction (AndroidControl-Low); elements:
+    add the recorded element list; match_rules: gui.action_match's rules ("strict" or "release").
     Returns the records in (step, task, rollout) order. Raises ValueError on a bad history_mode.
     """
     if history_mode not in HISTORY_MODES:
         raise ValueError(f"history_mode must be one of {HISTORY_MODES}, got {history_mode!r}")
     patch.check_patch_data(patch_mode, episodes)
     reads_prompt = getattr(sampler, "reads_prompt", True)
+    task_seeds = [seed] * len(episodes) if isinstance(seed, int) else seed  # one per task, or None
     shots = [[None] * len(ep.steps) for ep in episodes]  # loaded lazily, once per (task, step)
 
     def shot(k, t):
@@ -193,8 +193,7 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
         outs: dict[tuple[int, int], Any] = {}
         for size in sorted({len(v) for v in groups.values()}):
             ks = [key for key in keys if len(groups[key]) == size]
-            seeds = None if seed is None else [_seed(seed if isinstance(seed, int) else seed[key[0]],
-                                                     episodes[key[0]].episode_id, t, key[1]) for key in ks]
+            seeds = None if seed is None else [_seed(task_seeds[k], episodes[k].episode_id, t, h) for k, h in ks]
             res = sampler.generate([prompts[key] for key in ks], n=size, greedy=greedy, seeds=seeds)
             for key, samples in zip(ks, res):
                 for i, s in zip(groups[key], samples):
@@ -237,8 +236,7 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
             actions = [a for *_, a in to_patch]
             # seeded per (task, rollout) like the samples, so patches do not depend on the batch or rank
             hint_seeds = None if seed is None else [
-                _seed(seed if isinstance(seed, int) else seed[k], episodes[k].episode_id, t, ("patch", i, *rec.history))
-                for k, i, rec, _ in to_patch]
+                _seed(task_seeds[k], episodes[k].episode_id, t, ("patch", i, *rec.history)) for k, i, rec, _ in to_patch]
             gen = lambda ps: [o[0].text for o in sampler.generate(ps, n=1, greedy=greedy, seeds=hint_seeds)]  # noqa: E731
             for (k, i, _, _), text in zip(to_patch, patch.on_policy_patches(hint_prompts, actions, gen)):
                 states[k][i].history[-1] = text
@@ -269,18 +267,14 @@ class SampleOutput:
 
 
 def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0,
-                   banned_ids: torch.Tensor | None = None) -> torch.Tensor:
+                   banned_ids: torch.Tensor | None = None, *, normalise: bool = True) -> torch.Tensor:
     """logits (B, V) -> (B, V) fp32 probabilities of the sampling distribution.
     p(v) is proportional to exp(logit_v / temperature) over the allowed tokens; a token is not
     allowed if it is banned or lies outside the top-p nucleus: the smallest set of most likely
     tokens whose probability reaches top_p (Holtzman et al. 2020; the most likely token is always
-    kept). The only place temperature is applied (design note 4)."""
-    probs = _unnormalised_probs(logits, temperature, top_p, banned_ids)
-    return probs / probs.sum(dim=-1, keepdim=True)
-
-
-def _unnormalised_probs(logits, temperature, top_p, banned_ids):
-    """process_logits without the final division (sampling normalises through the CDF)."""
+    kept). The only place temperature is applied (design note 4). normalise=False skips the final
+    division (sampling normalises through the CDF). Raises ValueError: temperature <= 0, top_p
+    outside (0, 1]."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature} (use greedy=True for argmax)")
     if not 0.0 < top_p <= 1.0:
@@ -296,7 +290,7 @@ def _unnormalised_probs(logits, temperature, top_p, banned_ids):
         mass_before = sorted_p.cumsum(dim=-1) - sorted_p    # mass of the strictly more likely tokens
         drop_sorted = mass_before >= top_p * sorted_p.sum(dim=-1, keepdim=True)
         probs.masked_fill_(torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted), 0.0)
-    return probs
+    return probs / probs.sum(dim=-1, keepdim=True) if normalise else probs
 
 
 def sample_from_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0,
@@ -312,7 +306,7 @@ def sample_from_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: fl
     on its own logits and passes banned_ids=None, saving a (B, V) copy per step."""
     if banned_ids is not None and banned_ids.numel():
         logits = logits.index_fill(-1, banned_ids.to(logits.device), float("-inf"))
-    probs = _unnormalised_probs(logits, temperature, top_p, None)           # (B, V)
+    probs = process_logits(logits, temperature, top_p, normalise=False)     # (B, V)
     if greedy:
         tok = logits.argmax(dim=-1)
         total = probs.sum(dim=-1, keepdim=True)                              # (B, 1)
