@@ -178,9 +178,8 @@ def expert_policy(prompt: StepPrompt) -> str:
 
 
 class ExpertSampler:
-    """The expert replay as a sampler: every prompt is answered with expert_policy. It never reads a
-    prompt (reads_prompt False), so the walker builds none: no chat template, no tokens, no pixels;
-    what it checks is the data, the response format, the coordinate mapping and the match."""
+    """The expert replay as a sampler (the module docstring's `expert` policy): every prompt is
+    answered with expert_policy; reads_prompt False, so the walker builds no prompt (no tokens, no pixels)."""
 
     reads_prompt = False
 

@@ -82,8 +82,7 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict:
-    """This process's python, numpy, torch CPU (and, when available, every CUDA) generator
-    states as JSON-able lists, for checkpoints."""
+    """Every generator's state (python, numpy, torch CPU, each CUDA device) as JSON-able lists."""
     py, np_state = random.getstate(), np.random.get_state()
     state = {"python": [py[0], list(py[1]), py[2]], "torch": torch.get_rng_state().tolist(),
              "numpy": [np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])]}
