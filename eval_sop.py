@@ -257,7 +257,7 @@ def task_of(ep: gui.Episode) -> str:
 
 
 # -----------------------------------------------------------------------------
-# Protocols (the module docstring): SOP and static through rollout.semi_online_rollout, online
+# Protocols (module docstring): SOP and static walk with rollout.semi_online_rollout; online
 
 
 def lent(sampler):
