@@ -204,4 +204,5 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    import cli
+    cli.cli(main)

@@ -769,8 +769,8 @@ def compare_scaling(fa: dict | None, fb: dict | None, a: str, b: str) -> dict | 
 def make_parser(doc: str, setting: dict, quick: dict):
     """argparse over a script's SETTING dict (every key a flag, its value the default); --quick
     swaps in the QUICK overrides. Lists are given as space-separated values."""
-    import argparse
-    p = argparse.ArgumentParser(description=doc.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    import cli
+    p = cli.make_parser(doc)  # one-line errors, defaults and the docstring's examples in --help
     p.add_argument("--quick", action="store_true", help=f"the small setting for a user check: {quick}".replace("%", "%%"))
     p.add_argument("--out", default="out/repro", help="root folder of runs (shared by both scripts: identical stages are reused)")
     p.add_argument("--results", default="results", help="where the results JSON/MD/PNGs land")

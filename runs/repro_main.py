@@ -153,4 +153,5 @@ def _pick(c: dict | None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    import cli
+    cli.cli(main)

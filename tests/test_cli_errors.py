@@ -52,7 +52,8 @@ CASES = [
     (["make_miniwob_data.py", "--train-seed-base", "100000", "--out", "/tmp/never"], "overlap"),
     (["plot_metrics.py", "nope/metrics.jsonl"], "argument metrics: no such file: 'nope/metrics.jsonl'"),
     (["plot_metrics.py", "README.md"], "README.md: line 1: invalid JSON"),
-    (["runs/cpu_repro.py", "--stages", "sft,evl"], "--stages sft,evl: unknown stage(s) ['evl']"),
+    (["runs/repro_main.py", "--seeds", "x"], "argument --seeds: invalid int value: 'x'"),
+    (["runs/repro_ablations.py", "--nope"], "unrecognized arguments: --nope"),
     (["bench/bench_logprob.py", "--n", "x"], "argument --n: invalid int value: 'x'"),
 ]
 
