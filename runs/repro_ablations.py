@@ -182,25 +182,7 @@ def main(argv=None) -> dict:
             s["figures"] = [rc._rel(f) for f in figs]
         return s
 
-    def on_eval(j):
-        name, arm, seed, step, final, run = j["meta"]
-        rows.append({"name": name, "arm": arm, "seed": seed, "step": step, "final": final, "run": run,
-                     "eval": rc._rel(j["dir"]), **rc.read_eval(j["dir"], keys)})
-        if not args.report_only:
-            rc.write_results(summary(), out_json, "MiniWob++ reproduction: ablations (partial)")
-
-    if args.report_only:
-        for j in todo:
-            if j["done"].exists():
-                on_eval(j)
-    else:
-        stages.run(todo, on_done=on_eval)
-    if args.dry_run:
-        return {}
-    result = summary(final_report=True)
-    rc.write_results(result, out_json, "MiniWob++ reproduction: ablations")
-    print(rc.markdown(rc._nan_to_none(result), "MiniWob++ reproduction: ablations"), flush=True)
-    return result
+    return rc.collect_and_report(args, todo, stages, rows, keys, summary, out_json, "MiniWob++ reproduction: ablations")
 
 
 if __name__ == "__main__":

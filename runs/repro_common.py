@@ -874,3 +874,28 @@ def checkpoints_of(train_job: dict, steps: int, eval_mid: bool) -> list[tuple[in
             out.append((steps // 2, False, mid))
     out.append((steps, True, checkpoint_at(train_job["dir"], steps)))
     return out
+
+
+def collect_and_report(args, todo, stages, rows: list, keys, summary, out_json: Path, title: str) -> dict:
+    """Run (or, with --report-only, read back) the evaluation jobs `todo`, append each evaluated
+    checkpoint to `rows` and rewrite the partial results after each; then write the final JSON/MD
+    (summary(final_report=True)) and print the Markdown. Returns the results ({} on --dry-run)."""
+    def on_eval(j):
+        name, arm, seed, step, final, run = j["meta"]
+        rows.append({"name": name, "arm": arm, "seed": seed, "step": step, "final": final, "run": run,
+                     "eval": _rel(j["dir"]), **read_eval(j["dir"], keys)})
+        if not args.report_only:
+            write_results(summary(), out_json, f"{title} (partial)")
+
+    if args.report_only:
+        for j in todo:
+            if j["done"].exists():
+                on_eval(j)
+    else:
+        stages.run(todo, on_done=on_eval)
+    if args.dry_run:
+        return {}
+    result = summary(final_report=True)
+    write_results(result, out_json, title)
+    print(markdown(_nan_to_none(result), title), flush=True)
+    return result
