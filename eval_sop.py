@@ -116,7 +116,7 @@ def sop_parser() -> argparse.ArgumentParser:
     # policy
     p.add_argument("--policy", choices=["expert", "model"], default="expert",
                    help="who acts: expert = replay the expert actions; model = greedy responses of --model")
-    p.add_argument("--model", default="tiny",
+    p.add_argument("--model", default="tiny", type=cli.arg_type(cli.model_path),
                    help="'tiny' (random, seeded by --seed), a Hugging Face folder, a checkpoint folder, or a folder "
                    "with a `latest` pointer (e.g. out/sft/ckpt); the prompt options not given (--num-images, "
                    "--min/max-pixels, --max-prompt-tokens, --step-instruction, --elements) come from its args.json")
@@ -186,18 +186,6 @@ class ExpertSampler:
     def generate(self, prompts: list[StepPrompt], n: int = 1, greedy: bool = True, seeds=None):
         # expert_policy looked up at call time: tests replace it with a scripted policy
         return [[SampleOutput([], expert_policy(p), torch.zeros(0), "stop", i)] * n for i, p in enumerate(prompts)]
-
-
-def resolve_model(name: str) -> str:
-    """'tiny', a folder with config.json, or a folder whose `latest` pointer names a checkpoint."""
-    from utils import latest_checkpoint
-
-    if name == "tiny" or os.path.isfile(os.path.join(name, "config.json")):
-        return name
-    ckpt = latest_checkpoint(name) if os.path.isdir(name) else None
-    if ckpt is None:
-        raise FileNotFoundError(f"--model {name}: not 'tiny', no config.json there and no `latest` checkpoint pointer")
-    return str(ckpt)
 
 
 def load_sampler(args, tokenizer):
@@ -543,9 +531,8 @@ def main(argv: list[str] | None = None) -> dict:
     budget = args.max_prompt_tokens or None
     sampler = ExpertSampler()
     if args.policy == "model":
-        args.model = resolve_model(args.model)
         cli.adopt_checkpoint_args(args, parser, argv, args.model, PROMPT_ARGS)  # the prompt it was trained on
-        tok_dir = args.tokenizer or (args.model if args.model != "tiny" else None)
+        tok_dir = args.tokenizer or (args.model if utils.parse_tiny(args.model) is None else None)
         tokenizer, image_processor = utils.load_processor(tok_dir, min_pixels=args.min_pixels, max_pixels=args.max_pixels)
         sampler = load_sampler(args, tokenizer)
         # docs/method.md §10: a long history must be summarised, never overflow the context

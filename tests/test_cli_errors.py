@@ -35,7 +35,7 @@ CASES = [
     (["train_semionline.py", "--model", "tiny", "--min-pixels", "0"], "--min-pixels 0 / --max-pixels"),
     (["eval_sop.py", "--data", "nope.jsonl"], "argument --data: no such file: 'nope.jsonl'"),
     (["eval_sop.py", "--data", TEST, "--blank-screens", "1080*2400"], "argument --blank-screens: expected a size WxH"),
-    (["eval_sop.py", "--data", TEST, "--policy", "model", "--model", NOT_A_MODEL], "--model assets: not 'tiny'"),
+    (["eval_sop.py", "--data", TEST, "--policy", "model", "--model", NOT_A_MODEL], "argument --model: 'assets': not a model folder"),
     (["eval_sop.py", "--data", TEST, "--model", "tiny"], "--model tiny is given but --policy is expert"),
     (["eval_sop.py"], "nothing to evaluate: give --data and/or --online"),
     (["eval_sop.py", "--data", "README.md"], "README.md: line 1: field '<json>': invalid JSON"),

@@ -263,15 +263,21 @@ def test_tiny_model_end_to_end(capsys, miniwob_file, tmp_path):
     assert page.count("<img") == s["steps_run"] + s["static_steps"]
 
 
-def test_resolve_model(tmp_path):
+def test_model_path(tmp_path):
+    """--model of every script (eval_sop.py included) goes through cli.model_path."""
+    import cli
     ckpt = tmp_path / "ckpt" / "step_000300"
     ckpt.mkdir(parents=True)
     (ckpt / "config.json").write_text("{}")
     (tmp_path / "ckpt" / "latest").write_text("step_000300")
-    assert eval_sop.resolve_model(str(tmp_path / "ckpt")) == str(ckpt)
-    assert eval_sop.resolve_model(str(ckpt)) == str(ckpt) and eval_sop.resolve_model("tiny") == "tiny"
-    with pytest.raises(FileNotFoundError, match="latest"):
-        eval_sop.resolve_model(str(tmp_path))
+    assert cli.model_path(str(tmp_path / "ckpt")) == str(ckpt)
+    assert cli.model_path(str(ckpt)) == str(ckpt) and cli.model_path("tiny") == "tiny"
+    assert cli.model_path("tiny:128x4") == "tiny:128x4"
+    with pytest.raises(cli.UsageError, match="latest"):
+        cli.model_path(str(tmp_path))
+    with pytest.raises(cli.UsageError, match="tiny:HxL"):
+        cli.model_path("tiny:12x")
+    assert eval_sop.sop_parser().parse_args(["--model", str(tmp_path / "ckpt")]).model == str(ckpt)
 
 
 # -----------------------------------------------------------------------------
