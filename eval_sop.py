@@ -67,7 +67,8 @@ import cli
 import gui
 import report
 import utils
-from rollout import SampleOutput, StepPrompt, StepRecord, sampling_mode, semi_online_rollout
+from kernels.policy_logprob import sampling_mode
+from rollout import SampleOutput, StepPrompt, StepRecord, semi_online_rollout
 
 # -----------------------------------------------------------------------------
 # Config
@@ -249,7 +250,7 @@ def task_of(ep: gui.Episode) -> str:
 
 
 def lent(sampler):
-    """rollout.sampling_mode for a sampler that holds a model (eval + no_grad); else nothing."""
+    """kernels.policy_logprob.sampling_mode for a sampler that holds a model (eval + no_grad); else nothing."""
     model = getattr(sampler, "model", None)
     return sampling_mode(model) if isinstance(model, torch.nn.Module) else contextlib.nullcontext()
 

@@ -6,8 +6,8 @@ Map, top to bottom:
      call, scored against the expert action, and a wrong response is patched or ends its rollout.
   2. the sampler engine (`# --- the sampler engine`): `Sampler`, batched KV-cached sampling from
      a transformers Qwen2.5-VL policy (or any plain causal LM), n samples per prompt;
-     `process_logits` / `sample_from_logits`, the sampling distribution; `sampling_mode`, which
-     lends the (FSDP2) policy to the sampler and gives it back to training.
+     `process_logits` / `sample_from_logits`, the sampling distribution. The policy is lent to
+     it by `kernels.policy_logprob.sampling_mode`, beside the FSDP2 set-up it undoes for a while.
 
 The sampler, in use:
 
@@ -36,7 +36,6 @@ Engine design (what it does that `model.generate` does not):
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import time
 from collections.abc import Mapping
@@ -251,7 +250,7 @@ def _seed(seed: int, episode_id: str, t: int, history: tuple) -> int:
 
 
 # -----------------------------------------------------------------------------
-# the sampler engine: KV cache, prefix sharing, sampling, the FSDP2 hand-off
+# the sampler engine: KV cache, prefix sharing, sampling
 
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
@@ -320,39 +319,6 @@ def sample_from_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: fl
         tok = torch.searchsorted(cdf, u, right=True).squeeze(-1)
     logp = probs.gather(-1, tok[:, None]).log() - total.log()
     return tok, logp.squeeze(-1)
-
-
-@contextlib.contextmanager
-def sampling_mode(model: torch.nn.Module):
-    """Lend the policy to the sampler for a rollout phase, then give it back to training.
-    `model` is the module training calls (the FSDP root); the Sampler may hold a module inside it.
-
-    Inside: eval mode and torch.no_grad. Under FSDP2 (`fully_shard`), every FSDP module is
-    unsharded once on entry (one all-gather each: a collective, all ranks enter together) and kept
-    unsharded, so decoding issues no collectives and ranks may run different numbers of steps. On
-    exit the full weights are freed, and train/eval mode and FSDP2's default reshard-after-forward
-    settings (True, False for the root: those of `apply_fsdp`) are restored. Public FSDP2 API only;
-    nothing is copied to disk or into a second model. An FSDP root must accept `model(None)` as a
-    no-op forward (PolicyLogProb does): FSDP2 makes the first module to run forward its root, and the
-    sampler calls the HF model inside. Without FSDP only eval + no_grad remain."""
-    from torch.distributed.fsdp import FSDPModule
-
-    fsdp = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            if isinstance(model, FSDPModule):
-                model(None)      # settles the root (and its hooks) before the inner model runs
-            for m in fsdp:
-                m.set_reshard_after_forward(False, recurse=False)
-                m.unshard()
-            yield model
-    finally:
-        for m in fsdp:
-            m.reshard()
-            m.set_reshard_after_forward(m is not model, recurse=False)
-        model.train(was_training)
 
 
 @dataclass

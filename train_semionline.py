@@ -62,9 +62,9 @@ import utils
 from advantage import EPISODE_FORMS, RETURNS_FORMS, compute_advantages, dynamic_sampling_tasks
 from eval_sop import sop_progress
 from kernels import ppo_loss
-from kernels.policy_logprob import PolicyLogProb, apply_fsdp, collate_sequences, pad_token_id, to_device
+from kernels.policy_logprob import PolicyLogProb, apply_fsdp, collate_sequences, pad_token_id, sampling_mode, to_device
 from patch import PATCH_MODES
-from rollout import HISTORY_MODES, Sampler, sampling_mode, semi_online_rollout
+from rollout import HISTORY_MODES, Sampler, semi_online_rollout
 
 # -----------------------------------------------------------------------------
 # config

@@ -42,8 +42,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import gui  # noqa: E402
 import utils  # noqa: E402
 from kernels import ppo_loss  # noqa: E402
-from kernels.policy_logprob import PolicyLogProb, collate_sequences, pad_token_id, to_device  # noqa: E402
-from rollout import Sampler, sampling_mode, semi_online_rollout  # noqa: E402
+from kernels.policy_logprob import PolicyLogProb, collate_sequences, pad_token_id, sampling_mode, to_device  # noqa: E402
+from rollout import Sampler, semi_online_rollout  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------
 # config

@@ -1,10 +1,12 @@
 """The policy as training runs it, the thin module beside the fused kernel (kernels/logprob.py):
 PolicyLogProb, the Hugging Face model's decoder then kernels.fused_logprob on the response
-positions only, one FSDP2 root (apply_fsdp shards it); and the batch it reads
-(collate_sequences: prompt + sampled ids, right-padded with pad_token_id, the one pad-id rule).
+positions only, one FSDP2 root (apply_fsdp shards it; sampling_mode lends it, unsharded, to
+rollout.Sampler and gives it back); and the batch it reads (collate_sequences: prompt + sampled
+ids, right-padded with pad_token_id, the one pad-id rule).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 
 import torch
@@ -34,6 +36,39 @@ def apply_fsdp(model, root: torch.nn.Module, dist_info: Dist, mixed_precision: b
     return root
 
 
+@contextlib.contextmanager
+def sampling_mode(model: torch.nn.Module):
+    """Lend the policy to the sampler for a rollout phase, then give it back to training.
+    `model` is the module training calls (the FSDP root); the Sampler may hold a module inside it.
+
+    Inside: eval mode and torch.no_grad. Under FSDP2 (`fully_shard`), every FSDP module is
+    unsharded once on entry (one all-gather each: a collective, all ranks enter together) and kept
+    unsharded, so decoding issues no collectives and ranks may run different numbers of steps. On
+    exit the full weights are freed, and train/eval mode and FSDP2's default reshard-after-forward
+    settings (True, False for the root: those `apply_fsdp` leaves) are restored. Public FSDP2 API only;
+    nothing is copied to disk or into a second model. An FSDP root must accept `model(None)` as a
+    no-op forward (PolicyLogProb does): FSDP2 makes the first module to run forward its root, and the
+    sampler calls the HF model inside. Without FSDP only eval + no_grad remain."""
+    from torch.distributed.fsdp import FSDPModule
+
+    fsdp = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            if isinstance(model, FSDPModule):
+                model(None)      # settles the root (and its hooks) before the inner model runs
+            for m in fsdp:
+                m.set_reshard_after_forward(False, recurse=False)
+                m.unshard()
+            yield model
+    finally:
+        for m in fsdp:
+            m.reshard()
+            m.set_reshard_after_forward(m is not model, recurse=False)
+        model.train(was_training)
+
+
 class PolicyLogProb(torch.nn.Module):
     """The Hugging Face model plus the fused lm_head log-prob, as one root module for FSDP.
 
@@ -42,7 +77,7 @@ class PolicyLogProb(torch.nn.Module):
     materialised: the decoder's last hidden states at those positions go through
     kernels.fused_logprob with the (possibly tied) lm_head weight. Calling this module
     (not model.model directly) lets FSDP2's root hooks gather embed/lm_head.
-    forward(None) returns None (rollout.sampling_mode's FSDP2 root settling call).
+    forward(None) returns None (sampling_mode's FSDP2 root settling call).
     """
 
     def __init__(self, model):
@@ -52,7 +87,7 @@ class PolicyLogProb(torch.nn.Module):
     def forward(self, batch: dict | None, temperature: float = 1.0, return_entropy: bool = False):
         from kernels import fused_logprob
 
-        if batch is None:  # no-op: rollout.sampling_mode settles the FSDP2 root with it
+        if batch is None:  # no-op: sampling_mode settles the FSDP2 root with it
             return None
 
         ids = batch["input_ids"]

@@ -8,8 +8,8 @@ from PIL import Image
 
 import gui
 import utils
-from kernels.policy_logprob import PolicyLogProb, collate_sequences
-from rollout import Sampler, sampling_mode
+from kernels.policy_logprob import PolicyLogProb, collate_sequences, sampling_mode
+from rollout import Sampler
 
 
 def test_trainer_logp_equals_sampler_logp_on_two_image_prompts():

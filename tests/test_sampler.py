@@ -17,8 +17,8 @@ import torch
 from PIL import Image
 
 import utils
-from rollout import (Sampler, SampleOutput, _prefix_tree, process_logits, sample_from_logits,
-                     sampling_mode)
+from kernels.policy_logprob import sampling_mode
+from rollout import Sampler, SampleOutput, _prefix_tree, process_logits, sample_from_logits
 
 MAX_NEW = 12
 
