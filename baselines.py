@@ -14,7 +14,6 @@ from collections import Counter
 
 import cli
 import gui
-import utils
 from eval_sop import GROUNDING_TYPES, sop_metrics
 
 
@@ -163,8 +162,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as f:
-            f.write(utils.dumps(res, indent=1))
-    print(utils.dumps(res))
+            f.write(cli.dumps(res, indent=1))
+    print(cli.dumps(res))
     return res
 
 

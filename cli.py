@@ -1,15 +1,17 @@
-"""argparse and one-line input errors, shared by every script.
+"""A script's edges, shared by every script: argparse and one-line input errors in, strict JSON out.
 
 `make_parser` builds a parser whose --help shows defaults and the module docstring's examples;
 `cli(main)` runs a script so that a mistake in its input (UsageError, gui.DataError, a missing or
 unreadable file) is one line on stderr and exit code 2, never a traceback; the `arg_type` helpers
 check files, folders and models while the flags are parsed; `adopt_checkpoint_args` reads prompt
-options back from a checkpoint's args.json.
+options back from a checkpoint's args.json. Out: `dumps` (JSON with no NaN / Infinity, for every
+summary, data and args file) and `MetricsLogger` (metrics.jsonl, optional TensorBoard).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -196,3 +198,70 @@ def adopt_checkpoint_args(args, parser: argparse.ArgumentParser, argv: list[str]
     if taken:
         print0(f"prompt options from {model}/args.json: " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in taken.items()))
     return taken
+
+
+# -----------------------------------------------------------------------------
+# output, in strict JSON: no NaN / Infinity in any file or line we write (the metrics file too)
+
+
+def finite_json(obj, _path: str = "", _bad: dict | None = None):
+    """`obj` (dicts, lists, numbers, numpy/torch scalars) with every non-finite float replaced by
+    None (RFC 8259 parsers reject NaN); a top-level dict gains "nonfinite": {key path: "nan" |
+    "inf" | "-inf"}."""
+    top, bad = _bad is None, {} if _bad is None else _bad
+    if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "ndim", 0) == 0:
+        obj = obj.item()  # numpy / torch scalar
+    if isinstance(obj, float) and not math.isfinite(obj):
+        bad[_path or "value"] = "nan" if obj != obj else ("inf" if obj > 0 else "-inf")
+        return None
+    if isinstance(obj, dict):
+        out = {k: finite_json(v, f"{_path}.{k}" if _path else str(k), bad) for k, v in obj.items()}
+    elif isinstance(obj, (list, tuple)):
+        out = [finite_json(v, f"{_path}[{i}]", bad) for i, v in enumerate(obj)]
+    else:
+        return obj
+    if top and bad and isinstance(out, dict):
+        out["nonfinite"] = bad
+    return out
+
+
+def dumps(obj, **kwargs) -> str:
+    """json.dumps that never writes NaN/Infinity (finite_json, then allow_nan=False); objects json
+    cannot encode become their str()."""
+    kwargs.setdefault("default", str)
+    return json.dumps(finite_json(obj), allow_nan=False, **kwargs)
+
+
+class MetricsLogger:
+    """One strict-JSON object per line (`dumps`) to `path`, rank 0 only, plus wall time `t`; a
+    new run starts the file afresh, append=True continues it. tensorboard: a folder that also gets
+    every finite number of a row as a scalar at x = row["step"] (else the row's index); raises
+    UsageError when the tensorboard package is missing."""
+
+    def __init__(self, path: str | os.PathLike, append: bool = False, tensorboard: str | None = None):
+        self.path, self.t0, self.tb, self.n = Path(path), time.time(), None, 0
+        if get_rank() == 0:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not append:
+                self.path.write_text("")
+        if tensorboard and get_rank() == 0:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise UsageError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
+            self.tb = SummaryWriter(str(tensorboard))
+
+    def log(self, row: dict) -> None:
+        if get_rank() != 0:
+            return
+        row = {**row, "t": round(time.time() - self.t0, 3)}
+        with open(self.path, "a") as f:
+            f.write(dumps(row) + "\n")
+        if self.tb is not None:
+            x = row.get("step", self.n)
+            for k, v in finite_json(row).items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
+                    self.tb.add_scalar(k, v, x)
+            self.tb.flush()
+        self.n += 1
+

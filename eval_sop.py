@@ -488,7 +488,7 @@ def score_main(argv: list[str]) -> dict:
                          f"(episode:step {shown}); pass --subset to score only the steps given")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as fout:
-        fout.writelines(utils.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        fout.writelines(cli.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     # the floor on the same steps, for the figure above
     eps = [ep for ep, _ in index.values()]
     import baselines
@@ -512,7 +512,7 @@ def main(argv: list[str] | None = None) -> dict:
         return baselines.main(argv[1:])  # prints its own table and JSON line
     if argv and argv[0] == "score":
         summary = score_main(argv[1:])
-        print(utils.dumps(summary))
+        print(cli.dumps(summary))
         return summary
 
     parser = sop_parser()
@@ -657,23 +657,23 @@ def main(argv: list[str] | None = None) -> dict:
     if args.out and out_dir is None and sop_records is not None:  # the per-episode JSONL alone
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as f:
-            f.writelines(utils.dumps(r) + "\n" for r in sop_records)
+            f.writelines(cli.dumps(r) + "\n" for r in sop_records)
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
         for name, rows in (("episodes.jsonl", sop_records), ("static_steps.jsonl", static_records),
                            ("online_episodes.jsonl", online_res["episodes"] if online_res else None)):
             if rows is not None:
                 with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
-                    f.writelines(utils.dumps(r) + "\n" for r in rows)
+                    f.writelines(cli.dumps(r) + "\n" for r in rows)
         with open(os.path.join(out_dir, "result.json"), "w", encoding="utf-8") as f:
-            f.write(utils.dumps({**summary, "args": vars(args)}, indent=1))
+            f.write(cli.dumps({**summary, "args": vars(args)}, indent=1))
     if report_path:
         title = f"eval_sop: {args.policy}" + (f" {args.model}" if args.policy == "model" else "")
         report.write_report(report_path, title, summary, sections)
     if out_dir or report_path:  # where the outputs are (the last line stays the JSON summary)
         print(f"results: {os.path.join(out_dir, 'result.json') if out_dir else args.out}"
               + (f"  report: {report_path} (open it in a browser)" if report_path else ""), flush=True)
-    print(utils.dumps(summary))
+    print(cli.dumps(summary))
     return summary
 
 

@@ -39,7 +39,6 @@ from tqdm import tqdm
 
 import cli
 import miniwob_env as me
-import utils
 
 # -----------------------------------------------------------------------------
 # config
@@ -171,7 +170,7 @@ def main(argv=None):
         eps = [e for r in results for e in r["episodes"][split]]
         with open(out / f"{split}.jsonl", "w") as f:
             for e in eps:
-                f.write(utils.dumps(e) + "\n")
+                f.write(cli.dumps(e) + "\n")
         manifest_splits[split] = {
             "file": f"{split}.jsonl", "seed_base": seeds.start, "seeds_per_task": len(seeds),
             "episodes": len(eps), "steps": sum(len(e["steps"]) for e in eps),
@@ -195,7 +194,7 @@ def main(argv=None):
                    "seconds_per_env_step": round(env_seconds / max(env_steps, 1), 4)},
         "images": n_files,
     }
-    (out / "manifest.json").write_text(utils.dumps(manifest, indent=1) + "\n")
+    (out / "manifest.json").write_text(cli.dumps(manifest, indent=1) + "\n")
     summary = {"out": str(out), "seconds": round(seconds, 1), "env_steps": env_steps,
                "seconds_per_env_step": manifest["timing"]["seconds_per_env_step"],
                "images": n_files, "size_mb": round(size_mb, 2),
@@ -203,7 +202,7 @@ def main(argv=None):
                **{f"{s}_steps": m["steps"] for s, m in manifest_splits.items()},
                "skipped": sum(len(v) for m in manifest_splits.values() for v in m["skipped"].values())}
     print(f"next: python train_sft.py --data {out / 'train.jsonl'}", flush=True)
-    print(utils.dumps(summary))
+    print(cli.dumps(summary))
 
 
 if __name__ == "__main__":

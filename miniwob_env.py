@@ -1012,8 +1012,7 @@ def check_tasks(tasks, need_expert: bool = False) -> None:
 
 
 def main(argv=None):
-    import cli  # only the CLI needs these (utils imports torch; the environment itself does not)
-    import utils
+    import cli  # only the CLI needs it (it imports torch; the environment itself does not)
 
     ap = cli.make_parser(__doc__.split("\n")[0] + "\n\n" + __doc__[__doc__.index("CLI ("):])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -1051,7 +1050,7 @@ def main(argv=None):
         for k, st in enumerate(ep["steps"]):
             print(f"--- step {k}\n{st['elements']}\nthought: {st['thought']}\n"
                   f"action: {json.dumps(st['action'])}  candidate_bbox: {st['candidate_bbox']}")
-        print(utils.dumps({"task": args.task, "seed": args.seed, "success": ep["success"],
+        print(cli.dumps({"task": args.task, "seed": args.seed, "success": ep["success"],
                            "steps": len(ep["steps"])}))
         return
 
@@ -1065,13 +1064,13 @@ def main(argv=None):
         print(f"{task:24s} success {r['success_rate']:6.1%}  mean steps {r['mean_steps']:4.1f}  "
               f"{r['seconds_per_env_step'] * 1000:5.0f} ms/env step  {fails}")
     if args.out:
-        Path(args.out).write_text(utils.dumps(res, indent=1))
+        Path(args.out).write_text(cli.dumps(res, indent=1))
     out = {"policy": args.policy, "seeds": args.seeds, "seed_base": args.seed_base,
            "max_steps": args.max_steps, "seconds": round(time.time() - t0, 1),
            "overall": res["overall"],
            "per_task": {t: {"success_rate": r["success_rate"], "mean_steps": r["mean_steps"],
                             "failures": r["failures"]} for t, r in res["per_task"].items()}}
-    print(utils.dumps(out))
+    print(cli.dumps(out))
 
 
 if __name__ == "__main__":

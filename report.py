@@ -15,8 +15,8 @@ import os
 
 from PIL import Image, ImageDraw
 
+import cli
 import gui
-import utils
 
 REPORT_WIDTH = 300  # px of each screenshot in the HTML report
 
@@ -71,7 +71,7 @@ td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px} .ok{color:#080} .bad
 def write_report(path: str, title: str, summary: dict, sections: list[tuple[str, str, list[dict]]]) -> None:
     """sections: (heading, note, episodes), each episode {title, goal, outcome, steps: [step_view], first_wrong}."""
     e = html.escape
-    rows = "".join(f"<tr><th>{e(k)}</th><td>{e(utils.dumps(v) if not isinstance(v, float) else f'{v:.4f}')}</td></tr>"
+    rows = "".join(f"<tr><th>{e(k)}</th><td>{e(cli.dumps(v) if not isinstance(v, float) else f'{v:.4f}')}</td></tr>"
                    for k, v in summary.items() if k not in ("per_task", "sources", "report"))
     per_task = summary.get("per_task") or {}
     cols = list(dict.fromkeys(k for v in per_task.values() for k in v))

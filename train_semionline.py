@@ -153,8 +153,8 @@ def main(argv=None):
     out = Path(args.out)
     if d.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "args.json").write_text(utils.dumps(vars(args), indent=2))
-    metrics = utils.MetricsLogger(out / "metrics.jsonl", append=args.resume, tensorboard=args.tensorboard)
+        (out / "args.json").write_text(cli.dumps(vars(args), indent=2))
+    metrics = cli.MetricsLogger(out / "metrics.jsonl", append=args.resume, tensorboard=args.tensorboard)
     gpu = d.device.type == "cuda"
 
     # -------------------------------------------------------------------------
@@ -331,7 +331,7 @@ def main(argv=None):
               f"curves:     python plot_metrics.py {out / 'metrics.jsonl'}\n"
               f"evaluate:   python eval_sop.py --data {test} --policy model "
               f"--model {out / 'ckpt'} --protocol sop static --online --out out/eval/semionline", flush=True)
-        print(utils.dumps(last), flush=True)
+        print(cli.dumps(last), flush=True)
     return last
 
 

@@ -86,8 +86,8 @@ def main(argv=None):
     out = Path(args.out)
     if d.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "args.json").write_text(utils.dumps(vars(args), indent=2))
-    metrics = utils.MetricsLogger(out / "metrics.jsonl", append=args.resume, tensorboard=args.tensorboard)
+        (out / "args.json").write_text(cli.dumps(vars(args), indent=2))
+    metrics = cli.MetricsLogger(out / "metrics.jsonl", append=args.resume, tensorboard=args.tensorboard)
     gpu = d.device.type == "cuda"
 
     # -------------------------------------------------------------------------
@@ -226,7 +226,7 @@ def main(argv=None):
               f"evaluate:   python eval_sop.py --data {test} --policy model --model {out / 'ckpt'} "
               f"--protocol sop static --online --out out/eval/sft\n"
               f"next stage: torchrun --nproc_per_node=2 train_semionline.py --sft-dir {out / 'ckpt'}", flush=True)
-        print(utils.dumps(last), flush=True)
+        print(cli.dumps(last), flush=True)
     return last
 
 

@@ -1,14 +1,12 @@
 """Plumbing shared by the stages: distributed set-up, seeding, model and processor loading,
-checkpoint I/O, strict-JSON metrics. Nothing GUI- or method-specific (gui.py, rollout.py, ...);
-the command line is cli.py."""
+checkpoint I/O. Nothing GUI- or method-specific (gui.py, rollout.py, ...); what a script reads
+and writes at its edges (flags, input errors, strict-JSON output and the metrics file) is cli.py."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -273,71 +271,3 @@ def load_checkpoint_state(ckpt: str | os.PathLike, model, optimizer=None) -> dic
                              f"resume with that many processes")
         set_rng_state(state["rng"][rank])
     return state
-
-
-# -----------------------------------------------------------------------------
-# metrics, in strict JSON: no NaN / Infinity in any file or line we write
-
-
-def finite_json(obj, _path: str = "", _bad: dict | None = None):
-    """`obj` (dicts, lists, numbers, numpy/torch scalars) with every non-finite float replaced by
-    None (RFC 8259 parsers reject NaN); a top-level dict gains "nonfinite": {key path: "nan" |
-    "inf" | "-inf"}."""
-    top, bad = _bad is None, {} if _bad is None else _bad
-    if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "ndim", 0) == 0:
-        obj = obj.item()  # numpy / torch scalar
-    if isinstance(obj, float) and not math.isfinite(obj):
-        bad[_path or "value"] = "nan" if obj != obj else ("inf" if obj > 0 else "-inf")
-        return None
-    if isinstance(obj, dict):
-        out = {k: finite_json(v, f"{_path}.{k}" if _path else str(k), bad) for k, v in obj.items()}
-    elif isinstance(obj, (list, tuple)):
-        out = [finite_json(v, f"{_path}[{i}]", bad) for i, v in enumerate(obj)]
-    else:
-        return obj
-    if top and bad and isinstance(out, dict):
-        out["nonfinite"] = bad
-    return out
-
-
-def dumps(obj, **kwargs) -> str:
-    """json.dumps that never writes NaN/Infinity (finite_json, then allow_nan=False); objects json
-    cannot encode become their str()."""
-    kwargs.setdefault("default", str)
-    return json.dumps(finite_json(obj), allow_nan=False, **kwargs)
-
-
-class MetricsLogger:
-    """One strict-JSON object per line (`dumps`) to `path`, rank 0 only, plus wall time `t`; a
-    new run starts the file afresh, append=True continues it. tensorboard: a folder that also gets
-    every finite number of a row as a scalar at x = row["step"] (else the row's index); raises
-    cli.UsageError when the tensorboard package is missing."""
-
-    def __init__(self, path: str | os.PathLike, append: bool = False, tensorboard: str | None = None):
-        self.path, self.t0, self.tb, self.n = Path(path), time.time(), None, 0
-        if get_rank() == 0:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            if not append:
-                self.path.write_text("")
-        if tensorboard and get_rank() == 0:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                from cli import UsageError
-                raise UsageError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
-            self.tb = SummaryWriter(str(tensorboard))
-
-    def log(self, row: dict) -> None:
-        if get_rank() != 0:
-            return
-        row = {**row, "t": round(time.time() - self.t0, 3)}
-        with open(self.path, "a") as f:
-            f.write(dumps(row) + "\n")
-        if self.tb is not None:
-            x = row.get("step", self.n)
-            for k, v in finite_json(row).items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
-                    self.tb.add_scalar(k, v, x)
-            self.tb.flush()
-        self.n += 1
-

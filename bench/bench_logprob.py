@@ -30,7 +30,6 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root, for `kernels`
 import cli  # noqa: E402
-import utils  # noqa: E402
 from kernels import fused_logprob  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------
@@ -123,7 +122,7 @@ def cpu_worker(path):
     out = {"path": path, "peak_bytes": peak, "time_s": min(times)}
     if path == "fused":
         out["logp_max_abs_err"] = logp_error(h, W, y)
-    print(utils.dumps(out))
+    print(cli.dumps(out))
 
 
 def cpu_main():
@@ -220,4 +219,4 @@ if __name__ == "__main__":
         sys.exit(0)
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     result = cuda_main() if use_cuda else cpu_main()
-    print(utils.dumps(result))
+    print(cli.dumps(result))

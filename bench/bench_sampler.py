@@ -182,4 +182,4 @@ for name in args.workloads.split(","):
                        f"prefill_tokens_{who}_{name}": pf, f"prefill_tokens_real_{who}_{name}": pfr})
     result[f"ratio_{name}"] = round(best["ours"][0] / best["hf"][0], 2)
 result.update(loadavg_1m_before=round(load_before, 2), loadavg_1m_after=round(os.getloadavg()[0], 2))
-print(utils.dumps(result))
+print(cli.dumps(result))

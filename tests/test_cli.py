@@ -16,7 +16,6 @@ import eval_sop
 import gui
 import plot_metrics
 import report
-import utils
 
 REPO = Path(__file__).resolve().parent.parent
 MINIWOB = REPO / "data" / "miniwob"
@@ -39,18 +38,18 @@ def test_dumps_replaces_nonfinite_with_null_and_reason():
 
     row = {"step": 3, "loss": float("nan"), "kl": np.float32("inf"), "ent": torch.tensor(-math.inf),
            "ok": 1.5, "per_task": {"a": [0.5, float("nan")]}, "flag": True}
-    text = utils.dumps(row)
+    text = cli.dumps(row)
     back = strict_loads(text)
     assert back["loss"] is None and back["kl"] is None and back["ent"] is None
     assert back["ok"] == 1.5 and back["step"] == 3 and back["flag"] is True and back["per_task"]["a"] == [0.5, None]
     assert back["nonfinite"] == {"loss": "nan", "kl": "inf", "ent": "-inf", "per_task.a[1]": "nan"}
-    assert "nonfinite" not in strict_loads(utils.dumps({"loss": 1.0}))  # nothing to report: no field
+    assert "nonfinite" not in strict_loads(cli.dumps({"loss": 1.0}))  # nothing to report: no field
     with pytest.raises(ValueError):  # the check itself can fail: the standard library writes NaN
         strict_loads(json.dumps({"loss": float("nan")}))
 
 
 def test_metrics_logger_writes_strict_lines(tmp_path):
-    m = utils.MetricsLogger(tmp_path / "metrics.jsonl")
+    m = cli.MetricsLogger(tmp_path / "metrics.jsonl")
     m.log({"step": 1, "loss": float("nan"), "reward_mean": 0.25})
     m.log({"step": 2, "loss": 0.5, "reward_mean": 0.5})
     rows = [strict_loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -72,7 +71,7 @@ def test_tensorboard_scalars(tmp_path, monkeypatch):
             pass
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=Writer))
-    m = utils.MetricsLogger(tmp_path / "m.jsonl", tensorboard=str(tmp_path / "tb"))
+    m = cli.MetricsLogger(tmp_path / "m.jsonl", tensorboard=str(tmp_path / "tb"))
     m.log({"step": 7, "loss": 0.25, "kl": float("nan"), "tasks_kept": 3, "note": "x", "flag": True})
     scalars = {c[0]: c[1:] for c in calls[1:]}
     assert calls[0] == ("dir", str(tmp_path / "tb"))
@@ -83,7 +82,7 @@ def test_tensorboard_scalars(tmp_path, monkeypatch):
 def test_tensorboard_missing_is_a_usage_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import raises ImportError
     with pytest.raises(cli.UsageError, match="pip install tensorboard"):
-        utils.MetricsLogger(tmp_path / "m.jsonl", tensorboard=str(tmp_path / "tb"))
+        cli.MetricsLogger(tmp_path / "m.jsonl", tensorboard=str(tmp_path / "tb"))
 
 
 # -----------------------------------------------------------------------------
@@ -100,7 +99,7 @@ def test_plot_writes_png(tmp_path, capsys):
     rows = [{"step": s, "loss": 1 / s, "reward_mean": s / 30, "note": "text"} for s in range(1, 31)]
     rows[4]["loss"] = float("nan")
     rows[9]["val_loss"] = 0.7
-    f.write_text("".join(utils.dumps(r) + "\n" for r in rows))
+    f.write_text("".join(cli.dumps(r) + "\n" for r in rows))
     series = plot_metrics.read_metrics(str(f))
     assert set(series) == {"loss", "reward_mean", "val_loss"}  # numbers only; step and t are the axes
     assert series["loss"][1][4] is None and series["val_loss"] == ([10], [0.7])
