@@ -41,8 +41,12 @@ Triton path (CUDA; CPU under TRITON_INTERPRET=1 with UIS1_FORCE_TRITON=1):
    speed; the price is one (C, V) buffer, bounded by `chunk_bytes`.
 
 Reference path (`fused_logprob_ref`, the CPU path): the same math in fp32 torch, chunked over tokens
-(forward and a manual chunked backward that recomputes the logits), so peak memory is one
-(chunk, V) fp32 block plus a few of its temporaries, never (N, V).
+(forward and a manual chunked backward that recomputes the logits), so peak memory is at most two
+(chunk, V) fp32 blocks, never (N, V). On CPU the elementwise passes over those blocks, not the
+GEMM, set the time, so each pass is counted: 1/T scales h (C x H) instead of the logits, log p of
+the target is a gather (no log-softmax block), exp runs once per logit in each direction, the
+entropy's sum p (z - m) is one fused dot per row, and the backward folds 1/L, 1/T and the entropy
+term into per-row coefficients (dz = exp(z - m) (a + b (z - m)) + g/T 1[j = y]).
 """
 
 import math
@@ -53,7 +57,7 @@ import triton.language as tl
 
 from kernels._dispatch import check_runnable, use_triton
 
-_REF_CHUNK_BYTES = 64 << 20  # fp32 logits per chunk on the reference path
+_REF_CHUNK_BYTES = 64 << 20  # fp32 logits per chunk on the reference path (110 tokens at V = 151,936)
 _TRITON_CHUNK_BYTES = 512 << 20  # dz buffer per chunk on the Triton backward
 
 
@@ -381,6 +385,12 @@ def _ref_chunk(V, chunk_size):
     return chunk_size if chunk_size is not None else max(1, _REF_CHUNK_BYTES // (4 * V))
 
 
+def _scaled(h, inv_t):
+    """h (C, H) in fp32, times 1/T when T != 1: scaling h costs H/V of scaling the (C, V) logits."""
+    h = h.float()
+    return h if inv_t == 1.0 else h * inv_t
+
+
 @torch.no_grad()
 def _logprob_fwd_ref(hidden, weight, targets, temperature, ignore_index, compute_entropy, chunk_size=None):
     _check_inputs(hidden, weight, targets, temperature, "fused_logprob_ref")
@@ -388,24 +398,31 @@ def _logprob_fwd_ref(hidden, weight, targets, temperature, ignore_index, compute
     valid = targets != ignore_index
     _check_targets(targets, valid, V, "fused_logprob_ref")
     w32 = weight.float()  # no copy when already fp32
+    inv_t = 1.0 / temperature
     y = torch.where(valid, targets, 0)
     logp = torch.zeros(N, dtype=torch.float32, device=hidden.device)
     ent = torch.zeros(N, dtype=torch.float32, device=hidden.device)
     norm = torch.zeros(2, N, dtype=torch.float32, device=hidden.device)  # (m, log L), see Numerics
-    C = _ref_chunk(V, chunk_size)
+    C = min(_ref_chunk(V, chunk_size), max(N, 1))
+    # Per chunk, over the (C, V) block: the GEMM, max, subtract, exp (into a second buffer when the
+    # entropy needs z - m after it), sum, and for the entropy one fused dot per row. log p of the
+    # target comes from a gather, ent = log L - sum exp(z - m) (z - m) / L: no log-softmax block.
+    z_buf = torch.empty(C, V, dtype=torch.float32, device=hidden.device)
+    e_buf = torch.empty(C, V, dtype=torch.float32, device=hidden.device) if compute_entropy else z_buf
     for c0 in range(0, N, C):
         c1 = min(c0 + C, N)
-        z = hidden[c0:c1].float() @ w32.t()  # (C, V)
-        z.mul_(1.0 / temperature)
-        m = z.max(dim=1).values  # (C,)
-        z.sub_(m[:, None])  # z - m
-        log_l = torch.log(torch.exp(z).sum(dim=1))  # (C,)
+        z = torch.mm(_scaled(hidden[c0:c1], inv_t), w32.t(), out=z_buf[: c1 - c0])  # (C, V) logits / T
+        m = z.amax(dim=1)  # (C,)
+        z.sub_(m[:, None])  # z - m <= 0
+        zy = z.gather(1, y[c0:c1, None]).squeeze(1)  # z_y - m
+        e = torch.exp(z, out=e_buf[: c1 - c0])  # exp(z - m); in place on z without the entropy
+        L = e.sum(dim=1)  # (C,)
+        log_l = L.log()
         norm[0, c0:c1], norm[1, c0:c1] = m, log_l
-        z.sub_(log_l[:, None])  # log p
-        logp[c0:c1] = z.gather(1, y[c0:c1, None]).squeeze(1)
+        logp[c0:c1] = zy - log_l
         if compute_entropy:
-            ent[c0:c1] = -(z.exp() * z).sum(dim=1)
-        del z
+            s = torch.bmm(e[:, None, :], z[:, :, None]).view(-1)  # sum exp(z - m) (z - m), one pass
+            ent[c0:c1] = log_l - s / L
     zero = torch.zeros((), dtype=torch.float32, device=hidden.device)
     return torch.where(valid, logp, zero), torch.where(valid, ent, zero), norm
 
@@ -419,27 +436,31 @@ def _logprob_bwd_ref(hidden, weight, targets, norm, ent, g_logp, g_ent, temperat
     y = targets  # ignored rows arrive as 0 with g = 0 (see _LogProb.backward)
     dh = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device) if need_dh else None
     dw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_dw else None
-    C = _ref_chunk(V, chunk_size)
+    C = min(_ref_chunk(V, chunk_size), max(N, 1))
+    # dz = [g 1(j = y) - p (g + e (log p + ent))] / T with p = exp(z - m) / L, log p = (z - m) - log L:
+    #    = g/T 1(j = y) + exp(z - m) (a + b (z - m)),  a = -(g + e (ent - log L)) / (T L),  b = -e / (T L)
+    # so per chunk: the GEMM, subtract, exp, and with the entropy one addcmul and one multiply.
+    z_buf = torch.empty(C, V, dtype=torch.float32, device=hidden.device)
+    e_buf = torch.empty(C, V, dtype=torch.float32, device=hidden.device) if g_ent is not None else None
     for c0 in range(0, N, C):
         c1 = min(c0 + C, N)
         h_c = hidden[c0:c1].float()
-        logp = h_c @ w32.t()  # (C, V) recomputed logits
-        logp.mul_(inv_t).sub_(norm[0, c0:c1, None]).sub_(norm[1, c0:c1, None])  # log p = (z - m) - log L
-        dz = logp.exp()  # p
-        g = g_logp[c0:c1, None]
-        if g_ent is not None:  # coef = g + e (log p + ent)
-            coef = logp.add_(ent[c0:c1, None]).mul_(g_ent[c0:c1, None]).add_(g)
+        z = torch.mm(_scaled(h_c, inv_t), w32.t(), out=z_buf[: c1 - c0])  # (C, V) recomputed logits / T
+        z.sub_(norm[0, c0:c1, None])  # z - m
+        inv_tl = torch.exp(-norm[1, c0:c1]) * inv_t  # 1 / (T L), (C,)
+        g = g_logp[c0:c1]
+        if g_ent is not None:
+            e = g_ent[c0:c1]
+            a = -(g + e * (ent[c0:c1] - norm[1, c0:c1])) * inv_tl
+            p = torch.exp(z, out=e_buf[: c1 - c0])  # exp(z - m) = L p
+            dz = torch.addcmul(a[:, None], z, (-e * inv_tl)[:, None], out=z).mul_(p)
         else:
-            coef = g
-        dz.mul_(coef).neg_()  # -p (g + e (log p + ent))
-        del logp, coef
-        dz.scatter_add_(1, y[c0:c1, None], g)  # + g 1[j = y]
-        dz.mul_(inv_t)
+            dz = z.exp_().mul_((-g * inv_tl)[:, None])  # -g p / T
+        dz.scatter_add_(1, y[c0:c1, None], (g * inv_t)[:, None])  # + g/T 1[j = y]
         if need_dh:
-            dh[c0:c1] = dz @ w32
+            torch.mm(dz, w32, out=dh[c0:c1])
         if need_dw:
             dw.addmm_(dz.t(), h_c)
-        del dz
     return (dh.to(hidden.dtype) if need_dh else None), (dw.to(weight.dtype) if need_dw else None)
 
 

@@ -17,8 +17,9 @@ import torch
 from PIL import Image
 
 import utils
+import rollout
 from kernels.policy_logprob import sampling_mode
-from rollout import Sampler, SampleOutput, _prefix_tree, process_logits, sample_from_logits
+from rollout import Sampler, SampleOutput, _inverse_cdf, _prefix_tree, process_logits, sample_from_logits
 
 MAX_NEW = 12
 
@@ -153,6 +154,38 @@ def test_sample_from_logits_frequencies_and_logp():
     greedy_tok, greedy_logp = sample_from_logits(logits[:2], temperature=3.0, greedy=True)
     assert greedy_tok.tolist() == [1, 1]
     torch.testing.assert_close(greedy_logp, torch.full((2,), math.log(0.5)))
+
+
+def test_inverse_cdf_by_hand(monkeypatch):
+    """Blocks of 3 over V = 8 (two full blocks and a tail of 2); weights 0 are never drawn."""
+    monkeypatch.setattr(rollout, "_CDF_BLOCK", 3)
+    w = torch.tensor([[1., 0, 2, 0, 0, 3, 0, 2]])             # cdf 1 1 3 3 3 6 6 8, total 8
+    want = {0.0: 0, 0.12: 0, 0.125: 2, 0.37: 2, 0.375: 5, 0.74: 5, 0.75: 7, 0.999: 7, 1 - 2**-24: 7}
+    for u, tok in want.items():
+        got, total = _inverse_cdf(w, torch.tensor([[u]]))
+        assert got.tolist() == [tok] and total.tolist() == [8.0], (u, got, total)
+
+
+@pytest.mark.parametrize("V,block", [(151_936, None), (1000, 64), (50, 64)])
+def test_inverse_cdf_vs_flat_cumsum(monkeypatch, V, block):
+    """The two-level draw against the flat one (fp64 cumsum + searchsorted) on random rows with a
+    third of the weights 0: the same token wherever u * total is not within rounding of a boundary,
+    and never a token of weight 0."""
+    if block:
+        monkeypatch.setattr(rollout, "_CDF_BLOCK", block)
+    g = torch.Generator().manual_seed(V)
+    x = torch.randn(256, V, generator=g) * 4
+    w = torch.softmax(x, dim=-1)
+    w[:, torch.randperm(V, generator=g)[: V // 3]] = 0.0
+    u = torch.rand(256, 1, generator=g)
+    tok, total = _inverse_cdf(w, u)
+    cdf = w.double().cumsum(dim=-1)
+    t = u.double() * cdf[:, -1:]
+    flat = torch.searchsorted(cdf, t, right=True).squeeze(-1)
+    assert (w.gather(1, tok[:, None]) > 0).all()
+    torch.testing.assert_close(total, cdf[:, -1])
+    near = (cdf - t).abs().min(dim=-1).values < 1e-5 * cdf[:, -1]   # within rounding of a boundary
+    assert (tok == flat)[~near].all() and (~near).sum() > 200
 
 
 def test_prefix_tree_by_hand():
