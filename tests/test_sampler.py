@@ -17,9 +17,10 @@ import torch
 from PIL import Image
 
 import utils
-import rollout
+import kernels.sampling
 from kernels.policy_logprob import sampling_mode
-from rollout import Sampler, SampleOutput, _inverse_cdf, _prefix_tree, process_logits, sample_from_logits
+from kernels.sampling import _inverse_cdf, process_logits, sample_from_logits
+from rollout import Sampler, SampleOutput, _prefix_tree
 
 MAX_NEW = 12
 
@@ -158,7 +159,7 @@ def test_sample_from_logits_frequencies_and_logp():
 
 def test_inverse_cdf_by_hand(monkeypatch):
     """Blocks of 3 over V = 8 (two full blocks and a tail of 2); weights 0 are never drawn."""
-    monkeypatch.setattr(rollout, "_CDF_BLOCK", 3)
+    monkeypatch.setattr(kernels.sampling, "_CDF_BLOCK", 3)
     w = torch.tensor([[1., 0, 2, 0, 0, 3, 0, 2]])             # cdf 1 1 3 3 3 6 6 8, total 8
     want = {0.0: 0, 0.12: 0, 0.125: 2, 0.37: 2, 0.375: 5, 0.74: 5, 0.75: 7, 0.999: 7, 1 - 2**-24: 7}
     for u, tok in want.items():
@@ -172,7 +173,7 @@ def test_inverse_cdf_vs_flat_cumsum(monkeypatch, V, block):
     third of the weights 0: the same token wherever u * total is not within rounding of a boundary,
     and never a token of weight 0."""
     if block:
-        monkeypatch.setattr(rollout, "_CDF_BLOCK", block)
+        monkeypatch.setattr(kernels.sampling, "_CDF_BLOCK", block)
     g = torch.Generator().manual_seed(V)
     x = torch.randn(256, V, generator=g) * 4
     w = torch.softmax(x, dim=-1)
