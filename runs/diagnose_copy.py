@@ -13,7 +13,7 @@ predicts those digits (the rest of the response is template, action type and lab
     python runs/diagnose_copy.py sanity --lr 1e-3 --steps 300
         the copy skill alone, text only: the same tiny model learns to repeat 4 random digits
         written 20-50 tokens earlier (`at (ab,cd) <filler> answer: [` -> `ab, cd]`), batch 8,
-        AdamW with the given lr; prints the training loss every 25 steps. The loss of a model
+        AdamW with the given lr, the loss through PolicyLogProb as in train_sft.py; prints the training loss every 25 steps. The loss of a model
         that does not copy stays near 4 x 2.30 / 7 = 1.3 nats per target token.
 
 The last stdout line is one strict-JSON object with the figures.
@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -84,6 +85,7 @@ def copy_sanity(model_name: str = "tiny:128x4", lr: float = 1e-3, steps: int = 3
     nats)."""
     rng = random.Random(seed)
     model = utils.load_model(model_name, seed=seed)
+    policy = PolicyLogProb(model).train()
     tokenizer, _ = utils.load_processor()
     enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     filler = enc("the quick brown fox jumps over the lazy dog " * 6)
@@ -96,15 +98,9 @@ def copy_sanity(model_name: str = "tiny:128x4", lr: float = 1e-3, steps: int = 3
             d = [rng.randint(0, 9) for _ in range(4)]
             prompt = enc(f"at ({d[0]}{d[1]},{d[2]}{d[3]})") + filler[:rng.randint(20, 50)] + enc(" answer: [")
             batch.append((prompt, enc(f"{d[0]}{d[1]}, {d[2]}{d[3]}]")))
-        width = max(len(p) + len(y) for p, y in batch)
-        ids = torch.full((8, width), pad)                     # (B, T) right-padded
-        labels = torch.full((8, width), -100)                 # (B, T) -100 outside the target
-        mask = torch.zeros(8, width, dtype=torch.long)        # (B, T) 1 on real tokens
-        for i, (p, y) in enumerate(batch):
-            ids[i, :len(p) + len(y)] = torch.tensor(p + y)
-            labels[i, len(p):len(p) + len(y)] = torch.tensor(y)
-            mask[i, :len(p) + len(y)] = 1
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        prompts = [SimpleNamespace(input_ids=torch.tensor(p), pixel_values=None, image_grid_thw=None) for p, _ in batch]
+        logp, _ = policy(collate_sequences(prompts, [y for _, y in batch], pad))  # the SFT loss path
+        loss = -logp.mean()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
