@@ -38,7 +38,7 @@ RL = ["train_semionline.py", "--data", "data/miniwob/train.jsonl", "--max-episod
       "--max-resample", "2", "--kl-coef", "0.5", "--ref-model", "tiny", "--ref-seed", "1", "--lr", "1e-3",
       "--micro-batch-size", "2", "--ppo-mini-batches", "2"]
 SFT = ["train_sft.py", "--data", "data/miniwob/train.jsonl", "--model", "tiny", "--max-episodes", "8", "--batch-size", "4", "--micro-batch-size", "2",
-       "--lr", "1e-3", "--warmup-steps", "1", "--eval-every", "0", "--val-frac", "0.25"]
+       "--lr", "1e-3", "--warmup-steps", "1", "--eval-every", "0", "--val-frac", "0.25", "--copy-warmup-steps", "0"]
 
 
 @pytest.fixture(scope="session")
@@ -79,6 +79,20 @@ def test_sft_fsdp_two_processes_match_one(tmp_path):
     assert last1["val_loss"] == pytest.approx(last2["val_loss"], rel=1e-5)
     assert last1["loss"] < 12.5  # a real NLL of a ~152k-way softmax, not a dummy
     assert_same_params(params(tmp_path / "p1"), params(tmp_path / "p2"), atol=2e-5)
+
+
+def test_sft_copy_warmup_runs_logs_and_records(tmp_path):
+    import train_sft
+    assert train_sft.copy_warmup_default("tiny") == train_sft.copy_warmup_default("tiny:128x4") == 500
+    assert train_sft.copy_warmup_default(str(tmp_path)) == 0
+    args = SFT[:-2]  # without its "--copy-warmup-steps 0": the flag is given below instead
+    last, m = launch(args + ["--max-steps", "1", "--copy-warmup-steps", "3"], tmp_path / "w")
+    rows = [json.loads(l) for l in (tmp_path / "w" / "copy_warmup.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    # an untrained tiny model: ~ln(151,936) = 11.9 nats per token, digits included
+    assert all(9.0 < r["loss"] < 14.0 and 9.0 < r["digit_nll"] < 14.0 for r in rows)
+    assert json.loads((tmp_path / "w" / "args.json").read_text())["copy_warmup_steps"] == 3
+    assert len(m) == 1 and m[0]["step"] == 1 and last["loss"] < 12.5
 
 
 def assert_refilled(m):
