@@ -55,6 +55,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -385,6 +386,23 @@ class OnlineModelPolicy:
         return action
 
 
+def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial rate k/n (Wilson 1927); (nan, nan) for n = 0.
+
+    Unlike the normal interval p +- z*se it stays inside [0, 1] and is not empty at k = 0 or k = n:
+    centre (p + z^2/2n) / (1 + z^2/n), half-width z*sqrt(p(1-p)/n + z^2/4n^2) / (1 + z^2/n).
+    Raises ValueError for k outside [0, n]."""
+    if not 0 <= k <= n:
+        raise ValueError(f"wilson: k={k} outside [0, n={n}]")
+    if n == 0:
+        return (float("nan"), float("nan"))
+    p = k / n
+    den = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
 def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], args,
                stats: dict | None = None) -> tuple[dict, list[dict]]:
     """Live MiniWob++ episodes. sampler None -> miniwob_env's scripted expert. The result of
@@ -629,12 +647,15 @@ def main(argv: list[str] | None = None) -> dict:
                                        seeds, args, stats)
         o = online_res["overall"]
         malformed += online_res["malformed"]
-        summary.update({"online_sr": o["success_rate"], "n_online_episodes": o["episodes"],
+        ci = lambda r: list(wilson(round(r["success_rate"] * r["episodes"]), r["episodes"]))  # noqa: E731
+        summary.update({"online_sr": o["success_rate"], "online_sr_ci95": ci(o), "n_online_episodes": o["episodes"],
                         "online_failures": o["failures"], "online_mean_steps": o["mean_steps"],
                         "online_tasks": tasks, "online_seeds": seeds})
         for task, r in online_res["per_task"].items():
-            per_task[task].update(online_sr=r["success_rate"], n_online_episodes=r["episodes"])
-        sections.append(("Online MiniWob++: own history, live pages", f"success {o['success_rate']:.3f} over "
+            per_task[task].update(online_sr=r["success_rate"], online_sr_ci95=ci(r), n_online_episodes=r["episodes"])
+        lo, hi = summary["online_sr_ci95"]
+        sections.append(("Online MiniWob++: own history, live pages", f"success {o['success_rate']:.3f} "
+                         f"(95% Wilson interval {lo:.3f}-{hi:.3f}) over "
                          f"{o['episodes']} episodes (held-out seeds {seeds[0]}..{seeds[-1]}); {len(shown)} shown.",
                          shown))
 

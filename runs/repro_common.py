@@ -42,24 +42,9 @@ N_BOOT = 4000  # bootstrap resamples for every interval and p-value below
 ALPHA = 0.05  # verdict threshold on p-values
 
 # -----------------------------------------------------------------------------
-# 1. statistics
+# 1. statistics (the Wilson interval is eval_sop's, which reports it with every online rate)
 
-
-def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """95% Wilson score interval of a binomial rate k/n (Wilson 1927); (nan, nan) for n = 0.
-
-    Unlike the normal interval p +- z*se it stays inside [0, 1] and is not empty at k = 0 or k = n:
-    centre (p + z^2/2n) / (1 + z^2/n), half-width z*sqrt(p(1-p)/n + z^2/4n^2) / (1 + z^2/n).
-    Raises ValueError for k outside [0, n]."""
-    if not 0 <= k <= n:
-        raise ValueError(f"wilson: k={k} outside [0, n={n}]")
-    if n == 0:
-        return (float("nan"), float("nan"))
-    p = k / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (max(0.0, centre - half), min(1.0, centre + half))
+from eval_sop import wilson  # noqa: E402  (the repository root is on sys.path: see the scripts)
 
 
 def mcnemar_exact(b: int, c: int) -> float:

@@ -301,7 +301,9 @@ def test_online_fake_model(monkeypatch, capsys, tokenizer, tmp_path):
                        "--online-max-steps", "2", *SMALL, "--report", str(report)])
     assert last_json(capsys) == s
     assert s["online_sr"] == 0.5 and s["n_online_episodes"] == 2
-    assert s["per_task"]["click-test"] == {"online_sr": 0.5, "n_online_episodes": 2}
+    # Wilson 95% for 1 of 2 by hand: centre 0.5, half-width 1.96 sqrt(0.125 + 1.96^2/16) / (1 + 1.96^2/2) = 0.4055
+    assert s["online_sr_ci95"] == pytest.approx([0.0945, 0.9055], abs=1e-4)
+    assert s["per_task"]["click-test"] == {"online_sr": 0.5, "online_sr_ci95": s["online_sr_ci95"], "n_online_episodes": 2}
     assert s["online_failures"]["step_limit"] == 1 and s["episodes"] == 0
     assert [t for _, t, _ in fake.seen] == [0, 0, 1]
     # own history, reset per episode: the last prompt holds episode 2's first answer only
