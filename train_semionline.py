@@ -118,7 +118,7 @@ parser.add_argument("--ref-seed", type=int, default=None, help="init seed of a '
 parser.add_argument("--loss-agg", choices=LOSS_AGGS, default="token-mean",
                     help="how per-token losses become the mini-batch loss")
 # optimisation
-parser.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate, constant (tiny-model default; paper, 7B: 1e-6)")
+parser.add_argument("--lr", type=float, default=2e-5, help="AdamW learning rate, constant (tiny-model default after the quick start's SFT; 1e-4 cost it 9 of 40 online successes; paper, 7B: 1e-6)")
 parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
 parser.add_argument("--grad-clip", type=float, default=1.0, help="global grad-norm clip")
 parser.add_argument("--ppo-mini-batches", type=int, default=4, help="optimizer steps per rollout batch (1 PPO epoch)")
