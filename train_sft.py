@@ -144,8 +144,6 @@ def synthetic_example(rng: random.Random, labels: list[str], tokenizer, *, max_e
                       system: bool = False) -> tuple[SimpleNamespace, list[int]]:
     """(prompt with input_ids (T,) int64 and no image, target ids ending in <|im_end|>) of one
     synthetic page, ready for collate_sequences."""
-    import torch
-
     goal, lines, action, thought = synthetic_page(rng, labels, max_elements)
     target = tokenizer.encode(gui.format_response(thought, action), add_special_tokens=False)
     prompt = SimpleNamespace(input_ids=torch.tensor(page_prompt(tokenizer, goal, lines, system)),
@@ -265,10 +263,10 @@ def main(argv=None):
     # -------------------------------------------------------------------------
     # copy warm-up (module docstring), on a fresh run only
     warm_steps = args.copy_warmup_steps
-    labels = page_labels(train_eps)
+    labels = page_labels(train_eps) if warm_steps > 0 and start_step == 0 else []
     if warm_steps > 0 and start_step == 0 and not labels:
         utils.print0(f"copy warm-up skipped: no element labels in {args.data}")
-    elif warm_steps > 0 and start_step == 0:
+    elif labels:
         rng = random.Random(args.seed * 1_000_003 + d.rank)
         digit_ids = set(tokenizer.convert_tokens_to_ids(list("0123456789")))
         warm_opt = torch.optim.AdamW(policy.parameters(), lr=args.copy_warmup_lr, weight_decay=args.weight_decay)
