@@ -103,7 +103,7 @@ def sop_parser() -> argparse.ArgumentParser:
                    "(dry runs; AndroidControl phones are 1080x2400)")
     # prompt
     p.add_argument("--tokenizer", default=None,
-                   help="tokenizer directory (default: the model folder's, else the shipped Qwen2.5-VL tokenizer)")
+                   help="tokenizer directory (default: the model folder's; tiny: assets/tiny_tokenizer; else the shipped Qwen2.5-VL tokenizer)")
     p.add_argument("--num-images", type=int, default=2, help="screenshots kept as images (the last K steps; release 2)")
     p.add_argument("--min-pixels", type=int, default=gui.MIN_PIXELS, help="smart_resize min pixels (release 4*28*28)")
     p.add_argument("--max-pixels", type=int, default=gui.MAX_PIXELS,
@@ -551,7 +551,7 @@ def main(argv: list[str] | None = None) -> dict:
     sampler = ExpertSampler()
     if args.policy == "model":
         cli.adopt_checkpoint_args(args, parser, argv, args.model, PROMPT_ARGS)  # the prompt it was trained on
-        tok_dir = args.tokenizer or (args.model if utils.parse_tiny(args.model) is None else None)
+        tok_dir = args.tokenizer or args.model  # a model meets its own vocabulary (utils.tokenizer_dir)
         tokenizer, image_processor = utils.load_processor(tok_dir, min_pixels=args.min_pixels, max_pixels=args.max_pixels)
         sampler = load_sampler(args, tokenizer)
         # docs/method.md §10: a long history must be summarised, never overflow the context

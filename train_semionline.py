@@ -163,7 +163,7 @@ def main(argv=None):
     episodes = gui.load_episodes(args.data, limit=args.max_episodes)
     if not episodes:
         raise cli.UsageError(f"{args.data}: no episodes")
-    tokenizer, image_processor = utils.load_processor(min_pixels=args.min_pixels, max_pixels=args.max_pixels)
+    tokenizer, image_processor = utils.load_processor(start, min_pixels=args.min_pixels, max_pixels=args.max_pixels)
     utils.print0(f"{len(episodes)} episodes, {sum(len(e.steps) for e in episodes)} steps from {args.data}")
 
     # -------------------------------------------------------------------------

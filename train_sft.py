@@ -77,7 +77,7 @@ parser.add_argument("--copy-warmup-steps", type=int, default=None,
                     help="steps on synthetic pages before SFT (module docstring; default: 500 for a 'tiny' model trained from scratch, else 0)")
 parser.add_argument("--copy-warmup-lr", type=float, default=1e-3, help="constant AdamW learning rate of the copy warm-up")
 # run
-parser.add_argument("--max-steps", type=int, default=200, help="optimizer steps")
+parser.add_argument("--max-steps", type=int, default=200, help="optimizer steps (0: the copy warm-up alone, saved as step 0: a shared base)")
 parser.add_argument("--eval-every", type=int, default=50, help="validation loss every N steps (0: at the end only)")
 parser.add_argument("--out", default="out/sft", help="output folder (ckpt/, metrics.jsonl, args.json)")
 parser.add_argument("--tensorboard", default=None, help="also log the metrics as TensorBoard scalars in this folder (pip install tensorboard)")
@@ -187,7 +187,7 @@ def main(argv=None):
     val_eps, train_eps = [episodes[i] for i in order[:n_val]], [episodes[i] for i in order[n_val:]]
     train_ex = [(e, t) for e in train_eps for t in range(len(e.steps))]
     val_ex = [(e, t) for e in val_eps for t in range(len(e.steps))]
-    tokenizer, image_processor = utils.load_processor(min_pixels=args.min_pixels, max_pixels=args.max_pixels)
+    tokenizer, image_processor = utils.load_processor(args.model, min_pixels=args.min_pixels, max_pixels=args.max_pixels)
     pad_id = pad_token_id(tokenizer)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     utils.print0(f"{len(train_eps)} train / {len(val_eps)} val episodes, {len(train_ex)} / {len(val_ex)} examples")
@@ -291,6 +291,8 @@ def main(argv=None):
         utils.print0(f"copy warm-up: {warm_steps} steps, last loss {row[0].item():.3f}, coordinate digits "
                      f"{row[1].item():.3f} nats/token (no copy: ~2.2; log {out / 'copy_warmup.jsonl'})")
         del warm_opt
+        if args.max_steps == 0:  # the warm-up alone: a base model that SFT runs start from (--model BASE)
+            utils.save_checkpoint(out / "ckpt", policy, tokenizer, vars(args), extra={"step": 0})
 
     # -------------------------------------------------------------------------
     # training loop

@@ -67,10 +67,11 @@ def sync():
 # ---------------------------------------------------------------------------------------------------
 # model and prompts
 
-tokenizer, image_processor = utils.load_processor(max_pixels=args.max_pixels)
+# 'small' is built on the real Qwen2.5-VL vocabulary; a tiny preset on its own small one
+tokenizer, image_processor = utils.load_processor(None if args.model == "small" else args.model, max_pixels=args.max_pixels)
 if args.model == "small":        # ~0.25B: hidden 1024, 8 layers, GQA 16/4, a 4-block vision tower
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-    tiny = utils.tiny_config()
+    tiny = utils.tiny_config(tokenizer=tokenizer, vocab_size=151936)
     cfg = Qwen2_5_VLConfig(
         text_config=dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
                          num_key_value_heads=4, vocab_size=151936, max_position_embeddings=8192,

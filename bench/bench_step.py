@@ -1,4 +1,4 @@
-"""Benchmark: one semi-online RL step on the tiny model, phase by phase, each beside its floor,
+"""Benchmark: one semi-online RL step on a tiny model (default: the quick start's tiny:128x4), phase by phase, each beside its floor,
 and beside the same work done the Hugging Face / TRL way.
 
 Workload (fixed, so runs compare): the first --tasks MiniWob training episodes, their first
@@ -22,8 +22,15 @@ suppressed), log-probs and update the TRL way (full logits through
 `trl.trainer.utils.selective_log_softmax`, the clipped GRPO loss written as TRL's `_compute_loss`
 computes it, AdamW). ratio_vs_trl = peer step seconds / ours.
 
+Vocabulary. The tiny preset runs on a small tokenizer of its own (assets/tiny_tokenizer, 8,192
+tokens). With --vocab both (the default) the same step also runs on the real Qwen2.5-VL vocabulary
+(152,064 rows, the 7B config's lm_head) with the same body (every weight but the embedding / lm_head copied from the small
+model), prompts tokenised by each model's own tokenizer: vocab_speedup = step seconds real / small,
+with each variant's phases and floors (`seconds_real`, `floor_s_real`, `ratio_to_floor_real`).
+
     pip install --no-deps -r bench/requirements-bench.txt   # TRL 1.16 and its deps (bench only)
     python bench/bench_step.py                           # ~10 min on 2 loaded CPU cores
+    python bench/bench_step.py --no-peer                 # ours only, small and real vocabulary: vocab_speedup
 The last stdout line is one JSON object (medians over --repeats; *_runs lists every run).
 """
 import argparse
@@ -60,28 +67,47 @@ parser.add_argument("--repeats", type=int, default=3, help="timed steps (weights
 parser.add_argument("--peer-repeats", type=int, default=1, help="timed peer steps (HF generate is slow: one is ~5 min)")
 parser.add_argument("--no-peer", action="store_true", help="skip the HF generate / TRL side")
 parser.add_argument("--seed", type=int, default=0, help="model init and sampling seed")
+parser.add_argument("--model", default="tiny:128x4", help="tiny preset (tiny:HxL) whose step is timed (the quick start's)")
+parser.add_argument("--vocab", choices=["both", "small", "real"], default="both",
+                    help="the tiny preset's small vocabulary, Qwen2.5-VL's real one (same body), or both (vocab_speedup)")
 args = parser.parse_args()
 
 torch.manual_seed(args.seed)
-tokenizer, image_processor = utils.load_processor()
-model = utils.load_model("tiny", seed=args.seed)
-ref_model = utils.load_model("tiny", seed=args.seed).requires_grad_(False).eval()
-init_state = {k: v.clone() for k, v in model.state_dict().items()}
-text_cfg = model.config.get_text_config()
-H, V = text_cfg.hidden_size, text_cfg.vocab_size
-pad_id = pad_token_id(tokenizer)
-
 eps = [e for e in gui.load_episodes(args.data) if len(e.steps) >= args.steps][:args.tasks]
 eps = [dataclasses.replace(e, steps=e.steps[:args.steps]) for e in eps]
+QWEN_VOCAB = json.load(open(utils.TOKENIZER_DIR / "config.json"))["vocab_size"]  # 152,064 rows: the 7B's lm_head
 
 
 def n_params(module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-BODY_W = n_params(model.model.language_model.layers)       # decoder weights a token passes through
-VIS_W = n_params(model.model.visual)
-N_LAYERS = text_cfg.num_hidden_layers
+def variant(name: str, body_from=None) -> dataclasses.dataclass:
+    """One vocabulary's model, reference, tokenizer and shapes. 'small': utils.load_model(--model) (its
+    own tokenizer); 'real': tiny_config on the Qwen2.5-VL tokenizer and the 7B's 152,064 rows, every
+    weight but the embedding / lm_head copied from body_from (the same body)."""
+    if name == "small":
+        tok, ip = utils.load_processor("tiny")
+        make = lambda: utils.load_model(args.model, seed=args.seed)  # noqa: E731
+    else:
+        from transformers import Qwen2_5_VLForConditionalGeneration
+        tok, ip = utils.load_processor(None)
+        cfg = utils.tiny_config(*utils.parse_tiny(args.model), tokenizer=tok, vocab_size=QWEN_VOCAB)
+        cfg._attn_implementation = "sdpa"
+
+        def make():
+            torch.manual_seed(args.seed)
+            m = Qwen2_5_VLForConditionalGeneration(cfg).float()
+            if body_from is not None:
+                same = {k: v for k, v in body_from.state_dict().items() if m.state_dict()[k].shape == v.shape}
+                m.load_state_dict(same, strict=False)
+            return m
+    m, ref = make(), make().requires_grad_(False).eval()
+    tc = m.config.get_text_config()
+    return dataclasses.make_dataclass("Variant", ["name", "tokenizer", "image_processor", "model", "ref_model",
+                                                  "init_state", "H", "V", "pad_id", "body_w", "vis_w", "n_layers"])(
+        name, tok, ip, m, ref, {k: v.clone() for k, v in m.state_dict().items()}, tc.hidden_size, tc.vocab_size,
+        pad_token_id(tok), n_params(m.model.language_model.layers), n_params(m.model.visual), tc.num_hidden_layers)
 
 # ---------------------------------------------------------------------------------------------------
 # GEMM rates at the phases' shapes (measured in this run)
@@ -107,16 +133,17 @@ def _timed(fn):
     return out, time.perf_counter() - t
 
 
-def floor_s(lm_rows: int, body_tokens: int, attn_pairs: int = 0, patches: int = 0, rows_shape: int | None = None):
-    """Seconds of the GEMMs alone: lm_head on lm_rows positions, the decoder on body_tokens
+def floor_s(v, lm_rows: int, body_tokens: int, attn_pairs: int = 0, patches: int = 0, rows_shape: int | None = None):
+    """Seconds of the GEMMs alone of variant v: lm_head on lm_rows positions, the decoder on body_tokens
     tokens (+ attention over attn_pairs (query, key) pairs per layer), the vision tower on patches."""
     M = rows_shape or max(lm_rows, 1)
-    t = 2 * lm_rows * H * V / gemm_rate(M, H, V)
-    body = 2 * BODY_W * body_tokens + 4 * H * attn_pairs * N_LAYERS
-    t += body / gemm_rate(max(body_tokens, 1), H, text_cfg.intermediate_size)
+    H = v.H
+    t = 2 * lm_rows * H * v.V / gemm_rate(M, H, v.V)
+    body = 2 * v.body_w * body_tokens + 4 * H * attn_pairs * v.n_layers
+    t += body / gemm_rate(max(body_tokens, 1), H, v.model.config.get_text_config().intermediate_size)
     if patches:
-        t += 2 * VIS_W * patches / gemm_rate(patches, model.config.vision_config.hidden_size,
-                                             model.config.vision_config.intermediate_size)
+        vc = v.model.config.vision_config
+        t += 2 * v.vis_w * patches / gemm_rate(patches, vc.hidden_size, vc.intermediate_size)
     return t
 
 
@@ -133,21 +160,21 @@ class CountingSampler(Sampler):
         return out
 
 
-def our_step():
-    model.load_state_dict(init_state)
-    policy, ref = PolicyLogProb(model), PolicyLogProb(ref_model)
+def our_step(v):
+    v.model.load_state_dict(v.init_state)
+    policy, ref = PolicyLogProb(v.model), PolicyLogProb(v.ref_model)
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-4)
-    sampler = CountingSampler(model, tokenizer, max_new_tokens=args.max_new_tokens, stop_token_ids=[])
+    sampler = CountingSampler(v.model, v.tokenizer, max_new_tokens=args.max_new_tokens, stop_token_ids=[])
     sampler.calls = []
     with sampling_mode(policy):
-        recs, t_roll = _timed(lambda: semi_online_rollout(sampler, eps, tokenizer, image_processor,
+        recs, t_roll = _timed(lambda: semi_online_rollout(sampler, eps, v.tokenizer, v.image_processor,
                                                           n_rollouts=args.rollouts, history_mode="expert", seed=0))
     t_prefill = sum(s["time_prefill"] for _, _, s in sampler.calls)
     t_decode = sum(s["time_decode"] for _, _, s in sampler.calls)
     for r in recs:
         r.adv = float(r.reward) - 0.5
     chunks = [recs[i:i + args.micro_batch_size] for i in range(0, len(recs), args.micro_batch_size)]
-    batches = [to_device(collate_sequences([r.prompt for r in c], [r.response_ids for r in c], pad_id), "cpu")
+    batches = [to_device(collate_sequences([r.prompt for r in c], [r.response_ids for r in c], v.pad_id), "cpu")
                for c in chunks]
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -179,6 +206,13 @@ try:
     trl_version = __import__("trl").__version__
 except ImportError as e:                                  # bench requirements not installed
     selective_log_softmax, trl_version = None, f"not installed ({e})"
+
+
+def use_globals(v):
+    """The peer's functions below read the module globals model / ref_model / tokenizer / ...: bind
+    them to variant v (the peer runs on the default, small vocabulary)."""
+    globals().update(model=v.model, ref_model=v.ref_model, tokenizer=v.tokenizer, image_processor=v.image_processor,
+                     init_state=v.init_state, pad_id=v.pad_id)
 
 
 def trl_grpo_error() -> str:
@@ -271,20 +305,20 @@ def peer_step(calls, recs, banned):
 # ---------------------------------------------------------------------------------------------------
 # floors of our phases
 
-def floors(calls, batches):
+def floors(v, calls, batches):
     pf = dc = 0.0
     for prompts, n, st in calls:
         R = len(prompts) * n
         T = st["prefill_tokens_real"]
         patches = sum(int(p.pixel_values.shape[0]) for p in prompts)
-        pf += floor_s(len(prompts), T, attn_pairs=sum(len(p.input_ids) ** 2 // 2 for p in prompts), patches=patches)
+        pf += floor_s(v, len(prompts), T, attn_pairs=sum(len(p.input_ids) ** 2 // 2 for p in prompts), patches=patches)
         ctx = statistics.mean(len(p.input_ids) for p in prompts) + args.max_new_tokens / 2
-        dc += args.max_new_tokens * floor_s(R, R, attn_pairs=int(R * ctx))
+        dc += args.max_new_tokens * floor_s(v, R, R, attn_pairs=int(R * ctx))
     lp = 0.0
     for b in batches:
         N = int((b["targets"] != -100).sum())
         lens = b["attention_mask"].sum(1)
-        lp += floor_s(N, int(lens.sum()), attn_pairs=int((lens ** 2 // 2).sum()), patches=int(b["pixel_values"].shape[0]))
+        lp += floor_s(v, N, int(lens.sum()), attn_pairs=int((lens ** 2 // 2).sum()), patches=int(b["pixel_values"].shape[0]))
     return dict(prefill=pf, decode=dc, logprob=2 * lp, update=3 * lp)    # logprob: old + ref passes
 
 
@@ -293,36 +327,59 @@ def floors(calls, batches):
 
 commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                         cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-print(f"commit {commit} | threads {torch.get_num_threads()} | {len(eps)} tasks x {args.rollouts} rollouts x "
-      f"{args.steps} steps, {args.max_new_tokens} new tokens | trl {trl_version}", flush=True)
+print(f"commit {commit} | {args.model} | threads {torch.get_num_threads()} | {len(eps)} tasks x {args.rollouts} rollouts x "
+      f"{args.steps} steps, {args.max_new_tokens} new tokens | vocab {args.vocab} | trl {trl_version}", flush=True)
 load_before = os.getloadavg()[0]
-ours, peer = [], []
-banned = Sampler(model, tokenizer).banned_ids.tolist()
+small = variant("small") if args.vocab in ("both", "small") else None
+variants = [x for x in (small, variant("real", body_from=small.model if small else None)
+                        if args.vocab in ("both", "real") else None) if x is not None]
+main_v = variants[0]
+use_globals(main_v)
+runs = {v.name: [] for v in variants}
+peer = []
+banned = Sampler(main_v.model, main_v.tokenizer).banned_ids.tolist()
+last = {}
 for rep in range(args.repeats):
-    t, calls, recs, batches = our_step()
-    ours.append(t)
-    print("ours", {k: round(v, 2) for k, v in t.items()}, flush=True)
+    for v in variants:  # side by side, alternating: the load of the machine hits both alike
+        t, calls, recs, batches = our_step(v)
+        runs[v.name].append(t)
+        last[v.name] = (calls, recs, batches)
+        print(f"ours ({v.name} vocab, V={v.V})", {k: round(x, 2) for k, x in t.items()}, flush=True)
     if not args.no_peer and selective_log_softmax is not None and rep < args.peer_repeats:
+        calls, recs, _ = last[main_v.name]
         peer.append(peer_step(calls, recs, banned))
-        print("peer", {k: round(v, 2) for k, v in peer[-1].items()}, flush=True)
-fl = floors(calls, batches)
-med = {k: statistics.median(r[k] for r in ours) for k in ours[0]}
-decode_tokens = sum(len(p) * n * args.max_new_tokens for p, n, _ in calls)
-result = dict(
-    commit=commit, threads=torch.get_num_threads(), tasks=len(eps), rollouts=args.rollouts, steps=args.steps,
-    max_new_tokens=args.max_new_tokens, sequences=len(recs), decode_tokens=decode_tokens,
-    seconds={k: round(v, 3) for k, v in med.items()},
-    seconds_runs={k: [round(r[k], 3) for r in ours] for k in ours[0]},
-    floor_s={k: round(v, 3) for k, v in fl.items()},
-    ratio_to_floor={k: round(med[k] / fl[k], 2) for k in ("prefill", "decode", "logprob", "update")},
-    rollout_tok_s=round(decode_tokens / med["rollout"], 1),
-    decode_tok_s=round(decode_tokens / med["decode"], 1),
-    gemm_gflops={f"{m}x{k}x{n}": round(r / 1e9, 1) for (m, k, n), r in _rates.items()},
-    trl_version=trl_version, trl_grpo_error=trl_grpo_error(),
-)
+        print("peer", {k: round(x, 2) for k, x in peer[-1].items()}, flush=True)
+
+
+def summary(v) -> dict:
+    calls, recs, batches = last[v.name]
+    fl = floors(v, calls, batches)
+    ours = runs[v.name]
+    med = {k: statistics.median(r[k] for r in ours) for k in ours[0]}
+    decode_tokens = sum(len(p) * n * args.max_new_tokens for p, n, _ in calls)
+    return dict(vocab_size=v.V, sequences=len(recs), decode_tokens=decode_tokens,
+                seconds={k: round(x, 3) for k, x in med.items()},
+                seconds_runs={k: [round(r[k], 3) for r in ours] for k in ours[0]},
+                floor_s={k: round(x, 3) for k, x in fl.items()},
+                ratio_to_floor={k: round(med[k] / fl[k], 2) for k in ("prefill", "decode", "logprob", "update")},
+                rollout_tok_s=round(decode_tokens / med["rollout"], 1), decode_tok_s=round(decode_tokens / med["decode"], 1))
+
+
+main_sum = summary(main_v)
+med = main_sum["seconds"]
+result = dict(commit=commit, model=args.model, threads=torch.get_num_threads(), tasks=len(eps), rollouts=args.rollouts, steps=args.steps,
+              max_new_tokens=args.max_new_tokens, **main_sum)
+if len(variants) == 2:
+    real = summary(variants[1])
+    result.update({f"{k}_real": real[k] for k in ("vocab_size", "seconds", "seconds_runs", "floor_s", "ratio_to_floor",
+                                                  "rollout_tok_s", "decode_tok_s")})
+    result["vocab_speedup_phases"] = {k: round(real["seconds"][k] / med[k], 2) for k in med}
+    result["vocab_speedup"] = round(real["seconds"]["step"] / med["step"], 2)
+result.update(gemm_gflops={f"{m}x{k}x{n}": round(r / 1e9, 1) for (m, k, n), r in _rates.items()},
+              trl_version=trl_version, trl_grpo_error=trl_grpo_error())
 if peer:
     pmed = {k: statistics.median(r[k] for r in peer) for k in peer[0]}
-    result.update(peer_seconds={k: round(v, 3) for k, v in pmed.items()},
+    result.update(peer_seconds={k: round(x, 3) for k, x in pmed.items()},
                   peer_seconds_runs={k: [round(r[k], 3) for r in peer] for k in peer[0]},
                   ratio_vs_trl=round(pmed["step"] / med["step"], 2),
                   ratio_vs_peer={k: round(pmed[k] / med[k], 2) for k in ("rollout", "logprob", "update")})

@@ -434,7 +434,7 @@ def build_model(C, torch, device, dry, layers, model_dir):
              attn_implementation=tc._attn_implementation, build_s=round(time.time() - t, 2))
     t = time.time()
     model.save_pretrained(str(model_dir), safe_serialization=True)
-    utils.load_processor()[0].save_pretrained(str(model_dir))
+    utils.load_processor("tiny" if dry else None)[0].save_pretrained(str(model_dir))  # the model's own vocabulary
     m["save_s"] = round(time.time() - t, 2)
     return model
 
@@ -456,7 +456,7 @@ def check_sampler(C, torch, device, dry, model, a):
     max_new = a.sampler_max_new_tokens or (4 if dry else 64)
     max_pixels = a.sampler_max_pixels or (50176 if dry else gui.MAX_PIXELS)
     s.update(tasks=tasks, rollouts=rollouts, max_new_tokens=max_new, max_pixels=max_pixels)
-    tokenizer, image_processor = utils.load_processor(max_pixels=max_pixels)
+    tokenizer, image_processor = utils.load_processor("tiny" if dry else None, max_pixels=max_pixels)
     episodes = gui.load_episodes(str(ANDROID_DATA))
     rng = np.random.default_rng(0)
     size = (1080, 2400)

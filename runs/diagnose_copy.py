@@ -67,7 +67,7 @@ def digit_nll(model_name: str, data: str, max_episodes: int = 40, batch: int = 8
     has no click episode."""
     model = utils.load_model(model_name)
     policy = PolicyLogProb(model).eval()
-    tokenizer, image_processor = utils.load_processor()
+    tokenizer, image_processor = utils.load_processor(model_name)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     digits = set(tokenizer.convert_tokens_to_ids(list("0123456789")))
     rows = []
@@ -107,7 +107,7 @@ def _train(model, make_batch, steps: int, lr: float, score=None) -> list:
     batch) -> dict of extra means to log. Returns [[step, {"loss": .., **score}] every 25 steps and
     the last] (nats per target token; the score groups averaged over the 25 steps before)."""
     policy = PolicyLogProb(model).train()
-    tokenizer, _ = utils.load_processor()
+    tokenizer, _ = utils.load_processor("tiny")  # its pad id (the tiny presets share one tokenizer)
     pad = pad_token_id(tokenizer)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     curve, acc = [], {}
@@ -148,7 +148,7 @@ def copy_sanity(model_name: str = "tiny:128x4", lr: float = 1e-3, steps: int = 3
     "steps", "lr"} (mean NLL per target token, nats); save: write the model there."""
     rng = random.Random(seed)
     model = _fresh(model_name, seed)
-    tokenizer, _ = utils.load_processor()
+    tokenizer, _ = utils.load_processor(model_name)
     enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     filler = enc("the quick brown fox jumps over the lazy dog " * 6)
 
@@ -202,7 +202,7 @@ def pages(model_name: str = "tiny:128x4", lr: float = 1e-3, steps: int = 150, se
     if not labels:
         raise ValueError(f"{data}: no element labels")
     model = _fresh(model_name, seed, untie)
-    tokenizer, _ = utils.load_processor()
+    tokenizer, _ = utils.load_processor(model_name)
     digit_ids = set(tokenizer.convert_tokens_to_ids(list("0123456789")))
 
     def make_batch():
@@ -229,7 +229,7 @@ def embeddings(model_name: str) -> dict:
     pairs of digit tokens 0-9, "row_norm" (mean |E_v|), "mean_row_norm" (|mean_v E_v|) and
     "digit_cos_to_mean_row" (mean over digits)."""
     model = utils.load_model(model_name)
-    tokenizer, _ = utils.load_processor()
+    tokenizer, _ = utils.load_processor(model_name)
     E = model.get_input_embeddings().weight.detach().double()
     D = E[tokenizer.convert_tokens_to_ids(list("0123456789"))]
     unit = torch.nn.functional.normalize(D, dim=-1)

@@ -218,7 +218,8 @@ def run_logprob(fn, h, W, y, T, g_logp, g_ent, ignore_index=-100, **kw):
 
 # (N, H, V, T, n_ignored): V not a power of two and not a multiple of the 32-wide (interpreter) or
 # 128-wide (CUDA) vocab blocks, N not a multiple of the 16/128 row blocks.
-LP_CASES = [(37, 24, 1000, 1.0, 0), (37, 24, 1000, 0.7, 5), (5, 40, 129, 1.6, 1)]
+LP_CASES = [(37, 24, 1000, 1.0, 0), (37, 24, 1000, 0.7, 5), (5, 40, 129, 1.6, 1),
+            (9, 32, 8192, 1.0, 1)]  # the last: the tiny preset's vocabulary (assets/tiny_tokenizer)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,4 +1,5 @@
-"""Prompt building with the real Qwen2.5-VL tokenizer, chat template and image processor."""
+"""Prompt building with the real Qwen2.5-VL tokenizer and the tiny preset's small one (the same
+chat template and special tokens, other ids), and the image processor."""
 
 import logging
 from pathlib import Path
@@ -11,16 +12,18 @@ import gui
 from utils import load_processor
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "android_control"
-PAD, VSTART, VEND = 151655, 151652, 151653  # <|image_pad|>, <|vision_start|>, <|vision_end|>
 
 
-@pytest.fixture(scope="module")
-def proc():
-    return load_processor()
+@pytest.fixture(scope="module", params=[None, "tiny"], ids=["qwen", "tiny"])
+def proc(request):
+    """(tokenizer, image processor): the Qwen2.5-VL-7B tokenizer, then the tiny preset's."""
+    return load_processor(request.param)
 
 
-def runs_of_pad(ids):
+def runs_of_pad(ids, tok=None):
     """Lengths of the consecutive <|image_pad|> runs, each checked to sit between vision start/end."""
+    tok = tok or runs_of_pad.tok
+    PAD, VSTART, VEND = tok.convert_tokens_to_ids(["<|image_pad|>", "<|vision_start|>", "<|vision_end|>"])
     runs, i = [], 0
     while i < len(ids):
         if ids[i] == PAD:
@@ -33,6 +36,13 @@ def runs_of_pad(ids):
         else:
             i += 1
     return runs
+
+
+@pytest.fixture(autouse=True)
+def _tokenizer_of_runs(request):
+    """runs_of_pad reads the pad ids of the test's tokenizer."""
+    if "proc" in request.fixturenames:
+        runs_of_pad.tok = request.getfixturevalue("proc")[0]
 
 
 def check_pads_match_grid(p: gui.Prompt):

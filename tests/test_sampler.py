@@ -383,7 +383,7 @@ def test_plain_causal_lm(proc):
     tok = proc[0]
     torch.manual_seed(0)
     cfg = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True)
+                      num_key_value_heads=2, vocab_size=len(tok), tie_word_embeddings=True)
     cfg._attn_implementation = "sdpa"
     lm = spice(Qwen2ForCausalLM(cfg)).eval()
     batch = [tok.encode(t, add_special_tokens=False) for t in ("a b c d e f g h", "hello", "one two three")]

@@ -157,8 +157,10 @@ def test_pad_token_id_rule():
     assert policy_logprob.pad_token_id(Tok(None, 151645)) == 151645
     assert policy_logprob.pad_token_id(Tok(None, None)) == 0
     assert policy_logprob.pad_token_id(Tok(151655, 151645)) == 0
-    tok, _ = utils.load_processor()
+    tok, _ = utils.load_processor(None)
     assert policy_logprob.pad_token_id(tok) == tok.pad_token_id == 151643  # the shipped Qwen2.5-VL tokenizer
+    tok, _ = utils.load_processor("tiny")
+    assert policy_logprob.pad_token_id(tok) == tok.pad_token_id == tok.convert_tokens_to_ids("<|endoftext|>")
 
 
 def test_micro_batches_by_hand():
