@@ -1,4 +1,4 @@
-"""Convert Google's AndroidControl release (GZIP TFRecord shards) into UI-S1 JSONL episodes and PNG screenshots, with no TensorFlow.
+"""AndroidControl from Google's release (GZIP TFRecord shards) to PNG screenshots and UI-S1 JSONL episodes, no TensorFlow.
 
 Input (google-research `android_control/README.md`; docs/android_control.md has the details): a folder
 with the shards `android_control-000NN-of-00020` and, optionally, `splits.json` ({split: [episode_id,
@@ -383,6 +383,8 @@ def finger_swipe(direction: str, size: tuple[int, int]) -> tuple[list[int], list
     opposite = {"up": "down", "down": "up", "left": "right", "right": "left"}
     if direction not in side:
         raise Bad("direction", f"expected up/down/left/right, got {direction!r}")
+    if side[direction] == side[opposite[direction]]:  # a swipe with no direction could never be matched
+        raise Bad("direction", f"the {w}x{h} screenshot is too small for a {direction} swipe")
     return side[direction], side[opposite[direction]]
 
 
