@@ -55,6 +55,8 @@ CASES = [
     (["runs/repro_main.py", "--seeds", "x"], "argument --seeds: invalid int value: 'x'"),
     (["runs/repro_ablations.py", "--nope"], "unrecognized arguments: --nope"),
     (["bench/bench_logprob.py", "--n", "x"], "argument --n: invalid int value: 'x'"),
+    (["tools/convert_android_control.py", "--src", "data", "--out", "/tmp/never"],
+     "--src data: no shards named android_control-*-of-*"),
 ]
 
 
