@@ -494,6 +494,13 @@ def _text(v, where, fld):
     raise where.error(fld, f"expected a string, got {v!r}")
 
 
+def _instruction(v, where, fld):
+    """A step instruction: a string, or None; an empty or whitespace-only one is absent (None), so no
+    prompt gets an empty "Step instruction:" line."""
+    v = _text(v, where, fld)
+    return v if v is not None and v.strip() else None
+
+
 def _elements(v, where, fld):
     if v is None or isinstance(v, str):
         return v
@@ -599,7 +606,7 @@ def _uis1_episode(obj, where, path, root, default_id, swipe_convention=None) -> 
             raise where.error(f"{f}.screenshot", f"expected a path string, got {shot!r}")
         out.append(Step(
             screenshot=shot, action=action,
-            step_instruction=_text(s.get("step_instruction"), where, f"{f}.step_instruction"),
+            step_instruction=_instruction(s.get("step_instruction"), where, f"{f}.step_instruction"),
             thought=_text(s.get("thought"), where, f"{f}.thought"),
             candidate_bbox=boxes, image_size=size,
             elements=_elements(s.get("elements"), where, f"{f}.elements"),
@@ -672,7 +679,19 @@ def _native_action(gt, where, size) -> dict:
 def _native_episodes(rows, path, root) -> list[Episode]:
     """AndroidControl native rows (one per step, image episode_<id>-screenshot_<k>.png) grouped into
     episodes in order of first appearance, steps sorted by k. The file records no episode goal: the
-    goal is the episode's step instructions joined (so it reads like AndroidControl-Low's plan)."""
+    goal is the episode's step instructions joined, those of rows dropped at a gap included (so it
+    reads like AndroidControl-Low's plan of the whole task).
+
+    Step gaps. An episode is walked (SOP, static, rollouts) step after step, each step's screen the
+    result of the one before, so steps are never joined across a missing number: an episode is the
+    run of consecutive step numbers from its first recorded one, and the rows after its first gap
+    are dropped (episode 1364 of the shipped test file, steps 0-4, 6, 7, keeps 0-4: no policy can be
+    asked for step 5, and step 6's screen does not follow step 4's). An episode whose first recorded
+    step is not 0 starts there. Its meta records what happened: "steps_recorded" (the step numbers
+    in the file), "first_step", "steps_dropped" (rows after the gap); one warning per file counts
+    them. The shipped test file: 225 of 1,262 episodes affected (9 start at step 1), 835 of 6,434
+    rows dropped; expert replay stays PG = TSR = 1.0 on what is kept. (Every number it misses is a
+    wait or long_press step, which that export lacks; the UI-S1 file of the same episodes has them.)"""
     groups: dict[str, dict[int, Step]] = {}
     goals: dict[str, str] = {}  # a goal, where a row carries one (other exports of the format do)
     for i, row in enumerate(rows):
@@ -689,18 +708,41 @@ def _native_episodes(rows, path, root) -> list[Episode]:
         ep, k = m.group(1), int(m.group(2))
         if k in groups.setdefault(ep, {}):
             raise where.error("image", f"duplicate step {k} of episode {ep}")
-        groups[ep][k] = Step(screenshot=img, action=action, step_instruction=_text(row.get("task"), where, "task"),
+        groups[ep][k] = Step(screenshot=img, action=action, step_instruction=_instruction(row.get("task"), where, "task"),
                              candidate_bbox=_boxes(row.get("candidate_bbox"), where, "candidate_bbox"),
                              image_size=size, root=root, where=str(where))
         if isinstance(row.get("goal"), str) and row["goal"]:
             goals.setdefault(ep, row["goal"])
-    out = []
-    for ep, steps in groups.items():
-        steps = [steps[k] for k in sorted(steps)]
-        goal = goals.get(ep) or " ".join(s.step_instruction.strip() for s in steps if s.step_instruction)
-        out.append(Episode(goal=goal, episode_id=ep, steps=steps, source=path,
-                           meta={"format": "android_control_native", "swipe_convention": "native scroll direction"}))
+    out, gapped = [], []
+    for ep, by_k in groups.items():
+        ks = sorted(by_k)
+        run = 1
+        while run < len(ks) and ks[run] == ks[run - 1] + 1:
+            run += 1
+        steps = [by_k[k] for k in ks[:run]]
+        meta = {"format": "android_control_native", "swipe_convention": "native scroll direction"}
+        if run < len(ks) or ks[0] != 0:
+            meta.update(steps_recorded=ks, first_step=ks[0], steps_dropped=len(ks) - run)
+            gapped.append((ep, ks, len(ks) - run))
+        # the goal is the whole task's, as a recorded goal would be: every recorded row's instruction
+        goal = goals.get(ep) or " ".join(by_k[k].step_instruction.strip() for k in ks if by_k[k].step_instruction)
+        out.append(Episode(goal=goal, episode_id=ep, steps=steps, source=path, meta=meta))
+    if gapped:
+        ep, ks, _ = gapped[0]
+        logger.warning("%s: %d of %d episodes skip step numbers or start after step 0 (e.g. episode %s: steps %s); "
+                       "each is cut at its first gap, %d rows dropped (gui._native_episodes)", path, len(gapped),
+                       len(out), ep, _ranges(ks), sum(n for *_, n in gapped))
     return out
+
+
+def _ranges(ks: list[int]) -> str:
+    """Sorted ints as runs: [0, 1, 2, 3, 4, 6, 7] -> '0-4, 6-7'."""
+    runs, start = [], ks[0]
+    for a, b in zip(ks, ks[1:] + [None]):
+        if b != a + 1:
+            runs.append(f"{start}-{a}" if a > start else f"{a}")
+            start = b
+    return ", ".join(runs)
 
 
 def load_episodes(path: str, *, limit: int | None = None, swipe_convention: str | None = None) -> list[Episode]:
@@ -955,7 +997,7 @@ def build_prompt(tokenizer, image_processor, *, goal: str, screenshots: list, hi
             else:
                 content.append({"type": "text", "text": f"Step {i + 1} (screenshot not shown)."})
             if i == t:
-                if step_instruction:
+                if step_instruction and step_instruction.strip():  # never an empty "Step instruction:" line
                     content.append({"type": "text", "text": f"\nStep instruction: {step_instruction}"})
                 if elements:
                     content.append({"type": "text", "text": f"\nUI elements on screen:\n{elements}"})
