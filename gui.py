@@ -281,13 +281,35 @@ def text_tokens(text: str) -> list[str]:
     return out
 
 
+# Function words (English): articles, the commonest prepositions and conjunctions, possessive
+# determiners. Alone they name nothing, so the strict text rule scores content tokens only. Kept
+# small on purpose: every word here is one a real name may also hold ("Bank of America" still
+# matches on "bank america").
+STOP_WORDS = frozenset((
+    "a", "an", "the",
+    "of", "to", "in", "on", "at", "for", "from", "with", "by", "into", "as",
+    "and", "or",
+    "my", "your", "his", "her", "its", "our", "their", "this", "that",
+))
+
+
+def content_tokens(text: str) -> list[str]:
+    """text_tokens(text) without STOP_WORDS ("The Weather Channel" -> ["weather", "channel"])."""
+    return [t for t in text_tokens(text) if t not in STOP_WORDS]
+
+
 def text_f1(pred: str, expert: str) -> float:
-    """SQuAD-style token F1 (multiset overlap) of text_tokens(pred) against text_tokens(expert), in
-    [0, 1]. Texts with no word tokens (empty, or punctuation only) score 1.0 when their normalised
-    forms are equal, else 0.0."""
+    """SQuAD-style token F1 (multiset overlap) of pred against expert, in [0, 1], over CONTENT
+    tokens (content_tokens: stop words removed), so "the" scores 0 against "The Weather Channel"
+    and "Chrome" 2/3 against "Google Chrome". An expert text whose tokens are all stop words is
+    compared over all its tokens ("for her app" against "For Her" is 0.8). Texts with no word tokens
+    (empty, or punctuation only) score 1.0 when their normalised forms are equal, else 0.0."""
     p, e = text_tokens(pred), text_tokens(expert)
     if not p or not e:
         return float(normalize_text(pred) == normalize_text(expert))
+    e_content = [t for t in e if t not in STOP_WORDS]
+    if e_content:  # a prediction of stop words alone has no content token: F1 0
+        p, e = [t for t in p if t not in STOP_WORDS], e_content
     common = sum((Counter(p) & Counter(e)).values())
     if common == 0:
         return 0.0
