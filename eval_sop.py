@@ -539,6 +539,10 @@ def main(argv: list[str] | None = None) -> dict:
     if args.policy == "expert" and "model" in cli.explicit_flags(parser, argv):
         raise cli.UsageError(f"--model {args.model} is given but --policy is expert (the default): add --policy model")
     cli.check_pixels(args)
+    for flag, value, low in (("--max-new-tokens", args.max_new_tokens, 1), ("--batch-size", args.batch_size, 1),
+                             ("--num-images", args.num_images, 1), ("--online-seeds", args.online_seeds, 1)):
+        if value < low:
+            raise cli.UsageError(f"{flag} {value}: must be >= {low}")
     if not args.data and not args.online:
         raise cli.UsageError("nothing to evaluate: give --data and/or --online")
     t0 = time.time()
