@@ -227,3 +227,12 @@ def test_sop_progress_by_hand():
     # the trainer logs the sum of correct / length over rollouts
     assert eval_sop.sop_progress(recs, {0: 10, 1: 3}) == {(0, 0): (2, 10), (0, 1): (0, 10), (1, 0): (3, 3)}
     assert sum(c / n for c, n in eval_sop.sop_progress(recs, {0: 10, 1: 3}).values()) == pytest.approx(0.2 + 0.0 + 1.0)
+
+
+def test_sop_progress_release_exception_rule():
+    R = lambda task, t, match, error=None: SimpleNamespace(task_idx=task, rollout_idx=0, step_idx=t,  # noqa: E731
+                                                           match=match, error=error)
+    recs = [R(0, 0, True), R(0, 1, True), R(0, 2, False, "no 'action' key"),  # 2 right, then a raise
+            R(1, 0, True), R(1, 1, False, "text after </action>")]  # strict: malformed, no raise rule
+    assert eval_sop.sop_progress(recs, {0: 4, 1: 2}) == {(0, 0): (2, 4), (1, 0): (1, 2)}
+    assert eval_sop.sop_progress(recs, {0: 4, 1: 2}, zero_on_error=True) == {(0, 0): (0, 4), (1, 0): (0, 2)}
