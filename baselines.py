@@ -40,7 +40,8 @@ def trivial_policies(steps: list[tuple[gui.Step, tuple[int, int]]], seed: int = 
     pixels)}. Each answers with the step's own action type (an oracle for the type, so its rate
     isolates the arguments): clicks at the centre, uniformly at random, at the most frequent expert
     point (0.04 grid, read off the data); the constant texts "", "a", "e", "the", and each text
-    type's most frequent token and text; each swipe direction; each system button. "most frequent
+    type's most frequent content token (gui.content_tokens: stop words, which match nothing under
+    the strict rules, left out) and text; each swipe direction; each system button. "most frequent
     type" answers every step with the data's most frequent action type and trivial arguments."""
     import random
 
@@ -60,7 +61,7 @@ def trivial_policies(steps: list[tuple[gui.Step, tuple[int, int]]], seed: int = 
     for kind in gui.TEXT_ACTIONS:
         vals = [s.action["text"] for s, _ in steps if s.action["action"] == kind]
         if vals:
-            tok = Counter(t for v in vals for t in set(gui.text_tokens(v))).most_common(1)
+            tok = Counter(t for v in vals for t in set(gui.content_tokens(v))).most_common(1)  # a stop word scores 0
             full = Counter(gui.normalize_text(v) for v in vals).most_common(1)
             texts[kind] = [c for c in (tok[0][0] if tok else None, full[0][0]) if c]
     for c in ("", "a", "e", "the"):

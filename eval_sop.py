@@ -95,7 +95,8 @@ def sop_parser() -> argparse.ArgumentParser:
                    "files; a file with swipes and neither is an error)")
     p.add_argument("--match-rules", choices=gui.MATCH_RULES, default="strict",
                    help="strict (ours; the reward's rules) or release (the UI-S1 release's SOP scoring as it ran, "
-                   "for comparison with the paper; README 'Reward rules and trivial-policy floors')")
+                   "for comparison with the paper: its parse and check, and an episode with a response its code "
+                   "raised on gets progress 0; README 'Reward rules and trivial-policy floors')")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--image-root", default=None, type=cli.arg_type(cli.input_dir), help="folder holding the screenshots (default: paths as recorded)")
     g.add_argument("--blank-screens", type=size_arg, default=None,
@@ -123,8 +124,8 @@ def sop_parser() -> argparse.ArgumentParser:
                    "with a `latest` pointer (e.g. out/sft/ckpt); the prompt options not given (--num-images, "
                    "--min/max-pixels, --max-prompt-tokens, --step-instruction, --elements) come from its args.json")
     p.add_argument("--max-new-tokens", type=int, default=512,
-                   help="response length limit, as training's (docs/method.md §7); a response that hits it is cut and usually a "
-                   "wrong step: result.json counts them (responses_at_cap)")
+                   help="response length limit, as training's (docs/method.md §7); a response that hits it is cut: under the "
+                   "strict rules a malformed, wrong step; result.json counts them (responses_at_cap, truncated_rate)")
     p.add_argument("--batch-size", type=int, default=32,
                    help="episodes walked together: prompts per generate call (at most)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where the model runs")
@@ -155,7 +156,8 @@ def score_parser() -> argparse.ArgumentParser:
                           prog="eval_sop.py score")
     p.add_argument("--data", nargs="+", required=True, type=input_file, help="episode files the responses refer to")
     p.add_argument("--responses", required=True, type=input_file, help="JSONL of responses; an optional field finish_reason ('length' "
-                   "= cut at the token cap) or truncated (bool) is counted into responses_at_cap")
+                   "= cut at the token cap) or truncated (bool) makes the response malformed under the strict rules and is "
+                   "counted into responses_at_cap; without it, text after </action> is what marks a malformed response")
     p.add_argument("--subset", action="store_true",
                    help="allow responses that cover only some steps (default: every step of --data must be scored)")
     p.add_argument("--match-rules", choices=gui.MATCH_RULES, default="strict", help="strict (ours) or release")
@@ -206,18 +208,24 @@ def load_sampler(args, tokenizer):
 # Metrics
 
 
-def sop_progress(records: list[StepRecord], episode_len: dict) -> dict[tuple[int, int], tuple[int, int]]:
+def sop_progress(records: list[StepRecord], episode_len: dict, *,
+                 zero_on_error: bool = False) -> dict[tuple[int, int], tuple[int, int]]:
     """SOP progress of each rollout (docs/method.md §8), the one definition that evaluation (PG, TSR)
     and training (the logged progress of its rollouts) share. records: rollout.StepRecords;
     episode_len: task_idx -> steps of its episode. Returns (task_idx, rollout_idx) -> (correct steps
     before the rollout's first wrong step, episode length); a rollout patched after its first wrong
-    step still counts only the steps before it."""
+    step still counts only the steps before it.
+    zero_on_error: the release's exception rule (--match-rules release): a rollout with a response
+    on which the release's code raised (StepRecord.error under those rules) gets progress 0, as the
+    release's try/except around its episode loop did, however many steps were right before it."""
     first_err: dict[tuple[int, int], int] = {}
     for r in records:
         key = (r.task_idx, r.rollout_idx)
         first_err.setdefault(key, episode_len[r.task_idx])
         if not r.match:
             first_err[key] = min(first_err[key], r.step_idx)
+        if zero_on_error and getattr(r, "error", None) is not None:
+            first_err[key] = 0
     return {key: (c, episode_len[key[0]]) for key, c in first_err.items()}
 
 
@@ -262,8 +270,9 @@ def walk(episodes: list[gui.Episode], sampler, args, tokenizer, image_processor,
     that many prompts, with their pixels, are alive at once): one greedy rollout per episode,
     patch_threshold 0 (a wrong step ends it), history "own" (SOP) or "expert" (static: every step
     is run). Returns, per episode, its walked steps in order ({t, response, reward, match,
-    type_match, resized_size}) and its SOP progress (sop_progress: correct steps before the first
-    wrong one, length). stats gains the prompt and response counts of the summary."""
+    type_match, error, truncated, resized_size}) and its SOP progress (sop_progress: correct steps
+    before the first wrong one, length; under --match-rules release 0 for an episode with a response
+    on which the release's code raised). stats gains the prompt and response counts of the summary."""
     rows, progress = [[] for _ in episodes], [None] * len(episodes)
     bar = tqdm(total=len(episodes), desc=f"{'SOP' if history == 'own' else 'static'} {args.policy}", unit="ep",
                file=sys.stderr)
@@ -276,11 +285,13 @@ def walk(episodes: list[gui.Episode], sampler, args, tokenizer, image_processor,
                 min_pixels=args.min_pixels, max_pixels=args.max_pixels, max_prompt_tokens=budget,
                 step_instruction=args.step_instruction, elements=args.elements, match_rules=args.match_rules,
                 greedy=True)
-            for (k, _), p in sop_progress(records, {k: len(ep.steps) for k, ep in enumerate(chunk)}).items():
+            lens = {k: len(ep.steps) for k, ep in enumerate(chunk)}
+            for (k, _), p in sop_progress(records, lens, zero_on_error=args.match_rules == "release").items():
                 progress[lo + k] = p
             for r in records:  # in (step, episode) order; the prompt (tokens, pixels) is not kept
                 rows[lo + r.task_idx].append({"t": r.step_idx, "response": r.response, "reward": r.reward,
-                                              "match": r.match, "type_match": r.type_match,
+                                              "match": r.match, "type_match": r.type_match, "error": r.error,
+                                              "truncated": r.finish_reason != "stop",
                                               "resized_size": r.prompt.resized_size})
                 ids = getattr(r.prompt, "input_ids", None)  # None: a StepPrompt, no prompt was built
                 if ids is not None:
@@ -316,15 +327,19 @@ def run_sop(episodes: list[gui.Episode], walker, args, show: set[int]) -> tuple[
     rows, progress = walker("own")
     records, shown = [], []
     for i, (ep, steps, (correct, n)) in enumerate(zip(episodes, rows, progress)):
-        malformed = [gui.parse_response(s["response"]).action is None for s in steps]
+        malformed = [s["error"] is not None for s in steps]  # scored 0 as malformed (truncated included)
         records.append({"source": ep.source, "task": task_of(ep), "episode_id": ep.episode_id, "steps": n,
                         "correct": correct, "success": correct == n, "rewards": [s["reward"] for s in steps],
-                        "malformed": sum(malformed), "responses": [s["response"] for s in steps]})
+                        "malformed": sum(malformed), "truncated": sum(s["truncated"] for s in steps),
+                        "errors": [s["error"] for s in steps], "responses": [s["response"] for s in steps]})
         if i in show:
+            wrong = next((s["t"] for s in steps if not s["match"]), None)
+            outcome = report.sop_outcome(correct, n, malformed[-1])
+            if wrong is not None and wrong != correct:  # the release's exception rule zeroed the progress
+                outcome = (f"the release's code raised at step {wrong} ({steps[-1]['error']}): progress 0 "
+                           "(--match-rules release)")
             shown.append({"title": f"{ep.episode_id} ({task_of(ep)})", "goal": ep.goal, "success": correct == n,
-                          "outcome": report.sop_outcome(correct, n, malformed[-1]),
-                          "steps": episode_views(ep, steps, args),
-                          "first_wrong": None if correct == n else correct})
+                          "outcome": outcome, "steps": episode_views(ep, steps, args), "first_wrong": wrong})
     return records, shown
 
 
@@ -338,8 +353,8 @@ def run_static(episodes: list[gui.Episode], walker, args, show: set[int]) -> tup
         for s in steps:
             records.append({"episode": i, "episode_id": ep.episode_id, "task": task_of(ep), "t": s["t"],
                             "expert_type": ep.steps[s["t"]].action["action"], "type_match": s["type_match"],
-                            "match": s["match"], "reward": s["reward"],
-                            "malformed": gui.parse_response(s["response"]).action is None, "response": s["response"]})
+                            "match": s["match"], "reward": s["reward"], "malformed": s["error"] is not None,
+                            "truncated": s["truncated"], "error": s["error"], "response": s["response"]})
         if i in show:
             wrong = [s["t"] for s in steps if not s["match"]]
             shown.append({"title": f"{ep.episode_id} ({task_of(ep)})", "goal": ep.goal, "success": not wrong,
@@ -375,7 +390,9 @@ class OnlineModelPolicy:
         self.stats["truncated"] += out.finish_reason != "stop"
         self.stats["tokens"] += len(out.ids)
         self.history.append(out.text)
-        action = gui.parse_response(out.text).action
+        parsed = gui.parse_response(out.text)
+        # the reward's strict rules: a response cut at the cap, or with text after its action, is a no-op
+        action = parsed.action if parsed.error is None and out.finish_reason == "stop" else None
         self.n_malformed += action is None
         if action is not None:  # model pixels (resized screenshot) -> pixels of the screenshot we were given
             action = gui.scale_action(action, prompt.resized_size, image.size)
@@ -458,7 +475,7 @@ def score_main(argv: list[str]) -> dict:
                 raise gui.DataError(f"episode id {ep.episode_id!r} is in both {index[ep.episode_id][1]} and {path}; "
                                  "score one file at a time")
             index[ep.episode_id] = (ep, path)
-    n = reward = match = type_match = at_cap = 0
+    n = reward = match = type_match = at_cap = malformed = 0
     per_step = Counter()
     rows = []
     with open(args.responses, encoding="utf-8") as fin:
@@ -487,14 +504,19 @@ def score_main(argv: list[str]) -> dict:
                 raise gui.DataError(f"{where}: episode {ep_id} step {t} records no screenshot size; pass --image-size WxH "
                                  "or --image-root DIR") from None
             resized = gui.resized_size(orig, min_pixels=args.min_pixels, max_pixels=args.max_pixels)
-            s = gui.score_response(rec["response"], step, resized_size=resized, orig_size=orig, rules=args.match_rules)
+            # a recorded finish reason, where the file has one; without it, trailing text after the
+            # action is what marks a looping or overlong response (strict rules: malformed)
+            cut = rec.get("finish_reason") == "length" or rec.get("truncated") is True
+            s = gui.score_response(rec["response"], step, resized_size=resized, orig_size=orig, rules=args.match_rules,
+                                   truncated=cut)
             rows.append({"episode_id": rec["episode_id"], "step": t, "reward": s.reward, "match": s.match,
-                         "type_match": s.type_match, "format_ok": s.format_ok, "action": s.action})
+                         "type_match": s.type_match, "format_ok": s.format_ok, "action": s.action, "error": s.error})
             n += 1
             reward += s.reward
             match += s.match
             type_match += s.type_match
-            at_cap += rec.get("finish_reason") == "length" or rec.get("truncated") is True
+            at_cap += cut
+            malformed += s.error is not None
             per_step[ep_id, t] += 1
     if n == 0:
         raise gui.DataError(f"{args.responses}: no responses to score")
@@ -516,6 +538,7 @@ def score_main(argv: list[str]) -> dict:
             "match_rules": args.match_rules, "steps_total": total, "steps_scored": len(per_step),
             "steps_unscored": len(missing), "responses_per_step_mean": n / len(per_step),
             "responses_per_step_max": max(per_step.values()), "responses_at_cap": at_cap,
+            "truncated_rate": at_cap / n, "malformed_responses": malformed,
             "floor_step_sr": base["floor"]["step_sr"], "floor_type_acc": base["floor"]["type_acc"], "out": args.out}
 
 
@@ -539,6 +562,10 @@ def main(argv: list[str] | None = None) -> dict:
     if args.policy == "expert" and "model" in cli.explicit_flags(parser, argv):
         raise cli.UsageError(f"--model {args.model} is given but --policy is expert (the default): add --policy model")
     cli.check_pixels(args)
+    for flag, value, low in (("--max-new-tokens", args.max_new_tokens, 1), ("--batch-size", args.batch_size, 1),
+                             ("--num-images", args.num_images, 1), ("--online-seeds", args.online_seeds, 1)):
+        if value < low:
+            raise cli.UsageError(f"{flag} {value}: must be >= {low}")
     if not args.data and not args.online:
         raise cli.UsageError("nothing to evaluate: give --data and/or --online")
     t0 = time.time()
@@ -610,6 +637,10 @@ def main(argv: list[str] | None = None) -> dict:
         malformed += sum(r["malformed"] for r in sop_records)
         summary.update(m)  # pg, tsr, episodes, steps (pg/tsr also as sop_pg/sop_tsr)
         summary.update({"sop_pg": m["pg"], "sop_tsr": m["tsr"], "steps_run": steps_run,
+                        "sop_truncated_rate": sum(r["truncated"] for r in sop_records) / max(steps_run, 1),
+                        # --match-rules release: episodes whose progress the release's exception rule set to 0
+                        "sop_episodes_raised": sum(any(e is not None for e in r["errors"]) for r in sop_records)
+                        if args.match_rules == "release" else None,
                         "step_reward_mean": sum(sum(r["rewards"]) for r in sop_records) / max(steps_run, 1),
                         "sources": {path: sop_metrics([(r["correct"], r["steps"]) for r in sop_records
                                                        if r["source"] == path]) for path in args.data}})
@@ -625,6 +656,7 @@ def main(argv: list[str] | None = None) -> dict:
         m = static_metrics(static_records)
         malformed += sum(r["malformed"] for r in static_records)
         summary.update({"static_type_acc": m["type_acc"], "static_grounding_acc": m["grounding_acc"],
+                        "static_truncated_rate": sum(r["truncated"] for r in static_records) / max(m["steps"], 1),
                         "static_step_sr": m["step_sr"], "static_steps": m["steps"],
                         "static_grounding_steps": m["grounding_steps"],
                         "static_variant": "low" if args.step_instruction else "high"})
@@ -665,7 +697,9 @@ def main(argv: list[str] | None = None) -> dict:
                     "prompts_budgeted": stats["budgeted"] if built else None,
                     "prompts_over_budget": stats["over"] if built else None, "prompt_budget": budget,
                     "malformed_responses": malformed, "max_new_tokens": args.max_new_tokens,
-                    "responses_at_cap": stats["truncated"] if built else 0})
+                    "responses_at_cap": stats["truncated"] if built else 0,
+                    # responses cut at the token cap (strict rules: malformed, reward 0), of all responses
+                    "truncated_rate": stats["truncated"] / max(stats["responses"], 1)})
     if built:
         summary.update({"responses": stats["responses"], "truncated_responses": stats["truncated"],
                         "response_tokens_mean": stats["tokens"] / max(stats["responses"], 1)})

@@ -41,6 +41,7 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
 from PIL import Image
 
 logger = logging.getLogger(__name__)
@@ -126,29 +127,39 @@ def check_action(action, *, strict: bool = False) -> dict:
 class Parsed:
     thought: str | None  # the think block's text, stripped; None when there is no think block
     action: dict | None  # canonical action dict; None when nothing valid parsed
+    error: str | None = None  # why the response is malformed under the strict rules; None: well-formed
 
 
 _THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 _ACTION_RE = re.compile(r"<action>(.*?)</action>", re.DOTALL)
+# what may follow the action block of a well-formed response: whitespace, and the stop tokens written
+# out (a recorded response may keep them; the sampler's text has special tokens skipped)
+_END_RE = re.compile(r"(?:\s|<\|im_end\|>|<\|endoftext\|>)*\Z")
 
 
 def parse_response(text) -> Parsed:
     """Parse `<think>\\n...\\n</think>\\n<action>\\n{json}\\n</action>`. Never raises: anything
     malformed (no action block, bad JSON, unknown type, missing or ill-typed argument) gives
     action=None. Whitespace around tags and JSON is tolerated; the action block is looked for after
-    the think block, so an <action> quoted inside the thought is not taken for the answer."""
+    the think block, so an <action> quoted inside the thought is not taken for the answer.
+
+    error: None for a well-formed response (the strict rules' reward needs one), else why not:
+    "no action block", "invalid action" (bad JSON, unknown type, missing or ill-typed argument), or
+    "text after </action>": a response must END after its action (whitespace and written-out stop
+    tokens aside), so one that loops, or adds a second action, is malformed even though its first
+    action parsed (action keeps that first action, for reports and history summaries)."""
     if not isinstance(text, str):
-        return Parsed(None, None)
+        return Parsed(None, None, "no action block")
     think = _THINK_RE.search(text)
     thought = think.group(1).strip() if think else None
     m = _ACTION_RE.search(text, think.end() if think else 0)
-    action = None
-    if m is not None:
-        try:
-            action = check_action(json.loads(m.group(1).strip()))
-        except (ValueError, TypeError, RecursionError):  # JSONDecodeError is a ValueError
-            action = None
-    return Parsed(thought, action)
+    if m is None:
+        return Parsed(thought, None, "no action block")
+    try:
+        action = check_action(json.loads(m.group(1).strip()))
+    except (ValueError, TypeError, RecursionError):  # JSONDecodeError is a ValueError
+        return Parsed(thought, None, "invalid action")
+    return Parsed(thought, action, None if _END_RE.match(text, m.end()) else "text after </action>")
 
 
 def format_response(thought: str | None, action: dict) -> str:
@@ -229,7 +240,8 @@ def parse_size(text) -> tuple[int, int]:
 # Two rule sets, one function (action_match). "strict" (the default everywhere: reward, patching,
 # returns, SOP, static metrics) is built so that trivial policies score near zero on the shipped
 # AndroidControl test file while legitimate near-hits still match; "release" reproduces the UI-S1
-# release's SOP scoring as it ran, so a figure can be put next to the paper's. Measured on the
+# release's SOP scoring as it ran, exceptions included (release_check, below), so a figure can be
+# put next to the paper's. Measured on the
 # 1,262 test episodes (`python eval_sop.py baselines --data FILE`, README "Reward rules and
 # trivial-policy floors"):
 # - clicks. The release accepts a point inside ANY candidate box enlarged 1.2x; 26% of those boxes
@@ -237,12 +249,18 @@ def parse_size(text) -> tuple[int, int]:
 #   click steps and a uniform random one 22.6%. Strict keeps only the TARGET's box, the smallest
 #   candidate box that contains the expert point, and only if it covers <= 10% of the screen
 #   (a full-width list row of 240 px on a 1080x2400 phone still counts); else distance alone.
-#   Centre 3.9%, random 3.1%; distance alone would give 2.6% and 0.5%.
+#   Centre 3.9%, random 3.1%; distance alone (the release's rules) gives 2.5% and 0.5%.
 # - texts. Containment let the constant "a" match 81% of type steps. Strict compares texts after
 #   Unicode normalisation (normalize_text) by token F1 >= 0.5 over lower-cased whitespace tokens
 #   with edge punctuation stripped (an e-mail address or URL is ONE token, so "com" cannot farm
 #   them): "Chrome" for "Google Chrome" is F1 2/3, a match; an empty expert text matches only an
-#   empty prediction.
+#   empty prediction. Function words carry no name: over all tokens the constant "the" had F1 0.5
+#   against three-word names ("The Weather Channel") and matched 1.2% of the test file's `open`
+#   steps (5.3% on held-back episodes), so the F1 is over CONTENT tokens (STOP_WORDS removed; now
+#   0.0%), falling back to all tokens only when the expert text has no content token ("For Her").
+# - the end of a response. Only the first action is read, so a response that repeated its right
+#   action until the token cap, or added a second one, earned the full reward and put its junk in
+#   the history: strict requires a response to end after its action (score_response, truncated).
 
 MATCH_RULES = ("strict", "release")
 MAX_BOX_FRACTION = 0.10     # strict: a target box covering more of the screen than this is not used
@@ -281,13 +299,35 @@ def text_tokens(text: str) -> list[str]:
     return out
 
 
+# Function words (English): articles, the commonest prepositions and conjunctions, possessive
+# determiners. Alone they name nothing, so the strict text rule scores content tokens only. Kept
+# small on purpose: every word here is one a real name may also hold ("Bank of America" still
+# matches on "bank america").
+STOP_WORDS = frozenset((
+    "a", "an", "the",
+    "of", "to", "in", "on", "at", "for", "from", "with", "by", "into", "as",
+    "and", "or",
+    "my", "your", "his", "her", "its", "our", "their", "this", "that",
+))
+
+
+def content_tokens(text: str) -> list[str]:
+    """text_tokens(text) without STOP_WORDS ("The Weather Channel" -> ["weather", "channel"])."""
+    return [t for t in text_tokens(text) if t not in STOP_WORDS]
+
+
 def text_f1(pred: str, expert: str) -> float:
-    """SQuAD-style token F1 (multiset overlap) of text_tokens(pred) against text_tokens(expert), in
-    [0, 1]. Texts with no word tokens (empty, or punctuation only) score 1.0 when their normalised
-    forms are equal, else 0.0."""
+    """SQuAD-style token F1 (multiset overlap) of pred against expert, in [0, 1], over CONTENT
+    tokens (content_tokens: stop words removed), so "the" scores 0 against "The Weather Channel"
+    and "Chrome" 2/3 against "Google Chrome". An expert text whose tokens are all stop words is
+    compared over all its tokens ("for her app" against "For Her" is 0.8). Texts with no word tokens
+    (empty, or punctuation only) score 1.0 when their normalised forms are equal, else 0.0."""
     p, e = text_tokens(pred), text_tokens(expert)
     if not p or not e:
         return float(normalize_text(pred) == normalize_text(expert))
+    e_content = [t for t in e if t not in STOP_WORDS]
+    if e_content:  # a prediction of stop words alone has no content token: F1 0
+        p, e = [t for t in p if t not in STOP_WORDS], e_content
     common = sum((Counter(p) & Counter(e)).values())
     if common == 0:
         return 0.0
@@ -306,10 +346,8 @@ def swipe_direction(start, end) -> str | None:
     return "down" if dy > 0 else "up"
 
 
-def _text_match(pred: str, expert: str, rules: str) -> bool:
-    if rules == "release":  # lower-cased, stripped, one contained in the other ("" is in everything)
-        p, e = pred.lower().strip(), expert.lower().strip()
-        return p in e or e in p
+def _text_match(pred: str, expert: str) -> bool:
+    """The strict text rule: normalize_text forms equal, or content-token F1 >= TEXT_F1."""
     p, e = normalize_text(pred), normalize_text(expert)
     if p == e:
         return True
@@ -336,14 +374,12 @@ def target_box(expert_pt, candidate_bbox, image_size: tuple[int, int]) -> list |
     return box if (box[2] - box[0]) * (box[3] - box[1]) <= MAX_BOX_FRACTION * w * h else None
 
 
-def _point_match(pt, expert_pt, candidate_bbox, image_size, rules: str) -> bool:
+def _point_match(pt, expert_pt, candidate_bbox, image_size) -> bool:
     x, y = pt
     w, h = image_size
     # math.hypot: no overflow on absurd coordinates from a model
     if math.hypot((x - expert_pt[0]) / w, (y - expert_pt[1]) / h) <= POINT_DISTANCE:
         return True
-    if rules == "release":  # the release's SOP scoring: distance only
-        return False
     box = target_box(expert_pt, candidate_bbox, image_size)
     return box is not None and _in_box(x, y, box, BBOX_ENLARGE)
 
@@ -355,17 +391,27 @@ def action_match(pred: dict | None, expert: dict, candidate_bbox, image_size: tu
     image_size (W, H) are in the SAME pixel space; swipes are finger paths.
     rules="strict" (default):
     - wait, terminate: the type alone;  system_button: same button, case-insensitive;
-    - type/answer/key/open: normalize_text forms equal, or token F1 >= TEXT_F1 (0.5); an empty
-      expert text matches only an empty prediction;
+    - type/answer/key/open: normalize_text forms equal, or content-token F1 >= TEXT_F1 (0.5,
+      text_f1: stop words alone match nothing); an empty expert text matches only an empty prediction;
     - swipe: same dominant finger direction;
     - click/long_press: normalised Euclidean distance to the expert point <= 0.04, or inside the
       target box (target_box: smallest box holding the expert point, <= 10% of the screen)
       enlarged 1.2x about its centre.
-    rules="release" (the UI-S1 release's SOP scoring as it ran, docs/method.md §4, §10): clicks by
-    distance alone; texts lower-cased, stripped, one contained in the other; any swipe matches.
+    rules="release": release_check, the UI-S1 release's SOP check as it ran (docs/method.md §4):
+    clicks by distance alone, texts by containment, any swipe; `pred` is its raw JSON (any dict),
+    and a prediction on which the release's code raises is (False, False) here (score_response
+    reports it as Score.error, the SOP walk zeroes the episode's progress).
     Raises ValueError on unknown rules."""
     if rules not in MATCH_RULES:
         raise ValueError(f"rules: expected one of {MATCH_RULES}, got {rules!r}")
+    if rules == "release":
+        if not isinstance(pred, dict):
+            return False, False
+        try:
+            type_match, match = release_check(pred, expert, image_size, image_size)
+        except ReleaseError:
+            return False, False
+        return match, type_match
     if pred is None or pred.get("action") != expert["action"]:
         return False, False
     kind = expert["action"]
@@ -375,13 +421,12 @@ def action_match(pred: dict | None, expert: dict, candidate_bbox, image_size: tu
         elif kind == "system_button":
             ok = pred["button"].strip().lower() == expert["button"].strip().lower()
         elif kind in TEXT_ACTIONS:
-            ok = _text_match(pred["text"], expert["text"], rules)
+            ok = _text_match(pred["text"], expert["text"])
         elif kind == "swipe":
             d = swipe_direction(pred["coordinate"], pred["coordinate2"])
-            ok = rules == "release" or (d is not None and d == swipe_direction(expert["coordinate"],
-                                                                              expert["coordinate2"]))
+            ok = d is not None and d == swipe_direction(expert["coordinate"], expert["coordinate2"])
         elif kind in ("click", "long_press"):
-            ok = _point_match(pred["coordinate"], expert["coordinate"], candidate_bbox, image_size, rules)
+            ok = _point_match(pred["coordinate"], expert["coordinate"], candidate_bbox, image_size)
         else:
             ok = False
     except (KeyError, TypeError, ValueError, AttributeError):  # a hand-made pred dict missing its fields
@@ -389,27 +434,151 @@ def action_match(pred: dict | None, expert: dict, candidate_bbox, image_size: tu
     return bool(ok), True
 
 
+# The release's SOP scoring, as it ran (`--match-rules release`; docs/method.md §4). Read from the
+# UI-S1 release's evaluation code (its SOP script and its action check) and written anew here:
+# - parse: the FIRST <action>...</action> anywhere in the response, inside the thought too;
+#   no closing tag or bad JSON raises;
+# - check: the prediction's coordinate, coordinate2 (and candidate_bbox) keys are divided by the
+#   resized screenshot's size whatever the action type, so any such key that is not a list of
+#   numbers raises (an extra "coordinate": null on a wait); entries past the second are ignored
+#   ([x, y, 0] is a point). Then by the expert's type: wait, swipe: the type alone (a swipe needs no
+#   coordinates); system_button: same button, lower-cased and stripped; type, open: lower-cased,
+#   stripped texts, one contained in the other; click, long_press: normalised distance <= 0.04.
+#   Boxes are never used: the script replaced each step's check options by the expert action with
+#   an empty box list (its evaluation file has no step-level boxes). A JSON that is not an object,
+#   a missing "action", a missing or non-string button/text of the matching type, a missing
+#   coordinate of a matching click raises;
+# - the SOP loop runs each episode inside try/except: anything raised sets its progress to 0.
+# The release's check has no rule for expert terminate, answer or key (it raises
+# NotImplementedError; AndroidControl has none): here terminate is the type alone and answer/key
+# containment, as type, so that MiniWob++ files can be scored at all.
+
+class ReleaseError(ValueError):
+    """A response on which the release's evaluation code raises: its SOP loop then sets the
+    episode's progress to 0. The message says what the code trips on."""
+
+
+def release_parse(text):
+    """The release's parse: json.loads of the first <action>...</action> block anywhere in `text`
+    (stripped). Returns the JSON value as is (any type). Raises ReleaseError: no closed block, bad JSON."""
+    m = _ACTION_RE.search(text) if isinstance(text, str) else None
+    if m is None:
+        raise ReleaseError("no <action>...</action> block (no closing tag: the release's json.loads(None) raises)")
+    try:
+        return json.loads(m.group(1).strip())  # NaN and Infinity load, as in the release
+    except (ValueError, RecursionError) as e:
+        raise ReleaseError(f"invalid JSON in the action block: {e}") from None
+
+
+def _release_div(v, size, name: str) -> list[float]:
+    """[v[0] / size[0], v[1] / size[1], ...]: the release's normalisation of a point or box, which
+    raises unless v is a list of (at least len(size)) numbers; bools are numbers there (True / W)."""
+    if not isinstance(v, list) or len(v) < len(size):
+        raise ReleaseError(f"{name}: {v!r} is not a list of {len(size)} numbers (the release indexes and divides it)")
+    out = []
+    for c, s in zip(v, size):
+        if not isinstance(c, (int, float)):
+            raise ReleaseError(f"{name}: {c!r} is not a number (the release divides it by {s})")
+        try:
+            out.append(c / s)
+        except OverflowError:  # a JSON integer past the float range
+            raise ReleaseError(f"{name}: {c!r} / {s} overflows a float") from None
+    return out
+
+
+def _release_str(raw: dict, key: str) -> str:
+    if key not in raw:
+        raise ReleaseError(f"no {key!r} key (the release reads it)")
+    if not isinstance(raw[key], str):
+        raise ReleaseError(f"{key}: {raw[key]!r} is not a string (the release lower-cases it)")
+    return raw[key]
+
+
+def release_check(raw, expert: dict, pred_size: tuple[int, int], expert_size: tuple[int, int]) -> tuple[bool, bool]:
+    """(type_match, match) of the release's SOP check (the comment above) for `raw`, the predicted
+    action's JSON value as release_parse returns it, in pixels of an image of pred_size (W, H) (the
+    resized screenshot), against the canonical expert action in pixels of expert_size (W, H).
+    Raises ReleaseError exactly where the release's check raises."""
+    if not isinstance(raw, dict):
+        raise ReleaseError(f"the action JSON is a {type(raw).__name__}, not an object (the release indexes it by 'action')")
+    pts = {}
+    for key in ("coordinate", "coordinate2"):  # normalised first, whatever the action type
+        if key in raw:
+            pts[key] = _release_div(raw[key], pred_size, key)
+    if "candidate_bbox" in raw:  # the release normalises a prediction's boxes too
+        boxes = raw["candidate_bbox"]
+        if isinstance(boxes, (str, dict)) and not boxes:  # iterates to nothing
+            boxes = []
+        if not isinstance(boxes, list):
+            raise ReleaseError(f"candidate_bbox: {boxes!r} is not a list of boxes")
+        for b in boxes:
+            _release_div(b, (*pred_size, *pred_size), "candidate_bbox")
+    if "action" not in raw:
+        raise ReleaseError("no 'action' key (the release reads it)")
+    kind = expert["action"]
+    if raw["action"] != kind:  # (release: a click on an `open` step is checked against its boxes: none)
+        return False, False
+    if kind in ("wait", "swipe", "terminate"):
+        return True, True
+    if kind == "system_button":
+        return True, _release_str(raw, "button").lower().strip() == expert["button"].lower().strip()
+    if kind in TEXT_ACTIONS:
+        p, e = _release_str(raw, "text").lower().strip(), expert["text"].lower().strip()
+        return True, p in e or e in p  # "" is contained in everything
+    if "coordinate" not in raw:  # click, long_press
+        raise ReleaseError("no 'coordinate' key (the release reads it)")
+    px, py = pts["coordinate"]
+    ex, ey = expert["coordinate"][0] / expert_size[0], expert["coordinate"][1] / expert_size[1]
+    return True, bool(np.linalg.norm([ex - px, ey - py]) <= POINT_DISTANCE)  # the release's norm, to the bit
+
+
 @dataclass
 class Score:
-    reward: float       # 0.1 * format + 0.9 * action score, 0 when nothing parsed
+    reward: float       # 0.1 * format + 0.9 * action score; 0 when the response is malformed
     match: bool         # full match: the step is "right"
     type_match: bool
     format_ok: bool     # non-empty think block
-    action: dict | None  # the parsed action in ORIGINAL pixels
+    action: dict | None  # the parsed action in ORIGINAL pixels (None when nothing valid parsed)
+    error: str | None = None  # why the response is malformed (reward 0); None when well-formed
 
 
 def score_response(text: str, step: "Step", *, resized_size: tuple[int, int], orig_size: tuple[int, int],
-                   rules: str = "strict") -> Score:
+                   rules: str = "strict", truncated: bool = False) -> Score:
     """The rule reward of one step (docs/method.md §4), the one function used everywhere.
     `text` is a model response with coordinates in pixels of the resized screenshot (W, H) =
     resized_size; the step's expert action and boxes are in original pixels, orig_size = (W, H)
-    (original_size(step) decides it). rules: see action_match."""
-    p = parse_response(text)
-    format_ok = bool(p.thought)
-    if p.action is None:
-        return Score(0.0, False, False, format_ok, None)
-    pred = scale_action(p.action, resized_size, orig_size)
-    match, type_match = action_match(pred, step.action, step.candidate_bbox, orig_size, rules=rules)
+    (original_size(step) decides it). truncated: the sampler stopped at its token cap instead of a
+    stop token (rollout: SampleOutput.finish_reason != "stop"; `score`: a recorded finish_reason).
+
+    rules="strict": a response is well-formed only if it ENDS after its action: not truncated, and
+    nothing but whitespace after the first </action> (parse_response's error). A malformed response
+    scores 0 with match False, error saying why; so looping to the cap, or a second action after
+    the first, earns nothing. rules="release": the release's parse and check (release_parse,
+    release_check); truncation is not looked at (the release read the first action whatever
+    followed); a response on which the release's code raises scores 0 with error = what it trips
+    on (eval_sop then sets the episode's SOP progress to 0, as the release did). Never raises."""
+    if rules == "release":
+        think = _THINK_RE.search(text) if isinstance(text, str) else None  # the release: first anywhere
+        format_ok = bool(think and think.group(1).strip())
+        try:
+            raw = release_parse(text)
+            type_match, match = release_check(raw, step.action, resized_size, orig_size)
+        except ReleaseError as e:
+            return Score(0.0, False, False, format_ok, None, str(e))
+        try:  # for reports: the action in original pixels, where it is one of ours ([x, y, 0] is not)
+            pred = scale_action(check_action(raw), resized_size, orig_size)
+        except (ValueError, TypeError):
+            pred = None
+    else:
+        if rules not in MATCH_RULES:
+            raise ValueError(f"rules: expected one of {MATCH_RULES}, got {rules!r}")
+        p = parse_response(text)
+        format_ok = bool(p.thought)
+        pred = None if p.action is None else scale_action(p.action, resized_size, orig_size)
+        error = "cut at the token cap" if truncated else p.error
+        if error is not None:
+            return Score(0.0, False, False, format_ok, pred, error)
+        match, type_match = action_match(pred, step.action, step.candidate_bbox, orig_size, rules=rules)
     act = 1.0 if match else (0.5 if type_match else 0.1)
     return Score(0.1 * float(format_ok) + 0.9 * act, match, type_match, format_ok, pred)
 
@@ -492,6 +661,13 @@ def _text(v, where, fld):
     if v is None or isinstance(v, str):
         return v
     raise where.error(fld, f"expected a string, got {v!r}")
+
+
+def _instruction(v, where, fld):
+    """A step instruction: a string, or None; an empty or whitespace-only one is absent (None), so no
+    prompt gets an empty "Step instruction:" line."""
+    v = _text(v, where, fld)
+    return v if v is not None and v.strip() else None
 
 
 def _elements(v, where, fld):
@@ -599,7 +775,7 @@ def _uis1_episode(obj, where, path, root, default_id, swipe_convention=None) -> 
             raise where.error(f"{f}.screenshot", f"expected a path string, got {shot!r}")
         out.append(Step(
             screenshot=shot, action=action,
-            step_instruction=_text(s.get("step_instruction"), where, f"{f}.step_instruction"),
+            step_instruction=_instruction(s.get("step_instruction"), where, f"{f}.step_instruction"),
             thought=_text(s.get("thought"), where, f"{f}.thought"),
             candidate_bbox=boxes, image_size=size,
             elements=_elements(s.get("elements"), where, f"{f}.elements"),
@@ -672,7 +848,19 @@ def _native_action(gt, where, size) -> dict:
 def _native_episodes(rows, path, root) -> list[Episode]:
     """AndroidControl native rows (one per step, image episode_<id>-screenshot_<k>.png) grouped into
     episodes in order of first appearance, steps sorted by k. The file records no episode goal: the
-    goal is the episode's step instructions joined (so it reads like AndroidControl-Low's plan)."""
+    goal is the episode's step instructions joined, those of rows dropped at a gap included (so it
+    reads like AndroidControl-Low's plan of the whole task).
+
+    Step gaps. An episode is walked (SOP, static, rollouts) step after step, each step's screen the
+    result of the one before, so steps are never joined across a missing number: an episode is the
+    run of consecutive step numbers from its first recorded one, and the rows after its first gap
+    are dropped (episode 1364 of the shipped test file, steps 0-4, 6, 7, keeps 0-4: no policy can be
+    asked for step 5, and step 6's screen does not follow step 4's). An episode whose first recorded
+    step is not 0 starts there. Its meta records what happened: "steps_recorded" (the step numbers
+    in the file), "first_step", "steps_dropped" (rows after the gap); one warning per file counts
+    them. The shipped test file: 225 of 1,262 episodes affected (9 start at step 1), 835 of 6,434
+    rows dropped; expert replay stays PG = TSR = 1.0 on what is kept. (Every number it misses is a
+    wait or long_press step, which that export lacks; the UI-S1 file of the same episodes has them.)"""
     groups: dict[str, dict[int, Step]] = {}
     goals: dict[str, str] = {}  # a goal, where a row carries one (other exports of the format do)
     for i, row in enumerate(rows):
@@ -689,18 +877,41 @@ def _native_episodes(rows, path, root) -> list[Episode]:
         ep, k = m.group(1), int(m.group(2))
         if k in groups.setdefault(ep, {}):
             raise where.error("image", f"duplicate step {k} of episode {ep}")
-        groups[ep][k] = Step(screenshot=img, action=action, step_instruction=_text(row.get("task"), where, "task"),
+        groups[ep][k] = Step(screenshot=img, action=action, step_instruction=_instruction(row.get("task"), where, "task"),
                              candidate_bbox=_boxes(row.get("candidate_bbox"), where, "candidate_bbox"),
                              image_size=size, root=root, where=str(where))
         if isinstance(row.get("goal"), str) and row["goal"]:
             goals.setdefault(ep, row["goal"])
-    out = []
-    for ep, steps in groups.items():
-        steps = [steps[k] for k in sorted(steps)]
-        goal = goals.get(ep) or " ".join(s.step_instruction.strip() for s in steps if s.step_instruction)
-        out.append(Episode(goal=goal, episode_id=ep, steps=steps, source=path,
-                           meta={"format": "android_control_native", "swipe_convention": "native scroll direction"}))
+    out, gapped = [], []
+    for ep, by_k in groups.items():
+        ks = sorted(by_k)
+        run = 1
+        while run < len(ks) and ks[run] == ks[run - 1] + 1:
+            run += 1
+        steps = [by_k[k] for k in ks[:run]]
+        meta = {"format": "android_control_native", "swipe_convention": "native scroll direction"}
+        if run < len(ks) or ks[0] != 0:
+            meta.update(steps_recorded=ks, first_step=ks[0], steps_dropped=len(ks) - run)
+            gapped.append((ep, ks, len(ks) - run))
+        # the goal is the whole task's, as a recorded goal would be: every recorded row's instruction
+        goal = goals.get(ep) or " ".join(by_k[k].step_instruction.strip() for k in ks if by_k[k].step_instruction)
+        out.append(Episode(goal=goal, episode_id=ep, steps=steps, source=path, meta=meta))
+    if gapped:
+        ep, ks, _ = gapped[0]
+        logger.warning("%s: %d of %d episodes skip step numbers or start after step 0 (e.g. episode %s: steps %s); "
+                       "each is cut at its first gap, %d rows dropped (gui._native_episodes)", path, len(gapped),
+                       len(out), ep, _ranges(ks), sum(n for *_, n in gapped))
     return out
+
+
+def _ranges(ks: list[int]) -> str:
+    """Sorted ints as runs: [0, 1, 2, 3, 4, 6, 7] -> '0-4, 6-7'."""
+    runs, start = [], ks[0]
+    for a, b in zip(ks, ks[1:] + [None]):
+        if b != a + 1:
+            runs.append(f"{start}-{a}" if a > start else f"{a}")
+            start = b
+    return ", ".join(runs)
 
 
 def load_episodes(path: str, *, limit: int | None = None, swipe_convention: str | None = None) -> list[Episode]:
@@ -955,7 +1166,7 @@ def build_prompt(tokenizer, image_processor, *, goal: str, screenshots: list, hi
             else:
                 content.append({"type": "text", "text": f"Step {i + 1} (screenshot not shown)."})
             if i == t:
-                if step_instruction:
+                if step_instruction and step_instruction.strip():  # never an empty "Step instruction:" line
                     content.append({"type": "text", "text": f"\nStep instruction: {step_instruction}"})
                 if elements:
                     content.append({"type": "text", "text": f"\nUI elements on screen:\n{elements}"})

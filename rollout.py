@@ -69,7 +69,8 @@ class StepRecord:
     prompt: the gui.Prompt it was sampled from (token ids, images, resized_size).
     response_ids: the sampler's ids, exactly (the trainer scores these, never re-tokenised text).
     sampler_logp: (L,) fp32 log-probs under the sampling distribution.
-    reward / match / type_match: gui.score_response against the expert action.
+    reward / match / type_match / error: gui.score_response against the expert action (truncated =
+    finish_reason != "stop"); error is why the response is malformed (reward 0), else None.
     patched: replaced in the history by a patch (the patch text is never trained on).
     ended: the rollout ended at this step (a wrong step with no patch left, or the last step).
     history: the rollout's history (earlier responses or patches) the prompt was built from.
@@ -89,6 +90,7 @@ class StepRecord:
     reward: float
     match: bool
     type_match: bool
+    error: str | None
     patched: bool
     ended: bool
     history: list[str]
@@ -204,12 +206,14 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
             prompt, s = outs[(k, i)]
             step = episodes[k].steps[t]
             orig = gui.original_size(step, image_root=image_root, blank_screens=blank_screens)
-            sc = gui.score_response(s.text, step, resized_size=prompt.resized_size, orig_size=orig, rules=match_rules)
+            # a response cut at the token cap is malformed under the strict rules (reward 0, a wrong step)
+            sc = gui.score_response(s.text, step, resized_size=prompt.resized_size, orig_size=orig, rules=match_rules,
+                                    truncated=s.finish_reason != "stop")
             st = states[k][i]
             rec = StepRecord(task_idx=k if task_ids is None else task_ids[k], rollout_idx=i, step_idx=t, prompt=prompt,
                              response_ids=list(s.ids), sampler_logp=s.logprobs, response=s.text,
                              finish_reason=s.finish_reason, reward=sc.reward, match=sc.match, type_match=sc.type_match,
-                             patched=False, ended=False, history=list(st.history))
+                             error=sc.error, patched=False, ended=False, history=list(st.history))
             records.append(rec)
             if history_mode == "expert":
                 st.history.append(gui.expert_response(step, orig, prompt.resized_size, patch.clean_thought(step.thought)))

@@ -14,12 +14,13 @@ Each step:
                 non-finite gradient norm skips the optimizer step (counted in metrics).
 
 Task schedule and dynamic sampling (docs/method.md §6, last paragraph):
-  - the tasks of (step, refill round) are a pure function of (--seed, step, round): round 0
-    takes positions [step * B, (step + 1) * B) of a stream of seeded permutations of the
-    episodes (B = --tasks-per-step); refill round k >= 1 draws from its own permutation seeded
-    with (seed, step, k). Every rank derives the same global list and rolls out every
-    world_size-th task, so the run does not depend on the world size and --resume needs only
-    the step number;
+  - the tasks of a step are a pure function of (--seed, step, slot), the slot counting every task
+    drawn in the step across rounds: round 0 takes positions [step * B, (step + 1) * B) of a
+    stream of seeded permutations of the episodes (B = --tasks-per-step); refill rounds continue
+    the step's draw WITHOUT replacement, through one permutation seeded with (seed, step) of the
+    episodes round 0 did not draw (only once it is exhausted does an episode come again). Every
+    rank derives the same global list and rolls out every world_size-th task, so the run does
+    not depend on the world size and --resume needs only the step number;
   - each task's rollouts are sampled with a seed of (seed, step, task slot), the slot counting
     every task drawn in the step across rounds: a task drawn twice, or again in a refill, is
     sampled afresh, reproducibly;
@@ -49,6 +50,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import time
 from pathlib import Path
 
@@ -105,6 +107,10 @@ parser.add_argument("--omega", type=float, default=1.0, help="weight of the step
 parser.add_argument("--filter-std", type=float, default=0.0,
                     help="dynamic sampling: drop tasks whose step-0 return std <= this; <0 disables (release: 0.3; "
                          "0 keeps every task whose rollouts differ at all, which a tiny CPU model needs)")
+parser.add_argument("--overlong-buffer", type=int, default=0,
+                    help="DAPO's soft overlong penalty: a response within this many tokens of --max-new-tokens loses up to "
+                         "1 of reward, linearly (overlong_penalty); 0 disables it. Off by default: under the strict rules "
+                         "a response cut at the cap already scores 0")
 parser.add_argument("--max-resample", type=int, default=2,
                     help="refill rounds after the first when dynamic sampling dropped tasks; a batch still short "
                          "is trained on as it is and flagged 'partial' (release: up to 10 batches, then an error)")
@@ -136,20 +142,44 @@ parser.add_argument("--stop-after", type=int, default=None, help="exit after thi
 PROMPT_ARGS = ("num_images", "min_pixels", "max_pixels", "max_prompt_tokens")
 
 
+def check_args(args) -> None:
+    """Flag values that parse but cannot run raise cli.UsageError (one line, exit 2), before any
+    model loads and before args.json or metrics.jsonl is written."""
+    rules = [
+        (args.temperature > 0 and math.isfinite(args.temperature),
+         f"--temperature {args.temperature}: must be > 0 and finite (training samples; greedy decoding is not RL)"),
+        (0 < args.top_p <= 1, f"--top-p {args.top_p}: must be in (0, 1]"),
+        (args.max_new_tokens >= 1, f"--max-new-tokens {args.max_new_tokens}: must be >= 1"),
+        (args.tasks_per_step >= 1, f"--tasks-per-step {args.tasks_per_step}: must be >= 1"),
+        (args.n_rollouts >= 1, f"--n-rollouts {args.n_rollouts}: must be >= 1"),
+        (args.patch_threshold >= -1, f"--patch-threshold {args.patch_threshold}: must be >= -1 (-1: no limit)"),
+        (args.max_resample >= 0, f"--max-resample {args.max_resample}: must be >= 0"),
+        (args.ppo_mini_batches >= 1, f"--ppo-mini-batches {args.ppo_mini_batches}: must be >= 1"),
+        (args.micro_batch_size >= 1, f"--micro-batch-size {args.micro_batch_size}: must be >= 1"),
+        (args.num_images >= 1, f"--num-images {args.num_images}: must be >= 1"),
+        (args.max_prompt_tokens is None or args.max_prompt_tokens >= 1,
+         f"--max-prompt-tokens {args.max_prompt_tokens}: must be >= 1"),
+        (0 <= args.overlong_buffer <= args.max_new_tokens,
+         f"--overlong-buffer {args.overlong_buffer}: must be in [0, --max-new-tokens {args.max_new_tokens}]"),
+    ]
+    for ok, message in rules:
+        if not ok:
+            raise cli.UsageError(message)
+    cli.check_pixels(args)
+
+
 def main(argv=None):
     args = parser.parse_args(argv)
     start = str(utils.latest_checkpoint(args.sft_dir) or "tiny") if args.model == "auto" else args.model
     cli.adopt_checkpoint_args(args, parser, argv, start, PROMPT_ARGS)  # the prompt the checkpoint was trained on
+    check_args(args)
 
     # -------------------------------------------------------------------------
     # setup
     d = utils.init_distributed(args.device)
     utils.seed_everything(args.seed)
-    cli.check_pixels(args)
     if args.tasks_per_step % d.world_size:
-        raise SystemExit(f"--tasks-per-step {args.tasks_per_step} must be a multiple of the world size {d.world_size}")
-    if args.max_resample < 0:
-        raise SystemExit(f"--max-resample {args.max_resample} must be >= 0")
+        raise cli.UsageError(f"--tasks-per-step {args.tasks_per_step} must be a multiple of the world size {d.world_size}")
     out = Path(args.out)
     if d.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -218,6 +248,9 @@ def main(argv=None):
                 num_images=args.num_images, min_pixels=args.min_pixels, max_pixels=args.max_pixels,
                 max_prompt_tokens=args.max_prompt_tokens, seed=[task_seed(args.seed, step, s) for s in slots],
                 progress=d.is_main, task_ids=slots)  # task_idx = the global slot: the same on every world size
+            if args.overlong_buffer > 0:  # DAPO's soft overlong punishment, into the reward the advantages see
+                for r in records:
+                    r.reward += overlong_penalty(len(r.response_ids), args.max_new_tokens, args.overlong_buffer)
             adv = compute_advantages(records, gamma=args.gamma, returns_form=args.returns_form,
                                      episode_form=args.episode_adv, w_episode=args.w_episode, omega=args.omega)
             for r, a, R in zip(records, adv.adv.tolist(), adv.returns.tolist()):
@@ -234,12 +267,12 @@ def main(argv=None):
         ep_len = {s: len(episodes[e].steps) for s, e in fill["slot_episode"].items()}
 
         # rollout statistics over every sampled response (kept or not), summed over ranks
-        reward_sum, match_sum, n_resp, n_patched, resp_tok, prog_sum, n_roll, n_train = _all_sum([
+        reward_sum, match_sum, n_resp, n_patched, resp_tok, prog_sum, n_roll, n_train, n_cut = _all_sum([
             sum(r.reward for r in all_records), sum(r.match for r in all_records), len(all_records),
             sum(r.patched for r in all_records), sum(len(r.response_ids) for r in all_records),
             sum(c / n for c, n in sop_progress(all_records, ep_len).values()),  # SOP progress, as eval's PG
             len({(r.task_idx, r.rollout_idx) for r in all_records}),
-            len(records)], d)
+            len(records), sum(r.finish_reason != "stop" for r in all_records)], d)
 
         # --- 2./3. old and reference log-probs (no grad), on exactly the sampled ids
         t1 = time.time()
@@ -268,7 +301,9 @@ def main(argv=None):
                         if refl is not None:
                             for r, lp in zip(chunk, _per_record(chunk, refl)):
                                 r.ref_logp = lp  # (L,)
-                        for r in chunk:
+                        # the sampler's log-probs are of its nucleus at top-p < 1, the trainer's of the full
+                        # distribution (the loss uses the trainer's): compared only where both are the same one
+                        for r in chunk if args.top_p == 1.0 else ():
                             if len(r.response_ids):
                                 sampler_gap.append((r.old_logp - r.sampler_logp.to(r.old_logp)).abs().max().item())
         t_logp = time.time() - t1
@@ -295,6 +330,7 @@ def main(argv=None):
         last = {
             "step": step + 1, "loss": loss_all / len(micro) if n_train > 0 else None,
             "reward_mean": reward_sum / max(n_resp, 1), "match_rate": match_sum / max(n_resp, 1),
+            "truncated_rate": n_cut / max(n_resp, 1),  # responses cut at --max-new-tokens (strict rules: reward 0)
             "progress": prog_sum / max(n_roll, 1), "patch_rate": n_patched / max(n_resp, 1),
             "rounds": fill["rounds"], "tasks_tried": fill["tasks_tried"], "tasks_kept": fill["tasks_kept"],
             "partial": fill["partial"], "updates_skipped": upd["skipped"],
@@ -302,7 +338,9 @@ def main(argv=None):
             "grad_norm": upd["grad_norm"], "response_len": resp_tok / max(n_resp, 1), "train_tokens": int(tok_all),
             "tok_s": resp_tok / max(t_rollout, 1e-9), "time_rollout_s": t_rollout, "time_logp_s": t_logp,
             "time_update_s": t_update, "time_s": dt,
-            "sampler_logp_gap": max(sampler_gap, default=0.0),  # rank 0's own, a numerics check
+            # max |trainer - sampler| log-prob over rank 0's tokens, a numerics check; null at --top-p < 1,
+            # where the sampler's log-probs are of the truncated (nucleus) distribution
+            "sampler_logp_gap": max(sampler_gap, default=0.0) if args.top_p == 1.0 else None,
             "first_ratio_dev": upd["ratio_dev"],  # the first on-policy micro-batch: must be 0
             "fsdp": torch.distributed.is_initialized(),  # sharded by FSDP2 (always under torchrun)
         }
@@ -310,6 +348,7 @@ def main(argv=None):
         utils.print0(
             f"step {step + 1:4d} | loss {_fmt(last['loss'], '+.4f')} | reward {last['reward_mean']:.3f} "
             f"| match {last['match_rate']:.3f} | prog {last['progress']:.3f} | patch {last['patch_rate']:.2f} "
+            f"| cut {last['truncated_rate']:.2f} "
             f"| kept {fill['tasks_kept']}/{fill['tasks_tried']} in {fill['rounds']} rounds"
             f"{' (PARTIAL)' if fill['partial'] else ''} | kl {_fmt(last['kl'], '.2e')} "
             f"| ent {_fmt(last['entropy'], '.2f')} | clip {_fmt(last['clipfrac'], '.3f')} "
@@ -351,20 +390,47 @@ def _perm_stream(key: tuple, start: int, n: int, n_episodes: int) -> list[int]:
     return out
 
 
-def step_tasks(seed: int, step: int, round_: int, n: int, n_episodes: int, batch_size: int) -> list[int]:
+def step_tasks(seed: int, step: int, round_: int, n: int, n_episodes: int, batch_size: int,
+               offset: int = 0) -> list[int]:
     """Episode indices of the n tasks drawn, all ranks together, at (step, refill round).
 
     Round 0 takes positions [step * batch_size, step * batch_size + n) of an epoch stream (one
-    seeded permutation per epoch: every episode once per epoch); refill round k >= 1 draws from
-    its own stream seeded with (seed, step, k). Depends on nothing else, so every rank and a
-    resumed run derive the same list. Raises ValueError on a negative seed/step or no episodes.
+    seeded permutation per epoch: every episode once per epoch). Refill rounds (round_ >= 1)
+    continue the step's draw WITHOUT replacement: they take positions [offset, offset + n) of the
+    step's refill stream, where offset counts the tasks the step's earlier refill rounds drew
+    (fill_batch passes tasks_tried - batch_size). The refill stream is one permutation, seeded with
+    (seed, step), of the episodes round 0 did not draw, then, only once those are exhausted,
+    seeded permutations of all episodes. So within a step no episode is drawn twice while one is
+    left undrawn, and the episode of global slot s (round 0: s < batch_size; refills: offset + i =
+    s - batch_size) is a pure function of (seed, step, s): every rank and a resumed run derive the
+    same list. (Round 0 itself holds an episode twice when its positions straddle two epochs, i.e.
+    when n_episodes is not a multiple of batch_size: each epoch's permutation is drawn alone.)
+    Raises ValueError on a negative seed/step/round/offset or no episodes.
     """
-    if min(seed, step, round_) < 0 or n_episodes < 1:
-        raise ValueError(f"step_tasks: seed {seed}, step {step}, round {round_} must be >= 0 and n_episodes "
-                         f"{n_episodes} >= 1")
+    if min(seed, step, round_, offset) < 0 or n_episodes < 1:
+        raise ValueError(f"step_tasks: seed {seed}, step {step}, round {round_}, offset {offset} must be >= 0 and "
+                         f"n_episodes {n_episodes} >= 1")
     if round_ == 0:
         return _perm_stream((seed,), step * batch_size, n, n_episodes)
-    return _perm_stream((seed, step, round_), 0, n, n_episodes)
+    first = set(_perm_stream((seed,), step * batch_size, batch_size, n_episodes))
+    rest = [e for e in range(n_episodes) if e not in first]
+    # tags 2 and 3 keep these seeds apart from round 0's [seed, epoch] (numpy's SeedSequence ignores
+    # trailing zeros: [s, t, 0] would seed like [s, t])
+    rest = [rest[i] for i in np.random.default_rng([seed, step, 2]).permutation(len(rest)).tolist()]
+    out = rest[offset:offset + n]
+    if len(out) < n:  # the pool is exhausted: every episode again, in fresh permutations
+        out += _perm_stream((seed, step, 3), max(0, offset - len(rest)), n - len(out), n_episodes)
+    return out
+
+
+def overlong_penalty(length: int, max_new_tokens: int, buffer: int) -> float:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), added to a response's reward with
+    --overlong-buffer: 0 up to max_new_tokens - buffer tokens, then falling linearly to -1 at
+    max_new_tokens (a response cut at the cap: -1). length counts the response's tokens, stop
+    token included. buffer 0: no penalty."""
+    if buffer <= 0 or length <= max_new_tokens - buffer:
+        return 0.0
+    return max(-1.0, (max_new_tokens - buffer - length) / buffer)
 
 
 def task_seed(seed: int, step: int, slot: int) -> int:
@@ -376,7 +442,8 @@ def task_seed(seed: int, step: int, slot: int) -> int:
 
 def fill_batch(rollout_round, *, step: int, seed: int, n_episodes: int, batch_size: int, max_rounds: int, d):
     """Dynamic sampling with refills (DAPO; docs/method.md §6): draw batch_size tasks, keep those
-    whose rollouts vary, draw the missing number again, for at most max_rounds rounds.
+    whose rollouts vary, draw the missing number again (step_tasks: no episode twice in a step
+    while one is left undrawn), for at most max_rounds rounds.
 
     rollout_round(slots, episode_ids) -> (records, kept_slots) rolls out this rank's share
     (global slots slots[i] of the step, episodes episode_ids[i]) and returns its records (task_idx
@@ -392,7 +459,9 @@ def fill_batch(rollout_round, *, step: int, seed: int, n_episodes: int, batch_si
     while n_kept < batch_size and rounds < max_rounds:
         need = batch_size - n_kept
         slots = list(range(n_tried, n_tried + need))
-        slot_episode.update(zip(slots, step_tasks(seed, step, rounds, need, n_episodes, batch_size)))
+        # refills continue the step's draw without replacement, from where the last round stopped
+        drawn = step_tasks(seed, step, rounds, need, n_episodes, batch_size, offset=max(0, n_tried - batch_size))
+        slot_episode.update(zip(slots, drawn))
         mine = slots[d.rank::d.world_size]
         records, keep = rollout_round(mine, [slot_episode[s] for s in mine])
         if not set(keep) <= set(mine):

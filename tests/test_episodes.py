@@ -28,7 +28,9 @@ def real():
     ("android_control_test_uis1.jsonl", 1262, 6903, 24),
     ("android_control_train_example_uis1.jsonl", 32, 206, 13),
     ("thought_example_uis1.jsonl", 1, 11, 11),
-    ("android_control_test_native_steps.json", 1262, 6434, 24),  # 6903 - 463 wait - 6 long_press rows
+    # 6434 rows (6903 - 463 wait - 6 long_press); 225 episodes skip step numbers or start at 1: cut at their
+    # first gap, 835 rows dropped (gui._native_episodes)
+    ("android_control_test_native_steps.json", 1262, 5599, 24),
 ])
 def test_real_files_load_completely(real, name, episodes, steps, longest):
     eps = real[name]
@@ -65,8 +67,12 @@ def test_swipe_conventions_of_both_formats(real):
     """Native scroll direction is the content's; we store finger swipes. Joined by episode id and
     step, vertical swipes of the two formats agree; horizontal ones disagree because the release
     converted only up/down: read under its declared "mixed" convention, all 956 agree."""
-    native = {e.episode_id: {int(s.screenshot.split("_")[-1].split(".")[0]): s for s in e.steps}
-              for e in real["android_control_test_native_steps.json"]}
+    # every native row, those the loader drops after a step gap included (gui._native_episodes)
+    native = {}
+    for i, row in enumerate(json.loads(TEST_NATIVE.read_text())):
+        ep, k = gui._NATIVE_IMAGE_RE.search(row["image"]).groups()
+        action = gui._native_action(row["gt"], gui._Where(TEST_NATIVE, "row", i), gui.ANDROID_CONTROL_SIZE)
+        native.setdefault(ep, {})[int(k)] = gui.Step(screenshot=row["image"], action=action)
     agree = {"vertical": 0, "horizontal": 0}
     disagree = {"vertical": 0, "horizontal": 0}
     for e in real["android_control_test_uis1.jsonl"]:
@@ -139,6 +145,36 @@ def test_native_grouping_order_and_goal(tmp_path):
     assert eps[0].goal == "a. b. c."  # no goal recorded: the joined step instructions
     rows[0]["goal"] = "The real goal"
     assert gui.load_episodes(write(tmp_path, "n2.json", rows))[0].goal == "The real goal"
+
+
+def test_native_step_gaps_are_never_joined(tmp_path, caplog):
+    wait, back = {"action_type": "wait"}, {"action_type": "navigate_back"}
+    rows = [native_row(7, k, wait, f"s{k}.") for k in (0, 1, 2, 4, 5)]  # step 3 missing
+    rows += [native_row(8, k, back, f"t{k}.") for k in (1, 2)]         # step 0 missing
+    rows += [native_row(9, k, wait) for k in (0, 1)]                    # complete
+    with caplog.at_level("WARNING", logger="gui"):
+        e7, e8, e9 = gui.load_episodes(write(tmp_path, "gaps.json", rows))
+    # 7: cut at its first gap (steps 0-2 kept; 4 and 5 do not follow 2); the goal still reads the whole task
+    assert [s.step_instruction for s in e7.steps] == ["s0.", "s1.", "s2."] and e7.goal == "s0. s1. s2. s4. s5."
+    assert e7.meta | {"format": None, "swipe_convention": None} == {
+        "format": None, "swipe_convention": None, "steps_recorded": [0, 1, 2, 4, 5], "first_step": 0, "steps_dropped": 2}
+    # 8: starts at its first recorded step; nothing after it is missing
+    assert [s.step_instruction for s in e8.steps] == ["t1.", "t2."] and e8.meta["first_step"] == 1
+    assert e8.meta["steps_dropped"] == 0
+    assert len(e9.steps) == 2 and "steps_recorded" not in e9.meta
+    assert "2 of 3 episodes skip step numbers" in caplog.text and "episode 7: steps 0-2, 4-5" in caplog.text
+    assert "2 rows dropped" in caplog.text
+
+
+def test_empty_step_instructions_are_absent(tmp_path):
+    rows = [native_row(1, 0, {"action_type": "wait"}, "  "), native_row(1, 1, {"action_type": "wait"}, ""),
+            native_row(1, 2, {"action_type": "wait"}, "go")]
+    [e] = gui.load_episodes(write(tmp_path, "ws.json", rows))
+    assert [s.step_instruction for s in e.steps] == [None, None, "go"] and e.goal == "go"
+    line = {"goal": "g", "steps": [{"action_content": {"action": "wait"}, "step_instruction": " \t\n"},
+                                   {"action_content": {"action": "wait"}, "step_instruction": "tap"}]}
+    [e] = gui.load_episodes(write(tmp_path, "ws.jsonl", [line]))
+    assert [s.step_instruction for s in e.steps] == [None, "tap"]
 
 
 @pytest.mark.parametrize("rows, match", [

@@ -137,3 +137,88 @@ def test_score_errors(tmp_path, line, extra, match):
     with pytest.raises(ValueError, match=match):
         eval_sop.main(["score", "--data", str(FILES[1]), "--responses", str(rfile), "--out", str(tmp_path / "s.jsonl"),
                        "--subset", *extra])
+
+
+# -----------------------------------------------------------------------------
+# malformed, truncated and looping responses: strict vs the release's rules, SOP PG by hand
+
+# three episodes: E1 click, type, Back, wait (4 steps); E2 Back, click (2); E3 click, wait, click, type, Back (5)
+_C = lambda x, y: {"action": "click", "coordinate": [x, y]}  # noqa: E731
+_EPISODES = [
+    [_C(540, 1200), {"action": "type", "text": "hello"}, {"action": "system_button", "button": "Back"},
+     {"action": "wait", "time": 2}],
+    [{"action": "system_button", "button": "Back"}, _C(100, 300)],
+    [_C(200, 400), {"action": "wait", "time": 2}, _C(900, 2000), {"action": "type", "text": "bye"},
+     {"action": "system_button", "button": "Back"}],
+]
+
+
+def _defect(kind):
+    """A policy: the expert everywhere, except the defect `kind` at step 2 (or at every wait step).
+    Returns StepPrompt -> (response text, finish_reason)."""
+    def policy(p):
+        good = gui.expert_response(p.step, p.orig_size, p.resized_size, thought="go")
+        if kind == "coordinate null on a wait":
+            if p.step.action["action"] == "wait":
+                return good.replace('"action": "wait"', '"action": "wait", "coordinate": null'), "stop"
+            return good, "stop"
+        if p.step_idx != 2:
+            return good, "stop"
+        return {"malformed": (good.replace("</action>", ""), "stop"),            # no closing tag
+                "truncated": (good[:len(good) // 2], "length"),                  # cut mid-action at the cap
+                "looping": ((good + "\n") * 3, "length"),                        # its right action, again and again
+                "second action": (good + "\n" + gui.format_response("x", {"action": "wait"}), "stop"),
+                "quoted in the thought": (good.replace("<think>\ngo", '<think>\nnot <action>{"action": "wait"}</action>'),
+                                          "stop")}[kind]
+    return policy
+
+
+class _Scripted:
+    reads_prompt = False
+
+    def __init__(self, policy):
+        self.policy = policy
+
+    def generate(self, prompts, n=1, greedy=True, seeds=None):
+        outs = []
+        for i, p in enumerate(prompts):
+            text, reason = self.policy(p)
+            outs.append([SampleOutput([0], text, torch.zeros(1), reason, i)] * n)
+        return outs
+
+
+# strict: E1 2/4, E2 2/2, E3 2/5 -> PG (0.5 + 1 + 0.4) / 3 = 0.6333, TSR 1/3.
+# release: a raise zeroes its episode -> PG (0 + 1 + 0) / 3 = 0.3333; a well-formed response it reads is right.
+@pytest.mark.parametrize("kind, strict, release, raised", [
+    ("malformed", (1.9 / 3, 1 / 3), (1 / 3, 1 / 3), 2),
+    ("truncated", (1.9 / 3, 1 / 3), (1 / 3, 1 / 3), 2),
+    ("looping", (1.9 / 3, 1 / 3), (1.0, 1.0), 0),                 # the release reads the first action: right
+    ("second action", (1.9 / 3, 1 / 3), (1.0, 1.0), 0),
+    ("coordinate null on a wait", (1.0, 1.0), (1 / 3, 1 / 3), 2),  # E1 raises at step 3, E3 at step 1: 0, 1, 0
+    ("quoted in the thought", (1.0, 1.0), (1.9 / 3, 1 / 3), 0),    # the release reads the quoted wait: wrong
+])
+def test_sop_strict_and_release_by_hand(tmp_path, monkeypatch, kind, strict, release, raised):
+    data = tmp_path / "eps.jsonl"
+    data.write_text("".join(json.dumps({"goal": f"g{i}", "episode_id": f"e{i}", "steps": [
+        {"action_content": a, "screenshot": "none.png"} for a in acts]}) + "\n" for i, acts in enumerate(_EPISODES)))
+    monkeypatch.setattr(eval_sop, "ExpertSampler", lambda: _Scripted(_defect(kind)))
+    for rules, (pg, tsr) in (("strict", strict), ("release", release)):
+        s = eval_sop.main(["--data", str(data), "--blank-screens", "1080x2400", "--match-rules", rules])
+        assert (s["pg"], s["tsr"]) == (pytest.approx(pg), pytest.approx(tsr)), rules
+        assert s["sop_episodes_raised"] == (raised if rules == "release" else None)
+        cut = kind in ("truncated", "looping")  # step 2 of E1 and E3 (2 of the walked responses)
+        assert s["truncated_rate"] == pytest.approx(2 / s["steps_run"] if cut else 0.0)
+
+
+def test_static_release_rules_count_a_raise_as_a_wrong_step(tmp_path, monkeypatch):
+    # every wait carries "coordinate": null: strict ignores the key (11/11 right); the release raises on
+    # both waits (E1 step 3, E3 step 1): 9/11 steps right, and a raise is no type match either
+    data = tmp_path / "eps.jsonl"
+    data.write_text("".join(json.dumps({"goal": f"g{i}", "episode_id": f"e{i}", "steps": [
+        {"action_content": a, "screenshot": "none.png"} for a in acts]}) + "\n" for i, acts in enumerate(_EPISODES)))
+    monkeypatch.setattr(eval_sop, "ExpertSampler", lambda: _Scripted(_defect("coordinate null on a wait")))
+    base = ["--data", str(data), "--blank-screens", "1080x2400", "--protocol", "static"]
+    s = eval_sop.main(base)
+    assert s["static_step_sr"] == 1.0 and s["static_type_acc"] == 1.0
+    s = eval_sop.main(base + ["--match-rules", "release"])
+    assert s["static_step_sr"] == pytest.approx(9 / 11) and s["static_type_acc"] == pytest.approx(9 / 11)

@@ -24,7 +24,7 @@ def test_parse_release_format():
 
 def test_parse_tolerates_whitespace_and_trailing_tokens():
     p = parse_response('  <think>  a  </think><action>   {"action":"wait","time":2}  </action><|im_end|>\n')
-    assert p.thought == "a" and p.action == {"action": "wait", "time": 2}
+    assert p.thought == "a" and p.action == {"action": "wait", "time": 2} and p.error is None
     p = parse_response('<action>{"action": "terminate", "status": "success"}</action>')  # no think block
     assert p.thought is None and p.action == {"action": "terminate", "status": "success"}
 
@@ -51,6 +51,24 @@ def test_parse_action_quoted_in_thought_is_not_the_answer():
 ])
 def test_parse_malformed_gives_no_action(text):
     assert parse_response(text).action is None
+
+
+WAIT = '<think>t</think>\n<action>\n{"action": "wait"}\n</action>'
+
+
+@pytest.mark.parametrize("text, error", [
+    (WAIT, None), (WAIT + "\n \t", None), (WAIT + "<|im_end|>", None), (WAIT + "<|endoftext|>\n", None),
+    (WAIT + "\n" + WAIT, "text after </action>"),                       # looping: the action again
+    (WAIT + '<action>{"action": "click", "coordinate": [1, 2]}</action>', "text after </action>"),  # a 2nd action
+    (WAIT + " done.", "text after </action>"),
+    ("<think>t</think>", "no action block"), ('<action>{"action": "wait"}', "no action block"),
+    ("<action>{bad</action>", "invalid action"), (None, "no action block"),
+])
+def test_parse_error_a_response_must_end_after_its_action(text, error):
+    p = parse_response(text)
+    assert p.error == error
+    if error == "text after </action>":
+        assert p.action == {"action": "wait"}  # the first action is still read (reports, history summaries)
 
 
 def test_parse_drops_ill_typed_optional_arguments():
@@ -245,6 +263,18 @@ def test_reward_by_hand(text, reward, match, type_match, format_ok):
     assert s.reward == pytest.approx(reward) and (s.match, s.type_match, s.format_ok) == (match, type_match, format_ok)
 
 
+def test_malformed_responses_score_zero():
+    good = resp(click(70, 291))
+    assert score_response(good, STEP, resized_size=RESIZED, orig_size=ORIG).reward == pytest.approx(1.0)
+    cases = [(good, True, "cut at the token cap"),                       # a full action, but cut at the cap
+             (good + "\n" + good, False, "text after </action>"),        # looping until stopped
+             (good + "\n" + resp({"action": "wait"}), False, "text after </action>")]  # a second, wrong action
+    for text, truncated, error in cases:
+        s = score_response(text, STEP, resized_size=RESIZED, orig_size=ORIG, truncated=truncated)
+        assert (s.reward, s.match, s.type_match, s.error) == (0.0, False, False, error)
+        assert s.action == click(540, 2268)  # what it said, for the report
+
+
 def test_score_maps_resized_to_original_pixels():
     # resized (70, 291) -> original (70*1080/140, 291*2400/308) = (540, 2267.5 -> 2268): inside the box
     s = score_response(resp(click(70, 291)), STEP, resized_size=RESIZED, orig_size=ORIG)
@@ -288,8 +318,11 @@ _experts = [STEP, Step(None, swipe(540, 1800, 540, 600)), Step(None, {"action": 
 
 
 @settings(max_examples=400, deadline=None)
-@given(text=_texts, k=st.integers(0, len(_experts) - 1))
-def test_reward_never_raises_and_is_bounded(text, k):
-    s = score_response(text, _experts[k], resized_size=RESIZED, orig_size=ORIG)
+@given(text=_texts, k=st.integers(0, len(_experts) - 1), rules=st.sampled_from(gui.MATCH_RULES),
+       truncated=st.booleans())
+def test_reward_never_raises_and_is_bounded(text, k, rules, truncated):
+    s = score_response(text, _experts[k], resized_size=RESIZED, orig_size=ORIG, rules=rules, truncated=truncated)
     assert 0.0 <= s.reward <= 1.0 and not math.isnan(s.reward)
-    assert s.reward == 0.0 or s.action is not None
+    assert (s.reward == 0.0) == (s.error is not None)  # malformed <=> 0 (a well-formed response earns >= 0.09)
+    if rules == "strict":
+        assert s.reward == 0.0 or (s.action is not None and not truncated)

@@ -160,3 +160,109 @@ def test_baselines_command_last_line_json(capsys):
     out = capsys.readouterr().out.strip().splitlines()
     assert "click centre" in "\n".join(out) and json.loads(out[-1]) == res
     assert res["counts"]["swipe"] == 4 and res["rates"]["swipe up"]["swipe"] == 1.0
+
+
+# -----------------------------------------------------------------------------
+# the strict text rule: function words carry no name
+
+
+@pytest.mark.parametrize("pred, expert, f1, match", [
+    ("the", "The Weather Channel", 0.0, False),         # over all tokens 0.5, a match: a function word named nothing
+    ("my", "My Files", 0.0, False),
+    ("of the", "Bank of America", 0.0, False),
+    ("Chrome", "Google Chrome", 2 / 3, True),            # content {chrome} vs {google, chrome}: P 1, R 1/2
+    ("weather", "The Weather Channel", 2 / 3, True),
+    ("the weather channel app", "The Weather Channel", 0.8, True),  # P 2/3, R 1
+    ("bank america", "Bank of America", 1.0, True),
+    ("for her app", "For Her", 0.8, True),               # the expert is stop words only: all tokens, P 2/3, R 1
+    ("her", "For Her", 2 / 3, True),
+])
+def test_text_rule_ignores_function_words(pred, expert, f1, match):
+    assert gui.text_f1(pred, expert) == pytest.approx(f1)
+    assert gui.action_match({"action": "open", "text": pred}, {"action": "open", "text": expert}, [], SIZE) == (match, True)
+    assert gui.action_match({"action": "open", "text": "the"}, {"action": "open", "text": "The"}, [], SIZE)[0]  # equal
+
+
+def test_constant_the_matches_nothing_on_the_test_file(floors):
+    # measured before the stop words: "the" matched 1 of 533 type steps and 6 of 513 open steps
+    assert floors["strict"]["text 'the'"] == {"type": 0.0, "open": 0.0}
+
+
+# -----------------------------------------------------------------------------
+# --match-rules release: the release's parse and check, its exceptions included (gui.release_check)
+
+R = gui.resized_size(SIZE)  # (1092, 2408): the expert point (540, 1200) is (546, 1204) there
+CLICK = {"action": "click", "coordinate": [540, 1200]}
+TYPE = {"action": "type", "text": "Hello"}
+BACK = {"action": "system_button", "button": "Back"}
+SWIPE_UP = {"action": "swipe", "coordinate": [540, 1800], "coordinate2": [540, 600]}
+WAIT = {"action": "wait", "time": 2}
+
+
+def act(body, thought="t"):
+    return f"<think>{thought}</think>\n<action>\n{body}\n</action>"
+
+
+@pytest.mark.parametrize("text, expert, expected", [
+    # (type_match, match), or "raises": the release's try/except then zeroes the episode
+    (act('{"action": "click", "coordinate": [546, 1204]}'), CLICK, (True, True)),
+    (act('{"action": "click", "coordinate": [589, 1204]}'), CLICK, (True, True)),    # 589/1092 - 0.5 = 0.0394
+    (act('{"action": "click", "coordinate": [590, 1204]}'), CLICK, (True, False)),   # 0.0403 > 0.04
+    (act('{"action": "click", "coordinate": [546, 1204, 0]}'), CLICK, (True, True)),  # extra entries ignored
+    (act('{"action": "click", "coordinate": [NaN, 1204]}'), CLICK, (True, False)),   # loads; never close
+    (act('{"action": "click", "coordinate": null}'), CLICK, "raises"),
+    (act('{"action": "click", "coordinate": "546, 1204"}'), CLICK, "raises"),
+    (act('{"action": "click", "coordinate": [546]}'), CLICK, "raises"),
+    (act('{"action": "click", "coordinate": ["546", 1204]}'), CLICK, "raises"),
+    (act('{"action": "click", "coordinate": [1' + "0" * 400 + ', 1204]}'), CLICK, "raises"),  # int / W overflows
+    (act('{"action": "click"}'), CLICK, "raises"),
+    (act('{"coordinate": [546, 1204]}'), CLICK, "raises"),                        # no "action"
+    (act('["click", 546, 1204]'), CLICK, "raises"),                               # not an object
+    (act('"click"'), CLICK, "raises"),
+    (act("{bad json"), CLICK, "raises"),
+    ('<think>t</think><action>{"action": "click", "coordinate": [546, 1204]}', CLICK, "raises"),  # cut: no </action>
+    (act('{"action": "wait", "coordinate": null}'), CLICK, "raises"),  # normalised before the type is looked at
+    (act('{"action": "tap", "coordinate": [546, 1204]}'), CLICK, (False, False)),  # unknown type: wrong, no raise
+    (act('{"action": "type", "text": null}'), CLICK, (False, False)),  # a text of another type is never read
+    (act('{"action": "type", "text": "ell"}'), TYPE, (True, True)),    # containment
+    (act('{"action": "type", "text": ""}'), TYPE, (True, True)),       # "" is in everything
+    (act('{"action": "type", "text": null}'), TYPE, "raises"),
+    (act('{"action": "type", "text": 5}'), TYPE, "raises"),
+    (act('{"action": "system_button", "button": " BACK "}'), BACK, (True, True)),
+    (act('{"action": "system_button", "button": null}'), BACK, "raises"),
+    (act('{"action": "system_button"}'), BACK, "raises"),
+    (act('{"action": "swipe"}'), SWIPE_UP, (True, True)),                # any swipe, no coordinates needed
+    (act('{"action": "swipe", "coordinate": null}'), SWIPE_UP, "raises"),
+    (act('{"action": "wait"}'), WAIT, (True, True)),
+    (act('{"action": "wait", "coordinate": null}'), WAIT, "raises"),      # the issue's extra "coordinate": null
+    (act('{"action": "wait", "coordinate": [1, 2]}'), WAIT, (True, True)),
+    (act('{"action": "click", "coordinate": [546, 1204]}'), {"action": "open", "text": "Maps"}, (False, False)),
+    (act('{"action": "terminate", "status": "success"}'), {"action": "terminate", "status": "failure"}, (True, True)),
+    # the first <action> anywhere, a quoted one in the thought too
+    (act('{"action": "click", "coordinate": [546, 1204]}', thought='not <action>{"action": "wait"}</action>'),
+     CLICK, (False, False)),
+    (act('{"action": "click", "coordinate": [546, 1204]}', thought="I write <action>...</action> blocks"),
+     CLICK, "raises"),
+])
+def test_release_parse_and_check(text, expert, expected):
+    s = gui.score_response(text, gui.Step(None, expert), resized_size=R, orig_size=SIZE, rules="release")
+    if expected == "raises":
+        assert s.error is not None and (s.reward, s.match, s.type_match) == (0.0, False, False)
+    else:
+        assert s.error is None and (s.type_match, s.match) == expected
+    # the release ignores the finish reason: a response cut at the cap is read like any other
+    assert gui.score_response(text, gui.Step(None, expert), resized_size=R, orig_size=SIZE, rules="release",
+                              truncated=True) == s
+
+
+def test_strict_rules_on_the_release_cases():
+    """The same responses under the strict rules: a quoted action is not the answer, an extra
+    null key on a wait is ignored, [x, y, 0] is malformed."""
+    strict = lambda text, expert: gui.score_response(text, gui.Step(None, expert), resized_size=R,  # noqa: E731
+                                                     orig_size=SIZE)
+    s = strict(act('{"action": "click", "coordinate": [546, 1204]}', thought='not <action>{"action": "wait"}</action>'),
+               CLICK)
+    assert s.match and s.error is None
+    assert strict(act('{"action": "wait", "coordinate": null}'), WAIT).match
+    assert strict(act('{"action": "click", "coordinate": [546, 1204, 0]}'), CLICK).error == "invalid action"
+    assert strict(act('{"action": "swipe"}'), SWIPE_UP).error == "invalid action"

@@ -115,6 +115,7 @@ def test_semionline_fsdp_two_processes_match_one(tmp_path, rl_ckpt):
             assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-7)
             assert a["kl"] == pytest.approx(b["kl"], rel=1e-4)
     first = next(r for r in m1 if r["loss"] is not None)
+    assert 0.0 <= first["sampler_logp_gap"] < 1e-3 and 0.0 <= first["truncated_rate"] <= 1.0  # top-p 1: measured
     if first["step"] == 1:
         assert first["first_ratio_dev"] == 0.0  # the first on-policy step's ratio is exactly 1
     # lr 1e-3 x 4 Adam steps: entries move by up to 4e-3; near-zero-gradient entries may differ by <10% of a step
@@ -145,9 +146,12 @@ def test_semionline_step_that_keeps_nothing_is_a_step(tmp_path):
     step still logs its own number, says it is partial, and the end (and --save-every) still saves."""
     last, m = launch(["train_semionline.py", "--data", "data/miniwob/train.jsonl", "--model", "tiny", "--max-episodes", "3", "--tasks-per-step", "2",
                       "--n-rollouts", "2", "--max-new-tokens", "4", "--max-steps", "3", "--save-every", "2",
-                      "--max-resample", "1"], tmp_path)
+                      "--max-resample", "1", "--top-p", "0.9"], tmp_path)
     assert [r["step"] for r in m] == [1, 2, 3] and last["step"] == 3
     assert all(r["rounds"] == 2 and r["tasks_tried"] == 4 and r["tasks_kept"] == 0 and r["partial"] for r in m)
+    # 4 tokens: every response is cut at the cap (a malformed, zero-reward step); at top-p < 1 the
+    # sampler's log-probs are of the nucleus, so no gap to the trainer's is logged
+    assert all(r["truncated_rate"] == 1.0 and r["reward_mean"] == 0.0 and r["sampler_logp_gap"] is None for r in m)
     assert all(r["loss"] is None and r["train_tokens"] == 0 for r in m)
     assert sorted(p.name for p in (tmp_path / "ckpt").glob("step_*")) == ["step_000002", "step_000003"]
 
