@@ -45,10 +45,11 @@ def sampling_mode(model: torch.nn.Module):
     unsharded once on entry (one all-gather each: a collective, all ranks enter together) and kept
     unsharded, so decoding issues no collectives and ranks may run different numbers of steps. On
     exit the full weights are freed, and train/eval mode and FSDP2's default reshard-after-forward
-    settings (True, False for the root: those `apply_fsdp` leaves) are restored. Public FSDP2 API only;
-    nothing is copied to disk or into a second model. An FSDP root must accept `model(None)` as a
-    no-op forward (PolicyLogProb does): FSDP2 makes the first module to run forward its root, and the
-    sampler calls the HF model inside. Without FSDP only eval + no_grad remain."""
+    settings (True, False for the root: those `apply_fsdp` leaves) are restored. Nothing is copied to
+    disk or into a second model. An FSDP root must accept `model(None)` as a no-op forward
+    (PolicyLogProb does): FSDP2 makes the first module to run forward its root, and the sampler
+    calls the HF model inside. The root also keeps FSDP2's forward-root role while lent (the one
+    private attribute used, below). Without FSDP only eval + no_grad remain."""
     from torch.distributed.fsdp import FSDPModule
 
     fsdp = [m for m in model.modules() if isinstance(m, FSDPModule)]
@@ -58,11 +59,19 @@ def sampling_mode(model: torch.nn.Module):
         with torch.no_grad():
             if isinstance(model, FSDPModule):
                 model(None)      # settles the root (and its hooks) before the inner model runs
+                # Without a forward in progress at the root, every FSDP module the sampler calls takes
+                # the root role on entry and makes FSDP's all-gather streams wait on the current
+                # stream: a fork that a CUDA graph capture cannot hold (rollout.Sampler's graph
+                # decode). Nothing is all-gathered while lent, so the root keeps the role.
+                state = model._get_fsdp_state()
+                state._state_ctx.iter_forward_root = state
             for m in fsdp:
                 m.set_reshard_after_forward(False, recurse=False)
                 m.unshard()
             yield model
     finally:
+        if isinstance(model, FSDPModule):
+            model._get_fsdp_state()._state_ctx.iter_forward_root = None
         for m in fsdp:
             m.reshard()
             m.set_reshard_after_forward(m is not model, recurse=False)

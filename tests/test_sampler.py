@@ -532,11 +532,18 @@ def test_sampling_mode_fsdp2_single_process(proc, prompts):
         policy = fully_shard(_Policy(model), mesh=mesh)
         policy.train()
         sampler = Sampler(model, proc[0], max_new_tokens=6)
+        static = Sampler(model, proc[0], max_new_tokens=6, decode="static")
+        ctx = policy._get_fsdp_state()._state_ctx
         for _ in range(2):
             with sampling_mode(policy):
                 assert not policy.training
                 assert not any(isinstance(p, DTensor) for p in policy.parameters())     # unsharded
                 got = [o[0].ids for o in sampler.generate(prompts[:2], greedy=True)]
+                # the graph decode's step under FSDP2 hooks; the root kept the forward-root role
+                # throughout (no layer forked FSDP's streams, which a CUDA graph capture cannot hold)
+                assert [o[0].ids for o in static.generate(prompts[:2], greedy=True)] == want
+                assert ctx.iter_forward_root is policy._get_fsdp_state()
+            assert ctx.iter_forward_root is None
             assert got == want
             assert policy.training and all(isinstance(p, DTensor) for p in policy.parameters())
             policy(prompts[0]).backward()
