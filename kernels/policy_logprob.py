@@ -36,6 +36,18 @@ def apply_fsdp(model, root: torch.nn.Module, dist_info: Dist, mixed_precision: b
     return root
 
 
+def checkpoint_activations(model) -> None:
+    """Activation (gradient) checkpointing per decoder layer and vision block (--gradient-checkpointing):
+    each keeps only its inputs in the forward and recomputes its activations in the backward, one
+    more forward of the layers (~1/3 more update FLOPs) for activation memory of one layer instead
+    of all. transformers' GradientCheckpointingLayer with non-reentrant torch.utils.checkpoint (the
+    form that composes with FSDP2 and keyword arguments); it wraps the layer's `forward`, so FSDP2's
+    hooks on `__call__` stay outside and the recompute runs on the parameters FSDP2's pre-backward
+    hook has gathered. Only in train mode with grad enabled: the sampler and the no-grad log-probs
+    run as before. Call before apply_fsdp (either order works; this one reads top-down)."""
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+
+
 @contextlib.contextmanager
 def sampling_mode(model: torch.nn.Module):
     """Lend the policy to the sampler for a rollout phase, then give it back to training.
