@@ -389,7 +389,9 @@ class _StaticDecode:
     loop copies the KV of all live rows whenever one stops. graphs=True (CUDA): the first step of
     each bucket runs eagerly (first use of every kernel and cuBLAS handle, which a capture must not
     see), then is captured; later steps replay it. Graphs and buffers live for one generate call:
-    the memory goes back to the trainer. A failed capture warns and decodes uncaptured."""
+    the memory goes back to the trainer, and a graph never outlives the weights it reads (under
+    FSDP2 the unsharded weights are freed when sampling_mode ends). A failed capture warns and
+    decodes uncaptured (the sampler's decode becomes "static")."""
 
     def __init__(self, forward, cache: Cache, valid: torch.Tensor, next_pos: torch.Tensor, R: int,
                  three_d: bool, graphs: bool):

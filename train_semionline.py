@@ -316,7 +316,8 @@ def main(argv=None):
             "sampler_logp_gap": max(sampler_gap, default=0.0),  # rank 0's own, a numerics check
             "first_ratio_dev": upd["ratio_dev"],  # the first on-policy micro-batch: must be 0
             "fsdp": torch.distributed.is_initialized(),  # sharded by FSDP2 (always under torchrun)
-            "peak_mem_bytes": torch.cuda.max_memory_allocated(d.device) if gpu else None,  # this rank, this step
+            "decode": sampler.decode,  # the sampler's decode path ("static" if a CUDA graph capture failed)
+            "peak_mem_bytes": utils.peak_memory_bytes(d.device),  # this rank: the step's (CUDA) or the run's (CPU)
         }
         metrics.log(last)
         utils.print0(

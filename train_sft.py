@@ -332,7 +332,7 @@ def main(argv=None):
         last = {"step": step + 1, "loss": (tot[0] / tot[1]).item(), "lr": lr_at(step),
                 "grad_norm": float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn),
                 "tokens": int(tot[1].item()), "tok_s": tot[1].item() / dt, "time_s": dt,
-                "peak_mem_bytes": torch.cuda.max_memory_allocated(d.device) if gpu else None}  # this rank, this step
+                "peak_mem_bytes": utils.peak_memory_bytes(d.device)}  # this rank: the step's (CUDA) or the run's (CPU)
         if (args.eval_every and (step + 1) % args.eval_every == 0) or step + 1 == args.max_steps:
             last["val_loss"] = val_loss()
         metrics.log(last)
