@@ -451,6 +451,7 @@ class _StaticDecode:
         with torch.cuda.stream(side):
             out = self._step(b)
         torch.cuda.current_stream().wait_stream(side)
+        out.record_stream(torch.cuda.current_stream())   # read there next: not reused before that
         try:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):    # records, runs nothing: the state stays
