@@ -69,7 +69,7 @@ import gui
 import report
 import utils
 from kernels.policy_logprob import sampling_mode
-from rollout import SampleOutput, StepPrompt, StepRecord, semi_online_rollout
+from rollout import DECODE_MODES, SampleOutput, StepPrompt, StepRecord, semi_online_rollout
 
 # -----------------------------------------------------------------------------
 # Config
@@ -129,6 +129,8 @@ def sop_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32,
                    help="episodes walked together: prompts per generate call (at most)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where the model runs")
+    p.add_argument("--decode", default="auto", choices=DECODE_MODES,
+                   help="sampler decode: auto (graph on CUDA, else eager), eager (the reference), static, graph (CUDA graphs)")
     p.add_argument("--seed", type=int, default=0, help="seed of the tiny model's init")
     # protocols
     p.add_argument("--protocol", nargs="+", choices=["sop", "static"], default=["sop"],
@@ -201,7 +203,7 @@ def load_sampler(args, tokenizer):
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = load_model(args.model, dtype=dtype, device=device, seed=args.seed)
     model.eval()
-    return Sampler(model, tokenizer, max_new_tokens=args.max_new_tokens)
+    return Sampler(model, tokenizer, max_new_tokens=args.max_new_tokens, decode=args.decode)
 
 
 # -----------------------------------------------------------------------------

@@ -33,11 +33,21 @@ Engine design (what it does that `model.generate` does not):
      re-concatenated per step), and rows that stop leave the batch and the cache that step.
   6. Same inputs + same seed -> same samples. Across batch compositions greedy ids agree; sampled
      ids may not (last-bit logit differences move a draw across a CDF boundary, as in vLLM).
+  7. On CUDA one decode step is a CUDA graph, captured once per batch-size bucket and replayed
+     (`decode="graph"`, the default there; gpt-fast's decode, without torch.compile): a step of the
+     eager loop launches some 15 kernels per layer from Python, and at 64 rows a small model waits
+     on those launches, not on memory. A graph needs fixed addresses, shapes and no host sync, so
+     `_StaticDecode` keeps every decode input in a fixed buffer updated in place (KV cache, validity
+     mask, positions, ids, the write slot as a tensor) and runs the rows in power-of-two buckets:
+     a stopped row stays as a dead row until the live ones fit the next smaller bucket. The token
+     draw stays eager (it reads a host-side random stream per row). `decode="static"` runs the same
+     step without capture (how CPU tests check it against the eager loop, the reference).
 """
 from __future__ import annotations
 
 import hashlib
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +63,8 @@ import patch
 from gui import MAX_PIXELS, MIN_PIXELS
 from kernels.policy_logprob import pad_token_id
 from kernels.sampling import process_logits, sample_from_logits
+
+DECODE_MODES = ("auto", "eager", "static", "graph")  # Sampler(decode=...): engine design note 7
 
 # -----------------------------------------------------------------------------
 # semi-online rollout driver (docs/method.md §5)
@@ -346,21 +358,113 @@ def _cat_rows(parts: list[tuple[DynamicCache, torch.Tensor]]):
 
 
 class _SlotLayer(DynamicLayer):
-    """Decode-time KV of one layer: a (R, H, K0 + extra, D) buffer written in place, one slot per
-    step (gpt-fast's static cache). Attention reads the whole buffer and the validity mask hides
-    the slots not written yet, so a step copies nothing (DynamicLayer re-concatenates all K)."""
+    """Decode-time KV of one layer: keys, values (R, H, K, D) buffers written in place at `slot`,
+    a (1,) long tensor shared by all layers and advanced by the decode loop (gpt-fast's static
+    cache). Attention reads the whole buffer and the validity mask hides the slots not written yet,
+    so a step copies nothing (DynamicLayer re-concatenates all K); the slot being a tensor, not a
+    Python int, is what lets a CUDA graph replay the write at every step."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, extra: int):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, slot: torch.Tensor):
         super().__init__()
-        self.lazy_initialization(keys, values)
-        self.keys, self.values = F.pad(keys, (0, 0, 0, extra)), F.pad(values, (0, 0, 0, extra))
-        self.next_slot = keys.shape[-2]
+        self.keys, self.values, self.slot = keys, values, slot
+        self.device, self.is_initialized = keys.device, True
 
     def update(self, key_states, value_states, *args, **kwargs):
-        s = slice(self.next_slot, self.next_slot + key_states.shape[-2])
-        self.keys[:, :, s], self.values[:, :, s] = key_states, value_states
-        self.next_slot = s.stop
+        self.keys.index_copy_(2, self.slot, key_states)          # (R, H, 1, D) into slot
+        self.values.index_copy_(2, self.slot, value_states)
         return self.keys, self.values
+
+
+def _bucket(n: int) -> int:
+    """The static decode's batch size for n live rows: the smallest power of two >= n."""
+    return 1 << (n - 1).bit_length()
+
+
+class _StaticDecode:
+    """The decode state in fixed buffers (engine design note 7): every tensor a step reads or writes
+    keeps its address for the whole generate call, so the step can be captured once per bucket.
+
+    Buffers, B = _bucket(R) rows (rows R..B-1 are copies of row 0 from the prefill, never read):
+    the KV cache (B, H, K, D) per layer (the prefill's _SlotLayers), valid (B, K) bool, pos
+    (3, B, 1) or (B, 1) long (the next token's position), ids (B, 1) long, slot (1,) long.
+    `rows` (n,) maps the sampler's live rows to buffer rows; the step runs on the first b =
+    bucket rows. A row that stops stays in place (computed, not read) until the live rows fit in
+    _bucket(n) < b; then they move to the front: at most log2(R) KV copies per call, where the eager
+    loop copies the KV of all live rows whenever one stops. graphs=True (CUDA): the first step of
+    each bucket runs eagerly (first use of every kernel and cuBLAS handle, which a capture must not
+    see), then is captured; later steps replay it. Graphs and buffers live for one generate call:
+    the memory goes back to the trainer, and a graph never outlives the weights it reads (under
+    FSDP2 the unsharded weights are freed when sampling_mode ends). A failed capture warns and
+    decodes uncaptured (the sampler's decode becomes "static")."""
+
+    def __init__(self, forward, cache: Cache, valid: torch.Tensor, next_pos: torch.Tensor, R: int,
+                 three_d: bool, graphs: bool):
+        B, dev = valid.shape[0], valid.device
+        self.forward, self.layers, self.valid = forward, cache.layers, valid
+        self.slot = cache.layers[0].slot                                              # (1,) long
+        self.pos = next_pos.view(1, B, 1).repeat(3, 1, 1) if three_d else next_pos.view(B, 1).clone()
+        self.ids = torch.zeros(B, 1, dtype=torch.long, device=dev)
+        self.rows = torch.arange(R, device=dev)
+        self.b = _bucket(R)
+        self.buckets = [self.b]                             # the buckets used, in order (stats)
+        self.graphs = {} if graphs else None                # bucket -> (CUDAGraph, its logits buffer)
+        self.pool = torch.cuda.graph_pool_handle() if graphs else None   # one memory pool for all buckets
+        self.capture_s, self.error = 0.0, None
+
+    def keep(self, k: torch.Tensor) -> None:
+        """Keep live rows k (indices into the current live rows), compacting at a bucket edge."""
+        self.rows = self.rows[k]
+        n = len(self.rows)
+        if _bucket(n) < self.b:
+            for layer in self.layers:        # the right sides are gathers (copies): no overlap
+                layer.keys[:n], layer.values[:n] = layer.keys[self.rows], layer.values[self.rows]
+            self.valid[:n] = self.valid[self.rows]
+            self.pos[..., :n, :] = self.pos[..., self.rows, :]
+            self.rows, self.b = torch.arange(n, device=self.rows.device), _bucket(n)
+            self.buckets.append(self.b)
+
+    def step(self, tok: torch.Tensor) -> torch.Tensor:
+        """tok (n,) the live rows' new tokens -> their next-token logits (n, V), a fresh tensor."""
+        self.ids.index_copy_(0, self.rows, tok[:, None])
+        if self.graphs is None:
+            out = self._step(self.b)
+        elif self.b in self.graphs:
+            graph, out = self.graphs[self.b]
+            graph.replay()
+        else:
+            out = self._capture(self.b)
+        return out[self.rows]
+
+    def _step(self, b: int) -> torch.Tensor:
+        """The step that is captured: mark `slot` valid, run rows [0, b) (their KV lands at slot),
+        advance positions and slot. Every index lives in a tensor and nothing syncs with the host.
+        Returns the logits (b, V)."""
+        self.valid.index_fill_(1, self.slot, True)       # the new token's slot; later ones stay hidden
+        cache = Cache(layers=[_SlotLayer(layer.keys[:b], layer.values[:b], self.slot) for layer in self.layers])
+        logits = self.forward(cache, self.ids[:b], self.pos[..., :b, :], self.valid[:b, None, None, :])
+        self.pos.add_(1)
+        self.slot.add_(1)
+        return logits
+
+    def _capture(self, b: int) -> torch.Tensor:
+        """Run this step eagerly on a side stream (the warm-up of torch.cuda.graph's recipe), then
+        capture it for bucket b. Returns this step's logits (b, V)."""
+        t = time.perf_counter()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = self._step(b)
+        torch.cuda.current_stream().wait_stream(side)
+        out.record_stream(torch.cuda.current_stream())   # read there next: not reused before that
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):    # records, runs nothing: the state stays
+                self.graphs[b] = (graph, self._step(b))
+        except RuntimeError as e:   # e.g. a module hook that syncs or forks a stream (see sampling_mode)
+            warnings.warn(f"CUDA graph capture of the decode step failed ({e}); decoding uncaptured")
+            self.graphs, self.error = None, f"{type(e).__name__}: {e}"
+        self.capture_s += time.perf_counter() - t
+        return out
 
 
 def _attention_mask(valid: torch.Tensor, S: int) -> torch.Tensor:
@@ -380,15 +484,26 @@ class Sampler:
     eos); [] -> never stop (every sample runs max_new_tokens). seed: a torch.Generator on the
     model's device seeded with it is used unless generate() gets one; None -> global RNG.
     share_prefix=False prefills every sample's prompt separately (the reference path).
-    After each call `stats` holds prefill/decode token counts and times."""
+    decode (engine design note 7): "eager" (the reference: rows leave the batch as they stop),
+    "static" (fixed buffers and buckets, uncaptured), "graph" (static, each bucket's step a CUDA
+    graph; CUDA only), "auto" = graph on CUDA, else eager. Raises ValueError on an unknown mode
+    or graph without CUDA. After each call `stats` holds prefill/decode token counts and times
+    (time_graph_capture: seconds spent capturing, inside time_decode)."""
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int = 512, temperature: float = 1.0,
                  top_p: float = 1.0, stop_token_ids: list[int] | None = None, seed: int | None = None,
-                 share_prefix: bool = True):
+                 share_prefix: bool = True, decode: str = "auto"):
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.share_prefix = share_prefix
         process_logits(torch.zeros(1, 2), temperature, top_p)               # validate early
+        self.device = next(model.parameters()).device
+        if decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
+        if decode == "graph" and self.device.type != "cuda":
+            raise ValueError(f"decode='graph' needs a CUDA model (this one is on {self.device}); "
+                             "'static' runs the same step uncaptured")
+        self.decode = ("graph" if self.device.type == "cuda" else "eager") if decode == "auto" else decode
         cfg = model.config
         text_cfg = cfg.get_text_config()
         if "sliding_attention" in (getattr(text_cfg, "layer_types", None) or []):
@@ -408,7 +523,6 @@ class Sampler:
             stop_token_ids = [vocab[t] for t in STOP_TOKENS if t in vocab] or [tokenizer.eos_token_id]
         self.stop_token_ids = [int(i) for i in stop_token_ids]
         self.pad_id = pad_token_id(tokenizer)                                 # pads are masked; any real id works
-        self.device = next(model.parameters()).device
         self.generator = None if seed is None else torch.Generator(device=self.device).manual_seed(seed)
         self.stats: dict = {}
 
@@ -535,7 +649,10 @@ class Sampler:
         row_of_prompt[torch.tensor(leaf_ids)] = torch.arange(len(leaf_ids))
         idx = row_of_prompt[torch.tensor(rows)].to(valid.device)
         # decode cache: each sample's copy of its prompt's rows, plus room for the new tokens
-        cache = Cache(layers=[_SlotLayer(l.keys[idx], l.values[idx], self.max_new_tokens) for l in cache.layers])
+        slot = torch.tensor([valid.shape[1]], device=valid.device)                  # the first free slot
+        pad = (0, 0, 0, self.max_new_tokens)
+        cache = Cache(layers=[_SlotLayer(F.pad(l.keys[idx], pad), F.pad(l.values[idx], pad), slot)
+                              for l in cache.layers])
         return cache, F.pad(valid[idx], (0, self.max_new_tokens)), logits[idx]
 
     # --- the loop
@@ -582,13 +699,18 @@ class Sampler:
             else:                       # the reference path: every sample prefilled on its own
                 distinct = [p for p in prepared for _ in range(n)]
                 row_prompt = list(range(len(distinct)))
-            # 2. prefill once per tree node, then copy each prompt's rows to its samples
-            cache, valid, logits = self._prefill(distinct, row_prompt)
-            next_pos = torch.tensor([distinct[u].next_pos for u in row_prompt], device=self.device)
-            slot = cache.layers[0].next_slot
-            t1 = time.perf_counter()
-            # 3. decode; a row leaves the batch (and the cache) on the step it stops
+            # 2. prefill once per tree node, then copy each prompt's rows to its samples (static
+            # decode: padded to a bucket with copies of row 0)
             R = len(row_prompt)
+            pad = row_prompt[:1] * ((_bucket(R) - R) if self.decode != "eager" else 0)
+            cache, valid, logits = self._prefill(distinct, row_prompt + pad)
+            logits = logits[:R]
+            next_pos = torch.tensor([distinct[u].next_pos for u in row_prompt + pad], device=self.device)
+            slot = cache.layers[0].slot
+            static = None if self.decode == "eager" else _StaticDecode(
+                self._forward, cache, valid, next_pos, R, self.rope_index is not None, self.decode == "graph")
+            t1 = time.perf_counter()
+            # 3. decode; a row leaves the batch (eager: and the cache) on the step it stops
             out_ids, out_lp = [[] for _ in range(R)], [[] for _ in range(R)]
             reason = ["length"] * R
             active = list(range(R))
@@ -618,14 +740,21 @@ class Sampler:
                     break
                 if len(keep) < len(active):
                     k = torch.tensor(keep, device=self.device)
-                    for layer in cache.layers:
-                        layer.batch_select_indices(k)
-                    valid, next_pos, tok = valid[k], next_pos[k], tok[k]
-                    active = [active[i] for i in keep]
+                    tok, active = tok[k], [active[i] for i in keep]
+                    if static is not None:
+                        static.keep(k)
+                    else:
+                        for layer in cache.layers:
+                            layer.batch_select_indices(k)
+                        valid, next_pos = valid[k], next_pos[k]
+                if static is not None:
+                    logits = static.step(tok)
+                    continue
                 pos = next_pos.view(1, -1, 1).expand(3, -1, 1) if self.rope_index is not None else next_pos[:, None]
-                valid[:, slot] = True                       # the new token's slot; later ones stay hidden
+                valid.index_fill_(1, slot, True)            # the new token's slot; later ones stay hidden
                 logits = self._forward(cache, tok[:, None], pos, valid[:, None, None, :])
-                next_pos, slot = next_pos + 1, slot + 1
+                next_pos = next_pos + 1
+                slot.add_(1)
         finally:
             if attn not in ("sdpa", "eager"):
                 model.set_attn_implementation(attn)
@@ -633,7 +762,12 @@ class Sampler:
                 model.model.rope_deltas = None    # nobody may reuse deltas of this batch
             model.train(was_training)
         t2 = time.perf_counter()
-        self.stats.update(time_prefill=t1 - t0, time_decode=t2 - t1, rows=R, distinct_prompts=len(distinct))
+        if static is not None and static.error:
+            self.decode = "static"            # the capture failed once: do not retry it every call
+        self.stats.update(time_prefill=t1 - t0, time_decode=t2 - t1, rows=R, distinct_prompts=len(distinct),
+                          decode=self.decode, decode_buckets=static.buckets if static else None,
+                          time_graph_capture=static.capture_s if static else 0.0,
+                          graph_error=static.error if static else None)
         # 4. package: rows are (prompt, sample) in order, whatever the sharing was
         texts = self.tokenizer.batch_decode(out_ids, skip_special_tokens=True)
         return [[SampleOutput(out_ids[r], texts[r], torch.tensor(out_lp[r], dtype=torch.float32), reason[r], i)

@@ -43,7 +43,8 @@ The paper's setting (8 GPUs, Qwen2.5-VL-7B-Instruct, AndroidControl with screens
         --data data/android_control/android_control_train_example_uis1.jsonl --image-root /data/ac \\
         --tasks-per-step 8 --n-rollouts 8 --max-new-tokens 512 --lr 1e-6 --gamma 0.5 \\
         --patch-threshold 2 --filter-std 0.3 --max-pixels 1003520
-Offline-RL baseline on the same code: add --history expert.
+Offline-RL baseline on the same code: add --history expert. Short of memory: add
+--gradient-checkpointing (bench/gpu_check.py's full_depth runs the 28-layer 7B on one GPU with it).
 """
 from __future__ import annotations
 
@@ -64,9 +65,10 @@ import utils
 from advantage import EPISODE_FORMS, RETURNS_FORMS, compute_advantages, dynamic_sampling_tasks
 from eval_sop import sop_progress
 from kernels import ppo_loss
-from kernels.policy_logprob import PolicyLogProb, apply_fsdp, collate_sequences, pad_token_id, sampling_mode, to_device
+from kernels.policy_logprob import (PolicyLogProb, apply_fsdp, checkpoint_activations, collate_sequences, pad_token_id,
+                                    sampling_mode, to_device)
 from patch import PATCH_MODES
-from rollout import HISTORY_MODES, Sampler, semi_online_rollout
+from rollout import DECODE_MODES, HISTORY_MODES, Sampler, semi_online_rollout
 
 # -----------------------------------------------------------------------------
 # config
@@ -98,6 +100,8 @@ parser.add_argument("--history", choices=HISTORY_MODES, default="own", help="own
 parser.add_argument("--patch", dest="patch_mode", default="thought-free",
                     choices=PATCH_MODES, help="patch mode (docs/method.md §5)")
 parser.add_argument("--patch-threshold", type=int, default=2, help="patches per rollout: 0 none, k at most k, -1 unlimited (release: 2)")
+parser.add_argument("--decode", choices=DECODE_MODES, default="auto",
+                    help="sampler decode: auto (graph on CUDA, else eager), eager (the reference), static, graph (CUDA graphs)")
 # returns and advantages (docs/method.md §6)
 parser.add_argument("--gamma", type=float, default=0.5, help="discount of step returns (paper: 0.5)")
 parser.add_argument("--returns-form", choices=RETURNS_FORMS, default="paper", help="release: reset the return chain at a wrong step")
@@ -129,6 +133,8 @@ parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weig
 parser.add_argument("--grad-clip", type=float, default=1.0, help="global grad-norm clip")
 parser.add_argument("--ppo-mini-batches", type=int, default=4, help="optimizer steps per rollout batch (1 PPO epoch)")
 parser.add_argument("--micro-batch-size", type=int, default=8, help="sequences per forward/backward")
+parser.add_argument("--gradient-checkpointing", action="store_true",
+                    help="recompute each decoder layer's and vision block's activations in the backward (less memory, ~1/3 more update compute)")
 # run
 parser.add_argument("--max-steps", type=int, default=12, help="training steps")
 parser.add_argument("--out", default="out/semionline", help="output folder (checkpoints, metrics.jsonl, args.json)")
@@ -205,6 +211,8 @@ def main(argv=None):
     utils.print0(f"policy initialised from: {init}")
     dtype = torch.float32  # master weights; bf16 compute comes from FSDP's mixed precision on GPU
     model = utils.load_model(init, dtype=dtype, device=d.device, seed=args.seed)
+    if args.gradient_checkpointing:
+        checkpoint_activations(model)
     policy = apply_fsdp(model, PolicyLogProb(model), d, mixed_precision=gpu)
     ref = None
     if args.kl_coef > 0:
@@ -212,9 +220,11 @@ def main(argv=None):
                                      seed=args.seed if args.ref_seed is None else args.ref_seed)
         ref_model.requires_grad_(False).eval()
         ref = apply_fsdp(ref_model, PolicyLogProb(ref_model), d, mixed_precision=False)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.999))
+    # fused on CUDA: the default foreach AdamW holds a model-sized temporary (sqrt of the second moment)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.999),
+                                  fused=gpu)
     sampler = Sampler(model, tokenizer, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                      top_p=args.top_p)
+                      top_p=args.top_p, decode=args.decode)
     start_step = 0
     # what the task schedule depends on: a resume must continue the same schedule
     schedule = {"seed": args.seed, "tasks_per_step": args.tasks_per_step, "n_episodes": len(episodes)}
@@ -235,6 +245,8 @@ def main(argv=None):
     bar = tqdm(range(start_step, args.max_steps), desc="semi-online RL", disable=not d.is_main)
     for step in bar:
         t0 = time.time()
+        if gpu:
+            torch.cuda.reset_peak_memory_stats(d.device)
 
         # --- 1. rollout, with dynamic-sampling refills (docs/method.md §6, last paragraph)
         def rollout_round(slots, episode_ids):
@@ -343,6 +355,8 @@ def main(argv=None):
             "sampler_logp_gap": max(sampler_gap, default=0.0) if args.top_p == 1.0 else None,
             "first_ratio_dev": upd["ratio_dev"],  # the first on-policy micro-batch: must be 0
             "fsdp": torch.distributed.is_initialized(),  # sharded by FSDP2 (always under torchrun)
+            "decode": sampler.decode,  # the sampler's decode path ("static" if a CUDA graph capture failed)
+            "peak_mem_bytes": utils.peak_memory_bytes(d.device),  # this rank: the step's (CUDA) or the run's (CPU)
         }
         metrics.log(last)
         utils.print0(

@@ -17,6 +17,7 @@ Several processes (FSDP2; gloo on CPU, nccl on GPU):
 AndroidControl without screenshots (dry run on blank 1080x2400 phones):
     python train_sft.py --data data/android_control/android_control_train_example_uis1.jsonl \\
         --blank-screens 1080x2400 --max-pixels 200704
+Short of memory: add --gradient-checkpointing (activations recomputed per decoder layer).
 Checkpoints land in --out/ckpt/step_XXXXXX (Hugging Face layout, safetensors);
 train_semionline.py --model auto starts from the latest one.
 
@@ -45,7 +46,7 @@ from tqdm import tqdm
 import cli
 import gui
 import utils
-from kernels.policy_logprob import PolicyLogProb, apply_fsdp, collate_sequences, pad_token_id, to_device
+from kernels.policy_logprob import PolicyLogProb, apply_fsdp, checkpoint_activations, collate_sequences, pad_token_id, to_device
 
 # -----------------------------------------------------------------------------
 # config
@@ -73,6 +74,8 @@ parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weig
 parser.add_argument("--grad-clip", type=float, default=1.0, help="global grad-norm clip")
 parser.add_argument("--batch-size", type=int, default=8, help="examples per optimizer step, all ranks together")
 parser.add_argument("--micro-batch-size", type=int, default=8, help="examples per forward/backward")
+parser.add_argument("--gradient-checkpointing", action="store_true",
+                    help="recompute each decoder layer's and vision block's activations in the backward (less memory, ~1/3 more compute)")
 parser.add_argument("--copy-warmup-steps", type=int, default=None,
                     help="steps on synthetic pages before SFT (module docstring; default: 500 for a 'tiny' model trained from scratch, else 0)")
 parser.add_argument("--copy-warmup-lr", type=float, default=1e-3, help="constant AdamW learning rate of the copy warm-up")
@@ -220,8 +223,11 @@ def main(argv=None):
     # -------------------------------------------------------------------------
     # model (FSDP2) and optimizer
     model = utils.load_model(args.model, dtype=torch.float32, device=d.device, seed=args.seed)
+    if args.gradient_checkpointing:
+        checkpoint_activations(model)
     policy = apply_fsdp(model, PolicyLogProb(model), d, mixed_precision=gpu)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    # fused on CUDA: the default foreach AdamW holds a model-sized temporary (sqrt of the second moment)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay, fused=gpu)
     start_step = 0
     if args.resume:
         ckpt = utils.latest_checkpoint(out / "ckpt")
@@ -305,6 +311,8 @@ def main(argv=None):
     bar = tqdm(range(start_step, args.max_steps), desc="SFT", disable=not d.is_main)
     for step in bar:
         t0 = time.time()
+        if gpu:
+            torch.cuda.reset_peak_memory_stats(d.device)
         for g in optimizer.param_groups:
             g["lr"] = lr_at(step)
         # build the micro-batches first: the token-mean needs the global target token count
@@ -326,7 +334,8 @@ def main(argv=None):
         dt = time.time() - t0
         last = {"step": step + 1, "loss": (tot[0] / tot[1]).item(), "lr": lr_at(step),
                 "grad_norm": float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn),
-                "tokens": int(tot[1].item()), "tok_s": tot[1].item() / dt, "time_s": dt}
+                "tokens": int(tot[1].item()), "tok_s": tot[1].item() / dt, "time_s": dt,
+                "peak_mem_bytes": utils.peak_memory_bytes(d.device)}  # this rank: the step's (CUDA) or the run's (CPU)
         if (args.eval_every and (step + 1) % args.eval_every == 0) or step + 1 == args.max_steps:
             last["val_loss"] = val_loss()
         metrics.log(last)

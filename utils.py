@@ -75,6 +75,16 @@ def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def peak_memory_bytes(device: torch.device) -> int:
+    """This process's peak memory, for the trainers' `peak_mem_bytes`: on CUDA the bytes held by
+    tensors since the last torch.cuda.reset_peak_memory_stats (the trainers reset it every step);
+    on CPU the peak resident set since the process started (Linux ru_maxrss, in KiB)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def seed_everything(seed: int) -> None:
     """Seed python, numpy and torch (CPU and every CUDA device)."""
     random.seed(seed)

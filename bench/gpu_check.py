@@ -13,19 +13,30 @@ Sections, each check in its own try/except (a failure is recorded with its error
            real tokenizer to a temporary folder (nothing is downloaded).
   sampler  rollout.Sampler vs Hugging Face `generate` in bf16 on the group workload (8 tasks x 8
            rollouts), one real-size 1080x2400 screenshot per prompt: generated tokens per second.
-  rl       two semi-online RL steps of that model: `torchrun --nproc_per_node=1 train_semionline.py`
-           on AndroidControl episodes with blank 1080x2400 screens; from its metrics.jsonl: seconds
-           per phase, finite loss, first_ratio_dev, sampler_logp_gap; peak GPU memory sampled while
-           it runs.
+  decode   the sampler's decode alone at 64 rollouts, 128 new tokens: eager vs CUDA graphs (tok/s,
+           ids equal), and decode_roofline_frac = graph tok/s / roofline tok/s; roofline = the
+           bandwidth of a 4 GiB device-to-device copy measured here / the bytes a step reads (the
+           weights used per token + every row's KV at the mean context) * rows.
+  full_depth the 7B config at its 28 layers (8.3 B parameters, random, bf16) doing ONE semi-online RL
+           step under `torchrun --nproc_per_node=1` with --gradient-checkpointing and --kl-coef 0:
+           step time and full_depth_peak_mem_bytes (the trainer's torch.cuda.max_memory_allocated).
+           One step is what one GPU holds: fp32 weights, gradients and AdamW moments are 16 bytes
+           per parameter (133 GB of the H200's 150 GB; FSDP2 shards them across GPUs); a second
+           step's rollout would add the 16.6 GB bf16 copy the sampler decodes with, a reference
+           model (KL) another 16.6 GB.
+  rl       two semi-online RL steps of the 4-layer model: `torchrun --nproc_per_node=1
+           train_semionline.py` on AndroidControl episodes with blank 1080x2400 screens; from its
+           metrics.jsonl: seconds per phase, finite loss, first_ratio_dev, sampler_logp_gap; peak
+           GPU memory sampled while it runs.
 
-    python bench/gpu_check.py                     # one GPU: 7B shapes, budget 450 s
-    python bench/gpu_check.py --dry-run           # CPU: tiny shapes, Triton interpreter, ~1 minute
+    python bench/gpu_check.py                     # one GPU: 7B shapes, budget 480 s
+    python bench/gpu_check.py --dry-run           # CPU: tiny shapes, Triton interpreter, ~1.5 minutes
 
 Writes --out (default results/gpu_check.json) and the same name with .md after every check, so a
 run cut short still leaves what it measured; the last stdout line is the JSON. A dry run writes
 exactly the keys of a GPU run (values null where a figure does not exist on CPU, e.g. GPU memory).
 
-Choices made to fit 8 minutes on one H200 (each has a flag):
+Choices made to fit 8 minutes on one H200 (each has a flag; ESTIMATES_S, printed at the start):
 - rl uses --rl-max-pixels 1003520 (the paper's training setting, 1280 * 28 * 28: 1080x2400 ->
   672x1484, 1,272 image tokens per screenshot), not the processor default 12800 * 28 * 28 (1092x2408,
   3,354 tokens) that the sampler section uses: at world size 1 the trainer keeps fp32 weights and
@@ -53,6 +64,10 @@ REPO = Path(__file__).resolve().parents[1]
 ANDROID_DATA = REPO / "data" / "android_control" / "android_control_train_example_uis1.jsonl"
 CONFIG_7B = REPO / "assets" / "qwen2_5_vl_tokenizer" / "config.json"
 
+# Seconds per section on one H200 from a bare machine, estimated (the first run measured env to rl,
+# 126 s; decode and full_depth are new and unmeasured); printed at the start against the budget.
+ESTIMATES_S = {"env": 3, "kernels": 45, "model": 15, "sampler": 30, "decode": 30, "full_depth": 210, "rl": 70}
+
 PACKAGES = ("PIL", "safetensors", "tokenizers", "tqdm")  # what the stages import besides torch
 # Every key a run writes, GPU or dry: sections start from this and are filled in as checks pass.
 _LOGPROB_ROW = {
@@ -66,7 +81,9 @@ _LOGPROB_ROW = {
 }
 SCHEMA = {
     "meta": {"mode": None, "argv": None, "started": None, "budget_s": None, "total_s": None,
-             "sections_s": {"env": None, "kernels": None, "model": None, "sampler": None, "rl": None}},
+             "estimates_s": {name: None for name in ESTIMATES_S},
+             "sections_s": {"env": None, "kernels": None, "model": None, "sampler": None, "decode": None,
+                            "full_depth": None, "rl": None}},
     "env": {"python": None, "platform": None, "torch": None, "torch_cuda": None, "cudnn": None, "nccl": None,
             "triton": None, "transformers": None, "transformers_pinned": None, "numpy": None, "flash_attn": None,
             "device": None, "device_capability": None, "device_memory_bytes": None, "device_count": None,
@@ -81,6 +98,17 @@ SCHEMA = {
                 "prompt_tokens_mean": None, "tok_s_ours": None, "tok_s_hf": None, "ratio": None,
                 "time_ours_s": None, "time_hf_s": None, "prefill_tokens_ours": None, "prefill_tokens_hf": None,
                 "peak_mem_ours_bytes": None, "peak_mem_hf_bytes": None},
+    "decode": {"rows": None, "max_new_tokens": None, "prompt_tokens_mean": None, "copy_bytes": None,
+               "hbm_bandwidth_bytes_s": None, "decode_tok_s_eager": None, "decode_tok_s_graph": None,
+               "graph_over_eager": None, "decode_path_graph": None, "graph_capture_s": None, "graph_error": None,
+               "time_prefill_s": None, "ids_equal_frac": None, "logp_max_abs_diff": None,
+               "weight_bytes_per_step": None, "kv_bytes_per_token": None, "context_mean": None,
+               "bytes_per_step": None, "roofline_tok_s": None, "decode_roofline_frac": None},
+    "full_depth": {"layers": None, "params": None, "build_s": None, "save_s": None, "command": None,
+                   "max_pixels": None, "returncode": None, "stopped_by_check": None, "wall_s": None,
+                   "launch_to_first_row_s": None, "time_step_s": None, "time_rollout_s": None, "time_logp_s": None,
+                   "time_update_s": None, "tok_s": None, "loss": None, "loss_finite": None,
+                   "decode_path": None, "full_depth_peak_mem_bytes": None, "peak_gpu_mem_sampled_bytes": None},
     "rl": {"command": None, "returncode": None, "stopped_by_check": None, "steps_done": None, "max_pixels": None,
            "launch_to_first_row_s": None, "wall_s": None, "time_rollout_s": [], "time_logp_s": [],
            "time_update_s": [], "time_step_s": [], "loss": [], "loss_finite": None, "first_ratio_dev": [],
@@ -94,8 +122,8 @@ SCHEMA = {
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes and model, Triton in the interpreter")
 parser.add_argument("--out", default="results/gpu_check.json", help="JSON path; the Markdown goes beside it (.md)")
-parser.add_argument("--sections", default="env,kernels,model,sampler,rl", help="comma list of sections to run")
-parser.add_argument("--budget-s", type=float, default=None, help="total wall budget (default: 450 GPU, 300 dry)")
+parser.add_argument("--sections", default=",".join(ESTIMATES_S), help="comma list of sections to run")
+parser.add_argument("--budget-s", type=float, default=None, help="total wall budget (default: 480 GPU, 300 dry)")
 parser.add_argument("--kernel-n", default=None, help="comma list of token counts N (default: 4096,16384; dry: 37)")
 parser.add_argument("--layers", type=int, default=4, help="decoder layers of the 7B-config model")
 parser.add_argument("--sampler-max-new-tokens", type=int, default=None, help="default: 64 (dry: 4)")
@@ -104,6 +132,8 @@ parser.add_argument("--sampler-max-pixels", type=int, default=None,
 parser.add_argument("--rl-max-pixels", type=int, default=None, help="default: 1003520, the paper's (dry: 50176)")
 parser.add_argument("--rl-max-new-tokens", type=int, default=None, help="default: 32 (dry: 4)")
 parser.add_argument("--rl-wait-checkpoint", action="store_true", help="let the trainer write its final checkpoint")
+parser.add_argument("--decode-max-new-tokens", type=int, default=None, help="decode section: default 128 (dry: 6)")
+parser.add_argument("--full-depth-layers", type=int, default=None, help="default: 28, the 7B's depth (dry: 3)")
 parser.add_argument("--work-dir", default=None, help="where the model folder and the RL run go (default: a temp dir)")
 
 
@@ -408,33 +438,45 @@ def check_group_norm(C, torch, device, dry):
 # model: 7B config with a few decoder layers (GPU) or the tiny model (dry), saved for the trainer
 
 
-def build_model(C, torch, device, dry, layers, model_dir):
+def make_model(torch, device, dry: bool, layers: int):
+    """A randomly initialised Qwen2.5-VL from the 7B config in assets/ with `layers` decoder layers,
+    bf16, on `device` (dry: utils' tiny model with that many layers, fp32, CPU)."""
     import utils
 
+    if dry:
+        return utils.load_model(f"tiny:64x{layers}", dtype=torch.float32, device=device, seed=0).eval()
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    cfg_dict = json.loads(CONFIG_7B.read_text())
+    cfg_dict["num_hidden_layers"] = layers  # before the config is built: layer_types follows it
+    cfg = Qwen2_5_VLConfig(**cfg_dict)
+    cfg._attn_implementation = utils.attn_implementation(device)
+    torch.manual_seed(0)
+    with torch.device(device):  # random init on the GPU: seconds, where CPU init takes minutes
+        model = Qwen2_5_VLForConditionalGeneration(cfg)
+    return model.to(torch.bfloat16).eval()
+
+
+def save_model(model, model_dir: Path, dry: bool) -> None:
+    """Hugging Face layout with the model's own tokenizer (the tiny preset's on a dry run, the real
+    Qwen2.5-VL one for the 7B config), as the trainers load a model folder."""
+    import utils
+
+    model.save_pretrained(str(model_dir), safe_serialization=True)
+    utils.load_processor("tiny" if dry else None)[0].save_pretrained(str(model_dir))
+
+
+def build_model(C, torch, device, dry, layers, model_dir):
     m = C.res["model"]
     t = time.time()
-    if dry:
-        model = utils.load_model("tiny", dtype=torch.float32, device=device, seed=0)
-    else:
-        from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-
-        cfg_dict = json.loads(CONFIG_7B.read_text())
-        cfg_dict["num_hidden_layers"] = layers  # before the config is built: layer_types follows it
-        cfg = Qwen2_5_VLConfig(**cfg_dict)
-        cfg._attn_implementation = utils.attn_implementation(device)
-        torch.manual_seed(0)
-        with torch.device(device):  # random init on the GPU: seconds, where CPU init takes minutes
-            model = Qwen2_5_VLForConditionalGeneration(cfg)
-        model = model.to(torch.bfloat16)
-    model.eval()
+    model = make_model(torch, device, dry, 2 if dry else layers)
     tc = model.config.get_text_config()
     m.update(layers=tc.num_hidden_layers, hidden_size=tc.hidden_size, vocab_size=tc.vocab_size,
              vision_depth=model.config.vision_config.depth, params=sum(p.numel() for p in model.parameters()),
              dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
              attn_implementation=tc._attn_implementation, build_s=round(time.time() - t, 2))
     t = time.time()
-    model.save_pretrained(str(model_dir), safe_serialization=True)
-    utils.load_processor("tiny" if dry else None)[0].save_pretrained(str(model_dir))  # the model's own vocabulary
+    save_model(model, model_dir, dry)
     m["save_s"] = round(time.time() - t, 2)
     return model
 
@@ -443,25 +485,21 @@ def build_model(C, torch, device, dry, layers, model_dir):
 # sampler: ours vs HF generate, group workload
 
 
-def check_sampler(C, torch, device, dry, model, a):
+def group_prompts(tasks: int, max_pixels: int, dry: bool):
+    """(tokenizer, prompts) of the group workload: step min(2, last) of the first `tasks`
+    AndroidControl episodes (goal, expert history, one random 1080x2400 screenshot)."""
     import numpy as np
     from PIL import Image
 
     import gui
     import utils
-    from rollout import Sampler
 
-    s = C.res["sampler"]
-    tasks, rollouts = (2, 2) if dry else (8, 8)
-    max_new = a.sampler_max_new_tokens or (4 if dry else 64)
-    max_pixels = a.sampler_max_pixels or (50176 if dry else gui.MAX_PIXELS)
-    s.update(tasks=tasks, rollouts=rollouts, max_new_tokens=max_new, max_pixels=max_pixels)
     tokenizer, image_processor = utils.load_processor("tiny" if dry else None, max_pixels=max_pixels)
     episodes = gui.load_episodes(str(ANDROID_DATA))
     rng = np.random.default_rng(0)
     size = (1080, 2400)
     prompts = []
-    for k in range(tasks):  # step min(2, last) of episode k: goal, expert history, one screenshot
+    for k in range(tasks):
         ep = episodes[k % len(episodes)]
         t = min(2, len(ep.steps) - 1)
         shot = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
@@ -469,6 +507,21 @@ def check_sampler(C, torch, device, dry, model, a):
         history = [gui.expert_response(st, size, resized) for st in ep.steps[:t]]
         prompts.append(gui.build_prompt(tokenizer, image_processor, goal=ep.goal, screenshots=[None] * t + [shot],
                                         history=history, num_images=1, max_pixels=max_pixels))
+    return tokenizer, prompts
+
+
+def check_sampler(C, torch, device, dry, model, a):
+    import numpy as np
+
+    import gui
+    from rollout import Sampler
+
+    s = C.res["sampler"]
+    tasks, rollouts = (2, 2) if dry else (8, 8)
+    max_new = a.sampler_max_new_tokens or (4 if dry else 64)
+    max_pixels = a.sampler_max_pixels or (50176 if dry else gui.MAX_PIXELS)
+    s.update(tasks=tasks, rollouts=rollouts, max_new_tokens=max_new, max_pixels=max_pixels)
+    tokenizer, prompts = group_prompts(tasks, max_pixels, dry)
     s["prompt_tokens_mean"] = round(float(np.mean([len(p.input_ids) for p in prompts])), 1)
     s["image_tokens"] = int(prompts[0].image_grid_thw.prod()) // 4
     dtype = next(model.parameters()).dtype
@@ -519,33 +572,97 @@ def check_sampler(C, torch, device, dry, model, a):
 
 
 # -------------------------------------------------------------------------------------------------
+# decode: the sampler's decode against the memory roofline, CUDA graphs vs eager
+
+
+def hbm_bandwidth(torch, device, n_bytes: int, repeats: int) -> float:
+    """Measured memory bandwidth, bytes/s: the fastest of `repeats` copies of an n_bytes buffer into
+    another (a device-to-device copy reads and writes every byte: 2 * n_bytes moved)."""
+    src = torch.empty(n_bytes // 2, dtype=torch.bfloat16, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    t = Timer(torch, device).best(lambda: dst.copy_(src), repeats, warmup=1)
+    return 2 * n_bytes / t
+
+
+def decode_bytes(model, rows: int, context_mean: float) -> tuple[int, int, float]:
+    """Bytes one decode step must read at least: every weight used per token (the decoder layers,
+    final norm and lm_head; not the embedding table, of which only `rows` rows are gathered, nor
+    the vision tower) once, plus each row's KV cache at the mean context length. Returns
+    (weight bytes, KV bytes per cached token of one row, bytes per step)."""
+    lm = model.model.language_model
+    weights = sum(p.numel() * p.element_size() for n, p in lm.named_parameters() if not n.startswith("embed_tokens"))
+    weights += model.lm_head.weight.numel() * model.lm_head.weight.element_size()
+    tc = model.config.get_text_config()
+    head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+    kv_tok = 2 * tc.num_hidden_layers * tc.num_key_value_heads * head_dim * next(model.parameters()).element_size()
+    return weights, kv_tok, weights + rows * kv_tok * context_mean
+
+
+def check_decode(C, torch, device, dry, model, a):
+    """The sampler's decode tok/s at 64 rollouts (8 tasks x 8), eager vs CUDA graphs (dry: the
+    same static step uncaptured), and decode_roofline_frac = graph tok/s / roofline tok/s, where
+    roofline tok/s = measured bandwidth / bytes a step reads (decode_bytes) * rows. Every row runs
+    all max_new_tokens (no stop token); both runs share the seed, so their ids must agree."""
+    import numpy as np
+
+    import gui
+    from rollout import Sampler
+
+    r = C.res["decode"]
+    cuda = device.type == "cuda"
+    tasks, rollouts = (2, 2) if dry else (8, 8)
+    max_new = a.decode_max_new_tokens or (6 if dry else 128)
+    tokenizer, prompts = group_prompts(tasks, 50176 if dry else gui.MAX_PIXELS, dry)
+    prompt_mean = float(np.mean([len(p.input_ids) for p in prompts]))
+    copy_bytes = (256 << 20) if dry else (4 << 30)
+    r.update(rows=tasks * rollouts, max_new_tokens=max_new, prompt_tokens_mean=round(prompt_mean, 1),
+             copy_bytes=copy_bytes, hbm_bandwidth_bytes_s=hbm_bandwidth(torch, device, copy_bytes, 3 if dry else 10))
+    fast = "graph" if cuda else "static"
+    outs = {}
+    for mode in ("eager", fast):
+        sampler = Sampler(model, tokenizer, max_new_tokens=max_new, stop_token_ids=[], seed=0, decode=mode)
+        sampler.generate(prompts[:2], n=2)                    # warm-up (allocator, first kernel launches)
+        sampler.generator.manual_seed(0)
+        outs[mode] = sampler.generate(prompts, n=rollouts)
+        st = sampler.stats
+        r[f"decode_tok_s_{'eager' if mode == 'eager' else 'graph'}"] = round(st["decode_tokens"] / st["time_decode"], 1)
+        if mode == fast:
+            r.update(decode_path_graph=st["decode"], graph_capture_s=round(st["time_graph_capture"], 4),
+                     graph_error=st["graph_error"], time_prefill_s=round(st["time_prefill"], 3))
+        del sampler
+        C.save()
+    pairs = [(x, y) for ra, rb in zip(outs["eager"], outs[fast]) for x, y in zip(ra, rb)]
+    same = [(x, y) for x, y in pairs if x.ids == y.ids]
+    r["ids_equal_frac"] = len(same) / len(pairs)
+    r["logp_max_abs_diff"] = max(((x.logprobs - y.logprobs).abs().max().item() for x, y in same), default=None)
+    context_mean = prompt_mean + (max_new - 1) / 2      # step t reads the prompt and t earlier tokens
+    weights, kv_tok, per_step = decode_bytes(model, r["rows"], context_mean)
+    roofline = r["hbm_bandwidth_bytes_s"] / per_step * r["rows"]
+    r.update(weight_bytes_per_step=weights, kv_bytes_per_token=kv_tok, context_mean=round(context_mean, 1),
+             bytes_per_step=round(per_step), roofline_tok_s=round(roofline, 1),
+             graph_over_eager=round(r["decode_tok_s_graph"] / r["decode_tok_s_eager"], 3),
+             decode_roofline_frac=round(r["decode_tok_s_graph"] / roofline, 4))
+    C.log(f"decode: {r['rows']} rows, {fast} {r['decode_tok_s_graph']} tok/s vs eager {r['decode_tok_s_eager']} "
+          f"({r['graph_over_eager']}x); bandwidth {r['hbm_bandwidth_bytes_s'] / 1e9:.1f} GB/s, {per_step / 1e9:.3g} GB "
+          f"per step -> roofline {roofline:.0f} tok/s; decode_roofline_frac {r['decode_roofline_frac']}")
+
+
+# -------------------------------------------------------------------------------------------------
 # rl: two semi-online RL steps under torchrun
 
 
-def check_rl(C, torch, device, dry, a, model_dir, work):
-    r = C.res["rl"]
-    (work / "no_screenshots").mkdir(parents=True, exist_ok=True)  # an empty folder: every screen is blank
-    max_pixels = a.rl_max_pixels or (50176 if dry else 1003520)
-    max_new = a.rl_max_new_tokens or (4 if dry else 32)
-    steps = 1 if dry else 2
-    out = work / "rl"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
-           str(REPO / "train_semionline.py"), "--model", str(model_dir), "--data", str(ANDROID_DATA),
-           "--image-root", str(work / "no_screenshots"), "--blank-screens", "1080x2400",
-           "--max-episodes", "4", "--tasks-per-step", "1" if dry else "2", "--n-rollouts", "2" if dry else "4",
-           "--max-new-tokens", str(max_new), "--max-pixels", str(max_pixels), "--filter-std", "-1",
-           "--micro-batch-size", "1", "--ppo-mini-batches", "1" if dry else "2", "--lr", "1e-6",
-           "--kl-coef", "0" if dry else "1e-4", "--max-steps", str(steps),
-           "--device", "cpu" if dry else "cuda", "--out", str(out)]
-    r.update(command=" ".join(cmd), max_pixels=max_pixels)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+def run_trainer(C, torch, cmd: list, out: Path, log_path: Path, steps: int, wait_checkpoint: bool, env_extra=None):
+    """Run a trainer command (torchrun) until `steps` rows are in out/metrics.jsonl (then stop it:
+    the final checkpoint is not what is measured, unless wait_checkpoint), it exits, or the budget
+    ends. Returns rows, returncode, stopped (by this check), timed_out, launch-to-first-row s, wall
+    s and the device-wide GPU memory peak sampled every 0.5 s (None on CPU)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", **(env_extra or {}))
     env.pop("UIS1_FORCE_TRITON", None)
-    cuda = device.type == "cuda"
+    cuda = torch.cuda.is_available() and "cuda" in cmd
     if cuda:
         gc.collect()
         torch.cuda.empty_cache()
         free0 = torch.cuda.mem_get_info()[0]
-    log_path = work / "rl.log"
     deadline = time.time() + max(C.left() - 5, 10)
     t0 = time.time()
     metrics = out / "metrics.jsonl"
@@ -561,8 +678,8 @@ def check_rl(C, torch, device, dry, a, model_dir, work):
                 rows = _read_rows(metrics)
                 if rows and first_row_t is None:
                     first_row_t = time.time() - t0
-                if len(rows) >= steps and not a.rl_wait_checkpoint:
-                    stopped = True  # the final checkpoint (fp32 weights + Adam state) is not what we measure
+                if len(rows) >= steps and not wait_checkpoint:
+                    stopped = True
                     break
                 if time.time() > deadline:
                     stopped = timed_out = True
@@ -576,8 +693,39 @@ def check_rl(C, torch, device, dry, a, model_dir, work):
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
     rows = _read_rows(metrics)
-    r.update(returncode=proc.returncode, stopped_by_check=stopped, steps_done=len(rows), wall_s=round(time.time() - t0, 2),
-             launch_to_first_row_s=None if first_row_t is None else round(first_row_t, 2), peak_gpu_mem_bytes=peak)
+    if (not stopped and proc.returncode != 0) or len(rows) < steps:
+        tail = log_path.read_text()[-3000:] if log_path.exists() else ""
+        why = f"timeout after {time.time() - t0:.0f} s" if timed_out else f"trainer returncode {proc.returncode}"
+        raise RuntimeError(f"{why}, {len(rows)} of {steps} steps; log tail:\n{tail}")
+    return dict(rows=rows, returncode=proc.returncode, stopped=stopped, wall_s=round(time.time() - t0, 2),
+                first_row_s=None if first_row_t is None else round(first_row_t, 2), peak=peak)
+
+
+def trainer_command(model_dir: Path, work: Path, out: Path, dry: bool, *extra: str) -> list:
+    """torchrun --nproc_per_node=1 train_semionline.py on AndroidControl episodes with blank
+    1080x2400 screens (an empty image folder), every task kept (--filter-std -1)."""
+    (work / "no_screenshots").mkdir(parents=True, exist_ok=True)
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+            str(REPO / "train_semionline.py"), "--model", str(model_dir), "--data", str(ANDROID_DATA),
+            "--image-root", str(work / "no_screenshots"), "--blank-screens", "1080x2400", "--max-episodes", "4",
+            "--filter-std", "-1", "--lr", "1e-6", "--device", "cpu" if dry else "cuda", "--out", str(out), *extra]
+
+
+def check_rl(C, torch, device, dry, a, model_dir, work):
+    r = C.res["rl"]
+    max_pixels = a.rl_max_pixels or (50176 if dry else 1003520)
+    max_new = a.rl_max_new_tokens or (4 if dry else 32)
+    steps = 1 if dry else 2
+    cmd = trainer_command(model_dir, work, work / "rl", dry, "--tasks-per-step", "1" if dry else "2",
+                          "--n-rollouts", "2" if dry else "4", "--max-new-tokens", str(max_new),
+                          "--max-pixels", str(max_pixels), "--micro-batch-size", "1",
+                          "--ppo-mini-batches", "1" if dry else "2", "--kl-coef", "0" if dry else "1e-4",
+                          "--max-steps", str(steps))
+    r.update(command=" ".join(cmd), max_pixels=max_pixels)
+    run = run_trainer(C, torch, cmd, work / "rl", work / "rl.log", steps, a.rl_wait_checkpoint)
+    rows = run["rows"]
+    r.update(returncode=run["returncode"], stopped_by_check=run["stopped"], steps_done=len(rows), wall_s=run["wall_s"],
+             launch_to_first_row_s=run["first_row_s"], peak_gpu_mem_bytes=run["peak"])
     for key, name in (("time_rollout_s", "time_rollout_s"), ("time_logp_s", "time_logp_s"),
                       ("time_update_s", "time_update_s"), ("time_step_s", "time_s"), ("loss", "loss"),
                       ("first_ratio_dev", "first_ratio_dev"), ("sampler_logp_gap", "sampler_logp_gap")):
@@ -586,10 +734,52 @@ def check_rl(C, torch, device, dry, a, model_dir, work):
     # world size 1 under torchrun: did the trainer shard with FSDP2 (the path NCCL + bf16 take)?
     r["fsdp_wraps_at_world_size_1"] = rows[0].get("fsdp") if rows else None
     r["loss_finite"] = bool(rows) and all(isinstance(x, (int, float)) and math.isfinite(x) for x in r["loss"])
-    if (not stopped and proc.returncode != 0) or len(rows) < steps:
-        tail = log_path.read_text()[-3000:] if log_path.exists() else ""
-        why = f"timeout after {time.time() - t0:.0f} s" if timed_out else f"trainer returncode {proc.returncode}"
-        raise RuntimeError(f"{why}, {len(rows)} of {steps} steps; log tail:\n{tail}")
+
+
+# -------------------------------------------------------------------------------------------------
+# full_depth: the 28-layer 7B doing one RL step on one GPU
+
+
+def check_full_depth(C, torch, device, dry, a, work):
+    """Build the 7B config at full depth (dry: a tiny model with --full-depth-layers layers), random
+    weights, bf16, save it, run ONE semi-online RL step of it under torchrun --nproc_per_node=1
+    with --gradient-checkpointing, and read the step's times and peak memory (the trainer's
+    torch.cuda.max_memory_allocated; dry: the worker's peak RSS) from its metrics row."""
+    f = C.res["full_depth"]
+    layers = a.full_depth_layers or (3 if dry else 28)
+    model_dir = work / "model_full_depth"
+    t = time.time()
+    model = make_model(torch, device, dry, layers)
+    f.update(layers=layers, params=sum(p.numel() for p in model.parameters()), build_s=round(time.time() - t, 2))
+    t = time.time()
+    save_model(model, model_dir, dry)
+    f["save_s"] = round(time.time() - t, 2)
+    del model
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    max_pixels = 50176 if dry else 1003520
+    cmd = trainer_command(model_dir, work, work / "full_depth", dry, "--gradient-checkpointing",
+                          "--tasks-per-step", "1", "--n-rollouts", "2" if dry else "4",
+                          "--max-new-tokens", "4" if dry else "32", "--max-pixels", str(max_pixels),
+                          "--micro-batch-size", "2" if dry else "4", "--ppo-mini-batches", "1", "--kl-coef", "0",
+                          "--max-steps", "1")
+    f.update(command=" ".join(cmd), max_pixels=max_pixels)
+    try:  # expandable segments: Adam's first step allocates ~66 GB in a heap the update left fragmented
+        run = run_trainer(C, torch, cmd, work / "full_depth", work / "full_depth.log", 1, False,
+                          env_extra={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    finally:
+        shutil.rmtree(model_dir, ignore_errors=True)  # 16.6 GB of disk
+    row = run["rows"][0]
+    f.update(returncode=run["returncode"], stopped_by_check=run["stopped"], wall_s=run["wall_s"],
+             launch_to_first_row_s=run["first_row_s"], peak_gpu_mem_sampled_bytes=run["peak"],
+             time_step_s=row.get("time_s"), time_rollout_s=row.get("time_rollout_s"), time_logp_s=row.get("time_logp_s"),
+             time_update_s=row.get("time_update_s"), tok_s=row.get("tok_s"), loss=row.get("loss"),
+             loss_finite=isinstance(row.get("loss"), (int, float)) and math.isfinite(row["loss"]),
+             decode_path=row.get("decode"), full_depth_peak_mem_bytes=row.get("peak_mem_bytes"))
+    C.log(f"full_depth: {layers} layers, {f['params'] / 1e9:.3g} B parameters, one RL step {_fmt(f['time_step_s'])} s "
+          f"(launch to metrics {_fmt(f['launch_to_first_row_s'])} s), full_depth_peak_mem_bytes "
+          f"{f['full_depth_peak_mem_bytes']} ({_gib(f['full_depth_peak_mem_bytes'])})")
 
 
 def _read_rows(path: Path) -> list:
@@ -621,8 +811,13 @@ def _gib(x):
     return "-" if x is None else f"{x / 2**30:.2f} GiB"
 
 
+def _per_1e9(x):
+    return None if x is None else x / 1e9
+
+
 def markdown(res) -> str:
     e, k, m, s, r = res["env"], res["kernels"], res["model"], res["sampler"], res["rl"]
+    dc, f = res["decode"], res["full_depth"]
     lines = [f"# GPU check ({res['meta']['mode']}, {res['meta']['started']}, {_fmt(res['meta']['total_s'])} s)", "",
              f"{e['device']} | torch {e['torch']} (CUDA {e['torch_cuda']}, NCCL {e['nccl']}) | triton {e['triton']} "
              f"| transformers {e['transformers']} (pinned: {e['transformers_pinned']}) | flash-attn {e['flash_attn']}", "",
@@ -657,6 +852,25 @@ def markdown(res) -> str:
               f"| {_gib(s['peak_mem_ours_bytes'])} |",
               f"| HF generate | {_fmt(s['tok_s_hf'])} | {_fmt(s['time_hf_s'])} | {_fmt(s['prefill_tokens_hf'])} "
               f"| {_gib(s['peak_mem_hf_bytes'])} |", "", f"ours / HF: {_fmt(s['ratio'])}", "",
+              "## Decode against the memory roofline", "",
+              f"{_fmt(dc['rows'])} rows, {_fmt(dc['max_new_tokens'])} new tokens each, prompt {_fmt(dc['prompt_tokens_mean'])} "
+              f"tokens; copy bandwidth {_fmt(_per_1e9(dc['hbm_bandwidth_bytes_s']))} GB/s; a step reads "
+              f"{_fmt(_per_1e9(dc['bytes_per_step']))} GB (weights {_fmt(_per_1e9(dc['weight_bytes_per_step']))} GB, KV at "
+              f"mean context {_fmt(dc['context_mean'])}) -> roofline {_fmt(dc['roofline_tok_s'])} tok/s", "",
+              "| decode | tok/s | vs eager | decode_roofline_frac | capture s | ids equal | max logp diff |",
+              "|---|---|---|---|---|---|---|",
+              f"| eager | {_fmt(dc['decode_tok_s_eager'])} | 1 | - | - | - | - |",
+              f"| {dc['decode_path_graph'] or 'graph'} | {_fmt(dc['decode_tok_s_graph'])} | {_fmt(dc['graph_over_eager'])} "
+              f"| **{_fmt(dc['decode_roofline_frac'])}** | {_fmt(dc['graph_capture_s'])} | {_fmt(dc['ids_equal_frac'])} "
+              f"| {_fmt(dc['logp_max_abs_diff'])} |", "",
+              "## Full depth: one RL step, --gradient-checkpointing, torchrun --nproc_per_node=1", "",
+              f"{_fmt(f['layers'])} decoder layers, {_fmt(f['params'])} parameters (built {_fmt(f['build_s'])} s, saved "
+              f"{_fmt(f['save_s'])} s); step {_fmt(f['time_step_s'])} s (rollout {_fmt(f['time_rollout_s'])}, logp "
+              f"{_fmt(f['time_logp_s'])}, update {_fmt(f['time_update_s'])}), launch to metrics "
+              f"{_fmt(f['launch_to_first_row_s'])} s, loss finite {_fmt(f['loss_finite'])}, sampler decode "
+              f"{_fmt(f['decode_path'])}; "
+              f"**full_depth_peak_mem_bytes {_fmt(f['full_depth_peak_mem_bytes'])}** ({_gib(f['full_depth_peak_mem_bytes'])}; "
+              f"device-wide sampled {_gib(f['peak_gpu_mem_sampled_bytes'])})", "",
               "## Semi-online RL under torchrun", "",
               f"steps {_fmt(r['steps_done'])}, returncode {_fmt(r['returncode'])} (stopped by the check: "
               f"{_fmt(r['stopped_by_check'])}), launch to first metrics row {_fmt(r['launch_to_first_row_s'])} s, "
@@ -685,9 +899,13 @@ def main(argv=None):
     import torch
 
     sections = [x.strip() for x in a.sections.split(",") if x.strip()]
-    C = Check(Path(a.out), a.budget_s or (300.0 if a.dry_run else 450.0))  # dry: CI machines are slow
+    C = Check(Path(a.out), a.budget_s or (300.0 if a.dry_run else 480.0))  # dry: CI machines are slow
+    estimates = {k: v for k, v in ESTIMATES_S.items() if k in sections}
     C.res["meta"].update(mode="dry-run" if a.dry_run else "gpu", argv=sys.argv[1:] if argv is None else argv,
                          started=time.strftime("%Y-%m-%d %H:%M:%S"))
+    C.res["meta"]["estimates_s"].update(estimates)
+    C.log(f"budget {C.budget_s:.0f} s; estimated on one H200: " + ", ".join(f"{k} {v}" for k, v in estimates.items())
+          + f" = {sum(estimates.values())} s")
     device = torch.device("cpu" if a.dry_run else "cuda")
     if not a.dry_run and not torch.cuda.is_available():
         C.fail("env", "cuda", "torch.cuda.is_available() is False: run with --dry-run on a machine without a GPU")
@@ -719,17 +937,21 @@ def main(argv=None):
 
     section("kernels", kernels)
     holder = {}
-    if any(x in sections for x in ("model", "sampler", "rl")):  # sampler and rl need the model either way
+    if any(x in sections for x in ("model", "sampler", "decode", "rl")):  # they need the model either way
         t = time.time()
         holder["model"] = C.run("model", "build_and_save", build_model, C, torch, device, a.dry_run, a.layers, model_dir)
         C.res["meta"]["sections_s"]["model"] = round(time.time() - t, 2)
     if holder.get("model") is not None:
         section("sampler", lambda: C.run("sampler", "group_workload", check_sampler, C, torch, device, a.dry_run,
                                          holder["model"], a, min_left_s=0 if a.dry_run else 150))
-    holder.clear()  # free the sampler's model before the trainer needs the GPU
+        section("decode", lambda: C.run("decode", "roofline", check_decode, C, torch, device, a.dry_run,
+                                        holder["model"], a, min_left_s=0 if a.dry_run else 60))
+    holder.clear()  # free the sampler's model before the trainers need the GPU
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    section("full_depth", lambda: C.run("full_depth", "one_rl_step", check_full_depth, C, torch, device, a.dry_run,
+                                        a, work, min_left_s=0 if a.dry_run else 150))
     if (model_dir / "config.json").exists():
         section("rl", lambda: C.run("rl", "torchrun", check_rl, C, torch, device, a.dry_run, a, model_dir, work,
                                     min_left_s=0 if a.dry_run else 60))

@@ -36,6 +36,18 @@ def apply_fsdp(model, root: torch.nn.Module, dist_info: Dist, mixed_precision: b
     return root
 
 
+def checkpoint_activations(model) -> None:
+    """Activation (gradient) checkpointing per decoder layer and vision block (--gradient-checkpointing):
+    each keeps only its inputs in the forward and recomputes its activations in the backward, one
+    more forward of the layers (~1/3 more update FLOPs) for activation memory of one layer instead
+    of all. transformers' GradientCheckpointingLayer with non-reentrant torch.utils.checkpoint (the
+    form that composes with FSDP2 and keyword arguments); it wraps the layer's `forward`, so FSDP2's
+    hooks on `__call__` stay outside and the recompute runs on the parameters FSDP2's pre-backward
+    hook has gathered. Only in train mode with grad enabled: the sampler and the no-grad log-probs
+    run as before. Call before apply_fsdp (either order works; this one reads top-down)."""
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+
+
 @contextlib.contextmanager
 def sampling_mode(model: torch.nn.Module):
     """Lend the policy to the sampler for a rollout phase, then give it back to training.
@@ -45,10 +57,11 @@ def sampling_mode(model: torch.nn.Module):
     unsharded once on entry (one all-gather each: a collective, all ranks enter together) and kept
     unsharded, so decoding issues no collectives and ranks may run different numbers of steps. On
     exit the full weights are freed, and train/eval mode and FSDP2's default reshard-after-forward
-    settings (True, False for the root: those `apply_fsdp` leaves) are restored. Public FSDP2 API only;
-    nothing is copied to disk or into a second model. An FSDP root must accept `model(None)` as a
-    no-op forward (PolicyLogProb does): FSDP2 makes the first module to run forward its root, and the
-    sampler calls the HF model inside. Without FSDP only eval + no_grad remain."""
+    settings (True, False for the root: those `apply_fsdp` leaves) are restored. Nothing is copied to
+    disk or into a second model. An FSDP root must accept `model(None)` as a no-op forward
+    (PolicyLogProb does): FSDP2 makes the first module to run forward its root, and the sampler
+    calls the HF model inside. The root also keeps FSDP2's forward-root role while lent (the one
+    private attribute used, below). Without FSDP only eval + no_grad remain."""
     from torch.distributed.fsdp import FSDPModule
 
     fsdp = [m for m in model.modules() if isinstance(m, FSDPModule)]
@@ -58,11 +71,19 @@ def sampling_mode(model: torch.nn.Module):
         with torch.no_grad():
             if isinstance(model, FSDPModule):
                 model(None)      # settles the root (and its hooks) before the inner model runs
+                # Without a forward in progress at the root, every FSDP module the sampler calls takes
+                # the root role on entry and makes FSDP's all-gather streams wait on the current
+                # stream: a fork that a CUDA graph capture cannot hold (rollout.Sampler's graph
+                # decode). Nothing is all-gathered while lent, so the root keeps the role.
+                state = model._get_fsdp_state()
+                state._state_ctx.iter_forward_root = state
             for m in fsdp:
                 m.set_reshard_after_forward(False, recurse=False)
                 m.unshard()
             yield model
     finally:
+        if isinstance(model, FSDPModule):
+            model._get_fsdp_state()._state_ctx.iter_forward_root = None
         for m in fsdp:
             m.reshard()
             m.set_reshard_after_forward(m is not model, recurse=False)

@@ -1,6 +1,7 @@
 """bench/gpu_check.py cannot rot: its --dry-run (CPU, tiny shapes, Triton interpreter, the tiny model,
-one RL step under torchrun) runs every section here, passes, and writes exactly the keys a GPU run
-writes; and its harness records a failing check and goes on to the next."""
+the static decode standing in for CUDA graphs, a 3-layer 'full depth' and one RL step under torchrun)
+runs every section here, passes, and writes exactly the keys a GPU run writes; its harness records a
+failing check and goes on to the next; the roofline's bytes per step are counted by hand."""
 import importlib.util
 import json
 import os
@@ -56,6 +57,16 @@ def test_dry_run_passes_with_the_gpu_keys(tmp_path):
     assert res["kernels"]["group_norm"]["err_max_abs"] < 1e-5
     s = res["sampler"]
     assert s["tok_s_ours"] > 0 and s["tok_s_hf"] > 0 and s["prefill_tokens_ours"] < s["prefill_tokens_hf"]
+    dc = res["decode"]
+    assert dc["rows"] == 4 and dc["decode_path_graph"] == "static" and dc["graph_error"] is None
+    assert dc["ids_equal_frac"] == 1.0 and dc["logp_max_abs_diff"] < 1e-5  # same seed: the same samples
+    assert dc["decode_tok_s_graph"] > 0 and dc["decode_tok_s_eager"] > 0 and dc["hbm_bandwidth_bytes_s"] > 1e8
+    assert dc["roofline_tok_s"] == pytest.approx(dc["hbm_bandwidth_bytes_s"] * dc["rows"] / dc["bytes_per_step"], rel=1e-3)
+    assert dc["decode_roofline_frac"] == pytest.approx(dc["decode_tok_s_graph"] / dc["roofline_tok_s"], rel=1e-3)
+    f = res["full_depth"]
+    assert f["layers"] == 3 and "--gradient-checkpointing" in f["command"] and f["loss_finite"]
+    assert f["time_step_s"] > 0 and f["full_depth_peak_mem_bytes"] > 0 and f["decode_path"] == "eager"
+    assert "decode_roofline_frac" in proc.stdout and "full_depth_peak_mem_bytes" in proc.stdout
     r = res["rl"]
     assert r["steps_done"] == 1 and r["loss_finite"] and r["first_ratio_dev"] == [0.0]
     assert 0 <= r["sampler_logp_gap"][0] < 1e-3  # the trainer scores the sampled tokens as the sampler did
@@ -87,3 +98,16 @@ def test_metrics_rows_read_defensively(tmp_path, text, n):
     p = tmp_path / "metrics.jsonl"
     p.write_text(text)
     assert len(gc._read_rows(p)) == n
+
+
+def test_decode_bytes_by_hand():
+    """The roofline's bytes per decode step on the tiny model (fp32, hidden 64, 2 layers, 4 heads of
+    16, 2 KV heads, MLP 128, tied 151,936-token vocabulary), counted by hand."""
+    import utils
+
+    gc = load_script()
+    model = utils.load_model("tiny", seed=0)
+    per_layer = (64 * 64 + 64) + 2 * (64 * 32 + 32) + 64 * 64 + 3 * 64 * 128 + 2 * 64  # q, k+v (bias), o, MLP, 2 norms
+    weights = 4 * (2 * per_layer + 64 + 151936 * 64)          # + final norm + lm_head (the embedding is not read)
+    kv_tok = 2 * 2 * 2 * 16 * 4                                 # (K, V) x layers x KV heads x head_dim x fp32
+    assert gc.decode_bytes(model, rows=8, context_mean=100.5) == (weights, kv_tok, weights + 8 * kv_tok * 100.5)

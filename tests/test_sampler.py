@@ -328,6 +328,97 @@ def test_finish_reason_stop_and_length(model, proc, prompts):
     assert s.stats["decode_tokens"] == (k + 1) + 2 * MAX_NEW                         # row 0 dropped
 
 
+# ---------------------------------------------------------------------------------------------------
+# the static decode (rollout.py, engine design note 7) against the eager loop, the reference:
+# the step a CUDA graph captures, run uncaptured. The static path runs other batch shapes (bucket
+# padding, dead rows), so fp32 logits may differ in the last bits: log-probs to 1e-5, and sampled
+# ids compared under `concentrated` (no uniform lands within rounding of a CDF boundary).
+
+def _pair(model, tok, **kw):
+    """(eager, static) samplers with the same settings and seed."""
+    return [Sampler(model, tok, max_new_tokens=MAX_NEW, seed=5, decode=d, **kw) for d in ("eager", "static")]
+
+
+def _assert_same(a, b):
+    assert [[o.ids for o in r] for r in a] == [[o.ids for o in r] for r in b]
+    assert [[o.finish_reason for o in r] for r in a] == [[o.finish_reason for o in r] for r in b]
+    for ra, rb in zip(a, b):
+        for oa, ob in zip(ra, rb):
+            torch.testing.assert_close(oa.logprobs, ob.logprobs, atol=1e-5, rtol=0)
+
+
+def test_static_decode_equals_eager_sampled(model, proc, prompts):
+    """Seeded sampling, 4 prompts of different lengths (one text-only) x 3 samples: R = 12 rows in
+    a bucket of 16 (4 padded rows); a stop token among the 8 likely ones ends rows at different
+    steps, so dead rows and bucket shrinks (16 -> 8 -> ...) happen; the sampler's generator and
+    per-prompt seeds both."""
+    tok = proc[0]
+    batch = prompts + [make_prompt(proc, "A text-only prompt, no screenshot at all.")]
+    with concentrated(model, k=8) as focus:
+        for seeds in (None, [3, 1, 4, 1]):
+            eager, static = _pair(model, tok, stop_token_ids=[min(focus)])
+            a, b = eager.generate(batch, n=3, seeds=seeds), static.generate(batch, n=3, seeds=seeds)
+            _assert_same(b, a)
+            lengths = [len(o.ids) for r in a for o in r]
+            # the case exercises what it claims: early stops, a full-length row, shrinking buckets
+            assert min(lengths) < MAX_NEW // 2 and max(lengths) == MAX_NEW, lengths
+            assert static.stats["decode"] == "static" and eager.stats["decode_buckets"] is None
+            assert static.stats["decode_buckets"][0] == 16 and len(static.stats["decode_buckets"]) >= 2
+            assert static.stats["decode_tokens"] == eager.stats["decode_tokens"] == sum(lengths)
+
+
+def test_static_decode_equals_eager_greedy(model, proc, prompts):
+    """Greedy, no bias on the logits: the 3 image prompts x 2 samples (R = 6 in a bucket of 8), the
+    first prompt's rows stopped early by a token it produces that the others do not; and a
+    text-only causal LM (1-D positions)."""
+    tok = proc[0]
+    long = Sampler(model, tok, max_new_tokens=MAX_NEW, stop_token_ids=[]).generate(prompts, greedy=True)
+    ids0 = long[0][0].ids
+    k = next(k for k in range(2, MAX_NEW) if ids0[k] not in ids0[:k] and all(ids0[k] not in o[0].ids for o in long[1:]))
+    eager, static = _pair(model, tok, stop_token_ids=[ids0[k]])
+    a, b = eager.generate(prompts, n=2, greedy=True), static.generate(prompts, n=2, greedy=True)
+    _assert_same(b, a)
+    assert [len(o.ids) for r in a for o in r] == [k + 1] * 2 + [MAX_NEW] * 4
+    assert static.stats["decode_buckets"] == [8, 4]           # 4 live rows of 6 fit a bucket of 4
+
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    cfg = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True)
+    cfg._attn_implementation = "sdpa"
+    lm = spice(Qwen2ForCausalLM(cfg)).eval()
+    texts = [tok.encode(t, add_special_tokens=False) for t in ("a b c d e f g h", "hello", "one two three")]
+    eager, static = _pair(lm, tok, stop_token_ids=[])
+    _assert_same(static.generate(texts, greedy=True), eager.generate(texts, greedy=True))
+
+
+def test_static_decode_can_fail(model, proc, prompts):
+    """The comparisons above can fail: a static step that forgets to advance the positions
+    decodes other tokens. And the modes are checked: graph needs CUDA."""
+    import rollout
+
+    eager, static = _pair(model, proc[0], stop_token_ids=[])
+    want = [o[0].ids for o in eager.generate(prompts, greedy=True)]
+    step = rollout._StaticDecode._step
+
+    def stale_positions(self, b):
+        out = step(self, b)
+        self.pos.sub_(1)
+        return out
+
+    rollout._StaticDecode._step = stale_positions
+    try:
+        got = [o[0].ids for o in static.generate(prompts, greedy=True)]
+    finally:
+        rollout._StaticDecode._step = step
+    assert all(g[:2] == w[:2] and g != w for g, w in zip(got, want))   # the first two do not use pos
+    with pytest.raises(ValueError, match="CUDA"):
+        Sampler(model, proc[0], decode="graph")
+    with pytest.raises(ValueError, match="decode"):
+        Sampler(model, proc[0], decode="compiled")
+    assert Sampler(model, proc[0]).decode == "eager"                   # auto on CPU
+
+
 def test_vision_tokens_never_sampled(model, proc, prompts):
     tok = proc[0]
     image_pad = model.config.image_token_id
@@ -441,11 +532,18 @@ def test_sampling_mode_fsdp2_single_process(proc, prompts):
         policy = fully_shard(_Policy(model), mesh=mesh)
         policy.train()
         sampler = Sampler(model, proc[0], max_new_tokens=6)
+        static = Sampler(model, proc[0], max_new_tokens=6, decode="static")
+        ctx = policy._get_fsdp_state()._state_ctx
         for _ in range(2):
             with sampling_mode(policy):
                 assert not policy.training
                 assert not any(isinstance(p, DTensor) for p in policy.parameters())     # unsharded
                 got = [o[0].ids for o in sampler.generate(prompts[:2], greedy=True)]
+                # the graph decode's step under FSDP2 hooks; the root kept the forward-root role
+                # throughout (no layer forked FSDP's streams, which a CUDA graph capture cannot hold)
+                assert [o[0].ids for o in static.generate(prompts[:2], greedy=True)] == want
+                assert ctx.iter_forward_root is policy._get_fsdp_state()
+            assert ctx.iter_forward_root is None
             assert got == want
             assert policy.training and all(isinstance(p, DTensor) for p in policy.parameters())
             policy(prompts[0]).backward()

@@ -6,6 +6,7 @@ kernels.ppo_loss on the fused log-prob) equals an independent autograd reference
 (tests/update_case.py: one sequence at a time, plain log_softmax, the formulas written out), for each
 --loss-agg, in one process and under torchrun with 2 FSDP2 processes. Tolerance: fp32; the two differ
 in summation order and in the chunked vs plain log-softmax, so 1e-4 of the largest gradient entry.
+With --gradient-checkpointing the gradient equals the one without (1e-6), plain and under FSDP2.
 """
 import copy
 import json
@@ -115,6 +116,95 @@ def test_non_finite_grad_norm_skips_the_step(case):
     with torch.no_grad():
         for n, p in model.named_parameters():
             p.copy_(before[n])
+
+
+# ---------------------------------------------------------------------------------------------------
+# --gradient-checkpointing (kernels.policy_logprob.checkpoint_activations): the same update gradient.
+# On CPU the recompute runs the same fp32 kernels on the same inputs, so the two agree to rounding:
+# 1e-6 of the largest gradient entry.
+
+def _counting(model):
+    """Calls of the first decoder layer's and vision block's MLP forward: 1 each per forward, 2
+    when the backward recomputes them (checkpointing on; module hooks do not fire in a recompute,
+    so the forward itself is wrapped)."""
+    calls = {"text": 0, "vision": 0}
+    for key, mod in (("text", model.model.language_model.layers[0].mlp), ("vision", model.model.visual.blocks[0].mlp)):
+        def counted(*a, _f=mod.forward, _key=key, **kw):
+            calls[_key] += 1
+            return _f(*a, **kw)
+        mod.forward = counted
+    return calls
+
+
+def _grads(named_params, prefix=""):
+    """{name without prefix: full gradient} (an FSDP2 gradient is a DTensor shard: gathered)."""
+    return {n.removeprefix(prefix): (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
+            for n, p in named_params if p.grad is not None}
+
+
+def _plain_update_grads(records, pad_id, args):
+    model = utils.load_model("tiny", seed=0)
+    calls = _counting(model)
+    run_update(model, records, pad_id, args, micro_size=len(records))
+    assert calls == {"text": 1, "vision": 1}
+    return _grads(model.named_parameters())
+
+
+def _assert_grads_equal(got, want):
+    assert got.keys() == want.keys()
+    scale = max(g.abs().max().item() for g in want.values())
+    worst = max((got[n] - want[n]).abs().max().item() for n in want)
+    assert scale > 1e-3 and worst <= 1e-6 * scale, (worst, scale)
+
+
+def test_gradient_checkpointing_same_gradient(case):
+    """One process: the PPO update's gradient with checkpointing on equals the one without, and the
+    checkpointing is real (the layers run again in the backward)."""
+    _, records, pad_id = case
+    args = ts.parser.parse_args(ARGV)
+    want = _plain_update_grads(records, pad_id, args)
+    model = utils.load_model("tiny", seed=0)
+    policy_logprob.checkpoint_activations(model)
+    calls = _counting(model)
+    run_update(model, records, pad_id, args, micro_size=len(records))
+    assert calls == {"text": 2, "vision": 2}                   # forward + recompute
+    _assert_grads_equal(_grads(model.named_parameters()), want)
+
+
+def test_gradient_checkpointing_under_fsdp2(case):
+    """The same under FSDP2 on a 1-process gloo group, sharded by apply_fsdp as the trainers do
+    (checkpointing first, then fully_shard per layer and the root)."""
+    import torch.distributed as dist
+
+    _, records, pad_id = case
+    args = ts.parser.parse_args(ARGV)
+    want = _plain_update_grads(records, pad_id, args)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = utils.load_model("tiny", seed=0)
+        policy_logprob.checkpoint_activations(model)
+        calls = _counting(model)
+        policy = policy_logprob.apply_fsdp(model, policy_logprob.PolicyLogProb(model), ONE, mixed_precision=False)
+        mb = ts._micro_batches(records, 1, len(records), ONE)[0]
+
+        def collate(chunk):
+            return policy_logprob.collate_sequences([r.prompt for r in chunk], [r.response_ids for r in chunk], pad_id)
+
+        st = ts.ppo_step(policy, torch.optim.SGD(policy.parameters(), lr=0.0), mb, collate, args, ONE)
+        assert st["skipped"] == 0 and calls == {"text": 2, "vision": 2}
+        _assert_grads_equal(_grads(policy.named_parameters(), prefix="model."), want)   # the root's own prefix
+    finally:
+        dist.destroy_process_group()
+
+
+def test_gradient_checkpointing_flag():
+    """Both trainers list the flag (off by default); the run's args.json is vars(args), so it records it."""
+    import train_sft
+
+    for parser in (ts.parser, train_sft.parser):
+        assert "--gradient-checkpointing" in parser.format_help()
+        assert parser.parse_args([]).gradient_checkpointing is False
+        assert vars(parser.parse_args(["--gradient-checkpointing"]))["gradient_checkpointing"] is True
 
 
 class R:
