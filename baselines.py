@@ -13,9 +13,9 @@ import os
 from collections import Counter
 
 import cli
+import dataset
 import gui
 from eval_sop import GROUNDING_TYPES, sop_metrics
-
 
 
 def baselines_parser() -> argparse.ArgumentParser:
@@ -25,17 +25,17 @@ def baselines_parser() -> argparse.ArgumentParser:
                           prog="eval_sop.py baselines")
     p.add_argument("--data", nargs="+", required=True, type=cli.arg_type(cli.input_file), help="episode files")
     p.add_argument("--match-rules", choices=gui.MATCH_RULES, default="strict", help="strict (ours) or release")
-    p.add_argument("--swipe-convention", choices=gui.SWIPE_CONVENTIONS, default=None,
+    p.add_argument("--swipe-convention", choices=dataset.SWIPE_CONVENTIONS, default=None,
                    help="how the data files store swipes (default: declared, or known for shipped files)")
     p.add_argument("--image-root", default=None, help="screenshots folder (sizes are read from file headers)")
-    p.add_argument("--image-size", type=cli.arg_type(gui.parse_size), default=gui.ANDROID_CONTROL_SIZE,
+    p.add_argument("--image-size", type=cli.arg_type(gui.parse_size), default=dataset.ANDROID_CONTROL_SIZE,
                    help="WxH for steps with neither a recorded size nor a file (default 1080x2400, AndroidControl)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random-click policy")
     p.add_argument("--out", default=None, help="also write the JSON here")
     return p
 
 
-def trivial_policies(steps: list[tuple[gui.Step, tuple[int, int]]], seed: int = 0) -> dict:
+def trivial_policies(steps: list[tuple[dataset.Step, tuple[int, int]]], seed: int = 0) -> dict:
     """Trivial policies as {name: (action types it answers, fn(step, size) -> action in original
     pixels)}. Each answers with the step's own action type (an oracle for the type, so its rate
     isolates the arguments): clicks at the centre, uniformly at random, at the most frequent expert
@@ -92,7 +92,7 @@ def trivial_policies(steps: list[tuple[gui.Step, tuple[int, int]]], seed: int = 
     return pol
 
 
-def run_baselines(episodes: list[gui.Episode], sizes: dict, rules: str = "strict", seed: int = 0) -> dict:
+def run_baselines(episodes: list[dataset.Episode], sizes: dict, rules: str = "strict", seed: int = 0) -> dict:
     """Match rates of trivial_policies on `episodes` (sizes: id(step) -> original (W, H)).
     Returns {"counts": steps per type, "rates": {policy: {type: rate}}, "floor": {...}} where floor
     is the best trivial policy per action type ("floor_by_type", with its name), the step success
@@ -147,16 +147,16 @@ def format_baselines(res: dict) -> str:
     return "\n".join(lines)
 
 
-def step_sizes(episodes: list[gui.Episode], image_root=None, blank_screens=None) -> dict:
-    """id(step) -> original (W, H) by gui.original_size (headers only)."""
-    return {id(s): gui.original_size(s, image_root=image_root, blank_screens=blank_screens)
+def step_sizes(episodes: list[dataset.Episode], image_root=None, blank_screens=None) -> dict:
+    """id(step) -> original (W, H) by dataset.original_size (headers only)."""
+    return {id(s): dataset.original_size(s, image_root=image_root, blank_screens=blank_screens)
             for ep in episodes for s in ep.steps}
 
 
 def main(argv: list[str] | None = None) -> dict:
     """The `baselines` command: prints the rates table, then the JSON result; returns the result."""
     args = baselines_parser().parse_args(argv)
-    episodes = [ep for path in args.data for ep in gui.load_episodes(path, swipe_convention=args.swipe_convention)]
+    episodes = [ep for path in args.data for ep in dataset.load_episodes(path, swipe_convention=args.swipe_convention)]
     res = run_baselines(episodes, step_sizes(episodes, args.image_root, args.image_size), args.match_rules, args.seed)
     res["data"] = list(args.data)
     print(format_baselines(res))

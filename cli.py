@@ -1,10 +1,10 @@
 """A script's edges, shared by every script: argparse and one-line input errors in, strict JSON out.
 
 `make_parser` builds a parser whose --help shows defaults and the module docstring's examples;
-`cli(main)` runs a script so that a mistake in its input (UsageError, gui.DataError, a missing or
+`cli(main)` runs a script so that a mistake in its input (UsageError, dataset.DataError, a missing or
 unreadable file) is one line on stderr and exit code 2, never a traceback; the `arg_type` helpers
-check files, folders and models while the flags are parsed; `adopt_checkpoint_args` reads prompt
-options back from a checkpoint's args.json. Out: `dumps` (JSON with no NaN / Infinity, for every
+check files, folders and models while the flags are parsed (the prompt contract's flags and their
+adoption from a checkpoint are chat.py's). Out: `dumps` (JSON with no NaN / Infinity, for every
 summary, data and args file) and `MetricsLogger` (metrics.jsonl, optional TensorBoard).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import utils
-from utils import get_rank, latest_checkpoint, print0
+from utils import get_rank, latest_checkpoint
 
 
 class UsageError(Exception):
@@ -104,15 +104,9 @@ def model_path(name: str) -> str:
     return str(ckpt)
 
 
-def check_pixels(args) -> None:
-    """--min-pixels must be positive and not above --max-pixels (smart_resize's bounds)."""
-    if args.min_pixels <= 0 or args.max_pixels < args.min_pixels:
-        raise UsageError(f"--min-pixels {args.min_pixels} / --max-pixels {args.max_pixels}: need 0 < min <= max")
-
-
 def _input_errors() -> tuple:
     """The exception classes that mean bad input, never a bug: ours, the data loader's, the OS's."""
-    from gui import DataError
+    from dataset import DataError
 
     return (UsageError, DataError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
             UnicodeDecodeError)
@@ -130,7 +124,7 @@ def error_line(e: BaseException) -> str:
 
 
 def cli(main, argv=None):
-    """Run `main(argv)` as a script: an input error (UsageError, gui.DataError, a missing or
+    """Run `main(argv)` as a script: an input error (UsageError, dataset.DataError, a missing or
     unreadable file) prints `<script>: error: <one line>` to stderr and exits with code 2, like
     argparse's own errors; anything else (a bug) keeps its traceback. Under torchrun every rank
     meets the same error: rank 0 prints it, every rank exits 2."""
@@ -150,18 +144,6 @@ def _quiet_exit():
     sys.exit(2)
 
 
-def checkpoint_args(path: str | os.PathLike) -> dict:
-    """The args.json save_checkpoint wrote beside the weights of checkpoint folder `path`, or {} (a
-    plain Hugging Face folder, 'tiny'). A malformed file raises UsageError naming it."""
-    f = Path(path) / "args.json"
-    if str(path) in ("tiny", "auto") or not f.is_file():
-        return {}
-    try:
-        return json.loads(f.read_text())
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{f}: line {e.lineno}: invalid JSON: {e.msg}") from None
-
-
 def explicit_flags(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:
     """The dests the user set on the command line (argv), as opposed to defaults."""
     seen = argparse.Namespace()
@@ -174,30 +156,6 @@ def explicit_flags(parser: argparse.ArgumentParser, argv: list[str] | None) -> s
         for a in parser._actions:
             a.default = defaults[a.dest]
     return set(vars(seen))
-
-
-def adopt_checkpoint_args(args, parser: argparse.ArgumentParser, argv: list[str] | None, model: str,
-                          names: tuple[str, ...]) -> dict:
-    """Prompt options that must agree between training and evaluation (e.g. num_images, min/max
-    pixels) are read from the checkpoint's args.json when the user did not pass them: a flag left
-    out cannot silently change what the model sees. An explicit flag that
-    disagrees with the checkpoint is kept, with a warning. Returns {name: value} taken; prints one
-    line saying what it took (rank 0)."""
-    saved = checkpoint_args(model)
-    given = explicit_flags(parser, argv)
-    taken = {}
-    for name in names:
-        if name in given:
-            if name in saved and saved[name] != getattr(args, name):
-                print0(f"warning: --{name.replace('_', '-')} {getattr(args, name)} differs from the checkpoint's "
-                       f"{saved[name]} ({model}/args.json)")
-            continue
-        if name in saved:
-            taken[name] = saved[name]
-            setattr(args, name, saved[name])
-    if taken:
-        print0(f"prompt options from {model}/args.json: " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in taken.items()))
-    return taken
 
 
 # -----------------------------------------------------------------------------

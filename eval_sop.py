@@ -3,7 +3,7 @@ MiniWob++ success, and offline scoring of recorded responses.
 
 Protocols (one run may combine them). SOP and static walk the episodes with
 rollout.semi_online_rollout, the driver that training uses, as ONE greedy rollout per episode with
-patch_threshold 0: evaluation walks exactly as training does (prompts by gui.build_prompt, each
+patch_threshold 0: evaluation walks exactly as training does (prompts by chat.build_prompt, each
 step judged by gui.score_response, the one match function of rollout, training and evaluation).
 - sop (default): own history, greedy, no patching; an episode stops at its first wrong step. PG and
   TSR as in docs/method.md §8 (sop_progress, the one definition, which training logs too).
@@ -53,6 +53,7 @@ Single process only (no torchrun).
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -64,12 +65,20 @@ from collections import Counter, defaultdict
 import torch
 from tqdm import tqdm
 
+import chat
 import cli
+import dataset
 import gui
 import report
 import utils
 from kernels.policy_logprob import sampling_mode
-from rollout import DECODE_MODES, SampleOutput, StepPrompt, StepRecord, semi_online_rollout
+from rollout import (
+    DECODE_MODES,
+    SampleOutput,
+    StepPrompt,
+    StepRecord,
+    semi_online_rollout,
+)
 
 # -----------------------------------------------------------------------------
 # Config
@@ -79,7 +88,6 @@ GROUNDING_TYPES = ("click", "long_press")  # steps that count for grounding accu
 size_arg = cli.arg_type(gui.parse_size)  # argparse type for 'WxH' -> (W, H)
 input_file = cli.arg_type(cli.input_file)  # argparse type: a readable file
 # prompt options that must agree with training: read from a checkpoint's args.json unless given
-PROMPT_ARGS = ("num_images", "min_pixels", "max_pixels", "max_prompt_tokens", "step_instruction", "elements")
 
 
 def sop_parser() -> argparse.ArgumentParser:
@@ -90,7 +98,7 @@ def sop_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="first N episodes of each file (default: all)")
     p.add_argument("--per-task-limit", type=int, default=None,
                    help="first N episodes of each task (episode.meta['task'], else each file) (default: all)")
-    p.add_argument("--swipe-convention", choices=gui.SWIPE_CONVENTIONS, default=None,
+    p.add_argument("--swipe-convention", choices=dataset.SWIPE_CONVENTIONS, default=None,
                    help="how the data files store swipes (default: declared per episode, or known for the shipped "
                    "files; a file with swipes and neither is an error)")
     p.add_argument("--match-rules", choices=gui.MATCH_RULES, default="strict",
@@ -105,24 +113,14 @@ def sop_parser() -> argparse.ArgumentParser:
     # prompt
     p.add_argument("--tokenizer", default=None,
                    help="tokenizer directory (default: the model folder's; tiny: assets/tiny_tokenizer; else the shipped Qwen2.5-VL tokenizer)")
-    p.add_argument("--num-images", type=int, default=2, help="screenshots kept as images (the last K steps; release 2)")
-    p.add_argument("--min-pixels", type=int, default=gui.MIN_PIXELS, help="smart_resize min pixels (release 4*28*28)")
-    p.add_argument("--max-pixels", type=int, default=gui.MAX_PIXELS,
-                   help="smart_resize max pixels (release 12800*28*28)")
-    p.add_argument("--max-prompt-tokens", type=int, default=32768,
-                   help="prompt budget: oldest turns are summarised beyond it (0: no budget); a model policy "
-                   "also caps it at the model's context minus --max-new-tokens")
-    p.add_argument("--step-instruction", action=argparse.BooleanOptionalAction, default=False,
-                   help="add the step instruction (AndroidControl-Low style)")
-    p.add_argument("--elements", action=argparse.BooleanOptionalAction, default=True,
-                   help="add the recorded element list, where there is one (training always adds it)")
+    chat.add_prompt_args(p)  # the prompt contract; a model policy adopts its checkpoint's (and caps the budget at
+    # its context minus --max-new-tokens, docs/method.md §10)
     # policy
     p.add_argument("--policy", choices=["expert", "model"], default="expert",
                    help="who acts: expert = replay the expert actions; model = greedy responses of --model")
     p.add_argument("--model", default="tiny", type=cli.arg_type(cli.model_path),
                    help="'tiny' (random, seeded by --seed), a Hugging Face folder, a checkpoint folder, or a folder "
-                   "with a `latest` pointer (e.g. out/sft/ckpt); the prompt options not given (--num-images, "
-                   "--min/max-pixels, --max-prompt-tokens, --step-instruction, --elements) come from its args.json")
+                   "with a `latest` pointer (e.g. out/sft/ckpt); the prompt contract's fields not given come from its args.json")
     p.add_argument("--max-new-tokens", type=int, default=512,
                    help="response length limit, as training's (docs/method.md §7); a response that hits it is cut: under the "
                    "strict rules a malformed, wrong step; result.json counts them (responses_at_cap, truncated_rate)")
@@ -163,7 +161,7 @@ def score_parser() -> argparse.ArgumentParser:
     p.add_argument("--subset", action="store_true",
                    help="allow responses that cover only some steps (default: every step of --data must be scored)")
     p.add_argument("--match-rules", choices=gui.MATCH_RULES, default="strict", help="strict (ours) or release")
-    p.add_argument("--swipe-convention", choices=gui.SWIPE_CONVENTIONS, default=None,
+    p.add_argument("--swipe-convention", choices=dataset.SWIPE_CONVENTIONS, default=None,
                    help="how the data files store swipes (default: declared, or known for shipped files)")
     p.add_argument("--out", required=True, help="JSONL of scores, one line per response")
     p.add_argument("--image-size", type=size_arg, default=None,
@@ -251,7 +249,7 @@ def static_metrics(steps: list[dict]) -> dict:
             "steps": n, "grounding_steps": len(grounded)}
 
 
-def task_of(ep: gui.Episode) -> str:
+def task_of(ep: dataset.Episode) -> str:
     """The group an episode is reported under: its MiniWob task, else its data file."""
     return str(ep.meta.get("task") or ep.source)
 
@@ -266,7 +264,7 @@ def lent(sampler):
     return sampling_mode(model) if isinstance(model, torch.nn.Module) else contextlib.nullcontext()
 
 
-def walk(episodes: list[gui.Episode], sampler, args, tokenizer, image_processor, budget: int | None,
+def walk(episodes: list[dataset.Episode], sampler, args, tokenizer, image_processor, spec: chat.PromptSpec,
          history: str, stats: dict) -> tuple[list[list[dict]], list[tuple[int, int]]]:
     """Walk `episodes` with rollout.semi_online_rollout, --batch-size episodes per call (so at most
     that many prompts, with their pixels, are alive at once): one greedy rollout per episode,
@@ -283,9 +281,7 @@ def walk(episodes: list[gui.Episode], sampler, args, tokenizer, image_processor,
             chunk = episodes[lo:lo + args.batch_size]
             records = semi_online_rollout(
                 sampler, chunk, tokenizer, image_processor, n_rollouts=1, patch_threshold=0, history_mode=history,
-                image_root=args.image_root, blank_screens=args.blank_screens, num_images=args.num_images,
-                min_pixels=args.min_pixels, max_pixels=args.max_pixels, max_prompt_tokens=budget,
-                step_instruction=args.step_instruction, elements=args.elements, match_rules=args.match_rules,
+                image_root=args.image_root, blank_screens=args.blank_screens, spec=spec, match_rules=args.match_rules,
                 greedy=True)
             lens = {k: len(ep.steps) for k, ep in enumerate(chunk)}
             for (k, _), p in sop_progress(records, lens, zero_on_error=args.match_rules == "release").items():
@@ -299,6 +295,7 @@ def walk(episodes: list[gui.Episode], sampler, args, tokenizer, image_processor,
                 if ids is not None:
                     stats["max_tokens"] = max(stats["max_tokens"], len(ids))
                     stats["budgeted"] += r.prompt.n_dropped_turns > 0
+                    budget = spec.max_prompt_tokens
                     stats["over"] += budget is not None and len(ids) > budget  # the current turn alone is too long
                 stats["responses"] += 1
                 stats["truncated"] += r.finish_reason != "stop"
@@ -308,21 +305,21 @@ def walk(episodes: list[gui.Episode], sampler, args, tokenizer, image_processor,
     return rows, progress
 
 
-def episode_views(ep: gui.Episode, rows: list[dict], args) -> list[dict]:
+def episode_views(ep: dataset.Episode, rows: list[dict], args) -> list[dict]:
     """report.step_view of each walked step of `ep` (rows of walk), the predicted action mapped back
     to original pixels by gui.score_response, as the walker scored it."""
     views = []
     for row in rows:
         step = ep.steps[row["t"]]
-        orig = gui.original_size(step, image_root=args.image_root, blank_screens=args.blank_screens)
-        image = gui.load_screenshot(step, image_root=args.image_root, blank_screens=args.blank_screens)
+        orig = dataset.original_size(step, image_root=args.image_root, blank_screens=args.blank_screens)
+        image = dataset.load_screenshot(step, image_root=args.image_root, blank_screens=args.blank_screens)
         pred = gui.score_response(row["response"], step, resized_size=row["resized_size"], orig_size=orig,
                                   rules=args.match_rules).action
         views.append(report.step_view(row["t"], image, orig, step, row["response"], pred, row["match"], row["reward"]))
     return views
 
 
-def run_sop(episodes: list[gui.Episode], walker, args, show: set[int]) -> tuple[list[dict], list[dict]]:
+def run_sop(episodes: list[dataset.Episode], walker, args, show: set[int]) -> tuple[list[dict], list[dict]]:
     """SOP (docs/method.md §8): own history, greedy, each episode ends at its first wrong step.
     walker(history) is `walk` bound to the run's sampler and prompt options. Returns (one record
     per episode, in order; report episodes)."""
@@ -345,7 +342,7 @@ def run_sop(episodes: list[gui.Episode], walker, args, show: set[int]) -> tuple[
     return records, shown
 
 
-def run_static(episodes: list[gui.Episode], walker, args, show: set[int]) -> tuple[list[dict], list[dict]]:
+def run_static(episodes: list[dataset.Episode], walker, args, show: set[int]) -> tuple[list[dict], list[dict]]:
     """Static (AndroidControl-High/-Low): every step with the expert's earlier actions as history
     (the walker's history "expert", as offline RL trains). Returns (one record per step, report
     episodes)."""
@@ -468,13 +465,13 @@ def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], 
 def score_main(argv: list[str]) -> dict:
     """Score recorded responses. Every response must name a step of --data; unless --subset, every
     step of --data must have at least one response (several per step are allowed). Raises
-    gui.DataError (a ValueError) naming the responses file, line and field, or the unscored steps."""
+    dataset.DataError (a ValueError) naming the responses file, line and field, or the unscored steps."""
     args = score_parser().parse_args(argv)
-    index: dict[str, tuple[gui.Episode, str]] = {}
+    index: dict[str, tuple[dataset.Episode, str]] = {}
     for path in args.data:
-        for ep in gui.load_episodes(path, swipe_convention=args.swipe_convention):
+        for ep in dataset.load_episodes(path, swipe_convention=args.swipe_convention):
             if ep.episode_id in index:
-                raise gui.DataError(f"episode id {ep.episode_id!r} is in both {index[ep.episode_id][1]} and {path}; "
+                raise dataset.DataError(f"episode id {ep.episode_id!r} is in both {index[ep.episode_id][1]} and {path}; "
                                  "score one file at a time")
             index[ep.episode_id] = (ep, path)
     n = reward = match = type_match = at_cap = malformed = 0
@@ -488,22 +485,22 @@ def score_main(argv: list[str]) -> dict:
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
-                raise gui.DataError(f"{where}: invalid JSON: {e.msg}") from None
+                raise dataset.DataError(f"{where}: invalid JSON: {e.msg}") from None
             if not isinstance(rec, dict) or not {"episode_id", "step", "response"} <= rec.keys():
-                raise gui.DataError(f"{where}: expected an object with episode_id, step, response")
+                raise dataset.DataError(f"{where}: expected an object with episode_id, step, response")
             ep_id, t = str(rec["episode_id"]), rec["step"]
             if ep_id not in index:
-                raise gui.DataError(f"{where}: field 'episode_id': unknown episode {ep_id!r} (not in {', '.join(args.data)})")
+                raise dataset.DataError(f"{where}: field 'episode_id': unknown episode {ep_id!r} (not in {', '.join(args.data)})")
             ep = index[ep_id][0]
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < len(ep.steps):
-                raise gui.DataError(f"{where}: field 'step': episode {ep_id} has steps 0..{len(ep.steps) - 1}, got {t!r}")
+                raise dataset.DataError(f"{where}: field 'step': episode {ep_id} has steps 0..{len(ep.steps) - 1}, got {t!r}")
             if not isinstance(rec["response"], str):
-                raise gui.DataError(f"{where}: field 'response': expected a string, got {type(rec['response']).__name__}")
+                raise dataset.DataError(f"{where}: field 'response': expected a string, got {type(rec['response']).__name__}")
             step = ep.steps[t]
             try:
-                orig = gui.original_size(step, image_root=args.image_root, blank_screens=args.image_size)
+                orig = dataset.original_size(step, image_root=args.image_root, blank_screens=args.image_size)
             except FileNotFoundError:
-                raise gui.DataError(f"{where}: episode {ep_id} step {t} records no screenshot size; pass --image-size WxH "
+                raise dataset.DataError(f"{where}: episode {ep_id} step {t} records no screenshot size; pass --image-size WxH "
                                  "or --image-root DIR") from None
             resized = gui.resized_size(orig, min_pixels=args.min_pixels, max_pixels=args.max_pixels)
             # a recorded finish reason, where the file has one; without it, trailing text after the
@@ -521,12 +518,12 @@ def score_main(argv: list[str]) -> dict:
             malformed += s.error is not None
             per_step[ep_id, t] += 1
     if n == 0:
-        raise gui.DataError(f"{args.responses}: no responses to score")
+        raise dataset.DataError(f"{args.responses}: no responses to score")
     total = sum(len(ep.steps) for ep, _ in index.values())
     missing = [(i, t) for i, (ep, _) in index.items() for t in range(len(ep.steps)) if (i, t) not in per_step]
     if missing and not args.subset:
         shown = ", ".join(f"{i}:{t}" for i, t in missing[:10]) + (" ..." if len(missing) > 10 else "")
-        raise gui.DataError(f"{args.responses}: {len(missing)} of {total} steps of {', '.join(args.data)} have no response "
+        raise dataset.DataError(f"{args.responses}: {len(missing)} of {total} steps of {', '.join(args.data)} have no response "
                          f"(episode:step {shown}); pass --subset to score only the steps given")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as fout:
@@ -563,9 +560,8 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     if args.policy == "expert" and "model" in cli.explicit_flags(parser, argv):
         raise cli.UsageError(f"--model {args.model} is given but --policy is expert (the default): add --policy model")
-    cli.check_pixels(args)
     for flag, value, low in (("--max-new-tokens", args.max_new_tokens, 1), ("--batch-size", args.batch_size, 1),
-                             ("--num-images", args.num_images, 1), ("--online-seeds", args.online_seeds, 1)):
+                             ("--online-seeds", args.online_seeds, 1)):
         if value < low:
             raise cli.UsageError(f"{flag} {value}: must be >= {low}")
     if not args.data and not args.online:
@@ -576,28 +572,28 @@ def main(argv: list[str] | None = None) -> dict:
 
     # --- setup: the policy as a sampler of the walker; for a model, its tokenizer and image processor
     tokenizer = image_processor = None  # the expert reads no prompt: none is built
-    budget = args.max_prompt_tokens or None
+    # the prompt the model was trained on (its checkpoint's contract; the expert reads no prompt)
+    spec = chat.resolve_spec(args, args.model if args.policy == "model" else "none", say=utils.print0)
+    budget = spec.max_prompt_tokens
     sampler = ExpertSampler()
     if args.policy == "model":
-        cli.adopt_checkpoint_args(args, parser, argv, args.model, PROMPT_ARGS)  # the prompt it was trained on
         tok_dir = args.tokenizer or args.model  # a model meets its own vocabulary (utils.tokenizer_dir)
-        tokenizer, image_processor = utils.load_processor(tok_dir, min_pixels=args.min_pixels, max_pixels=args.max_pixels)
+        tokenizer, image_processor = utils.load_processor(tok_dir, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
         sampler = load_sampler(args, tokenizer)
         # docs/method.md §10: a long history must be summarised, never overflow the context
         cfg = getattr(sampler.model, "config", None)
         ctx = getattr(cfg.get_text_config(), "max_position_embeddings", None) if cfg is not None else None
         if ctx:
             budget = min(budget or ctx, ctx - args.max_new_tokens)
+    spec = dataclasses.replace(spec, max_prompt_tokens=budget)
     stats = Counter()  # prompts: max_tokens, budgeted, over; responses: responses, truncated, tokens
 
     def walker(history):
-        return walk(episodes, sampler, args, tokenizer, image_processor, budget, history, stats)
+        return walk(episodes, sampler, args, tokenizer, image_processor, spec, history, stats)
 
     def make_prompt_online(obs, shots, history):
-        prompt = gui.build_prompt(
-            tokenizer, image_processor, goal=obs["goal"], screenshots=shots, history=history,
-            elements=obs["elements"] if args.elements else None, num_images=args.num_images,
-            min_pixels=args.min_pixels, max_pixels=args.max_pixels, max_prompt_tokens=budget)
+        prompt = chat.build_prompt(tokenizer, image_processor, spec, goal=obs["goal"], screenshots=shots,
+                                   history=history, elements=obs["elements"] if spec.elements else None)
         stats["max_tokens"] = max(stats["max_tokens"], len(prompt.input_ids))
         stats["budgeted"] += prompt.n_dropped_turns > 0
         stats["over"] += budget is not None and len(prompt.input_ids) > budget
@@ -606,7 +602,7 @@ def main(argv: list[str] | None = None) -> dict:
     # --- data
     episodes = []
     for path in args.data:
-        episodes += gui.load_episodes(path, limit=args.limit, swipe_convention=args.swipe_convention)
+        episodes += dataset.load_episodes(path, limit=args.limit, swipe_convention=args.swipe_convention)
     if args.per_task_limit is not None:
         seen = defaultdict(int)
         keep = []

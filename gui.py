@@ -1,48 +1,40 @@
-"""The GUI agent's interface: everything every stage needs to talk about screens and actions.
-
-One module, used by train_sft.py, rollout.py, patch.py, train_semionline.py and eval_sop.py:
+"""The GUI agent's action interface: what every stage needs to talk about screens and actions.
 
 1. the action space and the response format of docs/method.md §3 (parse_response never raises);
 2. coordinates: Qwen2.5-VL smart_resize, mapping actions between original and resized pixels;
 3. the match and rule reward of docs/method.md §4: action_match / score_response, the ONE function
-   that decides "wrong step" in rollout, patching, returns and SOP;
-4. episodes: the UI-S1 JSONL format and AndroidControl's native per-step JSON, screenshots;
-5. prompts: the Qwen2.5-VL chat template with image pads expanded, history as text, the last K
-   screenshots as images, and a token budget that summarises the oldest turns instead of failing.
+   that decides "wrong step" in rollout, patching, returns and SOP, under the strict rules or the
+   release's (`--match-rules release`).
+Episodes and screenshots are dataset.py; how a step becomes a prompt is chat.py.
 
 Conventions (read these before touching coordinates):
 - sizes are always (W, H); smart_resize alone keeps Qwen's (height, width) order, as upstream.
 - an action dict is the release's JSON, e.g. {"action": "click", "coordinate": [x, y]}. Expert
-  actions (Step.action) are in ORIGINAL screenshot pixels; model responses are in pixels of the
-  RESIZED screenshot the model saw (Prompt.resized_size). score_response maps between the two.
+  actions (dataset.Step.action) are in ORIGINAL screenshot pixels; model responses are in pixels of
+  the RESIZED screenshot the model saw (chat.Prompt.resized_size). score_response maps between the two.
 - swipe: coordinate -> coordinate2 is the path of the FINGER. AndroidControl's native `scroll`
   `direction` is the direction the *content* moves, i.e. opposite to the finger: a native
   "scroll down" becomes a finger swipe upwards when loaded. The UI-S1 release files already store
   finger swipes. (The release converted only up/down; its horizontal swipes keep the native
   direction, so its 133 left/right test swipes disagree with our native conversion. Each file is
   self-consistent, which is all a match needs.)
-
-Why one module of about 1,000 lines, past the 700 a stage file aims at: the five parts above are
-one contract. Parsing, the coordinate maps, the match and the prompt must agree to the pixel with
-the episodes' conventions, and every stage imports them together; split, the conventions would
-have to be restated in each part. The largest part, episode loading (two file formats, errors that
-name file, line and field), is the one to move to its own module if this one grows further.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
-import os
 import re
 import unicodedata
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from PIL import Image
+
+if TYPE_CHECKING:
+    import dataset
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +49,6 @@ POINT_DISTANCE = 0.04       # release: normalised distance threshold for clicks
 MIN_PIXELS = 4 * 28 * 28        # release defaults for smart_resize
 MAX_PIXELS = 12800 * 28 * 28
 MAX_COORD = 1e6             # |coordinate| beyond this is malformed output (it would overflow int() once scaled)
-ANDROID_CONTROL_SIZE = (1080, 2400)  # (W, H) of AndroidControl phones where a native row records no size
 
 # required arguments per action type: (name, kind)
 _ARGS = {
@@ -72,7 +63,7 @@ _ARGS = {
 _OPTIONAL = {"long_press": (("time", "num"),), "wait": (("time", "num"),), "terminate": (("status", "str"),)}
 
 
-def _num(v):
+def as_number(v):
     """A finite float from a JSON number (bools and huge ints rejected), else None."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
@@ -102,13 +93,13 @@ def check_action(action, *, strict: bool = False) -> dict:
             continue
         v = action[name]
         if typ == "point":
-            xy = [_num(c) for c in v] if isinstance(v, (list, tuple)) and len(v) == 2 else None
+            xy = [as_number(c) for c in v] if isinstance(v, (list, tuple)) and len(v) == 2 else None
             if xy is None or None in xy or max(abs(c) for c in xy) > MAX_COORD:
                 raise ValueError(f"{name}: expected [x, y] numbers within +-{MAX_COORD:g}, got {v!r}")
             out[name] = [int(round(c)) for c in xy] if strict else list(v)
         elif typ == "str" and isinstance(v, str):
             out[name] = v
-        elif typ == "num" and _num(v) is not None:
+        elif typ == "num" and as_number(v) is not None:
             out[name] = v
         elif required:  # an ill-typed optional argument (wait time "2") is dropped, not fatal
             raise ValueError(f"{name}: expected a {'string' if typ == 'str' else 'number'}, got {v!r}")
@@ -213,7 +204,7 @@ def scale_action(action: dict, src_size: tuple[int, int], dst_size: tuple[int, i
     return out
 
 
-def expert_response(step: "Step", orig_size: tuple[int, int], resized: tuple[int, int] | None = None,
+def expert_response(step: "dataset.Step", orig_size: tuple[int, int], resized: tuple[int, int] | None = None,
                     thought: str | None = None, *, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS) -> str:
     """The expert action of `step` written as a model response in pixels of the resized screenshot
     (W, H) = resized, or, when it is None, of smart_resize(orig_size) under min/max_pixels."""
@@ -542,7 +533,7 @@ class Score:
     error: str | None = None  # why the response is malformed (reward 0); None when well-formed
 
 
-def score_response(text: str, step: "Step", *, resized_size: tuple[int, int], orig_size: tuple[int, int],
+def score_response(text: str, step: "dataset.Step", *, resized_size: tuple[int, int], orig_size: tuple[int, int],
                    rules: str = "strict", truncated: bool = False) -> Score:
     """The rule reward of one step (docs/method.md §4), the one function used everywhere.
     `text` is a model response with coordinates in pixels of the resized screenshot (W, H) =
@@ -581,669 +572,3 @@ def score_response(text: str, step: "Step", *, resized_size: tuple[int, int], or
         match, type_match = action_match(pred, step.action, step.candidate_bbox, orig_size, rules=rules)
     act = 1.0 if match else (0.5 if type_match else 0.1)
     return Score(0.1 * float(format_ok) + 0.9 * act, match, type_match, format_ok, pred)
-
-
-# -----------------------------------------------------------------------------
-# Episodes
-
-@dataclass
-class Step:
-    screenshot: str | None                 # path as recorded (absolute, or relative to the data file's folder)
-    action: dict                           # expert action, ORIGINAL pixels, canonical (check_action strict)
-    step_instruction: str | None = None    # low-level instruction (AndroidControl-Low)
-    thought: str | None = None             # expert thought (off-policy-thought patches)
-    candidate_bbox: list[list[int]] = field(default_factory=list)  # (x1, y1, x2, y2) original pixels
-    image_size: tuple[int, int] | None = None  # (W, H) original, if recorded
-    elements: str | None = None            # element list text (accessibility tree), if recorded
-    root: str | None = None                # folder of the data file: relative screenshots resolve here
-    where: str | None = None               # "file: line N: steps[k]" (or "file: row N"), for error messages
-
-
-@dataclass
-class Episode:
-    goal: str
-    episode_id: str
-    steps: list[Step]
-    source: str                            # data file path
-    meta: dict = field(default_factory=dict)  # other episode-level fields (MiniWob: task, seed, ...)
-
-
-_NATIVE_IMAGE_RE = re.compile(r"episode_(\w+?)-screenshot_(\d+)\.\w+$")
-
-
-class DataError(ValueError):
-    """A data file that cannot be read as episodes, or a step whose recorded size disagrees with its
-    screenshot: the message names file, line (or row) and field. Scripts report it in one line."""
-
-
-class _Where:
-    """Error context: file and line (JSONL) or row index (JSON list)."""
-
-    def __init__(self, path, kind, idx):
-        self.path, self.kind, self.idx = path, kind, idx
-
-    def error(self, fld, msg) -> DataError:
-        return DataError(f"{self.path}: {self.kind} {self.idx}: field {fld!r}: {msg}")
-
-    def __str__(self):
-        return f"{self.path}: {self.kind} {self.idx}"
-
-
-def _size(v, where, fld):
-    if v is None:
-        return None
-    ok = isinstance(v, (list, tuple)) and len(v) == 2
-    if not ok or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in v):
-        raise where.error(fld, f"expected [W, H] positive ints, got {v!r}")
-    return (v[0], v[1])
-
-
-def _boxes(v, where, fld):
-    if v is None:
-        return []
-    if isinstance(v, (list, tuple)) and len(v) == 4 and all(_num(c) is not None for c in v):
-        v = [v]  # a single box (the release's `len(...) == 4` case)
-    if not isinstance(v, (list, tuple)):
-        raise where.error(fld, f"expected a list of [x1, y1, x2, y2] boxes, got {v!r}")
-    out = []
-    for i, b in enumerate(v):
-        if not isinstance(b, (list, tuple)) or len(b) != 4 or any(_num(c) is None for c in b):
-            raise where.error(f"{fld}[{i}]", f"expected [x1, y1, x2, y2] numbers, got {b!r}")
-        if b[2] < b[0] or b[3] < b[1]:  # such a box can never contain a point: no step could match on it
-            raise where.error(f"{fld}[{i}]", f"reversed corners (x2 < x1 or y2 < y1): {b!r}")
-        if b[2] == b[0] or b[3] == b[1]:
-            raise where.error(f"{fld}[{i}]", f"empty box (zero width or height): {b!r}")
-        out.append(list(b))
-    return out
-
-
-def _text(v, where, fld):
-    if v is None or isinstance(v, str):
-        return v
-    raise where.error(fld, f"expected a string, got {v!r}")
-
-
-def _instruction(v, where, fld):
-    """A step instruction: a string, or None; an empty or whitespace-only one is absent (None), so no
-    prompt gets an empty "Step instruction:" line."""
-    v = _text(v, where, fld)
-    return v if v is not None and v.strip() else None
-
-
-def _elements(v, where, fld):
-    if v is None or isinstance(v, str):
-        return v
-    if isinstance(v, list):  # one element per line: role, text, box as the producer wrote them
-        return "\n".join(e if isinstance(e, str) else json.dumps(e, ensure_ascii=False) for e in v)
-    raise where.error(fld, f"expected a string or a list, got {type(v).__name__}")
-
-
-# How a UI-S1-format file stores swipes (coordinate -> coordinate2), per data source:
-# - "finger": the finger's path (our convention; thought_example_uis1.jsonl: "Swipe up to scroll down");
-# - "scroll": the scroll direction, opposite to the finger on both axes (android_control_train_example:
-#   19/19 vertical swipes "down" where the same episode in the thought file swipes up);
-# - "mixed": vertical swipes as the finger, horizontal ones as the scroll direction (the release's
-#   AndroidControl evaluation file: it reversed only up/down of the native rows; read this way, all
-#   956 of its swipes agree with the native file's).
-# Loaded actions are always finger paths. A file with swipes must declare its convention (argument,
-# or a "swipe_convention" field per episode) unless it is one of the shipped files below (sha256).
-SWIPE_CONVENTIONS = ("finger", "scroll", "mixed")
-KNOWN_SWIPE_CONVENTIONS = {
-    "d2b3b7607dd6a312d173867ab38c5f5575b43b2f361b2d450ba4cd31919a1de3": "mixed",   # android_control_test_uis1.jsonl
-    "d59eec2c0d32d60f6d2e1f2eca6c23ec3477c31be6849f906dd336399785350e": "scroll",  # android_control_train_example_uis1
-    "0b9ad0200432b372c1544b08bd9f2857333fe1626bbdfa35446e65a94aa5f00a": "finger",  # thought_example_uis1.jsonl
-}
-
-
-def _to_finger(action: dict, convention: str) -> dict:
-    """A stored swipe -> the finger's path under `convention` (reversing the path flips its direction)."""
-    d = swipe_direction(action["coordinate"], action["coordinate2"])
-    if convention == "scroll" or (convention == "mixed" and d in ("left", "right")):
-        return {**action, "coordinate": action["coordinate2"], "coordinate2": action["coordinate"]}
-    return action
-
-
-def _check_points(action: dict, size, where, fld):
-    """Expert points must lie in the recorded image (W, H) (1 px slack); one that lies outside but
-    inside (H, W) means image_size was written (H, W)."""
-    if size is None:
-        return
-    w, h = size
-    for k in ("coordinate", "coordinate2"):
-        if k in action:
-            x, y = action[k]
-            if not (-1 <= x <= w + 1 and -1 <= y <= h + 1):
-                hint = ("; image_size looks (H, W)-swapped: write [W, H]"
-                        if -1 <= x <= h + 1 and -1 <= y <= w + 1 else "")
-                raise where.error(f"{fld}.{k}", f"point {[x, y]} lies outside the recorded image_size "
-                                  f"{w}x{h} (W x H){hint}")
-
-
-def _uis1_episode(obj, where, path, root, default_id, swipe_convention=None) -> Episode:
-    """One episode of the UI-S1 release format (also MiniWob's, which adds task/seed/image_size and
-    per-step thought/elements). swipe_convention: the file's, None if undeclared."""
-    if not isinstance(obj, dict):
-        raise where.error("<episode>", f"expected a JSON object, got {type(obj).__name__}")
-    if "steps" not in obj and ("gt" in obj or "image" in obj):
-        raise where.error("steps", f"missing: this line looks like a native AndroidControl step (keys {sorted(obj)}); "
-                          "native files are one JSON list of such rows")
-    goal = obj.get("goal")
-    if not isinstance(goal, str):
-        raise where.error("goal", f"expected a string, got {goal!r}")
-    steps = obj.get("steps")
-    if not isinstance(steps, list) or not steps:
-        raise where.error("steps", "expected a non-empty list")
-    ep_size = _size(obj.get("image_size"), where, "image_size")
-    declared = obj.get("swipe_convention")
-    if declared is not None and declared not in SWIPE_CONVENTIONS:
-        raise where.error("swipe_convention", f"expected one of {SWIPE_CONVENTIONS}, got {declared!r}")
-    convention = swipe_convention or declared
-    out = []
-    for k, s in enumerate(steps):
-        f = f"steps[{k}]"
-        if not isinstance(s, dict):
-            raise where.error(f, "expected a JSON object")
-        if "action_content" not in s:
-            raise where.error(f"{f}.action_content", "missing")
-        raw = s["action_content"]
-        try:
-            action = check_action(raw, strict=True)
-        except ValueError as e:
-            raise where.error(f"{f}.action_content", str(e)) from None
-        if action["action"] == "swipe":
-            if action["coordinate"] == action["coordinate2"]:
-                raise where.error(f"{f}.action_content", f"zero-length swipe {action['coordinate']} -> "
-                                  f"{action['coordinate2']}: it has no direction, no prediction could match it")
-            if convention is None:
-                raise where.error("swipe_convention", "the file stores swipes but declares no convention: pass "
-                                  f"swipe_convention (eval_sop.py --swipe-convention) one of {SWIPE_CONVENTIONS}, or "
-                                  "add \"swipe_convention\" to each episode (see gui.SWIPE_CONVENTIONS)")
-            action = _to_finger(action, convention)
-        size = _size(s.get("image_size"), where, f"{f}.image_size") or ep_size
-        _check_points(action, size, where, f"{f}.action_content")
-        check = s.get("check_options") or {}
-        if not isinstance(check, dict):
-            raise where.error(f"{f}.check_options", "expected a JSON object")
-        if "candidate_bbox" in s:
-            boxes = _boxes(s["candidate_bbox"], where, f"{f}.candidate_bbox")
-        elif "candidate_bbox" in check:
-            boxes = _boxes(check["candidate_bbox"], where, f"{f}.check_options.candidate_bbox")
-        else:  # the train file puts one box on the action itself
-            boxes = _boxes(raw.get("bbox") if isinstance(raw, dict) else None, where, f"{f}.action_content.bbox")
-        shot = s.get("screenshot")
-        if shot is not None and not isinstance(shot, str):
-            raise where.error(f"{f}.screenshot", f"expected a path string, got {shot!r}")
-        out.append(Step(
-            screenshot=shot, action=action,
-            step_instruction=_instruction(s.get("step_instruction"), where, f"{f}.step_instruction"),
-            thought=_text(s.get("thought"), where, f"{f}.thought"),
-            candidate_bbox=boxes, image_size=size,
-            elements=_elements(s.get("elements"), where, f"{f}.elements"),
-            root=root, where=f"{where}: {f}"))
-    ep_id = obj.get("episode_id", default_id)
-    if isinstance(ep_id, bool) or not isinstance(ep_id, (str, int)):
-        raise where.error("episode_id", f"expected a string or int, got {ep_id!r}")
-    meta = {k: v for k, v in obj.items() if k not in ("goal", "steps", "episode_id")}
-    if convention is not None:
-        meta["swipe_convention"] = convention
-    return Episode(goal=goal, episode_id=str(ep_id), steps=out, source=path, meta=meta)
-
-
-def _native_action(gt, where, size) -> dict:
-    """AndroidControl's native action -> our action space. Scroll direction is the CONTENT's
-    direction; the finger moves the opposite way (see module docstring)."""
-    if not isinstance(gt, dict):
-        raise where.error("gt", "expected a JSON object")
-    kind = gt.get("action_type")
-    w, h = size
-
-    def pt():
-        x, y = _num(gt.get("x")), _num(gt.get("y"))
-        if x is None or y is None:
-            raise where.error("gt.x/gt.y", f"expected numbers for {kind!r}, got x={gt.get('x')!r} y={gt.get('y')!r}")
-        return [int(round(x)), int(round(y))]
-
-    def txt(key):
-        v = gt.get(key)
-        if not isinstance(v, str):
-            raise where.error(f"gt.{key}", f"expected a string for {kind!r}, got {v!r}")
-        return v
-
-    if kind == "click":
-        return {"action": "click", "coordinate": pt()}
-    if kind == "long_press":
-        return {"action": "long_press", "coordinate": pt(), "time": 2}
-    if kind == "scroll":
-        d = gt.get("direction")
-        # finger path for each content direction; the release's points (W/2, H/4) <-> (W/2, 3H/4)
-        top, bottom = [w // 2, h // 4], [w // 2, 3 * h // 4]
-        left, right = [w // 4, h // 2], [3 * w // 4, h // 2]
-        paths = {"down": (bottom, top), "up": (top, bottom), "right": (right, left), "left": (left, right)}
-        if d not in paths:
-            raise where.error("gt.direction", f"expected up/down/left/right, got {d!r}")
-        a, b = paths[d]
-        return {"action": "swipe", "coordinate": a, "coordinate2": b}
-    if kind == "input_text":
-        return {"action": "type", "text": txt("text")}
-    if kind == "open_app":
-        return {"action": "open", "text": txt("app_name")}
-    if kind == "navigate_back":
-        return {"action": "system_button", "button": "Back"}
-    if kind == "navigate_home":
-        return {"action": "system_button", "button": "Home"}
-    if kind == "keyboard_enter":
-        return {"action": "system_button", "button": "Enter"}
-    if kind == "wait":
-        return {"action": "wait", "time": 2}
-    if kind == "answer":
-        return {"action": "answer", "text": txt("text")}
-    if kind == "status":  # AndroidWorld-style terminal action
-        s = gt.get("goal_status")
-        if s not in ("complete", "infeasible", "successful", "success", "failure"):
-            raise where.error("gt.goal_status", f"unknown status {s!r}")
-        return {"action": "terminate", "status": "success" if s in ("complete", "successful", "success") else "failure"}
-    raise where.error("gt.action_type", f"unknown native action {kind!r}")
-
-
-def _native_episodes(rows, path, root) -> list[Episode]:
-    """AndroidControl native rows (one per step, image episode_<id>-screenshot_<k>.png) grouped into
-    episodes in order of first appearance, steps sorted by k. The file records no episode goal: the
-    goal is the episode's step instructions joined, those of rows dropped at a gap included (so it
-    reads like AndroidControl-Low's plan of the whole task).
-
-    Step gaps. An episode is walked (SOP, static, rollouts) step after step, each step's screen the
-    result of the one before, so steps are never joined across a missing number: an episode is the
-    run of consecutive step numbers from its first recorded one, and the rows after its first gap
-    are dropped (episode 1364 of the shipped test file, steps 0-4, 6, 7, keeps 0-4: no policy can be
-    asked for step 5, and step 6's screen does not follow step 4's). An episode whose first recorded
-    step is not 0 starts there. Its meta records what happened: "steps_recorded" (the step numbers
-    in the file), "first_step", "steps_dropped" (rows after the gap); one warning per file counts
-    them. The shipped test file: 225 of 1,262 episodes affected (9 start at step 1), 835 of 6,434
-    rows dropped; expert replay stays PG = TSR = 1.0 on what is kept. (Every number it misses is a
-    wait or long_press step, which that export lacks; the UI-S1 file of the same episodes has them.)"""
-    groups: dict[str, dict[int, Step]] = {}
-    goals: dict[str, str] = {}  # a goal, where a row carries one (other exports of the format do)
-    for i, row in enumerate(rows):
-        where = _Where(path, "row", i)
-        if not isinstance(row, dict):
-            raise where.error("<row>", f"expected a JSON object, got {type(row).__name__}")
-        img = row.get("image")
-        m = _NATIVE_IMAGE_RE.search(img) if isinstance(img, str) else None
-        if m is None:
-            raise where.error("image", f"expected a name like episode_<id>-screenshot_<k>.png, got {img!r}")
-        size = _size(row.get("image_size", row.get("img_size")), where, "image_size")
-        action = _native_action(row.get("gt"), where, size or ANDROID_CONTROL_SIZE)
-        _check_points(action, size, where, "gt")
-        ep, k = m.group(1), int(m.group(2))
-        if k in groups.setdefault(ep, {}):
-            raise where.error("image", f"duplicate step {k} of episode {ep}")
-        groups[ep][k] = Step(screenshot=img, action=action, step_instruction=_instruction(row.get("task"), where, "task"),
-                             candidate_bbox=_boxes(row.get("candidate_bbox"), where, "candidate_bbox"),
-                             image_size=size, root=root, where=str(where))
-        if isinstance(row.get("goal"), str) and row["goal"]:
-            goals.setdefault(ep, row["goal"])
-    out, gapped = [], []
-    for ep, by_k in groups.items():
-        ks = sorted(by_k)
-        run = 1
-        while run < len(ks) and ks[run] == ks[run - 1] + 1:
-            run += 1
-        steps = [by_k[k] for k in ks[:run]]
-        meta = {"format": "android_control_native", "swipe_convention": "native scroll direction"}
-        if run < len(ks) or ks[0] != 0:
-            meta.update(steps_recorded=ks, first_step=ks[0], steps_dropped=len(ks) - run)
-            gapped.append((ep, ks, len(ks) - run))
-        # the goal is the whole task's, as a recorded goal would be: every recorded row's instruction
-        goal = goals.get(ep) or " ".join(by_k[k].step_instruction.strip() for k in ks if by_k[k].step_instruction)
-        out.append(Episode(goal=goal, episode_id=ep, steps=steps, source=path, meta=meta))
-    if gapped:
-        ep, ks, _ = gapped[0]
-        logger.warning("%s: %d of %d episodes skip step numbers or start after step 0 (e.g. episode %s: steps %s); "
-                       "each is cut at its first gap, %d rows dropped (gui._native_episodes)", path, len(gapped),
-                       len(out), ep, _ranges(ks), sum(n for *_, n in gapped))
-    return out
-
-
-def _ranges(ks: list[int]) -> str:
-    """Sorted ints as runs: [0, 1, 2, 3, 4, 6, 7] -> '0-4, 6-7'."""
-    runs, start = [], ks[0]
-    for a, b in zip(ks, ks[1:] + [None]):
-        if b != a + 1:
-            runs.append(f"{start}-{a}" if a > start else f"{a}")
-            start = b
-    return ", ".join(runs)
-
-
-def load_episodes(path: str, *, limit: int | None = None, swipe_convention: str | None = None) -> list[Episode]:
-    """Load episodes from a UI-S1 JSONL file (one episode per line; MiniWob files too), a JSON list
-    of such episodes, or AndroidControl's native per-step JSON list (rows with image/gt/task).
-    Any malformed line or unknown action raises DataError (a ValueError) naming file, line (or row) and field:
-    also boxes with reversed corners, zero-length expert swipes, expert points outside a recorded
-    image_size (with a hint when it looks (H, W)-swapped), and swipes in a file whose swipe
-    convention is neither given (swipe_convention, one of SWIPE_CONVENTIONS; it overrides a
-    per-episode "swipe_convention" field), declared per episode, nor known (KNOWN_SWIPE_CONVENTIONS).
-    Swipes are returned as finger paths. Episodes without an episode_id get "line-<n>"."""
-    path = str(path)
-    if swipe_convention is not None and swipe_convention not in SWIPE_CONVENTIONS:
-        raise ValueError(f"swipe_convention: expected one of {SWIPE_CONVENTIONS}, got {swipe_convention!r}")
-    root = os.path.dirname(os.path.abspath(path))
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: byte {e.start}: not UTF-8 text (a JSONL or JSON episode file was expected)") from None
-    if swipe_convention is None:
-        swipe_convention = KNOWN_SWIPE_CONVENTIONS.get(hashlib.sha256(raw).hexdigest())
-    episodes: list[Episode] = []
-    if text.lstrip().startswith("["):
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}: line {e.lineno}: invalid JSON: {e.msg}") from None
-        first = rows[0] if rows else None
-        if isinstance(first, dict) and ("gt" in first or "image" in first) and "steps" not in first:
-            episodes = _native_episodes(rows, path, root)
-        elif first is None or (isinstance(first, dict) and "steps" in first):
-            episodes = [_uis1_episode(r, _Where(path, "row", i), path, root, f"row-{i}", swipe_convention)
-                        for i, r in enumerate(rows)]
-        else:
-            seen = sorted(first) if isinstance(first, dict) else type(first).__name__
-            raise DataError(f"{path}: row 0: unknown format: expected a UI-S1 episode (goal, steps) or a native "
-                             f"AndroidControl step (image, gt, task); saw {seen}")
-    else:
-        for n, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            where = _Where(path, "line", n)
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise where.error("<json>", f"invalid JSON: {e.msg} (column {e.colno})") from None
-            episodes.append(_uis1_episode(obj, where, path, root, f"line-{n}", swipe_convention))
-            if limit is not None and len(episodes) >= limit:
-                break
-    seen = set()
-    for ep in episodes:
-        if ep.episode_id in seen:
-            raise DataError(f"{path}: field 'episode_id': duplicate episode id {ep.episode_id!r}")
-        seen.add(ep.episode_id)
-    return episodes[:limit] if limit is not None else episodes
-
-
-# -----------------------------------------------------------------------------
-# Screenshots
-
-def screenshot_candidates(step: Step, image_root: str | None = None) -> list[str]:
-    """Where a step's screenshot may lie, in the order tried. With image_root: the recorded path
-    under it (leading '/' dropped), then its file name under it. Without: an absolute path as is,
-    a relative one against the data file's folder."""
-    p = step.screenshot
-    if not p:
-        return []
-    if image_root is not None:
-        return [os.path.join(image_root, p.lstrip("/\\")), os.path.join(image_root, os.path.basename(p))]
-    if os.path.isabs(p):
-        return [p]
-    return [os.path.join(step.root or ".", p)]
-
-
-def _screenshot_file(step: Step, image_root: str | None) -> str | None:
-    return next((p for p in screenshot_candidates(step, image_root) if os.path.isfile(p)), None)
-
-
-def original_size(step: Step, *, image_root: str | None = None,
-                  blank_screens: tuple[int, int] | None = None) -> tuple[int, int]:
-    """(W, H) of the step's ORIGINAL screenshot: the pixel space of its expert action and boxes, and
-    the ONE answer rollout, SFT and evaluation use. Reads only the image header (PIL opens lazily),
-    never decodes pixels.
-    - a file found: its size. A recorded image_size must agree within 1 px (rounding); one equal to
-      the file's (H, W) raises "looks (H, W)-swapped", any other disagreement raises too (a 540x1200
-      file recorded as 1080x2400 would put every expert point at twice its place);
-    - no file: the recorded image_size, else blank_screens (the blank stand-in's size);
-    - neither: FileNotFoundError, as load_screenshot.
-    Errors name the step's file and line (Step.where)."""
-    path = _screenshot_file(step, image_root)
-    rec = step.image_size
-    if path is not None:
-        with Image.open(path) as im:
-            size = im.size
-        if rec is not None and (abs(rec[0] - size[0]) > 1 or abs(rec[1] - size[1]) > 1):
-            swapped = (abs(rec[0] - size[1]) <= 1 and abs(rec[1] - size[0]) <= 1)
-            raise DataError(f"{step.where or step.screenshot}: field 'image_size': recorded {rec[0]}x{rec[1]} (W x H) "
-                             f"but {path} is {size[0]}x{size[1]}"
-                             + ("; the record looks (H, W)-swapped: write [W, H]" if swapped else ""))
-        return size
-    if rec is not None:
-        return rec
-    if blank_screens is not None:
-        return int(blank_screens[0]), int(blank_screens[1])
-    raise FileNotFoundError(_missing_message(step, image_root))
-
-
-def _missing_message(step: Step, image_root: str | None) -> str:
-    tried = screenshot_candidates(step, image_root)
-    return (f"screenshot {step.screenshot!r} not found (tried: {', '.join(tried) or 'nothing recorded'}); "
-            "pass --image-root DIR, or --blank-screens WxH for blank stand-ins")
-
-
-def load_screenshot(step: Step, *, image_root: str | None = None,
-                    blank_screens: tuple[int, int] | None = None) -> Image.Image:
-    """The step's screenshot as an RGB image of size original_size(step, ...) (which also checks a
-    recorded size against the file). A missing file is an error unless blank_screens=(W, H) is
-    given: then a black image of the step's recorded size, else of blank_screens, stands in."""
-    size = original_size(step, image_root=image_root, blank_screens=blank_screens)
-    p = _screenshot_file(step, image_root)
-    if p is not None:
-        with Image.open(p) as im:
-            return im.convert("RGB")
-    if blank_screens is None:
-        raise FileNotFoundError(_missing_message(step, image_root))
-    return Image.new("RGB", size)
-
-
-# -----------------------------------------------------------------------------
-# Prompts (docs/method.md §3: system prompt, goal, per step the screenshot and earlier responses)
-
-SYSTEM_PROMPT = """You are a GUI agent operating a device. You are given a task goal, the screenshots of the steps so far and your own earlier responses. Perform the next action to complete the task.
-
-## Action space
-Write one action as a JSON object with the action and its arguments at the same level:
-- {"action": "click", "coordinate": [x, y]}: tap the point (x, y).
-- {"action": "long_press", "coordinate": [x, y], "time": 2}: press the point for `time` seconds.
-- {"action": "swipe", "coordinate": [x, y], "coordinate2": [x2, y2]}: move a finger from (x, y) to (x2, y2); swiping up scrolls the content down.
-- {"action": "type", "text": "..."}: type the text into the focused input box.
-- {"action": "answer", "text": "..."}: give the answer to the user's question.
-- {"action": "key", "text": "..."}: send a key event (adb keyevent syntax).
-- {"action": "system_button", "button": "Back"}: press a system button: Back, Home, Menu or Enter.
-- {"action": "open", "text": "app name"}: open the app.
-- {"action": "wait", "time": 2}: wait `time` seconds for the screen to change.
-- {"action": "terminate", "status": "success"}: end the task with status success or failure.
-Coordinates are integer pixels of the latest screenshot, from its left and top edges.
-
-## Output format
-<think>
-your reasoning
-</think>
-<action>
-{"action": "...", ...}
-</action>"""
-
-
-@dataclass
-class Prompt:
-    input_ids: "torch.LongTensor"           # (T,) with <|image_pad|> expanded; ends with the assistant header
-    pixel_values: "torch.FloatTensor | None"  # (P, C * temporal_patch * patch * patch) = (P, 1176)
-    image_grid_thw: "torch.LongTensor | None"  # (I, 3)
-    resized_size: tuple[int, int]          # (W, H) of the LAST screenshot as the model sees it
-    n_dropped_turns: int                   # oldest history turns replaced by the summary line
-    image_steps: list[int] = field(default_factory=list)  # step index of each image, in order
-
-
-def special_tokens(tokenizer) -> list[str]:
-    """All special-token strings of the tokenizer (<|im_end|>, <|image_pad|>, ...)."""
-    toks = set(getattr(tokenizer, "all_special_tokens", []) or [])
-    for t in getattr(tokenizer, "added_tokens_decoder", {}).values():
-        if getattr(t, "special", False):
-            toks.add(t.content)
-    return sorted(toks, key=len, reverse=True)
-
-
-def strip_special(text: str, tokens: list[str]) -> str:
-    """Remove special-token strings from free text. A response sampled with <|im_end|> or
-    <|image_pad|> in it would otherwise break the chat structure or the image pad count."""
-    for t in tokens:
-        text = text.replace(t, "")
-    return text
-
-
-def _summary_line(i: int, response: str) -> str:
-    a = parse_response(response).action
-    return f"Step {i + 1}: " + (json.dumps(a, ensure_ascii=False) if a is not None else "(no valid action)")
-
-
-def build_prompt(tokenizer, image_processor, *, goal: str, screenshots: list, history: list[str],
-                 step_instruction: str | None = None, elements: str | None = None, num_images: int = 2,
-                 min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS,
-                 max_prompt_tokens: int | None = None, pixels: bool = True) -> Prompt:
-    """Model inputs for step t = len(screenshots) - 1 (screenshots: original images of steps 0..t,
-    only the last num_images are read, so earlier entries may be None; with pixels=False an entry
-    may also be a (W, H) size, no pixel is processed and pixel_values is None: for policies that
-    never look at the image, e.g. expert replay and recorded responses;
-    history: the assistant responses of steps 0..t-1, as text).
-
-    Layout (the release's multi-turn form): system prompt; then per step a user turn (the goal in
-    the first one; the screenshot if it is among the last `num_images`, else a note that it is not
-    shown) followed by that step's response as an assistant turn; the current user turn adds the
-    step instruction and the element list; the generation prompt ends the ids.
-
-    Budget: if the prompt is longer than max_prompt_tokens, the oldest turns are dropped (their
-    images with them: pads and pixels always agree) and summarised by one action-only line each;
-    once only turns with screenshots are left, the oldest summary lines go before such a turn does.
-    A logged warning says what went; a prompt that cannot fit even so (the current screenshot
-    alone is too big) is returned with a warning, never an exception."""
-    import torch
-
-    t = len(screenshots) - 1
-    if t < 0:
-        raise ValueError("build_prompt: no screenshots")
-    if len(history) != t:
-        raise ValueError(f"build_prompt: {len(screenshots)} screenshots need {t} history responses, got {len(history)}")
-    if num_images < 1:
-        raise ValueError("build_prompt: num_images must be >= 1")
-    patch, merge = int(image_processor.patch_size), int(image_processor.merge_size)
-    factor = patch * merge
-
-    specials = special_tokens(tokenizer)
-    clean = lambda s: strip_special(s, specials) if s else s  # noqa: E731
-    goal, step_instruction, elements = clean(goal), clean(step_instruction), clean(elements)
-    history = [clean(h) for h in history]
-
-    # resize the kept screenshots ourselves so resized sizes (and coordinates) are known exactly
-    image_steps_all = list(range(max(0, t + 1 - num_images), t + 1))
-    resized = {}
-    for i in image_steps_all:
-        w, h = screenshots[i] if isinstance(screenshots[i], tuple) else screenshots[i].size
-        resized[i] = resized_size((w, h), factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
-    n_pad = {i: (resized[i][0] // patch) * (resized[i][1] // patch) // merge**2 for i in image_steps_all}
-    pad_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
-
-    def render(drop: int, n_summary: int):
-        """Token ids (pads not yet expanded) and the image steps, with turns 0..drop-1 summarised
-        (their last n_summary summary lines kept)."""
-        first = f"Task goal: {goal}"
-        if drop > 0:
-            lines = [_summary_line(i, history[i]) for i in range(drop - n_summary, drop)]
-            shown = "actions only" if n_summary == drop else f"actions of the last {n_summary} only"
-            first += f"\nEarlier steps: {drop} (screenshots not shown; {shown}):" + "".join("\n" + s for s in lines)
-        messages = [{"role": "system", "content": [{"type": "text", "text": SYSTEM_PROMPT}]}]
-        steps_with_image = []
-        for i in range(drop, t + 1):
-            content = [{"type": "text", "text": first + "\n"}] if i == drop else []
-            if i in resized:
-                content += [{"type": "text", "text": f"Step {i + 1} screenshot:"}, {"type": "image"}]
-                steps_with_image.append(i)
-            else:
-                content.append({"type": "text", "text": f"Step {i + 1} (screenshot not shown)."})
-            if i == t:
-                if step_instruction and step_instruction.strip():  # never an empty "Step instruction:" line
-                    content.append({"type": "text", "text": f"\nStep instruction: {step_instruction}"})
-                if elements:
-                    content.append({"type": "text", "text": f"\nUI elements on screen:\n{elements}"})
-            messages.append({"role": "user", "content": content})
-            if i < t:
-                messages.append({"role": "assistant", "content": [{"type": "text", "text": history[i]}]})
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        return ids, steps_with_image
-
-    def length(ids, steps_with_image):
-        return len(ids) + sum(n_pad[i] - 1 for i in steps_with_image)
-
-    drop, n_summary = 0, 0
-    ids, steps_with_image = render(0, 0)
-    n_full = length(ids, steps_with_image)
-    if max_prompt_tokens is not None and n_full > max_prompt_tokens:
-        # the first (drop, n_summary) that fits, in order of preference: the oldest turns summarised,
-        # one action line each, until the turns left carry screenshots; then the oldest summary lines
-        # go (binary search: length grows with n_summary); only then turns with a screenshot.
-        def fits(d, k):
-            r = render(d, k)
-            return length(*r) <= max_prompt_tokens, r
-
-        first_image = image_steps_all[0]
-        for drop in range(1, t + 1):
-            ok, r = fits(drop, drop)
-            if ok:
-                n_summary, (ids, steps_with_image) = drop, r
-                break
-            if drop not in (first_image, t):
-                continue
-            ok, r = fits(drop, 0)
-            if not ok:
-                continue
-            lo, hi, best = 0, drop, r  # fits with lo lines, not with hi
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                ok, r = fits(drop, mid)
-                lo, hi, best = (mid, hi, r) if ok else (lo, mid, best)
-            n_summary, (ids, steps_with_image) = lo, best
-            break
-        else:  # nothing fits: everything but the current turn goes, and we say so
-            drop, n_summary = t, 0
-            ids, steps_with_image = render(drop, n_summary)
-        n_now = length(ids, steps_with_image)
-        logger.warning("prompt of %d tokens over the budget of %d: summarised the oldest %d of %d turns "
-                       "(%d summary lines kept) -> %d tokens%s", n_full, max_prompt_tokens, drop, t, n_summary,
-                       n_now, "; STILL OVER BUDGET" if n_now > max_prompt_tokens else "")
-
-    # expand each <|image_pad|> to its image's token count, in order of appearance
-    if ids.count(pad_id) != len(steps_with_image):
-        raise RuntimeError(f"prompt has {ids.count(pad_id)} image pads for {len(steps_with_image)} images")
-    out, k = [], 0
-    for tok in ids:
-        if tok == pad_id:
-            out.extend([pad_id] * n_pad[steps_with_image[k]])
-            k += 1
-        else:
-            out.append(tok)
-
-    pixel_values = grid = None
-    if steps_with_image and not pixels:  # the grid the image processor would report, no pixels touched
-        grid = torch.tensor([[1, resized[i][1] // patch, resized[i][0] // patch] for i in steps_with_image],
-                            dtype=torch.long)
-    elif steps_with_image:
-        images = []
-        for i in steps_with_image:
-            im = screenshots[i]
-            im = im if im.mode == "RGB" else im.convert("RGB")
-            if im.size != resized[i]:
-                im = im.resize(resized[i], Image.BICUBIC)
-            images.append(im)
-        feats = image_processor(images=images, do_resize=False, return_tensors="pt")
-        pixel_values, grid = feats["pixel_values"], feats["image_grid_thw"].long()  # (P, 1176), (I, 3)
-        for i, g in zip(steps_with_image, grid.tolist()):
-            if g != [1, resized[i][1] // patch, resized[i][0] // patch]:
-                raise RuntimeError(f"image processor grid {g} disagrees with the resized size {resized[i]} (W, H)")
-    return Prompt(input_ids=torch.tensor(out, dtype=torch.long), pixel_values=pixel_values, image_grid_thw=grid,
-                  resized_size=resized[t], n_dropped_turns=drop, image_steps=steps_with_image)

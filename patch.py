@@ -15,7 +15,7 @@ Modes (`--patch`):
                     data without thoughts is an error that names the episode;
 - "on-policy"     : the policy itself writes the thought, prompted with a hint that
                     gives it the expert action (`on_policy_hint`, placed at the end of
-                    the step's user turn by `hinted_step_instruction`); the driver
+                    the step's user turn by chat.step_prompt); the driver
                     samples all those thoughts in one batched call (`on_policy_patches`)
                     and keeps only their think blocks, with the expert action.
 
@@ -63,7 +63,7 @@ def should_patch(n_patches: int, threshold: int) -> bool:
 def check_patch_data(mode: str, episodes: Sequence[Any]) -> None:
     """Fail fast, before any rollout: the mode exists, and off-policy data has thoughts.
 
-    episodes: gui.Episode list. Raises ValueError naming the first episode (id and
+    episodes: dataset.Episode list. Raises ValueError naming the first episode (id and
     file) and step without an expert thought.
     """
     if mode not in PATCH_MODES:
@@ -132,14 +132,6 @@ def on_policy_hint(expert_action_resized: dict) -> str:
     )
 
 
-def hinted_step_instruction(step_instruction: str | None, expert_action_resized: dict) -> str:
-    """What the driver passes as build_prompt(..., step_instruction=...) for an on-policy
-    hint prompt: the step instruction it would have used (None in the goal-only setting)
-    followed by the hint, so the hint lands at the end of the current user turn."""
-    hint = on_policy_hint(expert_action_resized)
-    return f"{step_instruction.strip()}\n{hint}" if step_instruction and step_instruction.strip() else hint
-
-
 def on_policy_patches(
     hint_prompts: Sequence[Any],
     expert_actions_resized: Sequence[dict],
@@ -148,7 +140,7 @@ def on_policy_patches(
     """All on-policy patches of one rollout step in one batched generation.
 
     hint_prompts: one prompt per wrong step to patch, built by the driver as the step's
-        prompt with step_instruction=hinted_step_instruction(...) (any object `generate` accepts).
+        prompt with hint=on_policy_hint(...) (chat.step_prompt; any object `generate` accepts).
     expert_actions_resized: the matching expert actions, resized pixels.
     generate: the sampler, list of prompts -> list of decoded response texts.
     The generated action is discarded: only its thought is kept, with the expert action.
@@ -179,7 +171,7 @@ def make_patch(
 ) -> str:
     """The history entry that replaces the wrong response `response` at `step`.
 
-    mode: one of PATCH_MODES. step: gui.Step (expert action in original pixels).
+    mode: one of PATCH_MODES. step: dataset.Step (expert action in original pixels).
     orig_size, resized_size: (W, H) of the screenshot, as stored and as the model saw it.
     policy_thought: on-policy only, the text the policy generated from the hint prompt
         (a bare thought or a whole response; see `on_policy_patches` for the batched path).

@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 
 import cli
-import gui
+import dataset
 
 SKIP = ("step", "t")  # the x axis and wall time are not curves
 
@@ -30,7 +30,7 @@ parser.add_argument("--cols", type=int, default=3, help="panels per row")
 
 def read_metrics(path: str) -> dict[str, tuple[list[float], list[float | None]]]:
     """{metric: (x, y)} of the numeric fields of a JSONL file, in file order; y is None where the
-    row held null. Raises gui.DataError naming file and line for a line that is not a JSON object."""
+    row held null. Raises dataset.DataError naming file and line for a line that is not a JSON object."""
     series: dict[str, tuple[list, list]] = {}
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, start=1):
@@ -39,9 +39,9 @@ def read_metrics(path: str) -> dict[str, tuple[list[float], list[float | None]]]
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise gui.DataError(f"{path}: line {n}: invalid JSON: {e.msg}") from None
+                raise dataset.DataError(f"{path}: line {n}: invalid JSON: {e.msg}") from None
             if not isinstance(row, dict):
-                raise gui.DataError(f"{path}: line {n}: expected a JSON object, got {type(row).__name__}")
+                raise dataset.DataError(f"{path}: line {n}: expected a JSON object, got {type(row).__name__}")
             x = row.get("step", n)
             nonfinite = row.get("nonfinite") or {}
             for k, v in row.items():

@@ -16,6 +16,7 @@ import os
 from PIL import Image, ImageDraw
 
 import cli
+import dataset
 import gui
 
 REPORT_WIDTH = 300  # px of each screenshot in the HTML report
@@ -50,7 +51,7 @@ def draw_step(image: Image.Image, orig: tuple[int, int], expert: dict | None, bo
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def step_view(t: int, image, orig, step: gui.Step | None, text: str, pred: dict | None, ok: bool,
+def step_view(t: int, image, orig, step: dataset.Step | None, text: str, pred: dict | None, ok: bool,
               reward: float | None) -> dict:
     """What the report shows of one evaluated step: pred is the parsed action in ORIGINAL pixels;
     step None (online: no expert) draws the prediction alone."""

@@ -58,9 +58,10 @@ from tqdm import tqdm
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
+import chat
+import dataset
 import gui
 import patch
-from gui import MAX_PIXELS, MIN_PIXELS
 from kernels.policy_logprob import pad_token_id
 from kernels.sampling import process_logits, sample_from_logits
 
@@ -78,7 +79,7 @@ class StepRecord:
     contract between the rollout (which fills the first block) and the trainer (the second).
 
     task_idx: the task's index in `episodes`, or task_ids[index] when the driver is given task_ids.
-    prompt: the gui.Prompt it was sampled from (token ids, images, resized_size).
+    prompt: the chat.Prompt it was sampled from (token ids, images, resized_size).
     response_ids: the sampler's ids, exactly (the trainer scores these, never re-tokenised text).
     sampler_logp: (L,) fp32 log-probs under the sampling distribution.
     reward / match / type_match / error: gui.score_response against the expert action (truncated =
@@ -122,21 +123,19 @@ class _Rollout:
 @dataclass
 class StepPrompt:
     """What the driver hands a policy that never reads its prompt (a sampler whose `reads_prompt`
-    is False: the expert replay of eval_sop.py) instead of a gui.Prompt: the step to act on and
+    is False: the expert replay of eval_sop.py) instead of a chat.Prompt: the step to act on and
     the sizes, no tokens and no pixels. Sizes are (W, H): orig_size of the screenshot,
     resized_size as the model would see it (gui.resized_size under min/max_pixels)."""
-    step: gui.Step
+    step: dataset.Step
     step_idx: int
     orig_size: tuple[int, int]
     resized_size: tuple[int, int]
 
 
-def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_rollouts: int = 8,
-                        patch_mode: str = "thought-free", patch_threshold: int = 2,
+def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, spec: chat.PromptSpec = chat.PromptSpec(),
+                        n_rollouts: int = 8, patch_mode: str = "thought-free", patch_threshold: int = 2,
                         history_mode: str = "own", image_root=None, blank_screens=None,
-                        num_images: int = 2, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS,
-                        max_prompt_tokens: int | None = None, step_instruction: bool = False,
-                        elements: bool = True, match_rules: str = "strict", greedy: bool = False,
+                        match_rules: str = "strict", greedy: bool = False,
                         seed: int | list[int] | None = None, progress: bool = False,
                         task_ids: list[int] | None = None) -> list[StepRecord]:
     """Roll N copies of the policy through each expert episode, with their own history
@@ -149,13 +148,13 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
 
     sampler: rollout.Sampler or anything with .generate(prompts, n, greedy, seeds) returning outs[i][j]
     with .text, .ids, .logprobs, .finish_reason; if its `reads_prompt` is False it gets StepPrompt
-    objects (no tokens built, no screenshot decoded). episodes: list[gui.Episode].
+    objects (no tokens built, no screenshot decoded). episodes: list[dataset.Episode].
     seed: an int or one int per task (the trainer gives each task slot its own, so a task drawn twice
     is sampled afresh); a prompt's seed derives from (that seed, episode_id, step, history), so a
     task's rollouts do not depend on which other tasks share the batch or which rank runs it.
     task_ids: each episode's task_idx in the records (the trainer's global task slots; default: its
-    index). step_instruction: add each step's recorded instruction (AndroidControl-Low); elements:
-    add the recorded element list; match_rules: gui.action_match's rules ("strict" or "release").
+    index). spec: the prompt contract (chat.step_prompt renders every prompt, as SFT's); match_rules:
+    gui.action_match's rules ("strict" or "release").
     Returns the records in (step, task, rollout) order. Raises ValueError on a bad history_mode.
     """
     if history_mode not in HISTORY_MODES:
@@ -167,27 +166,22 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
 
     def shot(k, t):
         if shots[k][t] is None:
-            shots[k][t] = gui.load_screenshot(episodes[k].steps[t], image_root=image_root, blank_screens=blank_screens)
+            shots[k][t] = dataset.load_screenshot(episodes[k].steps[t], image_root=image_root, blank_screens=blank_screens)
         return shots[k][t]
 
     def prompt_for(k, t, history, hint=None):
         step = episodes[k].steps[t]
         if not reads_prompt:
-            orig = gui.original_size(step, image_root=image_root, blank_screens=blank_screens)
-            return StepPrompt(step, t, orig, gui.resized_size(orig, min_pixels=min_pixels, max_pixels=max_pixels))
-        instruction = step.step_instruction if step_instruction else None
-        if hint is not None:
-            instruction = patch.hinted_step_instruction(instruction, hint)
-        # build_prompt reads the last num_images screenshots only; steps are walked in order,
+            orig = dataset.original_size(step, image_root=image_root, blank_screens=blank_screens)
+            return StepPrompt(step, t, orig, gui.resized_size(orig, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels))
+        # the prompt reads the last num_images screenshots only; steps are walked in order,
         # so older ones are never needed again: free them
-        if t >= num_images:
-            shots[k][t - num_images] = None
-        return gui.build_prompt(tokenizer, image_processor, goal=episodes[k].goal,
-                                screenshots=[shot(k, s) if s > t - num_images else None for s in range(t + 1)],
-                                history=history, step_instruction=instruction,
-                                elements=step.elements if elements else None,
-                                num_images=num_images, min_pixels=min_pixels, max_pixels=max_pixels,
-                                max_prompt_tokens=max_prompt_tokens)
+        k_img = spec.num_images
+        if t >= k_img:
+            shots[k][t - k_img] = None
+        return chat.step_prompt(tokenizer, image_processor, spec, goal=episodes[k].goal, step=step, history=history,
+                                screenshots=[shot(k, s) if s > t - k_img else None for s in range(t + 1)],
+                                hint=hint)
 
     states = [[_Rollout() for _ in range(n_rollouts)] for _ in episodes]
     records: list[StepRecord] = []
@@ -217,7 +211,7 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
         for k, i in live:
             prompt, s = outs[(k, i)]
             step = episodes[k].steps[t]
-            orig = gui.original_size(step, image_root=image_root, blank_screens=blank_screens)
+            orig = dataset.original_size(step, image_root=image_root, blank_screens=blank_screens)
             # a response cut at the token cap is malformed under the strict rules (reward 0, a wrong step)
             sc = gui.score_response(s.text, step, resized_size=prompt.resized_size, orig_size=orig, rules=match_rules,
                                     truncated=s.finish_reason != "stop")
@@ -248,7 +242,7 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, n_roll
                 rec.ended = True
                 st.alive = False
         if to_patch:  # on-policy thought: the policy explains the expert action, all at once
-            hint_prompts = [prompt_for(k, t, rec.history, hint=a) for k, _, rec, a in to_patch]
+            hint_prompts = [prompt_for(k, t, rec.history, hint=patch.on_policy_hint(a)) for k, _, rec, a in to_patch]
             actions = [a for *_, a in to_patch]
             # seeded per (task, rollout) like the samples, so patches do not depend on the batch or rank
             hint_seeds = None if seed is None else [

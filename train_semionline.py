@@ -48,9 +48,7 @@ Offline-RL baseline on the same code: add --history expert. Short of memory: add
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
 import math
 import time
 from pathlib import Path
@@ -59,14 +57,28 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+import chat
 import cli
+import dataset
 import gui
 import utils
-from advantage import EPISODE_FORMS, RETURNS_FORMS, compute_advantages, dynamic_sampling_tasks
+from advantage import (
+    EPISODE_FORMS,
+    RETURNS_FORMS,
+    compute_advantages,
+    dynamic_sampling_tasks,
+)
 from eval_sop import sop_progress
 from kernels import ppo_loss
-from kernels.policy_logprob import (PolicyLogProb, apply_fsdp, checkpoint_activations, collate_sequences, pad_token_id,
-                                    sampling_mode, to_device)
+from kernels.policy_logprob import (
+    PolicyLogProb,
+    apply_fsdp,
+    checkpoint_activations,
+    collate_sequences,
+    pad_token_id,
+    sampling_mode,
+    to_device,
+)
 from patch import PATCH_MODES
 from rollout import DECODE_MODES, HISTORY_MODES, Sampler, semi_online_rollout
 
@@ -86,10 +98,6 @@ parser.add_argument("--model", default="auto", type=cli.arg_type(cli.model_path)
                     help="'tiny', a Hugging Face or checkpoint folder, or 'auto' (latest --sft-dir checkpoint, else tiny); "
                     "prompt options not given (--num-images, --min/max-pixels, --max-prompt-tokens) come from its args.json")
 parser.add_argument("--sft-dir", default="out/sft/ckpt", help="where --model auto looks for an SFT checkpoint")
-parser.add_argument("--min-pixels", type=int, default=gui.MIN_PIXELS, help="smart_resize lower bound (pixels)")
-parser.add_argument("--max-pixels", type=int, default=gui.MAX_PIXELS, help="smart_resize upper bound (pixels)")
-parser.add_argument("--num-images", type=int, default=2, help="screenshots kept as images in the prompt (the last K)")
-parser.add_argument("--max-prompt-tokens", type=int, default=None, help="prompt budget; oldest history turns are summarised past it")
 # rollout (docs/method.md §5)
 parser.add_argument("--tasks-per-step", type=int, default=4, help="tasks per training step, all ranks together (release: 8)")
 parser.add_argument("--n-rollouts", type=int, default=4, help="rollouts per task N (release: 8)")
@@ -144,8 +152,14 @@ parser.add_argument("--resume", action="store_true", help="continue from the lat
 parser.add_argument("--seed", type=int, default=0, help="seed of task order, sampling and the tiny model's init")
 parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to run")
 parser.add_argument("--stop-after", type=int, default=None, help="exit after this many steps without a final checkpoint (tests resume)")
-# prompt options that must agree with the starting checkpoint: taken from its args.json unless given
-PROMPT_ARGS = ("num_images", "min_pixels", "max_pixels", "max_prompt_tokens")
+# held-out diagnostic: does the greedy policy (what evaluation runs) follow the sampled one (what the reward sees)?
+parser.add_argument("--eval-data", default=None, type=cli.arg_type(cli.input_file),
+                    help="held-out episodes for heldout_* metrics (greedy and sampled static step accuracy, greedy SOP) "
+                         "every --eval-every steps and at the start; default: none")
+parser.add_argument("--eval-every", type=int, default=0, help="steps between held-out evaluations (0: only with --eval-data, at the start and end)")
+parser.add_argument("--eval-episodes", type=int, default=32, help="held-out episodes used (the first N of --eval-data)")
+parser.add_argument("--eval-samples", type=int, default=4, help="sampled responses per held-out step (at --temperature, --top-p)")
+chat.add_prompt_args(parser)  # the prompt contract: adopted from the starting checkpoint unless given
 
 
 def check_args(args) -> None:
@@ -162,22 +176,20 @@ def check_args(args) -> None:
         (args.max_resample >= 0, f"--max-resample {args.max_resample}: must be >= 0"),
         (args.ppo_mini_batches >= 1, f"--ppo-mini-batches {args.ppo_mini_batches}: must be >= 1"),
         (args.micro_batch_size >= 1, f"--micro-batch-size {args.micro_batch_size}: must be >= 1"),
-        (args.num_images >= 1, f"--num-images {args.num_images}: must be >= 1"),
-        (args.max_prompt_tokens is None or args.max_prompt_tokens >= 1,
-         f"--max-prompt-tokens {args.max_prompt_tokens}: must be >= 1"),
+        (args.eval_every >= 0 and args.eval_episodes >= 1 and args.eval_samples >= 1,
+         "--eval-every must be >= 0, --eval-episodes and --eval-samples >= 1"),
         (0 <= args.overlong_buffer <= args.max_new_tokens,
          f"--overlong-buffer {args.overlong_buffer}: must be in [0, --max-new-tokens {args.max_new_tokens}]"),
     ]
     for ok, message in rules:
         if not ok:
             raise cli.UsageError(message)
-    cli.check_pixels(args)
 
 
 def main(argv=None):
     args = parser.parse_args(argv)
     start = str(utils.latest_checkpoint(args.sft_dir) or "tiny") if args.model == "auto" else args.model
-    cli.adopt_checkpoint_args(args, parser, argv, start, PROMPT_ARGS)  # the prompt the checkpoint was trained on
+    spec = chat.resolve_spec(args, start, say=utils.print0)  # the prompt the checkpoint was trained on
     check_args(args)
 
     # -------------------------------------------------------------------------
@@ -196,11 +208,12 @@ def main(argv=None):
     # -------------------------------------------------------------------------
     # data
     blank = gui.parse_size(args.blank_screens) if args.blank_screens else None
-    episodes = gui.load_episodes(args.data, limit=args.max_episodes)
+    episodes = dataset.load_episodes(args.data, limit=args.max_episodes)
     if not episodes:
         raise cli.UsageError(f"{args.data}: no episodes")
-    tokenizer, image_processor = utils.load_processor(start, min_pixels=args.min_pixels, max_pixels=args.max_pixels)
+    tokenizer, image_processor = utils.load_processor(start, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
     utils.print0(f"{len(episodes)} episodes, {sum(len(e.steps) for e in episodes)} steps from {args.data}")
+    heldout = dataset.load_episodes(args.eval_data, limit=args.eval_episodes) if args.eval_data else []
 
     # -------------------------------------------------------------------------
     # model: policy (FSDP2), frozen reference
@@ -238,10 +251,17 @@ def main(argv=None):
                                  f"run's {schedule}; resume with the same --seed, --tasks-per-step and data")
             utils.print0(f"resumed from {ckpt} at step {start_step}")
 
+    def evaluate_heldout(step: int) -> dict:
+        with sampling_mode(policy):
+            return heldout_accuracy(sampler, heldout, tokenizer, image_processor, spec, args, d, seed=args.seed + step,
+                                    blank=blank)
+
     # -------------------------------------------------------------------------
     # training loop
     pad_id = pad_token_id(tokenizer)
     last = {}
+    if heldout and start_step == 0:  # the starting point (the SFT model), as row "step 0"
+        metrics.log({"step": 0, **evaluate_heldout(0)})
     bar = tqdm(range(start_step, args.max_steps), desc="semi-online RL", disable=not d.is_main)
     for step in bar:
         t0 = time.time()
@@ -257,8 +277,7 @@ def main(argv=None):
                 sampler, [episodes[i] for i in episode_ids], tokenizer, image_processor, n_rollouts=args.n_rollouts,
                 patch_mode=args.patch_mode, patch_threshold=args.patch_threshold,
                 history_mode=args.history, image_root=args.image_root, blank_screens=blank,
-                num_images=args.num_images, min_pixels=args.min_pixels, max_pixels=args.max_pixels,
-                max_prompt_tokens=args.max_prompt_tokens, seed=[task_seed(args.seed, step, s) for s in slots],
+                spec=spec, seed=[task_seed(args.seed, step, s) for s in slots],
                 progress=d.is_main, task_ids=slots)  # task_idx = the global slot: the same on every world size
             if args.overlong_buffer > 0:  # DAPO's soft overlong punishment, into the reward the advantages see
                 for r in records:
@@ -358,6 +377,8 @@ def main(argv=None):
             "decode": sampler.decode,  # the sampler's decode path ("static" if a CUDA graph capture failed)
             "peak_mem_bytes": utils.peak_memory_bytes(d.device),  # this rank: the step's (CUDA) or the run's (CPU)
         }
+        if heldout and ((args.eval_every and (step + 1) % args.eval_every == 0) or step + 1 == args.max_steps):
+            last.update(evaluate_heldout(step + 1))  # after this step's update
         metrics.log(last)
         utils.print0(
             f"step {step + 1:4d} | loss {_fmt(last['loss'], '+.4f')} | reward {last['reward_mean']:.3f} "
@@ -386,6 +407,33 @@ def main(argv=None):
               f"--model {out / 'ckpt'} --protocol sop static --online --out out/eval/semionline", flush=True)
         print(cli.dumps(last), flush=True)
     return last
+
+
+# -----------------------------------------------------------------------------
+# held-out diagnostic
+
+
+def heldout_accuracy(sampler, episodes, tokenizer, image_processor, spec, args, d, *, seed: int, blank=None) -> dict:
+    """Greedy vs sampled accuracy on held-out episodes (a diagnostic of the RL run, docs/method.md §8):
+    the reward sees sampled responses (--temperature, --top-p), evaluation runs the greedy policy, and
+    the two can move apart (sharpening: the sampled accuracy rises to the greedy one, which stays).
+
+    Each rank walks its share of `episodes` (every world_size-th) three times with the rollout driver:
+    static (the expert's history) greedily, static with args.eval_samples samples per step, and SOP
+    (own history, greedy, stop at the first wrong step). Returns, summed over ranks:
+    heldout_greedy_step_acc, heldout_sampled_step_acc (matched steps / steps), heldout_sop_pg (mean
+    progress), heldout_sop_tsr (episodes fully solved). Collective (every rank calls it)."""
+    mine = episodes[d.rank::d.world_size]
+    kw = dict(spec=spec, image_root=args.image_root, blank_screens=blank, patch_threshold=0)
+    walk = lambda **k: semi_online_rollout(sampler, mine, tokenizer, image_processor, **kw, **k) if mine else []  # noqa: E731
+    greedy = walk(n_rollouts=1, greedy=True, history_mode="expert")
+    sampled = walk(n_rollouts=args.eval_samples, greedy=False, history_mode="expert", seed=seed)
+    sop = sop_progress(walk(n_rollouts=1, greedy=True, history_mode="own"), {k: len(e.steps) for k, e in enumerate(mine)})
+    g_ok, g_n, s_ok, s_n, pg, tsr, n_ep = _all_sum([
+        sum(r.match for r in greedy), len(greedy), sum(r.match for r in sampled), len(sampled),
+        sum(c / n for c, n in sop.values()), sum(c == n for c, n in sop.values()), len(sop)], d)
+    return {"heldout_greedy_step_acc": g_ok / max(g_n, 1), "heldout_sampled_step_acc": s_ok / max(s_n, 1),
+            "heldout_sop_pg": pg / max(n_ep, 1), "heldout_sop_tsr": tsr / max(n_ep, 1), "heldout_episodes": int(n_ep)}
 
 
 # -----------------------------------------------------------------------------

@@ -43,10 +43,20 @@ from types import SimpleNamespace
 import torch
 from tqdm import tqdm
 
+import chat
 import cli
+import dataset
 import gui
+import patch
 import utils
-from kernels.policy_logprob import PolicyLogProb, apply_fsdp, checkpoint_activations, collate_sequences, pad_token_id, to_device
+from kernels.policy_logprob import (
+    PolicyLogProb,
+    apply_fsdp,
+    checkpoint_activations,
+    collate_sequences,
+    pad_token_id,
+    to_device,
+)
 
 # -----------------------------------------------------------------------------
 # config
@@ -58,14 +68,9 @@ parser.add_argument("--image-root", default=None, type=cli.arg_type(cli.input_di
 parser.add_argument("--blank-screens", default=None, type=cli.arg_type(gui.parse_size), help="WxH: blank screenshots of this size when files are missing")
 parser.add_argument("--max-episodes", type=int, default=None, help="use only the first N episodes")
 parser.add_argument("--val-frac", type=float, default=0.1, help="share of episodes held out for validation loss")
-parser.add_argument("--step-instruction", action="store_true", help="put the low-level step instruction in the prompt (AndroidControl-Low)")
 # model
 parser.add_argument("--model", default="tiny:128x4", type=cli.arg_type(cli.model_path),
                     help="'tiny', a local Hugging Face folder, or a checkpoint folder (a `latest` pointer is followed)")
-parser.add_argument("--min-pixels", type=int, default=gui.MIN_PIXELS, help="smart_resize lower bound (pixels)")
-parser.add_argument("--max-pixels", type=int, default=gui.MAX_PIXELS, help="smart_resize upper bound (pixels)")
-parser.add_argument("--num-images", type=int, default=2, help="screenshots kept as images in the prompt (the last K)")
-parser.add_argument("--max-prompt-tokens", type=int, default=None, help="prompt budget; oldest history turns are summarised past it")
 # optimisation
 parser.add_argument("--lr", type=float, default=1e-3, help="AdamW peak learning rate (tiny-model default; 7B: ~1e-5)")
 parser.add_argument("--min-lr-frac", type=float, default=0.1, help="cosine decay floor, as a fraction of --lr")
@@ -79,6 +84,9 @@ parser.add_argument("--gradient-checkpointing", action="store_true",
 parser.add_argument("--copy-warmup-steps", type=int, default=None,
                     help="steps on synthetic pages before SFT (module docstring; default: 500 for a 'tiny' model trained from scratch, else 0)")
 parser.add_argument("--copy-warmup-lr", type=float, default=1e-3, help="constant AdamW learning rate of the copy warm-up")
+parser.add_argument("--copy-warmup-elements", type=int, default=4, help="elements per synthetic click page, at most (the target looked up among them)")
+parser.add_argument("--copy-warmup-type-frac", type=float, default=0.25, help="share of synthetic pages that ask to type a quoted text")
+chat.add_prompt_args(parser)  # --num-images, --min/max-pixels, --max-prompt-tokens, --step-instruction, --elements, --system-prompt
 # run
 parser.add_argument("--max-steps", type=int, default=200, help="optimizer steps (0: the copy warm-up alone, saved as step 0: a shared base)")
 parser.add_argument("--eval-every", type=int, default=50, help="validation loss every N steps (0: at the end only)")
@@ -98,7 +106,7 @@ ELEMENT_KINDS = ("button", "div", "input_text", "span", "label", "a")
 
 def page_labels(episodes) -> list[str]:
     """The distinct non-empty element labels (the text between the first pair of single quotes of
-    an element line) of every step of `episodes` (gui.Episode), sorted; [] when there is none."""
+    an element line) of every step of `episodes` (dataset.Episode), sorted; [] when there is none."""
     labels = set()
     for ep in episodes:
         for step in ep.steps:
@@ -132,10 +140,22 @@ def synthetic_page(rng: random.Random, labels: list[str], max_elements: int = 1)
             f"Click {kind} '{lab}' at ({cx},{cy}).")
 
 
+def synthetic_type_page(rng: random.Random, labels: list[str]) -> tuple[str, str, dict, str]:
+    """A page whose focused input box must receive a text quoted in the goal (the copy of a string,
+    as a click copies a point): one `input_text` line (empty, a 130 x 21 box at a random height),
+    the text a label from `labels`. Returns (goal, element line, {"action": "type", "text": text},
+    the expert-style thought)."""
+    text = rng.choice(labels)
+    y, first = rng.randint(52, 150), rng.randint(1, 20)
+    line = f"[{first}] input_text '' at (66,{y + 10}) (2,{y},130,{y + 21})"
+    return (f'Enter "{text}" into the text field.', line, {"action": "type", "text": text},
+            f"The text field is focused and empty. I type '{text}' into it.")
+
+
 def page_prompt(tokenizer, goal: str, elements: str, system: bool = True) -> list[int]:
-    """Token ids of gui.build_prompt's layout for a first step without the screenshot (and with
+    """Token ids of chat.build_prompt's layout for a first step without the screenshot (and with
     an empty system prompt when system is False)."""
-    messages = [{"role": "system", "content": [{"type": "text", "text": gui.SYSTEM_PROMPT if system else ""}]},
+    messages = [{"role": "system", "content": [{"type": "text", "text": chat.SYSTEM_PROMPT if system else ""}]},
                 {"role": "user", "content": [{"type": "text", "text": f"Task goal: {goal}\n"},
                                              {"type": "text", "text": "Step 1 screenshot:"},
                                              {"type": "text", "text": f"\nUI elements on screen:\n{elements}"}]}]
@@ -144,14 +164,35 @@ def page_prompt(tokenizer, goal: str, elements: str, system: bool = True) -> lis
 
 
 def synthetic_example(rng: random.Random, labels: list[str], tokenizer, *, max_elements: int = 1,
-                      system: bool = False) -> tuple[SimpleNamespace, list[int]]:
+                      system: bool = False, type_frac: float = 0.0) -> tuple[SimpleNamespace, list[int]]:
     """(prompt with input_ids (T,) int64 and no image, target ids ending in <|im_end|>) of one
-    synthetic page, ready for collate_sequences."""
-    goal, lines, action, thought = synthetic_page(rng, labels, max_elements)
+    synthetic page, ready for collate_sequences: a type page (synthetic_type_page) with probability
+    type_frac, else a click page of 1..max_elements elements (synthetic_page)."""
+    if type_frac > 0 and rng.random() < type_frac:
+        goal, lines, action, thought = synthetic_type_page(rng, labels)
+    else:
+        goal, lines, action, thought = synthetic_page(rng, labels, max_elements)
     target = tokenizer.encode(gui.format_response(thought, action), add_special_tokens=False)
     prompt = SimpleNamespace(input_ids=torch.tensor(page_prompt(tokenizer, goal, lines, system)),
                              pixel_values=None, image_grid_thw=None)
     return prompt, target + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+
+
+def sft_example(ep, t: int, tokenizer, image_processor, spec: chat.PromptSpec, *, image_root=None,
+                blank_screens=None) -> tuple:
+    """(prompt, target ids) of step t of episode `ep` (dataset.Episode): the prompt under the
+    contract `spec` (chat.step_prompt, as the rollout builds it) with the EXPERT's earlier responses
+    as history, the target the expert's response at t (coordinates in pixels of the resized
+    screenshot) followed by <|im_end|> (docs/method.md §2-§3)."""
+    shots = [dataset.load_screenshot(s, image_root=image_root, blank_screens=blank_screens) for s in ep.steps[:t + 1]]
+    responses = []
+    for s in ep.steps[:t + 1]:
+        orig = dataset.original_size(s, image_root=image_root, blank_screens=blank_screens)
+        responses.append(gui.expert_response(s, orig, thought=patch.clean_thought(s.thought), min_pixels=spec.min_pixels,
+                                             max_pixels=spec.max_pixels))
+    prompt = chat.step_prompt(tokenizer, image_processor, spec, goal=ep.goal, step=ep.steps[t], screenshots=shots,
+                              history=responses[:t])
+    return prompt, tokenizer(responses[t], add_special_tokens=False)["input_ids"] + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
 
 
 def copy_warmup_default(model) -> int:
@@ -164,12 +205,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.copy_warmup_steps is None:   # resolved here so that args.json records the number
         args.copy_warmup_steps = copy_warmup_default(args.model)
+    spec = chat.resolve_spec(args, args.model, say=utils.print0)
 
     # -------------------------------------------------------------------------
     # setup
     d = utils.init_distributed(args.device)
     utils.seed_everything(args.seed)
-    cli.check_pixels(args)
     if args.batch_size % (args.micro_batch_size * d.world_size):
         raise cli.UsageError(f"--batch-size {args.batch_size} must be a multiple of micro-batch-size x world size "
                          f"({args.micro_batch_size} x {d.world_size})")
@@ -183,31 +224,19 @@ def main(argv=None):
     # -------------------------------------------------------------------------
     # data: one example per (episode, step); prompts are built lazily (images are big)
     blank = gui.parse_size(args.blank_screens) if args.blank_screens else None
-    episodes = gui.load_episodes(args.data, limit=args.max_episodes)
+    episodes = dataset.load_episodes(args.data, limit=args.max_episodes)
     order = list(range(len(episodes)))
     random.Random(args.seed).shuffle(order)
     n_val = int(round(len(episodes) * args.val_frac)) if len(episodes) > 1 else 0
     val_eps, train_eps = [episodes[i] for i in order[:n_val]], [episodes[i] for i in order[n_val:]]
     train_ex = [(e, t) for e in train_eps for t in range(len(e.steps))]
     val_ex = [(e, t) for e in val_eps for t in range(len(e.steps))]
-    tokenizer, image_processor = utils.load_processor(args.model, min_pixels=args.min_pixels, max_pixels=args.max_pixels)
+    tokenizer, image_processor = utils.load_processor(args.model, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
     pad_id = pad_token_id(tokenizer)
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     utils.print0(f"{len(train_eps)} train / {len(val_eps)} val episodes, {len(train_ex)} / {len(val_ex)} examples")
 
     def example(ep, t):
-        """(prompt, target ids) of step t with the expert's history (docs/method.md §2-§3)."""
-        shots = [gui.load_screenshot(s, image_root=args.image_root, blank_screens=blank) for s in ep.steps[:t + 1]]
-        history = [gui.expert_response(ep.steps[s], gui.original_size(ep.steps[s], image_root=args.image_root, blank_screens=blank), thought=ep.steps[s].thought, min_pixels=args.min_pixels,
-                                       max_pixels=args.max_pixels) for s in range(t)]
-        prompt = gui.build_prompt(tokenizer, image_processor, goal=ep.goal, screenshots=shots, history=history,
-                                  step_instruction=ep.steps[t].step_instruction if args.step_instruction else None,
-                                  elements=ep.steps[t].elements, num_images=args.num_images,
-                                  min_pixels=args.min_pixels, max_pixels=args.max_pixels,
-                                  max_prompt_tokens=args.max_prompt_tokens)
-        target = gui.expert_response(ep.steps[t], gui.original_size(ep.steps[t], image_root=args.image_root, blank_screens=blank), thought=ep.steps[t].thought,
-                                     min_pixels=args.min_pixels, max_pixels=args.max_pixels)
-        return prompt, tokenizer(target, add_special_tokens=False)["input_ids"] + [im_end]
+        return sft_example(ep, t, tokenizer, image_processor, spec, image_root=args.image_root, blank_screens=blank)
 
     def batches(examples, size, seed):
         """Endless shuffled micro-batches of this rank's share."""
@@ -281,7 +310,8 @@ def main(argv=None):
         policy.train()
         bar = tqdm(range(warm_steps), desc="copy warm-up", disable=not d.is_main)
         for step in bar:
-            built = [synthetic_example(rng, labels, tokenizer) for _ in range(per_rank)]
+            built = [synthetic_example(rng, labels, tokenizer, max_elements=args.copy_warmup_elements,
+                                       type_frac=args.copy_warmup_type_frac) for _ in range(per_rank)]
             batch = to_device(collate_sequences([p for p, _ in built], [y for _, y in built], pad_id), d.device)
             logp, _ = policy(batch)
             loss = -logp.mean()

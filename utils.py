@@ -240,8 +240,11 @@ def save_checkpoint(out_dir: str | os.PathLike, model, tokenizer, args: dict, *,
     "step"; with an optimizer also optimizer.pt and every rank's RNG state), atomically (a finished
     temporary folder renamed into place, then os.replace of out_dir/latest); keep the newest `keep`.
     Collective (plain or FSDP2 model; rank 0 writes). Returns the folder on rank 0, else None."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)  # unsharded, on CPU
     msd = get_model_state_dict(model, options=opts)
@@ -290,8 +293,11 @@ def load_checkpoint_state(ckpt: str | os.PathLike, model, optimizer=None) -> dic
     """Load a save_checkpoint folder into a (possibly FSDP2) model, optimizer and every RNG;
     returns trainer_state.json. Collective. optimizer.pt is read weights_only (nothing unpickled).
     Raises FileNotFoundError (no config.json), ValueError (saved for another number of ranks)."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                         set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     ckpt = Path(ckpt)

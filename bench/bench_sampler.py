@@ -8,7 +8,7 @@ every row generates exactly --max-new-tokens tokens and tokens/s compare like fo
               (HF: generate(..., num_return_sequences=samples) on the `tasks` prompts)
     distinct: tasks * samples distinct prompts, one sample each
 
-Prompts are what training sees: gui.build_prompt on AndroidControl training episodes (goal,
+Prompts are what training sees: chat.build_prompt on AndroidControl training episodes (goal,
 the expert's earlier actions as thought-free history, one screenshot of the current step:
 a seeded noise image of the phone's 1080x2400, resized under --max-pixels).
 tok/s = generated tokens / wall time of the whole call (prefill + decode), best of --repeats.
@@ -28,7 +28,9 @@ import torch
 from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
+import chat
 import cli  # noqa: E402
+import dataset
 import gui  # noqa: E402
 import utils  # noqa: E402
 from rollout import Sampler  # noqa: E402
@@ -90,7 +92,7 @@ else:
     model = utils.load_model(args.model, dtype=dtype, device=device, seed=args.seed)
 model.eval()
 
-episodes = gui.load_episodes(args.episodes)
+episodes = dataset.load_episodes(args.episodes)
 rng = np.random.default_rng(args.seed)
 
 
@@ -99,11 +101,11 @@ def task_prompt(k: int):
     ep = episodes[k % len(episodes)]
     t = min(args.step, len(ep.steps) - 1)
     shots = [None] * t + [Image.fromarray(rng.integers(0, 256, (2400, 1080, 3), dtype=np.uint8))]
-    size = gui.ANDROID_CONTROL_SIZE
+    size = dataset.ANDROID_CONTROL_SIZE
     resized = gui.resized_size(size, max_pixels=args.max_pixels)
     history = [gui.expert_response(s, size, resized) for s in ep.steps[:t]]
-    return gui.build_prompt(tokenizer, image_processor, goal=ep.goal, screenshots=shots, history=history,
-                            num_images=1, max_pixels=args.max_pixels)
+    return chat.build_prompt(tokenizer, image_processor, chat.PromptSpec(num_images=1, max_pixels=args.max_pixels),
+                             goal=ep.goal, screenshots=shots, history=history)
 
 
 n_rows = args.tasks * args.samples

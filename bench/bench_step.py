@@ -46,10 +46,16 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
-import gui  # noqa: E402
+import dataset
 import utils  # noqa: E402
 from kernels import ppo_loss  # noqa: E402
-from kernels.policy_logprob import PolicyLogProb, collate_sequences, pad_token_id, sampling_mode, to_device  # noqa: E402
+from kernels.policy_logprob import (  # noqa: E402
+    PolicyLogProb,
+    collate_sequences,
+    pad_token_id,
+    sampling_mode,
+    to_device,
+)
 from rollout import Sampler, semi_online_rollout  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------
@@ -73,7 +79,7 @@ parser.add_argument("--vocab", choices=["both", "small", "real"], default="both"
 args = parser.parse_args()
 
 torch.manual_seed(args.seed)
-eps = [e for e in gui.load_episodes(args.data) if len(e.steps) >= args.steps][:args.tasks]
+eps = [e for e in dataset.load_episodes(args.data) if len(e.steps) >= args.steps][:args.tasks]
 eps = [dataclasses.replace(e, steps=e.steps[:args.steps]) for e in eps]
 QWEN_VOCAB = json.load(open(utils.TOKENIZER_DIR / "config.json"))["vocab_size"]  # 152,064 rows: the 7B's lm_head
 
@@ -208,40 +214,33 @@ except ImportError as e:                                  # bench requirements n
     selective_log_softmax, trl_version = None, f"not installed ({e})"
 
 
-def use_globals(v):
-    """The peer's functions below read the module globals model / ref_model / tokenizer / ...: bind
-    them to variant v (the peer runs on the default, small vocabulary)."""
-    globals().update(model=v.model, ref_model=v.ref_model, tokenizer=v.tokenizer, image_processor=v.image_processor,
-                     init_state=v.init_state, pad_id=v.pad_id)
-
-
-def trl_grpo_error() -> str:
+def trl_grpo_error(v) -> str:
     """Why TRL's GRPOTrainer cannot run this model: it needs a ProcessorMixin for image prompts."""
     try:
         from transformers import Qwen2_5_VLProcessor
-        Qwen2_5_VLProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=None)
+        Qwen2_5_VLProcessor(image_processor=v.image_processor, tokenizer=v.tokenizer, video_processor=None)
         return ""
     except Exception as e:  # noqa: BLE001 - reported verbatim
         return f"{type(e).__name__}: {e}"
 
 
-def hf_rollout(calls, banned):
+def hf_rollout(v, calls, banned):
     t = 0.0
     for prompts, n, _ in calls:
         T = max(len(p.input_ids) for p in prompts)
-        ids = torch.full((len(prompts), T), pad_id, dtype=torch.long)
+        ids = torch.full((len(prompts), T), v.pad_id, dtype=torch.long)
         mask = torch.zeros(len(prompts), T, dtype=torch.long)
         for i, p in enumerate(prompts):                          # left padding, as generate expects
             ids[i, T - len(p.input_ids):] = p.input_ids
             mask[i, T - len(p.input_ids):] = 1
-        kw = dict(input_ids=ids, attention_mask=mask, mm_token_type_ids=(ids == model.config.image_token_id).int(),
+        kw = dict(input_ids=ids, attention_mask=mask, mm_token_type_ids=(ids == v.model.config.image_token_id).int(),
                   pixel_values=torch.cat([p.pixel_values for p in prompts]),
                   image_grid_thw=torch.cat([p.image_grid_thw for p in prompts]))
         with torch.no_grad():
-            _, dt = _timed(lambda: model.generate(
+            _, dt = _timed(lambda: v.model.generate(
                 **kw, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,
                 min_new_tokens=args.max_new_tokens, num_return_sequences=n, suppress_tokens=banned,
-                pad_token_id=pad_id))
+                pad_token_id=v.pad_id))
         t += dt
     return t
 
@@ -250,16 +249,16 @@ def trl_logps(m, b):
     """TRL's per-token log-probs: left-padded prompts + right-padded completions, logits of the
     last `logits_to_keep` positions, selective_log_softmax (GRPOTrainer._get_per_token_logps...)."""
     logits = m(input_ids=b["input_ids"], attention_mask=b["attention_mask"], pixel_values=b["pixel_values"],
-               image_grid_thw=b["image_grid_thw"], mm_token_type_ids=(b["input_ids"] == model.config.image_token_id).int(),
+               image_grid_thw=b["image_grid_thw"], mm_token_type_ids=(b["input_ids"] == m.config.image_token_id).int(),
                logits_to_keep=b["keep"] + 1).logits[:, :-1]
     return selective_log_softmax(logits, b["completion"])
 
 
-def trl_batch(recs):
+def trl_batch(v, recs):
     """The same sequences laid out as TRL does: prompts left-padded, completions right-padded."""
     P = max(len(r.prompt.input_ids) for r in recs)
     L = max(len(r.response_ids) for r in recs)
-    ids = torch.full((len(recs), P + L), pad_id, dtype=torch.long)
+    ids = torch.full((len(recs), P + L), v.pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, r in enumerate(recs):
         p = r.prompt.input_ids
@@ -270,11 +269,12 @@ def trl_batch(recs):
                 image_grid_thw=torch.cat([r.prompt.image_grid_thw for r in recs]))
 
 
-def peer_step(calls, recs, banned):
-    model.load_state_dict(init_state)
-    t_roll = hf_rollout(calls, banned)
+def peer_step(v, calls, recs, banned):
+    model, ref_model = v.model, v.ref_model
+    model.load_state_dict(v.init_state)
+    t_roll = hf_rollout(v, calls, banned)
     chunks = [recs[i:i + args.micro_batch_size] for i in range(0, len(recs), args.micro_batch_size)]
-    batches = [trl_batch(c) for c in chunks]
+    batches = [trl_batch(v, c) for c in chunks]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     t0 = time.perf_counter()
     model.eval()
@@ -334,7 +334,6 @@ small = variant("small") if args.vocab in ("both", "small") else None
 variants = [x for x in (small, variant("real", body_from=small.model if small else None)
                         if args.vocab in ("both", "real") else None) if x is not None]
 main_v = variants[0]
-use_globals(main_v)
 runs = {v.name: [] for v in variants}
 peer = []
 banned = Sampler(main_v.model, main_v.tokenizer).banned_ids.tolist()
@@ -347,7 +346,7 @@ for rep in range(args.repeats):
         print(f"ours ({v.name} vocab, V={v.V})", {k: round(x, 2) for k, x in t.items()}, flush=True)
     if not args.no_peer and selective_log_softmax is not None and rep < args.peer_repeats:
         calls, recs, _ = last[main_v.name]
-        peer.append(peer_step(calls, recs, banned))
+        peer.append(peer_step(main_v, calls, recs, banned))
         print("peer", {k: round(x, 2) for k, x in peer[-1].items()}, flush=True)
 
 
@@ -376,7 +375,7 @@ if len(variants) == 2:
     result["vocab_speedup_phases"] = {k: round(real["seconds"][k] / med[k], 2) for k in med}
     result["vocab_speedup"] = round(real["seconds"]["step"] / med["step"], 2)
 result.update(gemm_gflops={f"{m}x{k}x{n}": round(r / 1e9, 1) for (m, k, n), r in _rates.items()},
-              trl_version=trl_version, trl_grpo_error=trl_grpo_error())
+              trl_version=trl_version, trl_grpo_error=trl_grpo_error(main_v))
 if peer:
     pmed = {k: statistics.median(r[k] for r in peer) for k in peer[0]}
     result.update(peer_seconds={k: round(x, 3) for k, x in pmed.items()},

@@ -491,11 +491,13 @@ def group_prompts(tasks: int, max_pixels: int, dry: bool):
     import numpy as np
     from PIL import Image
 
+    import chat
+    import dataset
     import gui
     import utils
 
     tokenizer, image_processor = utils.load_processor("tiny" if dry else None, max_pixels=max_pixels)
-    episodes = gui.load_episodes(str(ANDROID_DATA))
+    episodes = dataset.load_episodes(str(ANDROID_DATA))
     rng = np.random.default_rng(0)
     size = (1080, 2400)
     prompts = []
@@ -505,8 +507,8 @@ def group_prompts(tasks: int, max_pixels: int, dry: bool):
         shot = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
         resized = gui.resized_size(size, max_pixels=max_pixels)
         history = [gui.expert_response(st, size, resized) for st in ep.steps[:t]]
-        prompts.append(gui.build_prompt(tokenizer, image_processor, goal=ep.goal, screenshots=[None] * t + [shot],
-                                        history=history, num_images=1, max_pixels=max_pixels))
+        prompts.append(chat.build_prompt(tokenizer, image_processor, chat.PromptSpec(num_images=1, max_pixels=max_pixels),
+                                         goal=ep.goal, screenshots=[None] * t + [shot], history=history))
     return tokenizer, prompts
 
 

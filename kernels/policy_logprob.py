@@ -157,7 +157,7 @@ def collate_sequences(prompts: list, responses: list[list[int]], pad_id: int) ->
     """Right-pad prompt+response sequences into one batch.
 
     prompts: objects with input_ids (T_i,) int64, pixel_values (P_i, 1176) or None and
-    image_grid_thw (I_i, 3) or None (gui.Prompt). responses: the sampled token ids,
+    image_grid_thw (I_i, 3) or None (chat.Prompt). responses: the sampled token ids,
     exactly as the sampler produced them (never re-tokenised text). Returns input_ids and
     targets (B, T) int64 (targets = input_ids on response tokens, -100 elsewhere: padding
     is masked by position, never by comparing with pad_id, which may equal EOS),

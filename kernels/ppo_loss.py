@@ -37,7 +37,6 @@ import triton.language as tl
 
 from kernels._dispatch import check_runnable, use_triton
 
-
 # ---------------------------------------------------------------------------------------------------
 # Triton kernel
 

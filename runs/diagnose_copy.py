@@ -51,7 +51,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+import chat
 import cli  # noqa: E402
+import dataset
 import gui  # noqa: E402
 import train_sft  # noqa: E402
 import utils  # noqa: E402
@@ -71,13 +73,14 @@ def digit_nll(model_name: str, data: str, max_episodes: int = 40, batch: int = 8
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     digits = set(tokenizer.convert_tokens_to_ids(list("0123456789")))
     rows = []
-    for ep in gui.load_episodes(data, limit=max_episodes):
+    for ep in dataset.load_episodes(data, limit=max_episodes):
         step = ep.steps[0]
         if step.action.get("action") != "click":
             continue
-        prompt = gui.build_prompt(tokenizer, image_processor, goal=ep.goal, screenshots=[gui.load_screenshot(step)],
-                                  history=[], elements=step.elements)
-        target = gui.expert_response(step, gui.original_size(step), thought=step.thought)
+        spec = chat.PromptSpec(**{**chat.fresh_defaults(model_name), **chat.checkpoint_spec(model_name)})
+        prompt = chat.step_prompt(tokenizer, image_processor, spec, goal=ep.goal, step=step,
+                                  screenshots=[dataset.load_screenshot(step)], history=[])
+        target = gui.expert_response(step, dataset.original_size(step), thought=step.thought)
         rows.append((prompt, tokenizer(target, add_special_tokens=False)["input_ids"] + [im_end]))
     if not rows:
         raise ValueError(f"{data}: no episode starting with a click among the first {max_episodes}")
@@ -198,7 +201,7 @@ def pages(model_name: str = "tiny:128x4", lr: float = 1e-3, steps: int = 150, se
     digits / other = mean NLL of the page rows' coordinate-digit tokens / remaining response
     tokens over the 25 steps before each entry; save: write the model there."""
     rng = random.Random(seed)
-    labels = train_sft.page_labels(gui.load_episodes(data))
+    labels = train_sft.page_labels(dataset.load_episodes(data))
     if not labels:
         raise ValueError(f"{data}: no element labels")
     model = _fresh(model_name, seed, untie)

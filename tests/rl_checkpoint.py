@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+import chat
+import dataset
 import gui
 import utils
 from kernels import policy_logprob
@@ -19,13 +21,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 def make_checkpoint(out, n_episodes=2, steps=80, lr=5e-3, max_pixels=20000, seed=0):
     tok, ip = utils.load_processor(max_pixels=max_pixels)
-    eps = gui.load_episodes(REPO / "data" / "miniwob" / "train.jsonl", limit=n_episodes)
+    eps = dataset.load_episodes(REPO / "data" / "miniwob" / "train.jsonl", limit=n_episodes)
     prompts, responses = [], []
     stop = tok.convert_tokens_to_ids("<|im_end|>")
     for ep in eps:
-        shot = gui.load_screenshot(ep.steps[0])
-        p = gui.build_prompt(tok, ip, goal=ep.goal, screenshots=[shot], history=[], elements=ep.steps[0].elements,
-                             max_pixels=max_pixels)  # the prompt semi_online_rollout builds at step 0
+        shot = dataset.load_screenshot(ep.steps[0])
+        # the prompt semi_online_rollout builds at step 0 (the full system prompt: --system-prompt full)
+        p = chat.step_prompt(tok, ip, chat.PromptSpec(max_pixels=max_pixels), goal=ep.goal, step=ep.steps[0],
+                             screenshots=[shot], history=[])
         action = gui.scale_action(ep.steps[0].action, shot.size, p.resized_size)
         prompts.append(p)
         responses.append(tok(gui.format_response("I click it.", action)).input_ids + [stop])

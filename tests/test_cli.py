@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+import chat
 import cli
+import dataset
 import eval_sop
 import gui
 import plot_metrics
@@ -171,8 +173,12 @@ def checkpoint(tmp_path):
 def run_eval(monkeypatch, data, argv):
     from utils import load_processor
 
-    sampler = ExpertSampler(load_processor()[0], gui.load_episodes(str(data)))
-    monkeypatch.setattr(eval_sop, "load_sampler", lambda args, tok: sampler)
+    sampler = ExpertSampler(load_processor()[0], dataset.load_episodes(str(data)))
+
+    def load_sampler(args, tok):  # decode with the tokenizer eval chose for the model (utils.tokenizer_dir)
+        sampler.tok = tok
+        return sampler
+    monkeypatch.setattr(eval_sop, "load_sampler", load_sampler)
     s = eval_sop.main(["--data", str(data), "--image-root", str(MINIWOB), "--limit", "2", "--policy", "model",
                        "--protocol", "static", "--out", str(data.parent / "eval"), *argv])
     return s, sampler, json.loads((data.parent / "eval" / "result.json").read_text())["args"]
@@ -189,7 +195,7 @@ def data(tmp_path):
 def test_eval_reads_prompt_options_from_checkpoint(monkeypatch, capsys, checkpoint, data):
     s, sampler, args = run_eval(monkeypatch, data, ["--model", str(checkpoint)])
     out = capsys.readouterr().out
-    assert f"prompt options from {checkpoint}/step_000010/args.json" in out and "--num-images 1" in out
+    assert f"prompt contract from {checkpoint}/step_000010/args.json" in out and "num_images=1" in out
     assert args["num_images"] == 1 and args["max_pixels"] == 20000 and args["max_prompt_tokens"] is None
     assert args["elements"] is True  # training always shows the element list; so does eval by default
     assert s["static_step_sr"] == 1.0  # the expert's answers in pixels of the 20000-pixel image: all match
@@ -214,9 +220,12 @@ def test_train_semionline_adopts_sft_prompt_options(checkpoint):
     argv = ["--model", str(checkpoint), "--max-pixels", "50176"]
     args = ts.parser.parse_args(argv)
     assert args.model == str(checkpoint / "step_000010")  # the `latest` pointer is followed
-    taken = cli.adopt_checkpoint_args(args, ts.parser, argv, args.model, ts.PROMPT_ARGS)
-    assert taken == {"num_images": 1, "min_pixels": 3136, "max_prompt_tokens": None}
-    assert args.max_pixels == 50176 and args.num_images == 1
+    said = []
+    spec = chat.resolve_spec(args, args.model, say=said.append)
+    assert said == ["warning: --max-pixels 50176 differs from the checkpoint's 20000 (" + args.model + "/args.json)",
+                    "prompt contract from " + args.model + "/args.json: num_images=1, min_pixels=3136, "
+                    "max_prompt_tokens=None, step_instruction=False"]
+    assert spec.max_pixels == 50176 and spec.num_images == 1 and args.prompt["num_images"] == 1
 
 
 # -----------------------------------------------------------------------------
@@ -242,8 +251,9 @@ def test_outcome_labels_by_hand():
 def test_online_report_frames_follow_the_outcome(monkeypatch, tmp_path):
     """A terminated-early episode's frames are not green: the last one is red (the step that ended
     it), the others grey; a success's are green; a malformed response is red."""
-    import miniwob_env
     from PIL import Image
+
+    import miniwob_env
 
     click = gui.format_response("t", {"action": "click", "coordinate": [10, 10]})
     stop = gui.format_response("t", {"action": "terminate", "status": "success"})

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import dataset
 import eval_sop
 import gui
 
@@ -253,7 +254,7 @@ def test_scroll_points_agree_with_gui_native_rows():
     for d in ("up", "down", "left", "right"):
         for size in (S1, (1080, 2400)):
             ours = conv.convert_action({"action_type": "scroll", "direction": d}, size)
-            assert ours == gui._native_action({"action_type": "scroll", "direction": d}, gui._Where("t", "row", 0), size)
+            assert ours == dataset._native_action({"action_type": "scroll", "direction": d}, dataset._Where("t", "row", 0), size)
             assert gui.swipe_direction(ours["coordinate"], ours["coordinate2"]) == FINGER[d]
 
 
@@ -295,7 +296,7 @@ def test_screenshots_pixel_exact(converted):
 
 def test_loaded_by_gui_with_finger_swipes(converted):
     src, out, _ = converted
-    eps = gui.load_episodes(out / "test.jsonl")  # no --swipe-convention: the file declares "finger"
+    eps = dataset.load_episodes(out / "test.jsonl")  # no --swipe-convention: the file declares "finger"
     ep = eps[0]
     assert [s.action for s in ep.steps] == [e for *_, e, _ in EP7]
     assert ep.meta["swipe_convention"] == "finger"
@@ -308,7 +309,7 @@ def test_loaded_by_gui_with_finger_swipes(converted):
         reversed_ = {**a, "coordinate": a["coordinate2"], "coordinate2": a["coordinate"]}
         assert gui.action_match(reversed_, a, [], size) == (False, True)  # the content direction does not match
     for s in ep.steps:  # recorded sizes agree with the files
-        assert gui.original_size(s, image_root=str(out)) == s.image_size
+        assert dataset.original_size(s, image_root=str(out)) == s.image_size
 
 
 def test_expert_replay_pg_tsr_one(converted, capsys):
@@ -374,7 +375,7 @@ def test_broken_shard_named_and_rest_skipped(tmp_path, damage, field, capsys):
     else:
         data = gzip.decompress(data)  # an uncompressed TFRecord file
     (src / SHARD0).write_bytes(data)
-    with pytest.raises(gui.DataError) as e:
+    with pytest.raises(dataset.DataError) as e:
         conv.main(["--src", str(src), "--out", str(tmp_path / "o")])
     assert str(e.value).startswith(f"{src / SHARD0}:")
     if field:
@@ -423,7 +424,7 @@ BAD_RECORDS = [
 @pytest.mark.parametrize("record, message", BAD_RECORDS, ids=[m.split(":")[0] for _, m in BAD_RECORDS])
 def test_bad_record_named_and_skipped(tmp_path, record, message, capsys):
     src = _one(tmp_path, record)
-    with pytest.raises(gui.DataError) as e:
+    with pytest.raises(dataset.DataError) as e:
         conv.main(["--src", str(src), "--out", str(tmp_path / "o")])
     assert str(e.value).startswith(f"{src / SHARD0}:1: {message}"), str(e.value)
     s = conv.main(["--src", str(src), "--out", str(tmp_path / "o"), "--skip-bad"])

@@ -6,8 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import gui
 import torch
+
+import dataset
+import gui
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "runs"))
@@ -20,7 +22,7 @@ def test_digit_split_counts_and_random_model():
     n_eps = 6
     out = diagnose_copy.digit_nll("tiny", str(DATA), max_episodes=n_eps)
     # by hand from the data: each click episode's thought and action both carry the point's digits
-    clicks = [e.steps[0] for e in gui.load_episodes(str(DATA), limit=n_eps) if e.steps[0].action["action"] == "click"]
+    clicks = [e.steps[0] for e in dataset.load_episodes(str(DATA), limit=n_eps) if e.steps[0].action["action"] == "click"]
     want = sum(len(re.sub(r"\D", "", "".join(map(str, s.action["coordinate"])))) for s in clicks)
     assert out["n_episodes"] == len(clicks) > 0
     assert out["n_tokens"]["thought_digits"] == out["n_tokens"]["action_digits"] == want
@@ -45,7 +47,7 @@ def test_synthetic_page_is_a_consistent_click():
     import random
     rng = random.Random(3)
     import train_sft
-    labels = train_sft.page_labels(gui.load_episodes(str(REPO / "data" / "miniwob_click" / "train.jsonl")))
+    labels = train_sft.page_labels(dataset.load_episodes(str(REPO / "data" / "miniwob_click" / "train.jsonl")))
     assert len(labels) > 50 and "" not in labels
     for _ in range(20):
         goal, lines, action, thought = train_sft.synthetic_page(rng, labels, 5)

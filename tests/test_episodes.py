@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+import dataset
 import gui
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "android_control"
@@ -17,7 +18,7 @@ TEST_NATIVE = DATA / "android_control_test_native_steps.json"
 
 @pytest.fixture(scope="module")
 def real():
-    return {p.name: gui.load_episodes(p) for p in (TEST_UIS1, TRAIN_UIS1, THOUGHT_UIS1, TEST_NATIVE)}
+    return {p.name: dataset.load_episodes(p) for p in (TEST_UIS1, TRAIN_UIS1, THOUGHT_UIS1, TEST_NATIVE)}
 
 
 # -----------------------------------------------------------------------------
@@ -29,7 +30,7 @@ def real():
     ("android_control_train_example_uis1.jsonl", 32, 206, 13),
     ("thought_example_uis1.jsonl", 1, 11, 11),
     # 6434 rows (6903 - 463 wait - 6 long_press); 225 episodes skip step numbers or start at 1: cut at their
-    # first gap, 835 rows dropped (gui._native_episodes)
+    # first gap, 835 rows dropped (dataset._native_episodes)
     ("android_control_test_native_steps.json", 1262, 5599, 24),
 ])
 def test_real_files_load_completely(real, name, episodes, steps, longest):
@@ -67,12 +68,12 @@ def test_swipe_conventions_of_both_formats(real):
     """Native scroll direction is the content's; we store finger swipes. Joined by episode id and
     step, vertical swipes of the two formats agree; horizontal ones disagree because the release
     converted only up/down: read under its declared "mixed" convention, all 956 agree."""
-    # every native row, those the loader drops after a step gap included (gui._native_episodes)
+    # every native row, those the loader drops after a step gap included (dataset._native_episodes)
     native = {}
     for i, row in enumerate(json.loads(TEST_NATIVE.read_text())):
-        ep, k = gui._NATIVE_IMAGE_RE.search(row["image"]).groups()
-        action = gui._native_action(row["gt"], gui._Where(TEST_NATIVE, "row", i), gui.ANDROID_CONTROL_SIZE)
-        native.setdefault(ep, {})[int(k)] = gui.Step(screenshot=row["image"], action=action)
+        ep, k = dataset._NATIVE_IMAGE_RE.search(row["image"]).groups()
+        action = dataset._native_action(row["gt"], dataset._Where(TEST_NATIVE, "row", i), dataset.ANDROID_CONTROL_SIZE)
+        native.setdefault(ep, {})[int(k)] = dataset.Step(screenshot=row["image"], action=action)
     agree = {"vertical": 0, "horizontal": 0}
     disagree = {"vertical": 0, "horizontal": 0}
     for e in real["android_control_test_uis1.jsonl"]:
@@ -125,13 +126,13 @@ def test_native_action_mapping(tmp_path):
         ({"action_type": "answer", "text": "42"}, {"action": "answer", "text": "42"}),
     ]
     rows = [native_row(7, k, gt) for k, (gt, _) in enumerate(gts)]
-    [ep] = gui.load_episodes(write(tmp_path, "n.json", rows))
+    [ep] = dataset.load_episodes(write(tmp_path, "n.json", rows))
     assert [s.action for s in ep.steps] == [want for _, want in gts]
 
 
 def test_native_scroll_uses_recorded_size(tmp_path):
     row = native_row(1, 0, {"action_type": "scroll", "direction": "down"}) | {"image_size": [720, 1600]}
-    [ep] = gui.load_episodes(write(tmp_path, "n.json", [row]))
+    [ep] = dataset.load_episodes(write(tmp_path, "n.json", [row]))
     assert ep.steps[0].action["coordinate"] == [360, 1200] and ep.steps[0].image_size == (720, 1600)
 
 
@@ -139,12 +140,12 @@ def test_native_grouping_order_and_goal(tmp_path):
     rows = [native_row(5, 2, {"action_type": "navigate_back"}, "c."), native_row(9, 0, {"action_type": "wait"}, "x"),
             native_row(5, 0, {"action_type": "open_app", "app_name": "A"}, "a."),
             native_row(5, 1, {"action_type": "click", "x": 1, "y": 2}, "b.")]
-    eps = gui.load_episodes(write(tmp_path, "n.json", rows))
+    eps = dataset.load_episodes(write(tmp_path, "n.json", rows))
     assert [e.episode_id for e in eps] == ["5", "9"]
     assert [s.step_instruction for s in eps[0].steps] == ["a.", "b.", "c."]  # sorted by screenshot index
     assert eps[0].goal == "a. b. c."  # no goal recorded: the joined step instructions
     rows[0]["goal"] = "The real goal"
-    assert gui.load_episodes(write(tmp_path, "n2.json", rows))[0].goal == "The real goal"
+    assert dataset.load_episodes(write(tmp_path, "n2.json", rows))[0].goal == "The real goal"
 
 
 def test_native_step_gaps_are_never_joined(tmp_path, caplog):
@@ -153,7 +154,7 @@ def test_native_step_gaps_are_never_joined(tmp_path, caplog):
     rows += [native_row(8, k, back, f"t{k}.") for k in (1, 2)]         # step 0 missing
     rows += [native_row(9, k, wait) for k in (0, 1)]                    # complete
     with caplog.at_level("WARNING", logger="gui"):
-        e7, e8, e9 = gui.load_episodes(write(tmp_path, "gaps.json", rows))
+        e7, e8, e9 = dataset.load_episodes(write(tmp_path, "gaps.json", rows))
     # 7: cut at its first gap (steps 0-2 kept; 4 and 5 do not follow 2); the goal still reads the whole task
     assert [s.step_instruction for s in e7.steps] == ["s0.", "s1.", "s2."] and e7.goal == "s0. s1. s2. s4. s5."
     assert e7.meta | {"format": None, "swipe_convention": None} == {
@@ -169,11 +170,11 @@ def test_native_step_gaps_are_never_joined(tmp_path, caplog):
 def test_empty_step_instructions_are_absent(tmp_path):
     rows = [native_row(1, 0, {"action_type": "wait"}, "  "), native_row(1, 1, {"action_type": "wait"}, ""),
             native_row(1, 2, {"action_type": "wait"}, "go")]
-    [e] = gui.load_episodes(write(tmp_path, "ws.json", rows))
+    [e] = dataset.load_episodes(write(tmp_path, "ws.json", rows))
     assert [s.step_instruction for s in e.steps] == [None, None, "go"] and e.goal == "go"
     line = {"goal": "g", "steps": [{"action_content": {"action": "wait"}, "step_instruction": " \t\n"},
                                    {"action_content": {"action": "wait"}, "step_instruction": "tap"}]}
-    [e] = gui.load_episodes(write(tmp_path, "ws.jsonl", [line]))
+    [e] = dataset.load_episodes(write(tmp_path, "ws.jsonl", [line]))
     assert [s.step_instruction for s in e.steps] == [None, "tap"]
 
 
@@ -188,7 +189,7 @@ def test_empty_step_instructions_are_absent(tmp_path):
 def test_native_errors_name_file_row_and_field(tmp_path, rows, match):
     p = write(tmp_path, "bad.json", rows)
     with pytest.raises(ValueError, match=match) as e:
-        gui.load_episodes(p)
+        dataset.load_episodes(p)
     assert str(p) in str(e.value)
 
 
@@ -215,16 +216,16 @@ GOOD = {"goal": "g", "steps": [{"action_content": {"action": "wait", "time": 2},
 def test_uis1_errors_name_file_line_and_field(tmp_path, line2, match):
     p = write(tmp_path, "bad.jsonl", json.dumps(GOOD) + "\n" + line2 + "\n")
     with pytest.raises(ValueError, match=match) as e:
-        gui.load_episodes(p)
+        dataset.load_episodes(p)
     assert str(p) in str(e.value)
 
 
 def test_duplicate_episode_ids_and_limit(tmp_path):
     p = write(tmp_path, "dup.jsonl", [GOOD | {"episode_id": 3}, GOOD | {"episode_id": "3"}])
     with pytest.raises(ValueError, match="duplicate episode id '3'"):
-        gui.load_episodes(p)
-    assert len(gui.load_episodes(TEST_UIS1, limit=5)) == 5
-    assert len(gui.load_episodes(TEST_NATIVE, limit=5)) == 5
+        dataset.load_episodes(p)
+    assert len(dataset.load_episodes(TEST_UIS1, limit=5)) == 5
+    assert len(dataset.load_episodes(TEST_NATIVE, limit=5)) == 5
 
 
 # -----------------------------------------------------------------------------
@@ -242,26 +243,26 @@ def test_miniwob_format_and_relative_screenshots(tmp_path):
                      "candidate_bbox": [[60, 90, 100, 110]]},
                     {"action_content": {"action": "terminate", "status": "success"}, "screenshot": "shots/1.png"}]}
     p = write(tmp_path, "train.jsonl", [ep])
-    [e] = gui.load_episodes(p)
+    [e] = dataset.load_episodes(p)
     assert e.meta == {"task": "click-button", "seed": 0, "image_size": [160, 210]}
     s0, s1 = e.steps
     assert s0.image_size == (160, 210) and s0.thought.startswith("The button")
     assert s0.elements == '{"role": "button", "text": "OK", "box": [60, 90, 100, 110]}'
     assert s0.candidate_bbox == [[60, 90, 100, 110]]
     # relative path resolves against the jsonl's folder, whatever the working directory
-    assert gui.load_screenshot(s0).getpixel((0, 0)) == (255, 0, 0)
+    assert dataset.load_screenshot(s0).getpixel((0, 0)) == (255, 0, 0)
     with pytest.raises(FileNotFoundError, match="--blank-screens"):
-        gui.load_screenshot(s1)
-    blank = gui.load_screenshot(s1, blank_screens=(1080, 2400))
+        dataset.load_screenshot(s1)
+    blank = dataset.load_screenshot(s1, blank_screens=(1080, 2400))
     assert blank.size == (160, 210) and blank.mode == "RGB"  # the recorded size wins over the blank size
 
 
 def test_screenshot_resolution_with_image_root(tmp_path):
     (tmp_path / "imgs").mkdir()
     Image.new("L", (30, 40)).save(tmp_path / "imgs" / "8193_0.png")
-    step = gui.Step(screenshot="/datasets/AndroidControl/images/8193_0.png", action={"action": "wait"})
+    step = dataset.Step(screenshot="/datasets/AndroidControl/images/8193_0.png", action={"action": "wait"})
     with pytest.raises(FileNotFoundError, match="8193_0.png"):
-        gui.load_screenshot(step)
-    im = gui.load_screenshot(step, image_root=str(tmp_path / "imgs"))  # found by file name under the root
+        dataset.load_screenshot(step)
+    im = dataset.load_screenshot(step, image_root=str(tmp_path / "imgs"))  # found by file name under the root
     assert im.size == (30, 40) and im.mode == "RGB"
-    assert gui.load_screenshot(step, blank_screens=(108, 240)).size == (108, 240)  # no recorded size
+    assert dataset.load_screenshot(step, blank_screens=(108, 240)).size == (108, 240)  # no recorded size

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import dataset
 import eval_sop
 import gui
 from rollout import SampleOutput
@@ -33,7 +34,7 @@ def test_expert_replay_is_perfect_on_every_real_file(capsys):
     s = eval_sop.main(argv)
     assert last_json(capsys) == s
     assert s["pg"] == 1.0 and s["tsr"] == 1.0 and s["episodes"] == 12 * 3 + 1
-    assert s["steps"] == s["steps_run"] == sum(len(e.steps) for f in FILES for e in gui.load_episodes(f, limit=12))
+    assert s["steps"] == s["steps_run"] == sum(len(e.steps) for f in FILES for e in dataset.load_episodes(f, limit=12))
     for f in FILES:
         assert s["sources"][str(f)]["pg"] == 1.0 and s["sources"][str(f)]["tsr"] == 1.0
     assert s["step_reward_mean"] == pytest.approx(0.9)  # expert responses carry an empty think block
@@ -61,10 +62,10 @@ class PromptReadingExpert:
 
 def test_prompts_survive_the_budget(capsys, monkeypatch):
     # longest histories of the train file, with a budget that forces summaries: still every step right
-    eps = gui.load_episodes(FILES[1], limit=12)
+    eps = dataset.load_episodes(FILES[1], limit=12)
     fake = PromptReadingExpert(load_processor()[0], eps)
     monkeypatch.setattr(eval_sop, "load_sampler", lambda args, tok: fake)
-    s = eval_sop.main(["--data", str(FILES[1]), "--limit", "12", *FAST, "--max-prompt-tokens", "700",
+    s = eval_sop.main(["--data", str(FILES[1]), "--limit", "12", *FAST, "--max-prompt-tokens", "700", "--system-prompt", "full",
                        "--step-instruction", "--policy", "model"])
     assert s["pg"] == 1.0 and s["tsr"] == 1.0 and s["prompts_budgeted"] > 0 and s["max_prompt_tokens_seen"] <= 700
     assert s["prompts_over_budget"] == 0 and s["responses"] == s["steps_run"] == s["steps"]
@@ -82,7 +83,7 @@ def test_sop_stops_at_the_first_wrong_step(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(eval_sop, "expert_policy", wrong_at_step_1)
     out = tmp_path / "episodes.jsonl"
     s = eval_sop.main(["--data", str(FILES[1]), *FAST, "--out", str(out)])
-    lengths = [len(e.steps) for e in gui.load_episodes(FILES[1])]
+    lengths = [len(e.steps) for e in dataset.load_episodes(FILES[1])]
     # each episode: step 0 right, step 1 wrong -> 1 correct (an episode of 1 step is fully right)
     assert s["pg"] == pytest.approx(sum(min(1, n) / n for n in lengths) / len(lengths))
     assert s["tsr"] == pytest.approx(sum(n == 1 for n in lengths) / len(lengths))
@@ -102,7 +103,7 @@ def test_missing_screenshots_are_an_error_without_blank_screens():
 
 
 def test_score_subcommand(tmp_path, capsys):
-    ep = gui.load_episodes(FILES[1])[0]  # line-1: open, wait, click [540, 390] in bbox [360, 327, 695, 466], terminate
+    ep = dataset.load_episodes(FILES[1])[0]  # line-1: open, wait, click [540, 390] in bbox [360, 327, 695, 466], terminate
     orig, resized = (1080, 2400), gui.resized_size((1080, 2400))
     lines = [
         {"episode_id": "line-1", "step": 0, "response": gui.expert_response(ep.steps[0], orig, resized, "go")},  # 1.0

@@ -11,6 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
+import chat
+import dataset
 import eval_sop
 import gui
 import report
@@ -91,7 +93,7 @@ def scripted(ep, t, prompt, text):
 
 
 def run_fake(monkeypatch, tokenizer, data, answer, argv):
-    eps = gui.load_episodes(data)
+    eps = dataset.load_episodes(data)
     fake = FakeSampler(tokenizer, eps, answer)
     monkeypatch.setattr(eval_sop, "load_sampler", lambda args, tok: fake)
     s = eval_sop.main(["--data", str(data), "--policy", "model", *argv])
@@ -132,13 +134,14 @@ def test_sop_walks_as_the_training_driver(monkeypatch, capsys, tokenizer, miniwo
     s, fake = run_fake(monkeypatch, tokenizer, miniwob_file, scripted, ["--image-root", str(MINIWOB), *SMALL,
                                                                          "--out", str(out)])
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    eps = gui.load_episodes(miniwob_file)
+    eps = dataset.load_episodes(miniwob_file)
     image_processor = load_processor()[1]
 
     def drive(threshold):
         sampler = FakeSampler(tokenizer, eps, scripted)
         recs = semi_online_rollout(sampler, eps, tokenizer, image_processor, n_rollouts=1, patch_threshold=threshold,
-                                   greedy=True, image_root=str(MINIWOB), max_pixels=20000, max_prompt_tokens=32768)
+                                   greedy=True, image_root=str(MINIWOB),
+                                   spec=chat.PromptSpec(max_pixels=20000, max_prompt_tokens=32768))
         return recs, sampler
 
     recs, drv = drive(0)
@@ -184,7 +187,7 @@ def test_static_by_hand(monkeypatch, capsys, tokenizer, miniwob_file, batch_size
 
 
 def test_static_low_has_step_instructions(monkeypatch, capsys, tokenizer):
-    eps = gui.load_episodes(ANDROID, limit=2)
+    eps = dataset.load_episodes(ANDROID, limit=2)
 
     def expert(ep, t, prompt, text):
         assert f"Step instruction: {ep.steps[t].step_instruction}" in text

@@ -10,7 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gui
-from gui import Step, action_match, format_response, parse_response, scale_action, score_response, smart_resize
+from dataset import Step
+from gui import (
+    action_match,
+    format_response,
+    parse_response,
+    scale_action,
+    score_response,
+    smart_resize,
+)
 
 # -----------------------------------------------------------------------------
 # parse / format
@@ -126,7 +134,9 @@ def test_smart_resize_by_hand():
 
 @pytest.mark.parametrize("max_pixels", [gui.MAX_PIXELS, 50176, 28 * 28 * 4])
 def test_smart_resize_agrees_with_transformers_and_never_zero(max_pixels):
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as hf_resize
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        smart_resize as hf_resize,
+    )
     for h in (1, 13, 14, 27, 100, 333, 1080, 2400, 4000):
         for w in (1, 15, 28, 99, 720, 1080, 3000):
             if max(h, w) / min(h, w) > 200:

@@ -18,11 +18,11 @@ import sys  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-
 import triton.language as tl  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 import kernels  # noqa: E402
+
 gn_mod = importlib.import_module("kernels.group_norm")
 lp_mod = importlib.import_module("kernels.logprob")
 ppo_mod = importlib.import_module("kernels.ppo_loss")  # (kernels.ppo_loss is the function)

@@ -309,11 +309,11 @@ def test_generated_data_round_trips(tmp_path):
     assert seeds["train"] == {0, 1} and seeds["test"] == {me.TEST_SEED_BASE}
     assert manifest["splits"]["train"]["episodes"] == 4
 
-    import gui  # the foundation loader reads the files as written
+    import dataset  # the foundation loader reads the files as written
 
-    eps = gui.load_episodes(str(out / "train.jsonl"))
+    eps = dataset.load_episodes(str(out / "train.jsonl"))
     assert len(eps) == 4 and eps[0].steps[0].image_size == (168, 224)
-    assert gui.load_screenshot(eps[0].steps[0]).size == (168, 224)
+    assert dataset.load_screenshot(eps[0].steps[0]).size == (168, 224)
 
 
 def test_short_thoughts_copy_the_element_line(tmp_path):

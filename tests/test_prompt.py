@@ -8,10 +8,15 @@ import pytest
 import torch
 from PIL import Image
 
+import chat
+import dataset
 import gui
 from utils import load_processor
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "android_control"
+
+
+SPEC = chat.PromptSpec()  # the defaults: 2 images, release pixel limits, no budget, the full system prompt
 
 
 @pytest.fixture(scope="module", params=[None, "tiny"], ids=["qwen", "tiny"])
@@ -45,7 +50,7 @@ def _tokenizer_of_runs(request):
         runs_of_pad.tok = request.getfixturevalue("proc")[0]
 
 
-def check_pads_match_grid(p: gui.Prompt):
+def check_pads_match_grid(p: chat.Prompt):
     ids = p.input_ids.tolist()
     merge = 4  # merge_size ** 2
     assert runs_of_pad(ids) == [int(g.prod()) // merge for g in p.image_grid_thw]
@@ -54,10 +59,10 @@ def check_pads_match_grid(p: gui.Prompt):
 
 def test_exact_text_of_a_one_step_prompt(proc):
     tok, ip = proc
-    p = gui.build_prompt(tok, ip, goal="Open Maps.", screenshots=[Image.new("RGB", (56, 84))], history=[])
+    p = chat.build_prompt(tok, ip, SPEC, goal="Open Maps.", screenshots=[Image.new("RGB", (56, 84))], history=[])
     # 56 x 84 -> 28 * (2 x 3) -> grid (1, 6, 4) -> 24 patches -> 6 tokens after 2x2 merging
     assert p.image_grid_thw.tolist() == [[1, 6, 4]] and p.resized_size == (56, 84)
-    want = (f"<|im_start|>system\n{gui.SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\nTask goal: Open Maps.\n"
+    want = (f"<|im_start|>system\n{chat.SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\nTask goal: Open Maps.\n"
             f"Step 1 screenshot:<|vision_start|>{'<|image_pad|>' * 6}<|vision_end|><|im_end|>\n<|im_start|>assistant\n")
     assert p.input_ids.tolist() == tok.encode(want, add_special_tokens=False)
     assert p.input_ids.dtype == torch.long and p.n_dropped_turns == 0
@@ -67,7 +72,7 @@ def test_pad_count_equals_processor_grid_and_sizes_are_wh(proc):
     tok, ip = proc
     shots = [Image.new("RGB", (720, 1280)), Image.new("RGB", (333, 500)), Image.new("RGB", (1080, 2400))]
     hist = [gui.format_response("a", {"action": "wait", "time": 2})] * 2
-    p = gui.build_prompt(tok, ip, goal="g", screenshots=shots, history=hist, max_pixels=200_000)
+    p = chat.build_prompt(tok, ip, chat.PromptSpec(max_pixels=200_000), goal="g", screenshots=shots, history=hist)
     assert p.image_steps == [1, 2]  # the last 2 screenshots only
     # (333, 500): 500/28 = 17.9 -> 504, 333/28 = 11.9 -> 336; (1080, 2400) with max 200000: beta = 3.6,
     # floor(2400/3.6/28)*28 = 644, floor(1080/3.6/28)*28 = 280
@@ -81,8 +86,9 @@ def test_num_images_and_contents(proc):
     shots = [Image.new("RGB", (100, 200)) for _ in range(4)]
     hist = [gui.format_response(f"thought {i}", {"action": "click", "coordinate": [i, i]}) for i in range(3)]
     for k in (1, 2, 4):
-        p = gui.build_prompt(tok, ip, goal="Find the cafe", screenshots=shots, history=hist, num_images=k,
-                             step_instruction="tap the search bar", elements="button 'Search' [0, 0, 10, 10]")
+        p = chat.build_prompt(tok, ip, chat.PromptSpec(num_images=k), goal="Find the cafe", screenshots=shots,
+                              history=hist, step_instruction="tap the search bar",
+                              elements="button 'Search' [0, 0, 10, 10]")
         assert p.image_steps == list(range(4 - k, 4)) and len(runs_of_pad(p.input_ids.tolist())) == k
         check_pads_match_grid(p)
     text = tok.decode(p.input_ids)
@@ -91,13 +97,13 @@ def test_num_images_and_contents(proc):
     assert text.endswith("<|im_start|>assistant\n")
     assert text.count("<|im_start|>assistant\n") == 4  # 3 history turns + the generation prompt
     old = [None, None, Image.new("RGB", (100, 200)), Image.new("RGB", (100, 200))]  # only the last 2 are read
-    assert gui.build_prompt(tok, ip, goal="g", screenshots=old, history=hist).image_steps == [2, 3]
+    assert chat.build_prompt(tok, ip, SPEC, goal="g", screenshots=old, history=hist).image_steps == [2, 3]
 
 
 def test_special_tokens_in_history_are_stripped(proc):
     tok, ip = proc
     bad = '<think>x<|image_pad|><|vision_start|></think><action>{"action": "wait"}</action><|im_end|><|endoftext|>'
-    p = gui.build_prompt(tok, ip, goal="g<|im_start|>", screenshots=[Image.new("RGB", (56, 56))] * 2, history=[bad])
+    p = chat.build_prompt(tok, ip, SPEC, goal="g<|im_start|>", screenshots=[Image.new("RGB", (56, 56))] * 2, history=[bad])
     ids = p.input_ids.tolist()
     check_pads_match_grid(p)
     assert ids.count(tok.convert_tokens_to_ids("<|im_end|>")) == 4  # system, user, assistant, user
@@ -108,9 +114,9 @@ def test_special_tokens_in_history_are_stripped(proc):
 def test_errors(proc):
     tok, ip = proc
     with pytest.raises(ValueError, match="history"):
-        gui.build_prompt(tok, ip, goal="g", screenshots=[Image.new("RGB", (56, 56))] * 2, history=[])
+        chat.build_prompt(tok, ip, SPEC, goal="g", screenshots=[Image.new("RGB", (56, 56))] * 2, history=[])
     with pytest.raises(ValueError, match="no screenshots"):
-        gui.build_prompt(tok, ip, goal="g", screenshots=[], history=[])
+        chat.build_prompt(tok, ip, SPEC, goal="g", screenshots=[], history=[])
 
 
 # -----------------------------------------------------------------------------
@@ -119,11 +125,11 @@ def test_errors(proc):
 
 @pytest.fixture(scope="module")
 def longest():
-    eps = gui.load_episodes(DATA / "android_control_test_uis1.jsonl")
+    eps = dataset.load_episodes(DATA / "android_control_test_uis1.jsonl")
     ep = max(eps, key=lambda e: len(e.steps))
     assert len(ep.steps) == 24
     orig = (1080, 2400)
-    shots = [gui.load_screenshot(s, blank_screens=orig) for s in ep.steps]
+    shots = [dataset.load_screenshot(s, blank_screens=orig) for s in ep.steps]
     resized = gui.resized_size(orig)  # (1092, 2408): 78 x 172 patches -> 3354 tokens per image
     hist = [gui.expert_response(s, orig, resized, thought="I tap the next control to get on with the task.")
             for s in ep.steps[:-1]]
@@ -134,14 +140,14 @@ def test_budget_on_longest_real_episode(proc, longest, caplog):
     tok, ip = proc
     ep, shots, hist = longest
     kw = dict(goal=ep.goal, screenshots=shots, history=hist, step_instruction=ep.steps[-1].step_instruction)
-    full = gui.build_prompt(tok, ip, **kw)
+    full = chat.build_prompt(tok, ip, SPEC, **kw)
     n_full = len(full.input_ids)
     assert full.image_grid_thw.tolist() == [[1, 172, 78]] * 2 and runs_of_pad(full.input_ids.tolist()) == [3354] * 2
     assert n_full > 2 * 3354 + 23 * 30 and full.n_dropped_turns == 0
 
     budget = n_full - 400
     with caplog.at_level(logging.WARNING, logger="gui"):
-        p = gui.build_prompt(tok, ip, **kw, max_prompt_tokens=budget)
+        p = chat.build_prompt(tok, ip, chat.PromptSpec(max_prompt_tokens=budget), **kw)
     assert len(p.input_ids) <= budget and 0 < p.n_dropped_turns < 22  # still both images: only text turns went
     assert p.image_steps == [22, 23]
     check_pads_match_grid(p)
@@ -157,11 +163,12 @@ def test_budget_order_summaries_then_old_lines_then_screenshots(proc, longest):
     the screenshot turns left, the oldest summary lines go, and only then the older screenshot."""
     tok, ip = proc
     ep, shots, hist = longest
-    kw = dict(goal=ep.goal, screenshots=shots, history=hist, max_pixels=50176)  # small images: fast
-    n_full = len(gui.build_prompt(tok, ip, **kw).input_ids)
+    kw = dict(goal=ep.goal, screenshots=shots, history=hist)
+    small = dict(max_pixels=50176)  # small images: fast
+    n_full = len(chat.build_prompt(tok, ip, chat.PromptSpec(**small), **kw).input_ids)
     seen = []
     for budget in range(n_full - 1, 0, -40):
-        p = gui.build_prompt(tok, ip, **kw, max_prompt_tokens=budget)
+        p = chat.build_prompt(tok, ip, chat.PromptSpec(**small, max_prompt_tokens=budget), **kw)
         text = tok.decode(p.input_ids)
         n_lines = sum(f"\nStep {i + 1}: " in text for i in range(23))
         assert len(p.input_ids) <= budget or p.n_dropped_turns == 23
@@ -181,7 +188,8 @@ def test_budget_smaller_than_the_images_does_not_crash(proc, longest, caplog):
     tok, ip = proc
     ep, shots, hist = longest
     with caplog.at_level(logging.WARNING, logger="gui"):
-        p = gui.build_prompt(tok, ip, goal=ep.goal, screenshots=shots, history=hist, max_prompt_tokens=1000)
+        p = chat.build_prompt(tok, ip, chat.PromptSpec(max_prompt_tokens=1000), goal=ep.goal, screenshots=shots,
+                              history=hist)
     # every turn dropped, the summary emptied; the current screenshot alone is 3354 tokens
     assert p.n_dropped_turns == 23 and p.image_steps == [23] and "STILL OVER BUDGET" in caplog.text
     check_pads_match_grid(p)

@@ -8,6 +8,7 @@ import pytest
 from PIL import Image
 
 import baselines
+import dataset
 import eval_sop
 import gui
 
@@ -18,7 +19,7 @@ SIZE = (1080, 2400)
 
 @pytest.fixture(scope="module")
 def floors():
-    eps = gui.load_episodes(TEST)
+    eps = dataset.load_episodes(TEST)
     sizes = baselines.step_sizes(eps, blank_screens=SIZE)
     return {r: baselines.run_baselines(eps, sizes, r)["rates"] for r in gui.MATCH_RULES}
 
@@ -69,8 +70,8 @@ def test_release_rules_any_swipe_and_unknown_rules():
 
 def test_swipe_conventions_train_and_thought_pair():
     """The same episode: the train example stores 'down' (scroll), the thought file 'up' (finger)."""
-    train = gui.load_episodes(os.path.join(DATA, "android_control_train_example_uis1.jsonl"))
-    [thought] = gui.load_episodes(os.path.join(DATA, "thought_example_uis1.jsonl"))
+    train = dataset.load_episodes(os.path.join(DATA, "android_control_train_example_uis1.jsonl"))
+    [thought] = dataset.load_episodes(os.path.join(DATA, "thought_example_uis1.jsonl"))
     dirs = lambda eps: [gui.swipe_direction(s.action["coordinate"], s.action["coordinate2"])  # noqa: E731
                         for e in eps for s in e.steps if s.action["action"] == "swipe"]
     assert dirs(train) == ["up"] * 19 and dirs([thought]) == ["up"] * 4
@@ -92,10 +93,10 @@ SWIPE = {"action_content": {"action": "swipe", "coordinate": [540, 600], "coordi
 def test_unknown_swipe_convention_is_an_error(tmp_path):
     p = write(tmp_path, "a.jsonl", [ep(SWIPE)])
     with pytest.raises(ValueError, match=r"a.jsonl: line 1: field 'swipe_convention'"):
-        gui.load_episodes(p)
-    [e] = gui.load_episodes(p, swipe_convention="scroll")
+        dataset.load_episodes(p)
+    [e] = dataset.load_episodes(p, swipe_convention="scroll")
     assert gui.swipe_direction(e.steps[0].action["coordinate"], e.steps[0].action["coordinate2"]) == "up"
-    [e] = gui.load_episodes(write(tmp_path, "b.jsonl", [ep(SWIPE, swipe_convention="finger")]))
+    [e] = dataset.load_episodes(write(tmp_path, "b.jsonl", [ep(SWIPE, swipe_convention="finger")]))
     assert gui.swipe_direction(e.steps[0].action["coordinate"], e.steps[0].action["coordinate2"]) == "down"
 
 
@@ -109,32 +110,32 @@ def test_unknown_swipe_convention_is_an_error(tmp_path):
 ])
 def test_loader_strictness(tmp_path, step, match):
     with pytest.raises(ValueError, match=match):
-        gui.load_episodes(write(tmp_path, "x.jsonl", [ep(step, swipe_convention="finger")]))
+        dataset.load_episodes(write(tmp_path, "x.jsonl", [ep(step, swipe_convention="finger")]))
 
 
 def test_native_detection_message(tmp_path):
     p = tmp_path / "n.json"
     p.write_text(json.dumps([{"image": "episode_1-screenshot_0.png", "task": "t"}]))
     with pytest.raises(ValueError, match="row 0: field 'gt'"):
-        gui.load_episodes(str(p))
+        dataset.load_episodes(str(p))
     p.write_text(json.dumps([{"foo": 1}]))
     with pytest.raises(ValueError, match=r"unknown format.*saw \['foo'\]"):
-        gui.load_episodes(str(p))
+        dataset.load_episodes(str(p))
 
 
 def test_original_size_one_answer(tmp_path):
     Image.new("RGB", (540, 1200)).save(tmp_path / "s.png")
-    step = lambda size: gui.Step(screenshot="s.png", action={"action": "wait"}, image_size=size,  # noqa: E731
+    step = lambda size: dataset.Step(screenshot="s.png", action={"action": "wait"}, image_size=size,  # noqa: E731
                                  root=str(tmp_path), where="f.jsonl: line 3: steps[0]")
-    assert gui.original_size(step(None)) == (540, 1200) == gui.original_size(step((541, 1200)))
+    assert dataset.original_size(step(None)) == (540, 1200) == dataset.original_size(step((541, 1200)))
     with pytest.raises(ValueError, match=r"f.jsonl: line 3: steps\[0\]: field 'image_size': recorded 1080x2400"):
-        gui.original_size(step((1080, 2400)))
+        dataset.original_size(step((1080, 2400)))
     with pytest.raises(ValueError, match=r"\(H, W\)-swapped"):
-        gui.original_size(step((1200, 540)))
-    missing = gui.Step(screenshot="no.png", action={"action": "wait"}, root=str(tmp_path))
-    assert gui.original_size(missing, blank_screens=SIZE) == SIZE
+        dataset.original_size(step((1200, 540)))
+    missing = dataset.Step(screenshot="no.png", action={"action": "wait"}, root=str(tmp_path))
+    assert dataset.original_size(missing, blank_screens=SIZE) == SIZE
     with pytest.raises(FileNotFoundError):
-        gui.original_size(missing)
+        dataset.original_size(missing)
 
 
 def test_score_coverage(tmp_path):
@@ -148,7 +149,7 @@ def test_score_coverage(tmp_path):
     r.write_text("")
     with pytest.raises(ValueError, match="no responses"):
         eval_sop.main(args + ["--subset"])
-    eps = gui.load_episodes(train)
+    eps = dataset.load_episodes(train)
     r.write_text("".join(json.dumps({"episode_id": e.episode_id, "step": t, "response": "x"}) + "\n"
                          for e in eps for t in range(len(e.steps)) for _ in range(2)))
     s = eval_sop.main(args)
@@ -245,20 +246,20 @@ def act(body, thought="t"):
      CLICK, "raises"),
 ])
 def test_release_parse_and_check(text, expert, expected):
-    s = gui.score_response(text, gui.Step(None, expert), resized_size=R, orig_size=SIZE, rules="release")
+    s = gui.score_response(text, dataset.Step(None, expert), resized_size=R, orig_size=SIZE, rules="release")
     if expected == "raises":
         assert s.error is not None and (s.reward, s.match, s.type_match) == (0.0, False, False)
     else:
         assert s.error is None and (s.type_match, s.match) == expected
     # the release ignores the finish reason: a response cut at the cap is read like any other
-    assert gui.score_response(text, gui.Step(None, expert), resized_size=R, orig_size=SIZE, rules="release",
+    assert gui.score_response(text, dataset.Step(None, expert), resized_size=R, orig_size=SIZE, rules="release",
                               truncated=True) == s
 
 
 def test_strict_rules_on_the_release_cases():
     """The same responses under the strict rules: a quoted action is not the answer, an extra
     null key on a wait is ignored, [x, y, 0] is malformed."""
-    strict = lambda text, expert: gui.score_response(text, gui.Step(None, expert), resized_size=R,  # noqa: E731
+    strict = lambda text, expert: gui.score_response(text, dataset.Step(None, expert), resized_size=R,  # noqa: E731
                                                      orig_size=SIZE)
     s = strict(act('{"action": "click", "coordinate": [546, 1204]}', thought='not <action>{"action": "wait"}</action>'),
                CLICK)

@@ -6,6 +6,7 @@ import re
 import pytest
 import torch
 
+import dataset
 import gui
 import utils
 from rollout import SampleOutput, semi_online_rollout
@@ -19,11 +20,11 @@ DONE = {"action": "terminate", "status": "success"}
 
 def episode():
     steps = [
-        gui.Step(screenshot=None, action=CLICK, candidate_bbox=[[80, 180, 120, 220]]),
-        gui.Step(screenshot=None, action=TYPE),
-        gui.Step(screenshot=None, action=DONE),
+        dataset.Step(screenshot=None, action=CLICK, candidate_bbox=[[80, 180, 120, 220]]),
+        dataset.Step(screenshot=None, action=TYPE),
+        dataset.Step(screenshot=None, action=DONE),
     ]
-    return gui.Episode(goal="say hello", episode_id="hand-1", steps=steps, source="test")
+    return dataset.Episode(goal="say hello", episode_id="hand-1", steps=steps, source="test")
 
 
 # rollout i's response at step t; r0 is always right, r1 types the wrong text at step 1,

@@ -16,11 +16,11 @@ import pytest
 import torch
 from PIL import Image
 
-import utils
 import kernels.sampling
+import utils
 from kernels.policy_logprob import sampling_mode
 from kernels.sampling import _inverse_cdf, process_logits, sample_from_logits
-from rollout import Sampler, SampleOutput, _prefix_tree
+from rollout import SampleOutput, Sampler, _prefix_tree
 
 MAX_NEW = 12
 

@@ -215,8 +215,9 @@ def test_kill_during_checkpoint_keeps_previous(tmp_path):
     proc.send_signal(signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL  # it died of the kill, not of finishing
     assert tmp[0].exists() and (out / "latest").read_text().strip() == "step_000001"
-    import utils
     from transformers import Qwen2_5_VLForConditionalGeneration
+
+    import utils
     latest = utils.latest_checkpoint(out)
     assert latest is not None and latest.name == "step_000001"
     assert not (out / "step_000002").exists()  # the half-written one never took the name

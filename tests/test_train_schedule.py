@@ -200,10 +200,12 @@ class SeedSampler:
 
 
 def test_duplicate_task_gets_its_own_seed(monkeypatch):
-    import gui
     from PIL import Image
-    ep = gui.Episode(goal="g", episode_id="e1", source="x",
-                     steps=[gui.Step(screenshot=None, action={"action": "wait", "time": 1})])
+
+    import dataset
+    import gui
+    ep = dataset.Episode(goal="g", episode_id="e1", source="x",
+                     steps=[dataset.Step(screenshot=None, action={"action": "wait", "time": 1})])
     monkeypatch.setattr(gui, "load_screenshot", lambda *a, **k: Image.new("RGB", (56, 56)))
     monkeypatch.setattr(gui, "build_prompt", lambda *a, **k: SimpleNamespace(resized_size=(56, 56)))
     s = SeedSampler()

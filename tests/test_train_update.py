@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from update_case import ARGV, make_records, reference_grads
 
 import train_semionline as ts
-from kernels import policy_logprob
 import utils
-from update_case import ARGV, make_records, reference_grads
+from kernels import policy_logprob
 
 REPO = Path(__file__).resolve().parents[1]
 ONE = utils.Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))

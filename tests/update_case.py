@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-import gui
+import chat
+import dataset
 import utils
 from kernels import policy_logprob
 from rollout import Sampler, semi_online_rollout
@@ -23,12 +24,12 @@ ARGV = ["--clip-low", "0.2", "--clip-high", "0.25", "--clip-c", "3.0", "--kl-coe
 
 def make_records(model):
     """Records of 2 tasks x 3 rollouts (6-token responses), with adv, old_logp, ref_logp set."""
-    tok, ip = utils.load_processor(max_pixels=20000)
-    eps = gui.load_episodes(REPO / "data" / "miniwob" / "train.jsonl", limit=2)
+    tok, ip = utils.load_processor(spec=chat.PromptSpec(max_pixels=20000))
+    eps = dataset.load_episodes(REPO / "data" / "miniwob" / "train.jsonl", limit=2)
     sampler = Sampler(model, tok, max_new_tokens=6, temperature=1.0)
     with torch.no_grad():
         recs = semi_online_rollout(sampler, eps, tok, ip, n_rollouts=3, patch_threshold=1, seed=[11, 12],
-                                   max_pixels=20000)
+                                   spec=chat.PromptSpec(max_pixels=20000))
     g = torch.Generator().manual_seed(5)
     pol = policy_logprob.PolicyLogProb(model)
     for j, r in enumerate(recs):

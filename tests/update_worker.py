@@ -9,11 +9,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from update_case import ARGV, make_records, reference_grads  # noqa: E402
 
 import train_semionline as ts  # noqa: E402
 import utils  # noqa: E402
 from kernels import policy_logprob  # noqa: E402
-from update_case import ARGV, make_records, reference_grads  # noqa: E402
 
 d = utils.init_distributed("cpu")
 args = ts.parser.parse_args(ARGV + ["--loss-agg", sys.argv[2]])

@@ -13,7 +13,7 @@ a byte-level BPE of `--vocab-size` tokens from the real Qwen2.5-VL tokenizer
 
 The corpus, in a fixed order (so the build is exact): the system prompt; for every shipped episode
 file (data/miniwob*, data/android_control/*) and every step, the text of the prompt the stages build
-(gui.build_prompt with the expert's history, special tokens cut out) and the expert's response; the
+(chat.build_prompt with the expert's history, special tokens cut out) and the expert's response; the
 synthetic pages of the SFT copy warm-up (train_sft.synthetic_page, seed 0). Run it from the
 repository root; it writes assets/tiny_tokenizer/ (the tokenizer files and BUILD.json with the
 corpus hash) and refuses to overwrite a different build unless --force:
@@ -32,7 +32,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import chat
 import cli  # noqa: E402
+import dataset
 import gui  # noqa: E402
 
 QWEN_DIR = ROOT / "assets" / "qwen2_5_vl_tokenizer"
@@ -54,24 +56,24 @@ def corpus(tokenizer, image_processor) -> list[str]:
     """The training texts (module docstring), in build order, special tokens removed."""
     from train_sft import page_labels, synthetic_page
 
-    specials = gui.special_tokens(tokenizer)
+    specials = chat.special_tokens(tokenizer)
 
     def text_of(ids) -> str:
-        return gui.strip_special(tokenizer.decode(ids, skip_special_tokens=False), specials)
+        return chat.strip_special(tokenizer.decode(ids, skip_special_tokens=False), specials)
 
-    texts = [gui.SYSTEM_PROMPT]
+    texts = [chat.SYSTEM_PROMPT]
     labels = []
     for rel in EPISODE_FILES:
-        episodes = gui.load_episodes(str(ROOT / rel))
+        episodes = dataset.load_episodes(str(ROOT / rel))
         if "miniwob" in rel and rel.endswith("train.jsonl"):
             labels += page_labels(episodes)
         for ep in episodes:
             history = []
             for t, step in enumerate(ep.steps):
-                size = gui.original_size(step, blank_screens=ANDROID_SIZE)
-                prompt = gui.build_prompt(tokenizer, image_processor, goal=ep.goal, screenshots=[size] * (t + 1),
-                                          history=history, step_instruction=step.step_instruction,
-                                          elements=step.elements, pixels=False)
+                size = dataset.original_size(step, blank_screens=ANDROID_SIZE)
+                prompt = chat.build_prompt(tokenizer, image_processor, chat.PromptSpec(), goal=ep.goal,
+                                           screenshots=[size] * (t + 1), history=history,
+                                           step_instruction=step.step_instruction, elements=step.elements, pixels=False)
                 # one image pad run per image is enough: the pads are special tokens and cut out anyway
                 texts.append(text_of([i for k, i in enumerate(prompt.input_ids.tolist())
                                       if k == 0 or i != prompt.input_ids[k - 1]]))

@@ -15,7 +15,7 @@ feature.proto and android_env's proto/a11y/*.proto), so neither `protobuf` nor `
 Output, in OUT:
 - images/{episode_id}_{k}.png: observation k of the episode, every one (also the last, which has no
   action), the PNG bytes as shipped (pixel-exact; a non-PNG image is re-encoded losslessly as PNG);
-- {split}.jsonl: one episode per line in the UI-S1 layout that gui.load_episodes reads: goal,
+- {split}.jsonl: one episode per line in the UI-S1 layout that dataset.load_episodes reads: goal,
   episode_id, swipe_convention "finger", steps with action_content, screenshot ("images/..." relative
   to OUT), image_size [W, H], step_instruction (absent when empty or blank) and check_options (the
   action plus, for click / long_press, candidate_bbox: the interactive accessibility nodes of that
@@ -69,7 +69,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: cli, gui
 import cli  # noqa: E402
-import gui  # noqa: E402
+import dataset
 
 # -----------------------------------------------------------------------------
 # Config
@@ -79,7 +79,7 @@ NATIVE_ACTIONS = ("click", "long_press", "scroll", "input_text", "open_app", "na
 # Interactive nodes: those a tap can be aimed at. Scrollable and merely focusable nodes are left out:
 # a scroll container covers most of the screen and would name no target.
 INTERACTIVE_FLAGS = {12: "is_checkable", 14: "is_clickable", 15: "is_editable", 19: "is_long_clickable"}
-SWIPE_CONVENTION = "finger"  # gui.SWIPE_CONVENTIONS: every swipe we write is the finger's path
+SWIPE_CONVENTION = "finger"  # dataset.SWIPE_CONVENTIONS: every swipe we write is the finger's path
 PRESS_TIME = WAIT_TIME = 2   # seconds, as the release writes long_press and wait
 
 
@@ -99,7 +99,7 @@ def build_parser():
     return p
 
 
-class RecordError(gui.DataError):
+class RecordError(dataset.DataError):
     """A record (or shard) that cannot be converted: `<shard>:<record>: <field>: <what>`. lost_rest:
     the shard's framing is broken, so no later record of it can be read either."""
 

@@ -1,0 +1,366 @@
+"""The prompt contract (docs/method.md §3): how one step of an episode becomes model input, the
+same in SFT, semi-online RL and evaluation.
+
+`PromptSpec` holds every option that must agree between the stages (screenshots kept as images,
+smart_resize pixel limits, the token budget, whether the step instruction and the element list are
+shown, the system prompt). It is saved in every checkpoint's args.json (field "prompt") and adopted
+by every stage with one function, `resolve_spec`: a flag given on the command line wins (with a
+warning when it disagrees with the checkpoint), else the checkpoint's value, else the default.
+`build_prompt` renders a step under a spec: the Qwen2.5-VL chat template with image pads expanded,
+the history as text, the last K screenshots as images, and a token budget that summarises the
+oldest turns instead of failing; `step_prompt` applies a spec to a recorded step.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from PIL import Image
+
+import cli
+from gui import MAX_PIXELS, MIN_PIXELS, parse_response, resized_size
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+# -----------------------------------------------------------------------------
+# system prompts
+
+FULL_SYSTEM_PROMPT = """You are a GUI agent operating a device. You are given a task goal, the screenshots of the steps so far and your own earlier responses. Perform the next action to complete the task.
+
+## Action space
+Write one action as a JSON object with the action and its arguments at the same level:
+- {"action": "click", "coordinate": [x, y]}: tap the point (x, y).
+- {"action": "long_press", "coordinate": [x, y], "time": 2}: press the point for `time` seconds.
+- {"action": "swipe", "coordinate": [x, y], "coordinate2": [x2, y2]}: move a finger from (x, y) to (x2, y2); swiping up scrolls the content down.
+- {"action": "type", "text": "..."}: type the text into the focused input box.
+- {"action": "answer", "text": "..."}: give the answer to the user's question.
+- {"action": "key", "text": "..."}: send a key event (adb keyevent syntax).
+- {"action": "system_button", "button": "Back"}: press a system button: Back, Home, Menu or Enter.
+- {"action": "open", "text": "app name"}: open the app.
+- {"action": "wait", "time": 2}: wait `time` seconds for the screen to change.
+- {"action": "terminate", "status": "success"}: end the task with status success or failure.
+Coordinates are integer pixels of the latest screenshot, from its left and top edges.
+
+## Output format
+<think>
+your reasoning
+</think>
+<action>
+{"action": "...", ...}
+</action>"""
+
+# A model trained from scratch (the tiny presets) learns the format from its targets; the full action
+# list is 353 of its ~700 prompt tokens on MiniWob++, so it trains on this instead (--system-prompt short)
+SHORT_SYSTEM_PROMPT = """You are a GUI agent. Answer with <think>your reasoning</think> then <action>one JSON action</action>."""
+SYSTEM_PROMPTS = {"full": FULL_SYSTEM_PROMPT, "short": SHORT_SYSTEM_PROMPT}
+SYSTEM_PROMPT = FULL_SYSTEM_PROMPT  # the default, for readers of the text
+
+
+# -----------------------------------------------------------------------------
+# the contract
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """Every option that must agree between SFT, RL and evaluation (module docstring)."""
+    num_images: int = 2                   # screenshots kept as images: the last K steps' (release: 2)
+    min_pixels: int = MIN_PIXELS          # smart_resize bounds on the resized screenshot (pixels)
+    max_pixels: int = MAX_PIXELS
+    max_prompt_tokens: int | None = None  # budget: oldest turns summarised past it (None: no budget)
+    step_instruction: bool = False        # show the step's low-level instruction (AndroidControl-Low)
+    elements: bool = True                 # show the step's recorded element list, when it has one
+    system_prompt: str = "full"           # a key of SYSTEM_PROMPTS
+
+    def __post_init__(self):
+        if self.num_images < 1:
+            raise ValueError(f"prompt: num_images {self.num_images} must be >= 1")
+        if not 0 < self.min_pixels <= self.max_pixels:
+            raise ValueError(f"prompt: min_pixels {self.min_pixels} / max_pixels {self.max_pixels}: need 0 < min <= max")
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise ValueError(f"prompt: max_prompt_tokens {self.max_prompt_tokens} must be >= 1")
+        if self.system_prompt not in SYSTEM_PROMPTS:
+            raise ValueError(f"prompt: system_prompt {self.system_prompt!r}: expected one of {sorted(SYSTEM_PROMPTS)}")
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(PromptSpec))
+_HELP = {"num_images": "screenshots kept as images in the prompt (the last K steps; release 2)",
+         "min_pixels": "smart_resize lower bound (pixels of the resized screenshot)",
+         "max_pixels": "smart_resize upper bound (pixels of the resized screenshot)",
+         "max_prompt_tokens": "prompt budget in tokens; the oldest history turns are summarised past it",
+         "step_instruction": "show the low-level step instruction (AndroidControl-Low)",
+         "elements": "show the recorded element list of the step (MiniWob++)",
+         "system_prompt": "system prompt: the full action list, or a one-line format reminder for models trained from scratch"}
+
+
+def add_prompt_args(parser: argparse.ArgumentParser) -> None:
+    """One flag per PromptSpec field, all defaulting to None (= not given: resolve_spec takes the
+    checkpoint's value, else PromptSpec's default, which --help shows)."""
+    g = parser.add_argument_group("prompt contract (adopted from the starting checkpoint unless given)")
+    for f in dataclasses.fields(PromptSpec):
+        flag, helptext = "--" + f.name.replace("_", "-"), f"{_HELP[f.name]} (default: checkpoint's, else {f.default})"
+        if f.type in ("bool", bool):
+            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=helptext)
+        elif f.name == "system_prompt":
+            g.add_argument(flag, choices=sorted(SYSTEM_PROMPTS), default=None, help=helptext)
+        else:
+            g.add_argument(flag, type=int, default=None, help=helptext)
+
+
+def checkpoint_spec(model) -> dict:
+    """The prompt fields a checkpoint folder was trained with: args.json's "prompt" (or, for older
+    checkpoints, the same names at its top level); {} for 'tiny', 'auto' or a folder without
+    args.json. Raises ValueError naming the file when args.json is not JSON."""
+    from pathlib import Path
+
+    f = Path(str(model)) / "args.json"
+    if str(model) in ("tiny", "auto") or str(model).startswith("tiny:") or not f.is_file():
+        return {}
+    try:
+        saved = json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{f}: line {e.lineno}: invalid JSON: {e.msg}") from None
+    saved = saved.get("prompt") if isinstance(saved.get("prompt"), dict) else saved
+    return {k: saved[k] for k in FIELDS if k in saved}
+
+
+def fresh_defaults(model) -> dict:
+    """Contract fields that differ from PromptSpec's defaults for a model without a checkpoint: a
+    'tiny' model trained from scratch gets the short system prompt (the full action list is half of
+    its prompt and teaches it nothing its targets do not); a model folder gets PromptSpec's."""
+    return {"system_prompt": "short"} if str(model) == "tiny" or str(model).startswith("tiny:") else {}
+
+
+def resolve_spec(args, model, say=print) -> PromptSpec:
+    """The prompt contract of a stage starting from `model`: each field from the flag when given
+    (args.<field> not None), else from the checkpoint (checkpoint_spec), else fresh_defaults(model),
+    else PromptSpec's default. A flag that disagrees with the checkpoint is kept, with a warning; what
+    was taken from the checkpoint is said in one line. Sets args.prompt = the spec as a dict (so
+    args.json records it) and args.<field> = its value. Raises cli.UsageError on an invalid spec."""
+    saved, chosen, taken, defaults = checkpoint_spec(model), {}, {}, fresh_defaults(model)
+    for name in FIELDS:
+        given = getattr(args, name, None)
+        if given is not None:
+            if name in saved and saved[name] != given:
+                say(f"warning: --{name.replace('_', '-')} {given} differs from the checkpoint's {saved[name]} "
+                    f"({model}/args.json)")
+            chosen[name] = given
+        elif name in saved:
+            chosen[name] = taken[name] = saved[name]
+        elif name in defaults:
+            chosen[name] = defaults[name]
+    try:
+        spec = PromptSpec(**chosen)
+    except ValueError as e:  # a bad flag value, or a bad checkpoint file: one line, exit 2
+        raise cli.UsageError(str(e)) from None
+    if taken:
+        say(f"prompt contract from {model}/args.json: " + ", ".join(f"{k}={v}" for k, v in taken.items()))
+    args.prompt = dataclasses.asdict(spec)
+    for name in FIELDS:
+        setattr(args, name, getattr(spec, name))
+    return spec
+
+
+# -----------------------------------------------------------------------------
+# rendering
+
+@dataclass
+class Prompt:
+    input_ids: "torch.LongTensor"           # (T,) with <|image_pad|> expanded; ends with the assistant header
+    pixel_values: "torch.FloatTensor | None"  # (P, C * temporal_patch * patch * patch) = (P, 1176)
+    image_grid_thw: "torch.LongTensor | None"  # (I, 3)
+    resized_size: tuple[int, int]          # (W, H) of the LAST screenshot as the model sees it
+    n_dropped_turns: int                   # oldest history turns replaced by the summary line
+    image_steps: list[int] = field(default_factory=list)  # step index of each image, in order
+
+
+def special_tokens(tokenizer) -> list[str]:
+    """All special-token strings of the tokenizer (<|im_end|>, <|image_pad|>, ...)."""
+    toks = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    for t in getattr(tokenizer, "added_tokens_decoder", {}).values():
+        if getattr(t, "special", False):
+            toks.add(t.content)
+    return sorted(toks, key=len, reverse=True)
+
+
+def strip_special(text: str, tokens: list[str]) -> str:
+    """Remove special-token strings from free text. A response sampled with <|im_end|> or
+    <|image_pad|> in it would otherwise break the chat structure or the image pad count."""
+    for t in tokens:
+        text = text.replace(t, "")
+    return text
+
+
+def _summary_line(i: int, response: str) -> str:
+    a = parse_response(response).action
+    return f"Step {i + 1}: " + (json.dumps(a, ensure_ascii=False) if a is not None else "(no valid action)")
+
+
+def build_prompt(tokenizer, image_processor, spec: "PromptSpec", *, goal: str, screenshots: list,
+                 history: list[str], step_instruction: str | None = None, elements: str | None = None,
+                 pixels: bool = True) -> Prompt:
+    """Model inputs for step t = len(screenshots) - 1 under the prompt contract `spec` (images kept,
+    pixel limits, token budget, system prompt). screenshots: original images of steps 0..t, only the
+    last spec.num_images are read, so earlier entries may be None; with pixels=False an entry
+    may also be a (W, H) size, no pixel is processed and pixel_values is None: for policies that
+    never look at the image, e.g. expert replay and recorded responses;
+    history: the assistant responses of steps 0..t-1, as text).
+
+    Layout (the release's multi-turn form): system prompt; then per step a user turn (the goal in
+    the first one; the screenshot if it is among the last `num_images`, else a note that it is not
+    shown) followed by that step's response as an assistant turn; the current user turn adds the
+    step instruction and the element list (texts the caller gives; `step_prompt` applies the spec's
+    step_instruction / elements switches to a recorded step); the generation prompt ends the ids.
+
+    Budget: if the prompt is longer than spec.max_prompt_tokens, the oldest turns are dropped (their
+    images with them: pads and pixels always agree) and summarised by one action-only line each;
+    once only turns with screenshots are left, the oldest summary lines go before such a turn does.
+    A logged warning says what went; a prompt that cannot fit even so (the current screenshot
+    alone is too big) is returned with a warning, never an exception."""
+    import torch
+
+    num_images, min_pixels, max_pixels = spec.num_images, spec.min_pixels, spec.max_pixels
+    max_prompt_tokens = spec.max_prompt_tokens
+    t = len(screenshots) - 1
+    if t < 0:
+        raise ValueError("build_prompt: no screenshots")
+    if len(history) != t:
+        raise ValueError(f"build_prompt: {len(screenshots)} screenshots need {t} history responses, got {len(history)}")
+    if num_images < 1:
+        raise ValueError("build_prompt: num_images must be >= 1")
+    patch, merge = int(image_processor.patch_size), int(image_processor.merge_size)
+    factor = patch * merge
+
+    specials = special_tokens(tokenizer)
+    clean = lambda s: strip_special(s, specials) if s else s  # noqa: E731
+    goal, step_instruction, elements = clean(goal), clean(step_instruction), clean(elements)
+    history = [clean(h) for h in history]
+
+    # resize the kept screenshots ourselves so resized sizes (and coordinates) are known exactly
+    image_steps_all = list(range(max(0, t + 1 - num_images), t + 1))
+    resized = {}
+    for i in image_steps_all:
+        w, h = screenshots[i] if isinstance(screenshots[i], tuple) else screenshots[i].size
+        resized[i] = resized_size((w, h), factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+    n_pad = {i: (resized[i][0] // patch) * (resized[i][1] // patch) // merge**2 for i in image_steps_all}
+    pad_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+
+    def render(drop: int, n_summary: int):
+        """Token ids (pads not yet expanded) and the image steps, with turns 0..drop-1 summarised
+        (their last n_summary summary lines kept)."""
+        first = f"Task goal: {goal}"
+        if drop > 0:
+            lines = [_summary_line(i, history[i]) for i in range(drop - n_summary, drop)]
+            shown = "actions only" if n_summary == drop else f"actions of the last {n_summary} only"
+            first += f"\nEarlier steps: {drop} (screenshots not shown; {shown}):" + "".join("\n" + s for s in lines)
+        messages = [{"role": "system", "content": [{"type": "text", "text": SYSTEM_PROMPTS[spec.system_prompt]}]}]
+        steps_with_image = []
+        for i in range(drop, t + 1):
+            content = [{"type": "text", "text": first + "\n"}] if i == drop else []
+            if i in resized:
+                content += [{"type": "text", "text": f"Step {i + 1} screenshot:"}, {"type": "image"}]
+                steps_with_image.append(i)
+            else:
+                content.append({"type": "text", "text": f"Step {i + 1} (screenshot not shown)."})
+            if i == t:
+                if step_instruction and step_instruction.strip():  # never an empty "Step instruction:" line
+                    content.append({"type": "text", "text": f"\nStep instruction: {step_instruction}"})
+                if elements:
+                    content.append({"type": "text", "text": f"\nUI elements on screen:\n{elements}"})
+            messages.append({"role": "user", "content": content})
+            if i < t:
+                messages.append({"role": "assistant", "content": [{"type": "text", "text": history[i]}]})
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        return ids, steps_with_image
+
+    def length(ids, steps_with_image):
+        return len(ids) + sum(n_pad[i] - 1 for i in steps_with_image)
+
+    drop, n_summary = 0, 0
+    ids, steps_with_image = render(0, 0)
+    n_full = length(ids, steps_with_image)
+    if max_prompt_tokens is not None and n_full > max_prompt_tokens:
+        # the first (drop, n_summary) that fits, in order of preference: the oldest turns summarised,
+        # one action line each, until the turns left carry screenshots; then the oldest summary lines
+        # go (binary search: length grows with n_summary); only then turns with a screenshot.
+        def fits(d, k):
+            r = render(d, k)
+            return length(*r) <= max_prompt_tokens, r
+
+        first_image = image_steps_all[0]
+        for drop in range(1, t + 1):
+            ok, r = fits(drop, drop)
+            if ok:
+                n_summary, (ids, steps_with_image) = drop, r
+                break
+            if drop not in (first_image, t):
+                continue
+            ok, r = fits(drop, 0)
+            if not ok:
+                continue
+            lo, hi, best = 0, drop, r  # fits with lo lines, not with hi
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                ok, r = fits(drop, mid)
+                lo, hi, best = (mid, hi, r) if ok else (lo, mid, best)
+            n_summary, (ids, steps_with_image) = lo, best
+            break
+        else:  # nothing fits: everything but the current turn goes, and we say so
+            drop, n_summary = t, 0
+            ids, steps_with_image = render(drop, n_summary)
+        n_now = length(ids, steps_with_image)
+        logger.warning("prompt of %d tokens over the budget of %d: summarised the oldest %d of %d turns "
+                       "(%d summary lines kept) -> %d tokens%s", n_full, max_prompt_tokens, drop, t, n_summary,
+                       n_now, "; STILL OVER BUDGET" if n_now > max_prompt_tokens else "")
+
+    # expand each <|image_pad|> to its image's token count, in order of appearance
+    if ids.count(pad_id) != len(steps_with_image):
+        raise RuntimeError(f"prompt has {ids.count(pad_id)} image pads for {len(steps_with_image)} images")
+    out, k = [], 0
+    for tok in ids:
+        if tok == pad_id:
+            out.extend([pad_id] * n_pad[steps_with_image[k]])
+            k += 1
+        else:
+            out.append(tok)
+
+    pixel_values = grid = None
+    if steps_with_image and not pixels:  # the grid the image processor would report, no pixels touched
+        grid = torch.tensor([[1, resized[i][1] // patch, resized[i][0] // patch] for i in steps_with_image],
+                            dtype=torch.long)
+    elif steps_with_image:
+        images = []
+        for i in steps_with_image:
+            im = screenshots[i]
+            im = im if im.mode == "RGB" else im.convert("RGB")
+            if im.size != resized[i]:
+                im = im.resize(resized[i], Image.BICUBIC)
+            images.append(im)
+        feats = image_processor(images=images, do_resize=False, return_tensors="pt")
+        pixel_values, grid = feats["pixel_values"], feats["image_grid_thw"].long()  # (P, 1176), (I, 3)
+        for i, g in zip(steps_with_image, grid.tolist()):
+            if g != [1, resized[i][1] // patch, resized[i][0] // patch]:
+                raise RuntimeError(f"image processor grid {g} disagrees with the resized size {resized[i]} (W, H)")
+    return Prompt(input_ids=torch.tensor(out, dtype=torch.long), pixel_values=pixel_values, image_grid_thw=grid,
+                  resized_size=resized[t], n_dropped_turns=drop, image_steps=steps_with_image)
+
+
+def step_prompt(tokenizer, image_processor, spec: PromptSpec, *, goal: str, step, screenshots: list,
+                history: list[str], hint: str | None = None, pixels: bool = True) -> Prompt:
+    """build_prompt for a recorded step (dataset.Step) under `spec`: its step instruction when
+    spec.step_instruction, its element list when spec.elements, and `hint` (the on-policy patch's
+    request, patch.on_policy_hint) after the instruction, at the end of the current user turn. The
+    one place SFT, the rollout (RL and SOP / static evaluation) turn a recorded step into a prompt."""
+    instruction = step.step_instruction if spec.step_instruction and step.step_instruction else None
+    if hint:
+        instruction = f"{instruction.strip()}\n{hint}" if instruction and instruction.strip() else hint
+    return build_prompt(tokenizer, image_processor, spec, goal=goal, screenshots=screenshots, history=history,
+                        step_instruction=instruction, elements=step.elements if spec.elements else None,
+                        pixels=pixels)

@@ -1,0 +1,481 @@
+"""Episodes and screenshots (docs/method.md §2): the UI-S1 JSONL format (MiniWob++ files and
+converted AndroidControl included) and AndroidControl's native per-step JSON, loaded into `Episode`
+/ `Step` with every action canonical (gui.check_action), swipes as finger paths and coordinates in
+ORIGINAL screenshot pixels; bad input raises `DataError` naming file, line (or row) and field.
+Screenshots are read from disk (`load_screenshot`) or stood in for by blank images of the recorded
+size (`--blank-screens`); `original_size` is the one answer to "which pixels is this step in".
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+
+from PIL import Image
+
+from gui import as_number, check_action, swipe_direction
+
+logger = logging.getLogger(__name__)
+
+ANDROID_CONTROL_SIZE = (1080, 2400)  # (W, H) of AndroidControl phones where a native row records no size
+
+# -----------------------------------------------------------------------------
+# Episodes
+
+@dataclass
+class Step:
+    screenshot: str | None                 # path as recorded (absolute, or relative to the data file's folder)
+    action: dict                           # expert action, ORIGINAL pixels, canonical (check_action strict)
+    step_instruction: str | None = None    # low-level instruction (AndroidControl-Low)
+    thought: str | None = None             # expert thought (off-policy-thought patches)
+    candidate_bbox: list[list[int]] = field(default_factory=list)  # (x1, y1, x2, y2) original pixels
+    image_size: tuple[int, int] | None = None  # (W, H) original, if recorded
+    elements: str | None = None            # element list text (accessibility tree), if recorded
+    root: str | None = None                # folder of the data file: relative screenshots resolve here
+    where: str | None = None               # "file: line N: steps[k]" (or "file: row N"), for error messages
+
+
+@dataclass
+class Episode:
+    goal: str
+    episode_id: str
+    steps: list[Step]
+    source: str                            # data file path
+    meta: dict = field(default_factory=dict)  # other episode-level fields (MiniWob: task, seed, ...)
+
+
+_NATIVE_IMAGE_RE = re.compile(r"episode_(\w+?)-screenshot_(\d+)\.\w+$")
+
+
+class DataError(ValueError):
+    """A data file that cannot be read as episodes, or a step whose recorded size disagrees with its
+    screenshot: the message names file, line (or row) and field. Scripts report it in one line."""
+
+
+class _Where:
+    """Error context: file and line (JSONL) or row index (JSON list)."""
+
+    def __init__(self, path, kind, idx):
+        self.path, self.kind, self.idx = path, kind, idx
+
+    def error(self, fld, msg) -> DataError:
+        return DataError(f"{self.path}: {self.kind} {self.idx}: field {fld!r}: {msg}")
+
+    def __str__(self):
+        return f"{self.path}: {self.kind} {self.idx}"
+
+
+def _size(v, where, fld):
+    if v is None:
+        return None
+    ok = isinstance(v, (list, tuple)) and len(v) == 2
+    if not ok or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in v):
+        raise where.error(fld, f"expected [W, H] positive ints, got {v!r}")
+    return (v[0], v[1])
+
+
+def _boxes(v, where, fld):
+    if v is None:
+        return []
+    if isinstance(v, (list, tuple)) and len(v) == 4 and all(as_number(c) is not None for c in v):
+        v = [v]  # a single box (the release's `len(...) == 4` case)
+    if not isinstance(v, (list, tuple)):
+        raise where.error(fld, f"expected a list of [x1, y1, x2, y2] boxes, got {v!r}")
+    out = []
+    for i, b in enumerate(v):
+        if not isinstance(b, (list, tuple)) or len(b) != 4 or any(as_number(c) is None for c in b):
+            raise where.error(f"{fld}[{i}]", f"expected [x1, y1, x2, y2] numbers, got {b!r}")
+        if b[2] < b[0] or b[3] < b[1]:  # such a box can never contain a point: no step could match on it
+            raise where.error(f"{fld}[{i}]", f"reversed corners (x2 < x1 or y2 < y1): {b!r}")
+        if b[2] == b[0] or b[3] == b[1]:
+            raise where.error(f"{fld}[{i}]", f"empty box (zero width or height): {b!r}")
+        out.append(list(b))
+    return out
+
+
+def _text(v, where, fld):
+    if v is None or isinstance(v, str):
+        return v
+    raise where.error(fld, f"expected a string, got {v!r}")
+
+
+def _instruction(v, where, fld):
+    """A step instruction: a string, or None; an empty or whitespace-only one is absent (None), so no
+    prompt gets an empty "Step instruction:" line."""
+    v = _text(v, where, fld)
+    return v if v is not None and v.strip() else None
+
+
+def _elements(v, where, fld):
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, list):  # one element per line: role, text, box as the producer wrote them
+        return "\n".join(e if isinstance(e, str) else json.dumps(e, ensure_ascii=False) for e in v)
+    raise where.error(fld, f"expected a string or a list, got {type(v).__name__}")
+
+
+# How a UI-S1-format file stores swipes (coordinate -> coordinate2), per data source:
+# - "finger": the finger's path (our convention; thought_example_uis1.jsonl: "Swipe up to scroll down");
+# - "scroll": the scroll direction, opposite to the finger on both axes (android_control_train_example:
+#   19/19 vertical swipes "down" where the same episode in the thought file swipes up);
+# - "mixed": vertical swipes as the finger, horizontal ones as the scroll direction (the release's
+#   AndroidControl evaluation file: it reversed only up/down of the native rows; read this way, all
+#   956 of its swipes agree with the native file's).
+# Loaded actions are always finger paths. A file with swipes must declare its convention (argument,
+# or a "swipe_convention" field per episode) unless it is one of the shipped files below (sha256).
+SWIPE_CONVENTIONS = ("finger", "scroll", "mixed")
+KNOWN_SWIPE_CONVENTIONS = {
+    "d2b3b7607dd6a312d173867ab38c5f5575b43b2f361b2d450ba4cd31919a1de3": "mixed",   # android_control_test_uis1.jsonl
+    "d59eec2c0d32d60f6d2e1f2eca6c23ec3477c31be6849f906dd336399785350e": "scroll",  # android_control_train_example_uis1
+    "0b9ad0200432b372c1544b08bd9f2857333fe1626bbdfa35446e65a94aa5f00a": "finger",  # thought_example_uis1.jsonl
+}
+
+
+def _to_finger(action: dict, convention: str) -> dict:
+    """A stored swipe -> the finger's path under `convention` (reversing the path flips its direction)."""
+    d = swipe_direction(action["coordinate"], action["coordinate2"])
+    if convention == "scroll" or (convention == "mixed" and d in ("left", "right")):
+        return {**action, "coordinate": action["coordinate2"], "coordinate2": action["coordinate"]}
+    return action
+
+
+def _check_points(action: dict, size, where, fld):
+    """Expert points must lie in the recorded image (W, H) (1 px slack); one that lies outside but
+    inside (H, W) means image_size was written (H, W)."""
+    if size is None:
+        return
+    w, h = size
+    for k in ("coordinate", "coordinate2"):
+        if k in action:
+            x, y = action[k]
+            if not (-1 <= x <= w + 1 and -1 <= y <= h + 1):
+                hint = ("; image_size looks (H, W)-swapped: write [W, H]"
+                        if -1 <= x <= h + 1 and -1 <= y <= w + 1 else "")
+                raise where.error(f"{fld}.{k}", f"point {[x, y]} lies outside the recorded image_size "
+                                  f"{w}x{h} (W x H){hint}")
+
+
+def _uis1_episode(obj, where, path, root, default_id, swipe_convention=None) -> Episode:
+    """One episode of the UI-S1 release format (also MiniWob's, which adds task/seed/image_size and
+    per-step thought/elements). swipe_convention: the file's, None if undeclared."""
+    if not isinstance(obj, dict):
+        raise where.error("<episode>", f"expected a JSON object, got {type(obj).__name__}")
+    if "steps" not in obj and ("gt" in obj or "image" in obj):
+        raise where.error("steps", f"missing: this line looks like a native AndroidControl step (keys {sorted(obj)}); "
+                          "native files are one JSON list of such rows")
+    goal = obj.get("goal")
+    if not isinstance(goal, str):
+        raise where.error("goal", f"expected a string, got {goal!r}")
+    steps = obj.get("steps")
+    if not isinstance(steps, list) or not steps:
+        raise where.error("steps", "expected a non-empty list")
+    ep_size = _size(obj.get("image_size"), where, "image_size")
+    declared = obj.get("swipe_convention")
+    if declared is not None and declared not in SWIPE_CONVENTIONS:
+        raise where.error("swipe_convention", f"expected one of {SWIPE_CONVENTIONS}, got {declared!r}")
+    convention = swipe_convention or declared
+    out = []
+    for k, s in enumerate(steps):
+        f = f"steps[{k}]"
+        if not isinstance(s, dict):
+            raise where.error(f, "expected a JSON object")
+        if "action_content" not in s:
+            raise where.error(f"{f}.action_content", "missing")
+        raw = s["action_content"]
+        try:
+            action = check_action(raw, strict=True)
+        except ValueError as e:
+            raise where.error(f"{f}.action_content", str(e)) from None
+        if action["action"] == "swipe":
+            if action["coordinate"] == action["coordinate2"]:
+                raise where.error(f"{f}.action_content", f"zero-length swipe {action['coordinate']} -> "
+                                  f"{action['coordinate2']}: it has no direction, no prediction could match it")
+            if convention is None:
+                raise where.error("swipe_convention", "the file stores swipes but declares no convention: pass "
+                                  f"swipe_convention (eval_sop.py --swipe-convention) one of {SWIPE_CONVENTIONS}, or "
+                                  "add \"swipe_convention\" to each episode (see gui.SWIPE_CONVENTIONS)")
+            action = _to_finger(action, convention)
+        size = _size(s.get("image_size"), where, f"{f}.image_size") or ep_size
+        _check_points(action, size, where, f"{f}.action_content")
+        check = s.get("check_options") or {}
+        if not isinstance(check, dict):
+            raise where.error(f"{f}.check_options", "expected a JSON object")
+        if "candidate_bbox" in s:
+            boxes = _boxes(s["candidate_bbox"], where, f"{f}.candidate_bbox")
+        elif "candidate_bbox" in check:
+            boxes = _boxes(check["candidate_bbox"], where, f"{f}.check_options.candidate_bbox")
+        else:  # the train file puts one box on the action itself
+            boxes = _boxes(raw.get("bbox") if isinstance(raw, dict) else None, where, f"{f}.action_content.bbox")
+        shot = s.get("screenshot")
+        if shot is not None and not isinstance(shot, str):
+            raise where.error(f"{f}.screenshot", f"expected a path string, got {shot!r}")
+        out.append(Step(
+            screenshot=shot, action=action,
+            step_instruction=_instruction(s.get("step_instruction"), where, f"{f}.step_instruction"),
+            thought=_text(s.get("thought"), where, f"{f}.thought"),
+            candidate_bbox=boxes, image_size=size,
+            elements=_elements(s.get("elements"), where, f"{f}.elements"),
+            root=root, where=f"{where}: {f}"))
+    ep_id = obj.get("episode_id", default_id)
+    if isinstance(ep_id, bool) or not isinstance(ep_id, (str, int)):
+        raise where.error("episode_id", f"expected a string or int, got {ep_id!r}")
+    meta = {k: v for k, v in obj.items() if k not in ("goal", "steps", "episode_id")}
+    if convention is not None:
+        meta["swipe_convention"] = convention
+    return Episode(goal=goal, episode_id=str(ep_id), steps=out, source=path, meta=meta)
+
+
+def _native_action(gt, where, size) -> dict:
+    """AndroidControl's native action -> our action space. Scroll direction is the CONTENT's
+    direction; the finger moves the opposite way (see module docstring)."""
+    if not isinstance(gt, dict):
+        raise where.error("gt", "expected a JSON object")
+    kind = gt.get("action_type")
+    w, h = size
+
+    def pt():
+        x, y = as_number(gt.get("x")), as_number(gt.get("y"))
+        if x is None or y is None:
+            raise where.error("gt.x/gt.y", f"expected numbers for {kind!r}, got x={gt.get('x')!r} y={gt.get('y')!r}")
+        return [int(round(x)), int(round(y))]
+
+    def txt(key):
+        v = gt.get(key)
+        if not isinstance(v, str):
+            raise where.error(f"gt.{key}", f"expected a string for {kind!r}, got {v!r}")
+        return v
+
+    if kind == "click":
+        return {"action": "click", "coordinate": pt()}
+    if kind == "long_press":
+        return {"action": "long_press", "coordinate": pt(), "time": 2}
+    if kind == "scroll":
+        d = gt.get("direction")
+        # finger path for each content direction; the release's points (W/2, H/4) <-> (W/2, 3H/4)
+        top, bottom = [w // 2, h // 4], [w // 2, 3 * h // 4]
+        left, right = [w // 4, h // 2], [3 * w // 4, h // 2]
+        paths = {"down": (bottom, top), "up": (top, bottom), "right": (right, left), "left": (left, right)}
+        if d not in paths:
+            raise where.error("gt.direction", f"expected up/down/left/right, got {d!r}")
+        a, b = paths[d]
+        return {"action": "swipe", "coordinate": a, "coordinate2": b}
+    if kind == "input_text":
+        return {"action": "type", "text": txt("text")}
+    if kind == "open_app":
+        return {"action": "open", "text": txt("app_name")}
+    if kind == "navigate_back":
+        return {"action": "system_button", "button": "Back"}
+    if kind == "navigate_home":
+        return {"action": "system_button", "button": "Home"}
+    if kind == "keyboard_enter":
+        return {"action": "system_button", "button": "Enter"}
+    if kind == "wait":
+        return {"action": "wait", "time": 2}
+    if kind == "answer":
+        return {"action": "answer", "text": txt("text")}
+    if kind == "status":  # AndroidWorld-style terminal action
+        s = gt.get("goal_status")
+        if s not in ("complete", "infeasible", "successful", "success", "failure"):
+            raise where.error("gt.goal_status", f"unknown status {s!r}")
+        return {"action": "terminate", "status": "success" if s in ("complete", "successful", "success") else "failure"}
+    raise where.error("gt.action_type", f"unknown native action {kind!r}")
+
+
+def _native_episodes(rows, path, root) -> list[Episode]:
+    """AndroidControl native rows (one per step, image episode_<id>-screenshot_<k>.png) grouped into
+    episodes in order of first appearance, steps sorted by k. The file records no episode goal: the
+    goal is the episode's step instructions joined, those of rows dropped at a gap included (so it
+    reads like AndroidControl-Low's plan of the whole task).
+
+    Step gaps. An episode is walked (SOP, static, rollouts) step after step, each step's screen the
+    result of the one before, so steps are never joined across a missing number: an episode is the
+    run of consecutive step numbers from its first recorded one, and the rows after its first gap
+    are dropped (episode 1364 of the shipped test file, steps 0-4, 6, 7, keeps 0-4: no policy can be
+    asked for step 5, and step 6's screen does not follow step 4's). An episode whose first recorded
+    step is not 0 starts there. Its meta records what happened: "steps_recorded" (the step numbers
+    in the file), "first_step", "steps_dropped" (rows after the gap); one warning per file counts
+    them. The shipped test file: 225 of 1,262 episodes affected (9 start at step 1), 835 of 6,434
+    rows dropped; expert replay stays PG = TSR = 1.0 on what is kept. (Every number it misses is a
+    wait or long_press step, which that export lacks; the UI-S1 file of the same episodes has them.)"""
+    groups: dict[str, dict[int, Step]] = {}
+    goals: dict[str, str] = {}  # a goal, where a row carries one (other exports of the format do)
+    for i, row in enumerate(rows):
+        where = _Where(path, "row", i)
+        if not isinstance(row, dict):
+            raise where.error("<row>", f"expected a JSON object, got {type(row).__name__}")
+        img = row.get("image")
+        m = _NATIVE_IMAGE_RE.search(img) if isinstance(img, str) else None
+        if m is None:
+            raise where.error("image", f"expected a name like episode_<id>-screenshot_<k>.png, got {img!r}")
+        size = _size(row.get("image_size", row.get("img_size")), where, "image_size")
+        action = _native_action(row.get("gt"), where, size or ANDROID_CONTROL_SIZE)
+        _check_points(action, size, where, "gt")
+        ep, k = m.group(1), int(m.group(2))
+        if k in groups.setdefault(ep, {}):
+            raise where.error("image", f"duplicate step {k} of episode {ep}")
+        groups[ep][k] = Step(screenshot=img, action=action, step_instruction=_instruction(row.get("task"), where, "task"),
+                             candidate_bbox=_boxes(row.get("candidate_bbox"), where, "candidate_bbox"),
+                             image_size=size, root=root, where=str(where))
+        if isinstance(row.get("goal"), str) and row["goal"]:
+            goals.setdefault(ep, row["goal"])
+    out, gapped = [], []
+    for ep, by_k in groups.items():
+        ks = sorted(by_k)
+        run = 1
+        while run < len(ks) and ks[run] == ks[run - 1] + 1:
+            run += 1
+        steps = [by_k[k] for k in ks[:run]]
+        meta = {"format": "android_control_native", "swipe_convention": "native scroll direction"}
+        if run < len(ks) or ks[0] != 0:
+            meta.update(steps_recorded=ks, first_step=ks[0], steps_dropped=len(ks) - run)
+            gapped.append((ep, ks, len(ks) - run))
+        # the goal is the whole task's, as a recorded goal would be: every recorded row's instruction
+        goal = goals.get(ep) or " ".join(by_k[k].step_instruction.strip() for k in ks if by_k[k].step_instruction)
+        out.append(Episode(goal=goal, episode_id=ep, steps=steps, source=path, meta=meta))
+    if gapped:
+        ep, ks, _ = gapped[0]
+        logger.warning("%s: %d of %d episodes skip step numbers or start after step 0 (e.g. episode %s: steps %s); "
+                       "each is cut at its first gap, %d rows dropped (gui._native_episodes)", path, len(gapped),
+                       len(out), ep, _ranges(ks), sum(n for *_, n in gapped))
+    return out
+
+
+def _ranges(ks: list[int]) -> str:
+    """Sorted ints as runs: [0, 1, 2, 3, 4, 6, 7] -> '0-4, 6-7'."""
+    runs, start = [], ks[0]
+    for a, b in zip(ks, ks[1:] + [None]):
+        if b != a + 1:
+            runs.append(f"{start}-{a}" if a > start else f"{a}")
+            start = b
+    return ", ".join(runs)
+
+
+def load_episodes(path: str, *, limit: int | None = None, swipe_convention: str | None = None) -> list[Episode]:
+    """Load episodes from a UI-S1 JSONL file (one episode per line; MiniWob files too), a JSON list
+    of such episodes, or AndroidControl's native per-step JSON list (rows with image/gt/task).
+    Any malformed line or unknown action raises DataError (a ValueError) naming file, line (or row) and field:
+    also boxes with reversed corners, zero-length expert swipes, expert points outside a recorded
+    image_size (with a hint when it looks (H, W)-swapped), and swipes in a file whose swipe
+    convention is neither given (swipe_convention, one of SWIPE_CONVENTIONS; it overrides a
+    per-episode "swipe_convention" field), declared per episode, nor known (KNOWN_SWIPE_CONVENTIONS).
+    Swipes are returned as finger paths. Episodes without an episode_id get "line-<n>"."""
+    path = str(path)
+    if swipe_convention is not None and swipe_convention not in SWIPE_CONVENTIONS:
+        raise ValueError(f"swipe_convention: expected one of {SWIPE_CONVENTIONS}, got {swipe_convention!r}")
+    root = os.path.dirname(os.path.abspath(path))
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: byte {e.start}: not UTF-8 text (a JSONL or JSON episode file was expected)") from None
+    if swipe_convention is None:
+        swipe_convention = KNOWN_SWIPE_CONVENTIONS.get(hashlib.sha256(raw).hexdigest())
+    episodes: list[Episode] = []
+    if text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: line {e.lineno}: invalid JSON: {e.msg}") from None
+        first = rows[0] if rows else None
+        if isinstance(first, dict) and ("gt" in first or "image" in first) and "steps" not in first:
+            episodes = _native_episodes(rows, path, root)
+        elif first is None or (isinstance(first, dict) and "steps" in first):
+            episodes = [_uis1_episode(r, _Where(path, "row", i), path, root, f"row-{i}", swipe_convention)
+                        for i, r in enumerate(rows)]
+        else:
+            seen = sorted(first) if isinstance(first, dict) else type(first).__name__
+            raise DataError(f"{path}: row 0: unknown format: expected a UI-S1 episode (goal, steps) or a native "
+                             f"AndroidControl step (image, gt, task); saw {seen}")
+    else:
+        for n, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            where = _Where(path, "line", n)
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise where.error("<json>", f"invalid JSON: {e.msg} (column {e.colno})") from None
+            episodes.append(_uis1_episode(obj, where, path, root, f"line-{n}", swipe_convention))
+            if limit is not None and len(episodes) >= limit:
+                break
+    seen = set()
+    for ep in episodes:
+        if ep.episode_id in seen:
+            raise DataError(f"{path}: field 'episode_id': duplicate episode id {ep.episode_id!r}")
+        seen.add(ep.episode_id)
+    return episodes[:limit] if limit is not None else episodes
+
+
+# -----------------------------------------------------------------------------
+# Screenshots
+
+def screenshot_candidates(step: Step, image_root: str | None = None) -> list[str]:
+    """Where a step's screenshot may lie, in the order tried. With image_root: the recorded path
+    under it (leading '/' dropped), then its file name under it. Without: an absolute path as is,
+    a relative one against the data file's folder."""
+    p = step.screenshot
+    if not p:
+        return []
+    if image_root is not None:
+        return [os.path.join(image_root, p.lstrip("/\\")), os.path.join(image_root, os.path.basename(p))]
+    if os.path.isabs(p):
+        return [p]
+    return [os.path.join(step.root or ".", p)]
+
+
+def _screenshot_file(step: Step, image_root: str | None) -> str | None:
+    return next((p for p in screenshot_candidates(step, image_root) if os.path.isfile(p)), None)
+
+
+def original_size(step: Step, *, image_root: str | None = None,
+                  blank_screens: tuple[int, int] | None = None) -> tuple[int, int]:
+    """(W, H) of the step's ORIGINAL screenshot: the pixel space of its expert action and boxes, and
+    the ONE answer rollout, SFT and evaluation use. Reads only the image header (PIL opens lazily),
+    never decodes pixels.
+    - a file found: its size. A recorded image_size must agree within 1 px (rounding); one equal to
+      the file's (H, W) raises "looks (H, W)-swapped", any other disagreement raises too (a 540x1200
+      file recorded as 1080x2400 would put every expert point at twice its place);
+    - no file: the recorded image_size, else blank_screens (the blank stand-in's size);
+    - neither: FileNotFoundError, as load_screenshot.
+    Errors name the step's file and line (Step.where)."""
+    path = _screenshot_file(step, image_root)
+    rec = step.image_size
+    if path is not None:
+        with Image.open(path) as im:
+            size = im.size
+        if rec is not None and (abs(rec[0] - size[0]) > 1 or abs(rec[1] - size[1]) > 1):
+            swapped = (abs(rec[0] - size[1]) <= 1 and abs(rec[1] - size[0]) <= 1)
+            raise DataError(f"{step.where or step.screenshot}: field 'image_size': recorded {rec[0]}x{rec[1]} (W x H) "
+                             f"but {path} is {size[0]}x{size[1]}"
+                             + ("; the record looks (H, W)-swapped: write [W, H]" if swapped else ""))
+        return size
+    if rec is not None:
+        return rec
+    if blank_screens is not None:
+        return int(blank_screens[0]), int(blank_screens[1])
+    raise FileNotFoundError(_missing_message(step, image_root))
+
+
+def _missing_message(step: Step, image_root: str | None) -> str:
+    tried = screenshot_candidates(step, image_root)
+    return (f"screenshot {step.screenshot!r} not found (tried: {', '.join(tried) or 'nothing recorded'}); "
+            "pass --image-root DIR, or --blank-screens WxH for blank stand-ins")
+
+
+def load_screenshot(step: Step, *, image_root: str | None = None,
+                    blank_screens: tuple[int, int] | None = None) -> Image.Image:
+    """The step's screenshot as an RGB image of size original_size(step, ...) (which also checks a
+    recorded size against the file). A missing file is an error unless blank_screens=(W, H) is
+    given: then a black image of the step's recorded size, else of blank_screens, stands in."""
+    size = original_size(step, image_root=image_root, blank_screens=blank_screens)
+    p = _screenshot_file(step, image_root)
+    if p is not None:
+        with Image.open(p) as im:
+            return im.convert("RGB")
+    if blank_screens is None:
+        raise FileNotFoundError(_missing_message(step, image_root))
+    return Image.new("RGB", size)
