@@ -80,13 +80,13 @@ class PromptSpec:
 
     def __post_init__(self):
         if self.num_images < 1:
-            raise ValueError(f"prompt: num_images {self.num_images} must be >= 1")
+            raise ValueError(f"--num-images {self.num_images}: must be >= 1")
         if not 0 < self.min_pixels <= self.max_pixels:
-            raise ValueError(f"prompt: min_pixels {self.min_pixels} / max_pixels {self.max_pixels}: need 0 < min <= max")
+            raise ValueError(f"--min-pixels {self.min_pixels} / --max-pixels {self.max_pixels}: need 0 < min <= max")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
-            raise ValueError(f"prompt: max_prompt_tokens {self.max_prompt_tokens} must be >= 1")
+            raise ValueError(f"--max-prompt-tokens {self.max_prompt_tokens}: must be >= 1")
         if self.system_prompt not in SYSTEM_PROMPTS:
-            raise ValueError(f"prompt: system_prompt {self.system_prompt!r}: expected one of {sorted(SYSTEM_PROMPTS)}")
+            raise ValueError(f"--system-prompt {self.system_prompt!r}: expected one of {sorted(SYSTEM_PROMPTS)}")
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(PromptSpec))
@@ -116,7 +116,7 @@ def add_prompt_args(parser: argparse.ArgumentParser) -> None:
 def checkpoint_spec(model) -> dict:
     """The prompt fields a checkpoint folder was trained with: args.json's "prompt" (or, for older
     checkpoints, the same names at its top level); {} for 'tiny', 'auto' or a folder without
-    args.json. Raises ValueError naming the file when args.json is not JSON."""
+    args.json. Raises cli.UsageError naming the file when args.json is not JSON."""
     from pathlib import Path
 
     f = Path(str(model)) / "args.json"
@@ -125,7 +125,7 @@ def checkpoint_spec(model) -> dict:
     try:
         saved = json.loads(f.read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"{f}: line {e.lineno}: invalid JSON: {e.msg}") from None
+        raise cli.UsageError(f"{f}: line {e.lineno}: invalid JSON: {e.msg}") from None
     saved = saved.get("prompt") if isinstance(saved.get("prompt"), dict) else saved
     return {k: saved[k] for k in FIELDS if k in saved}
 

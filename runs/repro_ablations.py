@@ -31,6 +31,7 @@ SETTING = dict(
     TEST_DATA="data/miniwob/test.jsonl",
     MODEL="tiny",
     MODEL_ARGS=[],
+    BASE_STEPS=700,                              # copy warm-up steps of the shared base (0: --model is the base)
     SEEDS=[0, 1],                                # seeds per ablation arm (>= 2)
     SFT_STEPS=400, SFT_LR=5e-3, SFT_EXTRA=[],
     RL_STEPS=16, RL_LR=1e-4,
@@ -47,7 +48,7 @@ SETTING = dict(
 )
 QUICK = dict(SEEDS=[0], SFT_STEPS=60, RL_STEPS=2, EVAL_PER_TASK=1, ONLINE_EPISODES=12, SCALING_PER_TASK=[2, 6, 24],
              SCALING_THRESHOLDS=[0, -1], TASKS=["click-button", "click-test", "enter-text", "focus-text"])
-COSTS = {"sft_steps": 2.5, "rl_steps": 25.0, "online_episodes": 5.0, "sop_episodes": 3.0, "stages": 60.0}
+COSTS = {"base_steps": 0.3, "sft_steps": 1.2, "rl_steps": 12.0, "online_episodes": 3.0, "sop_episodes": 2.0, "stages": 30.0}
 
 
 def flags(gamma="0.5", threshold="2", patch="thought-free") -> list[str]:
@@ -80,7 +81,8 @@ def main(argv=None) -> dict:
 
     # --- SFT per seed (shared with repro_main.py when the setting is the same)
     sft_seeds = sorted(set(args.seeds) | set(args.scaling_seeds))
-    sft = {s: rc.sft_job(args, data, s) for s in sft_seeds}
+    base = rc.base_job(args, data)
+    sft = {s: rc.sft_job(args, data, s, base) for s in sft_seeds}
     # --- RL: every ablation arm per seed, then the data-scaling runs on per-task subsets
     rl = {(arm, s): rc.rl_job(args, data, sft[s], s, arm, f) for arm, f in ARMS.items() for s in args.seeds}
     per_task_all = min(sum(1 for l in data["train"].read_text().splitlines() if f'"task": "{t}"' in l)
@@ -99,15 +101,17 @@ def main(argv=None) -> dict:
     # --- estimate
     n_rl = len(rl)
     n_ckpt = len(args.seeds) + n_rl
-    counts = {"sft_steps": len(sft) * args.sft_steps, "rl_steps": n_rl * args.rl_steps,
+    counts = {"base_steps": args.base_steps, "sft_steps": len(sft) * args.sft_steps, "rl_steps": n_rl * args.rl_steps,
               "online_episodes": n_ckpt * len(keys), "sop_episodes": n_ckpt * args.eval_per_task * n_tasks,
-              "stages": len(sft) + n_rl + n_ckpt}
+              "stages": n_ckpt}  # evaluation processes (training stages: start-up is in their per-step cost)
     costs = rc.load_costs(COSTS, args.results_dir / "repro_main_quick.json", args.results_dir / "repro_main.json", out_json)
     print(f"[plan] {n_tasks} tasks, seeds {args.seeds}, {n_rl} RL runs, {n_ckpt} checkpoints x {len(keys)} online "
           f"episodes; estimated wall {rc.estimate(counts, costs, args.jobs) / 60:.0f} min with {args.jobs} jobs "
           "(an SFT or reference run shared with repro_main.py is not retrained)", flush=True)
 
     if not args.report_only:
+        if args.base_steps > 0:
+            stages.run([base])
         stages.run(list(sft.values()))
         stages.run(list(rl.values()))
 
@@ -171,7 +175,8 @@ def main(argv=None) -> dict:
              "claims": claims, "arms": rc.arm_summaries(ck, curves),
              "scaling": {a: {k: v for k, v in f.items() if k != "k_boot"} for a, f in fits.items()},
              "scaling_points": points,
-             "unit_costs": rc.unit_costs(stages.log, ck, args.sft_steps, args.rl_steps), "complete": final_report}
+             "unit_costs": rc.unit_costs(stages.log, ck, args.sft_steps, args.rl_steps, args.base_steps),
+             "complete": final_report}
         if final_report:
             stem = args.results_dir / out_json.stem
             figs = [rc.plot_bars(Path(f"{stem}_bars.png"), GROUPS, s["arms"]), rc.plot_r2(Path(f"{stem}_r2.png"), ck, s)]

@@ -694,23 +694,31 @@ def plot_scaling(path: Path, points: dict, fits: dict) -> Path:
 
 def estimate(counts: dict, costs: dict, jobs: int) -> float:
     """Estimated wall seconds: sum over kinds of units x seconds per unit, divided by the pool size.
-    counts/costs keys: sft_steps, rl_steps, online_episodes, sop_episodes, stages (the fixed cost of
-    a stage process: imports, model load, browser start; ~60-100 s each on the loaded 2-core machine)."""
+    counts/costs keys: base_steps, sft_steps, rl_steps (training stages, start-up included),
+    online_episodes, sop_episodes, stages (an evaluation process's fixed cost: imports, model load,
+    browser start)."""
     return sum(counts[k] * costs.get(k, 0.0) for k in counts) / max(jobs, 1)
 
 
-def unit_costs(stage_log: list[dict], evals: list[dict], sft_steps: int, rl_steps: int) -> dict:
-    """Measured seconds per unit (one process, one thread) from this run's stage log and eval rows,
-    for the next run's estimate: per SFT step, per RL step, per online episode, per offline (SOP +
-    static) episode."""
-    def per(script, units):
-        w = [e["wall_s"] for e in stage_log if script in e["cmd"]]
+def unit_costs(stage_log: list[dict], evals: list[dict], sft_steps: int, rl_steps: int, base_steps: int = 0) -> dict:
+    """Measured seconds per unit from this run's stage log and eval rows, for the next run's estimate:
+    per base warm-up step, SFT step and RL step (a training stage's wall time over its steps, process
+    start and model load included), per online episode and per offline (SOP + static) episode (an
+    evaluation's own timings; its process start is the "stages" cost)."""
+    def per(match, units):
+        w = [e["wall_s"] for e in stage_log if match(e["cmd"])]
         return float(np.mean(w)) / units if w and units else None
+    is_base = lambda c: "train_sft.py" in c and "--max-steps 0 " in c + " "  # noqa: E731
     on = [c["online_seconds"] / c["n_online_episodes"] for c in evals if c.get("online_seconds")]
     off = [(c["eval_seconds"] - c["online_seconds"]) / max(c.get("n_sop_episodes") or 1, 1)
            for c in evals if c.get("eval_seconds") and c.get("online_seconds") is not None]
-    return {"sft_steps": per("train_sft.py", sft_steps), "rl_steps": per("train_semionline.py", rl_steps),
-            "online_episodes": float(np.mean(on)) if on else None, "sop_episodes": float(np.mean(off)) if off else None}
+    evals_wall = [e["wall_s"] - c["eval_seconds"] for e in stage_log for c in evals
+                  if "eval_sop.py" in e["cmd"] and c.get("eval") and c["eval"] in e["cmd"] and c.get("eval_seconds")]
+    return {"base_steps": per(is_base, base_steps),
+            "sft_steps": per(lambda c: "train_sft.py" in c and not is_base(c), sft_steps),
+            "rl_steps": per(lambda c: "train_semionline.py" in c, rl_steps),
+            "online_episodes": float(np.mean(on)) if on else None, "sop_episodes": float(np.mean(off)) if off else None,
+            "stages": float(np.mean(evals_wall)) if evals_wall else None}
 
 
 def load_costs(defaults: dict, *paths: Path) -> dict:
@@ -820,9 +828,27 @@ def job(root: Path, name: str, cmd: list[str], done: str) -> dict:
     return {"name": name, "cmd": cmd + ["--out", _rel(d)], "dir": d, "done": d / done}
 
 
-def sft_job(args, data: dict, seed: int) -> dict:
+def base_job(args, data: dict) -> dict:
+    """The shared base: what a model trained from scratch needs before GUI tasks (the copy warm-up of
+    train_sft.py on synthetic pages, --base-steps steps, seed 0), trained ONCE and the starting point
+    of every arm and seed, as the paper's arms share a pretrained Qwen2.5-VL. Not part of any arm's
+    training. base_steps 0: the base is the untrained --model itself (a pretrained model folder)."""
     cmd = [python(), "train_sft.py", "--data", _rel(data["train"]), "--image-root", data["image_root"],
-           "--model", args.model, *args.model_args, "--max-steps", str(args.sft_steps), "--lr", str(args.sft_lr),
+           "--model", args.model, *args.model_args, "--max-steps", "0", "--copy-warmup-steps", str(args.base_steps),
+           "--seed", "0"]
+    return job(args.out_root / "base", "base", cmd, "ckpt/latest")
+
+
+def base_model(args, base: dict) -> str:
+    """The model every SFT run starts from (and the base row of the tables evaluates)."""
+    return _rel(checkpoint_at(base["dir"], 0)) if args.base_steps > 0 else args.model
+
+
+def sft_job(args, data: dict, seed: int, base: dict) -> dict:
+    """SFT of seed `seed` from the shared base (base_job), no warm-up of its own."""
+    cmd = [python(), "train_sft.py", "--data", _rel(data["train"]), "--image-root", data["image_root"],
+           "--model", base_model(args, base), *(args.model_args if args.base_steps == 0 else []),
+           "--copy-warmup-steps", "0", "--max-steps", str(args.sft_steps), "--lr", str(args.sft_lr),
            "--seed", str(seed), "--save-every", str(max(args.sft_steps // 2, 1)),  # the midpoint is kept either way:
            "--eval-every", str(max(args.sft_steps // 4, 1)), *args.sft_extra]  # the same command from both scripts
     return job(args.out_root / "sft", f"sft_s{seed}", cmd, "ckpt/latest")
@@ -841,7 +867,7 @@ def rl_job(args, data: dict, sft: dict, seed: int, name: str, flags: list[str], 
 def eval_job(args, data: dict, model: str, name: str, seed: int) -> dict:
     """eval_sop.py on the test file (SOP + static) and online on the shared episode list."""
     tasks = list(dict.fromkeys(t for t, _ in data["online_episodes"]))
-    base = args.model_args if model == args.model else []  # the untrained model's own flags
+    base = args.model_args if model == args.model else []  # the untrained model's own flags (no base stage)
     cmd = [python(), "eval_sop.py", "--policy", "model", "--model", model, *base, "--seed", str(seed),
            "--data", _rel(data["test"]), "--image-root", data["image_root"], "--per-task-limit", str(args.eval_per_task),
            "--elements", "--protocol", "sop", "static", "--online", "--online-tasks", *tasks,

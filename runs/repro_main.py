@@ -35,7 +35,7 @@ SETTING = dict(
     MODEL="tiny",                                # 'tiny' or a Hugging Face folder
     MODEL_ARGS=[],                               # flags of the untrained model, given to train_sft.py and the base eval
     SEEDS=[0, 1, 2],                             # training seeds per arm (claims 1-2: >= 3)
-    BASE_SEEDS=[0],                              # seeds of the untrained model evaluated
+    BASE_STEPS=700,                              # copy warm-up steps of the shared base (0: --model is the base)
     SFT_STEPS=400, SFT_LR=5e-3, SFT_EXTRA=[],
     RL_STEPS=16, RL_LR=1e-4,
     RL_EXTRA=["--tasks-per-step", "4", "--n-rollouts", "4", "--max-new-tokens", "80", "--filter-std", "0"],
@@ -50,7 +50,7 @@ QUICK = dict(SEEDS=[0], SFT_STEPS=60, RL_STEPS=4, EVAL_MID=False, EVAL_PER_TASK=
              TASKS=["click-button", "click-link", "click-test", "enter-text", "focus-text", "click-dialog"])
 # seconds per unit, one process with one thread, on the loaded 2-core machine; replaced by the
 # unit_costs measured by an earlier run (results JSON) when there is one
-COSTS = {"sft_steps": 2.5, "rl_steps": 25.0, "online_episodes": 5.0, "sop_episodes": 3.0, "stages": 60.0}
+COSTS = {"base_steps": 0.3, "sft_steps": 1.2, "rl_steps": 12.0, "online_episodes": 3.0, "sop_episodes": 2.0, "stages": 30.0}
 ARMS = {"offline": ["--history", "expert"], "semionline": rc.SEMIONLINE_REF}  # RL arms and their flags
 
 
@@ -63,18 +63,21 @@ def main(argv=None) -> dict:
     keys = data["online_episodes"]
 
     # --- estimate
-    n_ckpt = len(args.base_seeds) + len(args.seeds) * (1 + len(ARMS)) * (2 if args.eval_mid else 1)
-    counts = {"sft_steps": len(args.seeds) * args.sft_steps, "rl_steps": len(args.seeds) * len(ARMS) * args.rl_steps,
+    n_ckpt = 1 + len(args.seeds) * (1 + len(ARMS)) * (2 if args.eval_mid else 1)
+    counts = {"base_steps": args.base_steps, "sft_steps": len(args.seeds) * args.sft_steps, "rl_steps": len(args.seeds) * len(ARMS) * args.rl_steps,
               "online_episodes": n_ckpt * len(keys), "sop_episodes": n_ckpt * args.eval_per_task * len(data["tasks"]),
-              "stages": len(args.seeds) * (1 + len(ARMS)) + n_ckpt}
+              "stages": n_ckpt}  # evaluation processes (training stages: start-up is in their per-step cost)
     costs = rc.load_costs(COSTS, out_json)
     print(f"[plan] {len(data['tasks'])} tasks, seeds {args.seeds}, {n_ckpt} checkpoints x {len(keys)} online episodes; "
           f"estimated wall {rc.estimate(counts, costs, args.jobs) / 60:.0f} min with {args.jobs} jobs "
           f"(costs s/unit: {costs})", flush=True)
 
-    # --- SFT, one run per seed
-    sft = {s: rc.sft_job(args, data, s) for s in args.seeds}
+    # --- the shared base (trained once), then SFT from it, one run per seed
+    base = rc.base_job(args, data)
+    sft = {s: rc.sft_job(args, data, s, base) for s in args.seeds}
     if not args.report_only:
+        if args.base_steps > 0:
+            stages.run([base])
         stages.run(list(sft.values()))
     # --- RL from each seed's SFT checkpoint: offline (expert history) and semi-online (own history)
     rl = {(arm, s): rc.rl_job(args, data, sft[s], s, arm, flags) for arm, flags in ARMS.items() for s in args.seeds}
@@ -83,8 +86,9 @@ def main(argv=None) -> dict:
 
     # --- evaluate every checkpoint on the same online episodes
     todo = []
-    for s in args.base_seeds:
-        todo.append({**rc.eval_job(args, data, args.model, f"base_s{s}", s), "meta": ("base", "base", s, 0, True, None)})
+    if args.base_steps == 0 or base["done"].exists() or args.dry_run:
+        todo.append({**rc.eval_job(args, data, rc.base_model(args, base), f"base_{base['dir'].name}", 0),
+                     "meta": ("base", "base", 0, 0, True, rc._rel(base["dir"]) if args.base_steps else None)})
     for arm, runs, steps in [("sft", {s: sft[s] for s in args.seeds}, args.sft_steps)] + \
             [(arm, {s: rl[(arm, s)] for s in args.seeds}, args.rl_steps) for arm in ARMS]:
         for s, tj in runs.items():
@@ -119,7 +123,8 @@ def main(argv=None) -> dict:
              "tasks": data["tasks"], "online_episodes": [list(k) for k in keys],
              "checkpoints": ck, **r2f, "comparisons": cmps, "claims": claims,
              "arms": rc.arm_summaries(ck, curves),
-             "unit_costs": rc.unit_costs(stages.log, ck, args.sft_steps, args.rl_steps), "complete": final_report}
+             "unit_costs": rc.unit_costs(stages.log, ck, args.sft_steps, args.rl_steps, args.base_steps),
+             "complete": final_report}
         if final_report:
             figs = [rc.plot_r2(args.results_dir / f"{out_json.stem}_r2.png", ck, s)]
             if any(rs for runs in curves.values() for rs in runs.values()):
