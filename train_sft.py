@@ -21,7 +21,7 @@ Short of memory: add --gradient-checkpointing (activations recomputed per decode
 Checkpoints land in --out/ckpt/step_XXXXXX (Hugging Face layout, safetensors);
 train_semionline.py --model auto starts from the latest one.
 
-Copy warm-up (models trained from scratch only; `--copy-warmup-steps`, default: 500 for a
+Copy warm-up (models trained from scratch only; `--copy-warmup-steps`, default: 1000 for a
 'tiny' model, 0 otherwise). A correct click copies the target's point from the element list,
 which takes an induction head: at the response's ` at (`, find the same pair in the prompt and
 repeat the digits after it. A pretrained VLM has one. A randomly initialised model does not
@@ -82,9 +82,9 @@ parser.add_argument("--micro-batch-size", type=int, default=8, help="examples pe
 parser.add_argument("--gradient-checkpointing", action="store_true",
                     help="recompute each decoder layer's and vision block's activations in the backward (less memory, ~1/3 more compute)")
 parser.add_argument("--copy-warmup-steps", type=int, default=None,
-                    help="steps on synthetic pages before SFT (module docstring; default: 500 for a 'tiny' model trained from scratch, else 0)")
+                    help="steps on synthetic pages before SFT (module docstring; default: 1000 for a 'tiny' model trained from scratch, else 0)")
 parser.add_argument("--copy-warmup-lr", type=float, default=1e-3, help="constant AdamW learning rate of the copy warm-up")
-parser.add_argument("--copy-warmup-elements", type=int, default=4, help="elements per synthetic click page, at most (the target looked up among them)")
+parser.add_argument("--copy-warmup-elements", type=int, default=1, help="elements per synthetic click page, at most (the target looked up among them)")
 parser.add_argument("--copy-warmup-type-frac", type=float, default=0.25, help="share of synthetic pages that ask to type a quoted text")
 chat.add_prompt_args(parser)  # --num-images, --min/max-pixels, --max-prompt-tokens, --step-instruction, --elements, --system-prompt
 # run
@@ -196,9 +196,9 @@ def sft_example(ep, t: int, tokenizer, image_processor, spec: chat.PromptSpec, *
 
 
 def copy_warmup_default(model) -> int:
-    """--copy-warmup-steps when not given: 500 for a 'tiny' / 'tiny:HxL' model (random init), 0
+    """--copy-warmup-steps when not given: 1000 for a 'tiny' / 'tiny:HxL' model (random init), 0
     for a model folder (pretrained or a checkpoint: it has the skill or has been warmed up)."""
-    return 500 if utils.parse_tiny(str(model)) is not None else 0
+    return 1000 if utils.parse_tiny(str(model)) is not None else 0
 
 
 def main(argv=None):

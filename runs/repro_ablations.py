@@ -23,31 +23,35 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import repro_common as rc  # noqa: E402
+from repro_main import MULTI_STEP  # noqa: E402
 
 # --- the setting: every default in one place (each key is also a command-line flag)
 SETTING = dict(
-    TASKS=None,
+    TASKS=MULTI_STEP,                            # the main table's setting: its SFT runs and reference arm are reused
     TRAIN_DATA="data/miniwob/train.jsonl",
     TEST_DATA="data/miniwob/test.jsonl",
-    MODEL="tiny",
+    MODEL="tiny:128x4",
     MODEL_ARGS=[],
     BASE_STEPS=700,                              # copy warm-up steps of the shared base (0: --model is the base)
+    BASE_EXTRA=["--copy-warmup-elements", "4", "--copy-warmup-type-frac", "0.25"],  # synthetic pages of 1-4 elements, 1 in 4 a type page
     SEEDS=[0, 1],                                # seeds per ablation arm (>= 2)
-    SFT_STEPS=400, SFT_LR=5e-3, SFT_EXTRA=[],
-    RL_STEPS=16, RL_LR=1e-4,
-    RL_EXTRA=["--tasks-per-step", "4", "--n-rollouts", "4", "--max-new-tokens", "80", "--filter-std", "0"],
+    SFT_STEPS=300, SFT_LR=1e-3, SFT_EXTRA=[],
+    RL_STEPS=100, RL_LR=2e-5,
+    RL_EXTRA=["--tasks-per-step", "4", "--n-rollouts", "8", "--max-new-tokens", "80", "--temperature", "0.5",
+              "--filter-std", "0", "--kl-coef", "0"],
     EVAL_MID=False,
-    EVAL_PER_TASK=3,
-    ONLINE_EPISODES=100,
+    EVAL_PER_TASK=4,
+    ONLINE_EPISODES=104,
     ONLINE_SEED_BASE=200000,
-    ONLINE_MAX_STEPS=8,
+    ONLINE_MAX_STEPS=10,
     EVAL_EXTRA=["--max-new-tokens", "80"],
-    SCALING_PER_TASK=[3, 6, 12, 24],             # training episodes per task of the data-scaling runs
+    ARMS=["gamma0", "thr0", "thr1", "thr_unlim"],  # ablation arms run besides the shared reference (ARMS below)
+    SCALING_PER_TASK=[],                         # training episodes per task of the data-scaling runs ([]: none)
     SCALING_THRESHOLDS=[0, -1],                  # patch thresholds whose laws are compared
     SCALING_SEEDS=[0],
 )
-QUICK = dict(SEEDS=[0], SFT_STEPS=60, RL_STEPS=2, EVAL_PER_TASK=1, ONLINE_EPISODES=12, SCALING_PER_TASK=[2, 6, 24],
-             SCALING_THRESHOLDS=[0, -1], TASKS=["click-button", "click-test", "enter-text", "focus-text"])
+QUICK = dict(SEEDS=[0], BASE_STEPS=20, SFT_STEPS=20, RL_STEPS=2, EVAL_PER_TASK=1, ONLINE_EPISODES=8,
+             SCALING_PER_TASK=[2, 24], ARMS=["gamma0", "thr0"], TASKS=["enter-text", "click-option"])
 COSTS = {"base_steps": 0.3, "sft_steps": 1.2, "rl_steps": 12.0, "online_episodes": 3.0, "sop_episodes": 2.0, "stages": 30.0}
 
 
@@ -84,12 +88,16 @@ def main(argv=None) -> dict:
     base = rc.base_job(args, data)
     sft = {s: rc.sft_job(args, data, s, base) for s in sft_seeds}
     # --- RL: every ablation arm per seed, then the data-scaling runs on per-task subsets
-    rl = {(arm, s): rc.rl_job(args, data, sft[s], s, arm, f) for arm, f in ARMS.items() for s in args.seeds}
+    unknown = set(args.arms) - set(ARMS)
+    if unknown:
+        raise SystemExit(f"--arms: unknown {sorted(unknown)}; known: {sorted(ARMS)}")
+    arms = {a: f for a, f in ARMS.items() if a == "semionline" or a in args.arms}
+    rl = {(arm, s): rc.rl_job(args, data, sft[s], s, arm, f) for arm, f in arms.items() for s in args.seeds}
     per_task_all = min(sum(1 for l in data["train"].read_text().splitlines() if f'"task": "{t}"' in l)
                        for t in data["tasks"])
     point_arm = {}  # (threshold, episodes per task, seed) -> the arm whose final checkpoint is that point
     for t, n, s in scale_runs:
-        same = next((a for a, f in ARMS.items() if f == flags(threshold=str(t))), None)
+        same = next((a for a, f in arms.items() if f == flags(threshold=str(t))), None)
         if n >= per_task_all and same and s in args.seeds:  # the full data: the ablation arm's own run
             point_arm[(t, n, s)] = same
             continue
@@ -128,7 +136,7 @@ def main(argv=None) -> dict:
             todo.append({**rc.eval_job(args, data, rc._rel(ck), f"{arm}_s{s}_step{args.rl_steps}_{tj['dir'].name}", s),
                          "meta": (f"{arm} s{s}", arm, s, args.rl_steps, True, rc._rel(tj["dir"]))})
     rows = []
-    curves = {arm: {s: rc.read_metrics(rl[(arm, s)]["dir"]) for s in args.seeds} for arm in ARMS}
+    curves = {arm: {s: rc.read_metrics(rl[(arm, s)]["dir"]) for s in args.seeds} for arm in arms}
 
     def summary(final_report: bool = False) -> dict:
         ck = sorted(rows, key=lambda r: (r["arm"], r["seed"]))

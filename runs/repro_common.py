@@ -835,7 +835,7 @@ def base_job(args, data: dict) -> dict:
     training. base_steps 0: the base is the untrained --model itself (a pretrained model folder)."""
     cmd = [python(), "train_sft.py", "--data", _rel(data["train"]), "--image-root", data["image_root"],
            "--model", args.model, *args.model_args, "--max-steps", "0", "--copy-warmup-steps", str(args.base_steps),
-           "--seed", "0"]
+           "--seed", "0", *args.base_extra]
     return job(args.out_root / "base", "base", cmd, "ckpt/latest")
 
 

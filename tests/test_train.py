@@ -83,7 +83,7 @@ def test_sft_fsdp_two_processes_match_one(tmp_path):
 
 def test_sft_copy_warmup_runs_logs_and_records(tmp_path):
     import train_sft
-    assert train_sft.copy_warmup_default("tiny") == train_sft.copy_warmup_default("tiny:128x4") == 500
+    assert train_sft.copy_warmup_default("tiny") == train_sft.copy_warmup_default("tiny:128x4") == 1000
     assert train_sft.copy_warmup_default(str(tmp_path)) == 0
     args = SFT[:-2]  # without its "--copy-warmup-steps 0": the flag is given below instead
     last, m = launch(args + ["--max-steps", "1", "--copy-warmup-steps", "3"], tmp_path / "w")
