@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-import utils
+import vlm
 from utils import get_rank, latest_checkpoint
 
 
@@ -90,7 +90,7 @@ def model_path(name: str) -> str:
     it names. Raises UsageError for anything else, before a model is loaded."""
     if name.startswith("tiny:"):
         try:
-            utils.parse_tiny(name)
+            vlm.parse_tiny(name)
         except ValueError as e:
             raise UsageError(str(e)) from None
         return name

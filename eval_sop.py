@@ -20,7 +20,7 @@ Policies (each a sampler of the driver: .generate(prompts, n, greedy, seeds)):
   loading, response format, parse, coordinate mapping and match must give PG = TSR = 1.0 on every
   real file; anything less is a bug there. Online it is miniwob_env's scripted DOM expert.
 - model: greedy decoding of --model ('tiny', a Hugging Face folder, or a checkpoint folder or run
-  folder with a `latest` pointer) through rollout.Sampler. The driver walks --batch-size episodes
+  folder with a `latest` pointer) through sampler.Sampler. The driver walks --batch-size episodes
   at a time and sends the current step of every live one in ONE generate call (greedy ids do not
   depend on the batch's make-up).
 - recorded responses: the `score` subcommand scores them step by step with gui.score_response.
@@ -54,7 +54,6 @@ Single process only (no torchrun).
 import argparse
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -69,21 +68,22 @@ import chat
 import cli
 import dataset
 import gui
-import report
 import utils
-from kernels.policy_logprob import sampling_mode
+import vlm
 from rollout import (
-    DECODE_MODES,
-    SampleOutput,
     StepPrompt,
-    StepRecord,
     semi_online_rollout,
+    sop_metrics,
+    sop_progress,
+    static_metrics,
 )
+from sampler import DECODE_MODES, SampleOutput, Sampler
+from tools import baselines, report, score
+from vlm import sampling_mode
 
 # -----------------------------------------------------------------------------
 # Config
 
-GROUNDING_TYPES = ("click", "long_press")  # steps that count for grounding accuracy
 
 size_arg = cli.arg_type(gui.parse_size)  # argparse type for 'WxH' -> (W, H)
 input_file = cli.arg_type(cli.input_file)  # argparse type: a readable file
@@ -148,30 +148,6 @@ def sop_parser() -> argparse.ArgumentParser:
     return p
 
 
-def score_parser() -> argparse.ArgumentParser:
-    p = cli.make_parser("Score recorded responses with the rule reward (docs/method.md §4). Input lines: "
-                          "{episode_id, step (0-based), response}, coordinates in pixels of the resized screenshot.\n\n"
-                          "    python eval_sop.py score --data data/android_control/android_control_test_uis1.jsonl \\\n"
-                          "        --responses responses.jsonl --out scores.jsonl --image-size 1080x2400",
-                          prog="eval_sop.py score")
-    p.add_argument("--data", nargs="+", required=True, type=input_file, help="episode files the responses refer to")
-    p.add_argument("--responses", required=True, type=input_file, help="JSONL of responses; an optional field finish_reason ('length' "
-                   "= cut at the token cap) or truncated (bool) makes the response malformed under the strict rules and is "
-                   "counted into responses_at_cap; without it, text after </action> is what marks a malformed response")
-    p.add_argument("--subset", action="store_true",
-                   help="allow responses that cover only some steps (default: every step of --data must be scored)")
-    p.add_argument("--match-rules", choices=gui.MATCH_RULES, default="strict", help="strict (ours) or release")
-    p.add_argument("--swipe-convention", choices=dataset.SWIPE_CONVENTIONS, default=None,
-                   help="how the data files store swipes (default: declared, or known for shipped files)")
-    p.add_argument("--out", required=True, help="JSONL of scores, one line per response")
-    p.add_argument("--image-size", type=size_arg, default=None,
-                   help="WxH of the original screenshots, for steps that record no size")
-    p.add_argument("--image-root", default=None, help="else read the size from the screenshot files here")
-    p.add_argument("--min-pixels", type=int, default=gui.MIN_PIXELS, help="smart_resize min pixels the model saw")
-    p.add_argument("--max-pixels", type=int, default=gui.MAX_PIXELS, help="smart_resize max pixels the model saw")
-    return p
-
-
 # -----------------------------------------------------------------------------
 # Policies: samplers for the walker (rollout.semi_online_rollout), as training's policy is
 
@@ -193,60 +169,16 @@ class ExpertSampler:
 
 
 def load_sampler(args, tokenizer):
-    """The model of --model on --device (bf16 on CUDA, fp32 on CPU) inside a rollout.Sampler."""
-    from rollout import Sampler
-    from utils import load_model
-
+    """The model of --model on --device (bf16 on CUDA, fp32 on CPU) inside a sampler.Sampler."""
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    model = load_model(args.model, dtype=dtype, device=device, seed=args.seed)
+    model = vlm.load_model(args.model, dtype=dtype, device=device, seed=args.seed)
     model.eval()
     return Sampler(model, tokenizer, max_new_tokens=args.max_new_tokens, decode=args.decode)
 
 
 # -----------------------------------------------------------------------------
 # Metrics
-
-
-def sop_progress(records: list[StepRecord], episode_len: dict, *,
-                 zero_on_error: bool = False) -> dict[tuple[int, int], tuple[int, int]]:
-    """SOP progress of each rollout (docs/method.md §8), the one definition that evaluation (PG, TSR)
-    and training (the logged progress of its rollouts) share. records: rollout.StepRecords;
-    episode_len: task_idx -> steps of its episode. Returns (task_idx, rollout_idx) -> (correct steps
-    before the rollout's first wrong step, episode length); a rollout patched after its first wrong
-    step still counts only the steps before it.
-    zero_on_error: the release's exception rule (--match-rules release): a rollout with a response
-    on which the release's code raised (StepRecord.error under those rules) gets progress 0, as the
-    release's try/except around its episode loop did, however many steps were right before it."""
-    first_err: dict[tuple[int, int], int] = {}
-    for r in records:
-        key = (r.task_idx, r.rollout_idx)
-        first_err.setdefault(key, episode_len[r.task_idx])
-        if not r.match:
-            first_err[key] = min(first_err[key], r.step_idx)
-        if zero_on_error and getattr(r, "error", None) is not None:
-            first_err[key] = 0
-    return {key: (c, episode_len[key[0]]) for key, c in first_err.items()}
-
-
-def sop_metrics(progress: list[tuple[int, int]]) -> dict:
-    """progress: (correct steps before the first error, episode length) per episode -> PG, TSR."""
-    if not progress:
-        return {"pg": 0.0, "tsr": 0.0, "episodes": 0, "steps": 0}
-    return {"pg": sum(c / n for c, n in progress) / len(progress),
-            "tsr": sum(c == n for c, n in progress) / len(progress),
-            "episodes": len(progress), "steps": sum(n for _, n in progress)}
-
-
-def static_metrics(steps: list[dict]) -> dict:
-    """steps: {type_match, match, expert_type} per evaluated step -> type accuracy, grounding accuracy
-    (None when no click/long_press step had its type matched), step success rate."""
-    grounded = [s for s in steps if s["expert_type"] in GROUNDING_TYPES and s["type_match"]]
-    n = len(steps)
-    return {"type_acc": sum(s["type_match"] for s in steps) / n if n else 0.0,
-            "grounding_acc": sum(s["match"] for s in grounded) / len(grounded) if grounded else None,
-            "step_sr": sum(s["match"] for s in steps) / n if n else 0.0,
-            "steps": n, "grounding_steps": len(grounded)}
 
 
 def task_of(ep: dataset.Episode) -> str:
@@ -259,7 +191,7 @@ def task_of(ep: dataset.Episode) -> str:
 
 
 def lent(sampler):
-    """kernels.policy_logprob.sampling_mode for a sampler that holds a model (eval + no_grad); else nothing."""
+    """vlm.sampling_mode for a sampler that holds a model (eval + no_grad); else nothing."""
     model = getattr(sampler, "model", None)
     return sampling_mode(model) if isinstance(model, torch.nn.Module) else contextlib.nullcontext()
 
@@ -459,101 +391,15 @@ def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], 
 
 
 # -----------------------------------------------------------------------------
-# score subcommand
-
-
-def score_main(argv: list[str]) -> dict:
-    """Score recorded responses. Every response must name a step of --data; unless --subset, every
-    step of --data must have at least one response (several per step are allowed). Raises
-    dataset.DataError (a ValueError) naming the responses file, line and field, or the unscored steps."""
-    args = score_parser().parse_args(argv)
-    index: dict[str, tuple[dataset.Episode, str]] = {}
-    for path in args.data:
-        for ep in dataset.load_episodes(path, swipe_convention=args.swipe_convention):
-            if ep.episode_id in index:
-                raise dataset.DataError(f"episode id {ep.episode_id!r} is in both {index[ep.episode_id][1]} and {path}; "
-                                 "score one file at a time")
-            index[ep.episode_id] = (ep, path)
-    n = reward = match = type_match = at_cap = malformed = 0
-    per_step = Counter()
-    rows = []
-    with open(args.responses, encoding="utf-8") as fin:
-        for lineno, line in enumerate(fin, start=1):
-            if not line.strip():
-                continue
-            where = f"{args.responses}: line {lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise dataset.DataError(f"{where}: invalid JSON: {e.msg}") from None
-            if not isinstance(rec, dict) or not {"episode_id", "step", "response"} <= rec.keys():
-                raise dataset.DataError(f"{where}: expected an object with episode_id, step, response")
-            ep_id, t = str(rec["episode_id"]), rec["step"]
-            if ep_id not in index:
-                raise dataset.DataError(f"{where}: field 'episode_id': unknown episode {ep_id!r} (not in {', '.join(args.data)})")
-            ep = index[ep_id][0]
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < len(ep.steps):
-                raise dataset.DataError(f"{where}: field 'step': episode {ep_id} has steps 0..{len(ep.steps) - 1}, got {t!r}")
-            if not isinstance(rec["response"], str):
-                raise dataset.DataError(f"{where}: field 'response': expected a string, got {type(rec['response']).__name__}")
-            step = ep.steps[t]
-            try:
-                orig = dataset.original_size(step, image_root=args.image_root, blank_screens=args.image_size)
-            except FileNotFoundError:
-                raise dataset.DataError(f"{where}: episode {ep_id} step {t} records no screenshot size; pass --image-size WxH "
-                                 "or --image-root DIR") from None
-            resized = gui.resized_size(orig, min_pixels=args.min_pixels, max_pixels=args.max_pixels)
-            # a recorded finish reason, where the file has one; without it, trailing text after the
-            # action is what marks a looping or overlong response (strict rules: malformed)
-            cut = rec.get("finish_reason") == "length" or rec.get("truncated") is True
-            s = gui.score_response(rec["response"], step, resized_size=resized, orig_size=orig, rules=args.match_rules,
-                                   truncated=cut)
-            rows.append({"episode_id": rec["episode_id"], "step": t, "reward": s.reward, "match": s.match,
-                         "type_match": s.type_match, "format_ok": s.format_ok, "action": s.action, "error": s.error})
-            n += 1
-            reward += s.reward
-            match += s.match
-            type_match += s.type_match
-            at_cap += cut
-            malformed += s.error is not None
-            per_step[ep_id, t] += 1
-    if n == 0:
-        raise dataset.DataError(f"{args.responses}: no responses to score")
-    total = sum(len(ep.steps) for ep, _ in index.values())
-    missing = [(i, t) for i, (ep, _) in index.items() for t in range(len(ep.steps)) if (i, t) not in per_step]
-    if missing and not args.subset:
-        shown = ", ".join(f"{i}:{t}" for i, t in missing[:10]) + (" ..." if len(missing) > 10 else "")
-        raise dataset.DataError(f"{args.responses}: {len(missing)} of {total} steps of {', '.join(args.data)} have no response "
-                         f"(episode:step {shown}); pass --subset to score only the steps given")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as fout:
-        fout.writelines(cli.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    # the floor on the same steps, for the figure above
-    eps = [ep for ep, _ in index.values()]
-    import baselines
-    sizes = baselines.step_sizes(eps, args.image_root, args.image_size)
-    base = baselines.run_baselines(eps, sizes, args.match_rules)
-    return {"responses": n, "reward_mean": reward / n, "match_rate": match / n, "type_match_rate": type_match / n,
-            "match_rules": args.match_rules, "steps_total": total, "steps_scored": len(per_step),
-            "steps_unscored": len(missing), "responses_per_step_mean": n / len(per_step),
-            "responses_per_step_max": max(per_step.values()), "responses_at_cap": at_cap,
-            "truncated_rate": at_cap / n, "malformed_responses": malformed,
-            "floor_step_sr": base["floor"]["step_sr"], "floor_type_acc": base["floor"]["type_acc"], "out": args.out}
-
-
-# -----------------------------------------------------------------------------
 # main
 
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] == "baselines":  # the trivial-policy floors (they import this module's metrics)
-        import baselines
+    if argv and argv[0] == "baselines":  # the trivial-policy floors: tools/baselines.py
         return baselines.main(argv[1:])  # prints its own table and JSON line
-    if argv and argv[0] == "score":
-        summary = score_main(argv[1:])
-        print(cli.dumps(summary))
-        return summary
+    if argv and argv[0] == "score":  # recorded responses: tools/score.py
+        return score.main(argv[1:])
 
     parser = sop_parser()
     args = parser.parse_args(argv)
@@ -577,8 +423,8 @@ def main(argv: list[str] | None = None) -> dict:
     budget = spec.max_prompt_tokens
     sampler = ExpertSampler()
     if args.policy == "model":
-        tok_dir = args.tokenizer or args.model  # a model meets its own vocabulary (utils.tokenizer_dir)
-        tokenizer, image_processor = utils.load_processor(tok_dir, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
+        tok_dir = args.tokenizer or args.model  # a model meets its own vocabulary (vlm.tokenizer_dir)
+        tokenizer, image_processor = vlm.load_processor(tok_dir, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
         sampler = load_sampler(args, tokenizer)
         # docs/method.md §10: a long history must be summarised, never overflow the context
         cfg = getattr(sampler.model, "config", None)
@@ -622,7 +468,6 @@ def main(argv: list[str] | None = None) -> dict:
     sections, malformed = [], 0
     floor = None
     if episodes:  # the trivial-policy floor of these episodes, printed beside every figure
-        import baselines
         sizes = baselines.step_sizes(episodes, args.image_root, args.blank_screens)
         floor = baselines.run_baselines(episodes, sizes, args.match_rules)["floor"]
         summary.update({"floor_sop_pg": floor["sop_pg"], "floor_sop_tsr": floor["sop_tsr"],

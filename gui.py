@@ -29,12 +29,8 @@ import re
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
-
-if TYPE_CHECKING:
-    import dataset
 
 logger = logging.getLogger(__name__)
 
@@ -204,7 +200,7 @@ def scale_action(action: dict, src_size: tuple[int, int], dst_size: tuple[int, i
     return out
 
 
-def expert_response(step: "dataset.Step", orig_size: tuple[int, int], resized: tuple[int, int] | None = None,
+def expert_response(step, orig_size: tuple[int, int], resized: tuple[int, int] | None = None,
                     thought: str | None = None, *, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS) -> str:
     """The expert action of `step` written as a model response in pixels of the resized screenshot
     (W, H) = resized, or, when it is None, of smart_resize(orig_size) under min/max_pixels."""
@@ -533,7 +529,7 @@ class Score:
     error: str | None = None  # why the response is malformed (reward 0); None when well-formed
 
 
-def score_response(text: str, step: "dataset.Step", *, resized_size: tuple[int, int], orig_size: tuple[int, int],
+def score_response(text: str, step, *, resized_size: tuple[int, int], orig_size: tuple[int, int],
                    rules: str = "strict", truncated: bool = False) -> Score:
     """The rule reward of one step (docs/method.md §4), the one function used everywhere.
     `text` is a model response with coordinates in pixels of the resized screenshot (W, H) =

@@ -62,15 +62,18 @@ import cli
 import dataset
 import gui
 import utils
+import vlm
 from advantage import (
     EPISODE_FORMS,
     RETURNS_FORMS,
     compute_advantages,
     dynamic_sampling_tasks,
 )
-from eval_sop import sop_progress
 from kernels import ppo_loss
-from kernels.policy_logprob import (
+from patch import PATCH_MODES
+from rollout import HISTORY_MODES, semi_online_rollout, sop_progress
+from sampler import DECODE_MODES, Sampler
+from vlm import (
     PolicyLogProb,
     apply_fsdp,
     checkpoint_activations,
@@ -79,8 +82,6 @@ from kernels.policy_logprob import (
     sampling_mode,
     to_device,
 )
-from patch import PATCH_MODES
-from rollout import DECODE_MODES, HISTORY_MODES, Sampler, semi_online_rollout
 
 # -----------------------------------------------------------------------------
 # config
@@ -211,7 +212,7 @@ def main(argv=None):
     episodes = dataset.load_episodes(args.data, limit=args.max_episodes)
     if not episodes:
         raise cli.UsageError(f"{args.data}: no episodes")
-    tokenizer, image_processor = utils.load_processor(start, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
+    tokenizer, image_processor = vlm.load_processor(start, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
     utils.print0(f"{len(episodes)} episodes, {sum(len(e.steps) for e in episodes)} steps from {args.data}")
     heldout = dataset.load_episodes(args.eval_data, limit=args.eval_episodes) if args.eval_data else []
 
@@ -223,13 +224,13 @@ def main(argv=None):
         init = str(sft) if sft is not None else "tiny"
     utils.print0(f"policy initialised from: {init}")
     dtype = torch.float32  # master weights; bf16 compute comes from FSDP's mixed precision on GPU
-    model = utils.load_model(init, dtype=dtype, device=d.device, seed=args.seed)
+    model = vlm.load_model(init, dtype=dtype, device=d.device, seed=args.seed)
     if args.gradient_checkpointing:
         checkpoint_activations(model)
     policy = apply_fsdp(model, PolicyLogProb(model), d, mixed_precision=gpu)
     ref = None
     if args.kl_coef > 0:
-        ref_model = utils.load_model(args.ref_model or init, dtype=torch.bfloat16 if gpu else dtype, device=d.device,
+        ref_model = vlm.load_model(args.ref_model or init, dtype=torch.bfloat16 if gpu else dtype, device=d.device,
                                      seed=args.seed if args.ref_seed is None else args.ref_seed)
         ref_model.requires_grad_(False).eval()
         ref = apply_fsdp(ref_model, PolicyLogProb(ref_model), d, mixed_precision=False)

@@ -49,7 +49,8 @@ import dataset
 import gui
 import patch
 import utils
-from kernels.policy_logprob import (
+import vlm
+from vlm import (
     PolicyLogProb,
     apply_fsdp,
     checkpoint_activations,
@@ -198,7 +199,7 @@ def sft_example(ep, t: int, tokenizer, image_processor, spec: chat.PromptSpec, *
 def copy_warmup_default(model) -> int:
     """--copy-warmup-steps when not given: 1000 for a 'tiny' / 'tiny:HxL' model (random init), 0
     for a model folder (pretrained or a checkpoint: it has the skill or has been warmed up)."""
-    return 1000 if utils.parse_tiny(str(model)) is not None else 0
+    return 1000 if vlm.parse_tiny(str(model)) is not None else 0
 
 
 def main(argv=None):
@@ -231,7 +232,7 @@ def main(argv=None):
     val_eps, train_eps = [episodes[i] for i in order[:n_val]], [episodes[i] for i in order[n_val:]]
     train_ex = [(e, t) for e in train_eps for t in range(len(e.steps))]
     val_ex = [(e, t) for e in val_eps for t in range(len(e.steps))]
-    tokenizer, image_processor = utils.load_processor(args.model, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
+    tokenizer, image_processor = vlm.load_processor(args.model, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
     pad_id = pad_token_id(tokenizer)
     utils.print0(f"{len(train_eps)} train / {len(val_eps)} val episodes, {len(train_ex)} / {len(val_ex)} examples")
 
@@ -251,7 +252,7 @@ def main(argv=None):
 
     # -------------------------------------------------------------------------
     # model (FSDP2) and optimizer
-    model = utils.load_model(args.model, dtype=torch.float32, device=d.device, seed=args.seed)
+    model = vlm.load_model(args.model, dtype=torch.float32, device=d.device, seed=args.seed)
     if args.gradient_checkpointing:
         checkpoint_activations(model)
     policy = apply_fsdp(model, PolicyLogProb(model), d, mixed_precision=gpu)

@@ -1,9 +1,8 @@
-"""Plumbing shared by the stages: distributed set-up, seeding, model and processor loading,
-checkpoint I/O. Nothing GUI- or method-specific (gui.py, rollout.py, ...); what a script reads
-and writes at its edges (flags, input errors, strict-JSON output and the metrics file) is cli.py."""
+"""Plumbing shared by the stages: distributed set-up, seeding, checkpoint I/O. Nothing GUI-,
+model- or method-specific (gui.py, vlm.py, rollout.py, ...); what a script reads and writes at its
+edges (flags, input errors, strict-JSON output and the metrics file) is cli.py."""
 from __future__ import annotations
 
-import functools
 import json
 import os
 import random
@@ -14,12 +13,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-
-from gui import MAX_PIXELS, MIN_PIXELS
-
-ASSETS = Path(__file__).resolve().parent / "assets"
-TOKENIZER_DIR = ASSETS / "qwen2_5_vl_tokenizer"  # the real Qwen2.5-VL tokenizer (151,665 tokens)
-TINY_TOKENIZER_DIR = ASSETS / "tiny_tokenizer"  # its small retrained twin for models trained from scratch
 
 # -----------------------------------------------------------------------------
 # distributed
@@ -113,124 +106,6 @@ def set_rng_state(state: dict) -> None:
 
 
 # -----------------------------------------------------------------------------
-# model and processor
-
-
-def tokenizer_dir(model: str | os.PathLike | None = "tiny") -> Path:
-    """Where the tokenizer of `model` lives: 'tiny' / 'tiny:HxL' -> assets/tiny_tokenizer (the
-    small vocabulary the tiny preset is built on, tools/build_tiny_tokenizer.py); a folder with
-    tokenizer files (a Hugging Face model, any checkpoint this project wrote) -> that folder, so a
-    model always meets its own vocabulary; None or a weights-only folder -> the Qwen2.5-VL-7B
-    tokenizer in assets/qwen2_5_vl_tokenizer."""
-    if model is not None and parse_tiny(str(model)) is not None:
-        return TINY_TOKENIZER_DIR
-    if model is not None and (Path(model) / "tokenizer_config.json").exists():
-        return Path(model)
-    return TOKENIZER_DIR
-
-
-def load_processor(model: str | os.PathLike | None = "tiny", min_pixels: int = MIN_PIXELS,
-                   max_pixels: int = MAX_PIXELS):
-    """(tokenizer, image_processor) for a Qwen2.5-VL policy `model` (see tokenizer_dir for which
-    tokenizer). The image processor is transformers' PIL one (patch 14, merge 2, smart_resize
-    between min_pixels and max_pixels, pixels of the original screenshot), built directly: the
-    processor class wants a video processor, which needs torchvision."""
-    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
-
-    tokenizer = _tokenizer(str(tokenizer_dir(model)))
-    image_processor = Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels,
-                                               patch_size=14, temporal_patch_size=2, merge_size=2)
-    return tokenizer, image_processor
-
-
-@functools.lru_cache(maxsize=4)
-def _tokenizer(path: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
-
-
-def parse_tiny(name: str) -> tuple[int, int] | None:
-    """'tiny' -> (64, 2); 'tiny:HxL' -> (H, L) (hidden size, text layers); anything else None.
-    Raises ValueError on a malformed 'tiny:...' or an H that is not a positive multiple of 16."""
-    name = str(name)
-    if name == "tiny" or not name.startswith("tiny:"):
-        return (64, 2) if name == "tiny" else None
-    try:
-        h, n = (int(v) for v in name[5:].split("x"))
-    except ValueError:
-        raise ValueError(f"--model {name}: expected tiny:HxL, e.g. tiny:128x4") from None
-    if h <= 0 or h % 16 or n <= 0:
-        raise ValueError(f"--model {name}: hidden size must be a positive multiple of 16, layers >= 1")
-    return h, n
-
-
-def tiny_config(hidden_size: int = 64, num_layers: int = 2, tokenizer=None, vocab_size: int | None = None):
-    """A Qwen2.5-VL config for CPU training: the 7B's architecture (mrope sections summing to
-    head_dim / 2, windowed vision tower, tied embedding) at hidden_size x num_layers. Heads
-    max(4, hidden / 32), MLP width 2 x hidden. The vocabulary and the special-token ids (image,
-    video, vision start/end, bos, eos, pad) come from `tokenizer` (default: the small tokenizer of
-    assets/tiny_tokenizer: 8,192 tokens, so ~1 M of the 1.9 M text parameters at 128 x 4 instead of
-    19 M with Qwen's 151,936); vocab_size defaults to len(tokenizer) and must not be smaller."""
-    from transformers import Qwen2_5_VLConfig
-
-    tok = tokenizer if tokenizer is not None else load_processor("tiny")[0]
-    ids = {name: tok.convert_tokens_to_ids(s) for name, s in (
-        ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
-        ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"),
-        ("bos_token_id", "<|endoftext|>"))}
-    ids["eos_token_id"], ids["pad_token_id"] = tok.eos_token_id, tok.pad_token_id
-    vocab = len(tok) if vocab_size is None else int(vocab_size)
-    if vocab < len(tok) or None in ids.values():
-        raise ValueError(f"tiny_config: vocab_size {vocab} < {len(tok)} tokens, or special tokens missing: {ids}")
-    heads = max(4, hidden_size // 32)
-    half = hidden_size // heads // 2  # mrope sections (t, h, w) sum to head_dim / 2
-    t = half // 4
-    section = [t, (half - t) // 2, half - t - (half - t) // 2]
-    return Qwen2_5_VLConfig(
-        text_config=dict(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
-                         num_attention_heads=heads, num_key_value_heads=2, vocab_size=vocab,
-                         max_position_embeddings=8192, tie_word_embeddings=True, rms_norm_eps=1e-6,
-                         rope_parameters={"rope_type": "default", "mrope_section": section, "rope_theta": 1e6},
-                         **{k: ids[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}),
-        vision_config=dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=hidden_size,
-                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
-                           fullatt_block_indexes=[1]),
-        tie_word_embeddings=True, **ids)
-
-
-def attn_implementation(device: torch.device | str) -> str:
-    """flash_attention_2 when flash-attn imports on a CUDA device, else SDPA."""
-    if torch.device(device).type != "cuda":
-        return "sdpa"
-    try:
-        import flash_attn  # noqa: F401
-    except ImportError:
-        return "sdpa"
-    return "flash_attention_2"
-
-
-def load_model(name: str | os.PathLike = "tiny", *, dtype: torch.dtype = torch.float32,
-               device: torch.device | str = "cpu", seed: int = 0):
-    """Build or load a Qwen2_5_VLForConditionalGeneration (swap the policy model here). name:
-    "tiny" / "tiny:HxL" (tiny_config on the small tokenizer of assets/tiny_tokenizer, random weights
-    seeded by `seed`: the same on every rank and run) or a local Hugging Face folder (Qwen2.5-VL-7B-Instruct, a save_checkpoint folder).
-    Raises FileNotFoundError when the folder has no config.json: nothing is downloaded."""
-    from transformers import Qwen2_5_VLForConditionalGeneration
-
-    attn = attn_implementation(device)
-    size = parse_tiny(name)
-    if size is not None:
-        torch.manual_seed(seed)
-        cfg = tiny_config(*size)
-        cfg._attn_implementation = attn
-        return Qwen2_5_VLForConditionalGeneration(cfg).to(dtype).to(device)
-    if not (Path(name) / "config.json").exists():
-        raise FileNotFoundError(f"--model {name}: not 'tiny' and no config.json in that directory")
-    return Qwen2_5_VLForConditionalGeneration.from_pretrained(str(name), dtype=dtype, attn_implementation=attn).to(device)
-
-
-# -----------------------------------------------------------------------------
 # checkpoints: Hugging Face layout + safetensors, written atomically
 
 
@@ -298,14 +173,12 @@ def load_checkpoint_state(ckpt: str | os.PathLike, model, optimizer=None) -> dic
         set_model_state_dict,
         set_optimizer_state_dict,
     )
-    from transformers import Qwen2_5_VLForConditionalGeneration
-
     ckpt = Path(ckpt)
     if not (ckpt / "config.json").exists():
         raise FileNotFoundError(f"{ckpt}: no config.json (not a checkpoint folder)")
-    # read through from_pretrained (on CPU): it maps the Hub's key names back to the module's
-    msd = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(ckpt), dtype=torch.float32).state_dict()
+    # read through the model class's own from_pretrained (on CPU): it maps the Hub's key names back
     inner = model if hasattr(model, "save_pretrained") else model.model
+    msd = type(inner).from_pretrained(str(ckpt), dtype=torch.float32).state_dict()
     msd = msd if inner is model else {"model." + k: v for k, v in msd.items()}
     if getattr(inner.config, "tie_word_embeddings", False):
         msd = {k: v for k, v in msd.items() if k not in ("lm_head.weight", "model.lm_head.weight")}

@@ -1,4 +1,4 @@
-"""Benchmark: rollout.Sampler vs Hugging Face `generate` on semi-online rollout workloads.
+"""Benchmark: sampler.Sampler vs Hugging Face `generate` on semi-online rollout workloads.
 
 Both run in one process on the same model and the same prompts, sampling with the same settings
 (temperature 1, top-p 1, no top-k, vision tokens suppressed in both), with stopping disabled so
@@ -32,14 +32,14 @@ import chat
 import cli  # noqa: E402
 import dataset
 import gui  # noqa: E402
-import utils  # noqa: E402
-from rollout import Sampler  # noqa: E402
+import vlm
+from sampler import Sampler  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------
 # config
 
 parser = cli.make_parser(__doc__)
-parser.add_argument("--model", default="tiny", help="'tiny' (utils.tiny_config), 'small' (a ~0.2B random "
+parser.add_argument("--model", default="tiny", help="'tiny' (vlm.tiny_config), 'small' (a ~0.2B random "
                     "Qwen2.5-VL for GPUs) or a Hugging Face directory")
 parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
 parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="model dtype")
@@ -70,10 +70,10 @@ def sync():
 # model and prompts
 
 # 'small' is built on the real Qwen2.5-VL vocabulary; a tiny preset on its own small one
-tokenizer, image_processor = utils.load_processor(None if args.model == "small" else args.model, max_pixels=args.max_pixels)
+tokenizer, image_processor = vlm.load_processor(None if args.model == "small" else args.model, max_pixels=args.max_pixels)
 if args.model == "small":        # ~0.25B: hidden 1024, 8 layers, GQA 16/4, a 4-block vision tower
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-    tiny = utils.tiny_config(tokenizer=tokenizer, vocab_size=151936)
+    tiny = vlm.tiny_config(tokenizer=tokenizer, vocab_size=151936)
     cfg = Qwen2_5_VLConfig(
         text_config=dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
                          num_key_value_heads=4, vocab_size=151936, max_position_embeddings=8192,
@@ -89,7 +89,7 @@ if args.model == "small":        # ~0.25B: hidden 1024, 8 layers, GQA 16/4, a 4-
     torch.manual_seed(args.seed)
     model = Qwen2_5_VLForConditionalGeneration(cfg).to(device=device, dtype=dtype)
 else:
-    model = utils.load_model(args.model, dtype=dtype, device=device, seed=args.seed)
+    model = vlm.load_model(args.model, dtype=dtype, device=device, seed=args.seed)
 model.eval()
 
 episodes = dataset.load_episodes(args.episodes)

@@ -47,16 +47,17 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 import dataset
-import utils  # noqa: E402
+import vlm
 from kernels import ppo_loss  # noqa: E402
-from kernels.policy_logprob import (  # noqa: E402
+from rollout import semi_online_rollout  # noqa: E402
+from sampler import Sampler
+from vlm import (  # noqa: E402
     PolicyLogProb,
     collate_sequences,
     pad_token_id,
     sampling_mode,
     to_device,
 )
-from rollout import Sampler, semi_online_rollout  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------
 # config
@@ -81,7 +82,7 @@ args = parser.parse_args()
 torch.manual_seed(args.seed)
 eps = [e for e in dataset.load_episodes(args.data) if len(e.steps) >= args.steps][:args.tasks]
 eps = [dataclasses.replace(e, steps=e.steps[:args.steps]) for e in eps]
-QWEN_VOCAB = json.load(open(utils.TOKENIZER_DIR / "config.json"))["vocab_size"]  # 152,064 rows: the 7B's lm_head
+QWEN_VOCAB = json.load(open(vlm.TOKENIZER_DIR / "config.json"))["vocab_size"]  # 152,064 rows: the 7B's lm_head
 
 
 def n_params(module) -> int:
@@ -89,16 +90,16 @@ def n_params(module) -> int:
 
 
 def variant(name: str, body_from=None) -> dataclasses.dataclass:
-    """One vocabulary's model, reference, tokenizer and shapes. 'small': utils.load_model(--model) (its
+    """One vocabulary's model, reference, tokenizer and shapes. 'small': vlm.load_model(--model) (its
     own tokenizer); 'real': tiny_config on the Qwen2.5-VL tokenizer and the 7B's 152,064 rows, every
     weight but the embedding / lm_head copied from body_from (the same body)."""
     if name == "small":
-        tok, ip = utils.load_processor("tiny")
-        make = lambda: utils.load_model(args.model, seed=args.seed)  # noqa: E731
+        tok, ip = vlm.load_processor("tiny")
+        make = lambda: vlm.load_model(args.model, seed=args.seed)  # noqa: E731
     else:
         from transformers import Qwen2_5_VLForConditionalGeneration
-        tok, ip = utils.load_processor(None)
-        cfg = utils.tiny_config(*utils.parse_tiny(args.model), tokenizer=tok, vocab_size=QWEN_VOCAB)
+        tok, ip = vlm.load_processor(None)
+        cfg = vlm.tiny_config(*vlm.parse_tiny(args.model), tokenizer=tok, vocab_size=QWEN_VOCAB)
         cfg._attn_implementation = "sdpa"
 
         def make():

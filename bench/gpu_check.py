@@ -11,7 +11,7 @@ Sections, each check in its own try/except (a failure is recorded with its error
   model    a randomly initialised Qwen2.5-VL built from the 7B config in assets/ (real hidden size,
            vocabulary and 32-block vision tower) with --layers decoder layers, bf16, saved with the
            real tokenizer to a temporary folder (nothing is downloaded).
-  sampler  rollout.Sampler vs Hugging Face `generate` in bf16 on the group workload (8 tasks x 8
+  sampler  sampler.Sampler vs Hugging Face `generate` in bf16 on the group workload (8 tasks x 8
            rollouts), one real-size 1080x2400 screenshot per prompt: generated tokens per second.
   decode   the sampler's decode alone at 64 rollouts, 128 new tokens: eager vs CUDA graphs (tok/s,
            ids equal), and decode_roofline_frac = graph tok/s / roofline tok/s; roofline = the
@@ -441,16 +441,16 @@ def check_group_norm(C, torch, device, dry):
 def make_model(torch, device, dry: bool, layers: int):
     """A randomly initialised Qwen2.5-VL from the 7B config in assets/ with `layers` decoder layers,
     bf16, on `device` (dry: utils' tiny model with that many layers, fp32, CPU)."""
-    import utils
+    import vlm
 
     if dry:
-        return utils.load_model(f"tiny:64x{layers}", dtype=torch.float32, device=device, seed=0).eval()
+        return vlm.load_model(f"tiny:64x{layers}", dtype=torch.float32, device=device, seed=0).eval()
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     cfg_dict = json.loads(CONFIG_7B.read_text())
     cfg_dict["num_hidden_layers"] = layers  # before the config is built: layer_types follows it
     cfg = Qwen2_5_VLConfig(**cfg_dict)
-    cfg._attn_implementation = utils.attn_implementation(device)
+    cfg._attn_implementation = vlm.attn_implementation(device)
     torch.manual_seed(0)
     with torch.device(device):  # random init on the GPU: seconds, where CPU init takes minutes
         model = Qwen2_5_VLForConditionalGeneration(cfg)
@@ -460,10 +460,10 @@ def make_model(torch, device, dry: bool, layers: int):
 def save_model(model, model_dir: Path, dry: bool) -> None:
     """Hugging Face layout with the model's own tokenizer (the tiny preset's on a dry run, the real
     Qwen2.5-VL one for the 7B config), as the trainers load a model folder."""
-    import utils
+    import vlm
 
     model.save_pretrained(str(model_dir), safe_serialization=True)
-    utils.load_processor("tiny" if dry else None)[0].save_pretrained(str(model_dir))
+    vlm.load_processor("tiny" if dry else None)[0].save_pretrained(str(model_dir))
 
 
 def build_model(C, torch, device, dry, layers, model_dir):
@@ -494,9 +494,9 @@ def group_prompts(tasks: int, max_pixels: int, dry: bool):
     import chat
     import dataset
     import gui
-    import utils
+    import vlm
 
-    tokenizer, image_processor = utils.load_processor("tiny" if dry else None, max_pixels=max_pixels)
+    tokenizer, image_processor = vlm.load_processor("tiny" if dry else None, max_pixels=max_pixels)
     episodes = dataset.load_episodes(str(ANDROID_DATA))
     rng = np.random.default_rng(0)
     size = (1080, 2400)
@@ -516,7 +516,7 @@ def check_sampler(C, torch, device, dry, model, a):
     import numpy as np
 
     import gui
-    from rollout import Sampler
+    from sampler import Sampler
 
     s = C.res["sampler"]
     tasks, rollouts = (2, 2) if dry else (8, 8)
@@ -608,7 +608,7 @@ def check_decode(C, torch, device, dry, model, a):
     import numpy as np
 
     import gui
-    from rollout import Sampler
+    from sampler import Sampler
 
     r = C.res["decode"]
     cuda = device.type == "cuda"

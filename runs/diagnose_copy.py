@@ -56,8 +56,8 @@ import cli  # noqa: E402
 import dataset
 import gui  # noqa: E402
 import train_sft  # noqa: E402
-import utils  # noqa: E402
-from kernels.policy_logprob import PolicyLogProb, collate_sequences, pad_token_id  # noqa: E402
+import vlm
+from vlm import PolicyLogProb, collate_sequences, pad_token_id  # noqa: E402
 
 
 def digit_nll(model_name: str, data: str, max_episodes: int = 40, batch: int = 8) -> dict:
@@ -67,9 +67,9 @@ def digit_nll(model_name: str, data: str, max_episodes: int = 40, batch: int = 8
     "n_tokens" (per group), "n_episodes"}; the coordinate digits are split by order: the first half of the response's
     digit tokens belong to the thought, the rest to the action. Raises ValueError when the file
     has no click episode."""
-    model = utils.load_model(model_name)
+    model = vlm.load_model(model_name)
     policy = PolicyLogProb(model).eval()
-    tokenizer, image_processor = utils.load_processor(model_name)
+    tokenizer, image_processor = vlm.load_processor(model_name)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     digits = set(tokenizer.convert_tokens_to_ids(list("0123456789")))
     rows = []
@@ -110,7 +110,7 @@ def _train(model, make_batch, steps: int, lr: float, score=None) -> list:
     batch) -> dict of extra means to log. Returns [[step, {"loss": .., **score}] every 25 steps and
     the last] (nats per target token; the score groups averaged over the 25 steps before)."""
     policy = PolicyLogProb(model).train()
-    tokenizer, _ = utils.load_processor("tiny")  # its pad id (the tiny presets share one tokenizer)
+    tokenizer, _ = vlm.load_processor("tiny")  # its pad id (the tiny presets share one tokenizer)
     pad = pad_token_id(tokenizer)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     curve, acc = [], {}
@@ -136,7 +136,7 @@ def _train(model, make_batch, steps: int, lr: float, score=None) -> list:
 def _fresh(model_name: str, seed: int, untie: bool = False):
     """load_model(model_name, seed=seed); with untie, a 'tiny' model gets its own lm_head (a copy
     of the embedding at init)."""
-    model = utils.load_model(model_name, seed=seed)
+    model = vlm.load_model(model_name, seed=seed)
     if untie and model.lm_head.weight is model.get_input_embeddings().weight:
         model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
         model.config.tie_word_embeddings = False
@@ -151,7 +151,7 @@ def copy_sanity(model_name: str = "tiny:128x4", lr: float = 1e-3, steps: int = 3
     "steps", "lr"} (mean NLL per target token, nats); save: write the model there."""
     rng = random.Random(seed)
     model = _fresh(model_name, seed)
-    tokenizer, _ = utils.load_processor(model_name)
+    tokenizer, _ = vlm.load_processor(model_name)
     enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     filler = enc("the quick brown fox jumps over the lazy dog " * 6)
 
@@ -205,7 +205,7 @@ def pages(model_name: str = "tiny:128x4", lr: float = 1e-3, steps: int = 150, se
     if not labels:
         raise ValueError(f"{data}: no element labels")
     model = _fresh(model_name, seed, untie)
-    tokenizer, _ = utils.load_processor(model_name)
+    tokenizer, _ = vlm.load_processor(model_name)
     digit_ids = set(tokenizer.convert_tokens_to_ids(list("0123456789")))
 
     def make_batch():
@@ -231,8 +231,8 @@ def embeddings(model_name: str) -> dict:
     """Geometry of the input embedding E (V, H): {"digit_cos_mean", "digit_cos_min"} over the 45
     pairs of digit tokens 0-9, "row_norm" (mean |E_v|), "mean_row_norm" (|mean_v E_v|) and
     "digit_cos_to_mean_row" (mean over digits)."""
-    model = utils.load_model(model_name)
-    tokenizer, _ = utils.load_processor(model_name)
+    model = vlm.load_model(model_name)
+    tokenizer, _ = vlm.load_processor(model_name)
     E = model.get_input_embeddings().weight.detach().double()
     D = E[tokenizer.convert_tokens_to_ids(list("0123456789"))]
     unit = torch.nn.functional.normalize(D, dim=-1)

@@ -14,13 +14,14 @@ import chat
 import dataset
 import gui
 import utils
-from kernels import policy_logprob
+import vlm
+import vlm as policy_logprob
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def make_checkpoint(out, n_episodes=2, steps=80, lr=5e-3, max_pixels=20000, seed=0):
-    tok, ip = utils.load_processor(max_pixels=max_pixels)
+    tok, ip = vlm.load_processor(max_pixels=max_pixels)
     eps = dataset.load_episodes(REPO / "data" / "miniwob" / "train.jsonl", limit=n_episodes)
     prompts, responses = [], []
     stop = tok.convert_tokens_to_ids("<|im_end|>")
@@ -33,7 +34,7 @@ def make_checkpoint(out, n_episodes=2, steps=80, lr=5e-3, max_pixels=20000, seed
         prompts.append(p)
         responses.append(tok(gui.format_response("I click it.", action)).input_ids + [stop])
     batch = policy_logprob.collate_sequences(prompts, responses, tok.pad_token_id)
-    model = utils.load_model("tiny", seed=seed)
+    model = vlm.load_model("tiny", seed=seed)
     policy = policy_logprob.PolicyLogProb(model)
     opt = torch.optim.Adam(policy.parameters(), lr=lr)
     for _ in range(steps):

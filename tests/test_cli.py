@@ -17,7 +17,7 @@ import dataset
 import eval_sop
 import gui
 import plot_metrics
-import report
+from tools import report
 
 REPO = Path(__file__).resolve().parent.parent
 MINIWOB = REPO / "data" / "miniwob"
@@ -171,11 +171,11 @@ def checkpoint(tmp_path):
 
 
 def run_eval(monkeypatch, data, argv):
-    from utils import load_processor
+    from vlm import load_processor
 
     sampler = ExpertSampler(load_processor()[0], dataset.load_episodes(str(data)))
 
-    def load_sampler(args, tok):  # decode with the tokenizer eval chose for the model (utils.tokenizer_dir)
+    def load_sampler(args, tok):  # decode with the tokenizer eval chose for the model (vlm.tokenizer_dir)
         sampler.tok = tok
         return sampler
     monkeypatch.setattr(eval_sop, "load_sampler", load_sampler)

@@ -79,11 +79,11 @@ def test_untie_gives_an_own_lm_head_with_the_same_values():
 
 
 def test_embedding_geometry_by_hand(tmp_path):
-    import utils
+    import vlm
     fresh = diagnose_copy.embeddings("tiny")
     assert abs(fresh["digit_cos_mean"]) < 0.2 and fresh["mean_row_norm"] < 0.1 * fresh["row_norm"]
     # every row = the same unit vector u plus a small private part: cosines near 1, |mean row| ~ |row|
-    m = utils.load_model("tiny")
+    m = vlm.load_model("tiny")
     E = m.get_input_embeddings().weight
     with torch.no_grad():
         u = torch.zeros(E.shape[1])

@@ -10,8 +10,9 @@ import torch
 import dataset
 import eval_sop
 import gui
-from rollout import SampleOutput
-from utils import load_processor
+import rollout
+from sampler import SampleOutput
+from vlm import load_processor
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "android_control"
 FILES = [DATA / "android_control_test_uis1.jsonl", DATA / "android_control_train_example_uis1.jsonl",
@@ -25,7 +26,7 @@ def last_json(capsys):
 
 def test_sop_metrics_by_hand():
     # episodes: 2 of 4 right, 3 of 3, 0 of 5 -> PG = (0.5 + 1 + 0) / 3 = 0.5, TSR = 1/3
-    m = eval_sop.sop_metrics([(2, 4), (3, 3), (0, 5)])
+    m = rollout.sop_metrics([(2, 4), (3, 3), (0, 5)])
     assert m == {"pg": pytest.approx(0.5), "tsr": pytest.approx(1 / 3), "episodes": 3, "steps": 12}
 
 

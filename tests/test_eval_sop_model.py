@@ -15,9 +15,10 @@ import chat
 import dataset
 import eval_sop
 import gui
-import report
+import rollout
 from rollout import semi_online_rollout
-from utils import load_processor
+from tools import report
+from vlm import load_processor
 
 REPO = Path(__file__).resolve().parent.parent
 MINIWOB = REPO / "data" / "miniwob"
@@ -150,7 +151,7 @@ def test_sop_walks_as_the_training_driver(monkeypatch, capsys, tokenizer, miniwo
                ("click-button-100000", 1), ("click-button-sequence-100000", 1)]
     assert [(ep, t) for ep, t, _ in drv.seen] == [(ep, t) for ep, t, _ in fake.seen] == visited
     assert [text for _, _, text in drv.seen] == [text for _, _, text in fake.seen]  # the very same prompts
-    assert eval_sop.sop_progress(recs, {k: len(e.steps) for k, e in enumerate(eps)}) == \
+    assert rollout.sop_progress(recs, {k: len(e.steps) for k, e in enumerate(eps)}) == \
         {(0, 0): (2, 2), (1, 0): (1, 3), (2, 0): (0, 4)}
     assert [r["correct"] for r in rows] == [2, 1, 0]
     assert [r["responses"] for r in rows] == [[r.response for r in recs if r.task_idx == k] for k in range(3)]

@@ -103,10 +103,10 @@ def test_metrics_rows_read_defensively(tmp_path, text, n):
 def test_decode_bytes_by_hand():
     """The roofline's bytes per decode step on the tiny model (fp32, hidden 64, 2 layers, 4 heads of
     16, 2 KV heads, MLP 128, tied 151,936-token vocabulary), counted by hand."""
-    import utils
+    import vlm
 
     gc = load_script()
-    model = utils.load_model("tiny", seed=0)
+    model = vlm.load_model("tiny", seed=0)
     per_layer = (64 * 64 + 64) + 2 * (64 * 32 + 32) + 64 * 64 + 3 * 64 * 128 + 2 * 64  # q, k+v (bias), o, MLP, 2 norms
     weights = 4 * (2 * per_layer + 64 + 151936 * 64)          # + final norm + lm_head (the embedding is not read)
     kv_tok = 2 * 2 * 2 * 16 * 4                                 # (K, V) x layers x KV heads x head_dim x fp32

@@ -9,15 +9,15 @@ from PIL import Image
 import chat
 import dataset
 import gui
-import utils
-from kernels.policy_logprob import PolicyLogProb, collate_sequences, sampling_mode
-from rollout import Sampler
+import vlm
+from sampler import Sampler
+from vlm import PolicyLogProb, collate_sequences, sampling_mode
 
 
 def test_trainer_logp_equals_sampler_logp_on_two_image_prompts():
-    tok, ip = utils.load_processor()
+    tok, ip = vlm.load_processor()
     torch.manual_seed(0)
-    model = utils.load_model("tiny")
+    model = vlm.load_model("tiny")
     with torch.no_grad():  # a sharper random model, so positions visibly change the logits
         for p in model.model.language_model.parameters():
             p.mul_(8.0) if p.dim() > 1 else None
@@ -55,8 +55,8 @@ def test_trainer_logp_equals_sampler_logp_on_two_image_prompts():
 def test_shared_screenshots_encoded_once_same_logp_and_grads():
     """collate_sequences marks repeated screenshots (image_index) and PolicyLogProb encodes each
     distinct one once: log-probs, entropies and every gradient equal those of encoding all."""
-    tok, ip = utils.load_processor(max_pixels=64 * 28 * 28)
-    model = utils.load_model("tiny")
+    tok, ip = vlm.load_processor(max_pixels=64 * 28 * 28)
+    model = vlm.load_model("tiny")
     eps = [e for e in dataset.load_episodes("data/miniwob/test.jsonl", limit=12) if len(e.steps) > 1][:2]
     prompts = []
     rng = np.random.default_rng(0)

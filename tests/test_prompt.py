@@ -11,7 +11,7 @@ from PIL import Image
 import chat
 import dataset
 import gui
-from utils import load_processor
+from vlm import load_processor
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "android_control"
 

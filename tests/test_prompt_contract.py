@@ -16,8 +16,9 @@ import dataset
 import eval_sop
 import train_semionline
 import train_sft
-import utils
-from rollout import SampleOutput, semi_online_rollout
+import vlm
+from rollout import semi_online_rollout
+from sampler import SampleOutput
 
 REPO = Path(__file__).resolve().parent.parent
 CONTRACT = {"num_images": 1, "min_pixels": 3136, "max_pixels": 20000, "max_prompt_tokens": 600,
@@ -63,7 +64,7 @@ def test_one_checkpoint_three_stages_identical_prompt(checkpoint):
     assert specs["sft"] == specs["rl"] == specs["eval"] == chat.PromptSpec(**CONTRACT)
     assert all("prompt contract from" in s for s in said)
 
-    tok, ip = utils.load_processor("tiny", min_pixels=3136, max_pixels=20000)
+    tok, ip = vlm.load_processor("tiny", min_pixels=3136, max_pixels=20000)
     ep = episode_with_instruction()
     sft_prompt, _ = train_sft.sft_example(ep, 1, tok, ip, specs["sft"])
     by_stage = {"sft": sft_prompt}
@@ -107,7 +108,7 @@ def test_step_instruction_flag_on_every_stage():
 
 
 def test_hint_lands_after_the_instruction():
-    tok, ip = utils.load_processor("tiny", max_pixels=20000)
+    tok, ip = vlm.load_processor("tiny", max_pixels=20000)
     from PIL import Image
     step = dataset.Step(screenshot=None, action={"action": "wait"}, step_instruction="Open settings")
     kw = dict(goal="g", step=step, screenshots=[Image.new("RGB", (56, 56))], history=[])

@@ -7,10 +7,10 @@ import os
 import pytest
 from PIL import Image
 
-import baselines
 import dataset
 import eval_sop
 import gui
+from tools import baselines
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "android_control")
 TEST = os.path.join(DATA, "android_control_test_uis1.jsonl")

@@ -8,8 +8,9 @@ import torch
 
 import dataset
 import gui
-import utils
-from rollout import SampleOutput, semi_online_rollout
+import vlm
+from rollout import semi_online_rollout
+from sampler import SampleOutput
 
 W, H = 280, 560  # multiples of 28 inside [min, max] pixels: smart_resize keeps them, resized == original
 
@@ -42,7 +43,7 @@ def response(i, t):
 
 
 class ScriptedSampler:
-    """Stands in for rollout.Sampler: sample j of a step-0 prompt is rollout j; later, the
+    """Stands in for sampler.Sampler: sample j of a step-0 prompt is rollout j; later, the
     rollout is read back from the first history turn in the prompt ("r<i> thinks ...")."""
 
     def __init__(self, tokenizer):
@@ -67,7 +68,7 @@ class ScriptedSampler:
 
 @pytest.fixture(scope="module")
 def proc():
-    return utils.load_processor()
+    return vlm.load_processor()
 
 
 def run(proc, threshold, mode="thought-free", history="own"):

@@ -1,4 +1,4 @@
-"""rollout.Sampler against references: Hugging Face generate (greedy, token for token), a full
+"""sampler.Sampler against references: Hugging Face generate (greedy, token for token), a full
 forward pass (log-probs), its own unshared path (prefix sharing), and hand-computed
 distributions (temperature, top-p). Tiny random Qwen2.5-VL in fp32 on CPU.
 
@@ -11,16 +11,23 @@ import contextlib
 import math
 from types import SimpleNamespace
 
+import kernels.sampling
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-import kernels.sampling
-import utils
-from kernels.policy_logprob import sampling_mode
-from kernels.sampling import _inverse_cdf, process_logits, sample_from_logits
-from rollout import SampleOutput, Sampler, _prefix_tree
+import vlm
+from sampler import (
+    SampleOutput,
+    Sampler,
+    _inverse_cdf,
+    _prefix_tree,
+    _StaticDecode,
+    process_logits,
+    sample_from_logits,
+)
+from vlm import sampling_mode
 
 MAX_NEW = 12
 
@@ -36,12 +43,12 @@ def spice(model, std=0.3, seed=0):
 
 @pytest.fixture(scope="module")
 def proc():
-    return utils.load_processor(max_pixels=64 * 28 * 28)
+    return vlm.load_processor(max_pixels=64 * 28 * 28)
 
 
 @pytest.fixture(scope="module")
 def model():
-    return spice(utils.load_model("tiny")).eval()
+    return spice(vlm.load_model("tiny")).eval()
 
 
 def make_prompt(proc, text, size=None, seed=0, system="You are a GUI agent. Act on the screen."):
@@ -395,22 +402,21 @@ def test_static_decode_equals_eager_greedy(model, proc, prompts):
 def test_static_decode_can_fail(model, proc, prompts):
     """The comparisons above can fail: a static step that forgets to advance the positions
     decodes other tokens. And the modes are checked: graph needs CUDA."""
-    import rollout
 
     eager, static = _pair(model, proc[0], stop_token_ids=[])
     want = [o[0].ids for o in eager.generate(prompts, greedy=True)]
-    step = rollout._StaticDecode._step
+    step = _StaticDecode._step
 
     def stale_positions(self, b):
         out = step(self, b)
         self.pos.sub_(1)
         return out
 
-    rollout._StaticDecode._step = stale_positions
+    _StaticDecode._step = stale_positions
     try:
         got = [o[0].ids for o in static.generate(prompts, greedy=True)]
     finally:
-        rollout._StaticDecode._step = step
+        _StaticDecode._step = step
     assert all(g[:2] == w[:2] and g != w for g, w in zip(got, want))   # the first two do not use pos
     with pytest.raises(ValueError, match="CUDA"):
         Sampler(model, proc[0], decode="graph")
@@ -446,7 +452,7 @@ def test_bad_prompts_raise(model, proc, prompts):
 
 
 def test_attention_implementations(model, proc, prompts):
-    """A policy loaded with flash-attention (utils.load_model on CUDA) cannot take 4-D masks:
+    """A policy loaded with flash-attention (vlm.load_model on CUDA) cannot take 4-D masks:
     generate runs it under sdpa and restores its setting. Stand-in: a registered attention
     function that fails if called."""
     from transformers import AttentionInterface
@@ -494,7 +500,7 @@ def test_sampling_mode_without_fsdp(model):
 
 
 class _Policy(torch.nn.Module):
-    """The training root, as kernels.policy_logprob.PolicyLogProb: FSDP's root wraps the HF model, while the
+    """The training root, as vlm.PolicyLogProb: FSDP's root wraps the HF model, while the
     sampler calls the HF model inside it."""
 
     def __init__(self, model):
@@ -511,7 +517,7 @@ class _Policy(torch.nn.Module):
 
 @pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")     # the training forward's logits view
 def test_sampling_mode_fsdp2_single_process(proc, prompts):
-    """FSDP2 on a 1-process gloo group, sharded like kernels.policy_logprob.apply_fsdp (layers, vision blocks, then
+    """FSDP2 on a 1-process gloo group, sharded like vlm.apply_fsdp (layers, vision blocks, then
     a wrapping root), rollout before the first training forward: unsharded inside (same greedy
     ids as the plain model), sharded DTensors after, and training works; then a second round."""
     import torch.distributed as dist
@@ -519,11 +525,11 @@ def test_sampling_mode_fsdp2_single_process(proc, prompts):
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    ref_model = spice(utils.load_model("tiny")).eval()
+    ref_model = spice(vlm.load_model("tiny")).eval()
     want = [o[0].ids for o in Sampler(ref_model, proc[0], max_new_tokens=6).generate(prompts[:2], greedy=True)]
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        model = spice(utils.load_model("tiny"))
+        model = spice(vlm.load_model("tiny"))
         mesh = init_device_mesh("cpu", (1,))
         for layer in model.model.language_model.layers:
             fully_shard(layer, mesh=mesh)

@@ -5,7 +5,7 @@ Pure: no browser."""
 import pytest
 
 import miniwob_env as me
-import utils
+import vlm
 
 
 def _el(ref, tag, text, box, point, *, value=None, leaf=True):
@@ -40,30 +40,30 @@ def test_short_thought_copies_the_element_line():
 
 
 def test_parse_tiny():
-    assert utils.parse_tiny("tiny") == (64, 2)
-    assert utils.parse_tiny("tiny:128x4") == (128, 4)
-    assert utils.parse_tiny("out/sft/ckpt/latest") is None
+    assert vlm.parse_tiny("tiny") == (64, 2)
+    assert vlm.parse_tiny("tiny:128x4") == (128, 4)
+    assert vlm.parse_tiny("out/sft/ckpt/latest") is None
     for bad in ("tiny:128", "tiny:axb", "tiny:100x2", "tiny:128x0", "tiny:0x2"):
         with pytest.raises(ValueError, match="tiny"):
-            utils.parse_tiny(bad)
+            vlm.parse_tiny(bad)
 
 
 @pytest.mark.parametrize("h,n", [(64, 2), (128, 4), (256, 2)])
 def test_tiny_config_sizes(h, n):
-    tc = utils.tiny_config(h, n).text_config
+    tc = vlm.tiny_config(h, n).text_config
     head_dim = tc.hidden_size // tc.num_attention_heads
     assert (tc.hidden_size, tc.num_hidden_layers, tc.intermediate_size) == (h, n, 2 * h)
     assert sum(tc.rope_parameters["mrope_section"]) == head_dim // 2  # mrope covers the head
     assert tc.num_attention_heads % tc.num_key_value_heads == 0
-    assert utils.tiny_config(h, n).vision_config.out_hidden_size == h  # merger feeds the LM
+    assert vlm.tiny_config(h, n).vision_config.out_hidden_size == h  # merger feeds the LM
 
 
 def test_tiny_default_unchanged():
-    tc = utils.tiny_config().text_config
+    tc = vlm.tiny_config().text_config
     assert (tc.hidden_size, tc.num_hidden_layers, tc.num_attention_heads) == (64, 2, 4)
     assert tc.rope_parameters["mrope_section"] == [2, 3, 3]
 
 
 def test_load_model_tiny_size():
-    m = utils.load_model("tiny:96x3")
+    m = vlm.load_model("tiny:96x3")
     assert m.config.text_config.hidden_size == 96 and len(m.model.language_model.layers) == 3

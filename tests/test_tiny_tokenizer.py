@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import chat
 import dataset
 import gui
-import utils
+import vlm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -28,7 +28,7 @@ SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<
 
 @pytest.fixture(scope="module")
 def toks():
-    return utils.load_processor("tiny")[0], utils.load_processor(None)[0]
+    return vlm.load_processor("tiny")[0], vlm.load_processor(None)[0]
 
 
 def shipped_texts() -> list[str]:
@@ -84,7 +84,7 @@ def test_qwen_behaviour_kept(toks):
 def test_any_text_encodes_through_bytes(text):
     """Byte-level: any unicode text, emoji and unseen scripts included, encodes and decodes back to
     its NFC form (Qwen's normaliser; special-token strings aside: those are meant to become one id)."""
-    small = utils.load_processor("tiny")[0]
+    small = vlm.load_processor("tiny")[0]
     if any(s in text for s in ("<|", "<tool_call>", "</tool_call>")):
         return
     assert small.decode(small.encode(text, add_special_tokens=False)) == unicodedata.normalize("NFC", text)
@@ -92,7 +92,7 @@ def test_any_text_encodes_through_bytes(text):
 
 def test_special_ids_agree_between_tokenizer_config_and_prompt(toks):
     small, _ = toks
-    cfg = utils.tiny_config(64, 2)
+    cfg = vlm.tiny_config(64, 2)
     ids = dict(zip(SPECIAL, small.convert_tokens_to_ids(list(SPECIAL))))
     assert cfg.image_token_id == ids["<|image_pad|>"] and cfg.video_token_id == ids["<|video_pad|>"]
     assert cfg.vision_start_token_id == ids["<|vision_start|>"] and cfg.vision_end_token_id == ids["<|vision_end|>"]
@@ -100,20 +100,20 @@ def test_special_ids_agree_between_tokenizer_config_and_prompt(toks):
     assert cfg.pad_token_id == small.pad_token_id == ids["<|endoftext|>"]
     assert cfg.text_config.vocab_size == len(small) == 8192
     # the real tokenizer gives the 7B's ids
-    qcfg = utils.tiny_config(64, 2, tokenizer=utils.load_processor(None)[0], vocab_size=151936)
+    qcfg = vlm.tiny_config(64, 2, tokenizer=vlm.load_processor(None)[0], vocab_size=151936)
     assert (qcfg.image_token_id, qcfg.vision_start_token_id, qcfg.eos_token_id) == (151655, 151652, 151645)
     with pytest.raises(ValueError, match="vocab_size"):
-        utils.tiny_config(64, 2, vocab_size=100)
+        vlm.tiny_config(64, 2, vocab_size=100)
 
 
 def test_image_pads_in_a_tiny_prompt_reach_the_model():
     """A prompt built with the tiny tokenizer places its image features where the tiny model looks:
     as many <|image_pad|> ids as the image processor's grid gives merged patches, and a forward runs."""
-    tok, ip = utils.load_processor("tiny", max_pixels=64 * 28 * 28)
+    tok, ip = vlm.load_processor("tiny", max_pixels=64 * 28 * 28)
     from PIL import Image
     p = chat.build_prompt(tok, ip, chat.PromptSpec(), goal="g", screenshots=[Image.new("RGB", (100, 180))] * 2,
                          history=[gui.format_response("x", {"action": "wait", "time": 1})])
-    model = utils.load_model("tiny")
+    model = vlm.load_model("tiny")
     n_pad = int((p.input_ids == model.config.image_token_id).sum())
     assert n_pad == int(p.image_grid_thw.prod(-1).sum()) // 4 > 0
     with torch.no_grad():
@@ -122,16 +122,16 @@ def test_image_pads_in_a_tiny_prompt_reach_the_model():
 
 
 def test_tokenizer_dir_rule(tmp_path):
-    assert utils.tokenizer_dir("tiny:128x4") == utils.TINY_TOKENIZER_DIR
-    assert utils.tokenizer_dir(None) == utils.TOKENIZER_DIR
-    assert utils.tokenizer_dir(tmp_path) == utils.TOKENIZER_DIR  # a weights-only folder
+    assert vlm.tokenizer_dir("tiny:128x4") == vlm.TINY_TOKENIZER_DIR
+    assert vlm.tokenizer_dir(None) == vlm.TOKENIZER_DIR
+    assert vlm.tokenizer_dir(tmp_path) == vlm.TOKENIZER_DIR  # a weights-only folder
     (tmp_path / "tokenizer_config.json").write_text("{}")
-    assert utils.tokenizer_dir(tmp_path) == tmp_path  # a folder with its own tokenizer keeps it
+    assert vlm.tokenizer_dir(tmp_path) == tmp_path  # a folder with its own tokenizer keeps it
 
 
 def test_committed_build_is_intact():
     """BUILD.json names the sha256 of every file the build wrote: the committed folder is that build."""
-    d = utils.TINY_TOKENIZER_DIR
+    d = vlm.TINY_TOKENIZER_DIR
     build = json.loads((d / "BUILD.json").read_text())
     assert build["vocab_size"] == 8192
     for name, digest in build["files"].items():

@@ -25,6 +25,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import vlm
+
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -163,7 +165,8 @@ def test_rng_state_round_trip(tmp_path):
     import numpy as np
 
     import utils
-    model = utils.load_model("tiny")
+    import vlm
+    model = vlm.load_model("tiny")
     opt = torch.optim.AdamW(model.parameters())
     utils.seed_everything(7)
     torch.rand(3), np.random.rand(2), random.random()  # advance some, not others (np's gauss cache)
@@ -180,7 +183,7 @@ KILLER = textwrap.dedent("""
     import sys, time, torch
     sys.path.insert(0, {repo!r})
     import utils
-    model = utils.load_model("tiny")
+    model = vlm.load_model("tiny")
     opt = torch.optim.AdamW(model.parameters())
     utils.save_checkpoint({out!r}, model, None, {{"a": 1}}, optimizer=opt, extra={{"step": 1}})
     with torch.no_grad():
@@ -222,6 +225,6 @@ def test_kill_during_checkpoint_keeps_previous(tmp_path):
     assert latest is not None and latest.name == "step_000001"
     assert not (out / "step_000002").exists()  # the half-written one never took the name
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(latest))
-    ref = utils.load_model("tiny")
+    ref = vlm.load_model("tiny")
     for (k, a), b in zip(model.state_dict().items(), ref.state_dict().values()):
         assert torch.equal(a, b), k  # the step-1 weights, not the +1 ones

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import eval_sop
+import rollout
 import train_semionline as ts
 from rollout import semi_online_rollout
 
@@ -227,8 +227,8 @@ def test_sop_progress_by_hand():
             R(0, 1, 0, False), R(0, 1, 1, True),  # wrong first, patched, then right: 0
             R(1, 0, 0, True), R(1, 0, 1, True), R(1, 0, 2, True)]  # 3-step episode, all right: 1
     # the trainer logs the sum of correct / length over rollouts
-    assert eval_sop.sop_progress(recs, {0: 10, 1: 3}) == {(0, 0): (2, 10), (0, 1): (0, 10), (1, 0): (3, 3)}
-    assert sum(c / n for c, n in eval_sop.sop_progress(recs, {0: 10, 1: 3}).values()) == pytest.approx(0.2 + 0.0 + 1.0)
+    assert rollout.sop_progress(recs, {0: 10, 1: 3}) == {(0, 0): (2, 10), (0, 1): (0, 10), (1, 0): (3, 3)}
+    assert sum(c / n for c, n in rollout.sop_progress(recs, {0: 10, 1: 3}).values()) == pytest.approx(0.2 + 0.0 + 1.0)
 
 
 def test_sop_progress_release_exception_rule():
@@ -236,5 +236,5 @@ def test_sop_progress_release_exception_rule():
                                                            match=match, error=error)
     recs = [R(0, 0, True), R(0, 1, True), R(0, 2, False, "no 'action' key"),  # 2 right, then a raise
             R(1, 0, True), R(1, 1, False, "text after </action>")]  # strict: malformed, no raise rule
-    assert eval_sop.sop_progress(recs, {0: 4, 1: 2}) == {(0, 0): (2, 4), (1, 0): (1, 2)}
-    assert eval_sop.sop_progress(recs, {0: 4, 1: 2}, zero_on_error=True) == {(0, 0): (0, 4), (1, 0): (0, 2)}
+    assert rollout.sop_progress(recs, {0: 4, 1: 2}) == {(0, 0): (2, 4), (1, 0): (1, 2)}
+    assert rollout.sop_progress(recs, {0: 4, 1: 2}, zero_on_error=True) == {(0, 0): (0, 4), (1, 0): (0, 2)}

@@ -22,7 +22,8 @@ from update_case import ARGV, make_records, reference_grads
 
 import train_semionline as ts
 import utils
-from kernels import policy_logprob
+import vlm
+import vlm as policy_logprob
 
 REPO = Path(__file__).resolve().parents[1]
 ONE = utils.Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
@@ -31,7 +32,7 @@ AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 
 @pytest.fixture(scope="module")
 def case():
-    model = utils.load_model("tiny", seed=0)
+    model = vlm.load_model("tiny", seed=0)
     records, pad_id = make_records(model)
     return model, records, pad_id
 
@@ -42,7 +43,7 @@ _REFS = {}
 def ref_grads(records, agg):
     """The reference gradient of each aggregation, computed once per session."""
     if agg not in _REFS:
-        _REFS[agg] = reference_grads(utils.load_model("tiny", seed=0), records,
+        _REFS[agg] = reference_grads(vlm.load_model("tiny", seed=0), records,
                                      ts.parser.parse_args(ARGV + ["--loss-agg", agg]))
     return _REFS[agg]
 
@@ -119,7 +120,7 @@ def test_non_finite_grad_norm_skips_the_step(case):
 
 
 # ---------------------------------------------------------------------------------------------------
-# --gradient-checkpointing (kernels.policy_logprob.checkpoint_activations): the same update gradient.
+# --gradient-checkpointing (vlm.checkpoint_activations): the same update gradient.
 # On CPU the recompute runs the same fp32 kernels on the same inputs, so the two agree to rounding:
 # 1e-6 of the largest gradient entry.
 
@@ -143,7 +144,7 @@ def _grads(named_params, prefix=""):
 
 
 def _plain_update_grads(records, pad_id, args):
-    model = utils.load_model("tiny", seed=0)
+    model = vlm.load_model("tiny", seed=0)
     calls = _counting(model)
     run_update(model, records, pad_id, args, micro_size=len(records))
     assert calls == {"text": 1, "vision": 1}
@@ -163,7 +164,7 @@ def test_gradient_checkpointing_same_gradient(case):
     _, records, pad_id = case
     args = ts.parser.parse_args(ARGV)
     want = _plain_update_grads(records, pad_id, args)
-    model = utils.load_model("tiny", seed=0)
+    model = vlm.load_model("tiny", seed=0)
     policy_logprob.checkpoint_activations(model)
     calls = _counting(model)
     run_update(model, records, pad_id, args, micro_size=len(records))
@@ -181,7 +182,7 @@ def test_gradient_checkpointing_under_fsdp2(case):
     want = _plain_update_grads(records, pad_id, args)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        model = utils.load_model("tiny", seed=0)
+        model = vlm.load_model("tiny", seed=0)
         policy_logprob.checkpoint_activations(model)
         calls = _counting(model)
         policy = policy_logprob.apply_fsdp(model, policy_logprob.PolicyLogProb(model), ONE, mixed_precision=False)
@@ -247,9 +248,9 @@ def test_pad_token_id_rule():
     assert policy_logprob.pad_token_id(Tok(None, 151645)) == 151645
     assert policy_logprob.pad_token_id(Tok(None, None)) == 0
     assert policy_logprob.pad_token_id(Tok(151655, 151645)) == 0
-    tok, _ = utils.load_processor(None)
+    tok, _ = vlm.load_processor(None)
     assert policy_logprob.pad_token_id(tok) == tok.pad_token_id == 151643  # the shipped Qwen2.5-VL tokenizer
-    tok, _ = utils.load_processor("tiny")
+    tok, _ = vlm.load_processor("tiny")
     assert policy_logprob.pad_token_id(tok) == tok.pad_token_id == tok.convert_tokens_to_ids("<|endoftext|>")
 
 

@@ -13,9 +13,10 @@ import torch
 
 import chat
 import dataset
-import utils
-from kernels import policy_logprob
-from rollout import Sampler, semi_online_rollout
+import vlm
+import vlm as policy_logprob
+from rollout import semi_online_rollout
+from sampler import Sampler
 
 REPO = Path(__file__).resolve().parents[1]
 ARGV = ["--clip-low", "0.2", "--clip-high", "0.25", "--clip-c", "3.0", "--kl-coef", "0.3", "--grad-clip", "1e9",
@@ -24,7 +25,7 @@ ARGV = ["--clip-low", "0.2", "--clip-high", "0.25", "--clip-c", "3.0", "--kl-coe
 
 def make_records(model):
     """Records of 2 tasks x 3 rollouts (6-token responses), with adv, old_logp, ref_logp set."""
-    tok, ip = utils.load_processor(spec=chat.PromptSpec(max_pixels=20000))
+    tok, ip = vlm.load_processor(max_pixels=20000)
     eps = dataset.load_episodes(REPO / "data" / "miniwob" / "train.jsonl", limit=2)
     sampler = Sampler(model, tok, max_new_tokens=6, temperature=1.0)
     with torch.no_grad():

@@ -13,13 +13,14 @@ from update_case import ARGV, make_records, reference_grads  # noqa: E402
 
 import train_semionline as ts  # noqa: E402
 import utils  # noqa: E402
-from kernels import policy_logprob  # noqa: E402
+import vlm
+import vlm as policy_logprob  # noqa: E402
 
 d = utils.init_distributed("cpu")
 args = ts.parser.parse_args(ARGV + ["--loss-agg", sys.argv[2]])
-model = utils.load_model("tiny", seed=0)
+model = vlm.load_model("tiny", seed=0)
 records, pad_id = make_records(model)  # identical on both ranks (seeded sampling, same weights)
-ref_model = utils.load_model("tiny", seed=0)
+ref_model = vlm.load_model("tiny", seed=0)
 ref = reference_grads(ref_model, records, args)
 mine = [r for r in records if r.task_idx % d.world_size == d.rank]  # this rank's tasks
 policy = policy_logprob.apply_fsdp(model, policy_logprob.PolicyLogProb(model), d, mixed_precision=False)

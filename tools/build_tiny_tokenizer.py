@@ -92,9 +92,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer
 
-    import utils
+    import vlm
 
-    qwen, image_processor = utils.load_processor(QWEN_DIR)
+    qwen, image_processor = vlm.load_processor(QWEN_DIR)
     texts = corpus(qwen, image_processor)
     digest = hashlib.sha256("\0".join(texts).encode()).hexdigest()
     print(f"corpus: {len(texts)} texts, {sum(map(len, texts)):,} characters, sha256 {digest[:16]}", flush=True)

@@ -1,22 +1,161 @@
-"""The policy as training runs it, the thin module beside the fused kernel (kernels/logprob.py):
-PolicyLogProb, the Hugging Face model's decoder then kernels.fused_logprob on the response
-positions only, one FSDP2 root (apply_fsdp shards it; sampling_mode lends it, unsharded, to
-rollout.Sampler and gives it back); and the batch it reads (collate_sequences: prompt + sampled
-ids, right-padded with pad_token_id, the one pad-id rule).
+"""The policy model: everything that knows it is Qwen2.5-VL (swap the model here).
+
+1. loading: `load_model` (the tiny presets built from a config, or any local Hugging Face folder),
+   `load_processor` (the model's own tokenizer, transformers' PIL image processor), `tiny_config`
+   and the small tokenizer of the tiny presets (assets/tiny_tokenizer);
+2. the model's tokens: the vision tokens the sampler must never emit and the stop tokens;
+3. the policy as training runs it, the thin module beside the fused kernel (kernels/logprob.py):
+   `PolicyLogProb`, the decoder then kernels.fused_logprob on the response positions only, and
+   the batch it reads (`collate_sequences`: prompt + sampled ids, right-padded, the one pad-id rule);
+4. FSDP2: `apply_fsdp` shards it (per decoder layer and vision block, then the root),
+   `checkpoint_activations` recomputes activations in the backward, `sampling_mode` lends the
+   policy, unsharded, to the sampler and gives it back.
+The sampler reads the model through the transformers interface plus `get_rope_index` (Qwen2.5-VL's
+3-D positions); nothing else in the project imports transformers' model classes.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import os
+from pathlib import Path
 
 import torch
 
-from utils import Dist
+from gui import MAX_PIXELS, MIN_PIXELS
+from kernels import fused_logprob
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+TOKENIZER_DIR = ASSETS / "qwen2_5_vl_tokenizer"  # the real Qwen2.5-VL tokenizer (151,665 tokens)
+TINY_TOKENIZER_DIR = ASSETS / "tiny_tokenizer"  # its small retrained twin for models trained from scratch
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")  # the end of an assistant turn; the end of the text
+
+# -----------------------------------------------------------------------------
+# loading: the tiny presets and Hugging Face folders
+
+def tokenizer_dir(model: str | os.PathLike | None = "tiny") -> Path:
+    """Where the tokenizer of `model` lives: 'tiny' / 'tiny:HxL' -> assets/tiny_tokenizer (the
+    small vocabulary the tiny preset is built on, tools/build_tiny_tokenizer.py); a folder with
+    tokenizer files (a Hugging Face model, any checkpoint this project wrote) -> that folder, so a
+    model always meets its own vocabulary; None or a weights-only folder -> the Qwen2.5-VL-7B
+    tokenizer in assets/qwen2_5_vl_tokenizer."""
+    if model is not None and parse_tiny(str(model)) is not None:
+        return TINY_TOKENIZER_DIR
+    if model is not None and (Path(model) / "tokenizer_config.json").exists():
+        return Path(model)
+    return TOKENIZER_DIR
 
 
-def apply_fsdp(model, root: torch.nn.Module, dist_info: Dist, mixed_precision: bool):
+def load_processor(model: str | os.PathLike | None = "tiny", min_pixels: int = MIN_PIXELS,
+                   max_pixels: int = MAX_PIXELS):
+    """(tokenizer, image_processor) for a Qwen2.5-VL policy `model` (see tokenizer_dir for which
+    tokenizer). The image processor is transformers' PIL one (patch 14, merge 2, smart_resize
+    between min_pixels and max_pixels, pixels of the original screenshot), built directly: the
+    processor class wants a video processor, which needs torchvision."""
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+    tokenizer = _tokenizer(str(tokenizer_dir(model)))
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels,
+                                               patch_size=14, temporal_patch_size=2, merge_size=2)
+    return tokenizer, image_processor
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def parse_tiny(name: str) -> tuple[int, int] | None:
+    """'tiny' -> (64, 2); 'tiny:HxL' -> (H, L) (hidden size, text layers); anything else None.
+    Raises ValueError on a malformed 'tiny:...' or an H that is not a positive multiple of 16."""
+    name = str(name)
+    if name == "tiny" or not name.startswith("tiny:"):
+        return (64, 2) if name == "tiny" else None
+    try:
+        h, n = (int(v) for v in name[5:].split("x"))
+    except ValueError:
+        raise ValueError(f"--model {name}: expected tiny:HxL, e.g. tiny:128x4") from None
+    if h <= 0 or h % 16 or n <= 0:
+        raise ValueError(f"--model {name}: hidden size must be a positive multiple of 16, layers >= 1")
+    return h, n
+
+
+def tiny_config(hidden_size: int = 64, num_layers: int = 2, tokenizer=None, vocab_size: int | None = None):
+    """A Qwen2.5-VL config for CPU training: the 7B's architecture (mrope sections summing to
+    head_dim / 2, windowed vision tower, tied embedding) at hidden_size x num_layers. Heads
+    max(4, hidden / 32), MLP width 2 x hidden. The vocabulary and the special-token ids (image,
+    video, vision start/end, bos, eos, pad) come from `tokenizer` (default: the small tokenizer of
+    assets/tiny_tokenizer: 8,192 tokens, so ~1 M of the 1.9 M text parameters at 128 x 4 instead of
+    19 M with Qwen's 151,936); vocab_size defaults to len(tokenizer) and must not be smaller."""
+    from transformers import Qwen2_5_VLConfig
+
+    tok = tokenizer if tokenizer is not None else load_processor("tiny")[0]
+    ids = {name: tok.convert_tokens_to_ids(s) for name, s in (
+        ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
+        ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"),
+        ("bos_token_id", "<|endoftext|>"))}
+    ids["eos_token_id"], ids["pad_token_id"] = tok.eos_token_id, tok.pad_token_id
+    vocab = len(tok) if vocab_size is None else int(vocab_size)
+    if vocab < len(tok) or None in ids.values():
+        raise ValueError(f"tiny_config: vocab_size {vocab} < {len(tok)} tokens, or special tokens missing: {ids}")
+    heads = max(4, hidden_size // 32)
+    half = hidden_size // heads // 2  # mrope sections (t, h, w) sum to head_dim / 2
+    t = half // 4
+    section = [t, (half - t) // 2, half - t - (half - t) // 2]
+    return Qwen2_5_VLConfig(
+        text_config=dict(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
+                         num_attention_heads=heads, num_key_value_heads=2, vocab_size=vocab,
+                         max_position_embeddings=8192, tie_word_embeddings=True, rms_norm_eps=1e-6,
+                         rope_parameters={"rope_type": "default", "mrope_section": section, "rope_theta": 1e6},
+                         **{k: ids[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}),
+        vision_config=dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=hidden_size,
+                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
+                           fullatt_block_indexes=[1]),
+        tie_word_embeddings=True, **ids)
+
+
+def attn_implementation(device: torch.device | str) -> str:
+    """flash_attention_2 when flash-attn imports on a CUDA device, else SDPA."""
+    if torch.device(device).type != "cuda":
+        return "sdpa"
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return "sdpa"
+    return "flash_attention_2"
+
+
+def load_model(name: str | os.PathLike = "tiny", *, dtype: torch.dtype = torch.float32,
+               device: torch.device | str = "cpu", seed: int = 0):
+    """Build or load a Qwen2_5_VLForConditionalGeneration (swap the policy model here). name:
+    "tiny" / "tiny:HxL" (tiny_config on the small tokenizer of assets/tiny_tokenizer, random weights
+    seeded by `seed`: the same on every rank and run) or a local Hugging Face folder (Qwen2.5-VL-7B-Instruct, a save_checkpoint folder).
+    Raises FileNotFoundError when the folder has no config.json: nothing is downloaded."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    attn = attn_implementation(device)
+    size = parse_tiny(name)
+    if size is not None:
+        torch.manual_seed(seed)
+        cfg = tiny_config(*size)
+        cfg._attn_implementation = attn
+        return Qwen2_5_VLForConditionalGeneration(cfg).to(dtype).to(device)
+    if not (Path(name) / "config.json").exists():
+        raise FileNotFoundError(f"--model {name}: not 'tiny' and no config.json in that directory")
+    return Qwen2_5_VLForConditionalGeneration.from_pretrained(str(name), dtype=dtype, attn_implementation=attn).to(device)
+
+
+# -----------------------------------------------------------------------------
+# FSDP2, and the policy forward the losses read
+
+
+def apply_fsdp(model, root: torch.nn.Module, dist_info, mixed_precision: bool):
     """Shard with FSDP2: `fully_shard` each decoder layer and vision block, then `root`
-    (which owns the embeddings, lm_head and the rest). bf16 params with fp32 gradient
+    (which owns the embeddings, lm_head and the rest); dist_info: utils.Dist. bf16 params with fp32 gradient
     reduction when `mixed_precision` (GPU); fp32 otherwise (CPU, gloo). Without a process
     group (a plain `python script.py`) returns `root` unchanged; under torchrun it shards even
     at world size 1, so a single GPU trains with the same FSDP2 and bf16 path as many."""
@@ -106,8 +245,6 @@ class PolicyLogProb(torch.nn.Module):
         self.model = model
 
     def forward(self, batch: dict | None, temperature: float = 1.0, return_entropy: bool = False):
-        from kernels import fused_logprob
-
         if batch is None:  # no-op: sampling_mode settles the FSDP2 root with it
             return None
 

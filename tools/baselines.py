@@ -3,19 +3,22 @@
 score is only as good as its distance from here.
 
     python eval_sop.py baselines --data data/android_control/android_control_test_uis1.jsonl
-    python baselines.py --data data/android_control/android_control_test_uis1.jsonl --match-rules release
+    python tools/baselines.py --data data/android_control/android_control_test_uis1.jsonl --match-rules release
 
 The last stdout line is the JSON result (rates per policy and action type, and the floor).
 """
 
 import argparse
 import os
+import sys
 from collections import Counter
+from pathlib import Path
 
-import cli
-import dataset
-import gui
-from eval_sop import GROUNDING_TYPES, sop_metrics
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
+import cli  # noqa: E402
+import dataset  # noqa: E402
+import gui  # noqa: E402
+from rollout import GROUNDING_TYPES, sop_metrics  # noqa: E402
 
 
 def baselines_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,649 @@
+"""The sampling engine of the rollouts (docs/method.md §5): batched, KV-cached sampling from a
+transformers Qwen2.5-VL policy (or any plain causal LM), n samples per prompt, and the token draw.
+The policy is lent to it by vlm.sampling_mode (eval, no_grad, FSDP2 unsharded once).
+
+The sampler, in use:
+
+    sampler = Sampler(model, tokenizer, max_new_tokens=512, temperature=1.0, top_p=1.0, seed=0)
+    with sampling_mode(model):                       # eval + no_grad; under FSDP2 unshards once
+        outs = sampler.generate(prompts, n=8)        # outs[i][j]: SampleOutput of sample j of prompt i
+    outs[0][0].ids, outs[0][0].logprobs, outs[0][0].finish_reason
+
+Engine design (what it does that `model.generate` does not):
+  1. Shared prefixes are prefilled once: distinct prompts go into a radix tree over their ids (an
+     image's placeholders are keyed by its pixels, so same-size screenshots never count as shared);
+     each node runs once, children and samples copy its KV rows (8 tasks x 8 samples: 8 prefills).
+  2. Rows may hold gaps (left padding of each node's segment, and between prefill and decoded
+     tokens): a per-row validity mask (R, K) and an explicit 4-D attention mask handle them
+     exactly; a padding query attends to itself only, so no softmax row is empty (no NaN).
+  3. Positions are explicit, per prompt on the unpadded ids: 1-D for text LMs, Qwen2.5-VL's 3-D
+     mrope positions from the model's own `get_rope_index`; a decoded token's position is (max
+     prompt position + 1 + step). The model's cached `rope_deltas` is never read, and is cleared.
+  4. `process_logits` is the one place where temperature, top-p and the ban on vision tokens are
+     applied (docs/method.md §11); the logprobs returned are those of exactly this distribution, one
+     fp32 value per returned id, and the trainer trains on `SampleOutput.ids` as returned.
+  5. Decoding writes into a preallocated KV buffer (gpt-fast's static cache: nothing is
+     re-concatenated per step), and rows that stop leave the batch and the cache that step.
+  6. Same inputs + same seed -> same samples. Across batch compositions greedy ids agree; sampled
+     ids may not (last-bit logit differences move a draw across a CDF boundary, as in vLLM).
+  7. On CUDA one decode step is a CUDA graph, captured once per batch-size bucket and replayed
+     (`decode="graph"`, the default there; gpt-fast's decode, without torch.compile): a step of the
+     eager loop launches some 15 kernels per layer from Python, and at 64 rows a small model waits
+     on those launches, not on memory. A graph needs fixed addresses, shapes and no host sync, so
+     `_StaticDecode` keeps every decode input in a fixed buffer updated in place (KV cache, validity
+     mask, positions, ids, the write slot as a tensor) and runs the rows in power-of-two buckets:
+     a stopped row stays as a dead row until the live ones fit the next smaller bucket. The token
+     draw stays eager (it reads a host-side random stream per row). `decode="static"` runs the same
+     step without capture (how CPU tests check it against the eager loop, the reference).
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
+
+from vlm import STOP_TOKENS, VISION_TOKENS, pad_token_id
+
+DECODE_MODES = ("auto", "eager", "static", "graph")  # Sampler(decode=...): engine design note 7
+
+# -----------------------------------------------------------------------------
+# the sampler engine: KV cache, prefix sharing, sampling
+
+
+
+@dataclass
+class SampleOutput:
+    ids: list[int]              # generated ids; ends with the stop id when finish_reason == "stop"
+    text: str                   # ids decoded with special tokens skipped (for reward/history only)
+    logprobs: torch.Tensor      # (L,) fp32 log-prob of each id under the sampling distribution
+    finish_reason: str          # "stop" | "length"
+    prompt_index: int
+
+
+@dataclass
+class _Prompt:
+    """One distinct prompt, validated, with everything the prefill needs."""
+    ids: list[int]
+    key: list[int]                 # ids, each image's pad tokens replaced by -(1 + its pixel class)
+    pos: torch.Tensor              # (3, T) mrope positions, or (T,) for a text LM
+    next_pos: int                  # position of the first generated token
+    images: list[tuple[int, int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # images: (start, end) of the pad-token run, pixel rows (P_i, C), grid thw (3,)
+
+
+@dataclass
+class _Node:
+    """A radix-tree node: prefills tokens [start, end) of prompt `rep` once for all below it."""
+    start: int
+    end: int
+    rep: int                       # index of a distinct prompt through this node
+    parent: int                    # node index, -1 for a root
+    depth: int
+    leaf: int                      # distinct prompt that ends here, or -1
+
+
+def _prefix_tree(keys: list[list[int]], runs: list[list[tuple[int, int]]], share: bool) -> list[_Node]:
+    """Radix tree over `keys` (distinct). A node never splits an image's pad run, so each image
+    is encoded in exactly one forward; every leaf keeps at least its prompt's last token (the
+    logits for the first sample come from it)."""
+    nodes: list[_Node] = []
+
+    def split(members: list[int], start: int, parent: int, depth: int) -> None:
+        if len(members) == 1 or not share:
+            for u in members:
+                nodes.append(_Node(start, len(keys[u]), u, parent, depth, u))
+            return
+        lcp, cap = start, min(len(keys[u]) for u in members) - 1
+        first = keys[members[0]]
+        while lcp < cap and all(keys[u][lcp] == first[lcp] for u in members):
+            lcp += 1
+        end = lcp
+        for a, b in runs[members[0]]:          # runs before lcp are the same for all members
+            if a < end < b:
+                end = a
+        if end > start:
+            nodes.append(_Node(start, end, members[0], parent, depth, -1))
+            parent, depth = len(nodes) - 1, depth + 1
+        # children agree up to lcp inclusive (or end at lcp + 1), so each recursion advances
+        groups: dict[tuple, list[int]] = {}
+        for u in members:
+            groups.setdefault((tuple(keys[u][end:lcp + 1]), len(keys[u]) == lcp + 1), []).append(u)
+        for g in groups.values():
+            split(g, end, parent, depth)
+
+    split(list(range(len(keys))), 0, -1, 0)
+    return nodes
+
+
+def _take_rows(cache: DynamicCache, valid: torch.Tensor, idx: torch.Tensor):
+    """A new (cache, valid) holding rows idx (repeats allowed: that is how rows are shared)."""
+    idx = idx.to(valid.device)
+    return DynamicCache(ddp_cache_data=[(l.keys[idx], l.values[idx]) for l in cache.layers]), valid[idx]
+
+
+def _cat_rows(parts: list[tuple[DynamicCache, torch.Tensor]]):
+    """Stack (cache, valid) parts of different lengths K_i along the batch: shorter ones get
+    invalid zero slots at the end (masked, finite, so they cannot turn into NaN)."""
+    if len(parts) == 1:
+        return parts[0]
+    K = max(v.shape[1] for _, v in parts)
+    kvs = []
+    for i in range(len(parts[0][0].layers)):                               # (B_i, H, K_i, D) -> (B, H, K, D)
+        kvs.append((torch.cat([F.pad(c.layers[i].keys, (0, 0, 0, K - v.shape[1])) for c, v in parts]),
+                    torch.cat([F.pad(c.layers[i].values, (0, 0, 0, K - v.shape[1])) for c, v in parts])))
+    valid = torch.cat([F.pad(v, (0, K - v.shape[1])) for _, v in parts])
+    return DynamicCache(ddp_cache_data=kvs), valid
+
+
+class _SlotLayer(DynamicLayer):
+    """Decode-time KV of one layer: keys, values (R, H, K, D) buffers written in place at `slot`,
+    a (1,) long tensor shared by all layers and advanced by the decode loop (gpt-fast's static
+    cache). Attention reads the whole buffer and the validity mask hides the slots not written yet,
+    so a step copies nothing (DynamicLayer re-concatenates all K); the slot being a tensor, not a
+    Python int, is what lets a CUDA graph replay the write at every step."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, slot: torch.Tensor):
+        super().__init__()
+        self.keys, self.values, self.slot = keys, values, slot
+        self.device, self.is_initialized = keys.device, True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        self.keys.index_copy_(2, self.slot, key_states)          # (R, H, 1, D) into slot
+        self.values.index_copy_(2, self.slot, value_states)
+        return self.keys, self.values
+
+
+def _bucket(n: int) -> int:
+    """The static decode's batch size for n live rows: the smallest power of two >= n."""
+    return 1 << (n - 1).bit_length()
+
+
+class _StaticDecode:
+    """The decode state in fixed buffers (engine design note 7): every tensor a step reads or writes
+    keeps its address for the whole generate call, so the step can be captured once per bucket.
+
+    Buffers, B = _bucket(R) rows (rows R..B-1 are copies of row 0 from the prefill, never read):
+    the KV cache (B, H, K, D) per layer (the prefill's _SlotLayers), valid (B, K) bool, pos
+    (3, B, 1) or (B, 1) long (the next token's position), ids (B, 1) long, slot (1,) long.
+    `rows` (n,) maps the sampler's live rows to buffer rows; the step runs on the first b =
+    bucket rows. A row that stops stays in place (computed, not read) until the live rows fit in
+    _bucket(n) < b; then they move to the front: at most log2(R) KV copies per call, where the eager
+    loop copies the KV of all live rows whenever one stops. graphs=True (CUDA): the first step of
+    each bucket runs eagerly (first use of every kernel and cuBLAS handle, which a capture must not
+    see), then is captured; later steps replay it. Graphs and buffers live for one generate call:
+    the memory goes back to the trainer, and a graph never outlives the weights it reads (under
+    FSDP2 the unsharded weights are freed when sampling_mode ends). A failed capture warns and
+    decodes uncaptured (the sampler's decode becomes "static")."""
+
+    def __init__(self, forward, cache: Cache, valid: torch.Tensor, next_pos: torch.Tensor, R: int,
+                 three_d: bool, graphs: bool):
+        B, dev = valid.shape[0], valid.device
+        self.forward, self.layers, self.valid = forward, cache.layers, valid
+        self.slot = cache.layers[0].slot                                              # (1,) long
+        self.pos = next_pos.view(1, B, 1).repeat(3, 1, 1) if three_d else next_pos.view(B, 1).clone()
+        self.ids = torch.zeros(B, 1, dtype=torch.long, device=dev)
+        self.rows = torch.arange(R, device=dev)
+        self.b = _bucket(R)
+        self.buckets = [self.b]                             # the buckets used, in order (stats)
+        self.graphs = {} if graphs else None                # bucket -> (CUDAGraph, its logits buffer)
+        self.pool = torch.cuda.graph_pool_handle() if graphs else None   # one memory pool for all buckets
+        self.capture_s, self.error = 0.0, None
+
+    def keep(self, k: torch.Tensor) -> None:
+        """Keep live rows k (indices into the current live rows), compacting at a bucket edge."""
+        self.rows = self.rows[k]
+        n = len(self.rows)
+        if _bucket(n) < self.b:
+            for layer in self.layers:        # the right sides are gathers (copies): no overlap
+                layer.keys[:n], layer.values[:n] = layer.keys[self.rows], layer.values[self.rows]
+            self.valid[:n] = self.valid[self.rows]
+            self.pos[..., :n, :] = self.pos[..., self.rows, :]
+            self.rows, self.b = torch.arange(n, device=self.rows.device), _bucket(n)
+            self.buckets.append(self.b)
+
+    def step(self, tok: torch.Tensor) -> torch.Tensor:
+        """tok (n,) the live rows' new tokens -> their next-token logits (n, V), a fresh tensor."""
+        self.ids.index_copy_(0, self.rows, tok[:, None])
+        if self.graphs is None:
+            out = self._step(self.b)
+        elif self.b in self.graphs:
+            graph, out = self.graphs[self.b]
+            graph.replay()
+        else:
+            out = self._capture(self.b)
+        return out[self.rows]
+
+    def _step(self, b: int) -> torch.Tensor:
+        """The step that is captured: mark `slot` valid, run rows [0, b) (their KV lands at slot),
+        advance positions and slot. Every index lives in a tensor and nothing syncs with the host.
+        Returns the logits (b, V)."""
+        self.valid.index_fill_(1, self.slot, True)       # the new token's slot; later ones stay hidden
+        cache = Cache(layers=[_SlotLayer(layer.keys[:b], layer.values[:b], self.slot) for layer in self.layers])
+        logits = self.forward(cache, self.ids[:b], self.pos[..., :b, :], self.valid[:b, None, None, :])
+        self.pos.add_(1)
+        self.slot.add_(1)
+        return logits
+
+    def _capture(self, b: int) -> torch.Tensor:
+        """Run this step eagerly on a side stream (the warm-up of torch.cuda.graph's recipe), then
+        capture it for bucket b. Returns this step's logits (b, V)."""
+        t = time.perf_counter()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = self._step(b)
+        torch.cuda.current_stream().wait_stream(side)
+        out.record_stream(torch.cuda.current_stream())   # read there next: not reused before that
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):    # records, runs nothing: the state stays
+                self.graphs[b] = (graph, self._step(b))
+        except RuntimeError as e:   # e.g. a module hook that syncs or forks a stream (see sampling_mode)
+            warnings.warn(f"CUDA graph capture of the decode step failed ({e}); decoding uncaptured")
+            self.graphs, self.error = None, f"{type(e).__name__}: {e}"
+        self.capture_s += time.perf_counter() - t
+        return out
+
+
+def _attention_mask(valid: torch.Tensor, S: int) -> torch.Tensor:
+    """valid (R, K) bool over cache slots, the last S being this forward's queries ->
+    (R, 1, S, K) bool: causal, real keys only, and every query sees itself (no empty rows)."""
+    K = valid.shape[1]
+    q = torch.arange(K - S, K, device=valid.device)[:, None]                # (S, 1) slot of each query
+    k = torch.arange(K, device=valid.device)[None, :]                       # (1, K)
+    allowed = ((k <= q)[None] & valid[:, None, :]) | (k == q)[None]         # (R, S, K)
+    return allowed[:, None]
+
+
+class Sampler:
+    """Batched KV-cached sampler; see the module docstring for the design.
+
+    stop_token_ids: None -> <|im_end|> and <|endoftext|> (those the tokenizer has, else its
+    eos); [] -> never stop (every sample runs max_new_tokens). seed: a torch.Generator on the
+    model's device seeded with it is used unless generate() gets one; None -> global RNG.
+    share_prefix=False prefills every sample's prompt separately (the reference path).
+    decode (engine design note 7): "eager" (the reference: rows leave the batch as they stop),
+    "static" (fixed buffers and buckets, uncaptured), "graph" (static, each bucket's step a CUDA
+    graph; CUDA only), "auto" = graph on CUDA, else eager. Raises ValueError on an unknown mode
+    or graph without CUDA. After each call `stats` holds prefill/decode token counts and times
+    (time_graph_capture: seconds spent capturing, inside time_decode)."""
+
+    def __init__(self, model, tokenizer, *, max_new_tokens: int = 512, temperature: float = 1.0,
+                 top_p: float = 1.0, stop_token_ids: list[int] | None = None, seed: int | None = None,
+                 share_prefix: bool = True, decode: str = "auto"):
+        self.model, self.tokenizer = model, tokenizer
+        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.share_prefix = share_prefix
+        process_logits(torch.zeros(1, 2), temperature, top_p)               # validate early
+        self.device = next(model.parameters()).device
+        if decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
+        if decode == "graph" and self.device.type != "cuda":
+            raise ValueError(f"decode='graph' needs a CUDA model (this one is on {self.device}); "
+                             "'static' runs the same step uncaptured")
+        self.decode = ("graph" if self.device.type == "cuda" else "eager") if decode == "auto" else decode
+        cfg = model.config
+        text_cfg = cfg.get_text_config()
+        if "sliding_attention" in (getattr(text_cfg, "layer_types", None) or []):
+            raise ValueError("Sampler supports full-attention models only (no sliding-window layers)")
+        # Qwen2.5-VL: 3-D rope positions come from the model's own get_rope_index
+        self.rope_index = getattr(getattr(model, "model", None), "get_rope_index", None)
+        self.image_token_id = getattr(cfg, "image_token_id", None)
+        self.video_token_id = getattr(cfg, "video_token_id", None)
+        self.merge = getattr(getattr(cfg, "vision_config", None), "spatial_merge_size", 2)
+        vocab = tokenizer.get_vocab()
+        banned = {vocab[t] for t in VISION_TOKENS if t in vocab}
+        banned |= {getattr(cfg, a, None) for a in ("image_token_id", "video_token_id",
+                                                   "vision_start_token_id", "vision_end_token_id")}
+        V = text_cfg.vocab_size
+        self.banned_ids = torch.tensor(sorted(i for i in banned if i is not None and i < V), dtype=torch.long)
+        if stop_token_ids is None:
+            stop_token_ids = [vocab[t] for t in STOP_TOKENS if t in vocab] or [tokenizer.eos_token_id]
+        self.stop_token_ids = [int(i) for i in stop_token_ids]
+        self.pad_id = pad_token_id(tokenizer)                                 # pads are masked; any real id works
+        self.generator = None if seed is None else torch.Generator(device=self.device).manual_seed(seed)
+        self.stats: dict = {}
+
+    # --- prompts
+
+    def _prepare(self, p) -> _Prompt:
+        """Validate one prompt (Prompt-like object, dict, or 1-D ids) and compute its positions."""
+        if isinstance(p, (torch.Tensor, list, tuple)):
+            ids, pv, thw = torch.as_tensor(p), None, None
+        else:
+            get = p.get if isinstance(p, Mapping) else lambda k: getattr(p, k, None)
+            ids, pv, thw = torch.as_tensor(get("input_ids")), get("pixel_values"), get("image_grid_thw")
+        ids = ids.reshape(-1).long().cpu()
+        T = ids.numel()
+        if T == 0:
+            raise ValueError("empty prompt")
+        if self.video_token_id is not None and bool((ids == self.video_token_id).any()):
+            raise ValueError("video prompts are not supported by the sampler")
+        is_img = ids == self.image_token_id if self.image_token_id is not None else torch.zeros_like(ids, dtype=torch.bool)
+        # runs of image pad tokens: [a, b)
+        edges = torch.diff(is_img.int(), prepend=torch.zeros(1, dtype=torch.int), append=torch.zeros(1, dtype=torch.int))
+        starts, ends = (edges == 1).nonzero().flatten().tolist(), (edges == -1).nonzero().flatten().tolist()
+        n_img = 0 if thw is None else int(thw.shape[0])
+        if len(starts) != n_img or (n_img and pv is None):
+            raise ValueError(f"prompt has {len(starts)} image placeholder runs but {n_img} image_grid_thw rows "
+                             f"(pixel_values {'missing' if pv is None else tuple(pv.shape)}): placeholders and pixels disagree")
+        key, images = ids.tolist(), []
+        if n_img:
+            thw = torch.as_tensor(thw).long().cpu()
+            patches = thw.prod(-1)
+            if int(patches.sum()) != pv.shape[0]:
+                raise ValueError(f"pixel_values has {pv.shape[0]} rows, image_grid_thw needs {int(patches.sum())}")
+            offs = [0] + patches.cumsum(0).tolist()
+            for i, (a, b) in enumerate(zip(starts, ends)):
+                if b - a != int(patches[i]) // self.merge ** 2:
+                    raise ValueError(f"image {i}: {b - a} placeholder tokens, grid {thw[i].tolist()} needs "
+                                     f"{int(patches[i]) // self.merge ** 2}")
+                img = pv[offs[i]:offs[i + 1]]
+                images.append((a, b, img, thw[i]))
+                if self.share_prefix:     # key the pads by the pixels: same-size screenshots differ
+                    h = hashlib.blake2b(img.detach().float().cpu().numpy().tobytes(), digest_size=16)
+                    h.update(str(thw[i].tolist()).encode())
+                    key[a:b] = [-1 - int.from_bytes(h.digest()[:7], "little")] * (b - a)
+        if self.rope_index is not None:
+            if n_img:
+                mm_types = is_img.int()[None]                                # (1, T): 1 = image token
+                pos, _ = self.rope_index(ids[None], mm_token_type_ids=mm_types, image_grid_thw=thw)
+                pos = pos[:, 0].cpu()                                        # (3, T)
+            else:
+                pos = torch.arange(T).expand(3, T)
+            next_pos = int(pos.max()) + 1
+        else:
+            pos, next_pos = torch.arange(T), T
+        return _Prompt(ids.tolist(), key, pos, next_pos, images)
+
+    # --- model calls
+
+    def _forward(self, cache, ids, pos, mask, pixel_values=None, image_grid_thw=None):
+        """One model call appending ids (R, S) at positions pos ((3, R, S) or (R, S)) to the cache
+        rows, attention mask (R, 1, S, K) bool; returns the next-token logits (R, V)."""
+        dev = self.device
+        if self.model.config.get_text_config()._attn_implementation == "eager":    # additive mask
+            dtype = next(self.model.parameters()).dtype
+            mask = torch.zeros(mask.shape, dtype=dtype, device=dev).masked_fill(~mask, torch.finfo(dtype).min)
+        kw = {}
+        if pixel_values is not None:
+            kw = dict(pixel_values=pixel_values.to(dev), image_grid_thw=image_grid_thw.to(dev))
+        out = self.model(input_ids=ids.to(dev), attention_mask=mask, position_ids=pos.to(dev), cache=cache,
+                         use_cache=True, logits_to_keep=1, **kw)
+        return out.logits[:, -1]
+
+    def _extend(self, cache, valid, segs: list[tuple[_Prompt, int, int]]):
+        """One prefill forward: row r appends tokens [s, e) of its prompt, left-padded.
+        Returns (logits (R, V), valid (R, K))."""
+        R, S = len(segs), max(e - s for _, s, e in segs)
+        ids = torch.full((R, S), self.pad_id, dtype=torch.long)
+        seg_valid = torch.zeros(R, S, dtype=torch.bool)
+        pos = torch.zeros((3, R, S) if self.rope_index is not None else (R, S), dtype=torch.long)
+        pvs, thws = [], []
+        for r, (p, s, e) in enumerate(segs):
+            L = e - s
+            ids[r, S - L:] = torch.tensor(p.ids[s:e])
+            seg_valid[r, S - L:] = True
+            pos[..., r, S - L:] = p.pos[..., s:e]
+            for a, b, img, thw in p.images:       # images in row order: the model scatters them so
+                if s <= a and b <= e:
+                    pvs.append(img)
+                    thws.append(thw)
+        self.stats["prefill_tokens"] += R * S
+        self.stats["prefill_tokens_real"] += int(seg_valid.sum())
+        self.stats["images_encoded"] += len(pvs)
+        seg_valid = seg_valid.to(self.device)
+        valid = seg_valid if valid is None else torch.cat([valid, seg_valid], dim=1)   # (R, K)
+        vision = (torch.cat(pvs), torch.stack(thws)) if pvs else (None, None)
+        return self._forward(cache, ids, pos, _attention_mask(valid, S), *vision), valid
+
+    def _prefill(self, prompts: list[_Prompt], rows: list[int]):
+        """Prefill the radix tree of `prompts` level by level. Returns the decode state: a cache of
+        _SlotLayers whose row r continues prompts[rows[r]] (rows repeat a prompt once per sample),
+        valid (R, K0 + max_new_tokens) and the first logits (R, V)."""
+        runs = [[(a, b) for a, b, _, _ in p.images] for p in prompts]
+        nodes = _prefix_tree([p.key for p in prompts], runs, self.share_prefix)
+        depth = max(n.depth for n in nodes) + 1
+        cache = valid = None
+        row_of: dict[int, int] = {}
+        leaves, leaf_ids = [], []
+        for d in range(depth):
+            level = [i for i, n in enumerate(nodes) if n.depth == d]
+            if d > 0:    # each node continues from a copy of its parent's rows
+                cache, valid = _take_rows(cache, valid, torch.tensor([row_of[nodes[i].parent] for i in level]))
+            else:
+                cache = DynamicCache()
+            logits, valid = self._extend(cache, valid, [(prompts[nodes[i].rep], nodes[i].start, nodes[i].end)
+                                                        for i in level])
+            row_of = {i: r for r, i in enumerate(level)}
+            ends = [r for r, i in enumerate(level) if nodes[i].leaf >= 0]
+            if ends:
+                idx = torch.tensor(ends, device=logits.device)
+                leaves.append((*_take_rows(cache, valid, idx), logits[idx]))
+                leaf_ids += [nodes[level[r]].leaf for r in ends]
+        cache, valid = _cat_rows([(c, v) for c, v, _ in leaves])
+        logits = torch.cat([lg for _, _, lg in leaves])
+        row_of_prompt = torch.empty(len(leaf_ids), dtype=torch.long)
+        row_of_prompt[torch.tensor(leaf_ids)] = torch.arange(len(leaf_ids))
+        idx = row_of_prompt[torch.tensor(rows)].to(valid.device)
+        # decode cache: each sample's copy of its prompt's rows, plus room for the new tokens
+        slot = torch.tensor([valid.shape[1]], device=valid.device)                  # the first free slot
+        pad = (0, 0, 0, self.max_new_tokens)
+        cache = Cache(layers=[_SlotLayer(F.pad(l.keys[idx], pad), F.pad(l.values[idx], pad), slot)
+                              for l in cache.layers])
+        return cache, F.pad(valid[idx], (0, self.max_new_tokens)), logits[idx]
+
+    # --- the loop
+
+    @torch.no_grad()
+    def generate(self, prompts, n: int = 1, greedy: bool = False,
+                 generator: torch.Generator | None = None,
+                 seeds: list[int] | None = None) -> list[list[SampleOutput]]:
+        """Sample n continuations of every prompt. Returns outs[i][j] for prompt i, sample j.
+
+        seeds: optional, one int per prompt. Sample j of prompt i then draws its uniforms from its
+        own generator seeded with (seeds[i], j): its draws do not depend on which other prompts
+        share the batch or which rank runs it (its tokens may still, design note 6).
+        A prompt is any object or dict with input_ids (T,) LongTensor (images already expanded
+        to <|vision_start|><|image_pad|>*k<|vision_end|>), pixel_values (P, 1176) or None and
+        image_grid_thw (I, 3) or None; a plain 1-D id tensor/list is a text prompt.
+        Raises ValueError: no prompts or n < 1; len(seeds) != len(prompts); an empty prompt; a
+        video prompt; image placeholder runs, image_grid_thw rows and pixel_values rows that
+        disagree; temperature <= 0 or top_p outside (0, 1] (the logprobs need them, greedy too)."""
+        if n < 1 or not prompts:
+            raise ValueError("need at least one prompt and n >= 1")
+        gen = generator if generator is not None else self.generator
+        model = self.model
+        was_training = model.training
+        model.eval()
+        # the 4-D masks need sdpa or eager; a flash-attention policy computes the same function
+        # under sdpa, so it is switched for the call and switched back after
+        attn = model.config.get_text_config()._attn_implementation
+        if attn not in ("sdpa", "eager"):
+            model.set_attn_implementation("sdpa")
+        self.stats = dict(prefill_tokens=0, prefill_tokens_real=0, images_encoded=0, decode_tokens=0)
+        t0 = time.perf_counter()
+        try:
+            # 1. distinct prompts (identical ids and pixels -> one), one row per (prompt, sample)
+            prepared = [self._prepare(p) for p in prompts]
+            if self.share_prefix:
+                first: dict[tuple, int] = {}
+                distinct, row_prompt = [], []
+                for p in prepared:
+                    u = first.setdefault(tuple(p.key), len(distinct))
+                    if u == len(distinct):
+                        distinct.append(p)
+                    row_prompt += [u] * n
+            else:                       # the reference path: every sample prefilled on its own
+                distinct = [p for p in prepared for _ in range(n)]
+                row_prompt = list(range(len(distinct)))
+            # 2. prefill once per tree node, then copy each prompt's rows to its samples (static
+            # decode: padded to a bucket with copies of row 0)
+            R = len(row_prompt)
+            pad = row_prompt[:1] * ((_bucket(R) - R) if self.decode != "eager" else 0)
+            cache, valid, logits = self._prefill(distinct, row_prompt + pad)
+            logits = logits[:R]
+            next_pos = torch.tensor([distinct[u].next_pos for u in row_prompt + pad], device=self.device)
+            slot = cache.layers[0].slot
+            static = None if self.decode == "eager" else _StaticDecode(
+                self._forward, cache, valid, next_pos, R, self.rope_index is not None, self.decode == "graph")
+            t1 = time.perf_counter()
+            # 3. decode; a row leaves the batch (eager: and the cache) on the step it stops
+            out_ids, out_lp = [[] for _ in range(R)], [[] for _ in range(R)]
+            reason = ["length"] * R
+            active = list(range(R))
+            stop = set(self.stop_token_ids)
+            banned = self.banned_ids.to(self.device)
+            row_gens = None
+            if seeds is not None:
+                if len(seeds) != len(prompts):
+                    raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+                row_gens = [torch.Generator().manual_seed((int(seeds[i]) * 1_000_003 + j) % (1 << 63))
+                            for i in range(len(prompts)) for j in range(n)]
+            for step in range(self.max_new_tokens):
+                logits.index_fill_(-1, banned, float("-inf"))       # (R, V), ours to edit
+                u = None if row_gens is None else torch.cat([torch.rand(1, generator=row_gens[r]) for r in active])
+                tok, lp = sample_from_logits(logits, self.temperature, self.top_p, gen, greedy=greedy, u=u)
+                keep = []
+                for i, (t, l) in enumerate(zip(tok.tolist(), lp.tolist())):
+                    r = active[i]
+                    out_ids[r].append(t)
+                    out_lp[r].append(l)
+                    if t in stop:
+                        reason[r] = "stop"
+                    else:
+                        keep.append(i)
+                self.stats["decode_tokens"] += len(active)
+                if not keep or step == self.max_new_tokens - 1:
+                    break
+                if len(keep) < len(active):
+                    k = torch.tensor(keep, device=self.device)
+                    tok, active = tok[k], [active[i] for i in keep]
+                    if static is not None:
+                        static.keep(k)
+                    else:
+                        for layer in cache.layers:
+                            layer.batch_select_indices(k)
+                        valid, next_pos = valid[k], next_pos[k]
+                if static is not None:
+                    logits = static.step(tok)
+                    continue
+                pos = next_pos.view(1, -1, 1).expand(3, -1, 1) if self.rope_index is not None else next_pos[:, None]
+                valid.index_fill_(1, slot, True)            # the new token's slot; later ones stay hidden
+                logits = self._forward(cache, tok[:, None], pos, valid[:, None, None, :])
+                next_pos = next_pos + 1
+                slot.add_(1)
+        finally:
+            if attn not in ("sdpa", "eager"):
+                model.set_attn_implementation(attn)
+            if hasattr(getattr(model, "model", None), "rope_deltas"):
+                model.model.rope_deltas = None    # nobody may reuse deltas of this batch
+            model.train(was_training)
+        t2 = time.perf_counter()
+        if static is not None and static.error:
+            self.decode = "static"            # the capture failed once: do not retry it every call
+        self.stats.update(time_prefill=t1 - t0, time_decode=t2 - t1, rows=R, distinct_prompts=len(distinct),
+                          decode=self.decode, decode_buckets=static.buckets if static else None,
+                          time_graph_capture=static.capture_s if static else 0.0,
+                          graph_error=static.error if static else None)
+        # 4. package: rows are (prompt, sample) in order, whatever the sharing was
+        texts = self.tokenizer.batch_decode(out_ids, skip_special_tokens=True)
+        return [[SampleOutput(out_ids[r], texts[r], torch.tensor(out_lp[r], dtype=torch.float32), reason[r], i)
+                 for r in range(i * n, (i + 1) * n)] for i in range(len(prompts))]
+
+# -----------------------------------------------------------------------------
+# the token draw: temperature, banned tokens, top-p; a two-level inverse CDF
+
+
+def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0,
+                   banned_ids: torch.Tensor | None = None, *, normalise: bool = True) -> torch.Tensor:
+    """logits (B, V) -> (B, V) fp32 probabilities of the sampling distribution.
+    p(v) is proportional to exp(logit_v / temperature) over the allowed tokens; a token is not
+    allowed if it is banned or lies outside the top-p nucleus: the smallest set of most likely
+    tokens whose probability reaches top_p (Holtzman et al. 2020; the most likely token is always
+    kept). The only place temperature is applied (rollout.py, engine design note 4). normalise=False skips the final
+    division (sampling normalises through the CDF). Raises ValueError: temperature <= 0, top_p
+    outside (0, 1]."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature} (use greedy=True for argmax)")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    x = logits.float()
+    if banned_ids is not None and banned_ids.numel():   # before the softmax: no underflow if they dominate
+        x = x.index_fill(-1, banned_ids.to(x.device), float("-inf"))
+    if temperature != 1.0:
+        x = x / temperature
+    probs = torch.softmax(x, dim=-1)                                         # (B, V)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)               # (B, V)
+        mass_before = sorted_p.cumsum(dim=-1) - sorted_p    # mass of the strictly more likely tokens
+        drop_sorted = mass_before >= top_p * sorted_p.sum(dim=-1, keepdim=True)
+        probs.masked_fill_(torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted), 0.0)
+    return probs / probs.sum(dim=-1, keepdim=True) if normalise else probs
+
+
+_CDF_BLOCK = 1024  # vocab entries per block of the two-level inverse CDF
+
+
+def _inverse_cdf(w: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w (B, V) fp32 >= 0 with a positive sum per row, u (B, 1) in [0, 1) -> (tokens (B,) long,
+    total (B,) fp64 = sum of w). Token = the first v with w_0 + ... + w_v > u * total: the
+    inverse-CDF draw from p = w / total, in two levels so that no (B, V) cumulative sum is built
+    (a flat cumsum cost as much as the softmax): block sums (one read of w) and their cumsum pick
+    the block, a cumsum over that block's _CDF_BLOCK entries picks the token. Block sums are fp32
+    (an fp64 reduction is ~10x slower on CPU), both cumsums fp64, so the token is that of a flat
+    cumsum except where u * total falls within fp32 rounding of a CDF boundary. A token of weight 0
+    is never returned: the target is clipped below each level's own total, and the first entry
+    whose cumulative sum exceeds it has positive weight."""
+    B, V = w.shape
+    K = _CDF_BLOCK
+    full = V // K * K
+    sums = [w[:, :full].view(B, -1, K).sum(-1)] if full else []                          # (B, V // K)
+    if full < V:
+        sums.append(w[:, full:].sum(-1, keepdim=True))                                   # (B, 1) the tail
+    cdf = torch.cat(sums, dim=-1).double().cumsum(dim=-1)                                # (B, nb) fp64
+    total = cdf[:, -1:]
+    zero = torch.zeros_like(total)
+    t = torch.minimum(u.to(total) * total, torch.nextafter(total, zero))                 # (B, 1) < total
+    b = torch.searchsorted(cdf, t, right=True).clamp_(max=cdf.shape[-1] - 1)              # (B, 1) block
+    t = t - torch.where(b > 0, cdf.gather(-1, (b - 1).clamp_(min=0)), zero)               # offset in the block
+    cols = b * K + torch.arange(K, device=w.device)                                      # (B, K)
+    seg = w.gather(-1, cols.clamp(max=V - 1)).masked_fill_(cols >= V, 0.0)               # (B, K)
+    seg_cdf = seg.to(torch.float64).cumsum(dim=-1)                                       # (B, K)
+    t = torch.minimum(t, torch.nextafter(seg_cdf[:, -1:], zero))     # the two sums' rounding may differ
+    j = torch.searchsorted(seg_cdf, t, right=True).clamp_(max=K - 1)
+    return (b * K + j).squeeze(-1), total.squeeze(-1)
+
+
+def sample_from_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0,
+                       generator: torch.Generator | None = None, *,
+                       banned_ids: torch.Tensor | None = None,
+                       greedy: bool = False, u: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row. logits (B, V) -> (tokens (B,) long, logp (B,) fp32).
+    logp is the token's log-probability under process_logits(...), also when greedy. Sampling is
+    by inverse CDF with one uniform per row (u (B,) in [0, 1), drawn from `generator` when not
+    given; several times cheaper than torch.multinomial on CPU), done in two levels by
+    `_inverse_cdf`; a token of zero probability (banned, outside the nucleus) can never be drawn.
+    Greedy takes the argmax of the logits with banned ids removed, as generate(do_sample=False,
+    suppress_tokens=..) does (not of the probabilities, whose rounding could create ties). The
+    Sampler bans in place on its own logits and passes banned_ids=None, saving a (B, V) copy per
+    step. Raises ValueError as process_logits."""
+    if banned_ids is not None and banned_ids.numel():
+        logits = logits.index_fill(-1, banned_ids.to(logits.device), float("-inf"))
+    w = process_logits(logits, temperature, top_p, normalise=False)         # (B, V) p up to a factor
+    if greedy:
+        tok = logits.argmax(dim=-1)
+        total = w.sum(dim=-1).double()                                        # (B,)
+    else:
+        if u is None:
+            u = torch.rand(w.shape[0], generator=generator, device=w.device)
+        tok, total = _inverse_cdf(w, u.reshape(-1, 1))
+    logp = w.gather(-1, tok[:, None]).squeeze(-1).double().log() - total.log()
+    return tok, logp.float()
