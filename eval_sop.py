@@ -355,7 +355,7 @@ def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], 
                stats: dict | None = None) -> tuple[dict, list[dict]]:
     """Live MiniWob++ episodes. sampler None -> miniwob_env's scripted expert. The result of
     evaluate_online gains `malformed` (responses that parsed to no action)."""
-    import miniwob_env
+    from envs import miniwob_env, miniwob_experts
 
     k = max(args.report_episodes, 0)
     keys = [(task, seed) for task in tasks for seed in seeds]
@@ -364,7 +364,7 @@ def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], 
         wrapped = OnlineModelPolicy(sampler, make_prompt_online, {keys[i] for i in report.shown_indices(len(keys), k)},
                                     stats if stats is not None else Counter())
     with lent(sampler):
-        res = miniwob_env.evaluate_online(wrapped or miniwob_env.expert_policy, tasks, seeds,
+        res = miniwob_env.evaluate_online(wrapped or miniwob_experts.expert_policy, tasks, seeds,
                                           max_steps=args.online_max_steps)
     shown = []
     if wrapped is not None:
@@ -513,9 +513,9 @@ def main(argv: list[str] | None = None) -> dict:
                          f"{floor['step_sr']:.3f}, type acc {floor['type_acc']:.3f}); "
                          f"{len(shown)} episodes shown.", shown))
     if args.online:
-        import miniwob_env
+        from envs import miniwob_env, miniwob_experts
         tasks = args.online_tasks or [t for t in dict.fromkeys(task_of(e) for e in episodes)
-                                      if t in miniwob_env.EXPERTS] or sorted(miniwob_env.EXPERTS)
+                                      if t in miniwob_experts.EXPERTS] or sorted(miniwob_experts.EXPERTS)
         base = miniwob_env.TEST_SEED_BASE if args.online_seed_base is None else args.online_seed_base
         seeds = list(range(base, base + args.online_seeds))
         online_res, shown = run_online(sampler if args.policy == "model" else None, make_prompt_online, tasks,

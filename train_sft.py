@@ -383,7 +383,7 @@ def main(argv=None):
     if d.is_main:
         test = Path(args.data).with_name("test.jsonl") if Path(args.data).name == "train.jsonl" else Path(args.data)
         print(f"checkpoint: {utils.latest_checkpoint(out / 'ckpt') or '(none written)'}  metrics: {out / 'metrics.jsonl'}\n"
-              f"curves:     python plot_metrics.py {out / 'metrics.jsonl'}\n"
+              f"curves:     python tools/plot_metrics.py {out / 'metrics.jsonl'}\n"
               f"evaluate:   python eval_sop.py --data {test} --policy model --model {out / 'ckpt'} "
               f"--protocol sop static --online --out out/eval/sft\n"
               f"next stage: torchrun --nproc_per_node=2 train_semionline.py --sft-dir {out / 'ckpt'}", flush=True)

@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import repro_common as rc  # noqa: E402
+import stats  # noqa: E402
 from repro_main import MULTI_STEP  # noqa: E402
 
 # --- the setting: every default in one place (each key is also a command-line flag)
@@ -153,7 +154,7 @@ def main(argv=None) -> dict:
                    for r in ck if r["arm"] == arm and r["seed"] == sd]
             points[name] = pts
             try:
-                fits[name] = rc.scaling_bootstrap([p[0] for p in pts], [p[1] for p in pts], seed=0)
+                fits[name] = stats.scaling_bootstrap([p[0] for p in pts], [p[1] for p in pts], seed=0)
             except ValueError as e:  # fewer than 3 sizes evaluated so far
                 fits[name] = {"error": str(e)}
         k_cmp = None

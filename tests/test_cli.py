@@ -16,10 +16,12 @@ import cli
 import dataset
 import eval_sop
 import gui
-import plot_metrics
 from tools import report
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tools"))
+import plot_metrics  # noqa: E402
+
 MINIWOB = REPO / "data" / "miniwob"
 
 
@@ -120,7 +122,7 @@ def test_plot_writes_png(tmp_path, capsys):
     (["train_sft.py"], "torchrun --nproc_per_node=2 train_sft.py"),
     (["eval_sop.py"], "python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl --policy expert"),
     (["eval_sop.py", "score"], "--responses responses.jsonl --out scores.jsonl"),
-    (["plot_metrics.py"], "python plot_metrics.py out/sft/metrics.jsonl"),
+    (["tools/plot_metrics.py"], "python tools/plot_metrics.py out/sft/metrics.jsonl"),
 ])
 def test_help_shows_defaults_and_examples(argv, example):
     p = subprocess.run([sys.executable, *argv, "--help"], cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -253,7 +255,7 @@ def test_online_report_frames_follow_the_outcome(monkeypatch, tmp_path):
     it), the others grey; a success's are green; a malformed response is red."""
     from PIL import Image
 
-    import miniwob_env
+    from envs import miniwob_env
 
     click = gui.format_response("t", {"action": "click", "coordinate": [10, 10]})
     stop = gui.format_response("t", {"action": "terminate", "status": "success"})

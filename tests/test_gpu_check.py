@@ -15,8 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "bench" / "gpu_check.py"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+def load_script(name="gpu_check"):
+    """bench/gpu_check.py (the driver) or bench/gpu_sections.py (its checks), by file."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)  # stdlib imports only at module level: torch comes in main()
     return mod
@@ -33,7 +34,7 @@ def key_paths(d, prefix=""):
 
 
 def test_dry_run_passes_with_the_gpu_keys(tmp_path):
-    gc = load_script()
+    gc, sections = load_script(), load_script("gpu_sections")
     out = tmp_path / "gc.json"
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     env.pop("UIS1_FORCE_TRITON", None)
@@ -48,7 +49,7 @@ def test_dry_run_passes_with_the_gpu_keys(tmp_path):
     assert key_paths(res) == key_paths(gc.SCHEMA)
     assert res["meta"]["mode"] == "dry-run" and all(v > 0 for v in res["meta"]["sections_s"].values())
     for row in res["kernels"]["logprob"]:
-        assert set(row) == set(gc._LOGPROB_ROW)
+        assert set(row) == set(sections._LOGPROB_ROW)
         assert row["err_logp_max_abs"] < 1e-5 and row["err_entropy_max_abs"] < 1e-5  # fp32 accumulation
         assert row["err_dh_rel"] < 2e-2 and row["err_dw_rel"] < 2e-2  # bf16 gradients
         assert row["naive_err_logp_max_abs"] > row["err_logp_max_abs"]  # bf16 logits: the naive path is worse
@@ -94,20 +95,20 @@ def test_failing_check_is_recorded_and_the_next_runs(tmp_path):
 @pytest.mark.parametrize("text,n", [('{"step": 1, "loss": 0.5}\n{"step": 2, "lo', 1), ('{"t": 1}\n', 0), ("", 0)])
 def test_metrics_rows_read_defensively(tmp_path, text, n):
     """A line the trainer is still writing, or a row without a step, is skipped."""
-    gc = load_script()
+    sections = load_script("gpu_sections")
     p = tmp_path / "metrics.jsonl"
     p.write_text(text)
-    assert len(gc._read_rows(p)) == n
+    assert len(sections._read_rows(p)) == n
 
 
 def test_decode_bytes_by_hand():
     """The roofline's bytes per decode step on the tiny model (fp32, hidden 64, 2 layers, 4 heads of
-    16, 2 KV heads, MLP 128, tied 151,936-token vocabulary), counted by hand."""
+    16, 2 KV heads, MLP 128, tied 8,192-token vocabulary of assets/tiny_tokenizer), counted by hand."""
     import vlm
 
-    gc = load_script()
+    sections = load_script("gpu_sections")
     model = vlm.load_model("tiny", seed=0)
     per_layer = (64 * 64 + 64) + 2 * (64 * 32 + 32) + 64 * 64 + 3 * 64 * 128 + 2 * 64  # q, k+v (bias), o, MLP, 2 norms
-    weights = 4 * (2 * per_layer + 64 + 151936 * 64)          # + final norm + lm_head (the embedding is not read)
+    weights = 4 * (2 * per_layer + 64 + 8192 * 64)            # + final norm + lm_head (the embedding is not read)
     kv_tok = 2 * 2 * 2 * 16 * 4                                 # (K, V) x layers x KV heads x head_dim x fp32
-    assert gc.decode_bytes(model, rows=8, context_mean=100.5) == (weights, kv_tok, weights + 8 * kv_tok * 100.5)
+    assert sections.decode_bytes(model, rows=8, context_mean=100.5) == (weights, kv_tok, weights + 8 * kv_tok * 100.5)

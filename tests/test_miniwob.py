@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-import miniwob_env as me
+from envs import miniwob_env as me
+from envs import miniwob_experts as experts
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -195,7 +196,7 @@ def test_refs_stay_unique_across_recorded_episodes(env_factory):
     # must not reuse them (duplicate refs once sent the multi-layouts expert into a loop)
     env = env_factory("multi-layouts")
     for seed in (0, 1, 2):
-        ep = me.expert_episode(env, seed)
+        ep = experts.expert_episode(env, seed)
         assert ep["success"] and len(ep["steps"]) == 8  # 3 x (click, type), submit, terminate
     obs = env.reset(3)
     assert len({e.ref for e in obs["dom"]}) == len(obs["dom"])
@@ -207,7 +208,7 @@ def test_refs_stay_unique_across_recorded_episodes(env_factory):
 
 def test_expert_online_success_multi_step_tasks():
     tasks = ["login-user", "click-checkboxes", "search-engine"]
-    res = me.evaluate_online(me.expert_policy, tasks, 3, max_steps=12, progress=False)
+    res = me.evaluate_online(experts.expert_policy, tasks, 3, max_steps=12, progress=False)
     for task in tasks:
         r = res["per_task"][task]
         assert r["success_rate"] == 1.0, (task, res["episodes"])
@@ -218,7 +219,7 @@ def test_expert_online_success_multi_step_tasks():
 
 
 def test_random_policy_fails_and_counts_causes():
-    res = me.evaluate_online(me.random_click_policy, ["login-user"], 2, max_steps=3,
+    res = me.evaluate_online(experts.random_click_policy, ["login-user"], 2, max_steps=3,
                              screenshots=False, progress=False)
     r = res["per_task"]["login-user"]
     assert r["success_rate"] == 0.0
@@ -233,7 +234,7 @@ def test_browser_fault_is_counted_not_hung(monkeypatch):
         raise me.BrowserFault("simulated crash")
 
     monkeypatch.setattr(me.MiniWobEnv, "reset", broken_reset)
-    res = me.evaluate_online(me.expert_policy, ["click-test"], [5], retries=1, progress=False)
+    res = me.evaluate_online(experts.expert_policy, ["click-test"], [5], retries=1, progress=False)
     assert calls == [5, 5]  # one retry, then counted
     assert res["per_task"]["click-test"]["failures"]["browser_fault"] == 1
     assert res["episodes"][0]["attempts"] == 2
@@ -269,7 +270,7 @@ def test_hung_page_is_killed_and_browser_restarts():
 
 def test_generated_data_round_trips(tmp_path):
     out = tmp_path / "mw"
-    cmd = [sys.executable, "make_miniwob_data.py", "--out", str(out), "--tasks", "enter-text",
+    cmd = [sys.executable, "tools/make_miniwob_data.py", "--out", str(out), "--tasks", "enter-text",
            "click-option", "--train-seeds", "2", "--test-seeds", "1", "--workers", "1"]
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -320,7 +321,7 @@ def test_short_thoughts_copy_the_element_line(tmp_path):
     # --thoughts short: a click's thought names the target as its element line does, with the
     # point the expert clicks, so "tag 'text' at (x,y)" is copied from the prompt, never computed
     out = tmp_path / "mw"
-    cmd = [sys.executable, "make_miniwob_data.py", "--out", str(out), "--tasks", "click-button", "enter-text",
+    cmd = [sys.executable, "tools/make_miniwob_data.py", "--out", str(out), "--tasks", "click-button", "enter-text",
            "--train-seeds", "2", "--test-seeds", "1", "--workers", "1", "--thoughts", "short"]
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]

@@ -1,5 +1,5 @@
-"""Statistics and report of the reproduction scripts (runs/repro_common.py) against hand-computed
-values, and the results schema on a small fabricated results set (no training, no browser)."""
+"""Statistics and report of the reproduction scripts (runs/stats.py, runs/repro_common.py) against
+hand-computed values, and the results schema on a small fabricated results set (no training, no browser)."""
 import json
 import math
 import sys
@@ -10,6 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runs"))
 import repro_common as rc  # noqa: E402
+import stats  # noqa: E402
 
 
 # --- Wilson: hand values, z = 1.959964
@@ -19,46 +20,46 @@ import repro_common as rc  # noqa: E402
 @pytest.mark.parametrize("k,n,lo,hi", [(0, 30, 0.0, 0.113513), (15, 30, 0.331541, 0.668459), (30, 30, 0.886487, 1.0),
                                        (1, 18, 0.009875, 0.257573)])
 def test_wilson_hand_values(k, n, lo, hi):
-    got = rc.wilson(k, n)
+    got = stats.wilson(k, n)
     assert got[0] == pytest.approx(lo, abs=2e-6) and got[1] == pytest.approx(hi, abs=2e-6)
 
 
 def test_wilson_rejects_bad_counts():
     with pytest.raises(ValueError, match="outside"):
-        rc.wilson(5, 4)
-    assert all(math.isnan(v) for v in rc.wilson(0, 0))
+        stats.wilson(5, 4)
+    assert all(math.isnan(v) for v in stats.wilson(0, 0))
 
 
 def test_mcnemar_exact_hand_values():
     # b=1, c=5: n=6, P(X<=1) = (1 + 6)/64, two-sided 14/64
-    assert rc.mcnemar_exact(1, 5) == pytest.approx(14 / 64)
-    assert rc.mcnemar_exact(5, 1) == pytest.approx(14 / 64)
+    assert stats.mcnemar_exact(1, 5) == pytest.approx(14 / 64)
+    assert stats.mcnemar_exact(5, 1) == pytest.approx(14 / 64)
     # b=0, c=6: 2 * 1/64
-    assert rc.mcnemar_exact(0, 6) == pytest.approx(2 / 64)
+    assert stats.mcnemar_exact(0, 6) == pytest.approx(2 / 64)
     # balanced or empty: 1
-    assert rc.mcnemar_exact(3, 3) == 1.0 and rc.mcnemar_exact(0, 0) == 1.0
+    assert stats.mcnemar_exact(3, 3) == 1.0 and stats.mcnemar_exact(0, 0) == 1.0
     with pytest.raises(ValueError):
-        rc.mcnemar_exact(-1, 2)
+        stats.mcnemar_exact(-1, 2)
 
 
 def test_paired_bootstrap_extremes_and_sign():
     a, b = np.ones(100), np.zeros(100)
-    r = rc.paired_bootstrap(a, b, n_boot=500)
+    r = stats.paired_bootstrap(a, b, n_boot=500)
     assert r["diff"] == 1.0 and r["diff_ci95"] == [1.0, 1.0]
     assert r["p_value"] == pytest.approx(1 / 501)  # no resample as far from the null as the data
-    same = rc.paired_bootstrap(a, a, n_boot=200)
+    same = stats.paired_bootstrap(a, a, n_boot=200)
     assert same["diff"] == 0.0 and same["p_value"] == 1.0
     # 10 discordant pairs for a, 0 for b, out of 100: diff 0.1, CI above 0, small p; reversed is the mirror
     x = np.zeros(100)
     x[:10] = 1
-    r = rc.paired_bootstrap(x, np.zeros(100), n_boot=2000, seed=1)
+    r = stats.paired_bootstrap(x, np.zeros(100), n_boot=2000, seed=1)
     assert r["diff"] == pytest.approx(0.1) and r["diff_ci95"][0] > 0 and r["p_value"] < 0.01
-    rr = rc.paired_bootstrap(np.zeros(100), x, n_boot=2000, seed=1)
+    rr = stats.paired_bootstrap(np.zeros(100), x, n_boot=2000, seed=1)
     assert rr["diff"] == pytest.approx(-0.1) and rr["diff_ci95"][1] < 0
     with pytest.raises(ValueError):
-        rc.paired_bootstrap([1, 0], [1])
+        stats.paired_bootstrap([1, 0], [1])
     # one pair (e.g. the second half of a 2-step run): no test, not a p of 1/(B+1)
-    one = rc.paired_bootstrap([0.5], [0.4], n_boot=100)
+    one = stats.paired_bootstrap([0.5], [0.4], n_boot=100)
     assert one["diff"] == pytest.approx(0.1) and math.isnan(one["p_value"])
     assert rc.verdict(one) == "inconclusive"
 
@@ -69,26 +70,26 @@ def test_paired_bootstrap_groups_widen_for_seed_variance():
     a = np.concatenate([np.ones(50) * (rng.random(50) < 0.8), np.ones(50) * (rng.random(50) < 0.2)])
     b = np.concatenate([np.ones(50) * (rng.random(50) < 0.3), np.ones(50) * (rng.random(50) < 0.5)])
     g = np.repeat([0, 1], 50)
-    flat = rc.paired_bootstrap(a, b, n_boot=1000)
-    two = rc.paired_bootstrap(a, b, groups=g, n_boot=1000)
+    flat = stats.paired_bootstrap(a, b, n_boot=1000)
+    two = stats.paired_bootstrap(a, b, groups=g, n_boot=1000)
     assert two["diff"] == flat["diff"]
     assert two["diff_ci95"][1] - two["diff_ci95"][0] > flat["diff_ci95"][1] - flat["diff_ci95"][0]
 
 
 def test_r2_hand_values():
-    assert rc.r2([0, 1, 2, 3], [1, 3, 5, 7]) == pytest.approx(1.0)  # a perfect line
-    assert rc.r2([0, 1, 2, 3], [7, 5, 3, 1]) == pytest.approx(1.0)  # a falling one too
+    assert stats.r2([0, 1, 2, 3], [1, 3, 5, 7]) == pytest.approx(1.0)  # a perfect line
+    assert stats.r2([0, 1, 2, 3], [7, 5, 3, 1]) == pytest.approx(1.0)  # a falling one too
     # x = 0,1,2, y = 0,2,1: sxy = 1, sxx = 2, syy = 2 -> 1/4
-    assert rc.r2([0, 1, 2], [0, 2, 1]) == pytest.approx(0.25)
-    assert math.isnan(rc.r2([1, 1, 1], [0, 1, 2]))  # constant x: undefined, not 0 or 1
-    assert math.isnan(rc.r2([0, 1], [0, 1]))  # two points: always 1, reported as undefined
+    assert stats.r2([0, 1, 2], [0, 2, 1]) == pytest.approx(0.25)
+    assert math.isnan(stats.r2([1, 1, 1], [0, 1, 2]))  # constant x: undefined, not 0 or 1
+    assert math.isnan(stats.r2([0, 1], [0, 1]))  # two points: always 1, reported as undefined
 
 
 def test_r2_bootstrap_and_difference():
     x = np.linspace(0, 1, 12)
     y = x + np.array([0.01, -0.02, 0.0, 0.02, -0.01, 0.0, 0.01, -0.02, 0.02, 0.0, -0.01, 0.01])
     noise = np.array([0.9, 0.1, 0.5, 0.3, 0.8, 0.2, 0.7, 0.4, 0.6, 0.0, 1.0, 0.35])
-    r = rc.r2_bootstrap(x, y, x2=noise, n_boot=1000)
+    r = stats.r2_bootstrap(x, y, x2=noise, n_boot=1000)
     assert r["r2"] > 0.99 and r["ci95"][0] > 0.95 and r["ci95"][1] <= 1.0
     assert r["diff"] > 0.5 and r["diff_ci95"][0] > 0 and r["p_value"] < 0.01
 
@@ -96,16 +97,16 @@ def test_r2_bootstrap_and_difference():
 def test_scaling_law_recovers_exponent():
     n = np.array([10, 20, 40, 80, 160, 320], dtype=float)
     y = 0.8 - 0.9 * n ** -0.7
-    f = rc.fit_scaling_law(n, y)
+    f = stats.fit_scaling_law(n, y)
     assert f["k"] == pytest.approx(-0.7, abs=0.01) and f["A"] == pytest.approx(0.8, abs=0.01)
     assert f["B"] == pytest.approx(0.9, rel=0.05) and not f["at_bound"]
     rng = np.random.default_rng(0)
     nn = np.repeat(n, 2)
     yy = 0.8 - 0.9 * nn ** -0.7 + rng.normal(0, 0.01, nn.size)
-    b = rc.scaling_bootstrap(nn, yy, n_boot=200)
+    b = stats.scaling_bootstrap(nn, yy, n_boot=200)
     assert b["k_ci95"][0] < -0.7 + 0.15 and b["k_ci95"][1] > -0.7 - 0.15 and b["k_ci95"][0] <= b["k_ci95"][1]
     with pytest.raises(ValueError, match="distinct"):
-        rc.fit_scaling_law([1, 1, 2], [0.1, 0.2, 0.3])
+        stats.fit_scaling_law([1, 1, 2], [0.1, 0.2, 0.3])
 
 
 def test_verdict_rule():
@@ -126,7 +127,7 @@ def _fabricated_checkpoints():
             k = bits.count("1")
             rows.append({"name": f"{arm} s{s}", "arm": arm, "seed": s, "step": 1, "final": True,
                          "sop_pg": p * 0.5 + 0.01 * s, "sop_tsr": p * 0.3, "static_step_sr": 0.4 + 0.01 * s,
-                         "online_sr": k / 40, "online_sr_ci95": list(rc.wilson(k, 40)), "n_online_episodes": 40,
+                         "online_sr": k / 40, "online_sr_ci95": list(stats.wilson(k, 40)), "n_online_episodes": 40,
                          "online_outcomes": bits, "online_per_task": {"click-test": k / 40}})
     return rows
 

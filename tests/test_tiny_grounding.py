@@ -4,8 +4,9 @@ Pure: no browser."""
 
 import pytest
 
-import miniwob_env as me
 import vlm
+from envs import miniwob_env as me
+from envs import miniwob_experts as experts
 
 
 def _el(ref, tag, text, box, point, *, value=None, leaf=True):
@@ -27,16 +28,16 @@ def test_elements_text_shows_click_point():
 def test_short_thought_copies_the_element_line():
     e = _el(5, "button", "  okay\n now ", (2, 63, 47, 84), (24, 73))
     click = {"action": "click", "coordinate": [24, 73]}
-    assert me.short_thought(click, e) == "Click button 'okay now' at (24,73)."
+    assert experts.short_thought(click, e) == "Click button 'okay now' at (24,73)."
     # the thought (less "Click " and ".") is a substring of the element line the model sees: a copy
     assert "button 'okay now' at (24,73)" in me.elements_text([e])
-    assert me.short_thought(click, _el(1, "input_text", None, (0, 0, 9, 9), (4, 4), value="")) == \
+    assert experts.short_thought(click, _el(1, "input_text", None, (0, 0, 9, 9), (4, 4), value="")) == \
         "Click input_text '' at (24,73)."
     long = _el(2, "a", "x" * 80, (0, 0, 9, 9), (4, 4))  # cut as the element line cuts it
-    assert me.short_thought(click, long) == f"Click a '{'x' * 57}...' at (24,73)."
+    assert experts.short_thought(click, long) == f"Click a '{'x' * 57}...' at (24,73)."
     assert f"a '{'x' * 57}...' at (4,4)" in me.elements_text([long])
-    assert me.short_thought({"action": "type", "text": "abc"}, None) == "Type 'abc'."
-    assert me.short_thought({"action": "terminate", "status": "success"}, None) == "Done."
+    assert experts.short_thought({"action": "type", "text": "abc"}, None) == "Type 'abc'."
+    assert experts.short_thought({"action": "terminate", "status": "success"}, None) == "Done."
 
 
 def test_parse_tiny():

@@ -1,4 +1,4 @@
-"""MiniWob++ as a live GUI environment for UI-S1: expert demonstrations and online evaluation.
+"""MiniWob++ as a live GUI environment for UI-S1: the browser, observations, actions, online evaluation.
 
 MiniWob++ (PyPI `miniwob` 1.1.0) serves small web tasks in a real browser. Each task shows a
 160 x 210 px task area (TASK_W x TASK_H, at the page's top-left): a yellow goal banner (the
@@ -32,17 +32,9 @@ browser's life cycle:
    episode with 3 of 4 boxes right as a success (docs/method.md §11). MiniWob's own wall-clock limit
    (10-30 s per task) is raised to episode_time_s (default 600 s) because time does not enter the
    success test and a model policy on a CPU is slow; the step limit is the budget that counts.
-5. Experts. EXPERTS maps a task to a scripted expert that reads the DOM (element boxes, values,
-   focus, click marks) and the task fields parsed from the goal, never the screenshot. Experts
-   are stateless: each call looks at the current page and returns the next action, a templated
-   thought and the target element (whose box becomes candidate_bbox). Click points come from
-   document.elementFromPoint, so the expert never clicks an element hidden under another.
-   18 tasks, expert steps per episode (100 seeds, 100% success each): 1 step: click-test,
-   click-button, click-link, click-dialog, click-tab, focus-text; 2: click-button-sequence,
-   click-option, click-collapsible; 1-3: click-tab-2 (opens tabs left to right until the link
-   shows); 1-8: click-checkboxes; 3: enter-text, enter-text-dynamic, enter-text-2; 4-5:
-   search-engine; 5: enter-password, login-user; 7: multi-layouts. Typing is always
-   click-the-field, then type.
+5. Experts. The scripted DOM experts, the built-in policies (expert, random), expert episodes
+   (the data generator's source) and the CLI live in envs/miniwob_experts.py, which imports this
+   module (never the reverse).
 6. Refs. Element refs ([ref] in the element list) come from core.js and are unique within an
    observation (checked); reset() clears refs left on the page by earlier looks.
 
@@ -52,19 +44,12 @@ Policies for evaluate_online are callables `policy(obs, step) -> action dict`, w
 The policy answers in pixels of the screenshot it was given (ORIGINAL pixels); a model wrapper
 that resizes screenshots maps its answer back (gui.scale_action) or passes image_size to step().
 smart_resize does not resize 168 x 224, so a Qwen2.5-VL policy's pixels are already ORIGINAL ones.
-
-CLI (last stdout line is a JSON object):
-    python miniwob_env.py eval --policy expert --tasks all --seeds 100
-    python miniwob_env.py eval --policy random --tasks click-test enter-text --seeds 20
-    python miniwob_env.py show --task login-user --seed 3   # goal, element list, expert's plan
 """
 
 import base64
 import io
-import json
 import math
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -564,287 +549,9 @@ class MiniWobEnv:
 
 
 # -----------------------------------------------------------------------------
-# scripted experts (read the DOM and the goal's fields, never the screenshot)
-
-
-@dataclass
-class ExpertStep:
-    action: dict
-    thought: str
-    target: Element | None = None  # clicked element; its box is the step's candidate_bbox
-
-
-def short_thought(action: dict, target: Element | None) -> str:
-    """A one-sentence thought naming what the action does: "Click button 'okay' at (24,73).",
-    "Type 'abc'.", "Done." (terminate). The click's words and point are those of the target's
-    line in elements_text, so a model can copy them; make_miniwob_data.py --thoughts short."""
-    kind = action["action"]
-    if kind == "terminate":
-        return "Done."
-    if kind == "click" and target is not None:
-        x, y = action["coordinate"]
-        return f"Click {target.tag} '{_shown_text(target)}' at ({x},{y})."
-    if kind == "type":
-        return f"Type '{action['text']}'."
-    return f"{kind.capitalize()}."
-
-
-class ExpertError(RuntimeError):
-    """The expert found no sensible next action (should not happen on a healthy page)."""
-
-
-def _find(dom, pred, what):
-    for e in dom:
-        if pred(e):
-            return e
-    raise ExpertError(f"expert cannot find {what}")
-
-
-def _describe(e: Element) -> str:
-    kind = e.tag.replace("input_", "")
-    if kind in ("text", "password", "number"):
-        return f"the {kind} field" + (f" holding '{e.value}'" if e.value else " (empty)")
-    if kind in ("checkbox", "radio"):
-        return f"the {e.label} {kind}"
-    return f"the {kind} '{e.label}'" if e.label else f"the {kind}"
-
-
-def _click(e: Element, why: str) -> ExpertStep:
-    if e.point is None:
-        raise ExpertError(f"target [{e.ref}] {e.tag} '{e.label}' is not clickable on screen")
-    thought = f"I see {_describe(e)} at ({e.point[0]},{e.point[1]}). {why}"
-    return ExpertStep({"action": "click", "coordinate": list(e.point)}, thought, e)
-
-
-def _fill(field_el: Element, text: str, what: str) -> ExpertStep | None:
-    """Click an empty field, then type into it; None when it already holds `text`."""
-    if field_el.value == text:
-        return None
-    if field_el.value not in ("", None):
-        raise ExpertError(f"{what} holds {field_el.value!r}, expected {text!r}")
-    if not field_el.focused:
-        return _click(field_el, f"I click the {what} to focus it before typing.")
-    return ExpertStep({"action": "type", "text": text},
-                      f"The {what} is focused and empty. I type '{text}' into it.", None)
-
-
-def _by_id(dom, id_, what=None):
-    return _find(dom, lambda e: e.id == id_, what or f"#{id_}")
-
-
-def _text_is(e, text):
-    return (e.text or "").strip() == text
-
-
-def expert_click_test(obs):
-    btn = _by_id(obs["dom"], "subbtn", "the button")
-    return _click(btn, "The task asks me to click it.")
-
-
-def expert_click_button(obs):
-    t = obs["fields"]["target"]
-    btn = _find(obs["dom"], lambda e: e.tag == "button" and _text_is(e, t), f"button {t!r}")
-    return _click(btn, "It is the button named in the goal, so I click it.")
-
-
-def expert_click_link(obs):
-    t = obs["fields"]["target"]
-    link = _find(obs["dom"], lambda e: "alink" in e.classes and _text_is(e, t), f"link {t!r}")
-    return _click(link, "It is the link named in the goal, so I click it.")
-
-
-def expert_click_dialog(obs):
-    x = _find(obs["dom"], lambda e: e.tag == "button" and "ui-dialog-titlebar-close" in e.classes,
-              "the dialog's close button")
-    return _click(x, "It is the dialog's close button 'x', so I click it.")
-
-
-def expert_click_tab(obs):
-    t = obs["fields"]["target"]
-    tab = _find(obs["dom"], lambda e: e.tag == "a" and _text_is(e, f"Tab #{t}"), f"Tab #{t}")
-    return _click(tab, f"The goal asks for Tab #{t}, so I click it.")
-
-
-def expert_focus_text(obs):
-    box = _by_id(obs["dom"], "tt", "the textbox")
-    return _click(box, "Clicking the textbox gives it the focus the goal asks for.")
-
-
-def expert_click_button_sequence(obs):
-    one, two = _by_id(obs["dom"], "subbtn"), _by_id(obs["dom"], "subbtn2")
-    if not one.tampered:
-        return _click(one, "Button ONE comes first, so I click it now.")
-    return _click(two, "Button ONE is done; button TWO comes next.")
-
-
-def expert_click_option(obs):
-    t, dom = obs["fields"]["target"], obs["dom"]
-    radios = [e for e in dom if e.tag == "input_radio"]
-    texts = {e.parent: (e.text or "").strip() for e in dom if e.tag == "t"}
-    radio = _find(radios, lambda e: texts.get(e.parent) == t, f"radio {t!r}")
-    if radio.value is not True:
-        return _click(radio, f"It is the option '{t}' the goal names, so I select it.")
-    return _click(_by_id(dom, "subbtn"), f"'{t}' is selected; I click Submit.")
-
-
-def expert_click_checkboxes(obs):
-    dom, fields = obs["dom"], obs["fields"]
-    want = {v for k, v in fields.items() if k.startswith("target")}
-    texts = {e.parent: (e.text or "").strip() for e in dom if e.tag == "t"}
-    for box in (e for e in dom if e.tag == "input_checkbox"):
-        name = texts.get(box.parent)
-        if (name in want) != (box.value is True):
-            verb = "check" if name in want else "uncheck"
-            return _click(box, f"'{name}' must be {verb}ed to match the goal, so I click it.")
-    return _click(_by_id(dom, "subbtn"), "Every checkbox matches the goal; I click Submit.")
-
-
-def expert_click_collapsible(obs):
-    dom = obs["dom"]
-    header = _find(dom, lambda e: e.tag == "h3", "the section header")
-    if "ui-state-active" not in header.classes:
-        return _click(header, "The section is collapsed; I click its header to expand it.")
-    return _click(_by_id(dom, "subbtn"), "The section is expanded; I click Submit.")
-
-
-def expert_click_tab_2(obs):
-    t, dom = obs["fields"]["target"], obs["dom"]
-    link = next((e for e in dom if "alink" in e.classes and _text_is(e, t) and e.point), None)
-    if link is not None:
-        return _click(link, "It is the link named in the goal, on the open tab; I click it.")
-    # Not on the open tab: open the next tab to the right (the episode starts on Tab #1).
-    tabs = [e for e in dom if e.tag == "a" and (e.text or "").startswith("Tab #")]
-    parents = {e.ref: e for e in dom}
-    active = [i for i, e in enumerate(tabs) if "ui-tabs-active" in parents[e.parent].classes]
-    if not active or active[0] + 1 >= len(tabs):
-        raise ExpertError(f"link {t!r} is on no tab")
-    nxt = tabs[active[0] + 1]
-    return _click(nxt, f"The link '{t}' is not on this tab; I open {nxt.text} to look there.")
-
-
-def expert_enter_text(obs):
-    t, dom = obs["fields"]["target"], obs["dom"]
-    step = _fill(_by_id(dom, "tt", "the text field"), t, "text field")
-    return step or _click(_by_id(dom, "subbtn"), f"The field holds '{t}'; I click Submit.")
-
-
-def expert_enter_text_2(obs):
-    f, dom = obs["fields"], obs["dom"]
-    t = f["text"].lower() if f["case"] == "lower" else f["text"].upper()
-    step = _fill(_by_id(dom, "tt", "the text field"), t, "text field")
-    return step or _click(_by_id(dom, "subbtn"), f"The field holds '{t}'; I click Submit.")
-
-
-def expert_enter_password(obs):
-    t, dom = obs["fields"]["target"], obs["dom"]
-    step = (_fill(_by_id(dom, "password"), t, "password field")
-            or _fill(_by_id(dom, "verify"), t, "verify password field"))
-    return step or _click(_by_id(dom, "subbtn"), "Both fields hold the password; I click Submit.")
-
-
-def expert_login_user(obs):
-    f, dom = obs["fields"], obs["dom"]
-    step = (_fill(_by_id(dom, "username"), f["username"], "username field")
-            or _fill(_by_id(dom, "password"), f["password"], "password field"))
-    return step or _click(_by_id(dom, "subbtn"), "Username and password are in; I click Login.")
-
-
-def expert_search_engine(obs):
-    f, dom = obs["fields"], obs["dom"]
-    step = _fill(_by_id(dom, "search-text", "the search box"), f["query"], "search box")
-    if step:
-        return step
-    titles = [e for e in dom if "search-title" in e.classes]
-    if not titles:
-        return _click(_by_id(dom, "search"), f"'{f['query']}' is in the search box; I click Search.")
-    rank = int(f["rank"])
-    page = (rank - 1) // 3 + 1  # 3 results per page
-    parents = {e.ref: e for e in dom}
-    links = [e for e in dom if "page-link" in e.classes]
-    current = next(int(e.text) for e in links if "active" in parents[e.parent].classes)
-    if current != page:
-        link = _find(links, lambda e: _text_is(e, str(page)), f"page link {page}")
-        return _click(link, f"Result {rank} is on page {page}, not on page {current}; I open page {page}.")
-    return _click(titles[(rank - 1) % 3], f"This is search result number {rank}; I click it.")
-
-
-def _ancestors(dom_by_ref, e):
-    for _ in range(len(dom_by_ref)):  # bounded: a tree has no longer path
-        if e.parent not in dom_by_ref:
-            return
-        e = dom_by_ref[e.parent]
-        yield e
-
-
-def expert_multi_layouts(obs):
-    f, dom = obs["fields"], obs["dom"]
-    by_ref = {e.ref: e for e in dom}
-    children = {}
-    for e in dom:
-        children.setdefault(e.parent, []).append(e)
-
-    def texts_under(a):
-        out, todo = [], list(children.get(a.ref, []))
-        while todo:
-            e = todo.pop()
-            if e.tag != "input_text" and e.text:
-                out.append(e.text.strip().lower())
-            todo.extend(children.get(e.ref, []))
-        return out
-
-    def field_for(keywords, what):  # the input whose nearest labelled ancestor names `what`
-        for inp in (e for e in dom if e.tag == "input_text"):
-            for a in _ancestors(by_ref, inp):
-                labels = [t for t in texts_under(a) if any(k in t for k in keywords)]
-                others = [t for t in texts_under(a) if t and t not in labels]
-                if labels:
-                    if len(labels) == 1 and not any(
-                            any(k in t for k in kw) for t in others for kw in _ML_KEYS.values()):
-                        return inp
-                    break
-        raise ExpertError(f"no input labelled {what}")
-
-    fields = [(field_for(_ML_KEYS[k], k), k) for k in ("genre", "director", "year")]
-    for inp, key in sorted(fields, key=lambda p: p[0].top):  # top to bottom, as a person would
-        step = _fill(inp, f[key], f"{key} field")
-        if step:
-            return step
-    submit = _find(dom, lambda e: (e.text or "").strip() in ("Submit", "Search", "Go!"),
-                   "the submit button")
-    return _click(submit, "Genre, director and year are filled in; I click "
-                  f"'{submit.text.strip()}' to search.")
-
-
-_ML_KEYS = {"genre": ("genre",), "director": ("director",), "year": ("year", "date")}
-
-
-EXPERTS: dict[str, Callable[[dict], ExpertStep]] = {
-    "click-test": expert_click_test,
-    "click-button": expert_click_button,
-    "click-link": expert_click_link,
-    "click-dialog": expert_click_dialog,
-    "click-tab": expert_click_tab,
-    "focus-text": expert_focus_text,
-    "click-button-sequence": expert_click_button_sequence,
-    "click-option": expert_click_option,
-    "click-checkboxes": expert_click_checkboxes,
-    "click-collapsible": expert_click_collapsible,
-    "click-tab-2": expert_click_tab_2,
-    "enter-text": expert_enter_text,
-    "enter-text-dynamic": expert_enter_text,
-    "enter-text-2": expert_enter_text_2,
-    "enter-password": expert_enter_password,
-    "login-user": expert_login_user,
-    "search-engine": expert_search_engine,
-    "multi-layouts": expert_multi_layouts,
-}
-
-
-# -----------------------------------------------------------------------------
-# expert episodes (the data generator's source)
+# the finished screen, seed splits
 
 TRAIN_SEED_BASE, TEST_SEED_BASE = 0, 100_000  # splits use disjoint seed ranges
-MAX_EXPERT_STEPS = 12
 
 
 def final_observation(env: MiniWobEnv) -> tuple[Image.Image, str]:
@@ -859,59 +566,10 @@ def final_observation(env: MiniWobEnv) -> tuple[Image.Image, str]:
     return img, elements_text(_parse_dom(raw))
 
 
-def expert_episode(env: MiniWobEnv, seed: int, max_steps: int = MAX_EXPERT_STEPS,
-                   thoughts: str = "long") -> dict:
-    """Roll the task's expert through episode `seed`, recording every step.
-
-    Returns {"goal", "task", "seed", "success", "raw_reward", "reason", "steps": [...]}, each
-    step {"screenshot": PIL, "action", "thought", "elements", "candidate_bbox"}; a successful
-    episode ends with a terminate step on the final screenshot. thoughts: "long" (the expert's
-    reasoning sentence) or "short" (short_thought). Raises BrowserFault, ValueError."""
-    if thoughts not in ("long", "short"):
-        raise ValueError(f"expert_episode: thoughts must be 'long' or 'short', got {thoughts!r}")
-    expert = EXPERTS[env.task]
-    obs = env.reset(seed)
-    goal, steps, reward, info = obs["goal"], [], 0.0, {}
-    for _ in range(max_steps):
-        st = expert(obs)
-        thought = st.thought if thoughts == "long" else short_thought(st.action, st.target)
-        steps.append({"screenshot": obs["screenshot"], "action": st.action, "thought": thought,
-                      "elements": obs["elements"],
-                      "candidate_bbox": [st.target.box] if st.target is not None else []})
-        obs, reward, done, info = env.step(st.action)
-        if done:
-            break
-    success = bool(info.get("success"))
-    if success:
-        img, elements = final_observation(env)
-        done_action = {"action": "terminate", "status": "success"}
-        steps.append({"screenshot": img, "action": done_action,
-                      "thought": "The task is complete, so I finish with success." if thoughts == "long"
-                      else short_thought(done_action, None),
-                      "elements": elements, "candidate_bbox": []})
-    return {"goal": goal, "task": env.task, "seed": seed, "success": success,
-            "raw_reward": reward, "reason": info.get("reason"), "steps": steps}
-
-
 # -----------------------------------------------------------------------------
 # online evaluation
 
 Policy = Callable[[dict, int], dict]
-
-
-def expert_policy(obs: dict, step: int) -> dict:
-    """The scripted expert as a policy (reads obs["dom"] and obs["fields"])."""
-    return EXPERTS[obs["task"]](obs).action
-
-
-def random_click_policy(obs: dict, step: int) -> dict:
-    """Clicks a uniformly random pixel of the screenshot; deterministic per (task, seed, step)."""
-    W, H = obs["image_size"]
-    rng = random.Random(f"{obs['task']}-{obs['seed']}-{step}")
-    return {"action": "click", "coordinate": [rng.randrange(W), rng.randrange(H)]}
-
-
-POLICIES = {"expert": expert_policy, "random": random_click_policy}
 CAUSES = ("wrong_action", "step_limit", "browser_fault", "policy_error")
 
 
@@ -995,85 +653,3 @@ def evaluate_online(policy: Policy, tasks, seeds, max_steps: int = 15, *, retrie
 
     per_task = {t: summary([e for e in episodes if e["task"] == t]) for t in tasks}
     return {"per_task": per_task, "overall": summary(episodes), "episodes": episodes}
-
-
-def check_tasks(tasks, need_expert: bool = False) -> None:
-    """Raise ValueError naming the first task that is no MiniWob++ task (or, with need_expert, has
-    no scripted expert here)."""
-    for task in tasks:
-        if not (HTML_DIR / f"{task}.html").exists():
-            raise ValueError(f"unknown MiniWob++ task {task!r} (tasks with an expert: {', '.join(sorted(EXPERTS))})")
-        if need_expert and task not in EXPERTS:
-            raise ValueError(f"task {task!r} has no scripted expert (those with one: {', '.join(sorted(EXPERTS))})")
-
-
-# -----------------------------------------------------------------------------
-# CLI
-
-
-def main(argv=None):
-    import cli  # only the CLI needs it (it imports torch; the environment itself does not)
-
-    ap = cli.make_parser(__doc__.split("\n")[0] + "\n\n" + __doc__[__doc__.index("CLI ("):])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    ev = sub.add_parser("eval", help="online evaluation of a built-in policy", formatter_class=cli.HelpFormatter,
-                        epilog=ap.epilog)
-    ev.add_argument("--policy", choices=sorted(POLICIES), default="expert", help="policy to run")
-    ev.add_argument("--tasks", nargs="+", default=["all"], help="task names, or 'all' (experts)")
-    ev.add_argument("--seeds", type=int, default=20, help="episodes per task")
-    ev.add_argument("--seed-base", type=int, default=TEST_SEED_BASE, help="first seed")
-    ev.add_argument("--max-steps", type=int, default=15, help="step limit per episode")
-    ev.add_argument("--step-timeout", type=float, default=20.0, help="seconds per env step")
-    ev.add_argument("--no-screenshots", action="store_true",
-                    help="skip screenshots (the built-in policies do not look at them)")
-    ev.add_argument("--out", default=None, help="also write the full result JSON here")
-    sh = sub.add_parser("show", help="print one episode: goal, element lists, expert actions",
-                        formatter_class=cli.HelpFormatter, epilog=ap.epilog)
-    sh.add_argument("--task", required=True, help="task name")
-    sh.add_argument("--seed", type=int, default=0, help="episode seed")
-    args = ap.parse_args(argv)
-    try:
-        check_tasks([args.task] if args.cmd == "show" else [] if args.tasks == ["all"] else args.tasks,
-                    need_expert=args.cmd == "show" or args.policy == "expert")
-    except ValueError as e:
-        raise cli.UsageError(str(e)) from None
-    if args.cmd == "eval" and args.seeds < 1:
-        raise cli.UsageError(f"--seeds {args.seeds}: need at least 1 episode per task")
-
-    if args.cmd == "show":
-        env = MiniWobEnv(args.task)
-        try:
-            ep = expert_episode(env, args.seed)
-        finally:
-            env.close()
-        print(f"goal: {ep['goal']}")
-        for k, st in enumerate(ep["steps"]):
-            print(f"--- step {k}\n{st['elements']}\nthought: {st['thought']}\n"
-                  f"action: {json.dumps(st['action'])}  candidate_bbox: {st['candidate_bbox']}")
-        print(cli.dumps({"task": args.task, "seed": args.seed, "success": ep["success"],
-                           "steps": len(ep["steps"])}))
-        return
-
-    tasks = sorted(EXPERTS) if args.tasks == ["all"] else args.tasks
-    seeds = list(range(args.seed_base, args.seed_base + args.seeds))
-    t0 = time.time()
-    res = evaluate_online(POLICIES[args.policy], tasks, seeds, max_steps=args.max_steps,
-                         screenshots=not args.no_screenshots, step_timeout_s=args.step_timeout)
-    for task, r in res["per_task"].items():
-        fails = ", ".join(f"{c}={n}" for c, n in r["failures"].items() if n)
-        print(f"{task:24s} success {r['success_rate']:6.1%}  mean steps {r['mean_steps']:4.1f}  "
-              f"{r['seconds_per_env_step'] * 1000:5.0f} ms/env step  {fails}")
-    if args.out:
-        Path(args.out).write_text(cli.dumps(res, indent=1))
-    out = {"policy": args.policy, "seeds": args.seeds, "seed_base": args.seed_base,
-           "max_steps": args.max_steps, "seconds": round(time.time() - t0, 1),
-           "overall": res["overall"],
-           "per_task": {t: {"success_rate": r["success_rate"], "mean_steps": r["mean_steps"],
-                            "failures": r["failures"]} for t, r in res["per_task"].items()}}
-    print(cli.dumps(out))
-
-
-if __name__ == "__main__":
-    import cli
-
-    cli.cli(main)

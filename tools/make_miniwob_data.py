@@ -1,20 +1,20 @@
 """Generate MiniWob++ expert demonstrations in the UI-S1 episode format (JSONL, one episode a line).
 
-Each task's scripted expert (miniwob_env.EXPERTS, reads the DOM, never the screenshot) plays
-episodes in a live headless Chromium. Every step stores the 168 x 224 screenshot it acted on
-(the 160 x 210 task area plus page background; 168 x 224 is what Qwen2.5-VL's smart_resize keeps
-unchanged, see miniwob_env.SCREEN_W), the action in ORIGINAL screenshot pixels (= page pixels =
-element-box pixels), a templated thought, the element list and the target's
-box (check_options.candidate_bbox, for the click match of docs/method.md §4). A successful episode
+Each task's scripted expert (EXPERTS in envs/miniwob_experts.py; it reads the DOM, never the
+screenshot) plays episodes in a live headless Chromium. Every step stores the 168 x 224 screenshot
+it acted on (the 160 x 210 task area plus page background; 168 x 224 is what Qwen2.5-VL's
+smart_resize keeps unchanged, see SCREEN_W in envs/miniwob_env.py), the action in ORIGINAL
+screenshot pixels (= page pixels = element-box pixels), a templated thought, the element list and the
+target's box (check_options.candidate_bbox, for the click match of docs/method.md §4). A successful episode
 ends with a {"action": "terminate", "status": "success"} step on the final screen, so a model
 learns to stop. Episodes the expert fails (none expected: experts reach >= 99%) are left out
 and listed in the manifest. Train and test splits use disjoint seed ranges
-(miniwob_env.TRAIN_SEED_BASE, TEST_SEED_BASE).
+(TRAIN_SEED_BASE, TEST_SEED_BASE in envs/miniwob_env.py).
 
-    python make_miniwob_data.py                          # default set -> data/miniwob/
-    python make_miniwob_data.py --train-seeds 100 --test-seeds 20 --out /tmp/miniwob_big
-    python make_miniwob_data.py --tasks enter-text login-user --workers 1
-    python make_miniwob_data.py --tasks click-test focus-text click-dialog click-button \
+    python tools/make_miniwob_data.py                          # default set -> data/miniwob/
+    python tools/make_miniwob_data.py --train-seeds 100 --test-seeds 20 --out /tmp/miniwob_big
+    python tools/make_miniwob_data.py --tasks enter-text login-user --workers 1
+    python tools/make_miniwob_data.py --tasks click-test focus-text click-dialog click-button \
         --train-seeds 150 --thoughts short --out /tmp/miniwob_click   # a set a tiny model learns
 
 Writes (replacing only these): OUT/train.jsonl, OUT/test.jsonl, OUT/images/, OUT/manifest.json.
@@ -37,8 +37,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-import cli
-import miniwob_env as me
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: cli, envs
+import cli  # noqa: E402
+from envs import miniwob_env as me  # noqa: E402
+from envs import miniwob_experts as experts  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # config
@@ -54,7 +56,7 @@ ap.add_argument("--test-seed-base", type=int, default=me.TEST_SEED_BASE, help="f
 ap.add_argument("--thoughts", choices=["long", "short"], default="long",
                 help="long: the expert's reasoning; short: 'Click button 'okay' at (24,73).' (fewer target tokens)")
 # environment
-ap.add_argument("--max-steps", type=int, default=me.MAX_EXPERT_STEPS, help="expert step limit")
+ap.add_argument("--max-steps", type=int, default=experts.MAX_EXPERT_STEPS, help="expert step limit")
 ap.add_argument("--step-timeout", type=float, default=20.0, help="seconds per env step")
 ap.add_argument("--retries", type=int, default=1, help="retries of an episode after a browser fault")
 ap.add_argument("--workers", type=int, default=2, help="parallel browsers (one task at a time each)")
@@ -78,7 +80,7 @@ def run_job(job):
                 t0 = time.time()
                 for attempt in range(retries + 1):
                     try:
-                        ep = me.expert_episode(env, seed, max_steps=max_steps, thoughts=thoughts)
+                        ep = experts.expert_episode(env, seed, max_steps=max_steps, thoughts=thoughts)
                         break
                     except me.BrowserFault as e:
                         env.close()  # the next reset starts a fresh browser
@@ -123,9 +125,9 @@ def versions():
 
 def main(argv=None):
     args = ap.parse_args(argv)
-    tasks = sorted(me.EXPERTS) if args.tasks == ["all"] else sorted(set(args.tasks))
+    tasks = sorted(experts.EXPERTS) if args.tasks == ["all"] else sorted(set(args.tasks))
     try:
-        me.check_tasks(tasks, need_expert=True)
+        experts.check_tasks(tasks, need_expert=True)
     except ValueError as e:
         raise cli.UsageError(str(e)) from None
     if args.train_seed_base + args.train_seeds > args.test_seed_base and \
@@ -185,7 +187,7 @@ def main(argv=None):
     size_mb = sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) / 2**20
     manifest = {
         "format": "UI-S1 episode JSONL; coordinates and boxes in original screenshot pixels",
-        "source": "MiniWob++ scripted DOM experts (miniwob_env.py)",
+        "source": "MiniWob++ scripted DOM experts (envs/miniwob_experts.py)",
         "tasks": tasks, "image_size": [me.SCREEN_W, me.SCREEN_H], "splits": manifest_splits,
         "per_task": per_task, "versions": versions(),
         "success": f"raw_reward >= {me.SUCCESS_RAW_REWARD}",

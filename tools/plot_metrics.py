@@ -1,9 +1,9 @@
 """Draw a run's metrics.jsonl (train_sft.py, train_semionline.py) as PNG curves: one panel per
 numeric metric, against the row's `step` (else its line number).
 
-    python plot_metrics.py out/sft/metrics.jsonl                    # -> out/sft/metrics.png
-    python plot_metrics.py out/semionline/metrics.jsonl --smooth 5  # + a 5-step rolling mean
-    python plot_metrics.py out/semionline/metrics.jsonl --keys loss reward_mean kl --out /tmp/rl.png
+    python tools/plot_metrics.py out/sft/metrics.jsonl                    # -> out/sft/metrics.png
+    python tools/plot_metrics.py out/semionline/metrics.jsonl --smooth 5  # + a 5-step rolling mean
+    python tools/plot_metrics.py out/semionline/metrics.jsonl --keys loss reward_mean kl --out /tmp/rl.png
 
 A metric missing from some rows (e.g. SFT's val_loss, logged every --eval-every steps) is drawn at
 the steps that have it, with markers; null values (a NaN written as null, see the row's
@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
-import cli
-import dataset
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: cli, dataset
+import cli  # noqa: E402
+import dataset  # noqa: E402
 
 SKIP = ("step", "t")  # the x axis and wall time are not curves
 
