@@ -47,7 +47,6 @@ from kernels import group_normalize
 
 RETURNS_FORMS = ("paper", "release")
 EPISODE_FORMS = ("paper", "release")
-NORM_MODES = ("mean_std", "mean")  # the release's "mean_std_norm" / "mean_norm"
 
 # -----------------------------------------------------------------------------
 # small helpers
@@ -134,20 +133,19 @@ def discounted_returns_ragged(rewards, rollout_ids, step_idx, gamma: float, rese
 # step-level advantage (docs/method.md §6: group G_t = same task, same step)
 
 
-def step_advantages(returns, task_ids, step_idx, eps: float = 1e-6, norm: str = "mean_std") -> torch.Tensor:
+def step_advantages(returns, task_ids, step_idx, eps: float = 1e-6) -> torch.Tensor:
     """A^S_i,t = (R_i,t - mean(G_t)) / (std(G_t) + eps), G_t = same task and same step t.
 
     returns (M,) float, task_ids (M,) int, step_idx (M,) int -> fp32 (M,).
     Unbiased std; a group of one gets 0 (only one rollout reached step t).
-    norm="mean" drops the division (the release's "mean_norm" mode).
-    Raises ValueError: inputs of different lengths; norm not in NORM_MODES; eps < 0.
+    Raises ValueError: inputs of different lengths; eps < 0.
     """
     R = _as_1d(returns, torch.float32)  # (M,)
     tid, sidx = _as_1d(task_ids, torch.int64), _as_1d(step_idx, torch.int64)
     if _check_same_len(returns=R, task_ids=tid, step_idx=sidx) == 0:
         return R.clone()
     gid, _ = _dense_ids(tid, sidx)  # (M,) one id per (task, step)
-    return group_normalize(R, gid, mode=norm, eps=eps)
+    return group_normalize(R, gid, eps=eps)
 
 
 # -----------------------------------------------------------------------------
@@ -163,7 +161,6 @@ def episode_advantages(
     *,
     form: str = "paper",
     eps: float = 1e-6,
-    norm: str = "mean_std",
 ) -> torch.Tensor:
     """Episode-level advantage of every record, fp32 (M,).
 
@@ -172,8 +169,7 @@ def episode_advantages(
     form="paper": A^E_i = (R_i,last - mean) / (std + eps) over the task's rollouts,
         where R_i,last is rollout i's return at its last step; broadcast to all its steps.
     form="release": each record's r_i,t normalised against all records of its task.
-    Raises ValueError: form not in EPISODE_FORMS; inputs of different lengths; norm not in
-    NORM_MODES; eps < 0.
+    Raises ValueError: form not in EPISODE_FORMS; inputs of different lengths; eps < 0.
     """
     if form not in EPISODE_FORMS:
         raise ValueError(f"episode form must be one of {EPISODE_FORMS}, got {form!r}")
@@ -187,7 +183,7 @@ def episode_advantages(
         return R.clone()
     task_dense, _ = _dense_ids(tid)  # (M,)
     if form == "release":
-        return group_normalize(r, task_dense, mode=norm, eps=eps)
+        return group_normalize(r, task_dense, eps=eps)
 
     roll, K = _dense_ids(tid, rid)  # (M,) rollout of each record, K rollouts
     last_step = torch.full((K,), -1, dtype=torch.int64).scatter_reduce(0, roll, sidx, reduce="amax")  # (K,)
@@ -196,7 +192,7 @@ def episode_advantages(
     R_last[roll[is_last]] = R[is_last]  # (K,) trajectory return of each rollout
     task_of_roll = torch.zeros(K, dtype=torch.int64)
     task_of_roll[roll] = task_dense  # (K,)
-    adv_roll = group_normalize(R_last, task_of_roll, mode=norm, eps=eps)  # (K,)
+    adv_roll = group_normalize(R_last, task_of_roll, eps=eps)  # (K,)
     return adv_roll[roll]  # (M,) broadcast to every step of the rollout
 
 
@@ -280,31 +276,33 @@ def compute_advantages(
     records: Sequence[Any],
     *,
     gamma: float,
+    rewards: Sequence[float] | None = None,
     returns_form: str = "paper",
     episode_form: str = "paper",
     w_episode: float = 1.0,
     omega: float = 1.0,
-    norm: str = "mean_std",
     eps: float = 1e-6,
 ) -> Advantages:
     """Returns and advantages of the flat per-(task, rollout, step) records (docs/method.md §6).
 
     records: see `records_to_tensors`. Groups never cross tasks, so the result of a
     task does not depend on which other tasks are in the list (dynamic sampling may
-    drop tasks before or after this call alike).
+    drop tasks before or after this call alike). rewards: one per record, replacing the
+    records' own (a shaped reward, e.g. with DAPO's overlong penalty); default: theirs.
     Raises ValueError: returns_form not in RETURNS_FORMS, episode_form not in EPISODE_FORMS,
-    norm not in NORM_MODES, gamma outside [0, 1], eps < 0, a rollout whose steps are not 0..L-1.
+    gamma outside [0, 1], eps < 0, a rollout whose steps are not 0..L-1.
     """
     if returns_form not in RETURNS_FORMS:
         raise ValueError(f"returns form must be one of {RETURNS_FORMS}, got {returns_form!r}")
-    if norm not in NORM_MODES:
-        raise ValueError(f"norm must be one of {NORM_MODES}, got {norm!r}")
     c = records_to_tensors(records)
+    if rewards is not None:
+        c["reward"] = _as_1d([float(x) for x in rewards], torch.float32)
+        _check_same_len(rewards=c["reward"], records=c["task_idx"])
     reset = ~c["match"] if returns_form == "release" else None  # (M,)
     returns = discounted_returns_ragged(c["reward"], c["rollout"], c["step_idx"], gamma, reset)  # (M,)
-    adv_step = step_advantages(returns, c["task_idx"], c["step_idx"], eps=eps, norm=norm)  # (M,)
+    adv_step = step_advantages(returns, c["task_idx"], c["step_idx"], eps=eps)  # (M,)
     adv_episode = episode_advantages(
-        returns, c["reward"], c["task_idx"], c["rollout"], c["step_idx"], form=episode_form, eps=eps, norm=norm
+        returns, c["reward"], c["task_idx"], c["rollout"], c["step_idx"], form=episode_form, eps=eps
     )  # (M,)
     adv = combine(adv_episode, adv_step, w_episode=w_episode, omega=omega)  # (M,)
     return Advantages(adv=adv, returns=returns, adv_episode=adv_episode, adv_step=adv_step)

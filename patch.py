@@ -166,19 +166,17 @@ def make_patch(
     step: Any,
     orig_size: tuple[int, int],
     resized_size: tuple[int, int],
-    policy_thought: str | None = None,
     episode_id: str | None = None,
 ) -> str:
     """The history entry that replaces the wrong response `response` at `step`.
 
-    mode: one of PATCH_MODES. step: dataset.Step (expert action in original pixels).
+    mode: one of PATCH_MODES except "on-policy", whose patches need a generation and are made in one
+    batched call by `on_policy_patches`. step: dataset.Step (expert action in original pixels).
     orig_size, resized_size: (W, H) of the screenshot, as stored and as the model saw it.
-    policy_thought: on-policy only, the text the policy generated from the hint prompt
-        (a bare thought or a whole response; see `on_policy_patches` for the batched path).
     episode_id: named in the error when off-policy data has no thought.
     """
-    if mode not in PATCH_MODES:
-        raise ValueError(f"patch mode must be one of {PATCH_MODES}, got {mode!r}")
+    if mode not in PATCH_MODES or mode == "on-policy":
+        raise ValueError(f"patch mode must be one of {PATCH_MODES[:3]} (on-policy: on_policy_patches), got {mode!r}")
     action = expert_action_resized(step, orig_size, resized_size)  # resized pixels
     if mode == "thought-free":
         return gui.format_response(clean_thought(gui.parse_response(response).thought), action)
@@ -188,10 +186,3 @@ def make_patch(
         if not (step.thought or "").strip():
             raise ValueError(_missing_thought_msg(episode_id))
         return gui.expert_response(step, orig_size, resized_size, clean_thought(step.thought))
-    # on-policy
-    if policy_thought is None:
-        raise ValueError(
-            "on-policy patch needs policy_thought: generate it from a prompt with on_policy_hint() "
-            "(or use on_policy_patches for a batched call)"
-        )
-    return patch_from_thought(policy_thought, action)

@@ -32,7 +32,8 @@ HISTORY_MODES = ("own", "expert")  # own: semi-online RL; expert: the offline-RL
 @dataclass
 class StepRecord:
     """One sampled response: rollout `rollout_idx` of task `task_idx` at step `step_idx`; the
-    contract between the rollout (which fills the first block) and the trainer (the second).
+    contract between the rollout, which writes it, and the trainer, which reads it (its own
+    numbers, advantages and log-probs, live in train_semionline.TrainItem).
 
     task_idx: the task's index in `episodes`, or task_ids[index] when the driver is given task_ids.
     prompt: the chat.Prompt it was sampled from (token ids, images, resized_size).
@@ -43,10 +44,6 @@ class StepRecord:
     patched: replaced in the history by a patch (the patch text is never trained on).
     ended: the rollout ended at this step (a wrong step with no patch left, or the last step).
     history: the rollout's history (earlier responses or patches) the prompt was built from.
-    Filled by the trainer (None until then), docs/method.md §6: adv, the response's advantage A
-    (one float for all its tokens); ret, its discounted step return R;
-    old_logp: (L,) fp32 log-probs of response_ids under the policy before the update.
-    ref_logp: (L,) fp32 log-probs under the frozen reference (only when the KL term is on).
     """
     task_idx: int
     rollout_idx: int
@@ -63,10 +60,6 @@ class StepRecord:
     patched: bool
     ended: bool
     history: list[str]
-    adv: float | None = None
-    ret: float | None = None
-    old_logp: torch.Tensor | None = None
-    ref_logp: torch.Tensor | None = None
 
 
 @dataclass
@@ -261,3 +254,24 @@ def static_metrics(steps: list[dict]) -> dict:
             "grounding_acc": sum(s["match"] for s in grounded) / len(grounded) if grounded else None,
             "step_sr": sum(s["match"] for s in steps) / n if n else 0.0,
             "steps": n, "grounding_steps": len(grounded)}
+
+
+def greedy_vs_sampled(sampler, episodes, tokenizer, image_processor, spec: chat.PromptSpec = chat.PromptSpec(), *,
+                      samples: int = 4, seed: int = 0, image_root=None, blank_screens=None) -> dict:
+    """The RL run's held-out diagnostic: the reward sees sampled responses (the sampler's
+    temperature and top-p), evaluation runs the greedy policy, and the two can move apart (RL that
+    sharpens the sampled policy towards the greedy one without moving the greedy one). Walks
+    `episodes` three times with the driver, patch threshold 0: static (the expert's history)
+    greedily, static with `samples` samples per step, and SOP (own history, greedy). Returns counts
+    (floats, to be summed over ranks): greedy_match / greedy_steps, sampled_match / sampled_steps,
+    sop_pg_sum (sum of per-episode progress), sop_solved, episodes."""
+    def walk(**kw):
+        return semi_online_rollout(sampler, episodes, tokenizer, image_processor, spec=spec, patch_threshold=0,
+                                   image_root=image_root, blank_screens=blank_screens, **kw) if episodes else []
+    greedy = walk(n_rollouts=1, greedy=True, history_mode="expert")
+    sampled = walk(n_rollouts=samples, greedy=False, history_mode="expert", seed=seed)
+    sop = sop_progress(walk(n_rollouts=1, greedy=True, history_mode="own"), {k: len(e.steps) for k, e in enumerate(episodes)})
+    return {"greedy_match": float(sum(r.match for r in greedy)), "greedy_steps": float(len(greedy)),
+            "sampled_match": float(sum(r.match for r in sampled)), "sampled_steps": float(len(sampled)),
+            "sop_pg_sum": float(sum(c / n for c, n in sop.values())), "sop_solved": float(sum(c == n for c, n in sop.values())),
+            "episodes": float(len(sop))}

@@ -13,24 +13,13 @@ Each step:
                 mini-batch across micro-batches and ranks, AdamW, grad clip; a
                 non-finite gradient norm skips the optimizer step (counted in metrics).
 
-Task schedule and dynamic sampling (docs/method.md §6, last paragraph):
-  - the tasks of a step are a pure function of (--seed, step, slot), the slot counting every task
-    drawn in the step across rounds: round 0 takes positions [step * B, (step + 1) * B) of a
-    stream of seeded permutations of the episodes (B = --tasks-per-step); refill rounds continue
-    the step's draw WITHOUT replacement, through one permutation seeded with (seed, step) of the
-    episodes round 0 did not draw (only once it is exhausted does an episode come again). Every
-    rank derives the same global list and rolls out every world_size-th task, so the run does
-    not depend on the world size and --resume needs only the step number;
-  - each task's rollouts are sampled with a seed of (seed, step, task slot), the slot counting
-    every task drawn in the step across rounds: a task drawn twice, or again in a refill, is
-    sampled afresh, reproducibly;
-  - the keep decision is global: after each round all ranks know which slots survived, and the
-    next round draws exactly the missing number of tasks. At most 1 + --max-resample rounds
-    (default 3); a batch still short after them is trained on as it is and flagged
-    (`partial` in the step line and metrics.jsonl), and a step that kept nothing still logs
-    and checkpoints, with no update. The release (verl's DAPO loop) instead draws a full batch
-    per round, up to 10 batches, and then stops the run with an error; --max-resample 9 gives
-    the same number of rounds, with the deficit drawn each round.
+Task schedule (docs/method.md §6, last paragraph): the tasks of a step are a pure function of
+(--seed, step, slot) (step_tasks; slots count every task drawn in the step, refills included), each
+task's rollouts are seeded by (seed, step, slot) (task_seed), and the keep decision of dynamic
+sampling is global (TaskDraw): so a run does not depend on the world size and --resume needs only
+the step number. At most 1 + --max-resample rounds; a batch still short is trained on as it is and
+flagged `partial`. The release (verl's DAPO loop) draws a full batch per round, up to 10 batches,
+then stops with an error; --max-resample 9 gives the same number of rounds.
 
 Single process (CPU or one GPU), after `python train_sft.py --max-steps 150` (--model auto starts
 from its checkpoint; a random tiny model earns no reward, so dynamic sampling keeps no task and
@@ -51,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -71,7 +61,13 @@ from advantage import (
 )
 from kernels import ppo_loss
 from patch import PATCH_MODES
-from rollout import HISTORY_MODES, semi_online_rollout, sop_progress
+from rollout import (
+    HISTORY_MODES,
+    StepRecord,
+    greedy_vs_sampled,
+    semi_online_rollout,
+    sop_progress,
+)
 from sampler import DECODE_MODES, Sampler
 from vlm import (
     PolicyLogProb,
@@ -253,9 +249,16 @@ def main(argv=None):
             utils.print0(f"resumed from {ckpt} at step {start_step}")
 
     def evaluate_heldout(step: int) -> dict:
+        """Greedy vs sampled accuracy on this rank's share of the held-out episodes, summed over ranks."""
         with sampling_mode(policy):
-            return heldout_accuracy(sampler, heldout, tokenizer, image_processor, spec, args, d, seed=args.seed + step,
-                                    blank=blank)
+            counts = greedy_vs_sampled(sampler, heldout[d.rank::d.world_size], tokenizer, image_processor, spec,
+                                       samples=args.eval_samples, seed=args.seed + step, image_root=args.image_root,
+                                       blank_screens=blank)
+        total = dict(zip(counts, _all_sum(list(counts.values()), d)))
+        return {"heldout_greedy_step_acc": total["greedy_match"] / max(total["greedy_steps"], 1),
+                "heldout_sampled_step_acc": total["sampled_match"] / max(total["sampled_steps"], 1),
+                "heldout_sop_pg": total["sop_pg_sum"] / max(total["episodes"], 1),
+                "heldout_sop_tsr": total["sop_solved"] / max(total["episodes"], 1), "heldout_episodes": int(total["episodes"])}
 
     # -------------------------------------------------------------------------
     # training loop
@@ -269,94 +272,91 @@ def main(argv=None):
         if gpu:
             torch.cuda.reset_peak_memory_stats(d.device)
 
-        # --- 1. rollout, with dynamic-sampling refills (docs/method.md §6, last paragraph)
-        def rollout_round(slots, episode_ids):
-            """Roll out this rank's share of one round; returns its records and the slots it keeps."""
-            if not slots:
-                return [], set()
-            records = semi_online_rollout(
-                sampler, [episodes[i] for i in episode_ids], tokenizer, image_processor, n_rollouts=args.n_rollouts,
-                patch_mode=args.patch_mode, patch_threshold=args.patch_threshold,
-                history_mode=args.history, image_root=args.image_root, blank_screens=blank,
-                spec=spec, seed=[task_seed(args.seed, step, s) for s in slots],
-                progress=d.is_main, task_ids=slots)  # task_idx = the global slot: the same on every world size
-            if args.overlong_buffer > 0:  # DAPO's soft overlong punishment, into the reward the advantages see
-                for r in records:
-                    r.reward += overlong_penalty(len(r.response_ids), args.max_new_tokens, args.overlong_buffer)
-            adv = compute_advantages(records, gamma=args.gamma, returns_form=args.returns_form,
-                                     episode_form=args.episode_adv, w_episode=args.w_episode, omega=args.omega)
-            for r, a, R in zip(records, adv.adv.tolist(), adv.returns.tolist()):
-                r.adv, r.ret = a, R
-            if args.filter_std < 0:
-                return records, set(slots)
-            return records, dynamic_sampling_tasks(records, adv.returns, threshold=args.filter_std)
-
+        # --- 1. rollout: draw tasks, roll them out, keep those whose rollouts differ (dynamic sampling),
+        #        draw the missing number again (refills; docs/method.md §6, last paragraph)
+        draw = TaskDraw(args.seed, step, len(episodes), args.tasks_per_step, 1 + args.max_resample, d)
+        batch: list[TrainItem] = []  # the kept responses, with what the trainer computes for them
+        rolled = []                  # every record this rank rolled out this step, kept or not
         with sampling_mode(policy):
-            records, all_records, fill = fill_batch(
-                rollout_round, step=step, seed=args.seed, n_episodes=len(episodes), batch_size=args.tasks_per_step,
-                max_rounds=1 + args.max_resample, d=d)
+            while (drawn := draw.next_round()) is not None:
+                slots, episode_ids = drawn  # this rank's share: every world_size-th slot of the round
+                records = semi_online_rollout(
+                    sampler, [episodes[i] for i in episode_ids], tokenizer, image_processor, spec=spec,
+                    n_rollouts=args.n_rollouts, patch_mode=args.patch_mode, patch_threshold=args.patch_threshold,
+                    history_mode=args.history, image_root=args.image_root, blank_screens=blank,
+                    seed=[task_seed(args.seed, step, s) for s in slots], progress=d.is_main,
+                    task_ids=slots)  # task_idx = the global slot: the same on every world size
+                # --- 2. returns and advantages (docs/method.md §6); groups never cross tasks, so per round
+                rewards = [r.reward + overlong_penalty(len(r.response_ids), args.max_new_tokens, args.overlong_buffer)
+                           for r in records]  # DAPO's soft overlong penalty, 0 unless --overlong-buffer
+                adv = compute_advantages(records, rewards=rewards, gamma=args.gamma, returns_form=args.returns_form,
+                                         episode_form=args.episode_adv, w_episode=args.w_episode, omega=args.omega)
+                keep = (set(slots) if args.filter_std < 0 else
+                        dynamic_sampling_tasks(records, adv.returns, threshold=args.filter_std))
+                kept = draw.keep(keep)  # the global decision: every rank draws the same next round
+                batch += [TrainItem(r, a) for r, a in zip(records, adv.adv.tolist()) if r.task_idx in kept]
+                rolled += records
         t_rollout = time.time() - t0
-        ep_len = {s: len(episodes[e].steps) for s, e in fill["slot_episode"].items()}
+        ep_len = {s: len(episodes[e].steps) for s, e in draw.slot_episode.items()}
 
         # rollout statistics over every sampled response (kept or not), summed over ranks
         reward_sum, match_sum, n_resp, n_patched, resp_tok, prog_sum, n_roll, n_train, n_cut = _all_sum([
-            sum(r.reward for r in all_records), sum(r.match for r in all_records), len(all_records),
-            sum(r.patched for r in all_records), sum(len(r.response_ids) for r in all_records),
-            sum(c / n for c, n in sop_progress(all_records, ep_len).values()),  # SOP progress, as eval's PG
-            len({(r.task_idx, r.rollout_idx) for r in all_records}),
-            len(records), sum(r.finish_reason != "stop" for r in all_records)], d)
+            sum(r.reward for r in rolled), sum(r.match for r in rolled), len(rolled),
+            sum(r.patched for r in rolled), sum(len(r.response_ids) for r in rolled),
+            sum(c / n for c, n in sop_progress(rolled, ep_len).values()),  # SOP progress, as eval's PG
+            len({(r.task_idx, r.rollout_idx) for r in rolled}),
+            len(batch), sum(r.finish_reason != "stop" for r in rolled)], d)
 
-        # --- 2./3. old and reference log-probs (no grad), on exactly the sampled ids
+        # --- 3. old and reference log-probs (no grad), on exactly the sampled ids
         t1 = time.time()
-        upd = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0, "grad_norm": None,
-               "skipped": 0, "ratio_dev": None}
+        totals = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0, "grad_norm": None,
+                  "skipped": 0, "ratio_dev": None}
         sampler_gap = []
         if n_train > 0:  # global: every rank takes the same branch
-            micro = _micro_batches(records, args.ppo_mini_batches, args.micro_batch_size, d)
-            fallback = (records or all_records)[:1]  # what a dummy micro-batch runs (FSDP collectives must match)
+            micro = _micro_batches(batch, args.ppo_mini_batches, args.micro_batch_size, d)
+            filler = batch[:1] or [TrainItem(rolled[0], 0.0)]  # what a dummy micro-batch runs (FSDP collectives)
 
             def collate(chunk):
-                rs = chunk if chunk is not None else fallback
-                return to_device(collate_sequences([r.prompt for r in rs], [r.response_ids for r in rs],
-                                                               pad_id), d.device)
+                items = chunk if chunk is not None else filler
+                return to_device(collate_sequences([it.prompt for it in items], [it.response_ids for it in items],
+                                                   pad_id), d.device)
 
             with torch.no_grad():
-                for mb in micro:
-                    for chunk in mb:
-                        batch = collate(chunk)
-                        old, _ = policy(batch, temperature=args.temperature)  # (N,) fp32
-                        refl = ref(batch, temperature=args.temperature)[0] if ref is not None else None  # (N,)
+                for mini in micro:
+                    for chunk in mini:
+                        inputs = collate(chunk)
+                        old = policy(inputs, temperature=args.temperature)[0]  # (N,) fp32
+                        ref_lp = ref(inputs, temperature=args.temperature)[0] if ref is not None else None  # (N,)
                         if chunk is None:
                             continue
-                        for r, lp in zip(chunk, _per_record(chunk, old)):
-                            r.old_logp = lp  # (L,)
-                        if refl is not None:
-                            for r, lp in zip(chunk, _per_record(chunk, refl)):
-                                r.ref_logp = lp  # (L,)
+                        for it, lp in zip(chunk, _per_item(chunk, old)):
+                            it.old_logp = lp  # (L,)
+                        for it, lp in zip(chunk, _per_item(chunk, ref_lp) if ref_lp is not None else ()):
+                            it.ref_logp = lp  # (L,)
                         # the sampler's log-probs are of its nucleus at top-p < 1, the trainer's of the full
                         # distribution (the loss uses the trainer's): compared only where both are the same one
-                        for r in chunk if args.top_p == 1.0 else ():
-                            if len(r.response_ids):
-                                sampler_gap.append((r.old_logp - r.sampler_logp.to(r.old_logp)).abs().max().item())
+                        for it in chunk if args.top_p == 1.0 else ():
+                            if len(it.response_ids):
+                                sampler_gap.append((it.old_logp - it.record.sampler_logp.to(it.old_logp)).abs().max().item())
         t_logp = time.time() - t1
 
         # --- 4. update: ppo_mini_batches optimizer steps over one pass of the data (1 PPO epoch)
         t2 = time.time()
         if n_train > 0:
-            for mb in micro:
-                st = ppo_step(policy, optimizer, mb, collate, args, d)
+            for mini in micro:
+                sums = ppo_step(policy, optimizer, mini, collate, args, d)
                 for k in ("loss", "kl", "entropy", "clipped", "tokens", "skipped"):
-                    upd[k] += st[k]
-                upd["grad_norm"] = st["grad_norm"]
-                if upd["ratio_dev"] is None:
-                    upd["ratio_dev"] = st["ratio_dev"]
+                    totals[k] += sums[k]
+                totals["grad_norm"] = sums["grad_norm"]
+                if totals["ratio_dev"] is None:
+                    totals["ratio_dev"] = sums["ratio_dev"]
         else:
-            utils.print0(f"step {step + 1}: dynamic sampling kept no task in {fill['rounds']} rounds; no update")
+            utils.print0(f"step {step + 1}: dynamic sampling kept no task in {draw.rounds} rounds; no update")
         t_update = time.time() - t2
 
         # --- logging (rank 0) and checkpoints
         loss_all, kl_all, ent_all, clip_all, tok_all = _all_sum(
-            [upd["loss"], upd["kl"], upd["entropy"], upd["clipped"], upd["tokens"]], d)
+            [totals["loss"], totals["kl"], totals["entropy"], totals["clipped"], totals["tokens"]], d)
         per_tok = (lambda x: x / tok_all) if tok_all > 0 else (lambda x: None)  # noqa: E731
         dt = time.time() - t0
         last = {
@@ -364,16 +364,15 @@ def main(argv=None):
             "reward_mean": reward_sum / max(n_resp, 1), "match_rate": match_sum / max(n_resp, 1),
             "truncated_rate": n_cut / max(n_resp, 1),  # responses cut at --max-new-tokens (strict rules: reward 0)
             "progress": prog_sum / max(n_roll, 1), "patch_rate": n_patched / max(n_resp, 1),
-            "rounds": fill["rounds"], "tasks_tried": fill["tasks_tried"], "tasks_kept": fill["tasks_kept"],
-            "partial": fill["partial"], "updates_skipped": upd["skipped"],
+            **draw.info(), "updates_skipped": totals["skipped"],
             "kl": per_tok(kl_all), "entropy": per_tok(ent_all), "clipfrac": per_tok(clip_all),
-            "grad_norm": upd["grad_norm"], "response_len": resp_tok / max(n_resp, 1), "train_tokens": int(tok_all),
+            "grad_norm": totals["grad_norm"], "response_len": resp_tok / max(n_resp, 1), "train_tokens": int(tok_all),
             "tok_s": resp_tok / max(t_rollout, 1e-9), "time_rollout_s": t_rollout, "time_logp_s": t_logp,
             "time_update_s": t_update, "time_s": dt,
             # max |trainer - sampler| log-prob over rank 0's tokens, a numerics check; null at --top-p < 1,
             # where the sampler's log-probs are of the truncated (nucleus) distribution
             "sampler_logp_gap": max(sampler_gap, default=0.0) if args.top_p == 1.0 else None,
-            "first_ratio_dev": upd["ratio_dev"],  # the first on-policy micro-batch: must be 0
+            "first_ratio_dev": totals["ratio_dev"],  # the first on-policy micro-batch: must be 0
             "fsdp": torch.distributed.is_initialized(),  # sharded by FSDP2 (always under torchrun)
             "decode": sampler.decode,  # the sampler's decode path ("static" if a CUDA graph capture failed)
             "peak_mem_bytes": utils.peak_memory_bytes(d.device),  # this rank: the step's (CUDA) or the run's (CPU)
@@ -385,10 +384,10 @@ def main(argv=None):
             f"step {step + 1:4d} | loss {_fmt(last['loss'], '+.4f')} | reward {last['reward_mean']:.3f} "
             f"| match {last['match_rate']:.3f} | prog {last['progress']:.3f} | patch {last['patch_rate']:.2f} "
             f"| cut {last['truncated_rate']:.2f} "
-            f"| kept {fill['tasks_kept']}/{fill['tasks_tried']} in {fill['rounds']} rounds"
-            f"{' (PARTIAL)' if fill['partial'] else ''} | kl {_fmt(last['kl'], '.2e')} "
+            f"| kept {last['tasks_kept']}/{last['tasks_tried']} in {last['rounds']} rounds"
+            f"{' (PARTIAL)' if last['partial'] else ''} | kl {_fmt(last['kl'], '.2e')} "
             f"| ent {_fmt(last['entropy'], '.2f')} | clip {_fmt(last['clipfrac'], '.3f')} "
-            f"| skipped {upd['skipped']} | len {last['response_len']:.0f} | {last['tok_s']:.0f} tok/s "
+            f"| skipped {totals['skipped']} | len {last['response_len']:.0f} | {last['tok_s']:.0f} tok/s "
             f"| rollout {t_rollout:.1f}s update {t_logp + t_update:.1f}s")
         stop = args.stop_after is not None and step + 1 - start_step >= args.stop_after
         if stop or step + 1 == args.max_steps or (args.save_every and (step + 1) % args.save_every == 0):
@@ -408,33 +407,6 @@ def main(argv=None):
               f"--model {out / 'ckpt'} --protocol sop static --online --out out/eval/semionline", flush=True)
         print(cli.dumps(last), flush=True)
     return last
-
-
-# -----------------------------------------------------------------------------
-# held-out diagnostic
-
-
-def heldout_accuracy(sampler, episodes, tokenizer, image_processor, spec, args, d, *, seed: int, blank=None) -> dict:
-    """Greedy vs sampled accuracy on held-out episodes (a diagnostic of the RL run, docs/method.md §8):
-    the reward sees sampled responses (--temperature, --top-p), evaluation runs the greedy policy, and
-    the two can move apart (sharpening: the sampled accuracy rises to the greedy one, which stays).
-
-    Each rank walks its share of `episodes` (every world_size-th) three times with the rollout driver:
-    static (the expert's history) greedily, static with args.eval_samples samples per step, and SOP
-    (own history, greedy, stop at the first wrong step). Returns, summed over ranks:
-    heldout_greedy_step_acc, heldout_sampled_step_acc (matched steps / steps), heldout_sop_pg (mean
-    progress), heldout_sop_tsr (episodes fully solved). Collective (every rank calls it)."""
-    mine = episodes[d.rank::d.world_size]
-    kw = dict(spec=spec, image_root=args.image_root, blank_screens=blank, patch_threshold=0)
-    walk = lambda **k: semi_online_rollout(sampler, mine, tokenizer, image_processor, **kw, **k) if mine else []  # noqa: E731
-    greedy = walk(n_rollouts=1, greedy=True, history_mode="expert")
-    sampled = walk(n_rollouts=args.eval_samples, greedy=False, history_mode="expert", seed=seed)
-    sop = sop_progress(walk(n_rollouts=1, greedy=True, history_mode="own"), {k: len(e.steps) for k, e in enumerate(mine)})
-    g_ok, g_n, s_ok, s_n, pg, tsr, n_ep = _all_sum([
-        sum(r.match for r in greedy), len(greedy), sum(r.match for r in sampled), len(sampled),
-        sum(c / n for c, n in sop.values()), sum(c == n for c, n in sop.values()), len(sop)], d)
-    return {"heldout_greedy_step_acc": g_ok / max(g_n, 1), "heldout_sampled_step_acc": s_ok / max(s_n, 1),
-            "heldout_sop_pg": pg / max(n_ep, 1), "heldout_sop_tsr": tsr / max(n_ep, 1), "heldout_episodes": int(n_ep)}
 
 
 # -----------------------------------------------------------------------------
@@ -503,42 +475,76 @@ def task_seed(seed: int, step: int, slot: int) -> int:
     return int.from_bytes(h, "little") & 0x7FFF_FFFF_FFFF
 
 
-def fill_batch(rollout_round, *, step: int, seed: int, n_episodes: int, batch_size: int, max_rounds: int, d):
-    """Dynamic sampling with refills (DAPO; docs/method.md §6): draw batch_size tasks, keep those
-    whose rollouts vary, draw the missing number again (step_tasks: no episode twice in a step
-    while one is left undrawn), for at most max_rounds rounds.
+class TaskDraw:
+    """The tasks of one training step under dynamic sampling with refills (DAPO; docs/method.md §6):
+    round 0 draws batch_size tasks; after each round the keep decision is made global (one all-reduce
+    of per-slot flags), and the next round draws exactly the missing number (step_tasks: no episode
+    twice in a step while one is left undrawn), for at most max_rounds rounds. A batch still short
+    then is trained on as it is and flagged `partial`.
 
-    rollout_round(slots, episode_ids) -> (records, kept_slots) rolls out this rank's share
-    (global slots slots[i] of the step, episodes episode_ids[i]) and returns its records (task_idx
-    = the global slot) and the subset of `slots` it keeps. Rank r takes every world_size-th slot.
-    The keep decision is then made global (one all-reduce of per-slot flags), so every rank knows
-    how many tasks survived and draws the same next round. Returns (kept records of this rank,
-    all records of this rank, info) with info = rounds, tasks_tried, tasks_kept (global counts),
-    partial (fewer than batch_size kept after max_rounds; the batch is used as it is) and
-    slot_episode {slot: episode index} over every slot of the step.
+    Slots count every task drawn in the step across rounds; slot s holds episode slot_episode[s].
+    Rank r rolls out every world_size-th slot of each round, so the run does not depend on the
+    world size. d: utils.Dist. In use (train_semionline.main):
+        while (drawn := draw.next_round()) is not None:
+            slots, episode_ids = drawn            # this rank's share
+            ... roll them out, decide which of `slots` to keep ...
+            kept = draw.keep(keep)                # the global set of kept slots of this round
     """
-    kept_records, all_records, slot_episode = [], [], {}
-    n_tried = n_kept = rounds = 0
-    while n_kept < batch_size and rounds < max_rounds:
-        need = batch_size - n_kept
-        slots = list(range(n_tried, n_tried + need))
+
+    def __init__(self, seed: int, step: int, n_episodes: int, batch_size: int, max_rounds: int, d):
+        self.seed, self.step, self.n_episodes, self.batch_size, self.max_rounds, self.d = (
+            seed, step, n_episodes, batch_size, max_rounds, d)
+        self.slot_episode: dict[int, int] = {}
+        self.tried = self.kept = self.rounds = 0
+        self._slots: list[int] = []  # the current round's global slots
+
+    def next_round(self) -> tuple[list[int], list[int]] | None:
+        """(this rank's slots, their episode indices) of the next round, or None when the batch is
+        full or max_rounds rounds have run."""
+        if self.kept >= self.batch_size or self.rounds >= self.max_rounds:
+            return None
+        need = self.batch_size - self.kept
+        self._slots = list(range(self.tried, self.tried + need))
         # refills continue the step's draw without replacement, from where the last round stopped
-        drawn = step_tasks(seed, step, rounds, need, n_episodes, batch_size, offset=max(0, n_tried - batch_size))
-        slot_episode.update(zip(slots, drawn))
-        mine = slots[d.rank::d.world_size]
-        records, keep = rollout_round(mine, [slot_episode[s] for s in mine])
-        if not set(keep) <= set(mine):
-            raise RuntimeError(f"rollout_round kept slots {sorted(set(keep) - set(mine))} it was not given")
-        flags = torch.zeros(need, dtype=torch.float64)  # (need,) 1 = kept, summed over ranks
-        flags[[s - n_tried for s in keep]] = 1.0
-        flags = torch.tensor(_all_sum(flags.tolist(), d))
-        kept_global = {n_tried + j for j in flags.nonzero().flatten().tolist()}
-        kept_records += [r for r in records if r.task_idx in kept_global]
-        all_records += records
-        n_tried, n_kept, rounds = n_tried + need, n_kept + len(kept_global), rounds + 1
-    info = {"rounds": rounds, "tasks_tried": n_tried, "tasks_kept": n_kept, "partial": n_kept < batch_size,
-            "slot_episode": slot_episode}
-    return kept_records, all_records, info
+        drawn = step_tasks(self.seed, self.step, self.rounds, need, self.n_episodes, self.batch_size,
+                           offset=max(0, self.tried - self.batch_size))
+        self.slot_episode.update(zip(self._slots, drawn))
+        mine = self._slots[self.d.rank::self.d.world_size]
+        return mine, [self.slot_episode[s] for s in mine]
+
+    def keep(self, keep) -> set[int]:
+        """This rank's kept slots (a subset of its share) -> the round's kept slots over all ranks.
+        Collective. Raises RuntimeError for a slot that is not this rank's in this round."""
+        mine = set(self._slots[self.d.rank::self.d.world_size])
+        if not set(keep) <= mine:
+            raise RuntimeError(f"kept slots {sorted(set(keep) - mine)} were not this rank's to roll out")
+        first = self._slots[0]
+        flags = [0.0] * len(self._slots)  # 1 = kept, summed over ranks
+        for s in keep:
+            flags[s - first] = 1.0
+        kept = {first + j for j, f in enumerate(_all_sum(flags, self.d)) if f > 0}
+        self.tried, self.kept, self.rounds = self.tried + len(self._slots), self.kept + len(kept), self.rounds + 1
+        return kept
+
+    def info(self) -> dict:
+        """The step's draw, for its metrics line: rounds, tasks_tried, tasks_kept (global), partial."""
+        return {"rounds": self.rounds, "tasks_tried": self.tried, "tasks_kept": self.kept,
+                "partial": self.kept < self.batch_size}
+
+
+@dataclass
+class TrainItem:
+    """A kept response and what the trainer computes for it (the rollout's StepRecord stays as the
+    rollout left it): adv, its advantage A (one float for all its tokens, docs/method.md §6);
+    old_logp and ref_logp, (L,) fp32 log-probs of its ids under the policy before the update and
+    under the frozen reference (when the KL term is on)."""
+    record: StepRecord
+    adv: float
+    old_logp: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+    prompt = property(lambda self: self.record.prompt)
+    response_ids = property(lambda self: self.record.response_ids)
+    task_idx = property(lambda self: self.record.task_idx)
 
 
 # -----------------------------------------------------------------------------
@@ -551,7 +557,7 @@ def ppo_step(policy, optimizer, mb, collate, args, d) -> dict:
     micro-batches on all ranks: `_loss_denominator`), backward per micro-batch, global grad-norm
     clip (args.grad_clip), optimizer.step().
 
-    mb: list of micro-batches, each a list of records (response_ids, adv, old_logp, and ref_logp
+    mb: list of micro-batches, each a list of TrainItems (response_ids, adv, old_logp, and ref_logp
     when args.kl_coef > 0) or None: a dummy that runs the same FSDP collectives with zero gradient.
     collate(chunk) -> model batch. d: utils.Dist. A non-finite global gradient norm skips
     optimizer.step() and drops the gradients ("skipped": 1). Returns this rank's sums: loss (its
@@ -595,7 +601,8 @@ def ppo_step(policy, optimizer, mb, collate, args, d) -> dict:
 
 
 def _micro_batches(records, n_mini, micro_size, d):
-    """Split records into n_mini mini-batches, each a list of micro-batches.
+    """Split records (TrainItems, or anything with task_idx) into n_mini mini-batches, each a list
+    of micro-batches.
 
     Record j of a task (in record order) goes to mini-batch j % n_mini, so the union of a
     mini-batch over ranks does not depend on the world size (the 1- vs 2-process test).
@@ -638,9 +645,9 @@ def _loss_denominator(mb, agg, d) -> float:
     return max(_all_sum([n], d)[0], 1.0)
 
 
-def _per_record(chunk, values: torch.Tensor) -> list[torch.Tensor]:
+def _per_item(chunk, values: torch.Tensor) -> list[torch.Tensor]:
     """Split a flat (N,) per-token tensor of a micro-batch into one (L_i,) fp32 CPU tensor per
-    record, in order (N = sum of the records' response lengths L_i)."""
+    item, in order (N = sum of the items' response lengths L_i)."""
     return list(values.detach().float().cpu().split([len(r.response_ids) for r in chunk]))
 
 

@@ -15,7 +15,6 @@ import dataset
 import gui
 import utils
 import vlm
-import vlm as policy_logprob
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,9 +32,9 @@ def make_checkpoint(out, n_episodes=2, steps=80, lr=5e-3, max_pixels=20000, seed
         action = gui.scale_action(ep.steps[0].action, shot.size, p.resized_size)
         prompts.append(p)
         responses.append(tok(gui.format_response("I click it.", action)).input_ids + [stop])
-    batch = policy_logprob.collate_sequences(prompts, responses, tok.pad_token_id)
+    batch = vlm.collate_sequences(prompts, responses, tok.pad_token_id)
     model = vlm.load_model("tiny", seed=seed)
-    policy = policy_logprob.PolicyLogProb(model)
+    policy = vlm.PolicyLogProb(model)
     opt = torch.optim.Adam(policy.parameters(), lr=lr)
     for _ in range(steps):
         logp, _ = policy(batch)  # (N,) over every response token

@@ -109,8 +109,6 @@ def test_step_advantages_small():
     step = [0, 0, 0, 1, 1, 0]
     s2 = math.sqrt(0.5)
     close(step_advantages(R, task, step), [1.0, -1.0, 0.0, 0.5 / s2, -0.5 / s2, 0.0])
-    # release "mean_norm": no division
-    close(step_advantages(R, task, step, norm="mean"), [0.5, -0.5, 0.0, 0.5, -0.5, 0.0])
 
 
 def test_constant_group_is_exactly_zero():
@@ -283,3 +281,17 @@ def test_dynamic_sampling_tasks_on_scenario():
     # step-0 returns: task 7 [1.75, 1.05, 1.3] -> drop; task 3 [0, 1.5] -> keep; task 5 [1.275] -> keep
     assert dynamic_sampling_tasks(records(), out.returns, threshold=0.3) == {3, 5}
     assert dynamic_sampling_tasks(records(), out.returns, threshold=0.8) == {5}
+
+
+def test_shaped_rewards_replace_the_records_own():
+    """rewards= (the trainer's overlong-shaped rewards) gives what records carrying those rewards give."""
+    recs = [dict(task_idx=0, rollout_idx=i, step_idx=t, reward=r, match=r > 0.5)
+            for i, rs in enumerate([[1.0, 0.55], [0.55, 1.0], [1.0, 1.0]]) for t, r in enumerate(rs)]
+    shaped = [r["reward"] - 0.25 * (k % 2) for k, r in enumerate(recs)]
+    want = compute_advantages([dict(r, reward=x) for r, x in zip(recs, shaped)], gamma=0.5)
+    got = compute_advantages(recs, rewards=shaped, gamma=0.5)
+    close(got.adv, want.adv)
+    close(got.returns, want.returns)
+    assert not torch.allclose(got.returns, compute_advantages(recs, gamma=0.5).returns)  # the shaping is used
+    with pytest.raises(ValueError):
+        compute_advantages(recs, rewards=shaped[:-1], gamma=0.5)

@@ -93,10 +93,9 @@ def test_on_policy_from_generated_thought():
     gen = '<think>\nThe toggle is right there; tap it.\n</think>\n<action>\n{"action": "click", "coordinate": [1, 1]}\n</action>'
     want = "<think>\nThe toggle is right there; tap it.\n</think>\n<action>\n" + CLICK_RESIZED + "\n</action>"
     # the generated action is discarded: only the thought is kept, with the expert action
-    assert make_patch("on-policy", response=WRONG, step=step(), orig_size=ORIG, resized_size=RESIZED, policy_thought=gen) == want
     assert patch_from_thought(gen, {"action": "click", "coordinate": [250, 500]}) == want
     assert patch_from_thought("The toggle is right there; tap it.", {"action": "click", "coordinate": [250, 500]}) == want
-    with pytest.raises(ValueError, match="policy_thought"):
+    with pytest.raises(ValueError, match="on_policy_patches"):  # made only by the batched path
         make_patch("on-policy", response=WRONG, step=step(), orig_size=ORIG, resized_size=RESIZED)
 
 

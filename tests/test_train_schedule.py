@@ -1,6 +1,6 @@
 """The task schedule, dynamic-sampling refills and rollout bookkeeping of train_semionline.py,
 against cases computed by hand: `step_tasks` (a pure function of seed, step, slot; refills without
-replacement), `fill_batch` (global keep decision, refill rounds, the cap, 1 vs 2 ranks), per-slot
+replacement), `TaskDraw` (global keep decision, refill rounds, the cap, 1 vs 2 ranks), per-slot
 sampling seeds, SOP progress (and the release's exception rule), the overlong penalty, flag checks."""
 import hashlib
 import threading
@@ -53,7 +53,7 @@ def test_task_seed():
 
 
 # -----------------------------------------------------------------------------
-# fill_batch
+# TaskDraw: the rounds of dynamic sampling as main runs them
 
 
 class Rec:
@@ -62,8 +62,9 @@ class Rec:
 
 
 def run_fill(world, keep_slots, batch_size=4, max_rounds=3, seed=0, step=5, n_eps=7):
-    """fill_batch on `world` simulated ranks (threads; _all_sum summed through a barrier).
-    The fake rollout keeps the slots in keep_slots (a rank can only keep its own)."""
+    """A step's TaskDraw loop, as train_semionline.main runs it, on `world` simulated ranks (threads;
+    _all_sum summed through a barrier). The fake rollout keeps the slots in keep_slots (a rank can only
+    keep its own)."""
     calls = {r: [] for r in range(world)}
     results = {}
     box, barrier = {}, threading.Barrier(world)
@@ -79,8 +80,7 @@ def run_fill(world, keep_slots, batch_size=4, max_rounds=3, seed=0, step=5, n_ep
         def rollout_round(slots, episode_ids):
             calls[rank].append((list(slots), list(episode_ids)))
             return [Rec(s) for s in slots], {s for s in slots if s in keep_slots}
-        results[rank] = ts.fill_batch(rollout_round, step=step, seed=seed, n_episodes=n_eps, batch_size=batch_size,
-                                      max_rounds=max_rounds, d=dist(rank, world))
+        results[rank] = drive(ts.TaskDraw(seed, step, n_eps, batch_size, max_rounds, dist(rank, world)), rollout_round)
 
     orig = ts._all_sum
     ts._all_sum = all_sum
@@ -95,8 +95,19 @@ def run_fill(world, keep_slots, batch_size=4, max_rounds=3, seed=0, step=5, n_ep
     return results, calls
 
 
+def drive(draw, rollout_round):
+    """main's loop: (kept records, every record, info with slot_episode)."""
+    kept, every = [], []
+    while (drawn := draw.next_round()) is not None:
+        records, keep = rollout_round(*drawn)
+        kept_slots = draw.keep(keep)
+        kept += [r for r in records if r.task_idx in kept_slots]
+        every += records
+    return kept, every, {**draw.info(), "slot_episode": draw.slot_episode}
+
+
 @pytest.mark.parametrize("world", [1, 2])
-def test_fill_batch_refills_by_hand(world):
+def test_task_draw_refills_by_hand(world):
     # batch 4. round 0: slots 0-3, keep {1}; round 1: the missing 3, slots 4-6, keep {4, 6};
     # round 2: the missing 1, slot 7, dropped; the cap (3 rounds) is reached: partial, 3 of 4 kept
     results, calls = run_fill(world, keep_slots={1, 4, 6})
@@ -119,7 +130,7 @@ def test_fill_batch_refills_by_hand(world):
         assert calls[0][0][1] == [results[0][2]["slot_episode"][s] for s in (0, 2)]
 
 
-def test_fill_batch_full_and_capped():
+def test_task_draw_full_and_capped():
     results, _ = run_fill(1, keep_slots=set(range(100)))
     assert results[0][2] | {"slot_episode": None} == {"rounds": 1, "tasks_tried": 4, "tasks_kept": 4, "partial": False,
                                                       "slot_episode": None}
@@ -128,11 +139,11 @@ def test_fill_batch_full_and_capped():
                for _, _, info in results.values())
 
 
-def test_fill_batch_rejects_foreign_slots():
+def test_task_draw_rejects_foreign_slots():
     def bad(slots, episode_ids):
         return [], {99}
     with pytest.raises(RuntimeError, match="99"):
-        ts.fill_batch(bad, step=0, seed=0, n_episodes=3, batch_size=2, max_rounds=2, d=dist(0, 1))
+        drive(ts.TaskDraw(0, 0, 3, 2, 2, dist(0, 1)), bad)
 
 
 def test_refills_never_redraw_a_kept_episode():
@@ -148,8 +159,7 @@ def test_refills_never_redraw_a_kept_episode():
 
     dup_kept = dup_drawn = refilled = 0
     for step in range(200):
-        kept, _, info = ts.fill_batch(rollout_round(step), step=step, seed=0, n_episodes=32, batch_size=8,
-                                      max_rounds=10, d=dist(0, 1))
+        kept, _, info = drive(ts.TaskDraw(0, step, 32, 8, 10, dist(0, 1)), rollout_round(step))
         eps = [info["slot_episode"][r.task_idx] for r in kept]
         dup_kept += len(eps) != len(set(eps))
         drawn = list(info["slot_episode"].values())

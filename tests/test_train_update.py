@@ -23,7 +23,6 @@ from update_case import ARGV, make_records, reference_grads
 import train_semionline as ts
 import utils
 import vlm
-import vlm as policy_logprob
 
 REPO = Path(__file__).resolve().parents[1]
 ONE = utils.Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
@@ -49,12 +48,12 @@ def ref_grads(records, agg):
 
 
 def run_update(model, records, pad_id, args, micro_size=2, opt=None):
-    policy = policy_logprob.PolicyLogProb(model)
+    policy = vlm.PolicyLogProb(model)
     opt = opt or torch.optim.SGD(policy.parameters(), lr=0.0)
     mb = ts._micro_batches(records, 1, micro_size, ONE)[0]
 
     def collate(chunk):
-        return policy_logprob.collate_sequences([r.prompt for r in chunk], [r.response_ids for r in chunk], pad_id)
+        return vlm.collate_sequences([r.prompt for r in chunk], [r.response_ids for r in chunk], pad_id)
 
     return ts.ppo_step(policy, opt, mb, collate, args, ONE), mb
 
@@ -165,7 +164,7 @@ def test_gradient_checkpointing_same_gradient(case):
     args = ts.parser.parse_args(ARGV)
     want = _plain_update_grads(records, pad_id, args)
     model = vlm.load_model("tiny", seed=0)
-    policy_logprob.checkpoint_activations(model)
+    vlm.checkpoint_activations(model)
     calls = _counting(model)
     run_update(model, records, pad_id, args, micro_size=len(records))
     assert calls == {"text": 2, "vision": 2}                   # forward + recompute
@@ -183,13 +182,13 @@ def test_gradient_checkpointing_under_fsdp2(case):
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         model = vlm.load_model("tiny", seed=0)
-        policy_logprob.checkpoint_activations(model)
+        vlm.checkpoint_activations(model)
         calls = _counting(model)
-        policy = policy_logprob.apply_fsdp(model, policy_logprob.PolicyLogProb(model), ONE, mixed_precision=False)
+        policy = vlm.apply_fsdp(model, vlm.PolicyLogProb(model), ONE, mixed_precision=False)
         mb = ts._micro_batches(records, 1, len(records), ONE)[0]
 
         def collate(chunk):
-            return policy_logprob.collate_sequences([r.prompt for r in chunk], [r.response_ids for r in chunk], pad_id)
+            return vlm.collate_sequences([r.prompt for r in chunk], [r.response_ids for r in chunk], pad_id)
 
         st = ts.ppo_step(policy, torch.optim.SGD(policy.parameters(), lr=0.0), mb, collate, args, ONE)
         assert st["skipped"] == 0 and calls == {"text": 2, "vision": 2}
@@ -244,14 +243,14 @@ def test_pad_token_id_rule():
 
         def get_vocab(self):
             return {"<|image_pad|>": 151655}
-    assert policy_logprob.pad_token_id(Tok(151643, 151645)) == 151643
-    assert policy_logprob.pad_token_id(Tok(None, 151645)) == 151645
-    assert policy_logprob.pad_token_id(Tok(None, None)) == 0
-    assert policy_logprob.pad_token_id(Tok(151655, 151645)) == 0
+    assert vlm.pad_token_id(Tok(151643, 151645)) == 151643
+    assert vlm.pad_token_id(Tok(None, 151645)) == 151645
+    assert vlm.pad_token_id(Tok(None, None)) == 0
+    assert vlm.pad_token_id(Tok(151655, 151645)) == 0
     tok, _ = vlm.load_processor(None)
-    assert policy_logprob.pad_token_id(tok) == tok.pad_token_id == 151643  # the shipped Qwen2.5-VL tokenizer
+    assert vlm.pad_token_id(tok) == tok.pad_token_id == 151643  # the shipped Qwen2.5-VL tokenizer
     tok, _ = vlm.load_processor("tiny")
-    assert policy_logprob.pad_token_id(tok) == tok.pad_token_id == tok.convert_tokens_to_ids("<|endoftext|>")
+    assert vlm.pad_token_id(tok) == tok.pad_token_id == tok.convert_tokens_to_ids("<|endoftext|>")
 
 
 def test_micro_batches_by_hand():

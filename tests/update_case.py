@@ -14,9 +14,9 @@ import torch
 import chat
 import dataset
 import vlm
-import vlm as policy_logprob
 from rollout import semi_online_rollout
 from sampler import Sampler
+from train_semionline import TrainItem
 
 REPO = Path(__file__).resolve().parents[1]
 ARGV = ["--clip-low", "0.2", "--clip-high", "0.25", "--clip-c", "3.0", "--kl-coef", "0.3", "--grad-clip", "1e9",
@@ -24,7 +24,8 @@ ARGV = ["--clip-low", "0.2", "--clip-high", "0.25", "--clip-c", "3.0", "--kl-coe
 
 
 def make_records(model):
-    """Records of 2 tasks x 3 rollouts (6-token responses), with adv, old_logp, ref_logp set."""
+    """The trainer's items (train_semionline.TrainItem) of 2 tasks x 3 rollouts (6-token responses),
+    with adv, old_logp, ref_logp set."""
     tok, ip = vlm.load_processor(max_pixels=20000)
     eps = dataset.load_episodes(REPO / "data" / "miniwob" / "train.jsonl", limit=2)
     sampler = Sampler(model, tok, max_new_tokens=6, temperature=1.0)
@@ -32,15 +33,17 @@ def make_records(model):
         recs = semi_online_rollout(sampler, eps, tok, ip, n_rollouts=3, patch_threshold=1, seed=[11, 12],
                                    spec=chat.PromptSpec(max_pixels=20000))
     g = torch.Generator().manual_seed(5)
-    pol = policy_logprob.PolicyLogProb(model)
-    for j, r in enumerate(recs):
-        r.adv = (1.0 + j % 3) * (1.0 if j % 2 else -1.0)  # non-zero, both signs, several sizes
+    pol = vlm.PolicyLogProb(model)
+    items = []
+    for j, rec in enumerate(recs):
+        r = TrainItem(rec, adv=(1.0 + j % 3) * (1.0 if j % 2 else -1.0))  # non-zero, both signs, several sizes
+        items.append(r)
         with torch.no_grad():
-            logp, _ = pol(policy_logprob.collate_sequences([r.prompt], [r.response_ids], tok.pad_token_id))
+            logp, _ = pol(vlm.collate_sequences([r.prompt], [r.response_ids], tok.pad_token_id))
         # old: up to +-0.6 nats away, so ratios leave [1 - 0.2, 1 + 0.25] and the dual clip (ratio > 3) fires
         r.old_logp = logp + (torch.rand(len(logp), generator=g) * 2.4 - 1.2)
         r.ref_logp = logp + (torch.rand(len(logp), generator=g) - 0.5)
-    return recs, tok.pad_token_id
+    return items, tok.pad_token_id
 
 
 def reference_loss(model, records, args):

@@ -14,7 +14,6 @@ from update_case import ARGV, make_records, reference_grads  # noqa: E402
 import train_semionline as ts  # noqa: E402
 import utils  # noqa: E402
 import vlm
-import vlm as policy_logprob  # noqa: E402
 
 d = utils.init_distributed("cpu")
 args = ts.parser.parse_args(ARGV + ["--loss-agg", sys.argv[2]])
@@ -23,7 +22,7 @@ records, pad_id = make_records(model)  # identical on both ranks (seeded samplin
 ref_model = vlm.load_model("tiny", seed=0)
 ref = reference_grads(ref_model, records, args)
 mine = [r for r in records if r.task_idx % d.world_size == d.rank]  # this rank's tasks
-policy = policy_logprob.apply_fsdp(model, policy_logprob.PolicyLogProb(model), d, mixed_precision=False)
+policy = vlm.apply_fsdp(model, vlm.PolicyLogProb(model), d, mixed_precision=False)
 opt = torch.optim.SGD(policy.parameters(), lr=0.0)
 mb = ts._micro_batches(mine, 1, 2, d)[0]
 fallback = mine[:1]
@@ -31,7 +30,7 @@ fallback = mine[:1]
 
 def collate(chunk):
     rs = chunk if chunk is not None else fallback
-    return policy_logprob.collate_sequences([r.prompt for r in rs], [r.response_ids for r in rs], pad_id)
+    return vlm.collate_sequences([r.prompt for r in rs], [r.response_ids for r in rs], pad_id)
 
 
 st = ts.ppo_step(policy, opt, mb, collate, args, d)
