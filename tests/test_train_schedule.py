@@ -212,12 +212,12 @@ class SeedSampler:
 def test_duplicate_task_gets_its_own_seed(monkeypatch):
     from PIL import Image
 
+    import chat
     import dataset
-    import gui
     ep = dataset.Episode(goal="g", episode_id="e1", source="x",
-                     steps=[dataset.Step(screenshot=None, action={"action": "wait", "time": 1})])
-    monkeypatch.setattr(gui, "load_screenshot", lambda *a, **k: Image.new("RGB", (56, 56)))
-    monkeypatch.setattr(gui, "build_prompt", lambda *a, **k: SimpleNamespace(resized_size=(56, 56)))
+                         steps=[dataset.Step(screenshot=None, action={"action": "wait", "time": 1})])
+    monkeypatch.setattr(dataset, "load_screenshot", lambda *a, **k: Image.new("RGB", (56, 56)))
+    monkeypatch.setattr(chat, "step_prompt", lambda *a, **k: SimpleNamespace(resized_size=(56, 56)))
     s = SeedSampler()
     semi_online_rollout(s, [ep, ep], None, None, n_rollouts=2, seed=[ts.task_seed(0, 0, 0), ts.task_seed(0, 0, 1)],
                         blank_screens=(56, 56))

@@ -228,9 +228,9 @@ def test_token_weights_seq_mean_token_mean_by_hand():
         ts._loss_denominator([chunk], "token-sum", ONE)  # not a form: no silent token-sum
 
 
-def test_per_record_split_by_hand():
+def test_per_item_split_by_hand():
     """A flat (N,) tensor of a micro-batch back to (L_i,) fp32 CPU pieces, in record order."""
-    parts = ts._per_record([R(0, 2), R(1, 0), R(1, 3)], torch.arange(5, dtype=torch.float64))
+    parts = ts._per_item([R(0, 2), R(1, 0), R(1, 3)], torch.arange(5, dtype=torch.float64))
     assert [p.tolist() for p in parts] == [[0.0, 1.0], [], [2.0, 3.0, 4.0]]
     assert all(p.dtype == torch.float32 for p in parts)
 
