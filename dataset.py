@@ -196,7 +196,7 @@ def _uis1_episode(obj, where, path, root, default_id, swipe_convention=None) -> 
             if convention is None:
                 raise where.error("swipe_convention", "the file stores swipes but declares no convention: pass "
                                   f"swipe_convention (eval_sop.py --swipe-convention) one of {SWIPE_CONVENTIONS}, or "
-                                  "add \"swipe_convention\" to each episode (see gui.SWIPE_CONVENTIONS)")
+                                  "add \"swipe_convention\" to each episode (see dataset.SWIPE_CONVENTIONS)")
             action = _to_finger(action, convention)
         size = _size(s.get("image_size"), where, f"{f}.image_size") or ep_size
         _check_points(action, size, where, f"{f}.action_content")

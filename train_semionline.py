@@ -433,7 +433,7 @@ def step_tasks(seed: int, step: int, round_: int, n: int, n_episodes: int, batch
     seeded permutation per epoch: every episode once per epoch). Refill rounds (round_ >= 1)
     continue the step's draw WITHOUT replacement: they take positions [offset, offset + n) of the
     step's refill stream, where offset counts the tasks the step's earlier refill rounds drew
-    (fill_batch passes tasks_tried - batch_size). The refill stream is one permutation, seeded with
+    (TaskDraw passes tasks_tried - batch_size). The refill stream is one permutation, seeded with
     (seed, step), of the episodes round 0 did not draw, then, only once those are exhausted,
     seeded permutations of all episodes. So within a step no episode is drawn twice while one is
     left undrawn, and the episode of global slot s (round 0: s < batch_size; refills: offset + i =

@@ -212,7 +212,7 @@ def sampling_mode(model: torch.nn.Module):
                 model(None)      # settles the root (and its hooks) before the inner model runs
                 # Without a forward in progress at the root, every FSDP module the sampler calls takes
                 # the root role on entry and makes FSDP's all-gather streams wait on the current
-                # stream: a fork that a CUDA graph capture cannot hold (rollout.Sampler's graph
+                # stream: a fork that a CUDA graph capture cannot hold (sampler.Sampler's graph
                 # decode). Nothing is all-gathered while lent, so the root keeps the role.
                 state = model._get_fsdp_state()
                 state._state_ctx.iter_forward_root = state

@@ -1,4 +1,4 @@
-"""The trainer's log-prob forward (kernels.policy_logprob: PolicyLogProb + collate_sequences) must score exactly
+"""The trainer's log-prob forward (vlm.PolicyLogProb + vlm.collate_sequences) must score exactly
 the positions the sampler generated with: Qwen2.5-VL's 3-D mrope positions, also for prompts
 with two screenshots and under right padding in a batch (docs/method.md §11). A regression test: without
 mm_token_type_ids transformers falls back to 1-D positions and the gap reached several nats."""

@@ -11,12 +11,12 @@ import contextlib
 import math
 from types import SimpleNamespace
 
-import kernels.sampling
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+import sampler as sampling_mod
 import vlm
 from sampler import (
     SampleOutput,
@@ -166,7 +166,7 @@ def test_sample_from_logits_frequencies_and_logp():
 
 def test_inverse_cdf_by_hand(monkeypatch):
     """Blocks of 3 over V = 8 (two full blocks and a tail of 2); weights 0 are never drawn."""
-    monkeypatch.setattr(kernels.sampling, "_CDF_BLOCK", 3)
+    monkeypatch.setattr(sampling_mod, "_CDF_BLOCK", 3)
     w = torch.tensor([[1., 0, 2, 0, 0, 3, 0, 2]])             # cdf 1 1 3 3 3 6 6 8, total 8
     want = {0.0: 0, 0.12: 0, 0.125: 2, 0.37: 2, 0.375: 5, 0.74: 5, 0.75: 7, 0.999: 7, 1 - 2**-24: 7}
     for u, tok in want.items():
@@ -180,7 +180,7 @@ def test_inverse_cdf_vs_flat_cumsum(monkeypatch, V, block):
     third of the weights 0: the same token wherever u * total is not within rounding of a boundary,
     and never a token of weight 0."""
     if block:
-        monkeypatch.setattr(kernels.sampling, "_CDF_BLOCK", block)
+        monkeypatch.setattr(sampling_mod, "_CDF_BLOCK", block)
     g = torch.Generator().manual_seed(V)
     x = torch.randn(256, V, generator=g) * 4
     w = torch.softmax(x, dim=-1)
