@@ -190,7 +190,7 @@ def task_of(ep: dataset.Episode) -> str:
 # Protocols (module docstring): SOP and static walk with rollout.semi_online_rollout; online
 
 
-def lent(sampler):
+def lent_to_sampler(sampler):
     """vlm.sampling_mode for a sampler that holds a model (eval + no_grad); else nothing."""
     model = getattr(sampler, "model", None)
     return sampling_mode(model) if isinstance(model, torch.nn.Module) else contextlib.nullcontext()
@@ -208,7 +208,7 @@ def walk(episodes: list[dataset.Episode], sampler, args, tokenizer, image_proces
     rows, progress = [[] for _ in episodes], [None] * len(episodes)
     bar = tqdm(total=len(episodes), desc=f"{'SOP' if history == 'own' else 'static'} {args.policy}", unit="ep",
                file=sys.stderr)
-    with lent(sampler):
+    with lent_to_sampler(sampler):
         for lo in range(0, len(episodes), args.batch_size):
             chunk = episodes[lo:lo + args.batch_size]
             records = semi_online_rollout(
@@ -363,7 +363,7 @@ def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], 
     if sampler is not None:
         wrapped = OnlineModelPolicy(sampler, make_prompt_online, {keys[i] for i in report.shown_indices(len(keys), k)},
                                     stats if stats is not None else Counter())
-    with lent(sampler):
+    with lent_to_sampler(sampler):
         res = miniwob_env.evaluate_online(wrapped or miniwob_experts.expert_policy, tasks, seeds,
                                           max_steps=args.online_max_steps)
     shown = []

@@ -113,7 +113,7 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, spec: 
     task_seeds = [seed] * len(episodes) if isinstance(seed, int) else seed  # one per task, or None
     shots = [[None] * len(ep.steps) for ep in episodes]  # loaded lazily, once per (task, step)
 
-    def shot(k, t):
+    def screenshot(k, t):
         if shots[k][t] is None:
             shots[k][t] = dataset.load_screenshot(episodes[k].steps[t], image_root=image_root, blank_screens=blank_screens)
         return shots[k][t]
@@ -129,7 +129,7 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, spec: 
         if t >= k_img:
             shots[k][t - k_img] = None
         return chat.step_prompt(tokenizer, image_processor, spec, goal=episodes[k].goal, step=step, history=history,
-                                screenshots=[shot(k, s) if s > t - k_img else None for s in range(t + 1)],
+                                screenshots=[screenshot(k, s) if s > t - k_img else None for s in range(t + 1)],
                                 hint=hint)
 
     states = [[_Rollout() for _ in range(n_rollouts)] for _ in episodes]
@@ -162,34 +162,34 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, spec: 
             step = episodes[k].steps[t]
             orig = dataset.original_size(step, image_root=image_root, blank_screens=blank_screens)
             # a response cut at the token cap is malformed under the strict rules (reward 0, a wrong step)
-            sc = gui.score_response(s.text, step, resized_size=prompt.resized_size, orig_size=orig, rules=match_rules,
+            score = gui.score_response(s.text, step, resized_size=prompt.resized_size, orig_size=orig, rules=match_rules,
                                     truncated=s.finish_reason != "stop")
-            st = states[k][i]
+            state = states[k][i]
             rec = StepRecord(task_idx=k if task_ids is None else task_ids[k], rollout_idx=i, step_idx=t, prompt=prompt,
                              response_ids=list(s.ids), sampler_logp=s.logprobs, response=s.text,
-                             finish_reason=s.finish_reason, reward=sc.reward, match=sc.match, type_match=sc.type_match,
-                             error=sc.error, patched=False, ended=False, history=list(st.history))
+                             finish_reason=s.finish_reason, reward=score.reward, match=score.match, type_match=score.type_match,
+                             error=score.error, patched=False, ended=False, history=list(state.history))
             records.append(rec)
             if history_mode == "expert":
-                st.history.append(gui.expert_response(step, orig, prompt.resized_size, patch.clean_thought(step.thought)))
-            elif sc.match:
-                st.history.append(s.text)  # build_prompt strips special tokens
-            elif patch.should_patch(st.n_patches, patch_threshold):
+                state.history.append(gui.expert_response(step, orig, prompt.resized_size, patch.clean_thought(step.thought)))
+            elif score.match:
+                state.history.append(s.text)  # build_prompt strips special tokens
+            elif patch.should_patch(state.n_patches, patch_threshold):
                 rec.patched = True
-                st.n_patches += 1
+                state.n_patches += 1
                 if patch_mode == "on-policy":
                     to_patch.append((k, i, rec, patch.expert_action_resized(step, orig, prompt.resized_size)))
-                    st.history.append(None)  # filled below, after one batched generation
+                    state.history.append(None)  # filled below, after one batched generation
                 else:
-                    st.history.append(patch.make_patch(patch_mode, response=s.text, step=step, orig_size=orig,
+                    state.history.append(patch.make_patch(patch_mode, response=s.text, step=step, orig_size=orig,
                                                        resized_size=prompt.resized_size,
                                                        episode_id=episodes[k].episode_id))
             else:
-                st.alive = False
+                state.alive = False
                 rec.ended = True
             if t == len(episodes[k].steps) - 1:
                 rec.ended = True
-                st.alive = False
+                state.alive = False
         if to_patch:  # on-policy thought: the policy explains the expert action, all at once
             hint_prompts = [prompt_for(k, t, rec.history, hint=patch.on_policy_hint(a)) for k, _, rec, a in to_patch]
             actions = [a for *_, a in to_patch]

@@ -191,16 +191,16 @@ def main(argv=None):
 
     # -------------------------------------------------------------------------
     # setup
-    d = utils.init_distributed(args.device)
+    proc = utils.init_distributed(args.device)
     utils.seed_everything(args.seed)
-    if args.tasks_per_step % d.world_size:
-        raise cli.UsageError(f"--tasks-per-step {args.tasks_per_step} must be a multiple of the world size {d.world_size}")
+    if args.tasks_per_step % proc.world_size:
+        raise cli.UsageError(f"--tasks-per-step {args.tasks_per_step} must be a multiple of the world size {proc.world_size}")
     out = Path(args.out)
-    if d.is_main:
+    if proc.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "args.json").write_text(cli.dumps(vars(args), indent=2))
     metrics = cli.MetricsLogger(out / "metrics.jsonl", append=args.resume, tensorboard=args.tensorboard)
-    gpu = d.device.type == "cuda"
+    gpu = proc.device.type == "cuda"
 
     # -------------------------------------------------------------------------
     # data
@@ -220,16 +220,16 @@ def main(argv=None):
         init = str(sft) if sft is not None else "tiny"
     utils.print0(f"policy initialised from: {init}")
     dtype = torch.float32  # master weights; bf16 compute comes from FSDP's mixed precision on GPU
-    model = vlm.load_model(init, dtype=dtype, device=d.device, seed=args.seed)
+    model = vlm.load_model(init, dtype=dtype, device=proc.device, seed=args.seed)
     if args.gradient_checkpointing:
         checkpoint_activations(model)
-    policy = apply_fsdp(model, PolicyLogProb(model), d, mixed_precision=gpu)
+    policy = apply_fsdp(model, PolicyLogProb(model), proc, mixed_precision=gpu)
     ref = None
     if args.kl_coef > 0:
-        ref_model = vlm.load_model(args.ref_model or init, dtype=torch.bfloat16 if gpu else dtype, device=d.device,
+        ref_model = vlm.load_model(args.ref_model or init, dtype=torch.bfloat16 if gpu else dtype, device=proc.device,
                                      seed=args.seed if args.ref_seed is None else args.ref_seed)
         ref_model.requires_grad_(False).eval()
-        ref = apply_fsdp(ref_model, PolicyLogProb(ref_model), d, mixed_precision=False)
+        ref = apply_fsdp(ref_model, PolicyLogProb(ref_model), proc, mixed_precision=False)
     # fused on CUDA: the default foreach AdamW holds a model-sized temporary (sqrt of the second moment)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.999),
                                   fused=gpu)
@@ -251,10 +251,10 @@ def main(argv=None):
     def evaluate_heldout(step: int) -> dict:
         """Greedy vs sampled accuracy on this rank's share of the held-out episodes, summed over ranks."""
         with sampling_mode(policy):
-            counts = greedy_vs_sampled(sampler, heldout[d.rank::d.world_size], tokenizer, image_processor, spec,
+            counts = greedy_vs_sampled(sampler, heldout[proc.rank::proc.world_size], tokenizer, image_processor, spec,
                                        samples=args.eval_samples, seed=args.seed + step, image_root=args.image_root,
                                        blank_screens=blank)
-        total = dict(zip(counts, _all_sum(list(counts.values()), d)))
+        total = dict(zip(counts, _all_sum(list(counts.values()), proc)))
         return {"heldout_greedy_step_acc": total["greedy_match"] / max(total["greedy_steps"], 1),
                 "heldout_sampled_step_acc": total["sampled_match"] / max(total["sampled_steps"], 1),
                 "heldout_sop_pg": total["sop_pg_sum"] / max(total["episodes"], 1),
@@ -266,15 +266,15 @@ def main(argv=None):
     last = {}
     if heldout and start_step == 0:  # the starting point (the SFT model), as row "step 0"
         metrics.log({"step": 0, **evaluate_heldout(0)})
-    bar = tqdm(range(start_step, args.max_steps), desc="semi-online RL", disable=not d.is_main)
+    bar = tqdm(range(start_step, args.max_steps), desc="semi-online RL", disable=not proc.is_main)
     for step in bar:
         t0 = time.time()
         if gpu:
-            torch.cuda.reset_peak_memory_stats(d.device)
+            torch.cuda.reset_peak_memory_stats(proc.device)
 
         # --- 1. rollout: draw tasks, roll them out, keep those whose rollouts differ (dynamic sampling),
         #        draw the missing number again (refills; docs/method.md §6, last paragraph)
-        draw = TaskDraw(args.seed, step, len(episodes), args.tasks_per_step, 1 + args.max_resample, d)
+        draw = TaskDraw(args.seed, step, len(episodes), args.tasks_per_step, 1 + args.max_resample, proc)
         batch: list[TrainItem] = []  # the kept responses, with what the trainer computes for them
         rolled = []                  # every record this rank rolled out this step, kept or not
         with sampling_mode(policy):
@@ -284,7 +284,7 @@ def main(argv=None):
                     sampler, [episodes[i] for i in episode_ids], tokenizer, image_processor, spec=spec,
                     n_rollouts=args.n_rollouts, patch_mode=args.patch_mode, patch_threshold=args.patch_threshold,
                     history_mode=args.history, image_root=args.image_root, blank_screens=blank,
-                    seed=[task_seed(args.seed, step, s) for s in slots], progress=d.is_main,
+                    seed=[task_seed(args.seed, step, s) for s in slots], progress=proc.is_main,
                     task_ids=slots)  # task_idx = the global slot: the same on every world size
                 # --- 2. returns and advantages (docs/method.md §6); groups never cross tasks, so per round
                 rewards = [r.reward + overlong_penalty(len(r.response_ids), args.max_new_tokens, args.overlong_buffer)
@@ -305,7 +305,7 @@ def main(argv=None):
             sum(r.patched for r in rolled), sum(len(r.response_ids) for r in rolled),
             sum(c / n for c, n in sop_progress(rolled, ep_len).values()),  # SOP progress, as eval's PG
             len({(r.task_idx, r.rollout_idx) for r in rolled}),
-            len(batch), sum(r.finish_reason != "stop" for r in rolled)], d)
+            len(batch), sum(r.finish_reason != "stop" for r in rolled)], proc)
 
         # --- 3. old and reference log-probs (no grad), on exactly the sampled ids
         t1 = time.time()
@@ -313,13 +313,13 @@ def main(argv=None):
                   "skipped": 0, "ratio_dev": None}
         sampler_gap = []
         if n_train > 0:  # global: every rank takes the same branch
-            micro = _micro_batches(batch, args.ppo_mini_batches, args.micro_batch_size, d)
+            micro = _micro_batches(batch, args.ppo_mini_batches, args.micro_batch_size, proc)
             filler = batch[:1] or [TrainItem(rolled[0], 0.0)]  # what a dummy micro-batch runs (FSDP collectives)
 
             def collate(chunk):
                 items = chunk if chunk is not None else filler
                 return to_device(collate_sequences([it.prompt for it in items], [it.response_ids for it in items],
-                                                   pad_id), d.device)
+                                                   pad_id), proc.device)
 
             with torch.no_grad():
                 for mini in micro:
@@ -344,7 +344,7 @@ def main(argv=None):
         t2 = time.time()
         if n_train > 0:
             for mini in micro:
-                sums = ppo_step(policy, optimizer, mini, collate, args, d)
+                sums = ppo_step(policy, optimizer, mini, collate, args, proc)
                 for k in ("loss", "kl", "entropy", "clipped", "tokens", "skipped"):
                     totals[k] += sums[k]
                 totals["grad_norm"] = sums["grad_norm"]
@@ -356,7 +356,7 @@ def main(argv=None):
 
         # --- logging (rank 0) and checkpoints
         loss_all, kl_all, ent_all, clip_all, tok_all = _all_sum(
-            [totals["loss"], totals["kl"], totals["entropy"], totals["clipped"], totals["tokens"]], d)
+            [totals["loss"], totals["kl"], totals["entropy"], totals["clipped"], totals["tokens"]], proc)
         per_tok = (lambda x: x / tok_all) if tok_all > 0 else (lambda x: None)  # noqa: E731
         dt = time.time() - t0
         last = {
@@ -375,7 +375,7 @@ def main(argv=None):
             "first_ratio_dev": totals["ratio_dev"],  # the first on-policy micro-batch: must be 0
             "fsdp": torch.distributed.is_initialized(),  # sharded by FSDP2 (always under torchrun)
             "decode": sampler.decode,  # the sampler's decode path ("static" if a CUDA graph capture failed)
-            "peak_mem_bytes": utils.peak_memory_bytes(d.device),  # this rank: the step's (CUDA) or the run's (CPU)
+            "peak_mem_bytes": utils.peak_memory_bytes(proc.device),  # this rank: the step's (CUDA) or the run's (CPU)
         }
         if heldout and ((args.eval_every and (step + 1) % args.eval_every == 0) or step + 1 == args.max_steps):
             last.update(evaluate_heldout(step + 1))  # after this step's update
@@ -399,7 +399,7 @@ def main(argv=None):
     # -------------------------------------------------------------------------
     # cleanup
     utils.cleanup_distributed()
-    if d.is_main:
+    if proc.is_main:
         test = Path(args.data).with_name("test.jsonl") if Path(args.data).name == "train.jsonl" else Path(args.data)
         print(f"checkpoint: {utils.latest_checkpoint(out / 'ckpt') or '(none written)'}  metrics: {out / 'metrics.jsonl'}\n"
               f"curves:     python plot_metrics.py {out / 'metrics.jsonl'}\n"
@@ -484,16 +484,16 @@ class TaskDraw:
 
     Slots count every task drawn in the step across rounds; slot s holds episode slot_episode[s].
     Rank r rolls out every world_size-th slot of each round, so the run does not depend on the
-    world size. d: utils.Dist. In use (train_semionline.main):
+    world size. proc: utils.Dist. In use (train_semionline.main):
         while (drawn := draw.next_round()) is not None:
             slots, episode_ids = drawn            # this rank's share
             ... roll them out, decide which of `slots` to keep ...
             kept = draw.keep(keep)                # the global set of kept slots of this round
     """
 
-    def __init__(self, seed: int, step: int, n_episodes: int, batch_size: int, max_rounds: int, d):
-        self.seed, self.step, self.n_episodes, self.batch_size, self.max_rounds, self.d = (
-            seed, step, n_episodes, batch_size, max_rounds, d)
+    def __init__(self, seed: int, step: int, n_episodes: int, batch_size: int, max_rounds: int, proc):
+        self.seed, self.step, self.n_episodes, self.batch_size, self.max_rounds, self.proc = (
+            seed, step, n_episodes, batch_size, max_rounds, proc)
         self.slot_episode: dict[int, int] = {}
         self.tried = self.kept = self.rounds = 0
         self._slots: list[int] = []  # the current round's global slots
@@ -509,20 +509,20 @@ class TaskDraw:
         drawn = step_tasks(self.seed, self.step, self.rounds, need, self.n_episodes, self.batch_size,
                            offset=max(0, self.tried - self.batch_size))
         self.slot_episode.update(zip(self._slots, drawn))
-        mine = self._slots[self.d.rank::self.d.world_size]
+        mine = self._slots[self.proc.rank::self.proc.world_size]
         return mine, [self.slot_episode[s] for s in mine]
 
     def keep(self, keep) -> set[int]:
         """This rank's kept slots (a subset of its share) -> the round's kept slots over all ranks.
         Collective. Raises RuntimeError for a slot that is not this rank's in this round."""
-        mine = set(self._slots[self.d.rank::self.d.world_size])
+        mine = set(self._slots[self.proc.rank::self.proc.world_size])
         if not set(keep) <= mine:
             raise RuntimeError(f"kept slots {sorted(set(keep) - mine)} were not this rank's to roll out")
         first = self._slots[0]
         flags = [0.0] * len(self._slots)  # 1 = kept, summed over ranks
         for s in keep:
             flags[s - first] = 1.0
-        kept = {first + j for j, f in enumerate(_all_sum(flags, self.d)) if f > 0}
+        kept = {first + j for j, f in enumerate(_all_sum(flags, self.proc)) if f > 0}
         self.tried, self.kept, self.rounds = self.tried + len(self._slots), self.kept + len(kept), self.rounds + 1
         return kept
 
@@ -551,7 +551,7 @@ class TrainItem:
 # the update (docs/method.md §7)
 
 
-def ppo_step(policy, optimizer, mb, collate, args, d) -> dict:
+def ppo_step(policy, optimizer, mb, collate, args, proc) -> dict:
     """One optimizer step on one mini-batch: per-token PPO clip + dual clip + k3 KL
     (kernels.ppo_loss), aggregated by args.loss_agg over the WHOLE mini-batch (all its
     micro-batches on all ranks: `_loss_denominator`), backward per micro-batch, global grad-norm
@@ -559,12 +559,12 @@ def ppo_step(policy, optimizer, mb, collate, args, d) -> dict:
 
     mb: list of micro-batches, each a list of TrainItems (response_ids, adv, old_logp, and ref_logp
     when args.kl_coef > 0) or None: a dummy that runs the same FSDP collectives with zero gradient.
-    collate(chunk) -> model batch. d: utils.Dist. A non-finite global gradient norm skips
+    collate(chunk) -> model batch. proc: utils.Dist. A non-finite global gradient norm skips
     optimizer.step() and drops the gradients ("skipped": 1). Returns this rank's sums: loss (its
     share of the mini-batch loss), kl, entropy, clipped, tokens; and grad_norm (global, float),
     skipped (0/1), ratio_dev (max |ratio - 1| of the first real micro-batch, None if none).
     """
-    denom = _loss_denominator(mb, args.loss_agg, d)  # global over micro-batches and ranks
+    denom = _loss_denominator(mb, args.loss_agg, proc)  # global over micro-batches and ranks
     out = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0, "ratio_dev": None}
     policy.train()
     optimizer.zero_grad(set_to_none=True)
@@ -574,21 +574,21 @@ def ppo_step(policy, optimizer, mb, collate, args, d) -> dict:
             (logp.sum() * 0.0).backward()
             continue
         old = torch.cat([r.old_logp for r in chunk]).to(logp)  # (N,)
-        refl = torch.cat([r.ref_logp for r in chunk]).to(logp) if args.kl_coef > 0 else None  # (N,)
+        ref_lp = torch.cat([r.ref_logp for r in chunk]).to(logp) if args.kl_coef > 0 else None  # (N,)
         adv = torch.cat([torch.full((len(r.response_ids),), float(r.adv)) for r in chunk]).to(logp)  # (N,)
         mask = torch.ones_like(logp)  # (N,): every target is a response token
-        per_tok, st = ppo_loss(logp, old, adv, mask, ref_logp=refl, clip_low=args.clip_low,
+        per_tok, parts = ppo_loss(logp, old, adv, mask, ref_logp=ref_lp, clip_low=args.clip_low,
                                clip_high=args.clip_high, clip_c=args.clip_c, kl_coef=args.kl_coef)  # (N,)
         w = _token_weights(chunk, args.loss_agg).to(logp)  # (N,) per-token weight before the denominator
         # FSDP averages gradients over ranks; * world_size turns that back into a global sum
-        loss = (per_tok * w).sum() / denom * d.world_size  # scalar
+        loss = (per_tok * w).sum() / denom * proc.world_size  # scalar
         loss.backward()
         if out["ratio_dev"] is None:  # on the first mini-batch this is on-policy: ratio exactly 1
-            out["ratio_dev"] = (st["ratio"] - 1).abs().max().item()
+            out["ratio_dev"] = (parts["ratio"] - 1).abs().max().item()
         out["loss"] += (per_tok * w).sum().item() / denom
-        out["kl"] += st["kl"].sum().item()
+        out["kl"] += parts["kl"].sum().item()
         out["entropy"] += ent.detach().sum().item()
-        out["clipped"] += st["clipped"].float().sum().item()
+        out["clipped"] += parts["clipped"].float().sum().item()
         out["tokens"] += logp.numel()
     gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)  # global norm (collective)
     out["grad_norm"] = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
@@ -600,7 +600,7 @@ def ppo_step(policy, optimizer, mb, collate, args, d) -> dict:
     return out
 
 
-def _micro_batches(records, n_mini, micro_size, d):
+def _micro_batches(records, n_mini, micro_size, proc):
     """Split records (TrainItems, or anything with task_idx) into n_mini mini-batches, each a list
     of micro-batches.
 
@@ -618,8 +618,8 @@ def _micro_batches(records, n_mini, micro_size, d):
     out = []
     for m in minis:
         chunks = [m[i:i + micro_size] for i in range(0, len(m), micro_size)]
-        n = torch.tensor([len(chunks)], dtype=torch.long, device=d.device)
-        if d.world_size > 1:
+        n = torch.tensor([len(chunks)], dtype=torch.long, device=proc.device)
+        if proc.world_size > 1:
             torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MAX)
         chunks += [None] * (int(n.item()) - len(chunks))
         if chunks:
@@ -635,14 +635,14 @@ def _token_weights(chunk, agg):
     return torch.cat([torch.ones(len(r.response_ids)) for r in chunk])
 
 
-def _loss_denominator(mb, agg, d) -> float:
+def _loss_denominator(mb, agg, proc) -> float:
     """Global (all ranks, all micro-batches) token count (token-mean) or sequence count
     (seq-mean-*) of a mini-batch, at least 1. Raises ValueError for an agg not in LOSS_AGGS."""
     if agg not in LOSS_AGGS:
         raise ValueError(f"loss aggregation must be one of {LOSS_AGGS}, got {agg!r}")
     real = [r for chunk in mb if chunk is not None for r in chunk]
     n = sum(len(r.response_ids) for r in real) if agg == "token-mean" else len(real)
-    return max(_all_sum([n], d)[0], 1.0)
+    return max(_all_sum([n], proc)[0], 1.0)
 
 
 def _per_item(chunk, values: torch.Tensor) -> list[torch.Tensor]:
@@ -651,9 +651,9 @@ def _per_item(chunk, values: torch.Tensor) -> list[torch.Tensor]:
     return list(values.detach().float().cpu().split([len(r.response_ids) for r in chunk]))
 
 
-def _all_sum(values: list, d) -> list[float]:
+def _all_sum(values: list, proc) -> list[float]:
     """Element-wise sum over ranks of a list of numbers (on the device: nccl reduces no CPU tensors)."""
-    x = torch.tensor([float(v) for v in values], dtype=torch.float64, device=d.device)
+    x = torch.tensor([float(v) for v in values], dtype=torch.float64, device=proc.device)
     utils.all_reduce_sum(x)
     return x.tolist()
 

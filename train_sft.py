@@ -22,15 +22,17 @@ Checkpoints land in --out/ckpt/step_XXXXXX (Hugging Face layout, safetensors);
 train_semionline.py --model auto starts from the latest one.
 
 Copy warm-up (models trained from scratch only; `--copy-warmup-steps`, default: 1000 for a
-'tiny' model, 0 otherwise). A correct click copies the target's point from the element list,
-which takes an induction head: at the response's ` at (`, find the same pair in the prompt and
-repeat the digits after it. A pretrained VLM has one. A randomly initialised model does not
-form one on the expert data within the quick start (the digits stay at ~2.2 nats, a uniform
-guess is 2.30; README, "After the quick start"), because only ~10 % of the target tokens are
-digits. So it first trains on synthetic text-only pages in the product's layout (no system
-prompt, no screenshot; one element `[k] kind 'label' at (x,y) (box)` with a label from the
-training data; the expert thought and click as the target), fresh ones every step, with its
-own AdamW at --copy-warmup-lr; then SFT proper starts with a fresh optimizer.
+'tiny' model, 0 otherwise). A correct click copies the target's point from the element list, and a
+correct type copies a quoted text from the goal: both take an induction head (at the response's
+` at (`, find the same pair in the prompt and repeat the digits after it). A pretrained VLM has
+one; a randomly initialised model does not form one on the expert data, where only ~10 % of the
+target tokens are digits (their NLL stays at ~2.2 nats, a uniform guess is 2.30: results/LOG.md).
+So it first trains on synthetic text-only pages in the product's layout (no system prompt, no
+screenshot): 1..--copy-warmup-elements element lines `[k] kind 'label' at (x,y) (box)` with labels
+from the training data, the expert-style thought and click on the target, and, one page in four
+(--copy-warmup-type-frac), an input box to type a quoted label into; fresh pages every step, own
+AdamW at --copy-warmup-lr; then SFT proper starts with a fresh optimizer. `--max-steps 0` saves the
+warm-up alone: a base every SFT run can start from (runs/repro_main.py trains it once).
 """
 from __future__ import annotations
 
@@ -210,17 +212,17 @@ def main(argv=None):
 
     # -------------------------------------------------------------------------
     # setup
-    d = utils.init_distributed(args.device)
+    proc = utils.init_distributed(args.device)
     utils.seed_everything(args.seed)
-    if args.batch_size % (args.micro_batch_size * d.world_size):
+    if args.batch_size % (args.micro_batch_size * proc.world_size):
         raise cli.UsageError(f"--batch-size {args.batch_size} must be a multiple of micro-batch-size x world size "
-                         f"({args.micro_batch_size} x {d.world_size})")
+                         f"({args.micro_batch_size} x {proc.world_size})")
     out = Path(args.out)
-    if d.is_main:
+    if proc.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "args.json").write_text(cli.dumps(vars(args), indent=2))
     metrics = cli.MetricsLogger(out / "metrics.jsonl", append=args.resume, tensorboard=args.tensorboard)
-    gpu = d.device.type == "cuda"
+    gpu = proc.device.type == "cuda"
 
     # -------------------------------------------------------------------------
     # data: one example per (episode, step); prompts are built lazily (images are big)
@@ -245,17 +247,17 @@ def main(argv=None):
         while True:
             idx = list(range(len(examples)))
             random.Random(seed + epoch).shuffle(idx)
-            idx = idx[d.rank::d.world_size]
+            idx = idx[proc.rank::proc.world_size]
             for i in range(0, len(idx) - size + 1, size):
                 yield [examples[j] for j in idx[i:i + size]]
             epoch += 1
 
     # -------------------------------------------------------------------------
     # model (FSDP2) and optimizer
-    model = vlm.load_model(args.model, dtype=torch.float32, device=d.device, seed=args.seed)
+    model = vlm.load_model(args.model, dtype=torch.float32, device=proc.device, seed=args.seed)
     if args.gradient_checkpointing:
         checkpoint_activations(model)
-    policy = apply_fsdp(model, PolicyLogProb(model), d, mixed_precision=gpu)
+    policy = apply_fsdp(model, PolicyLogProb(model), proc, mixed_precision=gpu)
     # fused on CUDA: the default foreach AdamW holds a model-sized temporary (sqrt of the second moment)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay, fused=gpu)
     start_step = 0
@@ -274,7 +276,7 @@ def main(argv=None):
     def nll(built):
         """Summed NLL (fp32 scalar, with grad) and token count of built (prompt, target) pairs."""
         prompts, targets = zip(*built)
-        batch = to_device(collate_sequences(list(prompts), list(targets), pad_id), d.device)
+        batch = to_device(collate_sequences(list(prompts), list(targets), pad_id), proc.device)
         logp, _ = policy(batch)
         return -logp.sum(), logp.numel()
 
@@ -282,9 +284,9 @@ def main(argv=None):
     def val_loss():
         """Token-mean validation NLL over all ranks (every rank runs the same number of chunks)."""
         policy.eval()
-        mine = val_ex[d.rank::d.world_size]
+        mine = val_ex[proc.rank::proc.world_size]
         n_chunks = torch.tensor([math.ceil(len(mine) / args.micro_batch_size)], dtype=torch.float64)
-        if d.world_size > 1:
+        if proc.world_size > 1:
             torch.distributed.all_reduce(n_chunks, op=torch.distributed.ReduceOp.MAX)
         tot = torch.zeros(2, dtype=torch.float64)
         for c in range(int(n_chunks.item())):
@@ -303,17 +305,17 @@ def main(argv=None):
     if warm_steps > 0 and start_step == 0 and not labels:
         utils.print0(f"copy warm-up skipped: no element labels in {args.data}")
     elif labels:
-        rng = random.Random(args.seed * 1_000_003 + d.rank)
+        rng = random.Random(args.seed * 1_000_003 + proc.rank)
         digit_ids = set(tokenizer.convert_tokens_to_ids(list("0123456789")))
         warm_opt = torch.optim.AdamW(policy.parameters(), lr=args.copy_warmup_lr, weight_decay=args.weight_decay)
         warm_log = cli.MetricsLogger(out / "copy_warmup.jsonl")
-        per_rank = max(1, args.batch_size // d.world_size)
+        per_rank = max(1, args.batch_size // proc.world_size)
         policy.train()
-        bar = tqdm(range(warm_steps), desc="copy warm-up", disable=not d.is_main)
+        bar = tqdm(range(warm_steps), desc="copy warm-up", disable=not proc.is_main)
         for step in bar:
             built = [synthetic_example(rng, labels, tokenizer, max_elements=args.copy_warmup_elements,
                                        type_frac=args.copy_warmup_type_frac) for _ in range(per_rank)]
-            batch = to_device(collate_sequences([p for p, _ in built], [y for _, y in built], pad_id), d.device)
+            batch = to_device(collate_sequences([p for p, _ in built], [y for _, y in built], pad_id), proc.device)
             logp, _ = policy(batch)
             loss = -logp.mean()
             warm_opt.zero_grad(set_to_none=True)
@@ -321,7 +323,7 @@ def main(argv=None):
             torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
             warm_opt.step()
             is_digit = torch.tensor([t in digit_ids for _, y in built for t in y])
-            row = torch.tensor([loss.item(), -logp.detach().cpu()[is_digit].mean().item()], dtype=torch.float64) / d.world_size
+            row = torch.tensor([loss.item(), -logp.detach().cpu()[is_digit].mean().item()], dtype=torch.float64) / proc.world_size
             utils.all_reduce_sum(row)
             warm_log.log({"step": step + 1, "loss": row[0].item(), "digit_nll": row[1].item()})
             bar.set_postfix(loss=f"{row[0].item():.3f}", digits=f"{row[1].item():.3f}")
@@ -333,17 +335,17 @@ def main(argv=None):
 
     # -------------------------------------------------------------------------
     # training loop
-    accum = args.batch_size // (args.micro_batch_size * d.world_size)
+    accum = args.batch_size // (args.micro_batch_size * proc.world_size)
     stream = batches(train_ex, args.micro_batch_size, args.seed)
     for _ in range(start_step * accum):  # a resumed run continues the same data order
         next(stream)
     last = {}
     policy.train()
-    bar = tqdm(range(start_step, args.max_steps), desc="SFT", disable=not d.is_main)
+    bar = tqdm(range(start_step, args.max_steps), desc="SFT", disable=not proc.is_main)
     for step in bar:
         t0 = time.time()
         if gpu:
-            torch.cuda.reset_peak_memory_stats(d.device)
+            torch.cuda.reset_peak_memory_stats(proc.device)
         for g in optimizer.param_groups:
             g["lr"] = lr_at(step)
         # build the micro-batches first: the token-mean needs the global target token count
@@ -355,7 +357,7 @@ def main(argv=None):
         for mb in built:
             loss, n = nll(mb)
             # FSDP averages gradients over ranks; * world_size makes this the global token mean
-            (loss / n_tok.item() * d.world_size).backward()
+            (loss / n_tok.item() * proc.world_size).backward()
             loss_sum += loss.item()
             tok_local += n
         gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
@@ -366,7 +368,7 @@ def main(argv=None):
         last = {"step": step + 1, "loss": (tot[0] / tot[1]).item(), "lr": lr_at(step),
                 "grad_norm": float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn),
                 "tokens": int(tot[1].item()), "tok_s": tot[1].item() / dt, "time_s": dt,
-                "peak_mem_bytes": utils.peak_memory_bytes(d.device)}  # this rank: the step's (CUDA) or the run's (CPU)
+                "peak_mem_bytes": utils.peak_memory_bytes(proc.device)}  # this rank: the step's (CUDA) or the run's (CPU)
         if (args.eval_every and (step + 1) % args.eval_every == 0) or step + 1 == args.max_steps:
             last["val_loss"] = val_loss()
         metrics.log(last)
@@ -380,7 +382,7 @@ def main(argv=None):
     # -------------------------------------------------------------------------
     # cleanup
     utils.cleanup_distributed()
-    if d.is_main:
+    if proc.is_main:
         test = Path(args.data).with_name("test.jsonl") if Path(args.data).name == "train.jsonl" else Path(args.data)
         print(f"checkpoint: {utils.latest_checkpoint(out / 'ckpt') or '(none written)'}  metrics: {out / 'metrics.jsonl'}\n"
               f"curves:     python tools/plot_metrics.py {out / 'metrics.jsonl'}\n"
