@@ -38,7 +38,7 @@ SETTING = dict(
     SEEDS=[0, 1],                                # seeds per ablation arm (>= 2)
     SFT_STEPS=300, SFT_LR=1e-3, SFT_EXTRA=[],
     RL_STEPS=100, RL_LR=2e-5,
-    RL_EXTRA=["--tasks-per-step", "4", "--n-rollouts", "8", "--max-new-tokens", "80", "--temperature", "0.5",
+    RL_EXTRA=["--tasks-per-step", "4", "--n-rollouts", "4", "--max-new-tokens", "80", "--temperature", "0.5",
               "--filter-std", "0", "--kl-coef", "0"],
     EVAL_MID=False,
     EVAL_PER_TASK=4,
