@@ -137,7 +137,8 @@ def sop_parser() -> argparse.ArgumentParser:
     p.add_argument("--online-tasks", nargs="+", default=None,
                    help="MiniWob++ tasks (default: the tasks of --data, else every task with an expert)")
     p.add_argument("--online-seeds", type=int, default=5, help="held-out episodes per task (test seeds 100000+)")
-    p.add_argument("--online-seed-base", type=int, default=None, help="first online seed (default: the test base)")
+    p.add_argument("--online-seed-base", type=int, default=None,
+                   help="first online seed (default: 200000, fresh pages: the data files use 0+ (train) and 100000+ (test))")
     p.add_argument("--online-max-steps", type=int, default=12, help="step limit of an online episode")
     # output
     p.add_argument("--out", default=None, help="output folder (result.json, episodes.jsonl, report.html, ...); "
@@ -516,7 +517,7 @@ def main(argv: list[str] | None = None) -> dict:
         from envs import miniwob_env, miniwob_experts
         tasks = args.online_tasks or [t for t in dict.fromkeys(task_of(e) for e in episodes)
                                       if t in miniwob_experts.EXPERTS] or sorted(miniwob_experts.EXPERTS)
-        base = miniwob_env.TEST_SEED_BASE if args.online_seed_base is None else args.online_seed_base
+        base = miniwob_env.ONLINE_SEED_BASE if args.online_seed_base is None else args.online_seed_base
         seeds = list(range(base, base + args.online_seeds))
         online_res, shown = run_online(sampler if args.policy == "model" else None, make_prompt_online, tasks,
                                        seeds, args, stats)

@@ -552,6 +552,7 @@ class MiniWobEnv:
 # the finished screen, seed splits
 
 TRAIN_SEED_BASE, TEST_SEED_BASE = 0, 100_000  # splits use disjoint seed ranges
+ONLINE_SEED_BASE = 200_000  # online evaluation: fresh pages, seeds no data file uses
 
 
 def final_observation(env: MiniWobEnv) -> tuple[Image.Image, str]:
