@@ -136,7 +136,7 @@ def sop_parser() -> argparse.ArgumentParser:
     p.add_argument("--online", action="store_true", help="also evaluate online in live MiniWob++ (chromium)")
     p.add_argument("--online-tasks", nargs="+", default=None,
                    help="MiniWob++ tasks (default: the tasks of --data, else every task with an expert)")
-    p.add_argument("--online-seeds", type=int, default=5, help="held-out episodes per task (test seeds 100000+)")
+    p.add_argument("--online-seeds", type=int, default=5, help="held-out episodes per task (from --online-seed-base)")
     p.add_argument("--online-seed-base", type=int, default=None,
                    help="first online seed (default: 200000, fresh pages: the data files use 0+ (train) and 100000+ (test))")
     p.add_argument("--online-max-steps", type=int, default=12, help="step limit of an online episode")
@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> dict:
     if argv and argv[0] == "baselines":  # the trivial-policy floors: tools/baselines.py
         return baselines.main(argv[1:])  # prints its own table and JSON line
     if argv and argv[0] == "score":  # recorded responses: tools/score.py
-        return score.main(argv[1:])
+        return score.main(argv[1:], prog="eval_sop.py score")
 
     parser = sop_parser()
     args = parser.parse_args(argv)

@@ -53,31 +53,13 @@ import dataset
 import gui
 import utils
 import vlm
-from advantage import (
-    EPISODE_FORMS,
-    RETURNS_FORMS,
-    compute_advantages,
-    dynamic_sampling_tasks,
-)
+from advantage import EPISODE_FORMS, RETURNS_FORMS, compute_advantages, dynamic_sampling_tasks
 from kernels import ppo_loss
 from patch import PATCH_MODES
-from rollout import (
-    HISTORY_MODES,
-    StepRecord,
-    greedy_vs_sampled,
-    semi_online_rollout,
-    sop_progress,
-)
+from rollout import HISTORY_MODES, StepRecord, greedy_vs_sampled, semi_online_rollout, sop_progress
 from sampler import DECODE_MODES, Sampler
-from vlm import (
-    PolicyLogProb,
-    apply_fsdp,
-    checkpoint_activations,
-    collate_sequences,
-    pad_token_id,
-    sampling_mode,
-    to_device,
-)
+from vlm import (PolicyLogProb, apply_fsdp, checkpoint_activations, collate_sequences, pad_token_id,
+                 sampling_mode, to_device)
 
 # -----------------------------------------------------------------------------
 # config
@@ -402,7 +384,7 @@ def main(argv=None):
     if proc.is_main:
         test = Path(args.data).with_name("test.jsonl") if Path(args.data).name == "train.jsonl" else Path(args.data)
         print(f"checkpoint: {utils.latest_checkpoint(out / 'ckpt') or '(none written)'}  metrics: {out / 'metrics.jsonl'}\n"
-              f"curves:     python plot_metrics.py {out / 'metrics.jsonl'}\n"
+              f"curves:     python tools/plot_metrics.py {out / 'metrics.jsonl'}\n"
               f"evaluate:   python eval_sop.py --data {test} --policy model "
               f"--model {out / 'ckpt'} --protocol sop static --online --out out/eval/semionline", flush=True)
         print(cli.dumps(last), flush=True)

@@ -65,7 +65,8 @@ def run_dir(root: Path, name: str, cmd: list[str]) -> Path:
 
 class Stages:
     """Runs stage commands from the repo root in a pool of `jobs` processes (OMP_NUM_THREADS =
-    `threads` each), skipping a job whose `done` file exists (unless force). Every job prints its
+    `threads` each), skipping a job whose `done` file exists (unless force) and adding `--resume` to
+    a training job interrupted after a checkpoint (its `resume` file exists). Every job prints its
     command, logs stdout+stderr to its folder's log.txt and records its wall time in self.log.
     A failed job raises SystemExit naming its command and log."""
 
@@ -74,11 +75,12 @@ class Stages:
         self.log: list[dict] = []
 
     def run(self, todo: list[dict], on_done=None) -> None:
-        """todo: [{"name", "cmd" (list), "dir" (Path), "done" (Path)}]; on_done(job) after each."""
+        """todo: [{"name", "cmd" (list), "dir" (Path), "done" (Path), optional "resume" (Path)}];
+        on_done(job) after each."""
         pending = []
         for job in todo:
             if job["done"].exists() and not self.force:
-                print(f"[skip] {job['name']}: {job['done'].relative_to(REPO)} exists", flush=True)
+                print(f"[skip] {job['name']}: {_rel(job['done'])} exists", flush=True)
                 if on_done:
                     on_done(job)
             else:
@@ -94,10 +96,12 @@ class Stages:
                 job = pending.pop(0)
                 job["dir"].mkdir(parents=True, exist_ok=True)
                 (job["dir"] / "cmd.txt").write_text(" ".join(job["cmd"]) + "\n")
-                print(f"[run] {job['name']}: {' '.join(job['cmd'])}  (log: {job['dir'].relative_to(REPO)}/log.txt)",
-                      flush=True)
-                f = open(job["dir"] / "log.txt", "w")
-                running.append((job, time.time(), f, subprocess.Popen(job["cmd"], cwd=REPO, env=env, stdout=f,
+                resume = not self.force and job.get("resume") is not None and job["resume"].exists()
+                cmd = job["cmd"] + (["--resume"] if resume else [])
+                print(f"[{'resume' if resume else 'run'}] {job['name']}: {' '.join(cmd)}  "
+                      f"(log: {_rel(job['dir'])}/log.txt)", flush=True)
+                f = open(job["dir"] / "log.txt", "a" if resume else "w")
+                running.append((job, time.time(), f, subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f,
                                                                      stderr=subprocess.STDOUT)))
             time.sleep(1.0)
             for item in list(running):
@@ -680,10 +684,12 @@ def _rel(p: Path | str) -> str:
     return str(p.relative_to(REPO)) if p.is_absolute() and REPO in p.parents else str(p)
 
 
-def job(root: Path, name: str, cmd: list[str], done: str) -> dict:
-    """A stage job: its folder is root/name_<hash of cmd>, `--out` that folder, done = folder/done."""
+def job(root: Path, name: str, cmd: list[str], done: str, resume: str | None = None) -> dict:
+    """A stage job: its folder is root/name_<hash of cmd>, `--out` that folder, done = folder/done;
+    resume: a file whose presence (without `done`) means an interrupted run to continue with --resume."""
     d = run_dir(root, name, cmd)
-    return {"name": name, "cmd": cmd + ["--out", _rel(d)], "dir": d, "done": d / done}
+    return {"name": name, "cmd": cmd + ["--out", _rel(d)], "dir": d, "done": d / done,
+            "resume": d / resume if resume else None}
 
 
 def base_job(args, data: dict) -> dict:
@@ -694,7 +700,7 @@ def base_job(args, data: dict) -> dict:
     cmd = [python(), "train_sft.py", "--data", _rel(data["train"]), "--image-root", data["image_root"],
            "--model", args.model, *args.model_args, "--max-steps", "0", "--copy-warmup-steps", str(args.base_steps),
            "--seed", "0", *args.base_extra]
-    return job(args.out_root / "base", "base", cmd, "ckpt/latest")
+    return job(args.out_root / "base", "base", cmd, "ckpt/step_000000")
 
 
 def base_model(args, base: dict) -> str:
@@ -709,7 +715,7 @@ def sft_job(args, data: dict, seed: int, base: dict) -> dict:
            "--copy-warmup-steps", "0", "--max-steps", str(args.sft_steps), "--lr", str(args.sft_lr),
            "--seed", str(seed), "--save-every", str(max(args.sft_steps // 2, 1)),  # the midpoint is kept either way:
            "--eval-every", str(max(args.sft_steps // 4, 1)), *args.sft_extra]  # the same command from both scripts
-    return job(args.out_root / "sft", f"sft_s{seed}", cmd, "ckpt/latest")
+    return job(args.out_root / "sft", f"sft_s{seed}", cmd, f"ckpt/step_{args.sft_steps:06d}", resume="ckpt/latest")
 
 
 def rl_job(args, data: dict, sft: dict, seed: int, name: str, flags: list[str], train: Path | None = None) -> dict:
@@ -719,7 +725,7 @@ def rl_job(args, data: dict, sft: dict, seed: int, name: str, flags: list[str], 
            "--image-root", data["image_root"], "--max-steps", str(args.rl_steps),
            "--lr", str(args.rl_lr), "--seed", str(seed),
            "--save-every", str(max(args.rl_steps // 2, 1)), *args.rl_extra, *flags]
-    return job(args.out_root / "rl", f"{name}_s{seed}", cmd, "ckpt/latest")
+    return job(args.out_root / "rl", f"{name}_s{seed}", cmd, f"ckpt/step_{args.rl_steps:06d}", resume="ckpt/latest")
 
 
 def eval_job(args, data: dict, model: str, name: str, seed: int) -> dict:

@@ -26,9 +26,9 @@ def test_digit_split_counts_and_random_model():
     want = sum(len(re.sub(r"\D", "", "".join(map(str, s.action["coordinate"])))) for s in clicks)
     assert out["n_episodes"] == len(clicks) > 0
     assert out["n_tokens"]["thought_digits"] == out["n_tokens"]["action_digits"] == want
-    # an untrained model's NLL is near ln(vocab) = 11.9 nats for every group
+    # an untrained model's NLL is near ln(vocab) = ln(8,192) = 9.0 nats for every group
     for k in ("thought_digits", "action_digits", "other"):
-        assert 9.0 < out[k] < 15.0, (k, out[k])
+        assert 7.0 < out[k] < 11.5, (k, out[k])
 
 
 def test_copy_sanity_curve():

@@ -60,10 +60,10 @@ def test_dry_run_passes_with_the_gpu_keys(tmp_path):
     assert s["tok_s_ours"] > 0 and s["tok_s_hf"] > 0 and s["prefill_tokens_ours"] < s["prefill_tokens_hf"]
     dc = res["decode"]
     assert dc["rows"] == 4 and dc["decode_path_graph"] == "static" and dc["graph_error"] is None
-    assert dc["ids_equal_frac"] == 1.0 and dc["logp_max_abs_diff"] < 1e-5  # same seed: the same samples
+    assert dc["ids_equal_frac"] == 1.0 and dc["logp_max_abs_diff"] < 5e-5  # same seed: the same samples (fp32, other shapes)
     assert dc["decode_tok_s_graph"] > 0 and dc["decode_tok_s_eager"] > 0 and dc["hbm_bandwidth_bytes_s"] > 1e8
     assert dc["roofline_tok_s"] == pytest.approx(dc["hbm_bandwidth_bytes_s"] * dc["rows"] / dc["bytes_per_step"], rel=1e-3)
-    assert dc["decode_roofline_frac"] == pytest.approx(dc["decode_tok_s_graph"] / dc["roofline_tok_s"], rel=1e-3)
+    assert dc["decode_roofline_frac"] == pytest.approx(dc["decode_tok_s_graph"] / dc["roofline_tok_s"], abs=1e-4)  # rounded to 4 places
     f = res["full_depth"]
     assert f["layers"] == 3 and "--gradient-checkpointing" in f["command"] and f["loss_finite"]
     assert f["time_step_s"] > 0 and f["full_depth_peak_mem_bytes"] > 0 and f["decode_path"] == "eager"

@@ -170,3 +170,30 @@ def test_committed_results_follow_the_schema():
         p = Path(rc.REPO) / "results" / name
         if p.exists():
             rc.validate_results(json.loads(p.read_text()), str(p))
+
+
+def test_stages_skip_done_and_resume_interrupted(tmp_path):
+    """A job whose `done` file exists is skipped; one interrupted after a checkpoint (its `resume` file
+    exists, `done` does not) runs again with --resume and appends to its log; a fresh one runs plain."""
+    script = ("import sys, pathlib; d = pathlib.Path(sys.argv[1]); print('argv', sys.argv[2:]); "
+              "(d / 'done').write_text(' '.join(sys.argv[2:]))")
+
+    def make(name, state):
+        d = tmp_path / name
+        d.mkdir()
+        if state in ("done", "interrupted"):
+            (d / "latest").write_text("step_1")
+            (d / "log.txt").write_text("first part\n")
+        if state == "done":
+            (d / "done").write_text("old")
+        return {"name": name, "cmd": [sys.executable, "-c", script, str(d)], "dir": d, "done": d / "done",
+                "resume": d / "latest"}
+
+    jobs = [make("a", "done"), make("b", "interrupted"), make("c", "fresh")]
+    seen = []
+    rc.Stages(jobs=2).run(jobs, on_done=lambda j: seen.append(j["name"]))
+    assert sorted(seen) == ["a", "b", "c"]
+    assert (tmp_path / "a" / "done").read_text() == "old"  # skipped
+    assert (tmp_path / "b" / "done").read_text() == "--resume"
+    assert (tmp_path / "b" / "log.txt").read_text().startswith("first part\nargv ['--resume']")
+    assert (tmp_path / "c" / "done").read_text() == ""

@@ -37,7 +37,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 # seeded tiny model, so the KL term is large too.
 RL = ["train_semionline.py", "--data", "data/miniwob/train.jsonl", "--max-episodes", "4", "--tasks-per-step", "2", "--n-rollouts", "3",
       "--max-new-tokens", "40", "--max-pixels", "20000", "--temperature", "1.0", "--filter-std", "0",
-      "--max-resample", "2", "--kl-coef", "0.5", "--ref-model", "tiny", "--ref-seed", "1", "--lr", "1e-3",
+      "--max-resample", "2", "--kl-coef", "0.5", "--ref-model", "tiny", "--ref-seed", "1", "--lr", "2e-4",
       "--micro-batch-size", "2", "--ppo-mini-batches", "2"]
 SFT = ["train_sft.py", "--data", "data/miniwob/train.jsonl", "--model", "tiny", "--max-episodes", "8", "--batch-size", "4", "--micro-batch-size", "2",
        "--lr", "1e-3", "--warmup-steps", "1", "--eval-every", "0", "--val-frac", "0.25", "--copy-warmup-steps", "0"]
@@ -79,7 +79,7 @@ def test_sft_fsdp_two_processes_match_one(tmp_path):
     last2, m2 = launch(SFT + ["--max-steps", "2"], tmp_path / "p2", nproc=2)
     assert [r["loss"] for r in m1] == pytest.approx([r["loss"] for r in m2], rel=1e-5)
     assert last1["val_loss"] == pytest.approx(last2["val_loss"], rel=1e-5)
-    assert last1["loss"] < 12.5  # a real NLL of a ~152k-way softmax, not a dummy
+    assert last1["loss"] < 10.0  # a real NLL of an 8,192-way softmax, not a dummy
     assert_same_params(params(tmp_path / "p1"), params(tmp_path / "p2"), atol=2e-5)
 
 
@@ -91,10 +91,10 @@ def test_sft_copy_warmup_runs_logs_and_records(tmp_path):
     last, m = launch(args + ["--max-steps", "1", "--copy-warmup-steps", "3"], tmp_path / "w")
     rows = [json.loads(l) for l in (tmp_path / "w" / "copy_warmup.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
-    # an untrained tiny model: ~ln(151,936) = 11.9 nats per token, digits included
-    assert all(9.0 < r["loss"] < 14.0 and 9.0 < r["digit_nll"] < 14.0 for r in rows)
+    # an untrained tiny model: ~ln(8,192) = 9.0 nats per token (its vocabulary), digits included
+    assert all(7.0 < r["loss"] < 11.5 and 7.0 < r["digit_nll"] < 11.5 for r in rows), rows
     assert json.loads((tmp_path / "w" / "args.json").read_text())["copy_warmup_steps"] == 3
-    assert len(m) == 1 and m[0]["step"] == 1 and last["loss"] < 12.5
+    assert len(m) == 1 and m[0]["step"] == 1 and last["loss"] < 10.0
 
 
 def assert_refilled(m):
@@ -120,8 +120,10 @@ def test_semionline_fsdp_two_processes_match_one(tmp_path, rl_ckpt):
     assert 0.0 <= first["sampler_logp_gap"] < 1e-3 and 0.0 <= first["truncated_rate"] <= 1.0  # top-p 1: measured
     if first["step"] == 1:
         assert first["first_ratio_dev"] == 0.0  # the first on-policy step's ratio is exactly 1
-    # lr 1e-3 x 4 Adam steps: entries move by up to 4e-3; near-zero-gradient entries may differ by <10% of a step
-    assert_same_params(params(tmp_path / "p1"), params(tmp_path / "p2"), atol=1e-4)
+    # lr 2e-4 x 4 Adam steps: an entry moves by up to ~8e-4. Adam normalises each gradient by its own RMS, so
+    # an entry whose gradient is rounding noise can move either way by up to a step under another summation
+    # order (5.4e-4 seen): atol bounds that (2 x lr x steps); the share within 1e-6 is the real check
+    assert_same_params(params(tmp_path / "p1"), params(tmp_path / "p2"), atol=1.6e-3)
 
 
 def test_semionline_resume_matches_uninterrupted(tmp_path, rl_ckpt):
@@ -183,6 +185,7 @@ KILLER = textwrap.dedent("""
     import sys, time, torch
     sys.path.insert(0, {repo!r})
     import utils
+    import vlm
     model = vlm.load_model("tiny")
     opt = torch.optim.AdamW(model.parameters())
     utils.save_checkpoint({out!r}, model, None, {{"a": 1}}, optimizer=opt, extra={{"step": 1}})

@@ -25,12 +25,12 @@ input_file = cli.arg_type(cli.input_file)
 size_arg = cli.arg_type(gui.parse_size)
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(prog: str = "score.py") -> argparse.ArgumentParser:
     p = cli.make_parser("Score recorded responses with the rule reward (docs/method.md §4). Input lines: "
                           "{episode_id, step (0-based), response}, coordinates in pixels of the resized screenshot.\n\n"
                           "    python tools/score.py --data data/android_control/android_control_test_uis1.jsonl \\\n"
                           "        --responses responses.jsonl --out scores.jsonl --image-size 1080x2400",
-                          prog="score.py")
+                          prog=prog)
     p.add_argument("--data", nargs="+", required=True, type=input_file, help="episode files the responses refer to")
     p.add_argument("--responses", required=True, type=input_file, help="JSONL of responses; an optional field finish_reason ('length' "
                    "= cut at the token cap) or truncated (bool) makes the response malformed under the strict rules and is "
@@ -53,11 +53,11 @@ def parser() -> argparse.ArgumentParser:
 # scoring
 
 
-def score(argv: list[str]) -> dict:
+def score(argv: list[str], prog: str = "score.py") -> dict:
     """Score recorded responses. Every response must name a step of --data; unless --subset, every
     step of --data must have at least one response (several per step are allowed). Raises
     dataset.DataError (a ValueError) naming the responses file, line and field, or the unscored steps."""
-    args = parser().parse_args(argv)
+    args = parser(prog).parse_args(argv)
     index: dict[str, tuple[dataset.Episode, str]] = {}
     for path in args.data:
         for ep in dataset.load_episodes(path, swipe_convention=args.swipe_convention):
@@ -131,8 +131,8 @@ def score(argv: list[str]) -> dict:
             "floor_step_sr": base["floor"]["step_sr"], "floor_type_acc": base["floor"]["type_acc"], "out": args.out}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    summary = score(sys.argv[1:] if argv is None else list(argv))
+def main(argv: list[str] | None = None, prog: str = "score.py") -> dict:
+    summary = score(sys.argv[1:] if argv is None else list(argv), prog)
     print(cli.dumps(summary))
     return summary
 
