@@ -188,9 +188,11 @@ def read_eval(res_dir: Path, episode_keys: list[tuple[str, int]]) -> dict:
 
 
 def read_metrics(train_dir: Path) -> list[dict]:
-    """The per-step lines of a training run's metrics.jsonl ([] if absent)."""
+    """The per-step lines of a training run's metrics.jsonl, one per step in step order, the last
+    written winning (a resumed run appends the steps after its checkpoint again); [] if absent."""
     f = train_dir / "metrics.jsonl"
-    return [json.loads(l) for l in f.read_text().splitlines() if l.strip()] if f.exists() else []
+    rows = [json.loads(l) for l in f.read_text().splitlines() if l.strip()] if f.exists() else []
+    return sorted({r.get("step", i): r for i, r in enumerate(rows)}.values(), key=lambda r: r.get("step", 0))
 
 
 def rl_diagnostics(rows: list[dict]) -> dict:

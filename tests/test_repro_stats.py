@@ -197,3 +197,11 @@ def test_stages_skip_done_and_resume_interrupted(tmp_path):
     assert (tmp_path / "b" / "done").read_text() == "--resume"
     assert (tmp_path / "b" / "log.txt").read_text().startswith("first part\nargv ['--resume']")
     assert (tmp_path / "c" / "done").read_text() == ""
+
+
+def test_read_metrics_keeps_the_last_row_of_each_step(tmp_path):
+    """A run resumed from its step-2 checkpoint after dying at step 3 writes step 3 again."""
+    rows = [{"step": 1, "r": 0.1}, {"step": 2, "r": 0.2}, {"step": 3, "r": 0.0}, {"step": 3, "r": 0.3}, {"step": 4, "r": 0.4}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [(r["step"], r["r"]) for r in rc.read_metrics(tmp_path)] == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)]
+    assert rc.read_metrics(tmp_path / "absent") == []
