@@ -184,7 +184,8 @@ def main(argv=None) -> dict:
              "claims": claims, "arms": rc.arm_summaries(ck, curves),
              "scaling": {a: {k: v for k, v in f.items() if k != "k_boot"} for a, f in fits.items()},
              "scaling_points": points,
-             "unit_costs": rc.unit_costs(stages.log, ck, args.sft_steps, args.rl_steps, args.base_steps),
+             "unit_costs": rc.merged_costs(rc.unit_costs(stages.log, ck, args.sft_steps, args.rl_steps,
+                                                           args.base_steps), out_json),
              "complete": final_report}
         if final_report:
             stem = args.results_dir / out_json.stem

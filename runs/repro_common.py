@@ -585,6 +585,13 @@ def unit_costs(stage_log: list[dict], evals: list[dict], sft_steps: int, rl_step
             "stages": float(np.mean(evals_wall)) if evals_wall else None}
 
 
+def merged_costs(measured: dict, previous: Path) -> dict:
+    """This run's unit costs, a kind it did not measure (its stages were skipped as done) kept from
+    the previous results file `previous`, so a resumed or report-only run keeps what was measured."""
+    old = (json.loads(previous.read_text()).get("unit_costs") or {}) if previous.exists() else {}
+    return {k: measured.get(k) if measured.get(k) is not None else old.get(k) for k in {*old, *measured}}
+
+
 def load_costs(defaults: dict, *paths: Path) -> dict:
     """Cost constants: `defaults`, overridden by the unit_costs of earlier results files that exist."""
     costs = dict(defaults)

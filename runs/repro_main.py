@@ -129,7 +129,8 @@ def main(argv=None) -> dict:
              "tasks": data["tasks"], "online_episodes": [list(k) for k in keys],
              "checkpoints": ck, **r2f, "comparisons": cmps, "claims": claims,
              "arms": rc.arm_summaries(ck, curves),
-             "unit_costs": rc.unit_costs(stages.log, ck, args.sft_steps, args.rl_steps, args.base_steps),
+             "unit_costs": rc.merged_costs(rc.unit_costs(stages.log, ck, args.sft_steps, args.rl_steps,
+                                                           args.base_steps), out_json),
              "complete": final_report}
         if final_report:
             figs = [rc.plot_r2(args.results_dir / f"{out_json.stem}_r2.png", ck, s)]

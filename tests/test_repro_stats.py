@@ -205,3 +205,11 @@ def test_read_metrics_keeps_the_last_row_of_each_step(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert [(r["step"], r["r"]) for r in rc.read_metrics(tmp_path)] == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)]
     assert rc.read_metrics(tmp_path / "absent") == []
+
+
+def test_merged_costs_keep_what_a_skipped_stage_measured(tmp_path):
+    prev = tmp_path / "r.json"
+    assert rc.merged_costs({"rl_steps": 20.0, "online_episodes": None}, prev) == {"rl_steps": 20.0, "online_episodes": None}
+    prev.write_text(json.dumps({"unit_costs": {"rl_steps": 22.0, "sft_steps": 1.8, "online_episodes": 2.4}}))
+    got = rc.merged_costs({"rl_steps": None, "sft_steps": None, "online_episodes": 2.2, "stages": 4.6}, prev)
+    assert got == {"rl_steps": 22.0, "sft_steps": 1.8, "online_episodes": 2.2, "stages": 4.6}
