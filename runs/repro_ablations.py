@@ -53,7 +53,7 @@ SETTING = dict(
 )
 QUICK = dict(SEEDS=[0], BASE_STEPS=20, SFT_STEPS=20, RL_STEPS=2, EVAL_PER_TASK=1, ONLINE_EPISODES=8,
              SCALING_PER_TASK=[2, 24], ARMS=["gamma0", "thr0"], TASKS=["enter-text", "click-option"])
-COSTS = {"base_steps": 0.3, "sft_steps": 1.2, "rl_steps": 12.0, "online_episodes": 3.0, "sop_episodes": 2.0, "stages": 30.0}
+COSTS = {"base_steps": 0.2, "sft_steps": 1.83, "rl_steps": 22.3, "online_episodes": 2.3, "sop_episodes": 1.1, "stages": 5.5}  # the c398681 run
 
 
 def flags(gamma="0.5", threshold="2", patch="thought-free") -> list[str]:

@@ -54,9 +54,9 @@ SETTING = dict(
 )
 QUICK = dict(SEEDS=[0], BASE_STEPS=20, SFT_STEPS=20, RL_STEPS=2, EVAL_PER_TASK=1, ONLINE_EPISODES=8,
              TASKS=["enter-text", "click-option"])
-# seconds per unit, one process with one thread, on the loaded 2-core machine; replaced by the
-# unit_costs measured by an earlier run (results JSON) when there is one
-COSTS = {"base_steps": 0.3, "sft_steps": 1.2, "rl_steps": 12.0, "online_episodes": 3.0, "sop_episodes": 2.0, "stages": 30.0}
+# seconds per unit, one process with one thread, 2 jobs on the 2-core machine (measured by the c398681
+# run, results/LOG.md); replaced by the unit_costs of an earlier run's results JSON when there is one
+COSTS = {"base_steps": 0.2, "sft_steps": 1.83, "rl_steps": 22.3, "online_episodes": 2.3, "sop_episodes": 1.1, "stages": 5.5}  # the c398681 run
 ARMS = {"offline": ["--history", "expert"], "semionline": rc.SEMIONLINE_REF}  # RL arms and their flags
 
 
