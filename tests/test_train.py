@@ -108,7 +108,8 @@ def test_semionline_fsdp_two_processes_match_one(tmp_path, rl_ckpt):
     in 1 and in 2 FSDP processes: the same schedule, rollouts, losses and parameters. One step only: the
     next step samples from parameters that differ slightly between world sizes (below: one entry by 3.6e-5),
     and one token drawn differently then makes the runs legitimately diverge (most likely what happened at
-    step 2: loss 3.69593 vs 3.69570, equal rewards and token counts). 2 steps x 1 mini-batch and 1 x 1 matched to 8e-8 (results/LOG.md)."""
+    step 2: loss 3.69593 vs 3.69570, equal rewards and token counts). 2 steps x 1 mini-batch and 1 x 1
+    matched to 8e-8 (results/LOG.md)."""
     last1, m1 = launch(RL + rl_ckpt + ["--max-steps", "1"], tmp_path / "p1")
     last2, m2 = launch(RL + rl_ckpt + ["--max-steps", "1"], tmp_path / "p2", nproc=2)
     assert [r["step"] for r in m1] == [r["step"] for r in m2] == [1]
