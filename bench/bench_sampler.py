@@ -129,16 +129,8 @@ def run_ours(batch, n):
 
 
 def run_hf(batch, n):
-    T = max(len(p.input_ids) for p in batch)
-    ids = torch.full((len(batch), T), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros(len(batch), T, dtype=torch.long)
-    for i, p in enumerate(batch):                      # left padding, as generate expects
-        ids[i, T - len(p.input_ids):] = p.input_ids
-        mask[i, T - len(p.input_ids):] = 1
-    kw = dict(input_ids=ids.to(device), attention_mask=mask.to(device),
-              mm_token_type_ids=(ids == model.config.image_token_id).int().to(device),
-              pixel_values=torch.cat([p.pixel_values for p in batch]).to(device, dtype),
-              image_grid_thw=torch.cat([p.image_grid_thw for p in batch]).to(device))
+    kw = vlm.generate_inputs(batch, tokenizer.pad_token_id, model.config.image_token_id, device, dtype)
+    T = kw["input_ids"].shape[1]
     torch.manual_seed(args.seed)
     sync()
     t0 = time.perf_counter()
@@ -149,7 +141,7 @@ def run_hf(batch, n):
     sync()
     dt = time.perf_counter() - t0
     n_tok = (out.shape[1] - T) * out.shape[0]
-    return n_tok / dt, dt, len(batch) * n * T, int(mask.sum()) * n
+    return n_tok / dt, dt, len(batch) * n * T, int(kw["attention_mask"].sum()) * n
 
 
 # ---------------------------------------------------------------------------------------------------

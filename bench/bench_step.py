@@ -228,15 +228,7 @@ def trl_grpo_error(v) -> str:
 def hf_rollout(v, calls, banned):
     t = 0.0
     for prompts, n, _ in calls:
-        T = max(len(p.input_ids) for p in prompts)
-        ids = torch.full((len(prompts), T), v.pad_id, dtype=torch.long)
-        mask = torch.zeros(len(prompts), T, dtype=torch.long)
-        for i, p in enumerate(prompts):                          # left padding, as generate expects
-            ids[i, T - len(p.input_ids):] = p.input_ids
-            mask[i, T - len(p.input_ids):] = 1
-        kw = dict(input_ids=ids, attention_mask=mask, mm_token_type_ids=(ids == v.model.config.image_token_id).int(),
-                  pixel_values=torch.cat([p.pixel_values for p in prompts]),
-                  image_grid_thw=torch.cat([p.image_grid_thw for p in prompts]))
+        kw = vlm.generate_inputs(prompts, v.pad_id, v.model.config.image_token_id)
         with torch.no_grad():
             _, dt = _timed(lambda: v.model.generate(
                 **kw, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,

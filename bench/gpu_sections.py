@@ -361,6 +361,7 @@ def check_sampler(C, torch, device, dry, model, a):
     import numpy as np
 
     import gui
+    import vlm
     from sampler import Sampler
 
     s = C.res["sampler"]
@@ -383,16 +384,8 @@ def check_sampler(C, torch, device, dry, model, a):
         return sum(len(o.ids) for row in outs for o in row), sampler.stats.get("prefill_tokens")
 
     def hf(batch, n, new):
-        T = max(len(p.input_ids) for p in batch)
-        ids = torch.full((len(batch), T), tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros(len(batch), T, dtype=torch.long)
-        for i, p in enumerate(batch):  # left padding, as generate expects
-            ids[i, T - len(p.input_ids):] = p.input_ids
-            mask[i, T - len(p.input_ids):] = 1
-        kw = dict(input_ids=ids.to(device), attention_mask=mask.to(device),
-                  mm_token_type_ids=(ids == model.config.image_token_id).int().to(device),
-                  pixel_values=torch.cat([p.pixel_values for p in batch]).to(device, dtype),
-                  image_grid_thw=torch.cat([p.image_grid_thw for p in batch]).to(device))
+        kw = vlm.generate_inputs(batch, tokenizer.pad_token_id, model.config.image_token_id, device, dtype)
+        T = kw["input_ids"].shape[1]
         torch.manual_seed(0)
         with torch.no_grad():
             out = model.generate(**kw, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=new,

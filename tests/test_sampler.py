@@ -96,20 +96,11 @@ def concentrated(model, k=32):
 def hf_generate(model, tok, prompts, sampler, max_new=MAX_NEW):
     """model.generate(do_sample=False) on a left-padded batch; returns per-row generated ids,
     cut after the first stop token (HF pads finished rows)."""
-    T = max(len(p.input_ids) for p in prompts)
-    ids = torch.full((len(prompts), T), tok.pad_token_id)
-    mask = torch.zeros(len(prompts), T, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, T - len(p.input_ids):] = p.input_ids
-        mask[i, T - len(p.input_ids):] = 1
-    kw = {}
-    if any(p.pixel_values is not None for p in prompts):
-        kw = dict(pixel_values=torch.cat([p.pixel_values for p in prompts if p.pixel_values is not None]),
-                  image_grid_thw=torch.cat([p.image_grid_thw for p in prompts if p.image_grid_thw is not None]),
-                  mm_token_type_ids=(ids == model.config.image_token_id).int())
-    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new,
+    kw = vlm.generate_inputs(prompts, tok.pad_token_id, getattr(model.config, "image_token_id", None))  # None: text-only LM
+    T = kw["input_ids"].shape[1]
+    out = model.generate(**kw, do_sample=False, max_new_tokens=max_new,
                          suppress_tokens=sampler.banned_ids.tolist(), eos_token_id=sampler.stop_token_ids,
-                         pad_token_id=tok.pad_token_id, **kw)
+                         pad_token_id=tok.pad_token_id)
     rows = []
     for r in out[:, T:].tolist():
         cut = next((k + 1 for k, t in enumerate(r) if t in sampler.stop_token_ids), len(r))
