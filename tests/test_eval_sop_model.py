@@ -288,6 +288,16 @@ def test_model_path(tmp_path):
 # online MiniWob++ (a real browser)
 
 
+def test_online_default_seeds_are_fresh(monkeypatch, capsys, tokenizer):
+    """Without --online-seed-base the online episodes start at 200000: pages neither data file uses
+    (train seeds 0+, test seeds 100000+)."""
+    fake = FakeSampler(tokenizer, [], lambda ep, t, prompt, text: "garbage")
+    monkeypatch.setattr(eval_sop, "load_sampler", lambda args, tok: fake)
+    s = eval_sop.main(["--policy", "model", "--online", "--online-tasks", "click-test", "--online-seeds", "2",
+                       "--online-max-steps", "1", *SMALL])
+    assert s["online_seeds"] == [200000, 200001] and s["n_online_episodes"] == 2 and s["online_sr"] == 0.0
+
+
 def test_online_fake_model(monkeypatch, capsys, tokenizer, tmp_path):
     """click-test seeds 100000 (button at (37, 118), box 19..56 x 100..137) and 100001. The fake clicks
     the button on its first call, in 112x140 model pixels, then writes garbage: episode 1 succeeds only
