@@ -86,3 +86,53 @@ def test_shared_screenshots_encoded_once_same_logp_and_grads():
     wrong = dict(batch, image_index=torch.tensor([0, 1, 0, 1, 0, 1, 0, 1]))
     with torch.no_grad():
         assert (policy(wrong)[0] - lp1).abs().max() > 1e-4
+
+
+def test_causal_only_drops_right_padding_masks_only():
+    right = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
+    assert vlm.causal_only(right) is None
+    left = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    gap = torch.tensor([[1, 0, 1, 1]])
+    assert vlm.causal_only(left) is left and vlm.causal_only(gap) is gap
+    assert vlm.causal_only(None) is None
+
+
+def test_right_padded_batch_scores_like_each_sequence_alone():
+    """PolicyLogProb drops a right-padding mask (vlm.causal_only): the log-probs, entropies and
+    gradients of a padded batch with screenshots equal those of each sequence scored on its own,
+    and those of the model run with the padding mask (the dense masked attention)."""
+    tok, ip = vlm.load_processor(max_pixels=64 * 28 * 28)
+    torch.manual_seed(0)
+    model = vlm.load_model("tiny")
+    rng = np.random.default_rng(1)
+    def shots(k):
+        return [Image.fromarray(rng.integers(0, 256, (210, 160, 3), dtype=np.uint8)) for _ in range(k)]
+    prompts = [chat.build_prompt(tok, ip, chat.PromptSpec(), goal=g, history=h, screenshots=shots(len(h) + 1))
+               for g, h in (("click the OK button", []), ("type hello into the box", ["x"]))]
+    responses = [[101, 102, 103, 104, 105, 106, 107], [108, 109]]    # lengths differ: row 1 is padded
+    policy = PolicyLogProb(model)
+
+    def run(b):
+        model.zero_grad()
+        logp, ent = policy(b, return_entropy=True)
+        (logp.sum() + 0.3 * ent.sum()).backward()
+        return logp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    batch = collate_sequences(prompts, responses, tok.pad_token_id)
+    assert (batch["attention_mask"] == 0).any()                                    # really padded
+    assert vlm.causal_only(batch["attention_mask"]) is None
+    lp, ent, grads = run(batch)
+    alone = [run(collate_sequences([p], [r], tok.pad_token_id)) for p, r in zip(prompts, responses)]
+    torch.testing.assert_close(lp, torch.cat([a[0] for a in alone]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent, torch.cat([a[1] for a in alone]), atol=1e-5, rtol=1e-5)
+    for n, g in grads.items():
+        torch.testing.assert_close(g, alone[0][2][n] + alone[1][2][n], atol=1e-5, rtol=1e-4, msg=n)
+    # the dense masked path (what PolicyLogProb ran before) gives the same log-probs
+    with torch.no_grad():
+        h = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                        pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"],
+                        mm_token_type_ids=(batch["input_ids"] == model.config.image_token_id).int()).last_hidden_state
+        tgt = batch["targets"][:, 1:]
+        sel = tgt != -100
+        masked = model.lm_head(h[:, :-1][sel]).float().log_softmax(-1).gather(-1, tgt[sel][:, None])[:, 0]
+    torch.testing.assert_close(lp, masked, atol=1e-5, rtol=1e-5)
