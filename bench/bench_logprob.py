@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root, for `kernels`
 import cli  # noqa: E402
 from kernels import fused_logprob  # noqa: E402
+from gpu_sections import lm_head_gemms  # noqa: E402  (bench/ is sys.path[0] when run as a script)
 
 # ---------------------------------------------------------------------------------------------------
 # config
@@ -183,14 +184,7 @@ def cuda_main():
         h.grad = W.grad = None
     gz = torch.randn(args.n, args.v, device="cuda", dtype=h.dtype)
 
-    def matmul_fwd():
-        with torch.no_grad():
-            return h @ W.T
-
-    def matmul_fwd_bwd():  # the three GEMMs an lm_head costs in training: z = hW^T, dh = gz W, dW = gz^T h
-        h.grad = W.grad = None
-        (h @ W.T).backward(gz)
-
+    matmul_fwd, matmul_fwd_bwd = lm_head_gemms(torch, h, W, gz)
     t_mm = cuda_time(matmul_fwd, repeats)
     t_mm_fb = cuda_time(matmul_fwd_bwd, repeats)
     return {

@@ -24,6 +24,23 @@ ANDROID_DATA = REPO / "data" / "android_control" / "android_control_train_exampl
 CONFIG_7B = REPO / "assets" / "qwen2_5_vl_tokenizer" / "config.json"
 
 PACKAGES = ("PIL", "safetensors", "tokenizers", "tqdm")  # what the stages import besides torch
+
+
+def lm_head_gemms(torch, h, W, gz):
+    """The bare GEMMs an lm_head costs, as two closures, the floor a fused log-prob is timed
+    against: fwd() z = h W^T (no grad); fwd_bwd() the three of training (z = h W^T, dh = gz W,
+    dW = gz^T h). h (N, H) and W (V, H) require grad; gz (N, V) is the logits' upstream gradient."""
+    def fwd():
+        with torch.no_grad():
+            return h @ W.T
+
+    def fwd_bwd():
+        h.grad = W.grad = None
+        (h @ W.T).backward(gz)
+
+    return fwd, fwd_bwd
+
+
 # Every key of one kernels.logprob row, GPU or dry (gpu_check.SCHEMA holds the rest of what a run writes):
 # a row starts from this and is filled in as its check passes.
 _LOGPROB_ROW = {
@@ -216,14 +233,7 @@ def check_logprob(C, torch, device, dry, N, H, V, dtype):
     h.grad = W.grad = None
     gz = torch.randn(N, V, generator=g, device=device).to(dtype)  # upstream grad of the logits
 
-    def matmul_fwd():
-        with torch.no_grad():
-            return h @ W.T
-
-    def matmul_fwd_bwd():  # the three GEMMs an lm_head costs in training: z = hW^T, dh = gz W, dW = gz^T h
-        h.grad = W.grad = None
-        (h @ W.T).backward(gz)
-
+    matmul_fwd, matmul_fwd_bwd = lm_head_gemms(torch, h, W, gz)
     row["peak_mem_matmul_bytes"] = timer.peak(matmul_fwd_bwd) if cuda else None
     row["time_matmul_fwd_s"] = timer.best(matmul_fwd, repeats)
     row["time_matmul_fwd_bwd_s"] = timer.best(matmul_fwd_bwd, repeats)
