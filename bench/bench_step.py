@@ -2,7 +2,8 @@
 and beside the same work done the Hugging Face / TRL way.
 
 Workload (fixed, so runs compare): the first --tasks MiniWob training episodes, their first
---steps steps, --rollouts rollouts per task, expert history (`history_mode="expert"`: no rollout
+--steps steps, prompts as train_semionline builds them for --model (a tiny preset: the short
+system prompt, chat.fresh_defaults; --system-prompt full for the 7B's), --rollouts rollouts per task, expert history (`history_mode="expert"`: no rollout
 ends early, every step is trained) and stopping disabled, so every response is exactly
 --max-new-tokens tokens. One step = rollout (semi_online_rollout with the Sampler) -> old and
 reference log-probs (no grad) -> one update pass (forward + ppo_loss + backward + AdamW step per
@@ -46,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
+import chat
 import dataset
 import vlm
 from kernels import ppo_loss  # noqa: E402
@@ -75,6 +77,8 @@ parser.add_argument("--peer-repeats", type=int, default=1, help="timed peer step
 parser.add_argument("--no-peer", action="store_true", help="skip the HF generate / TRL side")
 parser.add_argument("--seed", type=int, default=0, help="model init and sampling seed")
 parser.add_argument("--model", default="tiny:128x4", help="tiny preset (tiny:HxL) whose step is timed (the quick start's)")
+parser.add_argument("--system-prompt", choices=["model", "full", "short"], default="model",
+                    help="model: the one the stages give --model (short for a tiny preset, chat.fresh_defaults)")
 parser.add_argument("--vocab", choices=["both", "small", "real"], default="both",
                     help="the tiny preset's small vocabulary, Qwen2.5-VL's real one (same body), or both (vocab_speedup)")
 args = parser.parse_args()
@@ -82,6 +86,8 @@ args = parser.parse_args()
 torch.manual_seed(args.seed)
 eps = [e for e in dataset.load_episodes(args.data) if len(e.steps) >= args.steps][:args.tasks]
 eps = [dataclasses.replace(e, steps=e.steps[:args.steps]) for e in eps]
+SPEC = chat.PromptSpec(**(chat.fresh_defaults(args.model) if args.system_prompt == "model"
+                          else {"system_prompt": args.system_prompt}))   # the prompts train_semionline builds
 QWEN_VOCAB = json.load(open(vlm.TOKENIZER_DIR / "config.json"))["vocab_size"]  # 152,064 rows: the 7B's lm_head
 
 
@@ -174,7 +180,7 @@ def our_step(v):
     sampler = CountingSampler(v.model, v.tokenizer, max_new_tokens=args.max_new_tokens, stop_token_ids=[])
     sampler.calls = []
     with sampling_mode(policy):
-        recs, t_roll = _timed(lambda: semi_online_rollout(sampler, eps, v.tokenizer, v.image_processor,
+        recs, t_roll = _timed(lambda: semi_online_rollout(sampler, eps, v.tokenizer, v.image_processor, spec=SPEC,
                                                           n_rollouts=args.rollouts, history_mode="expert", seed=0))
     t_prefill = sum(s["time_prefill"] for _, _, s in sampler.calls)
     t_decode = sum(s["time_decode"] for _, _, s in sampler.calls)
@@ -320,7 +326,7 @@ def floors(v, calls, batches):
 
 commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                         cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-print(f"commit {commit} | {args.model} | threads {torch.get_num_threads()} | {len(eps)} tasks x {args.rollouts} rollouts x "
+print(f"commit {commit} | {args.model} | {SPEC.system_prompt} system prompt | threads {torch.get_num_threads()} | {len(eps)} tasks x {args.rollouts} rollouts x "
       f"{args.steps} steps, {args.max_new_tokens} new tokens | vocab {args.vocab} | trl {trl_version}", flush=True)
 load_before = os.getloadavg()[0]
 small = variant("small") if args.vocab in ("both", "small") else None
@@ -359,7 +365,7 @@ def summary(v) -> dict:
 
 main_sum = summary(main_v)
 med = main_sum["seconds"]
-result = dict(commit=commit, model=args.model, threads=torch.get_num_threads(), tasks=len(eps), rollouts=args.rollouts, steps=args.steps,
+result = dict(commit=commit, model=args.model, system_prompt=SPEC.system_prompt, threads=torch.get_num_threads(), tasks=len(eps), rollouts=args.rollouts, steps=args.steps,
               max_new_tokens=args.max_new_tokens, **main_sum)
 if len(variants) == 2:
     real = summary(variants[1])
