@@ -14,6 +14,15 @@ from sampler import Sampler
 from vlm import PolicyLogProb, collate_sequences, sampling_mode
 
 
+def _logp_entropy_grads(policy, batch):
+    """(log-probs, entropies, {parameter name: gradient}) of logp.sum() + 0.3 entropy.sum() on batch."""
+    policy.model.zero_grad()
+    logp, ent = policy(batch, return_entropy=True)
+    (logp.sum() + 0.3 * ent.sum()).backward()
+    return logp.detach(), ent.detach(), {n: p.grad.clone() for n, p in policy.model.named_parameters()
+                                         if p.grad is not None}
+
+
 def test_trainer_logp_equals_sampler_logp_on_two_image_prompts():
     tok, ip = vlm.load_processor()
     torch.manual_seed(0)
@@ -70,10 +79,7 @@ def test_shared_screenshots_encoded_once_same_logp_and_grads():
     policy = PolicyLogProb(model)
 
     def run(b):
-        model.zero_grad()
-        logp, ent = policy(b, return_entropy=True)
-        (logp.sum() + 0.3 * ent.sum()).backward()
-        return logp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return _logp_entropy_grads(policy, b)
 
     full = {k: v for k, v in batch.items() if k != "image_index"}
     (lp1, e1, g1), (lp2, e2, g2) = run(batch), run(full)
@@ -113,10 +119,7 @@ def test_right_padded_batch_scores_like_each_sequence_alone():
     policy = PolicyLogProb(model)
 
     def run(b):
-        model.zero_grad()
-        logp, ent = policy(b, return_entropy=True)
-        (logp.sum() + 0.3 * ent.sum()).backward()
-        return logp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return _logp_entropy_grads(policy, b)
 
     batch = collate_sequences(prompts, responses, tok.pad_token_id)
     assert (batch["attention_mask"] == 0).any()                                    # really padded
