@@ -289,7 +289,7 @@ def causal_only(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     tokens the same with or without it. Without a mask SDPA runs its causal kernel, which skips the
     masked upper triangle, instead of a dense masked one: measured on the 2-core CPU (tiny:128x4,
     batches of 8 x ~800 tokens with screenshots) ~20 % of a forward and ~28 % of a forward + backward,
-    log-probs bit-identical (tests/test_vlm.py). A left-padded or gapped mask is returned as is."""
+    log-probs bit-identical (tests/test_policy_logprob.py). A left-padded or gapped mask is returned as is."""
     if attention_mask is None or attention_mask.shape[1] < 2:
         return attention_mask
     m = attention_mask.bool()

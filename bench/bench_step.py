@@ -3,8 +3,8 @@ and beside the same work done the Hugging Face / TRL way.
 
 Workload (fixed, so runs compare): the first --tasks MiniWob training episodes, their first
 --steps steps, prompts as train_semionline builds them for --model (a tiny preset: the short
-system prompt, chat.fresh_defaults; --system-prompt full for the 7B's), --rollouts rollouts per task, expert history (`history_mode="expert"`: no rollout
-ends early, every step is trained) and stopping disabled, so every response is exactly
+system prompt, chat.fresh_defaults; --system-prompt full for the 7B's), --rollouts rollouts per
+task, expert history (`history_mode="expert"`: no rollout ends early, every step is trained) and stopping disabled, so every response is exactly
 --max-new-tokens tokens. One step = rollout (semi_online_rollout with the Sampler) -> old and
 reference log-probs (no grad) -> one update pass (forward + ppo_loss + backward + AdamW step per
 mini-batch), as in train_semionline.py. The model's weights are restored before each repeat.

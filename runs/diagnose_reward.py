@@ -7,7 +7,7 @@ reward says no, the page says yes) or towards clicks that do not. This script pu
 step of a MiniWob++ data file to both judges, on the same clicks:
 
     python runs/diagnose_reward.py --data data/miniwob/test.jsonl --per-task 4
-    python runs/diagnose_reward.py --data out/repro/data/test_8t.jsonl --tasks click-checkboxes
+    python runs/diagnose_reward.py --data out/repro/data/train_8t.jsonl --image-root data/miniwob --per-task 6
 
 For each click step k of an episode (task, seed recorded in the file), the candidate clicks are
 the centre of every element the step's element list names (the points a model is shown), plus the

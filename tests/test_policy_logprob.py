@@ -77,12 +77,8 @@ def test_shared_screenshots_encoded_once_same_logp_and_grads():
     # images in row order: (p0 a, p0 b), (p1 a, p1 b), (p0 a, p0 b), (p0 a, p0 b) -> first occurrences
     assert batch["image_index"].tolist() == [0, 1, 2, 3, 0, 1, 0, 1]
     policy = PolicyLogProb(model)
-
-    def run(b):
-        return _logp_entropy_grads(policy, b)
-
     full = {k: v for k, v in batch.items() if k != "image_index"}
-    (lp1, e1, g1), (lp2, e2, g2) = run(batch), run(full)
+    (lp1, e1, g1), (lp2, e2, g2) = _logp_entropy_grads(policy, batch), _logp_entropy_grads(policy, full)
     torch.testing.assert_close(lp1, lp2, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(e1, e2, atol=1e-5, rtol=1e-5)
     assert g1.keys() == g2.keys() and any("visual" in n for n in g1)
@@ -111,21 +107,18 @@ def test_right_padded_batch_scores_like_each_sequence_alone():
     torch.manual_seed(0)
     model = vlm.load_model("tiny")
     rng = np.random.default_rng(1)
+
     def shots(k):
         return [Image.fromarray(rng.integers(0, 256, (210, 160, 3), dtype=np.uint8)) for _ in range(k)]
     prompts = [chat.build_prompt(tok, ip, chat.PromptSpec(), goal=g, history=h, screenshots=shots(len(h) + 1))
                for g, h in (("click the OK button", []), ("type hello into the box", ["x"]))]
     responses = [[101, 102, 103, 104, 105, 106, 107], [108, 109]]    # lengths differ: row 1 is padded
     policy = PolicyLogProb(model)
-
-    def run(b):
-        return _logp_entropy_grads(policy, b)
-
     batch = collate_sequences(prompts, responses, tok.pad_token_id)
     assert (batch["attention_mask"] == 0).any()                                    # really padded
     assert vlm.causal_only(batch["attention_mask"]) is None
-    lp, ent, grads = run(batch)
-    alone = [run(collate_sequences([p], [r], tok.pad_token_id)) for p, r in zip(prompts, responses)]
+    lp, ent, grads = _logp_entropy_grads(policy, batch)
+    alone = [_logp_entropy_grads(policy, collate_sequences([p], [r], tok.pad_token_id)) for p, r in zip(prompts, responses)]
     torch.testing.assert_close(lp, torch.cat([a[0] for a in alone]), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ent, torch.cat([a[1] for a in alone]), atol=1e-5, rtol=1e-5)
     for n, g in grads.items():
