@@ -564,6 +564,18 @@ def estimate(counts: dict, costs: dict, jobs: int) -> float:
     return sum(counts[k] * costs.get(k, 0.0) for k in counts) / max(jobs, 1)
 
 
+def pending_counts(args, n_tasks: int, n_online: int, base: dict | None, train: dict, evals: list[dict]) -> dict:
+    """The units still to run, for estimate(): a stage whose `done` file exists is skipped (unless
+    --force), so an SFT or RL run shared with the other script, or a resumed run's finished stages, cost
+    nothing. train: {"sft": [jobs], "rl": [jobs]}; evals: eval_job dicts of every checkpoint to score."""
+    left = lambda jobs: [j for j in jobs if args.force or not j["done"].exists()]  # noqa: E731
+    n_eval = len(left(evals))
+    return {"base_steps": args.base_steps * len(left([base])) if base is not None and args.base_steps else 0,
+            "sft_steps": len(left(train["sft"])) * args.sft_steps, "rl_steps": len(left(train["rl"])) * args.rl_steps,
+            "online_episodes": n_eval * n_online, "sop_episodes": n_eval * args.eval_per_task * n_tasks,
+            "stages": n_eval}  # evaluation processes (training stages: start-up is in their per-step cost)
+
+
 def unit_costs(stage_log: list[dict], evals: list[dict], sft_steps: int, rl_steps: int, base_steps: int = 0) -> dict:
     """Measured seconds per unit from this run's stage log and eval rows, for the next run's estimate:
     per base warm-up step, SFT step and RL step (a training stage's wall time over its steps, process
