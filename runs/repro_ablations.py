@@ -123,9 +123,12 @@ def main(argv=None) -> dict:
         n_scale = len(args.scaling_thresholds) * 4 * len(args.scaling_seeds)  # e.g. 4 data sizes per threshold
         not_run.append({"what": f"data scaling: thresholds {args.scaling_thresholds}, 4 sizes, seeds {args.scaling_seeds}",
                         "estimate_min": round(n_scale * per_run / 60)})
-    print(f"[plan] {n_tasks} tasks, seeds {args.seeds}, {counts['rl_steps'] // max(args.rl_steps, 1)} of {len(rl)} RL runs and {counts['stages']} of "
-          f"{len(evals)} evaluations still to run ({len(keys)} online episodes each); estimated wall "
-          f"{rc.estimate(counts, costs, args.jobs) / 60:.0f} min with {args.jobs} jobs (costs s/unit: {costs})", flush=True)
+    full = rc.pending_counts(args, n_tasks, len(keys), base, {"sft": list(sft.values()), "rl": list(rl.values())}, evals,
+                             everything=True)
+    print(f"[plan] {n_tasks} tasks, seeds {args.seeds}, {counts['rl_steps'] // max(args.rl_steps, 1)} of {len(rl)} RL runs and "
+          f"{counts['stages']} of {len(evals)} evaluations still to run ({len(keys)} online episodes each); estimated wall "
+          f"{rc.estimate(counts, costs, args.jobs) / 60:.0f} min with {args.jobs} jobs (from scratch, the shared SFT and "
+          f"reference runs included: {rc.estimate(full, costs, args.jobs) / 60:.0f} min; costs s/unit: {costs})", flush=True)
     for n in not_run:
         print(f"[not run] {n['what']}: ~{n['estimate_min']} min", flush=True)
 

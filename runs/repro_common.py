@@ -43,7 +43,7 @@ ALPHA = 0.05  # verdict threshold on p-values
 # -----------------------------------------------------------------------------
 # 1. statistics (runs/stats.py; runs/ is on sys.path: see the scripts)
 
-from stats import mcnemar_exact, paired_bootstrap, r2_bootstrap, wilson  # noqa: E402
+from stats import mcnemar_exact, paired_bootstrap, r2_bootstrap, trend, wilson  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # 2. stages
@@ -372,12 +372,15 @@ def markdown(summary: dict, title: str) -> str:
                      f"| **{c['verdict']}** |")
     if summary.get("arms"):
         L += ["", "## Per-arm diagnostics (final checkpoints pooled over seeds; RL means over the second half of steps)",
-              "", "| arm | seeds | online SR [95%] | SOP-PG | reward | entropy | KL | patch rate |", "|---|---|---|---|---|---|---|---|"]
+              "", "| arm | seeds | online SR [95%] | SOP-PG | reward | reward trend / 100 steps [95%] | entropy | KL "
+              "| patch rate |", "|---|---|---|---|---|---|---|---|---|"]
         for arm, a in summary["arms"].items():
-            d = a.get("rl") or {}
+            d, tr = a.get("rl") or {}, a.get("reward_trend_per100") or {}
             L.append(f"| {arm} | {a['seeds']} | {fmt(a['online_sr'])} {fmt_ci(a['online_sr_ci95'])} | {fmt(a.get('sop_pg'))} "
-                     f"| {fmt(d.get('reward_mean'))} | {fmt(d.get('entropy'))} | {fmt(d.get('kl'), '.2e')} "
-                     f"| {fmt(d.get('patch_rate'))} |")
+                     f"| {fmt(d.get('reward_mean'))} | {fmt(tr.get('slope'), '+.3f')} {fmt_ci(tr.get('slope_ci95'))} "
+                     f"| {fmt(d.get('entropy'))} | {fmt(d.get('kl'), '.2e')} | {fmt(d.get('patch_rate'))} |")
+        L += ["", "Reward trend: least-squares slope of the per-step training reward (sampled rollouts) over "
+              "100 steps, centred within each seed's run; the interval treats steps as independent."]
         tasks = sorted({t for a in summary["arms"].values() for t in a.get("online_per_task", {})})
         if tasks:
             L += ["", "Per-task online success (final checkpoints, mean over seeds):", "",
@@ -391,6 +394,9 @@ def markdown(summary: dict, title: str) -> str:
         for arm, f in summary["scaling"].items():
             L.append(f"| {arm} | {fmt(f.get('k'), '.2f')} {fmt_ci(f.get('k_ci95'))} | {fmt(f.get('A'))} | {fmt(f.get('B'))} "
                      f"| {f.get('at_bound')} |")
+    if summary.get("not_run"):
+        L += ["", "## Not run (estimated wall time with this run's unit costs)", ""]
+        L += [f"- {n['what']}: ~{n['estimate_min']} min" for n in summary["not_run"]]
     if summary.get("figures"):
         L += ["", "Figures: " + ", ".join(f"`{p}`" for p in summary["figures"])]
     return "\n".join(L) + "\n"
@@ -410,13 +416,20 @@ def arm_summaries(checkpoints: list[dict], curves: dict) -> dict:
         per_task = {t: float(np.mean([r["online_per_task"][t] for r in rows if r["online_per_task"].get(t) is not None]))
                     for t in tasks}
         rl = [rl_diagnostics(rs) for rs in curves.get(arm, {}).values() if rs]
+        pts = [(r["step"], r["reward_mean"], seed) for seed, rs in curves.get(arm, {}).items() for r in rs
+               if r.get("reward_mean") is not None and r.get("step") is not None]
+        try:  # the training reward's within-run trend, pooled over seeds, per 100 steps
+            tr = trend([p[0] / 100 for p in pts], [p[1] for p in pts], [p[2] for p in pts])
+        except ValueError:  # too few steps logged (or no RL run)
+            tr = None
         out[arm] = {"seeds": [r["seed"] for r in rows], "per_seed": [r["online_sr"] for r in rows],
                     "online_sr": k / n if n else None,
                     "online_sr_ci95": list(wilson(k, n)) if n else [None, None],
                     "sop_pg": float(np.mean([r["sop_pg"] for r in rows if r["sop_pg"] is not None] or [np.nan])),
                     "online_per_task": per_task,
                     "rl": {key: (float(np.mean([d[key] for d in rl if d[key] is not None]))
-                                 if any(d[key] is not None for d in rl) else None) for key in rl[0]} if rl else None}
+                                 if any(d[key] is not None for d in rl) else None) for key in rl[0]} if rl else None,
+                    "reward_trend_per100": tr}
     return out
 
 
@@ -564,11 +577,13 @@ def estimate(counts: dict, costs: dict, jobs: int) -> float:
     return sum(counts[k] * costs.get(k, 0.0) for k in counts) / max(jobs, 1)
 
 
-def pending_counts(args, n_tasks: int, n_online: int, base: dict | None, train: dict, evals: list[dict]) -> dict:
+def pending_counts(args, n_tasks: int, n_online: int, base: dict | None, train: dict, evals: list[dict],
+                   everything: bool = False) -> dict:
     """The units still to run, for estimate(): a stage whose `done` file exists is skipped (unless
     --force), so an SFT or RL run shared with the other script, or a resumed run's finished stages, cost
-    nothing. train: {"sft": [jobs], "rl": [jobs]}; evals: eval_job dicts of every checkpoint to score."""
-    left = lambda jobs: [j for j in jobs if args.force or not j["done"].exists()]  # noqa: E731
+    nothing; everything=True counts every stage (the run from scratch). train: {"sft": [jobs], "rl":
+    [jobs]}; evals: eval_job dicts of every checkpoint to score."""
+    left = lambda jobs: [j for j in jobs if everything or args.force or not j["done"].exists()]  # noqa: E731
     n_eval = len(left(evals))
     return {"base_steps": args.base_steps * len(left([base])) if base is not None and args.base_steps else 0,
             "sft_steps": len(left(train["sft"])) * args.sft_steps, "rl_steps": len(left(train["rl"])) * args.rl_steps,
@@ -761,12 +776,13 @@ def eval_job(args, data: dict, model: str, name: str, seed: int) -> dict:
     return job(args.out_root / "eval", name.replace(" ", "_").replace("/", "-"), cmd, "result.json")
 
 
-def checkpoints_of(train_job: dict, steps: int, eval_mid: bool) -> list[tuple[int, bool, Path]]:
-    """[(step, final, folder)] to evaluate for a finished training job: the midpoint (when kept) and the end."""
+def checkpoints_of(train_job: dict, steps: int, eval_mid: bool, planned: bool = False) -> list[tuple[int, bool, Path]]:
+    """[(step, final, folder)] to evaluate for a finished training job: the midpoint (when kept) and the
+    end; planned=True: those the job will have once it has run (for the estimate)."""
     out = []
     if eval_mid and steps >= 2:
         mid = checkpoint_at(train_job["dir"], max(steps // 2, 1))
-        if mid.exists() and steps // 2 != steps:
+        if (planned or mid.exists()) and steps // 2 != steps:
             out.append((steps // 2, False, mid))
     out.append((steps, True, checkpoint_at(train_job["dir"], steps)))
     return out
@@ -780,7 +796,7 @@ def collect_and_report(args, todo, stages, rows: list, keys, summary, out_json: 
         name, arm, seed, step, final, run = j["meta"]
         rows.append({"name": name, "arm": arm, "seed": seed, "step": step, "final": final, "run": run,
                      "eval": _rel(j["dir"]), **read_eval(j["dir"], keys)})
-        if not args.report_only:
+        if not (args.report_only or args.dry_run):  # a dry run writes nothing
             write_results(summary(), out_json, f"{title} (partial)")
 
     if args.report_only:

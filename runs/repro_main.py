@@ -68,25 +68,29 @@ def main(argv=None) -> dict:
     data = rc.prepare_data(args)
     keys = data["online_episodes"]
 
-    # --- estimate
-    n_ckpt = 1 + len(args.seeds) * (1 + len(ARMS)) * (2 if args.eval_mid else 1)
-    counts = {"base_steps": args.base_steps, "sft_steps": len(args.seeds) * args.sft_steps, "rl_steps": len(args.seeds) * len(ARMS) * args.rl_steps,
-              "online_episodes": n_ckpt * len(keys), "sop_episodes": n_ckpt * args.eval_per_task * len(data["tasks"]),
-              "stages": n_ckpt}  # evaluation processes (training stages: start-up is in their per-step cost)
-    costs = rc.load_costs(COSTS, out_json)
-    print(f"[plan] {len(data['tasks'])} tasks, seeds {args.seeds}, {n_ckpt} checkpoints x {len(keys)} online episodes; "
-          f"estimated wall {rc.estimate(counts, costs, args.jobs) / 60:.0f} min with {args.jobs} jobs "
-          f"(costs s/unit: {costs})", flush=True)
-
-    # --- the shared base (trained once), then SFT from it, one run per seed
+    # --- estimate: only what is still to run (a finished stage, or one shared with repro_ablations.py, is skipped)
     base = rc.base_job(args, data)
     sft = {s: rc.sft_job(args, data, s, base) for s in args.seeds}
+    rl = {(arm, s): rc.rl_job(args, data, sft[s], s, arm, flags) for arm, flags in ARMS.items() for s in args.seeds}
+    evals = [rc.eval_job(args, data, rc.base_model(args, base), f"base_{base['dir'].name}", 0)] + [
+        rc.eval_job(args, data, rc._rel(ck), f"{arm}_s{s}_step{step}_{tj['dir'].name}", s)
+        for arm, runs, steps in [("sft", sft, args.sft_steps)] + [(a, {s: rl[(a, s)] for s in args.seeds}, args.rl_steps)
+                                                                  for a in ARMS]
+        for s, tj in runs.items() for step, _, ck in rc.checkpoints_of(tj, steps, args.eval_mid, planned=True)]
+    train = {"sft": list(sft.values()), "rl": list(rl.values())}
+    counts = rc.pending_counts(args, len(data["tasks"]), len(keys), base, train, evals)
+    full = rc.pending_counts(args, len(data["tasks"]), len(keys), base, train, evals, everything=True)
+    costs = rc.load_costs(COSTS, out_json)
+    print(f"[plan] {len(data['tasks'])} tasks, seeds {args.seeds}, {len(evals)} checkpoints x {len(keys)} online episodes; "
+          f"estimated wall {rc.estimate(counts, costs, args.jobs) / 60:.0f} min with {args.jobs} jobs for what is still to run "
+          f"(from scratch: {rc.estimate(full, costs, args.jobs) / 60:.0f} min; costs s/unit: {costs})", flush=True)
+
+    # --- the shared base (trained once), then SFT from it, one run per seed
     if not args.report_only:
         if args.base_steps > 0:
             stages.run([base])
         stages.run(list(sft.values()))
     # --- RL from each seed's SFT checkpoint: offline (expert history) and semi-online (own history)
-    rl = {(arm, s): rc.rl_job(args, data, sft[s], s, arm, flags) for arm, flags in ARMS.items() for s in args.seeds}
     if not args.report_only:
         stages.run(list(rl.values()))
 

@@ -1,8 +1,8 @@
 """Statistics of the MiniWob++ reproduction scripts (runs/repro_main.py, runs/repro_ablations.py;
 runs/repro_common.py uses them for its comparisons), numpy only: Wilson intervals, the exact McNemar
 test, a paired (two-level) bootstrap of a difference, R^2 of a least-squares line with a bootstrap
-interval over checkpoints, and the data-scaling law y = A - B * N^k fitted by profile least squares,
-with a bootstrap interval on k. Every bootstrap takes a fixed seed: the same inputs give the same
+interval over checkpoints, the least-squares trend of a training curve, and the data-scaling law
+y = A - B * N^k fitted by profile least squares, with a bootstrap interval on k. Every bootstrap takes a fixed seed: the same inputs give the same
 numbers. Tested against hand-computed values in tests/test_repro_stats.py.
 """
 from __future__ import annotations
@@ -64,6 +64,36 @@ def paired_bootstrap(a, b, groups=None, n_boot: int = N_BOOT, seed: int = 0) -> 
         p = float("nan")
     return {"diff": diff, "diff_ci95": [float(np.percentile(stats, 2.5)), float(np.percentile(stats, 97.5))],
             "p_value": p}
+
+
+def trend(x, y, groups=None) -> dict:
+    """Least-squares slope of y on x with a 95% interval: the training reward's trend over RL steps.
+
+    x, y: 1-D arrays of equal length (e.g. RL step, reward_mean of that step). groups: optional
+    labels (the run's seed); x and y are then centred within each group first, so the slope is the
+    within-run trend pooled over runs (runs starting at different rewards do not make a trend).
+    Returns {"slope", "slope_ci95": [lo, hi], "n"}: slope +- Z95 * se, se = sqrt(SSE / (n - p) /
+    Sxx) with p = 1 + number of groups parameters (the normal quantile: meant for >= 30 points;
+    steps are treated as independent, which ignores autocorrelation, so the interval is optimistic).
+    Raises ValueError on mismatched lengths or fewer than 3 points; NaN slope when x is constant."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"trend: x and y must be 1-D of one length, got {x.shape} and {y.shape}")
+    g = np.zeros(len(x), int) if groups is None else np.unique(np.asarray(groups), return_inverse=True)[1]
+    n_par = 1 + (g.max() + 1 if len(g) else 0)  # the slope, and one mean per group
+    if len(x) < n_par + 1:
+        raise ValueError(f"trend: {len(x)} points are too few for a slope and {n_par - 1} group means")
+    xc, yc = x.copy(), y.copy()
+    for k in np.unique(g):
+        xc[g == k] -= x[g == k].mean()
+        yc[g == k] -= y[g == k].mean()
+    sxx = float(xc @ xc)
+    if sxx == 0:
+        return {"slope": float("nan"), "slope_ci95": [float("nan")] * 2, "n": int(len(x))}
+    slope = float(xc @ yc) / sxx
+    sse = float(((yc - slope * xc) ** 2).sum())
+    se = math.sqrt(sse / (len(x) - n_par) / sxx)
+    return {"slope": slope, "slope_ci95": [slope - Z95 * se, slope + Z95 * se], "n": int(len(x))}
 
 
 def r2(x, y) -> float:

@@ -76,6 +76,26 @@ def test_paired_bootstrap_groups_widen_for_seed_variance():
     assert two["diff_ci95"][1] - two["diff_ci95"][0] > flat["diff_ci95"][1] - flat["diff_ci95"][0]
 
 
+def test_trend_hand_values():
+    # x = 0..3, y = 0,1,1,2: Sxy = 3, Sxx = 5 -> slope 0.6; residuals -0.1, 0.3, -0.3, 0.1 -> SSE 0.2;
+    # se = sqrt(0.2 / (4 - 2) / 5) = 0.141421; half-width 1.959964 * 0.141421 = 0.277181
+    t = stats.trend([0, 1, 2, 3], [0, 1, 1, 2])
+    assert t["slope"] == pytest.approx(0.6) and t["n"] == 4
+    assert t["slope_ci95"] == pytest.approx([0.322819, 0.877181], abs=1e-6)
+    # two runs, the second later in x and lower in y: pooled, the slope is negative; centred within each
+    # run it is 0.6 again, SSE 0.4 over 8 - 3 degrees of freedom, Sxx 10 -> se sqrt(0.008) = 0.0894427
+    x, y, g = [0, 1, 2, 3, 4, 5, 6, 7], [10, 11, 11, 12, 0, 1, 1, 2], [0, 0, 0, 0, 1, 1, 1, 1]
+    assert stats.trend(x, y)["slope"] < 0
+    t = stats.trend(x, y, g)
+    assert t["slope"] == pytest.approx(0.6)
+    assert t["slope_ci95"] == pytest.approx([0.6 - 0.175304, 0.6 + 0.175304], abs=1e-6)
+    assert math.isnan(stats.trend([1, 1, 1], [0, 1, 2])["slope"])
+    with pytest.raises(ValueError, match="too few"):
+        stats.trend([0, 1], [0, 1])
+    with pytest.raises(ValueError, match="one length"):
+        stats.trend([0, 1, 2], [0, 1])
+
+
 def test_r2_hand_values():
     assert stats.r2([0, 1, 2, 3], [1, 3, 5, 7]) == pytest.approx(1.0)  # a perfect line
     assert stats.r2([0, 1, 2, 3], [7, 5, 3, 1]) == pytest.approx(1.0)  # a falling one too
@@ -134,7 +154,8 @@ def _fabricated_checkpoints():
 
 def test_report_schema_on_fabricated_results(tmp_path):
     ck = _fabricated_checkpoints()
-    curves = {"semionline": {0: [{"reward_mean": 0.1 * t, "entropy": 1.0, "kl": 1e-3, "patch_rate": 0.2} for t in range(6)]}}
+    curves = {"semionline": {0: [{"step": t + 1, "reward_mean": 0.1 * t, "entropy": 1.0, "kl": 1e-3, "patch_rate": 0.2}
+                                 for t in range(6)]}}
     r2f, r2cmp = rc.r2_summary(ck)
     cmp = rc.compare_online(ck, "semionline", "sft")
     assert cmp["seeds"] == [0, 1] and cmp["n_pairs"] == 80
@@ -145,6 +166,9 @@ def test_report_schema_on_fabricated_results(tmp_path):
                "claims": [{"claim": "1a", "test": "semionline - sft", "diff": cmp["diff"], "p_value": cmp["p_value"],
                            "verdict": rc.verdict(cmp)}],
                "arms": rc.arm_summaries(ck, curves)}
+    tr = summary["arms"]["semionline"]["reward_trend_per100"]  # reward + 0.1 a step = + 10 per 100 steps, exactly
+    assert tr["slope"] == pytest.approx(10.0) and tr["slope_ci95"] == pytest.approx([10.0, 10.0])
+    assert summary["arms"]["sft"]["reward_trend_per100"] is None
     summary["figures"] = [str(rc.plot_r2(tmp_path / "r2.png", ck, summary)), str(rc.plot_curves(tmp_path / "c.png", curves))]
     out = tmp_path / "repro.json"
     rc.write_results(summary, out, "fabricated")
