@@ -377,7 +377,7 @@ def markdown(summary: dict, title: str) -> str:
         for arm, a in summary["arms"].items():
             d, tr = a.get("rl") or {}, a.get("reward_trend_per100") or {}
             L.append(f"| {arm} | {a['seeds']} | {fmt(a['online_sr'])} {fmt_ci(a['online_sr_ci95'])} | {fmt(a.get('sop_pg'))} "
-                     f"| {fmt(d.get('reward_mean'))} | {fmt(tr.get('slope'), '+.3f')} {fmt_ci(tr.get('slope_ci95'))} "
+                     f"| {fmt(d.get('reward_mean'))} | {fmt(tr['slope'], '+.3f') + ' ' + fmt_ci(tr['slope_ci95']) if tr else 'n/a'} "
                      f"| {fmt(d.get('entropy'))} | {fmt(d.get('kl'), '.2e')} | {fmt(d.get('patch_rate'))} |")
         L += ["", "Reward trend: least-squares slope of the per-step training reward (sampled rollouts) over "
               "100 steps, centred within each seed's run; the interval treats steps as independent."]
@@ -668,7 +668,9 @@ def make_parser(doc: str, setting: dict, quick: dict):
     p.add_argument("--jobs", type=int, default=2, help="stage processes at once (one thread each)")
     p.add_argument("--force", action="store_true", help="redo stages whose outputs exist")
     p.add_argument("--dry-run", action="store_true", help="print the commands and the estimate, run nothing")
-    p.add_argument("--report-only", action="store_true", help="no training or evaluation: report what exists")
+    p.add_argument("--report-only", action="store_true",
+                   help="no training or evaluation: report what exists (the results file's command, commit, stage log "
+                        "and wall time are kept; report_commit names the code that wrote the report)")
     for k, v in setting.items():
         flag = "--" + k.lower().replace("_", "-")
         if k.endswith(("_EXTRA", "_ARGS")):  # flags passed through to a stage: one quoted string
@@ -808,6 +810,10 @@ def collect_and_report(args, todo, stages, rows: list, keys, summary, out_json: 
     if args.dry_run:
         return {}
     result = summary(final_report=True)
+    if args.report_only and out_json.exists():  # the runs' provenance stays; report_commit names the report's code
+        old = json.loads(out_json.read_text())
+        result.update({k: old[k] for k in ("command", "commit", "stages", "wall_s") if k in old},
+                      report_commit=git_commit())
     write_results(result, out_json, title)
     print(markdown(_nan_to_none(result), title), flush=True)
     return result
