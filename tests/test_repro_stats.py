@@ -237,3 +237,23 @@ def test_merged_costs_keep_what_a_skipped_stage_measured(tmp_path):
     prev.write_text(json.dumps({"unit_costs": {"rl_steps": 22.0, "sft_steps": 1.8, "online_episodes": 2.4}}))
     got = rc.merged_costs({"rl_steps": None, "sft_steps": None, "online_episodes": 2.2, "stages": 4.6}, prev)
     assert got == {"rl_steps": 22.0, "sft_steps": 1.8, "online_episodes": 2.2, "stages": 4.6}
+
+
+def test_report_only_keeps_the_runs_provenance(tmp_path):
+    """--report-only rewrites the report from finished stages; the command, commit, stage log and wall
+    time stay those of the run that trained, and report_commit names the code that wrote the report."""
+    from types import SimpleNamespace
+    ck = _fabricated_checkpoints()
+    r2f, _ = rc.r2_summary(ck)
+
+    def summary(final_report=False, commit="1" * 40, command="python runs/repro_main.py --report-only"):
+        return {"command": command, "commit": commit, "seeds": [0, 1], "wall_s": 2.0, "stages": [],
+                "checkpoints": ck, **r2f, "comparisons": [], "claims": []}
+    out = tmp_path / "repro.json"
+    rc.write_results({**summary(commit="0" * 40, command="python runs/repro_main.py"), "wall_s": 4321.0,
+                      "stages": [{"name": "sft_s0", "cmd": "train_sft.py", "wall_s": 99.0}]}, out, "t")
+    args = SimpleNamespace(report_only=True, dry_run=False)
+    back = rc.collect_and_report(args, [], None, [], [], summary, out, "t")
+    assert back["commit"] == "0" * 40 and back["command"] == "python runs/repro_main.py" and back["wall_s"] == 4321.0
+    assert back["stages"][0]["name"] == "sft_s0" and back["report_commit"] == rc.git_commit()
+    assert json.loads(out.read_text())["commit"] == "0" * 40
