@@ -54,7 +54,10 @@ SETTING = dict(
 )
 QUICK = dict(SEEDS=[0], BASE_STEPS=20, SFT_STEPS=20, RL_STEPS=2, EVAL_PER_TASK=1, ONLINE_EPISODES=8,
              SCALING_PER_TASK=[2, 24], ARMS=["gamma0", "thr0"], TASKS=["enter-text", "click-option"])
-COSTS = {"base_steps": 0.2, "sft_steps": 1.83, "rl_steps": 22.3, "online_episodes": 2.3, "sop_episodes": 1.1, "stages": 5.5}  # the c398681 run
+# seconds per unit, one thread per process, 2 jobs (base and SFT: the c398681 run; RL and evaluation: the
+# 4d88c58 run of this script, whose RL mean mixes 19 s steps with threshold 0's 7.6 s); replaced by the
+# unit_costs of an earlier results JSON when there is one
+COSTS = {"base_steps": 0.2, "sft_steps": 1.83, "rl_steps": 15.2, "online_episodes": 1.64, "sop_episodes": 0.84, "stages": 3.7}
 
 
 def flags(gamma="0.5", threshold="2", patch="thought-free") -> list[str]:
@@ -162,7 +165,7 @@ def main(argv=None) -> dict:
         ent = {(a, b): rc.compare_curves(curves, a, b, "entropy") for a, b in (("thr_unlim", "thr0"), ("thr1", "thr0"))}
         # --- data scaling: one law per patch threshold over its (N, online SR) points
         points, fits = {}, {}
-        for t in args.scaling_thresholds:
+        for t in (args.scaling_thresholds if scale_runs else []):  # no scaling runs: no laws to fit
             name = f"thr {thr_name(t)}"
             pts = [(min(n, per_task_all) * n_tasks, r["online_sr"]) for (tt, n, sd), arm in point_arm.items() if tt == t
                    for r in ck if r["arm"] == arm and r["seed"] == sd]
@@ -172,7 +175,7 @@ def main(argv=None) -> dict:
             except ValueError as e:  # fewer than 3 sizes evaluated so far
                 fits[name] = {"error": str(e)}
         k_cmp = None
-        if len(args.scaling_thresholds) >= 2:
+        if scale_runs and len(args.scaling_thresholds) >= 2:
             hi, lo = max(args.scaling_thresholds, key=lambda t: 1e9 if t < 0 else t), min(
                 args.scaling_thresholds, key=lambda t: 1e9 if t < 0 else t)
             k_cmp = rc.compare_scaling(fits.get(f"thr {thr_name(hi)}"), fits.get(f"thr {thr_name(lo)}"),

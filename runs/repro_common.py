@@ -258,8 +258,11 @@ def compare_curves(curves: dict, a: str, b: str, key: str, seed: int = 0) -> dic
 
 def verdict(cmp: dict | None, higher_is: str = "a") -> str:
     """held: the difference favours the claim with p < ALPHA; not held: it goes the other way with
-    p < ALPHA; inconclusive otherwise (or when it could not be computed)."""
-    if cmp is None or cmp.get("p_value") is None or math.isnan(cmp["p_value"]) or math.isnan(cmp["diff"]):
+    p < ALPHA; not run: no comparison (cmp None: an arm of it was not trained); inconclusive otherwise
+    (or when it could not be computed)."""
+    if cmp is None:
+        return "not run"
+    if cmp.get("p_value") is None or math.isnan(cmp["p_value"]) or math.isnan(cmp["diff"]):
         return "inconclusive"
     good = cmp["diff"] > 0 if higher_is == "a" else cmp["diff"] < 0
     if cmp["p_value"] < ALPHA:

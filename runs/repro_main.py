@@ -54,9 +54,11 @@ SETTING = dict(
 )
 QUICK = dict(SEEDS=[0], BASE_STEPS=20, SFT_STEPS=20, RL_STEPS=2, EVAL_PER_TASK=1, ONLINE_EPISODES=8,
              TASKS=["enter-text", "click-option"])
-# seconds per unit, one process with one thread, 2 jobs on the 2-core machine (measured by the c398681
-# run, results/LOG.md); replaced by the unit_costs of an earlier run's results JSON when there is one
-COSTS = {"base_steps": 0.2, "sft_steps": 1.83, "rl_steps": 22.3, "online_episodes": 2.3, "sop_episodes": 1.1, "stages": 5.5}  # the c398681 run
+# seconds per unit, one process with one thread, 2 jobs on the 2-core machine (base and SFT: the c398681
+# run; RL: 19 s, the 4d88c58 ablation runs whose rollouts match these arms' (gamma 0, threshold
+# unlimited: 18.1-19.4 s); evaluation: that run's; results/LOG.md); replaced by the unit_costs of an
+# earlier run's results JSON when there is one
+COSTS = {"base_steps": 0.2, "sft_steps": 1.83, "rl_steps": 19.0, "online_episodes": 1.64, "sop_episodes": 0.84, "stages": 3.7}
 ARMS = {"offline": ["--history", "expert"], "semionline": rc.SEMIONLINE_REF}  # RL arms and their flags
 
 

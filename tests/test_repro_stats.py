@@ -133,7 +133,7 @@ def test_verdict_rule():
     assert rc.verdict({"diff": 0.1, "p_value": 0.01}) == "held"
     assert rc.verdict({"diff": -0.1, "p_value": 0.01}) == "not held"
     assert rc.verdict({"diff": 0.1, "p_value": 0.2}) == "inconclusive"
-    assert rc.verdict(None) == "inconclusive"
+    assert rc.verdict(None) == "not run"
 
 
 def _fabricated_checkpoints():
