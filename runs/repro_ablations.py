@@ -112,10 +112,9 @@ def main(argv=None) -> dict:
         point_arm[(t, n, s)] = name
 
     # --- estimate: only what is still to run (a stage shared with repro_main.py or finished earlier is skipped)
-    def final_eval(arm, s, tj, steps):
-        return rc.eval_job(args, data, rc._rel(rc.checkpoint_at(tj["dir"], steps)), f"{arm}_s{s}_step{steps}_{tj['dir'].name}", s)
-    evals = [final_eval("sft", s, sft[s], args.sft_steps) for s in args.seeds] + \
-        [final_eval(arm, s, tj, args.rl_steps) for (arm, s), tj in rl.items()]
+    sft_evals = {s: rc.checkpoint_eval(args, data, "sft", s, sft[s], args.sft_steps) for s in args.seeds}
+    rl_evals = {(arm, s): rc.checkpoint_eval(args, data, arm, s, tj, args.rl_steps) for (arm, s), tj in rl.items()}
+    evals = [*sft_evals.values(), *rl_evals.values()]
     counts = rc.pending_counts(args, n_tasks, len(keys), base, {"sft": list(sft.values()), "rl": list(rl.values())}, evals)
     costs = rc.load_costs(COSTS, args.results_dir / "repro_main_quick.json", args.results_dir / "repro_main.json", out_json)
     per_run = (args.rl_steps * costs["rl_steps"] + len(keys) * costs["online_episodes"]
@@ -142,17 +141,8 @@ def main(argv=None) -> dict:
         stages.run(list(rl.values()))
 
     # --- evaluate the SFT checkpoints and every RL run's end on the same online episodes
-    todo = []
-    for s in args.seeds:
-        if sft[s]["done"].exists():
-            ck = rc.checkpoint_at(sft[s]["dir"], args.sft_steps)
-            todo.append({**rc.eval_job(args, data, rc._rel(ck), f"sft_s{s}_step{args.sft_steps}_{sft[s]['dir'].name}", s),
-                         "meta": (f"sft s{s}", "sft", s, args.sft_steps, True, rc._rel(sft[s]["dir"]))})
-    for (arm, s), tj in rl.items():
-        if tj["done"].exists() or args.dry_run:
-            ck = rc.checkpoint_at(tj["dir"], args.rl_steps)
-            todo.append({**rc.eval_job(args, data, rc._rel(ck), f"{arm}_s{s}_step{args.rl_steps}_{tj['dir'].name}", s),
-                         "meta": (f"{arm} s{s}", arm, s, args.rl_steps, True, rc._rel(tj["dir"]))})
+    todo = [e for s, e in sft_evals.items() if sft[s]["done"].exists()] + \
+        [e for k, e in rl_evals.items() if rl[k]["done"].exists() or args.dry_run]
     rows = []
     curves = {arm: {s: rc.read_metrics(rl[(arm, s)]["dir"]) for s in args.seeds} for arm in arms}
 

@@ -781,16 +781,19 @@ def eval_job(args, data: dict, model: str, name: str, seed: int) -> dict:
     return job(args.out_root / "eval", name.replace(" ", "_").replace("/", "-"), cmd, "result.json")
 
 
-def checkpoints_of(train_job: dict, steps: int, eval_mid: bool, planned: bool = False) -> list[tuple[int, bool, Path]]:
-    """[(step, final, folder)] to evaluate for a finished training job: the midpoint (when kept) and the
-    end; planned=True: those the job will have once it has run (for the estimate)."""
-    out = []
-    if eval_mid and steps >= 2:
-        mid = checkpoint_at(train_job["dir"], max(steps // 2, 1))
-        if (planned or mid.exists()) and steps // 2 != steps:
-            out.append((steps // 2, False, mid))
-    out.append((steps, True, checkpoint_at(train_job["dir"], steps)))
-    return out
+def checkpoint_eval(args, data: dict, arm: str, seed: int, train_job: dict, step: int, final: bool = True) -> dict:
+    """eval_job of `train_job`'s checkpoint at `step`, named as both scripts name it (so they share its
+    folder), with the report's "meta" (name, arm, seed, step, final, run folder) and its "checkpoint"."""
+    ck = checkpoint_at(train_job["dir"], step)
+    return {**eval_job(args, data, _rel(ck), f"{arm}_s{seed}_step{step}_{train_job['dir'].name}", seed),
+            "meta": (f"{arm} s{seed}" + ("" if final else f" @{step}"), arm, seed, step, final, _rel(train_job["dir"])),
+            "checkpoint": ck}
+
+
+def checkpoints_of(steps: int, eval_mid: bool) -> list[tuple[int, bool]]:
+    """[(step, final)] of the checkpoints to evaluate of a training job of `steps` steps: the midpoint
+    (with eval_mid; the caller skips it when the job did not keep it) and the end."""
+    return ([(steps // 2, False)] if eval_mid and steps >= 2 else []) + [(steps, True)]
 
 
 def collect_and_report(args, todo, stages, rows: list, keys, summary, out_json: Path, title: str) -> dict:

@@ -74,11 +74,13 @@ def main(argv=None) -> dict:
     base = rc.base_job(args, data)
     sft = {s: rc.sft_job(args, data, s, base) for s in args.seeds}
     rl = {(arm, s): rc.rl_job(args, data, sft[s], s, arm, flags) for arm, flags in ARMS.items() for s in args.seeds}
-    evals = [rc.eval_job(args, data, rc.base_model(args, base), f"base_{base['dir'].name}", 0)] + [
-        rc.eval_job(args, data, rc._rel(ck), f"{arm}_s{s}_step{step}_{tj['dir'].name}", s)
-        for arm, runs, steps in [("sft", sft, args.sft_steps)] + [(a, {s: rl[(a, s)] for s in args.seeds}, args.rl_steps)
-                                                                  for a in ARMS]
-        for s, tj in runs.items() for step, _, ck in rc.checkpoints_of(tj, steps, args.eval_mid, planned=True)]
+    base_eval = {**rc.eval_job(args, data, rc.base_model(args, base), f"base_{base['dir'].name}", 0),
+                 "meta": ("base", "base", 0, 0, True, rc._rel(base["dir"]) if args.base_steps else None)}
+    planned = [(tj, rc.checkpoint_eval(args, data, arm, s, tj, step, final))  # (training job, its evaluation)
+               for arm, runs, steps in [("sft", sft, args.sft_steps)] + [(a, {s: rl[(a, s)] for s in args.seeds},
+                                                                         args.rl_steps) for a in ARMS]
+               for s, tj in runs.items() for step, final in rc.checkpoints_of(steps, args.eval_mid)]
+    evals = [base_eval] + [e for _, e in planned]
     train = {"sft": list(sft.values()), "rl": list(rl.values())}
     counts = rc.pending_counts(args, len(data["tasks"]), len(keys), base, train, evals)
     full = rc.pending_counts(args, len(data["tasks"]), len(keys), base, train, evals, everything=True)
@@ -97,19 +99,8 @@ def main(argv=None) -> dict:
         stages.run(list(rl.values()))
 
     # --- evaluate every checkpoint on the same online episodes
-    todo = []
-    if args.base_steps == 0 or base["done"].exists() or args.dry_run:
-        todo.append({**rc.eval_job(args, data, rc.base_model(args, base), f"base_{base['dir'].name}", 0),
-                     "meta": ("base", "base", 0, 0, True, rc._rel(base["dir"]) if args.base_steps else None)})
-    for arm, runs, steps in [("sft", {s: sft[s] for s in args.seeds}, args.sft_steps)] + \
-            [(arm, {s: rl[(arm, s)] for s in args.seeds}, args.rl_steps) for arm in ARMS]:
-        for s, tj in runs.items():
-            if not tj["done"].exists():
-                continue
-            for step, final, ck in rc.checkpoints_of(tj, steps, args.eval_mid):
-                name = f"{arm} s{s}" + ("" if final else f" @{step}")
-                todo.append({**rc.eval_job(args, data, rc._rel(ck), f"{arm}_s{s}_step{step}_{tj['dir'].name}", s),
-                             "meta": (name, arm, s, step, final, rc._rel(tj["dir"]))})
+    todo = ([base_eval] if args.base_steps == 0 or base["done"].exists() or args.dry_run else []) + \
+        [e for tj, e in planned if tj["done"].exists() and e["checkpoint"].exists()]  # a midpoint only when kept
     rows = []
     curves = {arm: {s: rc.read_metrics(rl[(arm, s)]["dir"]) for s in args.seeds} for arm in ARMS}
 

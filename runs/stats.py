@@ -2,8 +2,9 @@
 runs/repro_common.py uses them for its comparisons), numpy only: Wilson intervals, the exact McNemar
 test, a paired (two-level) bootstrap of a difference, R^2 of a least-squares line with a bootstrap
 interval over checkpoints, the least-squares trend of a training curve, and the data-scaling law
-y = A - B * N^k fitted by profile least squares, with a bootstrap interval on k. Every bootstrap takes a fixed seed: the same inputs give the same
-numbers. Tested against hand-computed values in tests/test_repro_stats.py.
+y = A - B * N^k fitted by profile least squares, with a bootstrap interval on k. Every bootstrap takes
+a fixed seed: the same inputs give the same numbers. Tested against hand-computed values in
+tests/test_repro_stats.py.
 """
 from __future__ import annotations
 
