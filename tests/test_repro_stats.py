@@ -257,3 +257,79 @@ def test_report_only_keeps_the_runs_provenance(tmp_path):
     assert back["commit"] == "0" * 40 and back["command"] == "python runs/repro_main.py" and back["wall_s"] == 4321.0
     assert back["stages"][0]["name"] == "sft_s0" and back["report_commit"] == rc.git_commit()
     assert json.loads(out.read_text())["commit"] == "0" * 40
+
+
+def _eval_dir(d: Path, outcomes: dict) -> Path:
+    """A finished eval_sop.py --out folder with the given online outcomes {(task, seed): 0/1}."""
+    d.mkdir(parents=True)
+    (d / "result.json").write_text(json.dumps({"sop_pg": 0.5, "sop_tsr": 0.25, "static_step_sr": 0.5, "episodes": 2,
+                                               "seconds": 3.0, "per_task": {"click-test": {"online_sr": 0.5}}}))
+    (d / "online_episodes.jsonl").write_text("".join(json.dumps({"task": t, "seed": s, "success": bool(v), "seconds": 1.0})
+                                                     + "\n" for (t, s), v in outcomes.items()))
+    (d / "done").write_text("")
+    return d
+
+
+def test_pending_counts_skip_finished_stages(tmp_path):
+    """The estimate counts only stages whose done file is missing; everything=True (or --force) counts all."""
+    from types import SimpleNamespace
+    args = SimpleNamespace(force=False, base_steps=700, sft_steps=300, rl_steps=100, eval_per_task=4)
+
+    def jb(name, done):
+        d = tmp_path / name
+        d.mkdir()
+        if done:
+            (d / "done").write_text("")
+        return {"dir": d, "done": d / "done"}
+    base, sft = jb("base", True), [jb("sft0", True), jb("sft1", False)]
+    rl, evals = [jb("rl0", False), jb("rl1", False), jb("rl2", True)], [jb("e0", True), jb("e1", False), jb("e2", False)]
+    got = rc.pending_counts(args, 8, 104, base, {"sft": sft, "rl": rl}, evals)
+    assert got == {"base_steps": 0, "sft_steps": 300, "rl_steps": 200, "online_episodes": 208,
+                   "sop_episodes": 2 * 4 * 8, "stages": 2}
+    full = {"base_steps": 700, "sft_steps": 600, "rl_steps": 300, "online_episodes": 312, "sop_episodes": 3 * 32, "stages": 3}
+    assert rc.pending_counts(args, 8, 104, base, {"sft": sft, "rl": rl}, evals, everything=True) == full
+    args.force = True
+    assert rc.pending_counts(args, 8, 104, base, {"sft": sft, "rl": rl}, evals) == full
+    args.base_steps = 0  # no base stage: the untrained --model is the base
+    assert rc.pending_counts(args, 8, 104, None, {"sft": sft, "rl": rl}, evals)["base_steps"] == 0
+
+
+def test_checkpoint_eval_names_and_midpoints(tmp_path, monkeypatch):
+    """Both scripts name an evaluation <arm>_s<seed>_step<step>_<run folder> (so they share it) and the
+    report's meta marks a midpoint; the midpoint is planned only with eval_mid."""
+    from types import SimpleNamespace
+    assert rc.checkpoints_of(300, False) == [(300, True)]
+    assert rc.checkpoints_of(300, True) == [(150, False), (300, True)]
+    assert rc.checkpoints_of(1, True) == [(1, True)]
+    monkeypatch.setattr(rc, "eval_job", lambda args, data, model, name, seed: {"name": name, "model": model, "seed": seed})
+    tj = {"dir": Path(rc.REPO) / "out" / "repro" / "rl" / "semionline_s1_abcd1234"}
+    e = rc.checkpoint_eval(SimpleNamespace(), {}, "semionline", 1, tj, 50, final=False)
+    assert e["name"] == "semionline_s1_step50_semionline_s1_abcd1234" and e["seed"] == 1
+    assert e["model"] == "out/repro/rl/semionline_s1_abcd1234/ckpt/step_000050" and e["checkpoint"] == tj["dir"] / "ckpt" / "step_000050"
+    assert e["meta"] == ("semionline s1 @50", "semionline", 1, 50, False, "out/repro/rl/semionline_s1_abcd1234")
+    assert rc.checkpoint_eval(SimpleNamespace(), {}, "sft", 0, tj, 300)["meta"][0] == "sft s0"
+
+
+def test_dry_run_writes_no_results(tmp_path):
+    """A dry run reads finished evaluations (they are skipped as done) but writes no results file; a real
+    run over the same finished evaluations writes the partial and the final report."""
+    from types import SimpleNamespace
+    keys = [("click-test", 200000), ("click-test", 200001)]
+    d = _eval_dir(tmp_path / "eval" / "sft_s0", {keys[0]: 1, keys[1]: 0})
+    todo = [{"name": "sft_s0", "cmd": ["true"], "dir": d, "done": d / "done", "meta": ("sft s0", "sft", 0, 300, True, None)}]
+    calls = []
+
+    def summary(final_report=False):
+        calls.append(final_report)
+        return {"command": "c", "commit": "0" * 40, "seeds": [0], "wall_s": 1.0, "stages": [], "checkpoints": list(rows),
+                "r2_sop_online": None, "r2_sop_online_ci95": [None, None], "r2_static_online": None,
+                "r2_static_online_ci95": [None, None], "comparisons": [], "claims": []}
+    out = tmp_path / "results" / "r.json"
+    rows = []
+    args = SimpleNamespace(report_only=False, dry_run=True)
+    assert rc.collect_and_report(args, todo, rc.Stages(dry_run=True), rows, keys, summary, out, "t") == {}
+    assert len(rows) == 1 and rows[0]["online_outcomes"] == "10" and not out.exists() and calls == []
+    rows.clear()
+    args.dry_run = False
+    back = rc.collect_and_report(args, todo, rc.Stages(), rows, keys, summary, out, "t")
+    assert out.exists() and back["checkpoints"][0]["online_sr"] == 0.5 and calls == [False, True]
