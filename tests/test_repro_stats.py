@@ -171,7 +171,10 @@ def test_report_schema_on_fabricated_results(tmp_path):
     assert summary["arms"]["sft"]["reward_trend_per100"] is None
     summary["figures"] = [str(rc.plot_r2(tmp_path / "r2.png", ck, summary)), str(rc.plot_curves(tmp_path / "c.png", curves))]
     out = tmp_path / "repro.json"
+    summary["not_run"] = [{"what": "arm thr1 (--patch-threshold 1), seeds [0, 1]", "estimate_min": 29}]
     rc.write_results(summary, out, "fabricated")
+    assert "## Not run" in out.with_suffix(".md").read_text() and "- arm thr1 (--patch-threshold 1), seeds [0, 1]: ~29 min" \
+        in out.with_suffix(".md").read_text()
     back = json.loads(out.read_text())
     rc.validate_results(back)
     assert back["r2_sop_online"] > back["r2_static_online"] or back["r2_static_online"] is None
