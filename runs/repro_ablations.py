@@ -31,15 +31,16 @@ SETTING = dict(
     TASKS=MULTI_STEP,                            # the main table's setting: its SFT runs and reference arm are reused
     TRAIN_DATA="data/miniwob/train.jsonl",
     TEST_DATA="data/miniwob/test.jsonl",
+    RL_DATA="data/miniwob/rl.jsonl",             # RL demonstrations SFT never saw (seeds 300000+; "": TRAIN_DATA)
     MODEL="tiny:128x4",
     MODEL_ARGS=[],
-    BASE_STEPS=700,                              # copy warm-up steps of the shared base (0: --model is the base)
+    BASE_STEPS=3000,                              # copy warm-up steps of the shared base (0: --model is the base)
     BASE_EXTRA=["--copy-warmup-elements", "4", "--copy-warmup-type-frac", "0.25"],  # synthetic pages of 1-4 elements, 1 in 4 a type page
     SEEDS=[0, 1],                                # seeds per ablation arm (>= 2; the main table's seeds 0-1)
     SFT_STEPS=300, SFT_LR=1e-3, SFT_EXTRA=[],
-    RL_STEPS=100, RL_LR=2e-5,
+    RL_STEPS=100, RL_LR=6e-5,
     RL_EXTRA=["--tasks-per-step", "4", "--n-rollouts", "4", "--max-new-tokens", "80", "--temperature", "0.5",
-              "--filter-std", "0", "--kl-coef", "0"],
+              "--filter-std", "0", "--kl-coef", "0.05"],
     EVAL_MID=False,
     EVAL_PER_TASK=4,
     ONLINE_EPISODES=104,
@@ -98,7 +99,7 @@ def main(argv=None) -> dict:
         raise SystemExit(f"--arms: unknown {sorted(unknown)}; known: {sorted(ARMS)}")
     arms = {a: f for a, f in ARMS.items() if a == "semionline" or a in args.arms}
     rl = {(arm, s): rc.rl_job(args, data, sft[s], s, arm, f) for arm, f in arms.items() for s in args.seeds}
-    per_task_all = min(sum(1 for l in data["train"].read_text().splitlines() if f'"task": "{t}"' in l)
+    per_task_all = min(sum(1 for l in data["rl"].read_text().splitlines() if f'"task": "{t}"' in l)
                        for t in data["tasks"])
     point_arm = {}  # (threshold, episodes per task, seed) -> the arm whose final checkpoint is that point
     for t, n, s in scale_runs:
@@ -107,7 +108,7 @@ def main(argv=None) -> dict:
             point_arm[(t, n, s)] = same
             continue
         name = f"scale_t{thr_name(t)}_n{n * n_tasks}"
-        sub = rc.write_subset(data["train"], args.out_root / "data" / f"train_{n_tasks}t_{n}pt.jsonl", data["tasks"], n)
+        sub = rc.write_subset(data["rl"], args.out_root / "data" / f"{data['rl'].stem}_{n}pt.jsonl", data["tasks"], n)
         rl[(name, s)] = rc.rl_job(args, data, sft[s], s, name, flags(threshold=str(t)), train=sub)
         point_arm[(t, n, s)] = name
 

@@ -707,16 +707,23 @@ def all_tasks(test_data: str) -> list[str]:
 
 
 def prepare_data(args) -> dict:
-    """The task subset's train/test files under OUT/data (all tasks: the files as they are),
+    """The task subset's train/RL/test files under OUT/data (all tasks: the files as they are),
     the online episode list [(task, seed)] and its seeds per task (>= args.online_episodes in all)."""
     tasks = args.tasks or all_tasks(args.test_data)
     root = args.out_root / "data"
     src_train, src_test = REPO / args.train_data, REPO / args.test_data
     train = write_subset(src_train, root / f"train_{len(tasks)}t.jsonl", tasks, None) if args.tasks else src_train
     test = write_subset(src_test, root / f"test_{len(tasks)}t.jsonl", tasks, None) if args.tasks else src_test
+    rl = train
+    if getattr(args, "rl_data", ""):  # RL on demonstrations SFT never saw (its own seeds), same image folder
+        src_rl = REPO / args.rl_data
+        if src_rl.parent != src_train.parent:
+            raise SystemExit(f"--rl-data {args.rl_data}: must sit beside --train-data {args.train_data} "
+                             "(the stages share one --image-root)")
+        rl = write_subset(src_rl, root / f"rl_{len(tasks)}t.jsonl", tasks, None) if args.tasks else src_rl
     per_task = math.ceil(args.online_episodes / len(tasks))
     keys = [(t, args.online_seed_base + i) for t in tasks for i in range(per_task)]
-    return {"tasks": tasks, "train": train, "test": test, "image_root": str(src_train.parent.relative_to(REPO)),
+    return {"tasks": tasks, "train": train, "rl": rl, "test": test, "image_root": str(src_train.parent.relative_to(REPO)),
             "online_seeds_per_task": per_task, "online_episodes": keys}
 
 
@@ -760,9 +767,10 @@ def sft_job(args, data: dict, seed: int, base: dict) -> dict:
 
 
 def rl_job(args, data: dict, sft: dict, seed: int, name: str, flags: list[str], train: Path | None = None) -> dict:
-    """Semi-online (or, with --history expert, offline) RL from seed `seed`'s SFT checkpoint."""
+    """Semi-online (or, with --history expert, offline) RL from seed `seed`'s SFT checkpoint, on the RL
+    demonstrations (data["rl"]: --rl-data, or SFT's own --train-data when that is empty), or on `train`."""
     cmd = [python(), "train_semionline.py", "--model", _rel(checkpoint_at(sft["dir"], args.sft_steps)),
-           "--data", _rel(train or data["train"]),
+           "--data", _rel(train or data["rl"]),
            "--image-root", data["image_root"], "--max-steps", str(args.rl_steps),
            "--lr", str(args.rl_lr), "--seed", str(seed),
            "--save-every", str(max(args.rl_steps // 2, 1)), *args.rl_extra, *flags]
