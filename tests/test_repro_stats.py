@@ -336,3 +336,34 @@ def test_dry_run_writes_no_results(tmp_path):
     args.dry_run = False
     back = rc.collect_and_report(args, todo, rc.Stages(), rows, keys, summary, out, "t")
     assert out.exists() and back["checkpoints"][0]["online_sr"] == 0.5 and calls == [False, True]
+
+
+def test_rl_runs_on_their_own_demonstrations(tmp_path, monkeypatch):
+    """--rl-data gives the RL stages (and the data-scaling subsets) a file of their own, subset to the
+    table's tasks like the SFT file; empty, RL runs on the SFT file; a file outside the SFT file's folder
+    (another --image-root) is refused."""
+    from types import SimpleNamespace
+    monkeypatch.setattr(rc, "REPO", tmp_path)
+    d = tmp_path / "data"
+    d.mkdir()
+    ep = lambda task, seed: json.dumps({"task": task, "seed": seed, "goal": "g", "steps": []})  # noqa: E731
+    (d / "train.jsonl").write_text("\n".join([ep("a", 0), ep("b", 1), ep("c", 2)]) + "\n")
+    (d / "test.jsonl").write_text("\n".join([ep("a", 100000), ep("b", 100001)]) + "\n")
+    (d / "rl.jsonl").write_text("\n".join([ep("a", 300000), ep("c", 300001), ep("b", 300002), ep("a", 300003)]) + "\n")
+    args = SimpleNamespace(tasks=["a", "b"], train_data="data/train.jsonl", test_data="data/test.jsonl",
+                           rl_data="data/rl.jsonl", out_root=tmp_path / "out", online_episodes=4, online_seed_base=200000)
+    data = rc.prepare_data(args)
+    assert [json.loads(l)["seed"] for l in data["rl"].read_text().splitlines()] == [300000, 300002, 300003]
+    assert [json.loads(l)["seed"] for l in data["train"].read_text().splitlines()] == [0, 1]
+    assert data["rl"] != data["train"] and data["image_root"] == "data"
+    args2 = SimpleNamespace(sft_steps=300, rl_steps=100, rl_lr=6e-5, rl_extra=[], out_root=tmp_path / "out")
+    sft = {"dir": tmp_path / "out" / "sft" / "sft_s0_x"}
+    cmd = rc.rl_job(args2, data, sft, 0, "semionline", [])["cmd"]
+    assert cmd[cmd.index("--data") + 1] == "out/data/rl_2t.jsonl"
+    args.rl_data = ""
+    assert rc.prepare_data(args)["rl"] == data["train"]
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "rl.jsonl").write_text(ep("a", 300000) + "\n")
+    args.rl_data = "other/rl.jsonl"
+    with pytest.raises(SystemExit, match="must sit beside"):
+        rc.prepare_data(args)
