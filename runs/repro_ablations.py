@@ -34,7 +34,7 @@ SETTING = dict(
     RL_DATA="data/miniwob/rl.jsonl",             # RL demonstrations SFT never saw (seeds 300000+; "": TRAIN_DATA)
     MODEL="tiny:128x4",
     MODEL_ARGS=[],
-    BASE_STEPS=3000,                              # copy warm-up steps of the shared base (0: --model is the base)
+    BASE_STEPS=3000,                             # copy warm-up steps of the shared base (0: --model is the base)
     BASE_EXTRA=["--copy-warmup-elements", "4", "--copy-warmup-type-frac", "0.25"],  # synthetic pages of 1-4 elements, 1 in 4 a type page
     SEEDS=[0, 1],                                # seeds per ablation arm (>= 2; the main table's seeds 0-1)
     SFT_STEPS=300, SFT_LR=1e-3, SFT_EXTRA=[],

@@ -712,15 +712,15 @@ def prepare_data(args) -> dict:
     tasks = args.tasks or all_tasks(args.test_data)
     root = args.out_root / "data"
     src_train, src_test = REPO / args.train_data, REPO / args.test_data
-    train = write_subset(src_train, root / f"train_{len(tasks)}t.jsonl", tasks, None) if args.tasks else src_train
-    test = write_subset(src_test, root / f"test_{len(tasks)}t.jsonl", tasks, None) if args.tasks else src_test
+    subset = lambda src, stem: write_subset(src, root / f"{stem}_{len(tasks)}t.jsonl", tasks, None) if args.tasks else src  # noqa: E731
+    train, test = subset(src_train, "train"), subset(src_test, "test")
     rl = train
-    if getattr(args, "rl_data", ""):  # RL on demonstrations SFT never saw (its own seeds), same image folder
+    if args.rl_data:  # RL on demonstrations SFT never saw (their own seeds), in the same image folder
         src_rl = REPO / args.rl_data
         if src_rl.parent != src_train.parent:
             raise SystemExit(f"--rl-data {args.rl_data}: must sit beside --train-data {args.train_data} "
                              "(the stages share one --image-root)")
-        rl = write_subset(src_rl, root / f"rl_{len(tasks)}t.jsonl", tasks, None) if args.tasks else src_rl
+        rl = subset(src_rl, "rl")
     per_task = math.ceil(args.online_episodes / len(tasks))
     keys = [(t, args.online_seed_base + i) for t in tasks for i in range(per_task)]
     return {"tasks": tasks, "train": train, "rl": rl, "test": test, "image_root": str(src_train.parent.relative_to(REPO)),
