@@ -99,8 +99,7 @@ def main(argv=None) -> dict:
         raise SystemExit(f"--arms: unknown {sorted(unknown)}; known: {sorted(ARMS)}")
     arms = {a: f for a, f in ARMS.items() if a == "semionline" or a in args.arms}
     rl = {(arm, s): rc.rl_job(args, data, sft[s], s, arm, f) for arm, f in arms.items() for s in args.seeds}
-    per_task_all = min(sum(1 for l in data["rl"].read_text().splitlines() if f'"task": "{t}"' in l)
-                       for t in data["tasks"])
+    per_task_all = min(rc.episodes_per_task(data["rl"]).get(t, 0) for t in data["tasks"])
     point_arm = {}  # (threshold, episodes per task, seed) -> the arm whose final checkpoint is that point
     for t, n, s in scale_runs:
         same = next((a for a, f in arms.items() if f == flags(threshold=str(t))), None)

@@ -50,9 +50,11 @@ from stats import mcnemar_exact, paired_bootstrap, r2_bootstrap, trend, wilson  
 
 
 def git_commit() -> str:
+    """HEAD's hash, with "-dirty" when a tracked file outside results/ differs from it (the run's own
+    results files, written as it goes, do not make the code that produced them dirty)."""
     r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                           capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"],
+                           cwd=REPO, capture_output=True, text=True).stdout.strip()
     return r.stdout.strip() + ("-dirty" if dirty else "")
 
 
@@ -131,6 +133,19 @@ def checkpoint_at(train_dir: Path, step: int | None = None) -> Path:
             raise SystemExit(f"no checkpoint in {train_dir}/ckpt")
         return c
     return train_dir / "ckpt" / f"step_{step:06d}"
+
+
+def episodes_per_task(path: Path) -> dict[str, int]:
+    """{task: number of episodes} of a UI-S1 JSONL file (each line's "task" field). Raises ValueError
+    naming the file and line of an episode without one."""
+    counts: dict[str, int] = {}
+    for i, line in enumerate(path.read_text().splitlines()):
+        if line.strip():
+            task = json.loads(line).get("task")
+            if task is None:
+                raise ValueError(f"{path}:{i + 1}: episode has no 'task' field")
+            counts[task] = counts.get(task, 0) + 1
+    return counts
 
 
 def write_subset(src: Path, dst: Path, tasks: list[str] | None, per_task: int | None) -> Path:

@@ -356,6 +356,10 @@ def test_rl_runs_on_their_own_demonstrations(tmp_path, monkeypatch):
     assert [json.loads(l)["seed"] for l in data["rl"].read_text().splitlines()] == [300000, 300002, 300003]
     assert [json.loads(l)["seed"] for l in data["train"].read_text().splitlines()] == [0, 1]
     assert data["rl"] != data["train"] and data["image_root"] == "data"
+    assert rc.episodes_per_task(d / "rl.jsonl") == {"a": 2, "c": 1, "b": 1}  # the ablations' data-scaling cap
+    (d / "bad.jsonl").write_text(ep("a", 1) + "\n" + json.dumps({"seed": 2}) + "\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: episode has no 'task'"):
+        rc.episodes_per_task(d / "bad.jsonl")
     args2 = SimpleNamespace(sft_steps=300, rl_steps=100, rl_lr=6e-5, rl_extra=[], out_root=tmp_path / "out")
     sft = {"dir": tmp_path / "out" / "sft" / "sft_s0_x"}
     cmd = rc.rl_job(args2, data, sft, 0, "semionline", [])["cmd"]
