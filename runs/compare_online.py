@@ -44,17 +44,20 @@ def load_online(folder: Path) -> dict[tuple[str, int], bool]:
     return out
 
 
-def compare(a_runs: list[dict], b_runs: list[dict]) -> dict:
+def compare(a_runs: list[dict], b_runs: list[dict], tasks: list[str] | None = None) -> dict:
     """Pair a_runs[i] with b_runs[i] ({(task, seed): success} each, the same keys within a pair) and
     compare per task and pooled. Returns {"tasks": {task: row}, "pooled": row}, a row being
     {n, a, b, only_a, only_b, mcnemar_p, diff, diff_ci95}: n paired episodes, a/b successes, diff =
     (a - b) / n with its 95% interval (seeds then episodes resampled when there are >= 2 pairs of runs).
+    tasks: compare only these (None: all); a run may then hold other tasks the other run did not play.
     Raises ValueError when the lists differ in length or a pair did not play the same episodes."""
     if len(a_runs) != len(b_runs) or not a_runs:
         raise ValueError(f"compare: {len(a_runs)} runs of A against {len(b_runs)} of B (need the same number, >= 1)")
     pairs = []  # (task, run index, a, b)
     for r, (ra, rb) in enumerate(zip(a_runs, b_runs)):
-        if set(ra) != set(rb):
+        if tasks is not None:
+            ra, rb = ({k: v for k, v in run.items() if k[0] in tasks} for run in (ra, rb))
+        if set(ra) != set(rb) or not ra:
             diff = sorted(set(ra) ^ set(rb))[:3]
             raise ValueError(f"compare: run pair {r} did not play the same episodes (e.g. {diff})")
         pairs += [(task, r, int(ra[(task, s)]), int(rb[(task, s)])) for task, s in sorted(ra)]
@@ -68,8 +71,8 @@ def compare(a_runs: list[dict], b_runs: list[dict]) -> dict:
         return {"n": len(sel), "a": int(a.sum()), "b": int(b.sum()), "only_a": only_a, "only_b": only_b,
                 "mcnemar_p": mcnemar_exact(only_a, only_b), "diff": boot["diff"], "diff_ci95": boot["diff_ci95"]}
 
-    tasks = sorted({p[0] for p in pairs})
-    return {"tasks": {t: row([p for p in pairs if p[0] == t]) for t in tasks}, "pooled": row(pairs)}
+    names = sorted({p[0] for p in pairs})
+    return {"tasks": {t: row([p for p in pairs if p[0] == t]) for t in names}, "pooled": row(pairs)}
 
 
 def markdown(res: dict, name_a: str, name_b: str) -> str:
@@ -86,13 +89,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--a", nargs="+", required=True, help="eval_sop.py --out folders of arm A (one per training seed)")
     ap.add_argument("--b", nargs="+", required=True, help="the same for arm B, in the same seed order")
     ap.add_argument("--names", nargs=2, default=["A", "B"], help="the two arms' names in the table")
+    ap.add_argument("--tasks", nargs="+", default=None, help="compare only these tasks (default: every task played)")
     ap.add_argument("--out", default=None, help="write the result (JSON) here")
     args = ap.parse_args(argv)
-    res = compare([load_online(Path(f)) for f in args.a], [load_online(Path(f)) for f in args.b])
+    res = compare([load_online(Path(f)) for f in args.a], [load_online(Path(f)) for f in args.b], tasks=args.tasks)
     print(markdown(res, *args.names))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"a": args.a, "b": args.b, "names": args.names, **res}, indent=1) + "\n")
+        Path(args.out).write_text(json.dumps({"a": args.a, "b": args.b, "names": args.names, "only_tasks": args.tasks, **res},
+                                             indent=1) + "\n")
     return res
 
 

@@ -37,6 +37,12 @@ def test_per_task_and_pooled_counts(tmp_path):
     assert lo <= 0.5 <= hi
     saved = json.loads((tmp_path / "cmp.json").read_text())
     assert saved["names"] == ["rl", "sft"] and saved["pooled"]["only_a"] == 5
+    # --tasks: a run that played only task x pairs with the two-task runs on x alone
+    a2 = write_eval(tmp_path / "a2", {k: v for k, v in a0.items() if k[0] == "x"})
+    only_x = co.main(["--a", str(a2), "--b", str(dirs[1]), "--tasks", "x"])
+    assert list(only_x["tasks"]) == ["x"] and (only_x["pooled"]["only_a"], only_x["pooled"]["only_b"]) == (2, 0)
+    with pytest.raises(ValueError, match="did not play the same episodes"):
+        co.main(["--a", str(a2), "--b", str(dirs[1])])
 
 
 def test_refuses_unpaired_inputs(tmp_path):
