@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # runs/, the repo
-from stats import mcnemar_exact, paired_bootstrap  # noqa: E402
+from stats import paired_binary  # noqa: E402
 
 
 def load_online(folder: Path) -> dict[tuple[str, int], bool]:
@@ -63,13 +63,10 @@ def compare(a_runs: list[dict], b_runs: list[dict], tasks: list[str] | None = No
         pairs += [(task, r, int(ra[(task, s)]), int(rb[(task, s)])) for task, s in sorted(ra)]
 
     def row(sel):
-        a = np.array([p[2] for p in sel])
-        b = np.array([p[3] for p in sel])
-        only_a, only_b = int(((a == 1) & (b == 0)).sum()), int(((a == 0) & (b == 1)).sum())
-        groups = [p[1] for p in sel] if len(a_runs) > 1 else None
-        boot = paired_bootstrap(a, b, groups=groups)
-        return {"n": len(sel), "a": int(a.sum()), "b": int(b.sum()), "only_a": only_a, "only_b": only_b,
-                "mcnemar_p": mcnemar_exact(only_a, only_b), "diff": boot["diff"], "diff_ci95": boot["diff_ci95"]}
+        a, b = np.array([p[2] for p in sel]), np.array([p[3] for p in sel])
+        c = paired_binary(a, b, groups=np.array([p[1] for p in sel]))
+        return {"n": len(sel), "a": int(a.sum()), "b": int(b.sum()), "only_a": c["discordant"][0],
+                "only_b": c["discordant"][1], "mcnemar_p": c["p_mcnemar"], "diff": c["diff"], "diff_ci95": c["diff_ci95"]}
 
     names = sorted({p[0] for p in pairs})
     return {"tasks": {t: row([p for p in pairs if p[0] == t]) for t in names}, "pooled": row(pairs)}

@@ -43,7 +43,7 @@ ALPHA = 0.05  # verdict threshold on p-values
 # -----------------------------------------------------------------------------
 # 1. statistics (runs/stats.py; runs/ is on sys.path: see the scripts)
 
-from stats import mcnemar_exact, paired_bootstrap, r2_bootstrap, trend, wilson  # noqa: E402
+from stats import paired_binary, paired_bootstrap, r2_bootstrap, trend, wilson  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # 2. stages
@@ -135,16 +135,22 @@ def checkpoint_at(train_dir: Path, step: int | None = None) -> Path:
     return train_dir / "ckpt" / f"step_{step:06d}"
 
 
-def episodes_per_task(path: Path) -> dict[str, int]:
-    """{task: number of episodes} of a UI-S1 JSONL file (each line's "task" field). Raises ValueError
-    naming the file and line of an episode without one."""
-    counts: dict[str, int] = {}
+def episode_tasks(path: Path):
+    """Yield (line, task) for each episode of a UI-S1 JSONL file (blank lines skipped). Raises
+    ValueError naming the file and line of an episode without a "task" field."""
     for i, line in enumerate(path.read_text().splitlines()):
         if line.strip():
             task = json.loads(line).get("task")
             if task is None:
                 raise ValueError(f"{path}:{i + 1}: episode has no 'task' field")
-            counts[task] = counts.get(task, 0) + 1
+            yield line, task
+
+
+def episodes_per_task(path: Path) -> dict[str, int]:
+    """{task: number of episodes} of a UI-S1 JSONL file, tasks in order of first appearance."""
+    counts: dict[str, int] = {}
+    for _, task in episode_tasks(path):
+        counts[task] = counts.get(task, 0) + 1
     return counts
 
 
@@ -154,12 +160,7 @@ def write_subset(src: Path, dst: Path, tasks: list[str] | None, per_task: int | 
     they are: stages given this file need --image-root src's folder."""
     seen: dict[str, int] = {}
     lines = []
-    for i, line in enumerate(src.read_text().splitlines()):
-        if not line.strip():
-            continue
-        task = json.loads(line).get("task")
-        if task is None:
-            raise ValueError(f"{src}:{i + 1}: episode has no 'task' field")
+    for line, task in episode_tasks(src):
         if tasks is not None and task not in tasks:
             continue
         seen[task] = seen.get(task, 0) + 1
@@ -245,10 +246,8 @@ def compare_online(checkpoints: list[dict], a: str, b: str, seed: int = 0) -> di
     va = np.concatenate([np.array(list(x["online_outcomes"]), dtype=int) for x, _ in pairs])
     vb = np.concatenate([np.array(list(y["online_outcomes"]), dtype=int) for _, y in pairs])
     groups = np.concatenate([np.full(len(x["online_outcomes"]), i) for i, (x, _) in enumerate(pairs)])
-    bs = paired_bootstrap(va, vb, groups, seed=seed)
-    n_b, n_c = int(np.sum((va == 1) & (vb == 0))), int(np.sum((va == 0) & (vb == 1)))
-    return {"a": a, "b": b, "metric": "online_sr", **bs, "p_mcnemar": mcnemar_exact(n_b, n_c),
-            "discordant": [n_b, n_c], "n_pairs": int(va.size), "seeds": [x["seed"] for x, _ in pairs],
+    return {"a": a, "b": b, "metric": "online_sr", **paired_binary(va, vb, groups, seed=seed),
+            "n_pairs": int(va.size), "seeds": [x["seed"] for x, _ in pairs],
             "per_seed_diff": [x["online_sr"] - y["online_sr"] for x, y in pairs],
             "test": "two-level paired bootstrap (seeds, episodes); exact McNemar on pooled pairs"}
 
@@ -718,7 +717,7 @@ def parse(doc: str, setting: dict, quick: dict, argv=None):
 
 
 def all_tasks(test_data: str) -> list[str]:
-    return list(dict.fromkeys(json.loads(l)["task"] for l in (REPO / test_data).read_text().splitlines() if l.strip()))
+    return list(episodes_per_task(REPO / test_data))
 
 
 def prepare_data(args) -> dict:

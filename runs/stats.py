@@ -67,6 +67,16 @@ def paired_bootstrap(a, b, groups=None, n_boot: int = N_BOOT, seed: int = 0) -> 
             "p_value": p}
 
 
+def paired_binary(a, b, groups=None, seed: int = 0) -> dict:
+    """Two arms' 0/1 outcomes on the same items (e.g. online episodes), pooled over groups (training
+    seeds): paired_bootstrap's {diff, diff_ci95, p_value} plus the exact McNemar test on the pooled
+    pairs, p_mcnemar, and its discordant counts [only a, only b]. a, b: 1-D 0/1 arrays of one length."""
+    a, b = np.asarray(a, dtype=int), np.asarray(b, dtype=int)
+    only_a, only_b = int(np.sum((a == 1) & (b == 0))), int(np.sum((a == 0) & (b == 1)))
+    return {**paired_bootstrap(a, b, groups, seed=seed), "p_mcnemar": mcnemar_exact(only_a, only_b),
+            "discordant": [only_a, only_b]}
+
+
 def trend(x, y, groups=None) -> dict:
     """Least-squares slope of y on x with a 95% interval: the training reward's trend over RL steps.
 
