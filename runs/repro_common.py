@@ -330,25 +330,27 @@ def validate_results(summary: dict, where: str = "results") -> None:
     for k in TOP_KEYS:
         if k not in summary:
             raise ValueError(f"{where}: missing top-level field '{k}'")
-    for i, c in enumerate(summary["checkpoints"]):
-        for k, typ in CHECKPOINT_KEYS.items():
-            if k not in c:
-                raise ValueError(f"{where}: checkpoints[{i}] missing '{k}'")
-            v = c[k]
-            ok = (v is None and typ is float) or (isinstance(v, typ) and not isinstance(v, bool)) or (
-                typ is float and isinstance(v, int) and not isinstance(v, bool))
-            if not ok:
-                raise ValueError(f"{where}: checkpoints[{i}].{k} = {v!r} is not {typ.__name__}")
-        lo, hi = c["online_sr_ci95"]
-        if not lo <= c["online_sr"] <= hi:
-            raise ValueError(f"{where}: checkpoints[{i}].online_sr_ci95 {c['online_sr_ci95']} excludes online_sr")
+    for field in ("checkpoints", "test_checkpoints"):
+        for i, c in enumerate(summary.get(field) or []):
+            for k, typ in CHECKPOINT_KEYS.items():
+                if k not in c:
+                    raise ValueError(f"{where}: {field}[{i}] missing '{k}'")
+                v = c[k]
+                ok = (v is None and typ is float) or (isinstance(v, typ) and not isinstance(v, bool)) or (
+                    typ is float and isinstance(v, int) and not isinstance(v, bool))
+                if not ok:
+                    raise ValueError(f"{where}: {field}[{i}].{k} = {v!r} is not {typ.__name__}")
+            lo, hi = c["online_sr_ci95"]
+            if not lo <= c["online_sr"] <= hi:
+                raise ValueError(f"{where}: {field}[{i}].online_sr_ci95 {c['online_sr_ci95']} excludes online_sr")
     for k in ("r2_sop_online_ci95", "r2_static_online_ci95"):
         if not (isinstance(summary[k], list) and len(summary[k]) == 2):
             raise ValueError(f"{where}: '{k}' must be [low, high]")
-    for i, c in enumerate(summary["comparisons"]):
-        for k in ("a", "b", "diff", "p_value"):
-            if k not in c:
-                raise ValueError(f"{where}: comparisons[{i}] missing '{k}'")
+    for field in ("comparisons", "test_comparisons"):
+        for i, c in enumerate(summary.get(field) or []):
+            for k in ("a", "b", "diff", "p_value"):
+                if k not in c:
+                    raise ValueError(f"{where}: {field}[{i}] missing '{k}'")
 
 
 def fmt(v, spec=".3f") -> str:
@@ -380,13 +382,35 @@ def markdown(summary: dict, title: str) -> str:
     for c in summary["comparisons"]:
         L.append(f"| {c['a']} | {c['b']} | {c.get('metric', '')} | {fmt(c['diff'], '+.3f')} {fmt_ci(c.get('diff_ci95'))} "
                  f"| {fmt(c['p_value'], '.3g')} | {fmt(c.get('p_mcnemar'), '.3g')} | {c.get('test', '')} |")
+    if summary.get("headroom"):
+        h = summary["headroom"]
+        L += ["", "## Test episodes: the tasks with headroom", "",
+              f"Selected before any test episode ran, by the {h['arm']} arm's pooled online success on the episodes above "
+              f"(strictly between {h['range'][0]} and {h['range'][1]}): "
+              + ", ".join(f"{t} {v:.2f}" + (" (selected)" if t in h["tasks"] else "") for t, v in h["per_task"].items()) + "."]
+    if summary.get("test_checkpoints"):
+        tc = summary["test_checkpoints"]
+        L += [f"Every final checkpoint on the same {tc[0]['n_online_episodes']} fresh online episodes "
+              f"(seeds from {summary.get('config', {}).get('test_seed_base', '?')}):", "",
+              "| checkpoint | arm | seed | online SR [95% Wilson] | n | " + " | ".join(summary["headroom"]["tasks"]) + " |",
+              "|---|---|---|---|---|" + "---|" * len(summary["headroom"]["tasks"])]
+        for c in tc:
+            L.append(f"| {c['name']} | {c['arm']} | {c['seed']} | {fmt(c['online_sr'])} {fmt_ci(c['online_sr_ci95'])} | "
+                     f"{c['n_online_episodes']} | " + " | ".join(fmt((c.get('online_per_task') or {}).get(t), ".2f")
+                                                                for t in summary["headroom"]["tasks"]) + " |")
+        L += ["", "Pooled over seeds: " + "; ".join(f"{arm} {fmt(a['online_sr'])} {fmt_ci(a['online_sr_ci95'])}"
+                                                    for arm, a in (summary.get("test_arms") or {}).items())]
+        L += ["", "| a | b | diff (a - b) [95%] | p | McNemar p | test |", "|---|---|---|---|---|---|"]
+        for c in summary.get("test_comparisons") or []:
+            L.append(f"| {c['a']} | {c['b']} | {fmt(c['diff'], '+.3f')} {fmt_ci(c.get('diff_ci95'))} "
+                     f"| {fmt(c['p_value'], '.3g')} | {fmt(c.get('p_mcnemar'), '.3g')} | {c.get('test', '')} |")
     if summary.get("claims"):
         L += ["", "## Claims (automatic verdict; the reading is in the README)", "",
               f"Rule: held = the difference favours the claim with p < {ALPHA}; not held = it goes the other way "
               f"with p < {ALPHA}; else inconclusive.", "", "| claim | test | diff | p | verdict |", "|---|---|---|---|---|"]
         for c in summary["claims"]:
-            L.append(f"| {c['claim']} | {c['test']} | {fmt(c.get('diff'), '+.3f')} | {fmt(c.get('p_value'), '.3g')} "
-                     f"| **{c['verdict']}** |")
+            L.append(f"| {c['claim']} | {c['test']}{' (' + c['episodes'] + ' episodes)' if c.get('episodes') else ''} "
+                     f"| {fmt(c.get('diff'), '+.3f')} | {fmt(c.get('p_value'), '.3g')} | **{c['verdict']}** |")
     if summary.get("arms"):
         L += ["", "## Per-arm diagnostics (final checkpoints pooled over seeds; RL means over the second half of steps)",
               "", "| arm | seeds | online SR [95%] | SOP-PG | reward | reward trend / 100 steps [95%] | entropy | KL "
@@ -812,16 +836,52 @@ def checkpoint_eval(args, data: dict, arm: str, seed: int, train_job: dict, step
             "checkpoint": ck}
 
 
+def headroom_tasks(checkpoints: list[dict], arm: str = "sft", lo: float = 0.0, hi: float = 1.0) -> dict:
+    """The tasks with headroom: those on which `arm`'s final checkpoints, pooled over seeds (mean of
+    their per-task online success on the selection episodes), succeed strictly between lo and hi. A
+    task at 0 or 1 for SFT cannot show a difference between arms (every arm tends to stay there), so
+    the claims' test episodes are drawn on the others; the choice uses SFT's numbers alone, never an
+    RL arm's. Returns {"arm", "range", "per_task": {task: pooled SR}, "tasks": [selected, in order]}."""
+    rows = final_rows(checkpoints, arm)
+    tasks = list(dict.fromkeys(t for r in rows for t in (r.get("online_per_task") or {})))
+    per_task = {}
+    for t in tasks:
+        v = [r["online_per_task"][t] for r in rows if (r.get("online_per_task") or {}).get(t) is not None]
+        if v:
+            per_task[t] = float(np.mean(v))
+    return {"arm": arm, "range": [lo, hi], "per_task": per_task,
+            "tasks": [t for t, v in per_task.items() if lo < v < hi]}
+
+
+def test_episodes(tasks: list[str], n: int, seed_base: int) -> list[tuple[str, int]]:
+    """The claims' test episodes [(task, seed)]: ceil(n / len(tasks)) fresh seeds per task from
+    seed_base (the same list for every checkpoint: paired)."""
+    per = math.ceil(n / len(tasks)) if tasks and n > 0 else 0
+    return [(t, seed_base + i) for t in tasks for i in range(per)]
+
+
+def test_eval_job(args, data: dict, keys: list[tuple[str, int]], ck_eval: dict) -> dict:
+    """Online-only eval_sop.py of the checkpoint that `ck_eval` (a checkpoint_eval job) scores, on the
+    test episodes `keys` (test_episodes), in OUT/eval_test; carries ck_eval's meta."""
+    tasks = list(dict.fromkeys(t for t, _ in keys))
+    per = len(keys) // len(tasks)
+    seeds = sorted({s for _, s in keys})
+    cmd = [python(), "eval_sop.py", "--policy", "model", "--model", _rel(ck_eval["checkpoint"]),
+           "--seed", str(ck_eval["meta"][2]), "--image-root", data["image_root"], "--online", "--online-tasks", *tasks,
+           "--online-seeds", str(per), "--online-seed-base", str(seeds[0]), "--online-max-steps", str(args.online_max_steps),
+           "--report-episodes", "4", *args.eval_extra]
+    return {**job(args.out_root / "eval_test", ck_eval["dir"].name, cmd, "result.json"), "meta": ck_eval["meta"]}
+
+
 def checkpoints_of(steps: int, eval_mid: bool) -> list[tuple[int, bool]]:
     """[(step, final)] of the checkpoints to evaluate of a training job of `steps` steps: the midpoint
     (with eval_mid; the caller skips it when the job did not keep it) and the end."""
     return ([(steps // 2, False)] if eval_mid and steps >= 2 else []) + [(steps, True)]
 
 
-def collect_and_report(args, todo, stages, rows: list, keys, summary, out_json: Path, title: str) -> dict:
+def run_evals(args, todo, stages, rows: list, keys, summary, out_json: Path, title: str) -> None:
     """Run (or, with --report-only, read back) the evaluation jobs `todo`, append each evaluated
-    checkpoint to `rows` and rewrite the partial results after each; then write the final JSON/MD
-    (summary(final_report=True)) and print the Markdown. Returns the results ({} on --dry-run)."""
+    checkpoint (read_eval on the episode list `keys`) to `rows` and rewrite the partial results after each."""
     def on_eval(j):
         name, arm, seed, step, final, run = j["meta"]
         rows.append({"name": name, "arm": arm, "seed": seed, "step": step, "final": final, "run": run,
@@ -835,6 +895,15 @@ def collect_and_report(args, todo, stages, rows: list, keys, summary, out_json: 
                 on_eval(j)
     else:
         stages.run(todo, on_done=on_eval)
+
+
+def collect_and_report(args, todo, stages, rows: list, keys, summary, out_json: Path, title: str, then=None) -> dict:
+    """run_evals on `todo`, then `then()` (more evaluations that depend on these, e.g. the main table's
+    test episodes), then write the final JSON/MD (summary(final_report=True)) and print the Markdown.
+    Returns the results ({} on --dry-run)."""
+    run_evals(args, todo, stages, rows, keys, summary, out_json, title)
+    if then is not None:
+        then()
     if args.dry_run:
         return {}
     result = summary(final_report=True)

@@ -54,9 +54,15 @@ SETTING = dict(
     ONLINE_SEED_BASE=200000,                     # fresh: not the seeds of the train (0+) or test (100000+) files
     ONLINE_MAX_STEPS=10,
     EVAL_EXTRA=["--max-new-tokens", "80"],
+    # claims 1a/1b are tested on fresh episodes of the tasks with headroom: those where SFT's pooled online
+    # success on the episodes above lies strictly inside HEADROOM (a task at 0 or 1 for SFT adds pairs that
+    # cannot differ; the choice uses SFT's numbers only). 0 episodes: the claims use the episodes above
+    TEST_EPISODES=160,                           # per final checkpoint, split evenly over the selected tasks
+    TEST_SEED_BASE=220000,                       # fresh: not the data files', ONLINE_SEED_BASE's or repro_confirm's (210000+)
+    HEADROOM=[0.0, 1.0],
 )
 QUICK = dict(SEEDS=[0], BASE_STEPS=20, SFT_STEPS=20, RL_STEPS=2, EVAL_PER_TASK=1, ONLINE_EPISODES=8,
-             TASKS=["enter-text", "click-option"])
+             TASKS=["enter-text", "click-option"], TEST_EPISODES=4)
 # seconds per unit, one process with one thread, 2 jobs on the 2-core machine (base and SFT: the c398681
 # run; RL: 19 s, the 4d88c58 ablation runs whose rollouts match these arms' (gamma 0, threshold
 # unlimited: 18.1-19.4 s); evaluation: that run's; results/LOG.md); replaced by the unit_costs of an
@@ -85,8 +91,14 @@ def main(argv=None) -> dict:
                for s, tj in runs.items() for step, final in rc.checkpoints_of(steps, args.eval_mid)]
     evals = [base_eval] + [e for _, e in planned]
     train = {"sft": list(sft.values()), "rl": list(rl.values())}
+    finals = [e for _, e in planned if e["meta"][4]]  # the claims' checkpoints: final SFT and RL
     counts = rc.pending_counts(args, len(data["tasks"]), len(keys), base, train, evals)
     full = rc.pending_counts(args, len(data["tasks"]), len(keys), base, train, evals, everything=True)
+    test_todo = _test_plan(args, data, keys, finals)[2]  # None until every SFT seed's selection episodes ran
+    n_test = len(finals) if test_todo is None else len([j for j in test_todo if args.force or not j["done"].exists()])
+    for c, n in ((counts, n_test), (full, len(finals))):
+        c["online_episodes"] += n * args.test_episodes if args.test_episodes else 0
+        c["stages"] += n if args.test_episodes else 0
     costs = rc.load_costs(COSTS, out_json)
     print(f"[plan] {len(data['tasks'])} tasks, seeds {args.seeds}, {len(evals)} checkpoints x {len(keys)} online episodes; "
           f"estimated wall {rc.estimate(counts, costs, args.jobs) / 60:.0f} min with {args.jobs} jobs for what is still to run "
@@ -104,24 +116,27 @@ def main(argv=None) -> dict:
     # --- evaluate every checkpoint on the same online episodes
     todo = ([base_eval] if args.base_steps == 0 or base["done"].exists() or args.dry_run else []) + \
         [e for tj, e in planned if tj["done"].exists() and e["checkpoint"].exists()]  # a midpoint only when kept
-    rows = []
+    rows, test_rows, test = [], [], {}
     curves = {arm: {s: rc.read_metrics(rl[(arm, s)]["dir"]) for s in args.seeds} for arm in ARMS}
+    order = {a: i for i, a in enumerate(["base", "sft", *ARMS])}
+    ordered = lambda rs: sorted(rs, key=lambda r: (order.get(r["arm"], 9), r["seed"], r["step"]))  # noqa: E731
 
     def summary(final_report: bool = False) -> dict:
-        order = {a: i for i, a in enumerate(["base", "sft", *ARMS])}
-        ck = sorted(rows, key=lambda r: (order.get(r["arm"], 9), r["seed"], r["step"]))
+        ck, tck = ordered(rows), ordered(test_rows)
         r2f, r2cmp = rc.r2_summary(ck)
-        cmps = [c for c in (rc.compare_online(ck, "semionline", "sft"), rc.compare_online(ck, "semionline", "offline"),
-                            rc.compare_online(ck, "offline", "sft"), rc.compare_online(ck, "sft", "base"),
-                            r2cmp) if c]
+        pairs = [("semionline", "sft"), ("semionline", "offline"), ("offline", "sft")]
+        cmps = [c for c in [rc.compare_online(ck, a, b) for a, b in pairs + [("sft", "base")]] + [r2cmp] if c]
+        tcmps = [c for c in (rc.compare_online(tck, a, b) for a, b in pairs) if c]
         by = {(c["a"], c["b"]): c for c in cmps}
+        on = ({(c["a"], c["b"]): c for c in tcmps}, "test") if tcmps else (by, "selection")  # the claims' episodes
         claims = [
-            {"claim": "1a: SFT + semi-online RL > SFT (online SR)", "test": "semionline - sft",
-             **_pick(by.get(("semionline", "sft"))), "verdict": rc.verdict(by.get(("semionline", "sft")))},
+            {"claim": "1a: SFT + semi-online RL > SFT (online SR)", "test": "semionline - sft", "episodes": on[1],
+             **_pick(on[0].get(("semionline", "sft"))), "verdict": rc.verdict(on[0].get(("semionline", "sft")))},
             {"claim": "1b: semi-online RL > offline RL from the same SFT (online SR)", "test": "semionline - offline",
-             **_pick(by.get(("semionline", "offline"))), "verdict": rc.verdict(by.get(("semionline", "offline")))},
+             "episodes": on[1], **_pick(on[0].get(("semionline", "offline"))),
+             "verdict": rc.verdict(on[0].get(("semionline", "offline")))},
             {"claim": "2: R^2(SOP-PG, online) > R^2(static step SR, online)", "test": "r2_sop - r2_static",
-             **_pick(r2cmp), "verdict": rc.verdict(r2cmp)},
+             "episodes": "selection", **_pick(r2cmp), "verdict": rc.verdict(r2cmp)},
         ]
         s = {"command": "python runs/repro_main.py " + " ".join(sys.argv[1:] if argv is None else argv),
              "commit": rc.git_commit(), "seeds": args.seeds, "wall_s": round(time.time() - t_start, 1),
@@ -131,7 +146,9 @@ def main(argv=None) -> dict:
              "arms": rc.arm_summaries(ck, curves),
              "unit_costs": rc.merged_costs(rc.unit_costs(stages.log, ck, args.sft_steps, args.rl_steps,
                                                            args.base_steps), out_json),
-             "complete": final_report}
+             "complete": final_report,
+             "headroom": test.get("headroom"), "test_episodes": [list(k) for k in test.get("keys", [])],
+             "test_checkpoints": tck, "test_comparisons": tcmps, "test_arms": rc.arm_summaries(tck, {})}
         if final_report:
             figs = [rc.plot_r2(args.results_dir / f"{out_json.stem}_r2.png", ck, s)]
             if any(rs for runs in curves.values() for rs in runs.values()):
@@ -139,7 +156,38 @@ def main(argv=None) -> dict:
             s["figures"] = [rc._rel(f) for f in figs]
         return s
 
-    return rc.collect_and_report(args, todo, stages, rows, keys, summary, out_json, "MiniWob++ reproduction: main table")
+    title = "MiniWob++ reproduction: main table"
+
+    def run_test() -> None:  # after the selection episodes: the claims' test episodes on the tasks with headroom
+        sel, tkeys, jobs = _test_plan(args, data, keys, finals, rows)
+        test.update(headroom=sel, keys=tkeys)
+        if not args.test_episodes:
+            return
+        if sel is None:
+            print("[test] not every SFT seed has its selection episodes: no test episodes", flush=True)
+            return
+        if not tkeys:
+            print(f"[test] no task with headroom ({sel['per_task']}): the claims use the selection episodes", flush=True)
+            return
+        print(f"[test] tasks with headroom {sel['tasks']}: {len(tkeys)} test episodes per final checkpoint", flush=True)
+        todo_test = [j for j, e in zip(jobs, finals) if args.dry_run or e["checkpoint"].exists()]
+        rc.run_evals(args, todo_test, stages, test_rows, tkeys, summary, out_json, title)
+
+    return rc.collect_and_report(args, todo, stages, rows, keys, summary, out_json, title, then=run_test)
+
+
+def _test_plan(args, data: dict, keys, finals: list[dict], rows: list[dict] | None = None):
+    """(headroom selection, test episodes, test eval jobs of `finals`) from the SFT rows of `rows` (or,
+    for the estimate, from the finished SFT evaluations on disk); (None, [], None) while some SFT seed
+    has no selection result yet."""
+    if rows is None:
+        rows = [{"arm": "sft", "seed": e["meta"][2], "final": True, **rc.read_eval(e["dir"], keys)}
+                for e in finals if e["meta"][1] == "sft" and e["done"].exists()]
+    if len(rc.final_rows(rows, "sft")) < len(args.seeds):
+        return None, [], None
+    sel = rc.headroom_tasks(rows, "sft", *args.headroom)
+    tkeys = rc.test_episodes(sel["tasks"], args.test_episodes, args.test_seed_base)
+    return sel, tkeys, [rc.test_eval_job(args, data, tkeys, e) for e in finals] if tkeys else []
 
 
 def _pick(c: dict | None) -> dict:

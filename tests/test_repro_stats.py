@@ -371,3 +371,61 @@ def test_rl_runs_on_their_own_demonstrations(tmp_path, monkeypatch):
     args.rl_data = "other/rl.jsonl"
     with pytest.raises(SystemExit, match="must sit beside"):
         rc.prepare_data(args)
+
+
+def test_headroom_tasks_use_sft_alone_and_exclude_floor_and_ceiling():
+    """Pooled SFT per-task success (mean over seeds): a at 0 and d at 1 for every seed are out; b
+    (0 and 0.25: pooled 0.125) and c are in; an RL arm's numbers never enter; the range bounds are strict."""
+    rows = [{"arm": "sft", "seed": 0, "final": True, "online_per_task": {"a": 0.0, "b": 0.0, "c": 0.5, "d": 1.0}},
+            {"arm": "sft", "seed": 1, "final": True, "online_per_task": {"a": 0.0, "b": 0.25, "c": 0.75, "d": 1.0}},
+            {"arm": "sft", "seed": 1, "final": False, "online_per_task": {"a": 0.5, "b": 0.5, "c": 0.5, "d": 0.5}},
+            {"arm": "semionline", "seed": 0, "final": True, "online_per_task": {"a": 0.5, "b": 0.0, "c": 0.5, "d": 0.5}}]
+    h = rc.headroom_tasks(rows)
+    assert h["per_task"] == {"a": 0.0, "b": 0.125, "c": 0.625, "d": 1.0} and h["tasks"] == ["b", "c"]
+    assert rc.headroom_tasks(rows, lo=0.125, hi=0.9)["tasks"] == ["c"]  # strict: 0.125 is out
+    assert rc.headroom_tasks(rows, arm="offline")["tasks"] == []
+
+
+def test_test_episodes_and_their_online_only_eval(tmp_path):
+    """ceil(n / tasks) fresh seeds per task from the base; the eval command is online only (no offline
+    data), on exactly those tasks and seeds, in OUT/eval_test, and carries the checkpoint's meta."""
+    from types import SimpleNamespace
+    assert rc.test_episodes(["b", "c"], 5, 220000) == [("b", 220000), ("b", 220001), ("b", 220002),
+                                                       ("c", 220000), ("c", 220001), ("c", 220002)]
+    assert rc.test_episodes([], 160, 220000) == [] and rc.test_episodes(["b"], 0, 220000) == []
+    args = SimpleNamespace(out_root=tmp_path / "out", online_max_steps=10, eval_extra=["--max-new-tokens", "80"])
+    ck = {"dir": tmp_path / "out" / "eval" / "sft_s1_step300_sft_s1_abcd", "checkpoint": tmp_path / "ck",
+          "meta": ("sft s1", "sft", 1, 300, True, "out/repro/sft/sft_s1_abcd")}
+    j = rc.test_eval_job(args, {"image_root": "data/miniwob"}, rc.test_episodes(["b", "c"], 5, 220000), ck)
+    cmd = j["cmd"]
+    assert "--data" not in cmd and "--protocol" not in cmd and "--online" in cmd
+    i = cmd.index("--online-tasks")
+    assert cmd[i + 1:i + 3] == ["b", "c"] and cmd[i + 3] == "--online-seeds" and cmd[i + 4] == "3"
+    assert cmd[cmd.index("--online-seed-base") + 1] == "220000" and cmd[cmd.index("--seed") + 1] == "1"
+    assert j["dir"].parent == tmp_path / "out" / "eval_test" and j["dir"].name.startswith(ck["dir"].name + "_")
+    assert j["meta"] == ck["meta"] and j["done"] == j["dir"] / "result.json"
+
+
+def test_report_with_test_episodes(tmp_path):
+    """The test section (headroom choice, per-checkpoint table, comparisons) is written and checked by
+    the schema like the selection checkpoints."""
+    ck = _fabricated_checkpoints()
+    r2f, _ = rc.r2_summary(ck)
+    test_ck = [{**c, "online_per_task": {"click-test": c["online_sr"]}} for c in ck if c["arm"] != "base"]
+    cmp = rc.compare_online(test_ck, "semionline", "sft")
+    summary = {"command": "c", "commit": "0" * 40, "seeds": [0, 1], "wall_s": 1.0, "config": {"test_seed_base": 220000},
+               "checkpoints": ck, **r2f, "comparisons": [],
+               "headroom": {"arm": "sft", "range": [0.0, 1.0], "per_task": {"click-test": 0.3, "click-x": 0.0},
+                            "tasks": ["click-test"]},
+               "test_checkpoints": test_ck, "test_comparisons": [cmp], "test_arms": rc.arm_summaries(test_ck, {}),
+               "claims": [{"claim": "1a", "test": "semionline - sft", "episodes": "test", "diff": cmp["diff"],
+                           "p_value": cmp["p_value"], "verdict": rc.verdict(cmp)}]}
+    out = tmp_path / "r.json"
+    rc.write_results(summary, out, "t")
+    md = out.with_suffix(".md").read_text()
+    assert "click-test 0.30 (selected), click-x 0.00" in md and "(seeds from 220000)" in md
+    assert "| semionline - sft (test episodes) |" in md and f"| semionline | sft | {cmp['diff']:+.3f}" in md
+    bad = json.loads(out.read_text())
+    bad["test_checkpoints"][0]["online_sr"] = 2.0
+    with pytest.raises(ValueError, match=r"test_checkpoints\[0\]\.online_sr_ci95"):
+        rc.validate_results(bad)
