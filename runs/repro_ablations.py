@@ -85,6 +85,7 @@ def main(argv=None) -> dict:
     t_start = time.time()
     out_json = args.results_dir / ("repro_ablations_quick.json" if args.quick else "repro_ablations.json")
     stages = rc.Stages(jobs=args.jobs, force=args.force, dry_run=args.dry_run)
+    previous = rc.read_previous(out_json)  # for the provenance of the stages this run reuses
     data = rc.prepare_data(args)
     keys = data["online_episodes"]
     n_tasks = len(data["tasks"])
@@ -186,7 +187,7 @@ def main(argv=None) -> dict:
         comparisons = [c for c in [*cmps.values(), *ent.values(), k_cmp, r2cmp] if c]
         s = {"command": "python runs/repro_ablations.py " + " ".join(sys.argv[1:] if argv is None else argv),
              "commit": rc.git_commit(), "seeds": args.seeds, "scaling_seeds": args.scaling_seeds,
-             "wall_s": round(time.time() - t_start, 1), "stages": stages.log,
+             "wall_s": round(time.time() - t_start, 1), "stages": stages.log, "reused_stages": rc.reused_stages(stages.skipped, previous),
              "config": {k.lower(): getattr(args, k.lower()) for k in SETTING}, "tasks": data["tasks"],
              "online_episodes": [list(k) for k in keys], "checkpoints": ck, **r2f, "comparisons": comparisons,
              "claims": claims, "arms": rc.arm_summaries(ck, curves),

@@ -58,6 +58,23 @@ def git_commit() -> str:
     return r.stdout.strip() + ("-dirty" if dirty else "")
 
 
+def read_previous(path: Path) -> dict | None:
+    """The results file a run is about to overwrite (None if absent), read before its first write."""
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def reused_stages(skipped: list[str], old: dict | None) -> list[dict]:
+    """Provenance of the stages this run reused: the stage-log entries ({name, cmd, wall_s}, plus the
+    commit that ran them) of the previous results `old` (read_previous), and of the runs it reused in
+    turn, whose command (the interpreter's path aside) is one of the `skipped` commands of this run."""
+    if not old:
+        return []
+    strip = lambda cmd: cmd.split(" ", 1)[-1]  # noqa: E731  (the python path differs between clones)
+    want = {strip(c) for c in skipped}
+    entries = [{**e, "commit": old.get("commit")} for e in old.get("stages") or []] + list(old.get("reused_stages") or [])
+    return [e for e in entries if strip(e["cmd"]) in want]
+
+
 def run_dir(root: Path, name: str, cmd: list[str]) -> Path:
     """root/name_<hash of cmd>: a run folder named by what produced it, so a changed setting (steps,
     lr, data, model) gets a new folder and identical commands from either script share one."""
@@ -75,6 +92,7 @@ class Stages:
     def __init__(self, jobs: int = 2, threads: int = 1, force: bool = False, dry_run: bool = False):
         self.jobs, self.threads, self.force, self.dry_run = jobs, threads, force, dry_run
         self.log: list[dict] = []
+        self.skipped: list[str] = []  # commands of the jobs skipped as done (outputs reused)
 
     def run(self, todo: list[dict], on_done=None) -> None:
         """todo: [{"name", "cmd" (list), "dir" (Path), "done" (Path), optional "resume" (Path)}];
@@ -83,6 +101,7 @@ class Stages:
         for job in todo:
             if job["done"].exists() and not self.force:
                 print(f"[skip] {job['name']}: {_rel(job['done'])} exists", flush=True)
+                self.skipped.append(" ".join(job["cmd"]))
                 if on_done:
                     on_done(job)
             else:
@@ -909,7 +928,7 @@ def collect_and_report(args, todo, stages, rows: list, keys, summary, out_json: 
     result = summary(final_report=True)
     if args.report_only and out_json.exists():  # the runs' provenance stays; report_commit names the report's code
         old = json.loads(out_json.read_text())
-        result.update({k: old[k] for k in ("command", "commit", "stages", "wall_s") if k in old},
+        result.update({k: old[k] for k in ("command", "commit", "stages", "reused_stages", "wall_s") if k in old},
                       report_commit=git_commit())
     write_results(result, out_json, title)
     print(markdown(_nan_to_none(result), title), flush=True)

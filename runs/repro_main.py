@@ -76,6 +76,7 @@ def main(argv=None) -> dict:
     t_start = time.time()
     out_json = args.results_dir / ("repro_main_quick.json" if args.quick else "repro_main.json")
     stages = rc.Stages(jobs=args.jobs, force=args.force, dry_run=args.dry_run)
+    previous = rc.read_previous(out_json)  # for the provenance of the stages this run reuses
     data = rc.prepare_data(args)
     keys = data["online_episodes"]
 
@@ -140,7 +141,7 @@ def main(argv=None) -> dict:
         ]
         s = {"command": "python runs/repro_main.py " + " ".join(sys.argv[1:] if argv is None else argv),
              "commit": rc.git_commit(), "seeds": args.seeds, "wall_s": round(time.time() - t_start, 1),
-             "stages": stages.log, "config": {k.lower(): getattr(args, k.lower()) for k in SETTING},
+             "stages": stages.log, "reused_stages": rc.reused_stages(stages.skipped, previous), "config": {k.lower(): getattr(args, k.lower()) for k in SETTING},
              "tasks": data["tasks"], "online_episodes": [list(k) for k in keys],
              "checkpoints": ck, **r2f, "comparisons": cmps, "claims": claims,
              "arms": rc.arm_summaries(ck, curves),

@@ -429,3 +429,17 @@ def test_report_with_test_episodes(tmp_path):
     bad["test_checkpoints"][0]["online_sr"] = 2.0
     with pytest.raises(ValueError, match=r"test_checkpoints\[0\]\.online_sr_ci95"):
         rc.validate_results(bad)
+
+
+def test_reused_stages_keep_the_provenance_of_skipped_stages():
+    """A rerun that skips finished stages keeps, from the results file it overwrites, the log entries of
+    those stages (with the commit that ran them), whatever the interpreter's path; ones it reran or
+    never planned are dropped; entries reused by the previous file carry over with their own commit."""
+    old = {"commit": "b" * 40, "stages": [{"name": "sft_s0", "cmd": "/a/python train_sft.py --seed 0", "wall_s": 400.0},
+                                         {"name": "eval", "cmd": "/a/python eval_sop.py --x", "wall_s": 50.0}],
+           "reused_stages": [{"name": "base", "cmd": "/z/python train_sft.py --max-steps 0", "wall_s": 600.0,
+                              "commit": "a" * 40}]}
+    got = rc.reused_stages(["/b/python train_sft.py --seed 0", "/b/python train_sft.py --max-steps 0"], old)
+    assert got == [{"name": "sft_s0", "cmd": "/a/python train_sft.py --seed 0", "wall_s": 400.0, "commit": "b" * 40},
+                   old["reused_stages"][0]]
+    assert rc.reused_stages(["/b/python eval_sop.py --y"], old) == [] and rc.reused_stages(["x"], None) == []
