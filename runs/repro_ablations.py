@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import repro_common as rc  # noqa: E402
 import stats  # noqa: E402
-from repro_main import MULTI_STEP  # noqa: E402
+from repro_main import MULTI_STEP, TEST  # noqa: E402
 
 # --- the setting: every default in one place (each key is also a command-line flag)
 SETTING = dict(
@@ -53,9 +53,11 @@ SETTING = dict(
     SCALING_PER_TASK=[],                         # training episodes per task of the data-scaling runs ([]: none)
     SCALING_THRESHOLDS=[0, -1],                  # patch thresholds whose laws are compared
     SCALING_SEEDS=[0],
+    **TEST,                                      # claims 3-5 on the main table's test episodes (the scaling points
+                                                 # stay on the selection episodes)
 )
 QUICK = dict(SEEDS=[0], BASE_STEPS=20, SFT_STEPS=20, RL_STEPS=2, EVAL_PER_TASK=1, ONLINE_EPISODES=8,
-             SCALING_PER_TASK=[2, 24], ARMS=["gamma0", "thr0"], TASKS=["enter-text", "click-option"])
+             SCALING_PER_TASK=[2, 24], ARMS=["gamma0", "thr0"], TASKS=["enter-text", "click-option"], TEST_EPISODES=4)
 # seconds per unit, one thread per process, 2 jobs (base and SFT: the c398681 run; RL and evaluation: the
 # 4d88c58 run of this script, whose RL mean mixes 19 s steps with threshold 0's 7.6 s); replaced by the
 # unit_costs of an earlier results JSON when there is one
@@ -117,6 +119,7 @@ def main(argv=None) -> dict:
     sft_evals = {s: rc.checkpoint_eval(args, data, "sft", s, sft[s], args.sft_steps) for s in args.seeds}
     rl_evals = {(arm, s): rc.checkpoint_eval(args, data, arm, s, tj, args.rl_steps) for (arm, s), tj in rl.items()}
     evals = [*sft_evals.values(), *rl_evals.values()]
+    finals = [*sft_evals.values(), *(e for (arm, _), e in rl_evals.items() if arm in arms)]  # on the test episodes too
     counts = rc.pending_counts(args, n_tasks, len(keys), base, {"sft": list(sft.values()), "rl": list(rl.values())}, evals)
     costs = rc.load_costs(COSTS, args.results_dir / "repro_main_quick.json", args.results_dir / "repro_main.json", out_json)
     per_run = (args.rl_steps * costs["rl_steps"] + len(keys) * costs["online_episodes"]
@@ -129,6 +132,7 @@ def main(argv=None) -> dict:
                         "estimate_min": round(n_scale * per_run / 60)})
     full = rc.pending_counts(args, n_tasks, len(keys), base, {"sft": list(sft.values()), "rl": list(rl.values())}, evals,
                              everything=True)
+    rc.add_test_counts(args, data, keys, finals, counts, full)
     print(f"[plan] {n_tasks} tasks, seeds {args.seeds}, {counts['rl_steps'] // max(args.rl_steps, 1)} of {len(rl)} RL runs and "
           f"{counts['stages']} of {len(evals)} evaluations still to run ({len(keys)} online episodes each); estimated wall "
           f"{rc.estimate(counts, costs, args.jobs) / 60:.0f} min with {args.jobs} jobs (from scratch, the shared SFT and "
@@ -145,15 +149,18 @@ def main(argv=None) -> dict:
     # --- evaluate the SFT checkpoints and every RL run's end on the same online episodes
     todo = [e for s, e in sft_evals.items() if sft[s]["done"].exists()] + \
         [e for k, e in rl_evals.items() if rl[k]["done"].exists() or args.dry_run]
-    rows = []
+    rows, test_rows, test = [], [], {}
     curves = {arm: {s: rc.read_metrics(rl[(arm, s)]["dir"]) for s in args.seeds} for arm in arms}
 
     def summary(final_report: bool = False) -> dict:
-        ck = sorted(rows, key=lambda r: (r["arm"], r["seed"]))
+        ck, tck = (sorted(r, key=lambda r: (r["arm"], r["seed"])) for r in (rows, test_rows))
         r2f, r2cmp = rc.r2_summary(ck)
         pairs = [("semionline", "gamma0"), ("thr1", "thr0"), ("thr_unlim", "thr0"), ("thr_unlim", "thr1"),
                  ("on-policy", "off-policy"), ("semionline", "off-policy"), ("semionline", "sft")]
-        cmps = {(a, b): rc.compare_online(ck, a, b) for a, b in pairs}
+        sel_cmps = {(a, b): rc.compare_online(ck, a, b) for a, b in pairs}
+        test_cmps = {(a, b): rc.compare_online(tck, a, b) for a, b in pairs}
+        on_test = any(test_cmps.values())  # the claims' episodes: the test episodes once they ran
+        cmps = test_cmps if on_test else sel_cmps
         ent = {(a, b): rc.compare_curves(curves, a, b, "entropy") for a, b in (("thr_unlim", "thr0"), ("thr1", "thr0"))}
         # --- data scaling: one law per patch threshold over its (N, online SR) points
         points, fits = {}, {}
@@ -175,6 +182,7 @@ def main(argv=None) -> dict:
 
         def claim(text, c, higher_is="a"):
             return {"claim": text, "test": f"{c['a']} - {c['b']} ({c.get('metric')})" if c else "not run",
+                    "episodes": ("test" if on_test else "selection") if c and c.get("metric") == "online_sr" else None,
                     "diff": c["diff"] if c else None, "diff_ci95": c.get("diff_ci95") if c else None,
                     "p_value": c["p_value"] if c else None, "verdict": rc.verdict(c, higher_is)}
         claims = [claim("3: gamma 0.5 > gamma 0 (online SR)", cmps[("semionline", "gamma0")]),
@@ -184,7 +192,7 @@ def main(argv=None) -> dict:
                   claim("5a: on-policy thoughts > off-policy thoughts (online SR)", cmps[("on-policy", "off-policy")]),
                   claim("5b: thought-free > off-policy thoughts (online SR)", cmps[("semionline", "off-policy")]),
                   claim("6: a higher patch threshold moves the scaling exponent k towards 0", k_cmp)]
-        comparisons = [c for c in [*cmps.values(), *ent.values(), k_cmp, r2cmp] if c]
+        comparisons = [c for c in [*sel_cmps.values(), *ent.values(), k_cmp, r2cmp] if c]
         s = {"command": "python runs/repro_ablations.py " + " ".join(sys.argv[1:] if argv is None else argv),
              "commit": rc.git_commit(), "seeds": args.seeds, "scaling_seeds": args.scaling_seeds,
              "wall_s": round(time.time() - t_start, 1), "stages": stages.log, "reused_stages": rc.reused_stages(stages.skipped, previous),
@@ -195,10 +203,14 @@ def main(argv=None) -> dict:
              "scaling_points": points, "not_run": not_run,
              "unit_costs": rc.merged_costs(rc.unit_costs(stages.log, ck, args.sft_steps, args.rl_steps,
                                                            args.base_steps), out_json),
-             "complete": final_report}
+             "complete": final_report,
+             "headroom": test.get("headroom"), "test_episodes": [list(k) for k in test.get("keys", [])],
+             "test_checkpoints": tck, "test_comparisons": [c for c in test_cmps.values() if c],
+             "test_arms": rc.arm_summaries(tck, {})}
         if final_report:
             stem = args.results_dir / out_json.stem
-            figs = [rc.plot_bars(Path(f"{stem}_bars.png"), GROUPS, s["arms"]), rc.plot_r2(Path(f"{stem}_r2.png"), ck, s)]
+            bars = (s["test_arms"], "test episodes") if on_test else (s["arms"], "selection episodes")
+            figs = [rc.plot_bars(Path(f"{stem}_bars.png"), GROUPS, *bars), rc.plot_r2(Path(f"{stem}_r2.png"), ck, s)]
             if any(rs for runs in curves.values() for rs in runs.values()):
                 figs.append(rc.plot_curves(Path(f"{stem}_curves.png"), curves))
             if any(points.values()):
@@ -206,7 +218,9 @@ def main(argv=None) -> dict:
             s["figures"] = [rc._rel(f) for f in figs]
         return s
 
-    return rc.collect_and_report(args, todo, stages, rows, keys, summary, out_json, "MiniWob++ reproduction: ablations")
+    title = "MiniWob++ reproduction: ablations"
+    run_test = lambda: rc.run_test_stage(args, data, keys, finals, rows, test_rows, test, stages, summary, out_json, title)  # noqa: E731
+    return rc.collect_and_report(args, todo, stages, rows, keys, summary, out_json, title, then=run_test)
 
 
 if __name__ == "__main__":

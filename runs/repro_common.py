@@ -577,9 +577,9 @@ def plot_curves(path: Path, curves: dict, keys=("reward_mean", "entropy", "kl", 
     return path
 
 
-def plot_bars(path: Path, groups: list[tuple[str, list[str]]], arms: dict) -> Path:
+def plot_bars(path: Path, groups: list[tuple[str, list[str]]], arms: dict, episodes: str = "") -> Path:
     """Ablation bars: one panel per ablation (title, [arm, ...]), pooled online success per arm with
-    its Wilson interval, the per-seed values as dots."""
+    its Wilson interval, the per-seed values as dots; `episodes` names the episode set on the y axis."""
     plt = _plt()
     fig, axes = plt.subplots(1, len(groups), figsize=(3.6 * len(groups), 3.8), squeeze=False)
     for ax, (title, names) in zip(axes[0], groups):
@@ -594,7 +594,7 @@ def plot_bars(path: Path, groups: list[tuple[str, list[str]]], arms: dict) -> Pa
         ax.set_xticks(range(len(names)), names, rotation=20, fontsize=7)
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3, axis="y")
-    axes[0][0].set_ylabel("online success (95% Wilson, pooled seeds)")
+    axes[0][0].set_ylabel(f"online success{' (' + episodes + ')' if episodes else ''}\n95% Wilson, pooled seeds", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -890,6 +890,52 @@ def test_eval_job(args, data: dict, keys: list[tuple[str, int]], ck_eval: dict) 
            "--online-seeds", str(per), "--online-seed-base", str(seeds[0]), "--online-max-steps", str(args.online_max_steps),
            "--report-episodes", "4", *args.eval_extra]
     return {**job(args.out_root / "eval_test", ck_eval["dir"].name, cmd, "result.json"), "meta": ck_eval["meta"]}
+
+
+def test_plan(args, data: dict, keys, finals: list[dict], rows: list[dict] | None = None):
+    """(headroom_tasks selection, test episodes, test_eval_job of each of `finals`) from the SFT rows of
+    `rows` (or, for the estimate, of the finished SFT evaluations among `finals` on disk); (None, [],
+    None) while some SFT seed has no selection result yet."""
+    if rows is None:
+        rows = [{"arm": "sft", "seed": e["meta"][2], "final": True, **read_eval(e["dir"], keys)}
+                for e in finals if e["meta"][1] == "sft" and e["done"].exists()]
+    if len(final_rows(rows, "sft")) < len(args.seeds):
+        return None, [], None
+    sel = headroom_tasks(rows, "sft", *args.headroom)
+    tkeys = test_episodes(sel["tasks"], args.test_episodes, args.test_seed_base)
+    return sel, tkeys, [test_eval_job(args, data, tkeys, e) for e in finals] if tkeys else []
+
+
+def add_test_counts(args, data: dict, keys, finals: list[dict], counts: dict, full: dict) -> None:
+    """Add the test evaluations of `finals` to pending_counts' `counts` (those not yet done; all of them
+    while the tasks are not chosen) and `full` (all)."""
+    if not args.test_episodes:
+        return
+    todo = test_plan(args, data, keys, finals)[2]
+    n = len(finals) if todo is None else len([j for j in todo if args.force or not j["done"].exists()])
+    for c, k in ((counts, n), (full, len(finals))):
+        c["online_episodes"] += k * args.test_episodes
+        c["stages"] += k
+
+
+def run_test_stage(args, data: dict, keys, finals: list[dict], rows: list[dict], test_rows: list[dict], test: dict,
+                   stages, summary, out_json: Path, title: str) -> None:
+    """After the selection episodes (`rows`): choose the tasks with headroom (test_plan), record the
+    choice and the test episodes in `test` ({"headroom", "keys"}) and evaluate every checkpoint of
+    `finals` that exists on them, appending to `test_rows` (run_evals). Prints why when nothing runs."""
+    sel, tkeys, jobs = test_plan(args, data, keys, finals, rows)
+    test.update(headroom=sel, keys=tkeys)
+    if not args.test_episodes:
+        return
+    if sel is None:
+        print("[test] not every SFT seed has its selection episodes: no test episodes", flush=True)
+        return
+    if not tkeys:
+        print(f"[test] no task with headroom ({sel['per_task']}): the claims use the selection episodes", flush=True)
+        return
+    print(f"[test] tasks with headroom {sel['tasks']}: {len(tkeys)} test episodes per final checkpoint", flush=True)
+    todo = [j for j, e in zip(jobs, finals) if args.dry_run or e["checkpoint"].exists()]
+    run_evals(args, todo, stages, test_rows, tkeys, summary, out_json, title)
 
 
 def checkpoints_of(steps: int, eval_mid: bool) -> list[tuple[int, bool]]:

@@ -30,6 +30,15 @@ import repro_common as rc  # noqa: E402
 # --- the setting: every default in one place (each key is also a command-line flag)
 MULTI_STEP = ["enter-text", "enter-password", "login-user", "click-checkboxes", "click-tab-2", "click-option",
               "click-button-sequence", "click-collapsible"]  # 2-6 steps each (terminate included)
+# the claims on online success are tested on fresh episodes of the tasks with headroom: those where SFT's
+# pooled online success on the selection episodes (ONLINE_*) lies strictly inside HEADROOM (a task at 0 or 1
+# for SFT adds pairs that cannot differ; the choice uses SFT's numbers only). 0 episodes: the claims use the
+# selection episodes. Shared with runs/repro_ablations.py
+TEST = dict(
+    TEST_EPISODES=160,                           # per final checkpoint, split evenly over the selected tasks
+    TEST_SEED_BASE=220000,                       # fresh: not the data files', ONLINE_SEED_BASE's or repro_confirm's (210000+)
+    HEADROOM=[0.0, 1.0],
+)
 SETTING = dict(
     TASKS=MULTI_STEP,                            # MiniWob++ task subset (None: every task of TEST_DATA)
     TRAIN_DATA="data/miniwob/train.jsonl",
@@ -54,12 +63,7 @@ SETTING = dict(
     ONLINE_SEED_BASE=200000,                     # fresh: not the seeds of the train (0+) or test (100000+) files
     ONLINE_MAX_STEPS=10,
     EVAL_EXTRA=["--max-new-tokens", "80"],
-    # claims 1a/1b are tested on fresh episodes of the tasks with headroom: those where SFT's pooled online
-    # success on the episodes above lies strictly inside HEADROOM (a task at 0 or 1 for SFT adds pairs that
-    # cannot differ; the choice uses SFT's numbers only). 0 episodes: the claims use the episodes above
-    TEST_EPISODES=160,                           # per final checkpoint, split evenly over the selected tasks
-    TEST_SEED_BASE=220000,                       # fresh: not the data files', ONLINE_SEED_BASE's or repro_confirm's (210000+)
-    HEADROOM=[0.0, 1.0],
+    **TEST,
 )
 QUICK = dict(SEEDS=[0], BASE_STEPS=20, SFT_STEPS=20, RL_STEPS=2, EVAL_PER_TASK=1, ONLINE_EPISODES=8,
              TASKS=["enter-text", "click-option"], TEST_EPISODES=4)
@@ -95,11 +99,7 @@ def main(argv=None) -> dict:
     finals = [e for _, e in planned if e["meta"][4]]  # the claims' checkpoints: final SFT and RL
     counts = rc.pending_counts(args, len(data["tasks"]), len(keys), base, train, evals)
     full = rc.pending_counts(args, len(data["tasks"]), len(keys), base, train, evals, everything=True)
-    test_todo = _test_plan(args, data, keys, finals)[2]  # None until every SFT seed's selection episodes ran
-    n_test = len(finals) if test_todo is None else len([j for j in test_todo if args.force or not j["done"].exists()])
-    for c, n in ((counts, n_test), (full, len(finals))):
-        c["online_episodes"] += n * args.test_episodes if args.test_episodes else 0
-        c["stages"] += n if args.test_episodes else 0
+    rc.add_test_counts(args, data, keys, finals, counts, full)
     costs = rc.load_costs(COSTS, out_json)
     print(f"[plan] {len(data['tasks'])} tasks, seeds {args.seeds}, {len(evals)} checkpoints x {len(keys)} online episodes; "
           f"estimated wall {rc.estimate(counts, costs, args.jobs) / 60:.0f} min with {args.jobs} jobs for what is still to run "
@@ -159,36 +159,8 @@ def main(argv=None) -> dict:
 
     title = "MiniWob++ reproduction: main table"
 
-    def run_test() -> None:  # after the selection episodes: the claims' test episodes on the tasks with headroom
-        sel, tkeys, jobs = _test_plan(args, data, keys, finals, rows)
-        test.update(headroom=sel, keys=tkeys)
-        if not args.test_episodes:
-            return
-        if sel is None:
-            print("[test] not every SFT seed has its selection episodes: no test episodes", flush=True)
-            return
-        if not tkeys:
-            print(f"[test] no task with headroom ({sel['per_task']}): the claims use the selection episodes", flush=True)
-            return
-        print(f"[test] tasks with headroom {sel['tasks']}: {len(tkeys)} test episodes per final checkpoint", flush=True)
-        todo_test = [j for j, e in zip(jobs, finals) if args.dry_run or e["checkpoint"].exists()]
-        rc.run_evals(args, todo_test, stages, test_rows, tkeys, summary, out_json, title)
-
+    run_test = lambda: rc.run_test_stage(args, data, keys, finals, rows, test_rows, test, stages, summary, out_json, title)  # noqa: E731
     return rc.collect_and_report(args, todo, stages, rows, keys, summary, out_json, title, then=run_test)
-
-
-def _test_plan(args, data: dict, keys, finals: list[dict], rows: list[dict] | None = None):
-    """(headroom selection, test episodes, test eval jobs of `finals`) from the SFT rows of `rows` (or,
-    for the estimate, from the finished SFT evaluations on disk); (None, [], None) while some SFT seed
-    has no selection result yet."""
-    if rows is None:
-        rows = [{"arm": "sft", "seed": e["meta"][2], "final": True, **rc.read_eval(e["dir"], keys)}
-                for e in finals if e["meta"][1] == "sft" and e["done"].exists()]
-    if len(rc.final_rows(rows, "sft")) < len(args.seeds):
-        return None, [], None
-    sel = rc.headroom_tasks(rows, "sft", *args.headroom)
-    tkeys = rc.test_episodes(sel["tasks"], args.test_episodes, args.test_seed_base)
-    return sel, tkeys, [rc.test_eval_job(args, data, tkeys, e) for e in finals] if tkeys else []
 
 
 def _pick(c: dict | None) -> dict:
