@@ -295,7 +295,8 @@ def main(argv=None):
                   "skipped": 0, "ratio_dev": None}
         sampler_gap = []
         if n_train > 0:  # global: every rank takes the same branch
-            micro = _micro_batches(batch, args.ppo_mini_batches, args.micro_batch_size, proc)
+            micro = _micro_batches(batch, args.ppo_mini_batches, args.micro_batch_size, proc,
+                                   length=lambda it: len(it.prompt.input_ids) + len(it.response_ids))
             filler = batch[:1] or [TrainItem(rolled[0], 0.0)]  # what a dummy micro-batch runs (FSDP collectives)
 
             def collate(chunk):
@@ -582,12 +583,17 @@ def ppo_step(policy, optimizer, mb, collate, args, proc) -> dict:
     return out
 
 
-def _micro_batches(records, n_mini, micro_size, proc):
+def _micro_batches(records, n_mini, micro_size, proc, length=None):
     """Split records (TrainItems, or anything with task_idx) into n_mini mini-batches, each a list
     of micro-batches.
 
     Record j of a task (in record order) goes to mini-batch j % n_mini, so the union of a
     mini-batch over ranks does not depend on the world size (the 1- vs 2-process test).
+    length(record) -> its token count (prompt + response): when given, each mini-batch is sorted
+    by it (stable) before it is cut into micro-batches, so a micro-batch pads to neighbouring
+    lengths (the reproduction's RL batches: 31% of the positions were padding unsorted). The
+    mini-batch's loss is a sum over its micro-batches with one global denominator, so the order
+    changes only the floating-point summation order.
     Every rank runs the same number of micro-batches (None = a zero-weight dummy); a
     mini-batch empty on every rank is dropped.
     """
@@ -599,6 +605,8 @@ def _micro_batches(records, n_mini, micro_size, proc):
         minis[j % n_mini].append(r)
     out = []
     for m in minis:
+        if length is not None:
+            m = sorted(m, key=length)
         chunks = [m[i:i + micro_size] for i in range(0, len(m), micro_size)]
         n = torch.tensor([len(chunks)], dtype=torch.long, device=proc.device)
         if proc.world_size > 1:

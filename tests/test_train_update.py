@@ -48,9 +48,13 @@ def ref_grads(records, agg):
 
 
 def run_update(model, records, pad_id, args, micro_size=2, opt=None):
+    """ppo_step on micro-batches cut as the trainer cuts them (sorted by length), from the records in
+    reverse order: the micro-batches group the records differently from the reference's order."""
     policy = vlm.PolicyLogProb(model)
     opt = opt or torch.optim.SGD(policy.parameters(), lr=0.0)
-    mb = ts._micro_batches(records, 1, micro_size, ONE)[0]
+    mb = ts._micro_batches(records[::-1], 1, micro_size, ONE,
+                           length=lambda r: len(r.prompt.input_ids) + len(r.response_ids))[0]
+    assert [id(r) for c in mb for r in c] != [id(r) for r in records]
 
     def collate(chunk):
         return vlm.collate_sequences([r.prompt for r in chunk], [r.response_ids for r in chunk], pad_id)
@@ -265,3 +269,8 @@ def test_micro_batches_by_hand():
     # more mini-batches than records of any task: the empty ones are dropped
     assert [len(mb) for mb in ts._micro_batches(recs[:2], 4, 2, ONE)] == [1, 1]
     assert ts._micro_batches([], 2, 2, ONE) == []
+    # with a length, each mini-batch is sorted (stable) before it is cut: same records per mini-batch
+    size = {"a0": 9, "a1": 3, "a2": 5, "a3": 3, "a4": 1, "b0": 5, "b1": 7, "b2": 2}
+    out = ts._micro_batches(recs, 2, 2, ONE, length=lambda r: size[r.name])
+    names = [[[r.name for r in c] for c in mb] for mb in out]
+    assert names == [[["a4", "b2"], ["a2", "b0"], ["a0"]], [["a1", "a3"], ["b1"]]]
