@@ -443,3 +443,48 @@ def test_reused_stages_keep_the_provenance_of_skipped_stages():
     assert got == [{"name": "sft_s0", "cmd": "/a/python train_sft.py --seed 0", "wall_s": 400.0, "commit": "b" * 40},
                    old["reused_stages"][0]]
     assert rc.reused_stages(["/b/python eval_sop.py --y"], old) == [] and rc.reused_stages(["x"], None) == []
+
+
+def test_run_test_stage_runs_the_finals_on_the_headroom_tasks(tmp_path, monkeypatch, capsys):
+    """The test stage end to end with a stand-in for eval_sop.py: the tasks come from the SFT rows of
+    the selection episodes, every final checkpoint that exists is evaluated on the same test episodes,
+    the rows land in test_rows and the partial results are written; with no task in range it says so
+    and runs nothing."""
+    from types import SimpleNamespace
+    monkeypatch.setattr(rc, "REPO", tmp_path)
+    fake = ("import json, pathlib, sys; a = sys.argv; d = pathlib.Path(a[a.index('--out') + 1]); d.mkdir(parents=True, "
+            "exist_ok=True); i = a.index('--online-tasks'); j = a.index('--online-seeds'); base = int(a[a.index("
+            "'--online-seed-base') + 1]); eps = [{'task': t, 'seed': base + k, 'success': k % 2 == 0} for t in a[i + 1:j] "
+            "for k in range(int(a[j + 1]))]; (d / 'online_episodes.jsonl').write_text(''.join(json.dumps(e) + chr(10) "
+            "for e in eps)); (d / 'result.json').write_text(json.dumps({'per_task': {}}))")
+    real_job = rc.test_eval_job
+
+    def job(args, data, keys, ck_eval):
+        j = real_job(args, data, keys, ck_eval)
+        return {**j, "cmd": [sys.executable, "-c", fake] + j["cmd"][2:]}
+    monkeypatch.setattr(rc, "test_eval_job", job)
+    args = SimpleNamespace(seeds=[0, 1], headroom=[0.0, 1.0], test_episodes=4, test_seed_base=220000, out_root=tmp_path / "out",
+                           online_max_steps=10, eval_extra=[], dry_run=False, report_only=False, force=False)
+    finals = []
+    for arm, seed in [("sft", 0), ("sft", 1), ("semionline", 0), ("semionline", 1)]:
+        ck = tmp_path / f"{arm}{seed}"
+        if (arm, seed) != ("semionline", 1):  # that run has no checkpoint yet: not evaluated
+            ck.mkdir()
+        finals.append({"dir": tmp_path / "out" / "eval" / f"{arm}_s{seed}", "checkpoint": ck,
+                       "meta": (f"{arm} s{seed}", arm, seed, 1, True, None)})
+    rows = [{"arm": "sft", "seed": s, "final": True, "online_per_task": {"a": 0.0, "b": 0.5, "c": 0.25 * s + 0.5}}
+            for s in (0, 1)]
+    test_rows, test, writes = [], {}, []
+    out = tmp_path / "r.json"
+    monkeypatch.setattr(rc, "write_results", lambda s, path, title: writes.append(title))
+    rc.run_test_stage(args, {"image_root": "img"}, [], finals, rows, test_rows, test, rc.Stages(jobs=2),
+                      lambda: {}, out, "t")
+    assert test["headroom"]["tasks"] == ["b", "c"] and test["keys"] == [("b", 220000), ("b", 220001), ("c", 220000),
+                                                                        ("c", 220001)]
+    assert sorted(r["name"] for r in test_rows) == ["semionline s0", "sft s0", "sft s1"]
+    assert all(r["online_outcomes"] == "1010" and r["n_online_episodes"] == 4 for r in test_rows)
+    assert writes == ["t (partial)"] * 3
+    rows = [{"arm": "sft", "seed": s, "final": True, "online_per_task": {"a": 0.0, "b": 1.0}} for s in (0, 1)]
+    test_rows, test = [], {}
+    rc.run_test_stage(args, {"image_root": "img"}, [], finals, rows, test_rows, test, rc.Stages(), lambda: {}, out, "t")
+    assert test_rows == [] and test["keys"] == [] and "no task with headroom" in capsys.readouterr().out
