@@ -192,6 +192,8 @@ def main(argv=None):
         raise cli.UsageError(f"{args.data}: no episodes")
     tokenizer, image_processor = vlm.load_processor(start, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
     utils.print0(f"{len(episodes)} episodes, {sum(len(e.steps) for e in episodes)} steps from {args.data}")
+    task_names = sorted({task_name(e) for e in episodes})  # the same on every rank
+    task_index = {t: i for i, t in enumerate(task_names)} if len(task_names) <= MAX_TASKS_LOGGED else None
     heldout = dataset.load_episodes(args.eval_data, limit=args.eval_episodes) if args.eval_data else []
 
     # -------------------------------------------------------------------------
@@ -289,6 +291,18 @@ def main(argv=None):
             len({(r.task_idx, r.rollout_idx) for r in rolled}),
             len(batch), sum(r.finish_reason != "stop" for r in rolled)], proc)
 
+        by_task = None  # mean reward of each task's responses this step (few tasks only: MiniWob's, not per-goal data)
+        if task_index is not None:
+            n_t = len(task_names)
+            sums = [0.0] * (2 * n_t)  # reward sums, then response counts
+            for r in rolled:
+                k = task_index[task_name(episodes[draw.slot_episode[r.task_idx]])]
+                sums[k] += r.reward
+                sums[n_t + k] += 1
+            sums = _all_sum(sums, proc)
+            by_task = {t: {"reward": sums[k] / sums[n_t + k], "responses": int(sums[n_t + k])}
+                       for k, t in enumerate(task_names) if sums[n_t + k] > 0}
+
         # --- 3. old and reference log-probs (no grad), on exactly the sampled ids
         t1 = time.time()
         totals = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0, "grad_norm": None,
@@ -345,6 +359,7 @@ def main(argv=None):
         last = {
             "step": step + 1, "loss": loss_all / len(micro) if n_train > 0 else None,
             "reward_mean": reward_sum / max(n_resp, 1), "match_rate": match_sum / max(n_resp, 1),
+            "reward_by_task": by_task,  # {task: {reward (mean), responses}} of the tasks drawn; None: > 32 tasks
             "truncated_rate": n_cut / max(n_resp, 1),  # responses cut at --max-new-tokens (strict rules: reward 0)
             "progress": prog_sum / max(n_roll, 1), "patch_rate": n_patched / max(n_resp, 1),
             **draw.info(), "updates_skipped": totals["skipped"],
@@ -449,6 +464,14 @@ def overlong_penalty(length: int, max_new_tokens: int, buffer: int) -> float:
     if buffer <= 0 or length <= max_new_tokens - buffer:
         return 0.0
     return max(-1.0, (max_new_tokens - buffer - length) / buffer)
+
+
+MAX_TASKS_LOGGED = 32  # reward_by_task is logged when the data has at most this many tasks
+
+
+def task_name(ep: dataset.Episode) -> str:
+    """The task an episode's rewards are logged under (reward_by_task): its MiniWob task, else its file."""
+    return str(ep.meta.get("task") or ep.source)
 
 
 def task_seed(seed: int, step: int, slot: int) -> int:

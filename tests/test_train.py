@@ -119,6 +119,9 @@ def test_semionline_fsdp_two_processes_match_one(tmp_path, rl_ckpt):
         for k in ("rounds", "tasks_tried", "tasks_kept", "partial", "train_tokens"):
             assert a[k] == b[k], k
         assert a["reward_mean"] == pytest.approx(b["reward_mean"]) and a["progress"] == pytest.approx(b["progress"])
+        ta, tb = a["reward_by_task"], b["reward_by_task"]  # summed over ranks: the same on both world sizes
+        assert ta and set(ta) == set(tb) and all(ta[t]["responses"] == tb[t]["responses"] for t in ta)
+        assert all(ta[t]["reward"] == pytest.approx(tb[t]["reward"]) for t in ta)
         if a["loss"] is not None:
             assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-7)
             assert a["kl"] == pytest.approx(b["kl"], rel=1e-4)
@@ -130,6 +133,29 @@ def test_semionline_fsdp_two_processes_match_one(tmp_path, rl_ckpt):
     # entry whose two gradients nearly cancel can move by a visible fraction of a step under another summation
     # order (one entry of 2.9 M by 3.6e-5 seen); atol bounds that, the share within 1e-6 is the real check
     assert_same_params(params(tmp_path / "p1"), params(tmp_path / "p2"), atol=2e-4)
+
+
+def test_semionline_logs_reward_by_task(tmp_path, rl_ckpt):
+    """reward_by_task splits the step's responses by MiniWob task: counts add up to every response
+    rolled out, the count-weighted means give reward_mean, and only tasks of the data appear."""
+    lines = (REPO / "data" / "miniwob" / "train.jsonl").read_text().splitlines()
+    by = {}
+    for line in lines:
+        by.setdefault(json.loads(line)["task"], []).append(line)
+    two = [t for t in by if len(by[t]) >= 2][:2]
+    data = tmp_path / "two.jsonl"
+    data.write_text("\n".join(by[two[0]][:2] + by[two[1]][:2]) + "\n")
+    argv = [a if a != "data/miniwob/train.jsonl" else str(data) for a in RL] + ["--image-root", "data/miniwob"]
+    _, m = launch(argv + rl_ckpt + ["--max-steps", "2", "--tasks-per-step", "3", "--max-resample", "0"], tmp_path / "r")
+    seen = set()
+    for row in m:
+        bt = row["reward_by_task"]
+        assert set(bt) <= set(two)
+        seen |= set(bt)
+        n = sum(v["responses"] for v in bt.values())
+        assert n > 0 and all(v["responses"] > 0 and 0.0 <= v["reward"] <= 1.0 for v in bt.values())
+        assert sum(v["reward"] * v["responses"] for v in bt.values()) / n == pytest.approx(row["reward_mean"])
+    assert seen == set(two)  # 3 of 4 episodes (2 per task) drawn without replacement: both tasks, every step
 
 
 def test_semionline_resume_matches_uninterrupted(tmp_path, rl_ckpt):
