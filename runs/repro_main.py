@@ -1,10 +1,14 @@
 """The main table of the MiniWob++ reproduction: base, SFT, SFT + offline RL and SFT + semi-online RL,
 several seeds, every checkpoint measured by SOP, static step success and online success on the same
-fresh online episodes. Tests the paper's claims (docs/method.md §9):
+fresh *selection* episodes (every task). Then the *test* episodes: the tasks where SFT's pooled
+selection success is strictly between 0 and 1 (where arms can differ; chosen by SFT's numbers only)
+get TEST_EPISODES new seeds, played by every final SFT and RL checkpoint. Tests the paper's claims
+(docs/method.md §9):
   1. SFT + semi-online RL beats SFT, and beats offline RL (--history expert) from the same SFT
-     checkpoint, on online success (paired, per seed, then pooled with a two-level bootstrap);
-  2. SOP-PG tracks online success better than static step SR (R^2 over every evaluated checkpoint:
-     base, SFT and RL midpoints and ends; paper 0.934 vs 0.470).
+     checkpoint, on online success on the test episodes (paired, per seed, then pooled with a
+     two-level bootstrap; on the selection episodes when no task has headroom);
+  2. SOP-PG tracks online success better than static step SR (R^2 over every evaluated checkpoint on
+     the selection episodes: base, SFT and RL midpoints and ends; paper 0.934 vs 0.470).
 Writes results/repro_main.{json,md}, results/repro_main_r2.png, results/repro_main_curves.png.
 
     python runs/repro_main.py               # the full setting below (prints its estimated wall time first)
