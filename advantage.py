@@ -325,3 +325,13 @@ def dynamic_sampling_tasks(records: Sequence[Any], returns, threshold: float = 0
     tasks = sorted(step0)
     keep = dynamic_sampling_keep([step0[t] for t in tasks], threshold)
     return {t for t, k in zip(tasks, keep) if k}
+
+
+def overlong_penalty(length: int, max_new_tokens: int, buffer: int) -> float:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), added to a response's reward with
+    --overlong-buffer: 0 up to max_new_tokens - buffer tokens, then falling linearly to -1 at
+    max_new_tokens (a response cut at the cap: -1). length counts the response's tokens, stop
+    token included. buffer 0: no penalty."""
+    if buffer <= 0 or length <= max_new_tokens - buffer:
+        return 0.0
+    return max(-1.0, (max_new_tokens - buffer - length) / buffer)

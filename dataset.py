@@ -46,6 +46,11 @@ class Episode:
     source: str                            # data file path
     meta: dict = field(default_factory=dict)  # other episode-level fields (MiniWob: task, seed, ...)
 
+    @property
+    def task(self) -> str:
+        """The group the episode is reported and logged under: its MiniWob task, else its data file."""
+        return str(self.meta.get("task") or self.source)
+
 
 _NATIVE_IMAGE_RE = re.compile(r"episode_(\w+?)-screenshot_(\d+)\.\w+$")
 

@@ -182,11 +182,6 @@ def load_sampler(args, tokenizer):
 # Metrics
 
 
-def task_of(ep: dataset.Episode) -> str:
-    """The group an episode is reported under: its MiniWob task, else its data file."""
-    return str(ep.meta.get("task") or ep.source)
-
-
 # -----------------------------------------------------------------------------
 # Protocols (module docstring): SOP and static walk with rollout.semi_online_rollout; online
 
@@ -260,7 +255,7 @@ def run_sop(episodes: list[dataset.Episode], walker, args, show: set[int]) -> tu
     records, shown = [], []
     for i, (ep, steps, (correct, n)) in enumerate(zip(episodes, rows, progress)):
         malformed = [s["error"] is not None for s in steps]  # scored 0 as malformed (truncated included)
-        records.append({"source": ep.source, "task": task_of(ep), "episode_id": ep.episode_id, "steps": n,
+        records.append({"source": ep.source, "task": ep.task, "episode_id": ep.episode_id, "steps": n,
                         "correct": correct, "success": correct == n, "rewards": [s["reward"] for s in steps],
                         "malformed": sum(malformed), "truncated": sum(s["truncated"] for s in steps),
                         "errors": [s["error"] for s in steps], "responses": [s["response"] for s in steps]})
@@ -270,7 +265,7 @@ def run_sop(episodes: list[dataset.Episode], walker, args, show: set[int]) -> tu
             if wrong is not None and wrong != correct:  # the release's exception rule zeroed the progress
                 outcome = (f"the release's code raised at step {wrong} ({steps[-1]['error']}): progress 0 "
                            "(--match-rules release)")
-            shown.append({"title": f"{ep.episode_id} ({task_of(ep)})", "goal": ep.goal, "success": correct == n,
+            shown.append({"title": f"{ep.episode_id} ({ep.task})", "goal": ep.goal, "success": correct == n,
                           "outcome": outcome, "steps": episode_views(ep, steps, args), "first_wrong": wrong})
     return records, shown
 
@@ -283,13 +278,13 @@ def run_static(episodes: list[dataset.Episode], walker, args, show: set[int]) ->
     records, shown = [], []
     for i, (ep, steps) in enumerate(zip(episodes, rows)):
         for s in steps:
-            records.append({"episode": i, "episode_id": ep.episode_id, "task": task_of(ep), "t": s["t"],
+            records.append({"episode": i, "episode_id": ep.episode_id, "task": ep.task, "t": s["t"],
                             "expert_type": ep.steps[s["t"]].action["action"], "type_match": s["type_match"],
                             "match": s["match"], "reward": s["reward"], "malformed": s["error"] is not None,
                             "truncated": s["truncated"], "error": s["error"], "response": s["response"]})
         if i in show:
             wrong = [s["t"] for s in steps if not s["match"]]
-            shown.append({"title": f"{ep.episode_id} ({task_of(ep)})", "goal": ep.goal, "success": not wrong,
+            shown.append({"title": f"{ep.episode_id} ({ep.task})", "goal": ep.goal, "success": not wrong,
                           "outcome": f"all {len(steps)} steps right" if not wrong else
                           f"{len(steps) - len(wrong)}/{len(steps)} steps right, first wrong action at step {wrong[0]}",
                           "steps": episode_views(ep, steps, args), "first_wrong": wrong[0] if wrong else None})
@@ -454,8 +449,8 @@ def main(argv: list[str] | None = None) -> dict:
         seen = defaultdict(int)
         keep = []
         for ep in episodes:
-            seen[task_of(ep)] += 1
-            if seen[task_of(ep)] <= args.per_task_limit:
+            seen[ep.task] += 1
+            if seen[ep.task] <= args.per_task_limit:
                 keep.append(ep)
         episodes = keep
     show = report.shown_indices(len(episodes), max(args.report_episodes, 0))
@@ -515,7 +510,7 @@ def main(argv: list[str] | None = None) -> dict:
                          f"{len(shown)} episodes shown.", shown))
     if args.online:
         from envs import miniwob_env, miniwob_experts
-        tasks = args.online_tasks or [t for t in dict.fromkeys(task_of(e) for e in episodes)
+        tasks = args.online_tasks or [t for t in dict.fromkeys(e.task for e in episodes)
                                       if t in miniwob_experts.EXPERTS] or sorted(miniwob_experts.EXPERTS)
         base = miniwob_env.ONLINE_SEED_BASE if args.online_seed_base is None else args.online_seed_base
         seeds = list(range(base, base + args.online_seeds))

@@ -275,3 +275,22 @@ def greedy_vs_sampled(sampler, episodes, tokenizer, image_processor, spec: chat.
             "sampled_match": float(sum(r.match for r in sampled)), "sampled_steps": float(len(sampled)),
             "sop_pg_sum": float(sum(c / n for c, n in sop.values())), "sop_solved": float(sum(c == n for c, n in sop.values())),
             "episodes": float(len(sop))}
+
+
+def task_reward_sums(records: list[StepRecord], slot_task: dict[int, str], tasks: list[str]) -> list[float]:
+    """Per task of `tasks`, the reward sum of `records` (a record's task: slot_task[record.task_idx]),
+    then per task the response count: 2 * len(tasks) floats, to be summed over ranks and read by
+    task_rewards (the trainer's reward_by_task)."""
+    ix, n = {t: i for i, t in enumerate(tasks)}, len(tasks)
+    sums = [0.0] * (2 * n)
+    for r in records:
+        k = ix[slot_task[r.task_idx]]
+        sums[k] += r.reward
+        sums[n + k] += 1
+    return sums
+
+
+def task_rewards(tasks: list[str], sums: list[float]) -> dict[str, dict]:
+    """{task: {"reward": mean reward, "responses": count}} from task_reward_sums (tasks with responses)."""
+    n = len(tasks)
+    return {t: {"reward": sums[k] / sums[n + k], "responses": int(sums[n + k])} for k, t in enumerate(tasks) if sums[n + k] > 0}

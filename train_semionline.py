@@ -53,10 +53,11 @@ import dataset
 import gui
 import utils
 import vlm
-from advantage import EPISODE_FORMS, RETURNS_FORMS, compute_advantages, dynamic_sampling_tasks
+from advantage import EPISODE_FORMS, RETURNS_FORMS, compute_advantages, dynamic_sampling_tasks, overlong_penalty
 from kernels import ppo_loss
 from patch import PATCH_MODES
-from rollout import HISTORY_MODES, StepRecord, greedy_vs_sampled, semi_online_rollout, sop_progress
+from rollout import (HISTORY_MODES, StepRecord, greedy_vs_sampled, semi_online_rollout, sop_progress, task_reward_sums,
+                     task_rewards)
 from sampler import DECODE_MODES, Sampler
 from vlm import (PolicyLogProb, apply_fsdp, checkpoint_activations, collate_sequences, pad_token_id,
                  sampling_mode, to_device)
@@ -65,6 +66,7 @@ from vlm import (PolicyLogProb, apply_fsdp, checkpoint_activations, collate_sequ
 # config
 
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")  # _token_weights / _loss_denominator
+MAX_TASKS_LOGGED = 32  # reward_by_task is logged when the data has at most this many tasks
 
 parser = cli.make_parser(__doc__)
 # data
@@ -192,16 +194,12 @@ def main(argv=None):
         raise cli.UsageError(f"{args.data}: no episodes")
     tokenizer, image_processor = vlm.load_processor(start, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
     utils.print0(f"{len(episodes)} episodes, {sum(len(e.steps) for e in episodes)} steps from {args.data}")
-    task_names = sorted({task_name(e) for e in episodes})  # the same on every rank
-    task_index = {t: i for i, t in enumerate(task_names)} if len(task_names) <= MAX_TASKS_LOGGED else None
+    task_names = sorted({e.task for e in episodes})  # the same on every rank
     heldout = dataset.load_episodes(args.eval_data, limit=args.eval_episodes) if args.eval_data else []
 
     # -------------------------------------------------------------------------
     # model: policy (FSDP2), frozen reference
-    init = args.model
-    if init == "auto":
-        sft = utils.latest_checkpoint(args.sft_dir)
-        init = str(sft) if sft is not None else "tiny"
+    init = start  # --model auto: the latest SFT checkpoint, else tiny
     utils.print0(f"policy initialised from: {init}")
     dtype = torch.float32  # master weights; bf16 compute comes from FSDP's mixed precision on GPU
     model = vlm.load_model(init, dtype=dtype, device=proc.device, seed=args.seed)
@@ -291,17 +289,10 @@ def main(argv=None):
             len({(r.task_idx, r.rollout_idx) for r in rolled}),
             len(batch), sum(r.finish_reason != "stop" for r in rolled)], proc)
 
-        by_task = None  # mean reward of each task's responses this step (few tasks only: MiniWob's, not per-goal data)
-        if task_index is not None:
-            n_t = len(task_names)
-            sums = [0.0] * (2 * n_t)  # reward sums, then response counts
-            for r in rolled:
-                k = task_index[task_name(episodes[draw.slot_episode[r.task_idx]])]
-                sums[k] += r.reward
-                sums[n_t + k] += 1
-            sums = _all_sum(sums, proc)
-            by_task = {t: {"reward": sums[k] / sums[n_t + k], "responses": int(sums[n_t + k])}
-                       for k, t in enumerate(task_names) if sums[n_t + k] > 0}
+        by_task = None  # per-task reward, for data of few tasks (MiniWob's), not per-goal data
+        if len(task_names) <= MAX_TASKS_LOGGED:
+            slot_task = {s: episodes[e].task for s, e in draw.slot_episode.items()}
+            by_task = task_rewards(task_names, _all_sum(task_reward_sums(rolled, slot_task, task_names), proc))
 
         # --- 3. old and reference log-probs (no grad), on exactly the sampled ids
         t1 = time.time()
@@ -456,24 +447,6 @@ def step_tasks(seed: int, step: int, round_: int, n: int, n_episodes: int, batch
     return out
 
 
-def overlong_penalty(length: int, max_new_tokens: int, buffer: int) -> float:
-    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), added to a response's reward with
-    --overlong-buffer: 0 up to max_new_tokens - buffer tokens, then falling linearly to -1 at
-    max_new_tokens (a response cut at the cap: -1). length counts the response's tokens, stop
-    token included. buffer 0: no penalty."""
-    if buffer <= 0 or length <= max_new_tokens - buffer:
-        return 0.0
-    return max(-1.0, (max_new_tokens - buffer - length) / buffer)
-
-
-MAX_TASKS_LOGGED = 32  # reward_by_task is logged when the data has at most this many tasks
-
-
-def task_name(ep: dataset.Episode) -> str:
-    """The task an episode's rewards are logged under (reward_by_task): its MiniWob task, else its file."""
-    return str(ep.meta.get("task") or ep.source)
-
-
 def task_seed(seed: int, step: int, slot: int) -> int:
     """The sampling seed of the task in global slot `slot` of `step` (slots count every task drawn
     in the step, across refill rounds), stable across processes (no Python hash randomisation)."""
@@ -612,11 +585,8 @@ def _micro_batches(records, n_mini, micro_size, proc, length=None):
 
     Record j of a task (in record order) goes to mini-batch j % n_mini, so the union of a
     mini-batch over ranks does not depend on the world size (the 1- vs 2-process test).
-    length(record) -> its token count (prompt + response): when given, each mini-batch is sorted
-    by it (stable) before it is cut into micro-batches, so a micro-batch pads to neighbouring
-    lengths (the reproduction's RL batches: 31% of the positions were padding unsorted). The
-    mini-batch's loss is a sum over its micro-batches with one global denominator, so the order
-    changes only the floating-point summation order.
+    length(record) -> tokens: each mini-batch is sorted by it (stable) before it is cut, so a micro-batch
+    pads less (31% -> 21% padding on the reproduction's batches); only the summation order changes.
     Every rank runs the same number of micro-batches (None = a zero-weight dummy); a
     mini-batch empty on every rank is dropped.
     """

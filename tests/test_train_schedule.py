@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import advantage
 import rollout
 import train_semionline as ts
 from rollout import semi_online_rollout
@@ -171,8 +172,8 @@ def test_refills_never_redraw_a_kept_episode():
 
 def test_overlong_penalty_by_hand():
     # cap 48, buffer 8: free up to 40 tokens, then -1/8 per token, -1 at the cap
-    assert [ts.overlong_penalty(n, 48, 8) for n in (1, 40, 41, 44, 48)] == pytest.approx([0, 0, -0.125, -0.5, -1])
-    assert ts.overlong_penalty(48, 48, 0) == 0.0  # off
+    assert [advantage.overlong_penalty(n, 48, 8) for n in (1, 40, 41, 44, 48)] == pytest.approx([0, 0, -0.125, -0.5, -1])
+    assert advantage.overlong_penalty(48, 48, 0) == 0.0  # off
 
 
 @pytest.mark.parametrize("flags, message", [
