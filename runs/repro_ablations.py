@@ -202,7 +202,7 @@ def main(argv=None) -> dict:
              "scaling": {a: {k: v for k, v in f.items() if k != "k_boot"} for a, f in fits.items()},
              "scaling_points": points, "not_run": not_run,
              "unit_costs": rc.merged_costs(rc.unit_costs(stages.log, ck, args.sft_steps, args.rl_steps,
-                                                           args.base_steps), out_json),
+                                                           args.base_steps), previous),
              "complete": final_report,
              "headroom": test.get("headroom"), "test_episodes": [list(k) for k in test.get("keys", [])],
              "test_checkpoints": tck, "test_comparisons": [c for c in test_cmps.values() if c],

@@ -672,10 +672,11 @@ def unit_costs(stage_log: list[dict], evals: list[dict], sft_steps: int, rl_step
             "stages": float(np.mean(evals_wall)) if evals_wall else None}
 
 
-def merged_costs(measured: dict, previous: Path) -> dict:
+def merged_costs(measured: dict, previous: dict | None) -> dict:
     """This run's unit costs, a kind it did not measure (its stages were skipped as done) kept from
-    the previous results file `previous`, so a resumed or report-only run keeps what was measured."""
-    old = (json.loads(previous.read_text()).get("unit_costs") or {}) if previous.exists() else {}
+    the previous results (read_previous, read once before the run's first write), so a resumed or
+    report-only run keeps what was measured."""
+    old = ((previous or {}).get("unit_costs") or {})
     return {k: measured.get(k) if measured.get(k) is not None else old.get(k) for k in {*old, *measured}}
 
 
@@ -764,8 +765,8 @@ def all_tasks(test_data: str) -> list[str]:
 
 
 def prepare_data(args) -> dict:
-    """The task subset's train/RL/test files under OUT/data (all tasks: the files as they are),
-    the online episode list [(task, seed)] and its seeds per task (>= args.online_episodes in all)."""
+    """The task subset's train/RL/test files under OUT/data (all tasks: the files as they are) and
+    the selection episode list [(task, seed)] (episode_keys: >= args.online_episodes in all)."""
     tasks = args.tasks or all_tasks(args.test_data)
     root = args.out_root / "data"
     src_train, src_test = REPO / args.train_data, REPO / args.test_data
@@ -778,10 +779,9 @@ def prepare_data(args) -> dict:
             raise SystemExit(f"--rl-data {args.rl_data}: must sit beside --train-data {args.train_data} "
                              "(the stages share one --image-root)")
         rl = subset(src_rl, "rl")
-    per_task = math.ceil(args.online_episodes / len(tasks))
-    keys = [(t, args.online_seed_base + i) for t in tasks for i in range(per_task)]
+    keys = episode_keys(tasks, args.online_episodes, args.online_seed_base)
     return {"tasks": tasks, "train": train, "rl": rl, "test": test, "image_root": str(src_train.parent.relative_to(REPO)),
-            "online_seeds_per_task": per_task, "online_episodes": keys}
+            "online_episodes": keys}
 
 
 def _rel(p: Path | str) -> str:
@@ -834,15 +834,21 @@ def rl_job(args, data: dict, sft: dict, seed: int, name: str, flags: list[str], 
     return job(args.out_root / "rl", f"{name}_s{seed}", cmd, f"ckpt/step_{args.rl_steps:06d}", resume="ckpt/latest")
 
 
+def online_flags(args, keys: list[tuple[str, int]]) -> list[str]:
+    """eval_sop.py's flags for the online episodes `keys` (episode_keys: the same seeds for every task)
+    and the report, shared by the selection and the test evaluations."""
+    tasks = list(dict.fromkeys(t for t, _ in keys))
+    return ["--online", "--online-tasks", *tasks, "--online-seeds", str(len(keys) // len(tasks)),
+            "--online-seed-base", str(min(s for _, s in keys)), "--online-max-steps", str(args.online_max_steps),
+            "--report-episodes", "4", *args.eval_extra]
+
+
 def eval_job(args, data: dict, model: str, name: str, seed: int) -> dict:
     """eval_sop.py on the test file (SOP + static) and online on the shared episode list."""
-    tasks = list(dict.fromkeys(t for t, _ in data["online_episodes"]))
     base = args.model_args if model == args.model else []  # the untrained model's own flags (no base stage)
     cmd = [python(), "eval_sop.py", "--policy", "model", "--model", model, *base, "--seed", str(seed),
            "--data", _rel(data["test"]), "--image-root", data["image_root"], "--per-task-limit", str(args.eval_per_task),
-           "--elements", "--protocol", "sop", "static", "--online", "--online-tasks", *tasks,
-           "--online-seeds", str(data["online_seeds_per_task"]), "--online-seed-base", str(args.online_seed_base),
-           "--online-max-steps", str(args.online_max_steps), "--report-episodes", "4", *args.eval_extra]
+           "--elements", "--protocol", "sop", "static", *online_flags(args, data["online_episodes"])]
     return job(args.out_root / "eval", name.replace(" ", "_").replace("/", "-"), cmd, "result.json")
 
 
@@ -872,23 +878,19 @@ def headroom_tasks(checkpoints: list[dict], arm: str = "sft", lo: float = 0.0, h
             "tasks": [t for t, v in per_task.items() if lo < v < hi]}
 
 
-def test_episodes(tasks: list[str], n: int, seed_base: int) -> list[tuple[str, int]]:
-    """The claims' test episodes [(task, seed)]: ceil(n / len(tasks)) fresh seeds per task from
-    seed_base (the same list for every checkpoint: paired)."""
+def episode_keys(tasks: list[str], n: int, seed_base: int) -> list[tuple[str, int]]:
+    """An online episode list [(task, seed)] of at least n episodes: ceil(n / len(tasks)) seeds per task
+    from seed_base, the same for every task (the selection and the test episodes; every checkpoint plays
+    the same list: paired)."""
     per = math.ceil(n / len(tasks)) if tasks and n > 0 else 0
     return [(t, seed_base + i) for t in tasks for i in range(per)]
 
 
 def test_eval_job(args, data: dict, keys: list[tuple[str, int]], ck_eval: dict) -> dict:
     """Online-only eval_sop.py of the checkpoint that `ck_eval` (a checkpoint_eval job) scores, on the
-    test episodes `keys` (test_episodes), in OUT/eval_test; carries ck_eval's meta."""
-    tasks = list(dict.fromkeys(t for t, _ in keys))
-    per = len(keys) // len(tasks)
-    seeds = sorted({s for _, s in keys})
+    test episodes `keys` (episode_keys), in OUT/eval_test; carries ck_eval's meta."""
     cmd = [python(), "eval_sop.py", "--policy", "model", "--model", _rel(ck_eval["checkpoint"]),
-           "--seed", str(ck_eval["meta"][2]), "--image-root", data["image_root"], "--online", "--online-tasks", *tasks,
-           "--online-seeds", str(per), "--online-seed-base", str(seeds[0]), "--online-max-steps", str(args.online_max_steps),
-           "--report-episodes", "4", *args.eval_extra]
+           "--seed", str(ck_eval["meta"][2]), "--image-root", data["image_root"], *online_flags(args, keys)]
     return {**job(args.out_root / "eval_test", ck_eval["dir"].name, cmd, "result.json"), "meta": ck_eval["meta"]}
 
 
@@ -902,7 +904,7 @@ def test_plan(args, data: dict, keys, finals: list[dict], rows: list[dict] | Non
     if len(final_rows(rows, "sft")) < len(args.seeds):
         return None, [], None
     sel = headroom_tasks(rows, "sft", *args.headroom)
-    tkeys = test_episodes(sel["tasks"], args.test_episodes, args.test_seed_base)
+    tkeys = episode_keys(sel["tasks"], args.test_episodes, args.test_seed_base)
     return sel, tkeys, [test_eval_job(args, data, tkeys, e) for e in finals] if tkeys else []
 
 

@@ -150,7 +150,7 @@ def main(argv=None) -> dict:
              "checkpoints": ck, **r2f, "comparisons": cmps, "claims": claims,
              "arms": rc.arm_summaries(ck, curves),
              "unit_costs": rc.merged_costs(rc.unit_costs(stages.log, ck, args.sft_steps, args.rl_steps,
-                                                           args.base_steps), out_json),
+                                                           args.base_steps), previous),
              "complete": final_report,
              "headroom": test.get("headroom"), "test_episodes": [list(k) for k in test.get("keys", [])],
              "test_checkpoints": tck, "test_comparisons": tcmps, "test_arms": rc.arm_summaries(tck, {})}

@@ -236,9 +236,10 @@ def test_read_metrics_keeps_the_last_row_of_each_step(tmp_path):
 
 def test_merged_costs_keep_what_a_skipped_stage_measured(tmp_path):
     prev = tmp_path / "r.json"
-    assert rc.merged_costs({"rl_steps": 20.0, "online_episodes": None}, prev) == {"rl_steps": 20.0, "online_episodes": None}
+    assert rc.merged_costs({"rl_steps": 20.0, "online_episodes": None}, rc.read_previous(prev)) == \
+        {"rl_steps": 20.0, "online_episodes": None}
     prev.write_text(json.dumps({"unit_costs": {"rl_steps": 22.0, "sft_steps": 1.8, "online_episodes": 2.4}}))
-    got = rc.merged_costs({"rl_steps": None, "sft_steps": None, "online_episodes": 2.2, "stages": 4.6}, prev)
+    got = rc.merged_costs({"rl_steps": None, "sft_steps": None, "online_episodes": 2.2, "stages": 4.6}, rc.read_previous(prev))
     assert got == {"rl_steps": 22.0, "sft_steps": 1.8, "online_episodes": 2.2, "stages": 4.6}
 
 
@@ -390,13 +391,13 @@ def test_test_episodes_and_their_online_only_eval(tmp_path):
     """ceil(n / tasks) fresh seeds per task from the base; the eval command is online only (no offline
     data), on exactly those tasks and seeds, in OUT/eval_test, and carries the checkpoint's meta."""
     from types import SimpleNamespace
-    assert rc.test_episodes(["b", "c"], 5, 220000) == [("b", 220000), ("b", 220001), ("b", 220002),
+    assert rc.episode_keys(["b", "c"], 5, 220000) == [("b", 220000), ("b", 220001), ("b", 220002),
                                                        ("c", 220000), ("c", 220001), ("c", 220002)]
-    assert rc.test_episodes([], 160, 220000) == [] and rc.test_episodes(["b"], 0, 220000) == []
+    assert rc.episode_keys([], 160, 220000) == [] and rc.episode_keys(["b"], 0, 220000) == []
     args = SimpleNamespace(out_root=tmp_path / "out", online_max_steps=10, eval_extra=["--max-new-tokens", "80"])
     ck = {"dir": tmp_path / "out" / "eval" / "sft_s1_step300_sft_s1_abcd", "checkpoint": tmp_path / "ck",
           "meta": ("sft s1", "sft", 1, 300, True, "out/repro/sft/sft_s1_abcd")}
-    j = rc.test_eval_job(args, {"image_root": "data/miniwob"}, rc.test_episodes(["b", "c"], 5, 220000), ck)
+    j = rc.test_eval_job(args, {"image_root": "data/miniwob"}, rc.episode_keys(["b", "c"], 5, 220000), ck)
     cmd = j["cmd"]
     assert "--data" not in cmd and "--protocol" not in cmd and "--online" in cmd
     i = cmd.index("--online-tasks")
