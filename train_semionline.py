@@ -7,7 +7,8 @@ Each step:
   2. advantages - `advantage.compute_advantages`: discounted returns, step-level group
                 advantages + episode-level advantages (docs/method.md §6); dynamic
                 sampling drops tasks whose step-0 returns do not vary (DAPO) and refills.
-  3. old/ref log-probs - one no-grad forward of the policy (and of the frozen reference).
+  3. old/ref log-probs - one no-grad forward of the policy (on CPU its sampler's own log-probs
+                serve: --old-logp) and of the frozen reference.
   4. update   - PPO clipped objective with dual clip + k3 KL (kernels.ppo_loss) on the
                 fused lm_head log-prob (kernels.fused_logprob), token-mean over the
                 mini-batch across micro-batches and ranks, AdamW, grad clip; a
@@ -108,6 +109,9 @@ parser.add_argument("--max-resample", type=int, default=2,
                     help="refill rounds after the first when dynamic sampling dropped tasks; a batch still short "
                          "is trained on as it is and flagged 'partial' (release: up to 10 batches, then an error)")
 # loss (docs/method.md §7)
+parser.add_argument("--old-logp", choices=["auto", "recompute", "sampler"], default="auto",
+                    help="pi_old of the ratio: a no-grad policy forward (recompute, the release's) or the sampler's log-probs "
+                         "(same weights and temperature; needs --top-p 1); auto: sampler on CPU (fp32: gap ~1e-5), else recompute")
 parser.add_argument("--clip-low", type=float, default=0.2, help="PPO clip epsilon below 1")
 parser.add_argument("--clip-high", type=float, default=0.2, help="PPO clip epsilon above 1")
 parser.add_argument("--clip-c", type=float, default=3.0, help="dual-clip constant for negative advantages")
@@ -151,6 +155,8 @@ def check_args(args) -> None:
          f"--temperature {args.temperature}: must be > 0 and finite (training samples; greedy decoding is not RL)"),
         (0 < args.top_p <= 1, f"--top-p {args.top_p}: must be in (0, 1]"),
         (args.max_new_tokens >= 1, f"--max-new-tokens {args.max_new_tokens}: must be >= 1"),
+        (args.old_logp != "sampler" or args.top_p == 1.0,
+         f"--old-logp sampler needs --top-p 1 (at --top-p {args.top_p} the sampler's log-probs are of the nucleus)"),
         (args.tasks_per_step >= 1, f"--tasks-per-step {args.tasks_per_step}: must be >= 1"),
         (args.n_rollouts >= 1, f"--n-rollouts {args.n_rollouts}: must be >= 1"),
         (args.patch_threshold >= -1, f"--patch-threshold {args.patch_threshold}: must be >= -1 (-1: no limit)"),
@@ -177,6 +183,9 @@ def main(argv=None):
     # setup
     proc = utils.init_distributed(args.device)
     utils.seed_everything(args.seed)
+    gpu = proc.device.type == "cuda"
+    if args.old_logp == "auto":  # recorded resolved in args.json
+        args.old_logp = "recompute" if gpu or args.top_p < 1.0 else "sampler"
     if args.tasks_per_step % proc.world_size:
         raise cli.UsageError(f"--tasks-per-step {args.tasks_per_step} must be a multiple of the world size {proc.world_size}")
     out = Path(args.out)
@@ -184,7 +193,6 @@ def main(argv=None):
         out.mkdir(parents=True, exist_ok=True)
         (out / "args.json").write_text(cli.dumps(vars(args), indent=2))
     metrics = cli.MetricsLogger(out / "metrics.jsonl", append=args.resume, tensorboard=args.tensorboard)
-    gpu = proc.device.type == "cuda"
 
     # -------------------------------------------------------------------------
     # data
@@ -294,11 +302,14 @@ def main(argv=None):
             slot_task = {s: episodes[e].task for s, e in draw.slot_episode.items()}
             by_task = task_rewards(task_names, _all_sum(task_reward_sums(rolled, slot_task, task_names), proc))
 
-        # --- 3. old and reference log-probs (no grad), on exactly the sampled ids
+        # --- 3. old (unless the sampler's: --old-logp) and reference log-probs (no grad), on exactly the sampled ids
         t1 = time.time()
         totals = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0, "grad_norm": None,
-                  "skipped": 0, "ratio_dev": None}
+                  "skipped": 0, "ratio_dev": None, "logp_gap": None}
         sampler_gap = []
+        recompute = args.old_logp == "recompute"
+        for it in batch if not recompute else ():
+            it.old_logp = it.record.sampler_logp.float()  # (L,)
         if n_train > 0:  # global: every rank takes the same branch
             micro = _micro_batches(batch, args.ppo_mini_batches, args.micro_batch_size, proc,
                                    length=lambda it: len(it.prompt.input_ids) + len(it.response_ids))
@@ -309,21 +320,22 @@ def main(argv=None):
                 return to_device(collate_sequences([it.prompt for it in items], [it.response_ids for it in items],
                                                    pad_id), proc.device)
 
+        if n_train > 0 and (recompute or ref is not None):
             with torch.no_grad():
                 for mini in micro:
                     for chunk in mini:
                         inputs = collate(chunk)
-                        old = policy(inputs, temperature=args.temperature)[0]  # (N,) fp32
+                        old = policy(inputs, temperature=args.temperature)[0] if recompute else None  # (N,) fp32
                         ref_lp = ref(inputs, temperature=args.temperature)[0] if ref is not None else None  # (N,)
                         if chunk is None:
                             continue
-                        for it, lp in zip(chunk, _per_item(chunk, old)):
+                        for it, lp in zip(chunk, _per_item(chunk, old) if recompute else ()):
                             it.old_logp = lp  # (L,)
                         for it, lp in zip(chunk, _per_item(chunk, ref_lp) if ref_lp is not None else ()):
                             it.ref_logp = lp  # (L,)
                         # the sampler's log-probs are of its nucleus at top-p < 1, the trainer's of the full
                         # distribution (the loss uses the trainer's): compared only where both are the same one
-                        for it in chunk if args.top_p == 1.0 else ():
+                        for it in chunk if recompute and args.top_p == 1.0 else ():
                             if len(it.response_ids):
                                 sampler_gap.append((it.old_logp - it.record.sampler_logp.to(it.old_logp)).abs().max().item())
         t_logp = time.time() - t1
@@ -337,7 +349,7 @@ def main(argv=None):
                     totals[k] += sums[k]
                 totals["grad_norm"] = sums["grad_norm"]
                 if totals["ratio_dev"] is None:
-                    totals["ratio_dev"] = sums["ratio_dev"]
+                    totals["ratio_dev"], totals["logp_gap"] = sums["ratio_dev"], sums["logp_gap"]
         else:
             utils.print0(f"step {step + 1}: dynamic sampling kept no task in {draw.rounds} rounds; no update")
         t_update = time.time() - t2
@@ -358,10 +370,11 @@ def main(argv=None):
             "grad_norm": totals["grad_norm"], "response_len": resp_tok / max(n_resp, 1), "train_tokens": int(tok_all),
             "tok_s": resp_tok / max(t_rollout, 1e-9), "time_rollout_s": t_rollout, "time_logp_s": t_logp,
             "time_update_s": t_update, "time_s": dt,
-            # max |trainer - sampler| log-prob over rank 0's tokens, a numerics check; null at --top-p < 1,
-            # where the sampler's log-probs are of the truncated (nucleus) distribution
-            "sampler_logp_gap": max(sampler_gap, default=0.0) if args.top_p == 1.0 else None,
-            "first_ratio_dev": totals["ratio_dev"],  # the first on-policy micro-batch: must be 0
+            # max |trainer - sampler| log-prob over rank 0's tokens (--old-logp sampler: the first micro-batch's), a
+            # numerics check; null at --top-p < 1, where the sampler's log-probs are of the nucleus
+            "sampler_logp_gap": None if args.top_p < 1.0 else max(sampler_gap, default=0.0) if recompute else totals["logp_gap"],
+            "first_ratio_dev": totals["ratio_dev"],  # the first (on-policy) micro-batch's: 0 exactly under recompute
+            "old_logp": args.old_logp,
             "fsdp": torch.distributed.is_initialized(),  # sharded by FSDP2 (always under torchrun)
             "decode": sampler.decode,  # the sampler's decode path ("static" if a CUDA graph capture failed)
             "peak_mem_bytes": utils.peak_memory_bytes(proc.device),  # this rank: the step's (CUDA) or the run's (CPU)
@@ -541,10 +554,11 @@ def ppo_step(policy, optimizer, mb, collate, args, proc) -> dict:
     collate(chunk) -> model batch. proc: utils.Dist. A non-finite global gradient norm skips
     optimizer.step() and drops the gradients ("skipped": 1). Returns this rank's sums: loss (its
     share of the mini-batch loss), kl, entropy, clipped, tokens; and grad_norm (global, float),
-    skipped (0/1), ratio_dev (max |ratio - 1| of the first real micro-batch, None if none).
+    skipped (0/1), ratio_dev (max |ratio - 1| of the first real micro-batch, None if none) and
+    logp_gap (its max |logp - old_logp|: the trainer-sampler gap when old_logp is the sampler's).
     """
     denom = _loss_denominator(mb, args.loss_agg, proc)  # global over micro-batches and ranks
-    out = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0, "ratio_dev": None}
+    out = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0, "ratio_dev": None, "logp_gap": None}
     policy.train()
     optimizer.zero_grad(set_to_none=True)
     for chunk in mb:
@@ -562,8 +576,9 @@ def ppo_step(policy, optimizer, mb, collate, args, proc) -> dict:
         # FSDP averages gradients over ranks; * world_size turns that back into a global sum
         loss = (per_tok * w).sum() / denom * proc.world_size  # scalar
         loss.backward()
-        if out["ratio_dev"] is None:  # on the first mini-batch this is on-policy: ratio exactly 1
+        if out["ratio_dev"] is None:  # on the first mini-batch this is on-policy: ratio 1 (recomputed: exactly)
             out["ratio_dev"] = (parts["ratio"] - 1).abs().max().item()
+            out["logp_gap"] = (logp.detach() - old).abs().max().item() if logp.numel() else 0.0
         out["loss"] += (per_tok * w).sum().item() / denom
         out["kl"] += parts["kl"].sum().item()
         out["entropy"] += ent.detach().sum().item()

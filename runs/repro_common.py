@@ -86,7 +86,9 @@ class Stages:
     """Runs stage commands from the repo root in a pool of `jobs` processes (OMP_NUM_THREADS =
     `threads` each), skipping a job whose `done` file exists (unless force) and adding `--resume` to
     a training job interrupted after a checkpoint (its `resume` file exists). Every job prints its
-    command, logs stdout+stderr to its folder's log.txt and records its wall time in self.log.
+    command, logs stdout+stderr to its folder's log.txt and records its wall and CPU seconds in self.log
+    (CPU: user + system of the process and the children it waited for; a one-thread training stage's CPU
+    seconds are its wall time on an idle core, whatever else shared the machine).
     A failed job raises SystemExit naming its command and log."""
 
     def __init__(self, jobs: int = 2, threads: int = 1, force: bool = False, dry_run: bool = False):
@@ -127,8 +129,10 @@ class Stages:
             time.sleep(1.0)
             for item in list(running):
                 job, t0, f, p = item
-                if p.poll() is None:
+                pid, status, usage = os.wait4(p.pid, os.WNOHANG)  # the child's CPU seconds, with its own children's
+                if pid == 0:
                     continue
+                p.returncode = os.waitstatus_to_exitcode(status)
                 running.remove(item)
                 f.close()
                 if p.returncode != 0:
@@ -137,7 +141,8 @@ class Stages:
                     raise SystemExit(f"failed ({p.returncode}): {' '.join(job['cmd'])}\n"
                                      f"see {job['dir'] / 'log.txt'}")
                 wall = round(time.time() - t0, 1)
-                self.log.append({"name": job["name"], "cmd": " ".join(job["cmd"]), "wall_s": wall})
+                self.log.append({"name": job["name"], "cmd": " ".join(job["cmd"]), "wall_s": wall,
+                                 "cpu_s": round(usage.ru_utime + usage.ru_stime, 1)})
                 print(f"[done] {job['name']} in {wall:.0f} s", flush=True)
                 if on_done:
                     on_done(job)
@@ -630,11 +635,19 @@ def plot_scaling(path: Path, points: dict, fits: dict) -> Path:
 
 
 def estimate(counts: dict, costs: dict, jobs: int) -> float:
-    """Estimated wall seconds: sum over kinds of units x seconds per unit, divided by the pool size.
-    counts/costs keys: base_steps, sft_steps, rl_steps (training stages, start-up included),
-    online_episodes, sop_episodes, stages (an evaluation process's fixed cost: imports, model load,
-    browser start)."""
-    return sum(counts[k] * costs.get(k, 0.0) for k in counts) / max(jobs, 1)
+    """Estimated wall seconds of the stages as Stages.run schedules them, in waves: the base alone; the
+    SFT runs, then the RL runs, `jobs` at a time (a wave of n runs lasts ceil(n / jobs) runs: 3 SFT runs
+    on 2 cores take two run-lengths, not one and a half); the evaluations, many and short, packed
+    (units x cost / jobs). counts (pending_counts): base_steps, sft_steps, rl_steps (training stages,
+    start-up included), sft_runs, rl_runs, online_episodes, sop_episodes, stages (an evaluation
+    process's fixed cost: imports, model load, browser start); costs: seconds per unit of each."""
+    j = max(jobs, 1)
+    wall = counts.get("base_steps", 0) * costs.get("base_steps", 0.0)
+    for kind in ("sft", "rl"):
+        steps, runs = counts.get(f"{kind}_steps", 0), counts.get(f"{kind}_runs", 0)
+        if steps and runs:
+            wall += math.ceil(runs / j) * steps / runs * costs.get(f"{kind}_steps", 0.0)
+    return wall + sum(counts.get(k, 0) * costs.get(k, 0.0) for k in ("online_episodes", "sop_episodes", "stages")) / j
 
 
 def pending_counts(args, n_tasks: int, n_online: int, base: dict | None, train: dict, evals: list[dict],
@@ -644,20 +657,21 @@ def pending_counts(args, n_tasks: int, n_online: int, base: dict | None, train: 
     nothing; everything=True counts every stage (the run from scratch). train: {"sft": [jobs], "rl":
     [jobs]}; evals: eval_job dicts of every checkpoint to score."""
     left = lambda jobs: [j for j in jobs if everything or args.force or not j["done"].exists()]  # noqa: E731
-    n_eval = len(left(evals))
+    n_eval, n_sft, n_rl = len(left(evals)), len(left(train["sft"])), len(left(train["rl"]))
     return {"base_steps": args.base_steps * len(left([base])) if base is not None and args.base_steps else 0,
-            "sft_steps": len(left(train["sft"])) * args.sft_steps, "rl_steps": len(left(train["rl"])) * args.rl_steps,
+            "sft_steps": n_sft * args.sft_steps, "rl_steps": n_rl * args.rl_steps, "sft_runs": n_sft, "rl_runs": n_rl,
             "online_episodes": n_eval * n_online, "sop_episodes": n_eval * args.eval_per_task * n_tasks,
             "stages": n_eval}  # evaluation processes (training stages: start-up is in their per-step cost)
 
 
 def unit_costs(stage_log: list[dict], evals: list[dict], sft_steps: int, rl_steps: int, base_steps: int = 0) -> dict:
     """Measured seconds per unit from this run's stage log and eval rows, for the next run's estimate:
-    per base warm-up step, SFT step and RL step (a training stage's wall time over its steps, process
-    start and model load included), per online episode and per offline (SOP + static) episode (an
-    evaluation's own timings; its process start is the "stages" cost)."""
+    per base warm-up step, SFT step and RL step (a training stage's CPU seconds over its steps, process
+    start and model load included: its wall time on an idle core, however loaded the machine was; its
+    wall time when the log has no CPU seconds), per online episode and per offline (SOP + static) episode
+    (an evaluation's own timings, wall: the browser runs beside it; its process start is "stages")."""
     def per(match, units):
-        w = [e["wall_s"] for e in stage_log if match(e["cmd"])]
+        w = [e.get("cpu_s") or e["wall_s"] for e in stage_log if match(e["cmd"])]
         return float(np.mean(w)) / units if w and units else None
     is_base = lambda c: "train_sft.py" in c and "--max-steps 0 " in c + " "  # noqa: E731
     on = [c["online_seconds"] / c["n_online_episodes"] for c in evals if c.get("online_seconds")]
@@ -672,22 +686,34 @@ def unit_costs(stage_log: list[dict], evals: list[dict], sft_steps: int, rl_step
             "stages": float(np.mean(evals_wall)) if evals_wall else None}
 
 
+TRAINING_COSTS = ("base_steps", "sft_steps", "rl_steps")
+
+
+def _usable_costs(unit_costs: dict | None) -> dict:
+    """The numeric unit costs of a results file; its training costs only if measured as CPU seconds
+    (basis "cpu"): older files hold wall seconds of stages that shared the machine (RL 27.8 s a step
+    against 19 s alone), which would inflate every later estimate."""
+    uc = unit_costs or {}
+    return {k: v for k, v in uc.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and v
+            and (k not in TRAINING_COSTS or uc.get("basis") == "cpu")}
+
+
 def merged_costs(measured: dict, previous: dict | None) -> dict:
-    """This run's unit costs, a kind it did not measure (its stages were skipped as done) kept from
-    the previous results (read_previous, read once before the run's first write), so a resumed or
-    report-only run keeps what was measured."""
-    old = ((previous or {}).get("unit_costs") or {})
-    return {k: measured.get(k) if measured.get(k) is not None else old.get(k) for k in {*old, *measured}}
+    """This run's unit costs (unit_costs: training costs in CPU seconds, basis "cpu"), a kind it did not
+    measure (its stages were skipped as done) kept from the previous results (read_previous, read once
+    before the run's first write), so a resumed or report-only run keeps what was measured."""
+    old = _usable_costs((previous or {}).get("unit_costs"))
+    return {**{k: measured.get(k) if measured.get(k) is not None else old.get(k) for k in {*old, *measured}},
+            "basis": "cpu"}
 
 
 def load_costs(defaults: dict, *paths: Path) -> dict:
-    """Cost constants: `defaults`, overridden by the unit_costs of earlier results files that exist."""
+    """Cost constants: `defaults`, overridden by the usable unit_costs of earlier results files that
+    exist (_usable_costs)."""
     costs = dict(defaults)
     for p in paths:
         if p.exists():
-            for k, v in (json.loads(p.read_text()).get("unit_costs") or {}).items():
-                if v:
-                    costs[k] = v
+            costs.update(_usable_costs(json.loads(p.read_text()).get("unit_costs")))
     return costs
 
 

@@ -41,7 +41,7 @@ def graph():
 def test_stage_files_are_short():
     for f in STAGES:
         n = len((REPO / f).read_text().splitlines())
-        assert n <= 650, f"{f}: {n} lines"
+        assert n <= 700, f"{f}: {n} lines"  # a stage reads top to bottom: 300-700 lines (nanoGPT, nanochat)
     for m, p in module_files().items():
         n = len(p.read_text().splitlines())
         assert n <= 800, f"{p.relative_to(REPO)}: {n} lines"

@@ -226,6 +226,20 @@ def test_stages_skip_done_and_resume_interrupted(tmp_path):
     assert (tmp_path / "c" / "done").read_text() == ""
 
 
+def test_stages_record_cpu_seconds_and_failures(tmp_path):
+    """Each finished stage logs its wall and CPU seconds (a busy loop of ~0.3 s of CPU: CPU <= wall);
+    a failing stage stops the run naming its command."""
+    busy = "import time; t = time.process_time(); [0 for _ in iter(lambda: time.process_time() - t > 0.3, True)]"
+    d = tmp_path / "busy"
+    st = rc.Stages(jobs=1)
+    st.run([{"name": "busy", "cmd": [sys.executable, "-c", busy], "dir": d, "done": d / "done"}])
+    (e,) = st.log
+    assert 0.3 <= e["cpu_s"] <= e["wall_s"] + 0.2
+    bad = tmp_path / "bad"
+    with pytest.raises(SystemExit, match="failed \\(3\\)"):
+        st.run([{"name": "bad", "cmd": [sys.executable, "-c", "raise SystemExit(3)"], "dir": bad, "done": bad / "done"}])
+
+
 def test_read_metrics_keeps_the_last_row_of_each_step(tmp_path):
     """A run resumed from its step-2 checkpoint after dying at step 3 writes step 3 again."""
     rows = [{"step": 1, "r": 0.1}, {"step": 2, "r": 0.2}, {"step": 3, "r": 0.0}, {"step": 3, "r": 0.3}, {"step": 4, "r": 0.4}]
@@ -237,10 +251,34 @@ def test_read_metrics_keeps_the_last_row_of_each_step(tmp_path):
 def test_merged_costs_keep_what_a_skipped_stage_measured(tmp_path):
     prev = tmp_path / "r.json"
     assert rc.merged_costs({"rl_steps": 20.0, "online_episodes": None}, rc.read_previous(prev)) == \
-        {"rl_steps": 20.0, "online_episodes": None}
-    prev.write_text(json.dumps({"unit_costs": {"rl_steps": 22.0, "sft_steps": 1.8, "online_episodes": 2.4}}))
+        {"rl_steps": 20.0, "online_episodes": None, "basis": "cpu"}
+    prev.write_text(json.dumps({"unit_costs": {"rl_steps": 22.0, "sft_steps": 1.8, "online_episodes": 2.4, "basis": "cpu"}}))
     got = rc.merged_costs({"rl_steps": None, "sft_steps": None, "online_episodes": 2.2, "stages": 4.6}, rc.read_previous(prev))
-    assert got == {"rl_steps": 22.0, "sft_steps": 1.8, "online_episodes": 2.2, "stages": 4.6}
+    assert got == {"rl_steps": 22.0, "sft_steps": 1.8, "online_episodes": 2.2, "stages": 4.6, "basis": "cpu"}
+    # training costs of an older file are wall seconds of stages that shared the machine: dropped
+    prev.write_text(json.dumps({"unit_costs": {"rl_steps": 27.8, "online_episodes": 2.4}}))
+    got = rc.merged_costs({"rl_steps": None, "online_episodes": None}, rc.read_previous(prev))
+    assert got == {"rl_steps": None, "online_episodes": 2.4, "basis": "cpu"}
+    assert rc.load_costs({"rl_steps": 19.0, "online_episodes": 1.6}, prev) == {"rl_steps": 19.0, "online_episodes": 2.4}
+
+
+def test_unit_costs_take_training_cpu_seconds():
+    log = [{"cmd": "python train_semionline.py --seed 0", "wall_s": 2780.0, "cpu_s": 1900.0},
+           {"cmd": "python train_semionline.py --seed 1", "wall_s": 2000.0, "cpu_s": 2100.0},
+           {"cmd": "python train_sft.py --max-steps 300", "wall_s": 600.0}]  # no CPU seconds (older log): wall
+    got = rc.unit_costs(log, [], sft_steps=300, rl_steps=100)
+    assert got["rl_steps"] == pytest.approx(20.0) and got["sft_steps"] == pytest.approx(2.0)
+
+
+def test_estimate_runs_stages_in_waves():
+    """Base alone; 3 SFT runs on 2 jobs take two run-lengths; 6 RL runs three; evaluations packed."""
+    costs = {"base_steps": 0.2, "sft_steps": 2.0, "rl_steps": 20.0, "online_episodes": 1.5, "sop_episodes": 1.0, "stages": 4.0}
+    counts = {"base_steps": 3000, "sft_steps": 900, "sft_runs": 3, "rl_steps": 600, "rl_runs": 6,
+              "online_episodes": 1000, "sop_episodes": 320, "stages": 10}
+    want = 600 + 2 * 600 + 3 * 2000 + (1500 + 320 + 40) / 2
+    assert rc.estimate(counts, costs, 2) == pytest.approx(want)
+    assert rc.estimate({**counts, "rl_runs": 5, "rl_steps": 500}, costs, 2) == pytest.approx(want)  # 5 runs: 3 rounds too
+    assert rc.estimate(counts, costs, 1) == pytest.approx(600 + 1800 + 12000 + 1860)
 
 
 def test_report_only_keeps_the_runs_provenance(tmp_path):
@@ -288,9 +326,10 @@ def test_pending_counts_skip_finished_stages(tmp_path):
     base, sft = jb("base", True), [jb("sft0", True), jb("sft1", False)]
     rl, evals = [jb("rl0", False), jb("rl1", False), jb("rl2", True)], [jb("e0", True), jb("e1", False), jb("e2", False)]
     got = rc.pending_counts(args, 8, 104, base, {"sft": sft, "rl": rl}, evals)
-    assert got == {"base_steps": 0, "sft_steps": 300, "rl_steps": 200, "online_episodes": 208,
+    assert got == {"base_steps": 0, "sft_steps": 300, "rl_steps": 200, "sft_runs": 1, "rl_runs": 2, "online_episodes": 208,
                    "sop_episodes": 2 * 4 * 8, "stages": 2}
-    full = {"base_steps": 700, "sft_steps": 600, "rl_steps": 300, "online_episodes": 312, "sop_episodes": 3 * 32, "stages": 3}
+    full = {"base_steps": 700, "sft_steps": 600, "rl_steps": 300, "sft_runs": 2, "rl_runs": 3, "online_episodes": 312,
+            "sop_episodes": 3 * 32, "stages": 3}
     assert rc.pending_counts(args, 8, 104, base, {"sft": sft, "rl": rl}, evals, everything=True) == full
     args.force = True
     assert rc.pending_counts(args, 8, 104, base, {"sft": sft, "rl": rl}, evals) == full

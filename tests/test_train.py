@@ -127,12 +127,30 @@ def test_semionline_fsdp_two_processes_match_one(tmp_path, rl_ckpt):
             assert a["kl"] == pytest.approx(b["kl"], rel=1e-4)
     first = next(r for r in m1 if r["loss"] is not None)
     assert 0.0 <= first["sampler_logp_gap"] < 1e-3 and 0.0 <= first["truncated_rate"] <= 1.0  # top-p 1: measured
-    if first["step"] == 1:
-        assert first["first_ratio_dev"] == 0.0  # the first on-policy step's ratio is exactly 1
+    if first["step"] == 1:  # pi_old on CPU is the sampler's (--old-logp auto): ratio 1 to the trainer-sampler gap
+        assert first["old_logp"] == "sampler" and 0.0 <= first["first_ratio_dev"] < 1e-3
     # lr 2e-4 x 2 Adam steps: an entry moves by up to ~4e-4. Adam divides each gradient by its own RMS, so an
     # entry whose two gradients nearly cancel can move by a visible fraction of a step under another summation
     # order (one entry of 2.9 M by 3.6e-5 seen); atol bounds that, the share within 1e-6 is the real check
     assert_same_params(params(tmp_path / "p1"), params(tmp_path / "p2"), atol=2e-4)
+
+
+def test_semionline_sampler_old_logp_trains_as_recompute(tmp_path, rl_ckpt):
+    """--old-logp sampler (pi_old = the sampler's own log-probs: no forward; CPU's default) and recompute
+    (a no-grad policy forward, the release's) train the same step: the same rollouts, losses within the
+    trainer-sampler gap (~1e-5 in fp32), parameters within Adam's rounding. The second of the 2 PPO
+    mini-batches is off-policy, so pi_old really enters its ratio. Recompute's first ratio is exactly 1."""
+    _, rec = launch(RL + rl_ckpt + ["--max-steps", "1", "--old-logp", "recompute"], tmp_path / "rec")
+    _, smp = launch(RL + rl_ckpt + ["--max-steps", "1"], tmp_path / "smp")
+    (a,), (b,) = rec, smp
+    assert (a["old_logp"], b["old_logp"]) == ("recompute", "sampler")
+    for k in ("rounds", "tasks_tried", "tasks_kept", "train_tokens"):
+        assert a[k] == b[k], k
+    assert a["reward_mean"] == b["reward_mean"] and a["train_tokens"] > 0
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-3, abs=1e-5) and a["kl"] == pytest.approx(b["kl"], rel=1e-3)
+    assert a["first_ratio_dev"] == 0.0 and 0.0 <= b["first_ratio_dev"] < 1e-3
+    assert 0.0 <= a["sampler_logp_gap"] < 1e-3 and 0.0 <= b["sampler_logp_gap"] < 1e-3
+    assert_same_params(params(tmp_path / "rec"), params(tmp_path / "smp"), atol=2e-4)
 
 
 def test_semionline_logs_reward_by_task(tmp_path, rl_ckpt):

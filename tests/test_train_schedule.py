@@ -186,6 +186,7 @@ def test_overlong_penalty_by_hand():
     (["--n-rollouts", "0"], "--n-rollouts 0: must be >= 1"),
     (["--max-resample", "-1"], "--max-resample -1: must be >= 0"),
     (["--overlong-buffer", "49"], "--overlong-buffer 49: must be in [0, --max-new-tokens 48]"),
+    (["--old-logp", "sampler", "--top-p", "0.9"], "--old-logp sampler needs --top-p 1"),
 ])
 def test_bad_flags_stop_before_anything_is_written(tmp_path, flags, message):
     import cli
