@@ -553,12 +553,14 @@ def run_trainer(C, torch, cmd: list, out: Path, log_path: Path, steps: int, wait
 
 def trainer_command(model_dir: Path, work: Path, out: Path, dry: bool, *extra: str) -> list:
     """torchrun --nproc_per_node=1 train_semionline.py on AndroidControl episodes with blank
-    1080x2400 screens (an empty image folder), every task kept (--filter-std -1)."""
+    1080x2400 screens (an empty image folder), every task kept (--filter-std -1), pi_old recomputed
+    (--old-logp recompute, GPU's default; the CPU dry run too, so first_ratio_dev must be exactly 0)."""
     (work / "no_screenshots").mkdir(parents=True, exist_ok=True)
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
             str(REPO / "train_semionline.py"), "--model", str(model_dir), "--data", str(ANDROID_DATA),
             "--image-root", str(work / "no_screenshots"), "--blank-screens", "1080x2400", "--max-episodes", "4",
-            "--filter-std", "-1", "--lr", "1e-6", "--device", "cpu" if dry else "cuda", "--out", str(out), *extra]
+            "--filter-std", "-1", "--lr", "1e-6", "--old-logp", "recompute", "--device", "cpu" if dry else "cuda",
+            "--out", str(out), *extra]
 
 
 def check_rl(C, torch, device, dry, a, model_dir, work):
