@@ -11,7 +11,8 @@ step judged by gui.score_response, the one match function of rollout, training a
   history (the driver's history "expert", offline RL's); type_acc, grounding_acc, step_sr as in §8.
 - online (--online; MiniWob++ only): the policy plays live episodes through
   miniwob_env.evaluate_online on held-out seeds, with its own responses as history; malformed
-  output is a no-op that still costs a step. Success = MiniWob raw reward >= 1.
+  output is a no-op that still costs a step. Success = MiniWob raw reward >= 1. --online-batch
+  episodes run at once, one browser each, their prompts answered in one generate call.
 
 Policies (each a sampler of the driver: .generate(prompts, n, greedy, seeds)):
 - expert: ExpertSampler answers each step with the expert action, written as a model response in
@@ -140,6 +141,9 @@ def sop_parser() -> argparse.ArgumentParser:
     p.add_argument("--online-seed-base", type=int, default=None,
                    help="first online seed (default: 200000, fresh pages: the data files use 0+ (train) and 100000+ (test))")
     p.add_argument("--online-max-steps", type=int, default=12, help="step limit of an online episode")
+    p.add_argument("--online-batch", type=int, default=8,
+                   help="online episodes played at once, one browser each; the model answers them in one "
+                   "generate call (greedy answers do not depend on the batch)")
     # output
     p.add_argument("--out", default=None, help="output folder (result.json, episodes.jsonl, report.html, ...); "
                    "a path ending in .jsonl writes only the per-episode SOP lines there")
@@ -292,42 +296,54 @@ def run_static(episodes: list[dataset.Episode], walker, args, show: set[int]) ->
 
 
 class OnlineModelPolicy:
-    """A miniwob_env policy: obs -> prompt with its own earlier responses -> one greedy response of
-    `sampler` -> action in pixels of obs['screenshot']. Malformed output returns None (the env's
-    no-op that costs a step). Keeps report views of the (task, seed) episodes in `show`; stats
-    gains the response counts."""
+    """A batched miniwob_env policy: for every episode in flight, obs -> prompt with that episode's
+    own earlier responses -> one greedy response of `sampler`, all prompts in one generate call ->
+    action in pixels of obs['screenshot']. Malformed output returns None (the env's no-op that costs
+    a step). Keeps report views of the (task, seed) episodes in `show`; stats gains the response
+    counts."""
+
+    batched = True  # miniwob_env.evaluate_online: one call for every episode in flight
 
     def __init__(self, sampler, make_prompt_online, show: set, stats: dict):
         self.sampler, self.make_prompt, self.show, self.stats = sampler, make_prompt_online, show, stats
         self.views: dict = {}
         self.goals: dict = {}
+        self.state: dict = {}  # (task, seed) -> (screenshots, responses) of the episode in flight
         self.n_malformed = 0
 
-    def __call__(self, obs: dict, t: int):
-        key = (obs["task"], obs["seed"])
-        if t == 0:  # a new episode (or a retry after a browser fault)
-            self.shots, self.history = [], []
-            if key in self.show:
-                self.views[key], self.goals[key] = [], obs["goal"]
-        image = obs["screenshot"]
-        self.shots.append(image)
-        prompt = self.make_prompt(obs, self.shots, self.history)
-        out = self.sampler.generate([prompt], n=1, greedy=True)[0][0]
-        self.stats["responses"] += 1
-        self.stats["truncated"] += out.finish_reason != "stop"
-        self.stats["tokens"] += len(out.ids)
-        self.history.append(out.text)
-        parsed = gui.parse_response(out.text)
-        # the reward's strict rules: a response cut at the cap, or with text after its action, is a no-op
-        action = parsed.action if parsed.error is None and out.finish_reason == "stop" else None
-        self.n_malformed += action is None
-        if action is not None:  # model pixels (resized screenshot) -> pixels of the screenshot we were given
-            action = gui.scale_action(action, prompt.resized_size, image.size)
-        if key in self.views:
-            # no expert online: the action is drawn, "right" or "wrong" is the episode's outcome
-            self.views[key].append(report.step_view(t, image, image.size, None, out.text, action, action is not None,
-                                                     None))
-        return action
+    def __call__(self, obs_list: list[dict], steps: list[int]) -> list:
+        keys, prompts = [], []
+        for obs, t in zip(obs_list, steps):
+            key = (obs["task"], obs["seed"])
+            if t == 0:  # a new episode (or a retry after a browser fault)
+                self.state[key] = ([], [])
+                if key in self.show:
+                    self.views[key], self.goals[key] = [], obs["goal"]
+            shots, history = self.state[key]
+            shots.append(obs["screenshot"])
+            keys.append(key)
+            prompts.append(self.make_prompt(obs, shots, history))
+        outs = self.sampler.generate(prompts, n=1, greedy=True)
+        self.state = {k: self.state[k] for k in keys}  # an episode not asked about has ended
+        actions = []
+        for key, t, prompt, out in zip(keys, steps, prompts, (o[0] for o in outs)):
+            image = self.state[key][0][-1]
+            self.stats["responses"] += 1
+            self.stats["truncated"] += out.finish_reason != "stop"
+            self.stats["tokens"] += len(out.ids)
+            self.state[key][1].append(out.text)
+            parsed = gui.parse_response(out.text)
+            # the reward's strict rules: a response cut at the cap, or with text after its action, is a no-op
+            action = parsed.action if parsed.error is None and out.finish_reason == "stop" else None
+            self.n_malformed += action is None
+            if action is not None:  # model pixels (resized screenshot) -> pixels of the screenshot we were given
+                action = gui.scale_action(action, prompt.resized_size, image.size)
+            if key in self.views:
+                # no expert online: the action is drawn, "right" or "wrong" is the episode's outcome
+                self.views[key].append(report.step_view(t, image, image.size, None, out.text, action,
+                                                         action is not None, None))
+            actions.append(action)
+        return actions
 
 
 def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
@@ -361,7 +377,8 @@ def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], 
                                     stats if stats is not None else Counter())
     with lent_to_sampler(sampler):
         res = miniwob_env.evaluate_online(wrapped or miniwob_experts.expert_policy, tasks, seeds,
-                                          max_steps=args.online_max_steps)
+                                          max_steps=args.online_max_steps,
+                                          batch_size=getattr(args, "online_batch", 1))
     shown = []
     if wrapped is not None:
         by_key = {(e["task"], e["seed"]): e for e in res["episodes"]}
@@ -403,7 +420,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.policy == "expert" and "model" in cli.explicit_flags(parser, argv):
         raise cli.UsageError(f"--model {args.model} is given but --policy is expert (the default): add --policy model")
     for flag, value, low in (("--max-new-tokens", args.max_new_tokens, 1), ("--batch-size", args.batch_size, 1),
-                             ("--online-seeds", args.online_seeds, 1)):
+                             ("--online-seeds", args.online_seeds, 1), ("--online-batch", args.online_batch, 1)):
         if value < low:
             raise cli.UsageError(f"{flag} {value}: must be >= {low}")
     if not args.data and not args.online:

@@ -38,7 +38,9 @@ browser's life cycle:
 6. Refs. Element refs ([ref] in the element list) come from core.js and are unique within an
    observation (checked); reset() clears refs left on the page by earlier looks.
 
-Policies for evaluate_online are callables `policy(obs, step) -> action dict`, where obs has
+Policies for evaluate_online are callables `policy(obs, step) -> action dict` (or, with a true
+`batched` attribute, `policy(list of obs, list of steps) -> list of actions`, one call for every
+episode in flight: how a model answers many browsers in one batch), where obs has
 "goal", "screenshot" (PIL RGB, 168 x 224, None with screenshots=False), "elements" (text),
 "history" (earlier action dicts), "dom" (list[Element]), "fields", "task", "seed", "image_size".
 The policy answers in pixels of the screenshot it was given (ORIGINAL pixels); a model wrapper
@@ -355,6 +357,18 @@ class MiniWobEnv:
                                "screenshot area does not fit")
         self.n_starts += 1
 
+    def load_task(self, task: str):
+        """Point this env (and its running browser, if any) at another task's page, so one browser
+        serves many tasks in turn: cheaper than a new browser per task (~1-3 s each on 2 cores).
+        Raises ValueError for an unknown task, BrowserFault if the page does not load."""
+        if not (HTML_DIR / f"{task}.html").exists():
+            raise ValueError(f"unknown MiniWob++ task {task!r} (no {task}.html in {HTML_DIR})")
+        self.task, self.field_extractor = task, get_field_extractor(task)
+        self.seed, self.done, self._fields = None, True, []
+        if self.driver is not None:
+            with self._deadline(self.step_timeout_s, f"load {task}"):
+                self.driver.get((HTML_DIR / f"{task}.html").as_uri())
+
     def close(self):
         """Quit the browser (politely if it answers, by SIGKILL of its process group if not)."""
         if self.driver is not None:
@@ -574,72 +588,191 @@ Policy = Callable[[dict, int], dict]
 CAUSES = ("wrong_action", "step_limit", "browser_fault", "policy_error")
 
 
-def run_episode(env: MiniWobEnv, policy: Policy, seed: int, max_steps: int) -> dict:
-    """One online episode. cause: success | wrong_action (the environment ended the episode
-    without full reward, or the policy sent terminate first) | step_limit | policy_error.
-    env_seconds times the environment alone (reset + steps, screenshots included)."""
-    t0 = time.time()
-    obs = env.reset(seed)
-    env_seconds, history = time.time() - t0, []
-    ep = {"seed": seed, "success": False, "steps": max_steps, "cause": "step_limit"}
-    for t in range(max_steps):
+class _Live:
+    """One episode in flight in evaluate_online: its env, where it stands, its clocks."""
+
+    def __init__(self, idx: int, task: str, seed: int, attempt: int, env: "MiniWobEnv"):
+        self.idx, self.task, self.seed, self.attempt, self.env = idx, task, seed, attempt, env
+        self.obs, self.t, self.history, self.ep, self.over = None, 0, [], None, False
+        self.seconds = self.env_seconds = 0.0  # its share of the wall time; the environment's alone
+
+    def end(self, **ep) -> None:
+        self.ep = {"seed": self.seed, "success": False, **ep}
+
+
+def _act(policy, batched: bool, lives: list[_Live]) -> list:
+    """The policy's actions for every episode in flight: one call of a batched policy, else one
+    call per episode; an exception ends the episodes it was asked about (cause policy_error),
+    their action is then the exception."""
+    obs = [{**l.obs, "history": list(l.history)} for l in lives]
+    if batched:
         try:
-            action = policy({**obs, "history": list(history)}, t)
+            return list(policy(obs, [l.t for l in lives]))
         except Exception as e:  # noqa: BLE001 -- a policy bug is reported, not fatal to the run
-            ep = {"seed": seed, "success": False, "steps": t, "cause": "policy_error",
-                  "error": f"{type(e).__name__}: {e}"}
-            break
-        t0 = time.time()
-        obs, reward, done, info = env.step(action)
-        env_seconds += time.time() - t0
-        history.append(action)
-        if done:
-            ep = {"seed": seed, "success": info["success"], "steps": t + 1,
-                  "cause": "success" if info["success"] else "wrong_action",
-                  "raw_reward": reward, "reason": info["reason"], "terminated": info["terminated"]}
-            break
-    ep["env_seconds"] = env_seconds
-    return ep
+            return [e] * len(lives)
+    out = []
+    for o, l in zip(obs, lives):
+        try:
+            out.append(policy(o, l.t))
+        except Exception as e:  # noqa: BLE001
+            out.append(e)
+    return out
 
 
-def evaluate_online(policy: Policy, tasks, seeds, max_steps: int = 15, *, retries: int = 1,
+def _start_together(envs: list["MiniWobEnv"]) -> None:
+    """Start the browsers of `envs` in threads: a start mostly waits on chromedriver and Chromium
+    (~2 s each here; 4 together took 5.0 s against 7.5 s one by one beside a training job). A start
+    that faults leaves its env without a browser; its first reset starts one again."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if len(envs) < 2:
+        return  # the first reset starts it
+    with ThreadPoolExecutor(len(envs)) as pool:
+        for f in [pool.submit(e.start) for e in envs]:
+            try:
+                f.result()
+            except BrowserFault:
+                pass
+
+
+def evaluate_online(policy: Policy, tasks, seeds, max_steps: int = 15, *, batch_size: int = 1, retries: int = 1,
                     screenshots: bool = True, step_timeout_s: float = 20.0,
                     episode_time_s: float = 600.0, progress: bool = True) -> dict:
     """Run `policy` live on every task for every seed; seeds is a list or a count n
-    (-> TEST_SEED_BASE + 0..n-1, the held-out test seeds). A browser fault restarts the
-    browser and retries the episode up to `retries` times, then counts as browser_fault.
+    (-> TEST_SEED_BASE + 0..n-1, the held-out test seeds).
 
+    Up to batch_size episodes run at once, one browser each (continuous batching: an episode that
+    ends hands its browser to the next (task, seed) in line, which loads its task's page if it
+    differs), so a batched policy answers all of them in one call: policy.batched true means
+    policy(list[obs], list[step]) -> list[action]; otherwise policy(obs, step) -> action per
+    episode. Episodes do not interact, so the results do not depend on batch_size (a model's
+    greedy answers agree across batch compositions, sampler.py note 6). A browser fault restarts
+    that browser and retries the episode up to `retries` times, then counts as browser_fault.
+
+    An episode: cause success | wrong_action (the environment ended it without full reward, or the
+    policy sent terminate first) | step_limit | browser_fault | policy_error; `seconds` is its share
+    of the wall time (its own environment time, plus policy time split evenly over the episodes in
+    each call), `env_seconds` the environment's alone (reset + steps, screenshots included).
     policy(obs, step) -> action dict in pixels of obs["screenshot"] (original 168x224).
-    Returns {"per_task": {task: {...}}, "overall": {...}, "episodes": [...]}, where each
-    summary has episodes, success_rate, mean_steps, failures (by cause), seconds_per_episode
-    and seconds_per_env_step (environment time incl. reset, per step)."""
+    Returns {"per_task": {task: {...}}, "overall": {...}, "episodes": [...]} (episodes in task,
+    then seed order), where each summary has episodes, success_rate, mean_steps, failures (by
+    cause), seconds_per_episode and seconds_per_env_step (environment time incl. reset, per step).
+    Raises ValueError for batch_size < 1 or an unknown task."""
+    from collections import deque
+
     from tqdm import tqdm
 
+    if batch_size < 1:
+        raise ValueError(f"evaluate_online: batch_size {batch_size} must be >= 1")
     if isinstance(seeds, int):
         seeds = list(range(TEST_SEED_BASE, TEST_SEED_BASE + seeds))
-    episodes = []
-    bar = tqdm(total=len(tasks) * len(seeds), disable=not progress, desc="eval", file=sys.stderr,
-               mininterval=2.0)
     for task in tasks:
-        env = MiniWobEnv(task, step_timeout_s=step_timeout_s, episode_time_s=episode_time_s,
-                         screenshots=screenshots)
-        try:
-            for seed in seeds:
+        if not (HTML_DIR / f"{task}.html").exists():
+            raise ValueError(f"unknown MiniWob++ task {task!r} (no {task}.html in {HTML_DIR})")
+    batched = bool(getattr(policy, "batched", False))
+    line = deque((i, task, seed, 1) for i, (task, seed) in enumerate((t, s) for t in tasks for s in seeds))
+    done: dict[int, dict] = {}
+    envs: list[MiniWobEnv] = []
+    live: list[_Live] = []
+    bar = tqdm(total=len(line), disable=not progress, desc="eval", file=sys.stderr, mininterval=2.0)
+
+    def finish(lv: _Live) -> None:
+        lv.over = True
+        ep = {**lv.ep, "env_seconds": lv.env_seconds, "task": lv.task, "seconds": lv.seconds,
+              "attempts": lv.attempt}
+        done[lv.idx] = ep
+        bar.update(1)
+
+    def fault(lv: _Live, e: Exception) -> None:
+        lv.over = True
+        lv.env.close()  # the next reset starts a fresh browser
+        if lv.attempt <= retries:  # retried next, with what it spent so far
+            line.appendleft((lv.idx, lv.task, lv.seed, lv.attempt + 1))
+            retried[lv.idx] = retried.get(lv.idx, 0.0) + lv.seconds
+        else:
+            lv.end(steps=lv.t, cause="browser_fault", error=str(e))
+            finish(lv)
+
+    retried: dict[int, float] = {}
+    try:
+        while line or live:
+            want = min(batch_size, len(line) + len(live)) - len(envs)
+            if want > 0:  # the browsers this batch still lacks, started together
+                fresh = [MiniWobEnv(line[i][1], step_timeout_s=step_timeout_s, episode_time_s=episode_time_s,
+                                    screenshots=screenshots) for i in range(min(want, len(line)))]
+                envs += fresh
                 t0 = time.time()
-                for attempt in range(retries + 1):
-                    try:
-                        ep = run_episode(env, policy, seed, max_steps)
-                        break
-                    except BrowserFault as e:
-                        env.close()  # the next reset starts a fresh browser
-                        ep = {"seed": seed, "success": False, "steps": 0,
-                              "cause": "browser_fault", "error": str(e)}
-                ep.update(task=task, seconds=time.time() - t0, attempts=attempt + 1)
-                episodes.append(ep)
-                bar.update(1)
-        finally:
+                _start_together(fresh)
+                for e in fresh:  # environment time of the episode each browser serves first
+                    e.start_share = (time.time() - t0) / len(fresh)
+            while line and len(live) < batch_size:  # fill the free browsers
+                idx, task, seed, attempt = line.popleft()
+                busy = {id(lv.env) for lv in live}
+                idle = [e for e in envs if id(e) not in busy]
+                env = next((e for e in idle if e.task == task), idle[0] if idle else None)
+                if env is None:
+                    env = MiniWobEnv(task, step_timeout_s=step_timeout_s, episode_time_s=episode_time_s,
+                                     screenshots=screenshots)
+                    envs.append(env)
+                lv = _Live(idx, task, seed, attempt, env)
+                lv.seconds = retried.pop(idx, 0.0)
+                t0 = time.time()
+                try:
+                    if env.task != task:
+                        env.load_task(task)
+                    lv.obs = env.reset(seed)
+                except BrowserFault as e:
+                    lv.seconds += time.time() - t0
+                    fault(lv, e)
+                    continue
+                lv.env_seconds = time.time() - t0 + getattr(env, "start_share", 0.0)
+                env.start_share = 0.0
+                lv.seconds += lv.env_seconds
+                if max_steps < 1:  # no step allowed
+                    lv.end(steps=0, cause="step_limit")
+                    finish(lv)
+                else:
+                    live.append(lv)
+            if not live:
+                continue
+            t0 = time.time()
+            actions = _act(policy, batched, live)
+            if len(actions) != len(live):
+                actions = [RuntimeError(f"policy returned {len(actions)} actions for {len(live)} episodes")] * len(live)
+            share = (time.time() - t0) / len(live)
+            for lv, action in zip(live, actions):
+                lv.seconds += share
+                if isinstance(action, Exception):
+                    lv.end(steps=lv.t, cause="policy_error", error=f"{type(action).__name__}: {action}")
+                    finish(lv)
+                    continue
+                t0 = time.time()
+                try:
+                    obs, reward, ended, info = lv.env.step(action)
+                except BrowserFault as e:
+                    lv.seconds += time.time() - t0
+                    fault(lv, e)
+                    continue
+                dt = time.time() - t0
+                lv.env_seconds += dt
+                lv.seconds += dt
+                lv.history.append(action)
+                lv.t += 1
+                if ended:
+                    lv.end(success=info["success"], steps=lv.t, cause="success" if info["success"] else "wrong_action",
+                           raw_reward=reward, reason=info["reason"], terminated=info["terminated"])
+                    finish(lv)
+                elif lv.t >= max_steps:
+                    lv.end(steps=max_steps, cause="step_limit")
+                    finish(lv)
+                else:
+                    lv.obs = obs
+            live = [lv for lv in live if not lv.over]
+    finally:
+        for env in envs:
             env.close()
-    bar.close()
+        bar.close()
+    episodes = [done[i] for i in sorted(done)]
 
     def summary(eps):
         n = len(eps)

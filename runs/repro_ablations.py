@@ -46,6 +46,7 @@ SETTING = dict(
     ONLINE_EPISODES=104,
     ONLINE_SEED_BASE=200000,
     ONLINE_MAX_STEPS=10,
+    ONLINE_BATCH=8,                              # online episodes in flight per evaluation (one browser each)
     EVAL_EXTRA=["--max-new-tokens", "80"],
     ARMS=["gamma0", "thr0", "thr_unlim"],        # ablation arms run besides the shared reference (ARMS below); with
                                                  # thr1 too (claim 4a: --arms gamma0 thr0 thr1 thr_unlim) the run takes
@@ -121,7 +122,8 @@ def main(argv=None) -> dict:
     evals = [*sft_evals.values(), *rl_evals.values()]
     finals = [*sft_evals.values(), *(e for (arm, _), e in rl_evals.items() if arm in arms)]  # on the test episodes too
     counts = rc.pending_counts(args, n_tasks, len(keys), base, {"sft": list(sft.values()), "rl": list(rl.values())}, evals)
-    costs = rc.load_costs(COSTS, args.results_dir / "repro_main_quick.json", args.results_dir / "repro_main.json", out_json)
+    costs = rc.load_costs(COSTS, args.results_dir / "repro_main_quick.json", args.results_dir / "repro_main.json", out_json,
+                           online_batch=args.online_batch)
     per_run = (args.rl_steps * costs["rl_steps"] + len(keys) * costs["online_episodes"]
                + args.eval_per_task * n_tasks * costs["sop_episodes"] + costs["stages"]) / max(args.jobs, 1)
     not_run = [{"what": f"arm {a} ({' '.join(ARMS[a])}), seeds {args.seeds}",
@@ -202,7 +204,7 @@ def main(argv=None) -> dict:
              "scaling": {a: {k: v for k, v in f.items() if k != "k_boot"} for a, f in fits.items()},
              "scaling_points": points, "not_run": not_run,
              "unit_costs": rc.merged_costs(rc.unit_costs(stages.log, ck, args.sft_steps, args.rl_steps,
-                                                           args.base_steps), previous),
+                                                           args.base_steps), previous, args.online_batch),
              "complete": final_report,
              "headroom": test.get("headroom"), "test_episodes": [list(k) for k in test.get("keys", [])],
              "test_checkpoints": tck, "test_comparisons": [c for c in test_cmps.values() if c],

@@ -687,33 +687,39 @@ def unit_costs(stage_log: list[dict], evals: list[dict], sft_steps: int, rl_step
 
 
 TRAINING_COSTS = ("base_steps", "sft_steps", "rl_steps")
+EVAL_COSTS = ("online_episodes", "stages")  # depend on --online-batch (browsers per process, batched answers)
 
 
-def _usable_costs(unit_costs: dict | None) -> dict:
+def _usable_costs(unit_costs: dict | None, online_batch: int | None = None) -> dict:
     """The numeric unit costs of a results file; its training costs only if measured as CPU seconds
     (basis "cpu"): older files hold wall seconds of stages that shared the machine (RL 27.8 s a step
-    against 19 s alone), which would inflate every later estimate."""
+    against 19 s alone), which would inflate every later estimate; its evaluation costs (online
+    episode, evaluation process) only if its episodes ran `online_batch` at a time (a file without
+    the key ran them one at a time; None: any)."""
     uc = unit_costs or {}
+    same_batch = online_batch is None or uc.get("online_batch", 1) == online_batch
     return {k: v for k, v in uc.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and v
-            and (k not in TRAINING_COSTS or uc.get("basis") == "cpu")}
+            and k != "online_batch" and (k not in TRAINING_COSTS or uc.get("basis") == "cpu")
+            and (k not in EVAL_COSTS or same_batch)}
 
 
-def merged_costs(measured: dict, previous: dict | None) -> dict:
+def merged_costs(measured: dict, previous: dict | None, online_batch: int | None = None) -> dict:
     """This run's unit costs (unit_costs: training costs in CPU seconds, basis "cpu"), a kind it did not
     measure (its stages were skipped as done) kept from the previous results (read_previous, read once
-    before the run's first write), so a resumed or report-only run keeps what was measured."""
-    old = _usable_costs((previous or {}).get("unit_costs"))
+    before the run's first write) if still usable (_usable_costs), so a resumed or report-only run keeps
+    what was measured. online_batch: the evaluations' --online-batch, recorded beside the costs."""
+    old = _usable_costs((previous or {}).get("unit_costs"), online_batch)
     return {**{k: measured.get(k) if measured.get(k) is not None else old.get(k) for k in {*old, *measured}},
-            "basis": "cpu"}
+            "basis": "cpu", **({"online_batch": online_batch} if online_batch is not None else {})}
 
 
-def load_costs(defaults: dict, *paths: Path) -> dict:
+def load_costs(defaults: dict, *paths: Path, online_batch: int | None = None) -> dict:
     """Cost constants: `defaults`, overridden by the usable unit_costs of earlier results files that
     exist (_usable_costs)."""
     costs = dict(defaults)
     for p in paths:
         if p.exists():
-            costs.update(_usable_costs(json.loads(p.read_text()).get("unit_costs")))
+            costs.update(_usable_costs(json.loads(p.read_text()).get("unit_costs"), online_batch))
     return costs
 
 
@@ -866,7 +872,7 @@ def online_flags(args, keys: list[tuple[str, int]]) -> list[str]:
     tasks = list(dict.fromkeys(t for t, _ in keys))
     return ["--online", "--online-tasks", *tasks, "--online-seeds", str(len(keys) // len(tasks)),
             "--online-seed-base", str(min(s for _, s in keys)), "--online-max-steps", str(args.online_max_steps),
-            "--report-episodes", "4", *args.eval_extra]
+            "--online-batch", str(args.online_batch), "--report-episodes", "4", *args.eval_extra]
 
 
 def eval_job(args, data: dict, model: str, name: str, seed: int) -> dict:

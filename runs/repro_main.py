@@ -66,6 +66,7 @@ SETTING = dict(
     ONLINE_EPISODES=104,                         # at least this many fresh online episodes per checkpoint
     ONLINE_SEED_BASE=200000,                     # fresh: not the seeds of the train (0+) or test (100000+) files
     ONLINE_MAX_STEPS=10,
+    ONLINE_BATCH=8,                              # online episodes in flight per evaluation (one browser each)
     EVAL_EXTRA=["--max-new-tokens", "80"],
     **TEST,
 )
@@ -104,7 +105,7 @@ def main(argv=None) -> dict:
     counts = rc.pending_counts(args, len(data["tasks"]), len(keys), base, train, evals)
     full = rc.pending_counts(args, len(data["tasks"]), len(keys), base, train, evals, everything=True)
     rc.add_test_counts(args, data, keys, finals, counts, full)
-    costs = rc.load_costs(COSTS, out_json)
+    costs = rc.load_costs(COSTS, out_json, online_batch=args.online_batch)
     print(f"[plan] {len(data['tasks'])} tasks, seeds {args.seeds}, {len(evals)} checkpoints x {len(keys)} online episodes; "
           f"estimated wall {rc.estimate(counts, costs, args.jobs) / 60:.0f} min with {args.jobs} jobs for what is still to run "
           f"(from scratch: {rc.estimate(full, costs, args.jobs) / 60:.0f} min; costs s/unit: {costs})", flush=True)
@@ -150,7 +151,7 @@ def main(argv=None) -> dict:
              "checkpoints": ck, **r2f, "comparisons": cmps, "claims": claims,
              "arms": rc.arm_summaries(ck, curves),
              "unit_costs": rc.merged_costs(rc.unit_costs(stages.log, ck, args.sft_steps, args.rl_steps,
-                                                           args.base_steps), previous),
+                                                           args.base_steps), previous, args.online_batch),
              "complete": final_report,
              "headroom": test.get("headroom"), "test_episodes": [list(k) for k in test.get("keys", [])],
              "test_checkpoints": tck, "test_comparisons": tcmps, "test_arms": rc.arm_summaries(tck, {})}

@@ -263,14 +263,14 @@ def test_online_report_frames_follow_the_outcome(monkeypatch, tmp_path):
     ends = {1: {"cause": "success", "success": True}, 2: {"cause": "wrong_action", "success": False, "terminated": True},
             3: {"cause": "step_limit", "success": False}}
 
-    def fake_evaluate(policy, tasks, seeds, max_steps):
+    def fake_evaluate(policy, tasks, seeds, max_steps, batch_size):
+        assert policy.batched and batch_size == 3
         eps = []
-        for task in tasks:
-            for seed in seeds:
-                for t in range(2):
-                    policy({"task": task, "seed": seed, "goal": f"goal {seed}", "elements": "",
-                            "screenshot": Image.new("RGB", (168, 224), "white")}, t)
-                eps.append({"task": task, "seed": seed, "steps": 2, **ends[seed]})
+        for task in tasks:  # all seeds of a task in flight together, as evaluate_online plays them
+            for t in range(2):
+                policy([{"task": task, "seed": seed, "goal": f"goal {seed}", "elements": "",
+                         "screenshot": Image.new("RGB", (168, 224), "white")} for seed in seeds], [t] * len(seeds))
+            eps += [{"task": task, "seed": seed, "steps": 2, **ends[seed]} for seed in seeds]
         return {"episodes": eps, "per_task": {}, "overall": {}}
 
     monkeypatch.setattr(miniwob_env, "evaluate_online", fake_evaluate)
@@ -278,14 +278,14 @@ def test_online_report_frames_follow_the_outcome(monkeypatch, tmp_path):
 
     class Model:  # a sampler: answers[(task, seed)][t], t = the history's length
         def generate(self, prompts, n=1, greedy=False):
-            p = prompts[0]
-            return [[types.SimpleNamespace(text=answers[(p.task, p.seed)][p.t], ids=[0], finish_reason="stop")]]
+            return [[types.SimpleNamespace(text=answers[(p.task, p.seed)][p.t], ids=[0], finish_reason="stop")]
+                    for p in prompts]
     model = Model()
 
     def make_prompt(obs, shots, history):
         return types.SimpleNamespace(resized_size=prompt.resized_size, task=obs["task"], seed=obs["seed"], t=len(history))
 
-    args = types.SimpleNamespace(report_episodes=8, online_max_steps=2)
+    args = types.SimpleNamespace(report_episodes=8, online_max_steps=2, online_batch=3)
     res, shown = eval_sop.run_online(model, make_prompt, ["click-test"], [1, 2, 3], args)
     by_seed = {int(s["title"].split()[-1]): s for s in shown}
     assert by_seed[1]["outcome"] == "success in 2 steps" and by_seed[1]["first_wrong"] is None

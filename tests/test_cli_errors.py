@@ -43,6 +43,7 @@ CASES = [
     (["eval_sop.py", "--data", TEST, "--model", "tiny"], "--model tiny is given but --policy is expert"),
     (["eval_sop.py"], "nothing to evaluate: give --data and/or --online"),
     (["eval_sop.py", "--data", TEST, "--max-new-tokens", "0"], "--max-new-tokens 0: must be >= 1"),
+    (["eval_sop.py", "--online", "--online-batch", "0"], "--online-batch 0: must be >= 1"),
     (["eval_sop.py", "--data", "README.md"], "README.md: line 1: field '<json>': invalid JSON"),
     (["eval_sop.py", "--data", TEST, "--image-root", "data", "--blank-screens", "9x9"],
      "argument --blank-screens: not allowed with argument --image-root"),

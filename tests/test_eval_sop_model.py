@@ -320,6 +320,41 @@ def test_online_fake_model(monkeypatch, capsys, tokenizer, tmp_path):
     assert s["per_task"]["click-test"] == {"online_sr": 0.5, "online_sr_ci95": s["online_sr_ci95"], "n_online_episodes": 2}
     assert s["online_failures"]["step_limit"] == 1 and s["episodes"] == 0
     assert [t for _, t, _ in fake.seen] == [0, 0, 1]
+    assert fake.calls == [2, 1]  # both episodes answered in one call, then the one still running
     # own history, reset per episode: the last prompt holds episode 2's first answer only
     assert "garbage-2" in fake.seen[2][2] and "pressing-it" not in fake.seen[2][2]
     assert report.read_text().count("<img") == 3
+
+
+def test_online_batched_tiny_model_answers_as_one_at_a_time(monkeypatch, capsys):
+    """The real tiny model, 4 live episodes on two tasks: played 3 at a time (one generate call for the
+    episodes in flight) it gives every episode the same responses and outcomes as one at a time."""
+    real_load = eval_sop.load_sampler
+    seen = {}
+
+    def recording(args, tok):
+        sampler = real_load(args, tok)
+        generate = sampler.generate
+
+        def gen(prompts, **kw):
+            outs = generate(prompts, **kw)
+            calls.append(len(prompts))
+            for p, o in zip(prompts, outs):
+                text = tok.decode(p.input_ids.tolist())
+                seen.setdefault(args.online_batch, []).append(
+                    (re.search(r"Task goal: (.*)", text).group(1), text.count("<|im_start|>assistant") - 1, o[0].text))
+            return outs
+        sampler.generate = gen
+        return sampler
+
+    monkeypatch.setattr(eval_sop, "load_sampler", recording)
+    ends = {}
+    for batch in (1, 3):
+        calls = []
+        s = eval_sop.main(["--policy", "model", "--model", "tiny", "--online", "--online-tasks", "click-test",
+                           "click-button", "--online-seeds", "2", "--online-max-steps", "2", "--max-new-tokens", "6",
+                           "--online-batch", str(batch)])
+        ends[batch] = (s["online_failures"], s["malformed_responses"], s["responses"], s["response_tokens_mean"])
+        assert max(calls) == batch and sum(calls) == s["responses"]
+    assert sorted(seen[1]) == sorted(seen[3]) and len(seen[1]) >= 4  # (goal, step, response) of every call
+    assert ends[1] == ends[3]

@@ -240,6 +240,67 @@ def test_browser_fault_is_counted_not_hung(monkeypatch):
     assert res["episodes"][0]["attempts"] == 2
 
 
+def _as_batched(policy, calls):
+    """A per-episode policy as a batched one, recording the size of every call."""
+    def batched(obs_list, steps):
+        calls.append(len(obs_list))
+        return [policy(o, t) for o, t in zip(obs_list, steps)]
+    batched.batched = True
+    return batched
+
+
+def test_batched_evaluation_matches_one_at_a_time(monkeypatch):
+    """Episodes played 4 at a time (continuous batching over two tasks, browsers handed from task to
+    task) end exactly as one at a time, in the same order; one browser serves both tasks at batch 1."""
+    starts = []
+    real_start = me.MiniWobEnv.start
+    monkeypatch.setattr(me.MiniWobEnv, "start", lambda self: (starts.append(self.task), real_start(self))[1])
+    ends = {}
+    for bs in (1, 4):
+        calls, starts[:] = [], []
+        res = me.evaluate_online(_as_batched(experts.expert_policy, calls), ["click-test", "enter-text"], 3,
+                                 max_steps=6, batch_size=bs, progress=False)
+        ends[bs] = [(e["task"], e["seed"], e["success"], e["steps"], e["cause"]) for e in res["episodes"]]
+        assert res["overall"]["success_rate"] == 1.0 and max(calls) == bs
+        assert len(starts) == bs  # browsers are reused across tasks, never one per episode
+        assert sum(calls) == 3 * 1 + 3 * 3  # click; click, type, submit (enter-text)
+        assert all(e["seconds"] >= e["env_seconds"] > 0 for e in res["episodes"])
+    assert ends[1] == ends[4]
+    assert [e[:2] for e in ends[4]] == [(t, me.TEST_SEED_BASE + k) for t in ("click-test", "enter-text") for k in range(3)]
+
+
+def test_batched_policy_error_and_browser_fault(monkeypatch):
+    """Under batching a browser fault retries that episode alone, and a batched policy that raises ends
+    the episodes it was asked about (policy_error), never the run."""
+    real_reset = me.MiniWobEnv.reset
+    tried = []
+
+    def reset(self, seed):
+        tried.append(seed)
+        if seed == 6:
+            raise me.BrowserFault("simulated crash")
+        return real_reset(self, seed)
+
+    monkeypatch.setattr(me.MiniWobEnv, "reset", reset)
+    res = me.evaluate_online(_as_batched(experts.expert_policy, []), ["click-test"], [5, 6, 7], batch_size=3,
+                             progress=False)
+    assert [(e["seed"], e["cause"], e["attempts"]) for e in res["episodes"]] == \
+        [(5, "success", 1), (6, "browser_fault", 2), (7, "success", 1)]
+    assert tried.count(6) == 2
+    monkeypatch.setattr(me.MiniWobEnv, "reset", real_reset)
+
+    def broken(obs_list, steps):
+        raise KeyError("no such element")
+    broken.batched = True
+    res = me.evaluate_online(broken, ["click-test"], [5, 6], batch_size=2, progress=False)
+    assert [(e["cause"], e["steps"]) for e in res["episodes"]] == [("policy_error", 0)] * 2
+    assert "KeyError" in res["episodes"][0]["error"]
+    with pytest.raises(ValueError, match="batch_size 0"):
+        me.evaluate_online(experts.expert_policy, ["click-test"], [5], batch_size=0)
+    with pytest.raises(ValueError, match="click-tset"):
+        me.evaluate_online(experts.expert_policy, ["click-tset"], [5])
+
+
 def test_hung_page_is_killed_and_browser_restarts():
     env = me.MiniWobEnv("click-test", step_timeout_s=4.0)
     try:

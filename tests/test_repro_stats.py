@@ -260,6 +260,13 @@ def test_merged_costs_keep_what_a_skipped_stage_measured(tmp_path):
     got = rc.merged_costs({"rl_steps": None, "online_episodes": None}, rc.read_previous(prev))
     assert got == {"rl_steps": None, "online_episodes": 2.4, "basis": "cpu"}
     assert rc.load_costs({"rl_steps": 19.0, "online_episodes": 1.6}, prev) == {"rl_steps": 19.0, "online_episodes": 2.4}
+    # evaluation costs measured one episode at a time (no online_batch key) do not price batched evaluations
+    assert rc.load_costs({"online_episodes": 0.9, "stages": 9.0}, prev, online_batch=8) == {"online_episodes": 0.9, "stages": 9.0}
+    assert rc.load_costs({"online_episodes": 0.9}, prev, online_batch=1) == {"online_episodes": 2.4}
+    got = rc.merged_costs({"online_episodes": None, "stages": 8.0}, rc.read_previous(prev), online_batch=8)
+    assert got == {"online_episodes": None, "stages": 8.0, "basis": "cpu", "online_batch": 8}
+    prev.write_text(json.dumps({"unit_costs": got | {"online_episodes": 0.8}}))
+    assert rc.load_costs({"online_episodes": 0.9}, prev, online_batch=8) == {"online_episodes": 0.8, "stages": 8.0}
 
 
 def test_unit_costs_take_training_cpu_seconds():
@@ -433,7 +440,7 @@ def test_test_episodes_and_their_online_only_eval(tmp_path):
     assert rc.episode_keys(["b", "c"], 5, 220000) == [("b", 220000), ("b", 220001), ("b", 220002),
                                                        ("c", 220000), ("c", 220001), ("c", 220002)]
     assert rc.episode_keys([], 160, 220000) == [] and rc.episode_keys(["b"], 0, 220000) == []
-    args = SimpleNamespace(out_root=tmp_path / "out", online_max_steps=10, eval_extra=["--max-new-tokens", "80"])
+    args = SimpleNamespace(out_root=tmp_path / "out", online_max_steps=10, online_batch=8, eval_extra=["--max-new-tokens", "80"])
     ck = {"dir": tmp_path / "out" / "eval" / "sft_s1_step300_sft_s1_abcd", "checkpoint": tmp_path / "ck",
           "meta": ("sft s1", "sft", 1, 300, True, "out/repro/sft/sft_s1_abcd")}
     j = rc.test_eval_job(args, {"image_root": "data/miniwob"}, rc.episode_keys(["b", "c"], 5, 220000), ck)
@@ -442,6 +449,7 @@ def test_test_episodes_and_their_online_only_eval(tmp_path):
     i = cmd.index("--online-tasks")
     assert cmd[i + 1:i + 3] == ["b", "c"] and cmd[i + 3] == "--online-seeds" and cmd[i + 4] == "3"
     assert cmd[cmd.index("--online-seed-base") + 1] == "220000" and cmd[cmd.index("--seed") + 1] == "1"
+    assert cmd[cmd.index("--online-batch") + 1] == "8"
     assert j["dir"].parent == tmp_path / "out" / "eval_test" and j["dir"].name.startswith(ck["dir"].name + "_")
     assert j["meta"] == ck["meta"] and j["done"] == j["dir"] / "result.json"
 
@@ -504,7 +512,7 @@ def test_run_test_stage_runs_the_finals_on_the_headroom_tasks(tmp_path, monkeypa
         return {**j, "cmd": [sys.executable, "-c", fake] + j["cmd"][2:]}
     monkeypatch.setattr(rc, "test_eval_job", job)
     args = SimpleNamespace(seeds=[0, 1], headroom=[0.0, 1.0], test_episodes=4, test_seed_base=220000, out_root=tmp_path / "out",
-                           online_max_steps=10, eval_extra=[], dry_run=False, report_only=False, force=False)
+                           online_max_steps=10, online_batch=8, eval_extra=[], dry_run=False, report_only=False, force=False)
     finals = []
     for arm, seed in [("sft", 0), ("sft", 1), ("semionline", 0), ("semionline", 1)]:
         ck = tmp_path / f"{arm}{seed}"

@@ -132,7 +132,7 @@ def sop_outcome(n_correct: int, n_steps: int, malformed: bool) -> str:
 
 
 def online_outcome(e: dict) -> tuple[str, int | None]:
-    """The report's label of an online episode (a miniwob_env.run_episode record) and the 0-based
+    """The report's label of an online episode (a miniwob_env.evaluate_online episode record) and the 0-based
     step that ended it wrongly (None: success, step limit, or an error outside the policy's actions).
     The environment's cause "wrong_action" covers two things: the policy sent terminate before
     the task was done, or the page itself ended the episode without full reward."""
