@@ -4,8 +4,9 @@ With --online-batch K, eval_sop.py keeps K live episodes in flight (one headless
 answers their K prompts in one generate call of the sampler; episodes one at a time make one call
 per step of each. This script runs eval_sop.py's main() on the same model and the same online
 episodes once per batch size, alternating, and prints per episode: wall seconds, the policy's share
-(prompt building + generate) and the environment's (browser start, reset, steps, screenshots), the
-speedup of every batch size against the first, and whether every episode ended the same way.
+(prompt building + generate) and the environment's (the rest: browser starts, resets, steps and
+screenshots, the browsers of a batch in threads), the speedup of every batch size against the
+first, and whether every episode ended the same way.
 
     python bench/bench_online.py --model out/repro/sft/<run>/ckpt/step_000300   # the reproduction's selection episodes
     python bench/bench_online.py --model out/sft/ckpt --tasks click-test click-button --seeds 8
@@ -47,9 +48,9 @@ def main(argv=None) -> dict:
                                    "--report-episodes", "0", "--out", out])
                 eps = [json.loads(line) for line in open(Path(out) / "online_episodes.jsonl", encoding="utf-8")]
             wall = sum(e["seconds"] for e in eps)
-            env = sum(e["env_seconds"] for e in eps)
-            runs[b].append({"s_per_episode": wall / len(eps), "policy_s_per_episode": (wall - env) / len(eps),
-                            "env_s_per_episode": env / len(eps), "online_sr": s["online_sr"],
+            pol = sum(e["policy_seconds"] for e in eps)
+            runs[b].append({"s_per_episode": wall / len(eps), "policy_s_per_episode": pol / len(eps),
+                            "env_s_per_episode": (wall - pol) / len(eps), "online_sr": s["online_sr"],
                             "steps": sum(e["steps"] for e in eps),
                             "ends": [(e["task"], e["seed"], e["cause"], e["steps"]) for e in eps]})
     base = args.batches[0]

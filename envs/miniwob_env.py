@@ -594,7 +594,7 @@ class _Live:
     def __init__(self, idx: int, task: str, seed: int, attempt: int, env: "MiniWobEnv"):
         self.idx, self.task, self.seed, self.attempt, self.env = idx, task, seed, attempt, env
         self.obs, self.t, self.history, self.ep, self.over = None, 0, [], None, False
-        self.seconds = self.env_seconds = 0.0  # its share of the wall time; the environment's alone
+        self.seconds = self.env_seconds = self.policy_seconds = 0.0  # wall share; its browser's own; policy share
 
     def end(self, **ep) -> None:
         self.ep = {"seed": self.seed, "success": False, **ep}
@@ -635,6 +635,26 @@ def _start_together(envs: list["MiniWobEnv"]) -> None:
                 pass
 
 
+def _each(pool, fn, items: list) -> list[tuple]:
+    """fn(item) for every item, in `pool`'s threads (None: one after another), as (result, BrowserFault
+    or None, seconds): each browser is its own process, so their waits (page work, the settle polls)
+    overlap; any other exception propagates."""
+    def timed(item):
+        t0 = time.time()
+        try:
+            return fn(item), None, time.time() - t0
+        except BrowserFault as e:
+            return None, e, time.time() - t0
+    return list(pool.map(timed, items)) if pool is not None and len(items) > 1 else [timed(i) for i in items]
+
+
+def _begin(lv: _Live) -> dict:
+    """Load the episode's task page if its browser shows another, then reset to its seed."""
+    if lv.env.task != lv.task:
+        lv.env.load_task(lv.task)
+    return lv.env.reset(lv.seed)
+
+
 def evaluate_online(policy: Policy, tasks, seeds, max_steps: int = 15, *, batch_size: int = 1, retries: int = 1,
                     screenshots: bool = True, step_timeout_s: float = 20.0,
                     episode_time_s: float = 600.0, progress: bool = True) -> dict:
@@ -642,23 +662,26 @@ def evaluate_online(policy: Policy, tasks, seeds, max_steps: int = 15, *, batch_
     (-> TEST_SEED_BASE + 0..n-1, the held-out test seeds).
 
     Up to batch_size episodes run at once, one browser each (continuous batching: an episode that
-    ends hands its browser to the next (task, seed) in line, which loads its task's page if it
-    differs), so a batched policy answers all of them in one call: policy.batched true means
+    ends hands its browser to the next episode in line, preferably of the task its page shows), so
+    a batched policy answers all of them in one call: policy.batched true means
     policy(list[obs], list[step]) -> list[action]; otherwise policy(obs, step) -> action per
-    episode. Episodes do not interact, so the results do not depend on batch_size (a model's
-    greedy answers agree across batch compositions, sampler.py note 6). A browser fault restarts
-    that browser and retries the episode up to `retries` times, then counts as browser_fault.
+    episode. The browsers reset and step in threads, together. Episodes do not interact, so the
+    results do not depend on batch_size (a model's greedy answers agree across batch compositions,
+    sampler.py note 6). A browser fault restarts that browser and retries the episode up to
+    `retries` times, then counts as browser_fault.
 
     An episode: cause success | wrong_action (the environment ended it without full reward, or the
     policy sent terminate first) | step_limit | browser_fault | policy_error; `seconds` is its share
-    of the wall time (its own environment time, plus policy time split evenly over the episodes in
-    each call), `env_seconds` the environment's alone (reset + steps, screenshots included).
+    of the wall time (each policy call and each reset or step phase split evenly over the episodes
+    in it; they sum to the run's wall time), `env_seconds` its browser's own time (start, reset,
+    steps, screenshots; browsers overlap, so these may sum to more than the wall time).
     policy(obs, step) -> action dict in pixels of obs["screenshot"] (original 168x224).
     Returns {"per_task": {task: {...}}, "overall": {...}, "episodes": [...]} (episodes in task,
     then seed order), where each summary has episodes, success_rate, mean_steps, failures (by
     cause), seconds_per_episode and seconds_per_env_step (environment time incl. reset, per step).
     Raises ValueError for batch_size < 1 or an unknown task."""
     from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
 
     from tqdm import tqdm
 
@@ -670,17 +693,20 @@ def evaluate_online(policy: Policy, tasks, seeds, max_steps: int = 15, *, batch_
         if not (HTML_DIR / f"{task}.html").exists():
             raise ValueError(f"unknown MiniWob++ task {task!r} (no {task}.html in {HTML_DIR})")
     batched = bool(getattr(policy, "batched", False))
-    line = deque((i, task, seed, 1) for i, (task, seed) in enumerate((t, s) for t in tasks for s in seeds))
+    # the episodes in line, task by task round robin, so the first browsers start on different tasks;
+    # idx: the episode's place in the results (task, then seed order)
+    line = deque((ti * len(seeds) + k, task, seed, 1) for k, seed in enumerate(seeds) for ti, task in enumerate(tasks))
     done: dict[int, dict] = {}
+    retried: dict[int, float] = {}  # seconds an episode spent before a browser fault, carried to its retry
     envs: list[MiniWobEnv] = []
     live: list[_Live] = []
     bar = tqdm(total=len(line), disable=not progress, desc="eval", file=sys.stderr, mininterval=2.0)
+    pool = ThreadPoolExecutor(batch_size) if batch_size > 1 else None
 
     def finish(lv: _Live) -> None:
         lv.over = True
-        ep = {**lv.ep, "env_seconds": lv.env_seconds, "task": lv.task, "seconds": lv.seconds,
-              "attempts": lv.attempt}
-        done[lv.idx] = ep
+        done[lv.idx] = {**lv.ep, "env_seconds": lv.env_seconds, "policy_seconds": lv.policy_seconds, "task": lv.task,
+                        "seconds": lv.seconds, "attempts": lv.attempt}
         bar.update(1)
 
     def fault(lv: _Live, e: Exception) -> None:
@@ -688,12 +714,11 @@ def evaluate_online(policy: Policy, tasks, seeds, max_steps: int = 15, *, batch_
         lv.env.close()  # the next reset starts a fresh browser
         if lv.attempt <= retries:  # retried next, with what it spent so far
             line.appendleft((lv.idx, lv.task, lv.seed, lv.attempt + 1))
-            retried[lv.idx] = retried.get(lv.idx, 0.0) + lv.seconds
+            retried[lv.idx] = lv.seconds
         else:
             lv.end(steps=lv.t, cause="browser_fault", error=str(e))
             finish(lv)
 
-    retried: dict[int, float] = {}
     try:
         while line or live:
             want = min(batch_size, len(line) + len(live)) - len(envs)
@@ -705,33 +730,36 @@ def evaluate_online(policy: Policy, tasks, seeds, max_steps: int = 15, *, batch_
                 _start_together(fresh)
                 for e in fresh:  # environment time of the episode each browser serves first
                     e.start_share = (time.time() - t0) / len(fresh)
-            while line and len(live) < batch_size:  # fill the free browsers
-                idx, task, seed, attempt = line.popleft()
-                busy = {id(lv.env) for lv in live}
+            new: list[_Live] = []
+            while line and len(live) + len(new) < batch_size:  # the free browsers take the next episodes
+                busy = {id(lv.env) for lv in live + new}
                 idle = [e for e in envs if id(e) not in busy]
-                env = next((e for e in idle if e.task == task), idle[0] if idle else None)
+                # a free browser takes the next episode of the task it shows (no page load), else the next in line
+                env, k = next(((e, j) for e in idle for j, item in enumerate(line) if item[1] == e.task),
+                              (idle[0] if idle else None, 0))
+                idx, task, seed, attempt = line[k]
+                del line[k]
                 if env is None:
                     env = MiniWobEnv(task, step_timeout_s=step_timeout_s, episode_time_s=episode_time_s,
                                      screenshots=screenshots)
                     envs.append(env)
                 lv = _Live(idx, task, seed, attempt, env)
-                lv.seconds = retried.pop(idx, 0.0)
-                t0 = time.time()
-                try:
-                    if env.task != task:
-                        env.load_task(task)
-                    lv.obs = env.reset(seed)
-                except BrowserFault as e:
-                    lv.seconds += time.time() - t0
-                    fault(lv, e)
-                    continue
-                lv.env_seconds = time.time() - t0 + getattr(env, "start_share", 0.0)
+                lv.seconds = retried.pop(idx, 0.0) + getattr(env, "start_share", 0.0)
+                lv.env_seconds = getattr(env, "start_share", 0.0)
                 env.start_share = 0.0
-                lv.seconds += lv.env_seconds
-                if max_steps < 1:  # no step allowed
+                new.append(lv)
+            t0 = time.time()
+            outs = _each(pool, _begin, new)
+            for lv, (obs, err, dt) in zip(new, outs):
+                lv.seconds += (time.time() - t0) / len(new)
+                lv.env_seconds += dt
+                if err is not None:
+                    fault(lv, err)
+                elif max_steps < 1:  # no step allowed
                     lv.end(steps=0, cause="step_limit")
                     finish(lv)
                 else:
+                    lv.obs = obs
                     live.append(lv)
             if not live:
                 continue
@@ -740,22 +768,24 @@ def evaluate_online(policy: Policy, tasks, seeds, max_steps: int = 15, *, batch_
             if len(actions) != len(live):
                 actions = [RuntimeError(f"policy returned {len(actions)} actions for {len(live)} episodes")] * len(live)
             share = (time.time() - t0) / len(live)
+            stepping = []
             for lv, action in zip(live, actions):
                 lv.seconds += share
+                lv.policy_seconds += share
                 if isinstance(action, Exception):
                     lv.end(steps=lv.t, cause="policy_error", error=f"{type(action).__name__}: {action}")
                     finish(lv)
-                    continue
-                t0 = time.time()
-                try:
-                    obs, reward, ended, info = lv.env.step(action)
-                except BrowserFault as e:
-                    lv.seconds += time.time() - t0
-                    fault(lv, e)
-                    continue
-                dt = time.time() - t0
+                else:
+                    stepping.append((lv, action))
+            t0 = time.time()
+            outs = _each(pool, lambda la: la[0].env.step(la[1]), stepping)
+            for (lv, action), (out, err, dt) in zip(stepping, outs):
+                lv.seconds += (time.time() - t0) / len(stepping)
                 lv.env_seconds += dt
-                lv.seconds += dt
+                if err is not None:
+                    fault(lv, err)
+                    continue
+                obs, reward, ended, info = out
                 lv.history.append(action)
                 lv.t += 1
                 if ended:
@@ -769,6 +799,8 @@ def evaluate_online(policy: Policy, tasks, seeds, max_steps: int = 15, *, batch_
                     lv.obs = obs
             live = [lv for lv in live if not lv.over]
     finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
         for env in envs:
             env.close()
         bar.close()

@@ -89,12 +89,24 @@ class Stages:
     command, logs stdout+stderr to its folder's log.txt and records its wall and CPU seconds in self.log
     (CPU: user + system of the process and the children it waited for; a one-thread training stage's CPU
     seconds are its wall time on an idle core, whatever else shared the machine).
+    The cores are `jobs` x `threads`, and a call of run() keeps them busy: fewer jobs than `jobs` get the
+    spare cores as threads (the shared base alone: 2 threads, ~1.5x faster on 2 cores, bit-identical
+    weights), and more jobs than `jobs` but fewer than twice as many start together and share the
+    cores (3 SFT runs on 2 cores: 1.5 run-lengths, not 2 with one core idle in the second).
     A failed job raises SystemExit naming its command and log."""
 
     def __init__(self, jobs: int = 2, threads: int = 1, force: bool = False, dry_run: bool = False):
         self.jobs, self.threads, self.force, self.dry_run = jobs, threads, force, dry_run
         self.log: list[dict] = []
         self.skipped: list[str] = []  # commands of the jobs skipped as done (outputs reused)
+
+    def slots(self, n: int) -> tuple[int, int]:
+        """(processes at once, threads each) for a call of run() with n jobs to run (class docstring)."""
+        if 0 < n < self.jobs:
+            return n, self.threads * self.jobs // n
+        if self.jobs < n < 2 * self.jobs:
+            return n, self.threads
+        return self.jobs, self.threads
 
     def run(self, todo: list[dict], on_done=None) -> None:
         """todo: [{"name", "cmd" (list), "dir" (Path), "done" (Path), optional "resume" (Path)}];
@@ -112,10 +124,11 @@ class Stages:
             for job in pending:
                 print(f"[dry-run] {' '.join(job['cmd'])}", flush=True)
             return
-        env = {**os.environ, "OMP_NUM_THREADS": str(self.threads), "PYTHONUNBUFFERED": "1"}
+        slots, threads = self.slots(len(pending))
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
         running = []
         while pending or running:
-            while pending and len(running) < self.jobs:
+            while pending and len(running) < slots:
                 job = pending.pop(0)
                 job["dir"].mkdir(parents=True, exist_ok=True)
                 (job["dir"] / "cmd.txt").write_text(" ".join(job["cmd"]) + "\n")
@@ -142,7 +155,8 @@ class Stages:
                                      f"see {job['dir'] / 'log.txt'}")
                 wall = round(time.time() - t0, 1)
                 self.log.append({"name": job["name"], "cmd": " ".join(job["cmd"]), "wall_s": wall,
-                                 "cpu_s": round(usage.ru_utime + usage.ru_stime, 1)})
+                                 "cpu_s": round(usage.ru_utime + usage.ru_stime, 1), "threads": threads,
+                                 "together": slots})
                 print(f"[done] {job['name']} in {wall:.0f} s", flush=True)
                 if on_done:
                     on_done(job)
@@ -635,18 +649,20 @@ def plot_scaling(path: Path, points: dict, fits: dict) -> Path:
 
 
 def estimate(counts: dict, costs: dict, jobs: int) -> float:
-    """Estimated wall seconds of the stages as Stages.run schedules them, in waves: the base alone; the
-    SFT runs, then the RL runs, `jobs` at a time (a wave of n runs lasts ceil(n / jobs) runs: 3 SFT runs
-    on 2 cores take two run-lengths, not one and a half); the evaluations, many and short, packed
-    (units x cost / jobs). counts (pending_counts): base_steps, sft_steps, rl_steps (training stages,
-    start-up included), sft_runs, rl_runs, online_episodes, sop_episodes, stages (an evaluation
-    process's fixed cost: imports, model load, browser start); costs: seconds per unit of each."""
+    """Estimated wall seconds of the stages as Stages.run schedules them: the base alone, on every core
+    (its cost: wall seconds per step); the SFT runs, then the RL runs, `jobs` at a time in waves (n runs
+    last ceil(n / jobs) run-lengths), except that between `jobs` and 2 x `jobs` runs share the cores
+    at once (n / jobs run-lengths: 3 SFT runs on 2 cores take 1.5); the evaluations, many and short,
+    packed (units x cost / jobs). counts (pending_counts): base_steps, sft_steps, rl_steps (training
+    stages, start-up included), sft_runs, rl_runs, online_episodes, sop_episodes, stages (an evaluation
+    process's fixed cost: imports, model load); costs: seconds per unit of each."""
     j = max(jobs, 1)
     wall = counts.get("base_steps", 0) * costs.get("base_steps", 0.0)
     for kind in ("sft", "rl"):
         steps, runs = counts.get(f"{kind}_steps", 0), counts.get(f"{kind}_runs", 0)
         if steps and runs:
-            wall += math.ceil(runs / j) * steps / runs * costs.get(f"{kind}_steps", 0.0)
+            lengths = runs / j if j < runs < 2 * j else math.ceil(runs / j)
+            wall += lengths * steps / runs * costs.get(f"{kind}_steps", 0.0)
     return wall + sum(counts.get(k, 0) * costs.get(k, 0.0) for k in ("online_episodes", "sop_episodes", "stages")) / j
 
 
@@ -670,8 +686,8 @@ def unit_costs(stage_log: list[dict], evals: list[dict], sft_steps: int, rl_step
     start and model load included: its wall time on an idle core, however loaded the machine was; its
     wall time when the log has no CPU seconds), per online episode and per offline (SOP + static) episode
     (an evaluation's own timings, wall: the browser runs beside it; its process start is "stages")."""
-    def per(match, units):
-        w = [e.get("cpu_s") or e["wall_s"] for e in stage_log if match(e["cmd"])]
+    def per(match, units, wall=False):
+        w = [e["wall_s"] if wall else e.get("cpu_s") or e["wall_s"] for e in stage_log if match(e["cmd"])]
         return float(np.mean(w)) / units if w and units else None
     is_base = lambda c: "train_sft.py" in c and "--max-steps 0 " in c + " "  # noqa: E731
     on = [c["online_seconds"] / c["n_online_episodes"] for c in evals if c.get("online_seconds")]
@@ -679,7 +695,7 @@ def unit_costs(stage_log: list[dict], evals: list[dict], sft_steps: int, rl_step
            for c in evals if c.get("eval_seconds") and c.get("online_seconds") is not None]
     evals_wall = [e["wall_s"] - c["eval_seconds"] for e in stage_log for c in evals
                   if "eval_sop.py" in e["cmd"] and c.get("eval") and c["eval"] in e["cmd"] and c.get("eval_seconds")]
-    return {"base_steps": per(is_base, base_steps),
+    return {"base_steps": per(is_base, base_steps, wall=True),  # alone, on every core (Stages)
             "sft_steps": per(lambda c: "train_sft.py" in c and not is_base(c), sft_steps),
             "rl_steps": per(lambda c: "train_semionline.py" in c, rl_steps),
             "online_episodes": float(np.mean(on)) if on else None, "sop_episodes": float(np.mean(off)) if off else None,

@@ -258,13 +258,16 @@ def test_batched_evaluation_matches_one_at_a_time(monkeypatch):
     ends = {}
     for bs in (1, 4):
         calls, starts[:] = [], []
+        t0 = time.time()
         res = me.evaluate_online(_as_batched(experts.expert_policy, calls), ["click-test", "enter-text"], 3,
                                  max_steps=6, batch_size=bs, progress=False)
+        wall = time.time() - t0
         ends[bs] = [(e["task"], e["seed"], e["success"], e["steps"], e["cause"]) for e in res["episodes"]]
         assert res["overall"]["success_rate"] == 1.0 and max(calls) == bs
         assert len(starts) == bs  # browsers are reused across tasks, never one per episode
         assert sum(calls) == 3 * 1 + 3 * 3  # click; click, type, submit (enter-text)
-        assert all(e["seconds"] >= e["env_seconds"] > 0 for e in res["episodes"])
+        assert all(e["seconds"] > 0 and e["env_seconds"] > 0 for e in res["episodes"])
+        assert 0.5 * wall < sum(e["seconds"] for e in res["episodes"]) <= wall  # shares of the wall time
     assert ends[1] == ends[4]
     assert [e[:2] for e in ends[4]] == [(t, me.TEST_SEED_BASE + k) for t in ("click-test", "enter-text") for k in range(3)]
 

@@ -278,14 +278,33 @@ def test_unit_costs_take_training_cpu_seconds():
 
 
 def test_estimate_runs_stages_in_waves():
-    """Base alone; 3 SFT runs on 2 jobs take two run-lengths; 6 RL runs three; evaluations packed."""
+    """Base alone; 3 SFT runs on 2 jobs share the cores at once (1.5 run-lengths); 6 RL runs take three
+    waves, 5 too; evaluations packed."""
     costs = {"base_steps": 0.2, "sft_steps": 2.0, "rl_steps": 20.0, "online_episodes": 1.5, "sop_episodes": 1.0, "stages": 4.0}
     counts = {"base_steps": 3000, "sft_steps": 900, "sft_runs": 3, "rl_steps": 600, "rl_runs": 6,
               "online_episodes": 1000, "sop_episodes": 320, "stages": 10}
-    want = 600 + 2 * 600 + 3 * 2000 + (1500 + 320 + 40) / 2
+    want = 600 + 1.5 * 600 + 3 * 2000 + (1500 + 320 + 40) / 2
     assert rc.estimate(counts, costs, 2) == pytest.approx(want)
     assert rc.estimate({**counts, "rl_runs": 5, "rl_steps": 500}, costs, 2) == pytest.approx(want)  # 5 runs: 3 rounds too
     assert rc.estimate(counts, costs, 1) == pytest.approx(600 + 1800 + 12000 + 1860)
+    assert rc.estimate({**counts, "sft_runs": 1, "sft_steps": 300}, costs, 2) == pytest.approx(want - 300)
+
+
+def test_stages_keep_every_core_busy(tmp_path):
+    """A lone job gets the spare cores as threads; 3 jobs on 2 slots start together; 4 run 2 at a time."""
+    st = rc.Stages(jobs=2)
+    assert [st.slots(n) for n in (1, 2, 3, 4, 5)] == [(1, 2), (2, 1), (3, 1), (2, 1), (2, 1)]
+    assert rc.Stages(jobs=4).slots(2) == (2, 2) and rc.Stages(jobs=4).slots(3) == (3, 1)
+    script = ("import os, sys, time, pathlib; d = pathlib.Path(sys.argv[1]); t = time.time(); time.sleep(0.5); "
+              "(d / 'done').write_text(f\"{os.environ['OMP_NUM_THREADS']} {t} {time.time()}\")")
+    jobs = [{"name": f"j{i}", "cmd": [sys.executable, "-c", script, str(tmp_path / f"j{i}")], "dir": tmp_path / f"j{i}",
+             "done": tmp_path / f"j{i}" / "done"} for i in range(4)]
+    st.run(jobs[:1])
+    assert (tmp_path / "j0" / "done").read_text().split()[0] == "2" and st.log[-1]["threads"] == 2
+    st.run(jobs[1:])
+    spans = [tuple(map(float, (tmp_path / f"j{i}" / "done").read_text().split()[1:])) for i in (1, 2, 3)]
+    assert max(s for s, _ in spans) < min(e for _, e in spans)  # all three ran at the same time
+    assert [e["threads"] for e in st.log[1:]] == [1, 1, 1]
 
 
 def test_report_only_keeps_the_runs_provenance(tmp_path):
