@@ -136,7 +136,7 @@ def main(argv=None) -> dict:
                              everything=True)
     rc.add_test_counts(args, data, keys, finals, counts, full)
     print(f"[plan] {n_tasks} tasks, seeds {args.seeds}, {counts['rl_steps'] // max(args.rl_steps, 1)} of {len(rl)} RL runs and "
-          f"{counts['stages']} of {len(evals)} evaluations still to run ({len(keys)} online episodes each); estimated wall "
+          f"{counts['stages']} of {full['stages']} evaluations (test episodes included) still to run ({len(keys)} online episodes each); estimated wall "
           f"{rc.estimate(counts, costs, args.jobs) / 60:.0f} min with {args.jobs} jobs (from scratch, the shared SFT and "
           f"reference runs included: {rc.estimate(full, costs, args.jobs) / 60:.0f} min; costs s/unit: {costs})", flush=True)
     for n in not_run:

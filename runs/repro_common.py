@@ -784,8 +784,9 @@ def make_parser(doc: str, setting: dict, quick: dict):
         flag = "--" + k.lower().replace("_", "-")
         if k.endswith(("_EXTRA", "_ARGS")):  # flags passed through to a stage: one quoted string
             p.add_argument(flag, type=shlex.split, default=list(v), help=k + " (one quoted string, e.g. \"--a 1 --b\")")
-        elif isinstance(v, list):
-            p.add_argument(flag, nargs="*", type=type(v[0]) if v and not isinstance(v[0], str) else str, default=v, help=k)
+        elif isinstance(v, list):  # items typed like the default's, or QUICK's when the default is empty
+            sample = v or quick.get(k) or [""]
+            p.add_argument(flag, nargs="*", type=type(sample[0]), default=v, help=k)
         elif isinstance(v, bool):
             p.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=v, help=k)
         elif v is None:

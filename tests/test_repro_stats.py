@@ -555,3 +555,13 @@ def test_run_test_stage_runs_the_finals_on_the_headroom_tasks(tmp_path, monkeypa
     test_rows, test = [], {}
     rc.run_test_stage(args, {"image_root": "img"}, [], finals, rows, test_rows, test, rc.Stages(), lambda: {}, out, "t")
     assert test_rows == [] and test["keys"] == [] and "no task with headroom" in capsys.readouterr().out
+
+
+def test_list_flags_are_typed_like_their_setting(tmp_path):
+    """A list flag's items take the type of its default, or of QUICK's value when the default is empty
+    (--scaling-per-task 3 6 must be ints, not the strings '3' '6')."""
+    import repro_ablations
+    argv = ["--scaling-per-task", "3", "6", "--seeds", "0", "--online-batch", "4", "--results", str(tmp_path)]
+    args = rc.parse("doc", repro_ablations.SETTING, repro_ablations.QUICK, argv)
+    assert args.scaling_per_task == [3, 6] and args.seeds == [0] and args.online_batch == 4
+    assert args.tasks[:2] == ["enter-text", "enter-password"]
