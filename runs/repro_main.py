@@ -73,10 +73,10 @@ SETTING = dict(
 QUICK = dict(SEEDS=[0], BASE_STEPS=20, SFT_STEPS=20, RL_STEPS=2, EVAL_PER_TASK=1, ONLINE_EPISODES=8,
              TASKS=["enter-text", "click-option"], TEST_EPISODES=4)
 # seconds per unit, 2 jobs on the 2-core machine: base (wall; alone with 2 threads) 0.125, 1.5x the one-thread
-# c398681 figure (bit-identical weights); SFT 1.83 (c398681); RL 14.5 (2836936: pi_old from the sampler, 13-15 s);
-# online episode 1.07: c398681's 1.64 one at a time over the 1.54-1.75x measured at --online-batch 8 (results/LOG.md);
+# c398681 figure (bit-identical weights); SFT 1.83 (c398681); RL, evaluations: the seed-0 slice of this script at bc8dc9f
+# (RL CPU seconds per step, offline 18.7, semi-online 21.9; online episodes 8 at a time; results/LOG.md);
 # replaced by the usable unit_costs of an earlier run's results JSON (rc.load_costs)
-COSTS = {"base_steps": 0.125, "sft_steps": 1.83, "rl_steps": 14.5, "online_episodes": 1.07, "sop_episodes": 0.84, "stages": 3.7}
+COSTS = {"base_steps": 0.125, "sft_steps": 1.83, "rl_steps": 20.3, "online_episodes": 1.52, "sop_episodes": 1.09, "stages": 5.2}
 ARMS = {"offline": ["--history", "expert"], "semionline": rc.SEMIONLINE_REF}  # RL arms and their flags
 
 
