@@ -298,6 +298,13 @@ def _key_name(text: str) -> str | None:
 # the environment
 
 
+def _task_page(task: str) -> str:
+    """The file URI of a MiniWob++ task's page; ValueError for an unknown task."""
+    if not (HTML_DIR / f"{task}.html").exists():
+        raise ValueError(f"unknown MiniWob++ task {task!r} (no {task}.html in {HTML_DIR})")
+    return (HTML_DIR / f"{task}.html").as_uri()
+
+
 class MiniWobEnv:
     """One MiniWob++ task in one headless Chromium that this object starts, restarts and kills.
 
@@ -311,8 +318,7 @@ class MiniWobEnv:
 
     def __init__(self, task: str, *, step_timeout_s: float = 20.0, episode_time_s: float = 600.0,
                  screenshots: bool = True, data_mode: str = "train"):
-        if not (HTML_DIR / f"{task}.html").exists():
-            raise ValueError(f"unknown MiniWob++ task {task!r} (no {task}.html in {HTML_DIR})")
+        _task_page(task)
         self.task = task
         self.step_timeout_s = step_timeout_s
         self.episode_time_s = episode_time_s
@@ -349,7 +355,7 @@ class MiniWobEnv:
             self.driver = webdriver.Chrome(service=self._service, options=opts)
             self.driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
                 "width": VIEWPORT_W, "height": VIEWPORT_H, "deviceScaleFactor": 1, "mobile": False})
-            self.driver.get((HTML_DIR / f"{self.task}.html").as_uri())
+            self.driver.get(_task_page(self.task))
             w, h, dpr = self.driver.execute_script(
                 "return [window.innerWidth, window.innerHeight, window.devicePixelRatio];")
         if w < SCREEN_W or h < SCREEN_H or dpr != 1:
@@ -361,13 +367,12 @@ class MiniWobEnv:
         """Point this env (and its running browser, if any) at another task's page, so one browser
         serves many tasks in turn: cheaper than a new browser per task (~1-3 s each on 2 cores).
         Raises ValueError for an unknown task, BrowserFault if the page does not load."""
-        if not (HTML_DIR / f"{task}.html").exists():
-            raise ValueError(f"unknown MiniWob++ task {task!r} (no {task}.html in {HTML_DIR})")
+        _task_page(task)
         self.task, self.field_extractor = task, get_field_extractor(task)
         self.seed, self.done, self._fields = None, True, []
         if self.driver is not None:
             with self._deadline(self.step_timeout_s, f"load {task}"):
-                self.driver.get((HTML_DIR / f"{task}.html").as_uri())
+                self.driver.get(_task_page(task))
 
     def close(self):
         """Quit the browser (politely if it answers, by SIGKILL of its process group if not)."""
@@ -601,38 +606,17 @@ class _Live:
 
 
 def _act(policy, batched: bool, lives: list[_Live]) -> list:
-    """The policy's actions for every episode in flight: one call of a batched policy, else one
-    call per episode; an exception ends the episodes it was asked about (cause policy_error),
-    their action is then the exception."""
-    obs = [{**l.obs, "history": list(l.history)} for l in lives]
-    if batched:
-        try:
-            return list(policy(obs, [l.t for l in lives]))
-        except Exception as e:  # noqa: BLE001 -- a policy bug is reported, not fatal to the run
-            return [e] * len(lives)
+    """The policy's actions for every episode in flight: one call of a batched policy, else one call
+    per episode; an exception is the action of the episodes it was asked about (-> policy_error)."""
+    obs = [{**lv.obs, "history": list(lv.history)} for lv in lives]
+    calls = [(obs, [lv.t for lv in lives])] if batched else [([o], [lv.t]) for o, lv in zip(obs, lives)]
     out = []
-    for o, l in zip(obs, lives):
+    for o, t in calls:
         try:
-            out.append(policy(o, l.t))
-        except Exception as e:  # noqa: BLE001
-            out.append(e)
+            out += list(policy(o, t)) if batched else [policy(o[0], t[0])]
+        except Exception as e:  # noqa: BLE001 -- a policy bug is reported, not fatal to the run
+            out += [e] * len(o)
     return out
-
-
-def _start_together(envs: list["MiniWobEnv"]) -> None:
-    """Start the browsers of `envs` in threads: a start mostly waits on chromedriver and Chromium
-    (~2 s each here; 4 together took 5.0 s against 7.5 s one by one beside a training job). A start
-    that faults leaves its env without a browser; its first reset starts one again."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    if len(envs) < 2:
-        return  # the first reset starts it
-    with ThreadPoolExecutor(len(envs)) as pool:
-        for f in [pool.submit(e.start) for e in envs]:
-            try:
-                f.result()
-            except BrowserFault:
-                pass
 
 
 def _each(pool, fn, items: list) -> list[tuple]:
@@ -658,28 +642,23 @@ def _begin(lv: _Live) -> dict:
 def evaluate_online(policy: Policy, tasks, seeds, max_steps: int = 15, *, batch_size: int = 1, retries: int = 1,
                     screenshots: bool = True, step_timeout_s: float = 20.0,
                     episode_time_s: float = 600.0, progress: bool = True) -> dict:
-    """Run `policy` live on every task for every seed; seeds is a list or a count n
-    (-> TEST_SEED_BASE + 0..n-1, the held-out test seeds).
+    """Run `policy` live on every task for every seed; seeds is a list or a count n (-> TEST_SEED_BASE
+    + 0..n-1, the held-out test seeds). policy(obs, step) -> action dict in pixels of obs["screenshot"]
+    (original 168x224); with a true `batched` attribute, policy(list[obs], list[step]) -> list[action].
 
-    Up to batch_size episodes run at once, one browser each (continuous batching: an episode that
-    ends hands its browser to the next episode in line, preferably of the task its page shows), so
-    a batched policy answers all of them in one call: policy.batched true means
-    policy(list[obs], list[step]) -> list[action]; otherwise policy(obs, step) -> action per
-    episode. The browsers reset and step in threads, together. Episodes do not interact, so the
-    results do not depend on batch_size (a model's greedy answers agree across batch compositions,
-    sampler.py note 6). A browser fault restarts that browser and retries the episode up to
-    `retries` times, then counts as browser_fault.
+    Up to batch_size episodes run at once, one browser each, resetting and stepping in threads; a
+    batched policy answers them in one call. An episode that ends hands its browser to the next in
+    line, preferably of the task its page shows. Episodes do not interact, so results do not depend on
+    batch_size (greedy answers agree across batch compositions, sampler.py note 6). A browser fault
+    restarts that browser and retries the episode up to `retries` times, then counts as browser_fault.
 
-    An episode: cause success | wrong_action (the environment ended it without full reward, or the
-    policy sent terminate first) | step_limit | browser_fault | policy_error; `seconds` is its share
-    of the wall time (each policy call and each reset or step phase split evenly over the episodes
-    in it; they sum to the run's wall time), `env_seconds` its browser's own time (start, reset,
-    steps, screenshots; browsers overlap, so these may sum to more than the wall time).
-    policy(obs, step) -> action dict in pixels of obs["screenshot"] (original 168x224).
-    Returns {"per_task": {task: {...}}, "overall": {...}, "episodes": [...]} (episodes in task,
-    then seed order), where each summary has episodes, success_rate, mean_steps, failures (by
-    cause), seconds_per_episode and seconds_per_env_step (environment time incl. reset, per step).
-    Raises ValueError for batch_size < 1 or an unknown task."""
+    An episode: cause success | wrong_action (the page ended it without full reward, or the policy
+    sent terminate first) | step_limit | browser_fault | policy_error; `seconds` its share of the wall
+    time (each policy call and reset or step phase split evenly over its episodes), `policy_seconds` its
+    share of the policy calls, `env_seconds` its browser's own time (browsers overlap). Returns
+    {"per_task": {task: {...}}, "overall": {...}, "episodes": [...] (task, then seed order)}; each
+    summary has episodes, success_rate, mean_steps, failures (by cause), seconds_per_episode and
+    seconds_per_env_step. Raises ValueError for batch_size < 1 or an unknown task."""
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
@@ -689,9 +668,8 @@ def evaluate_online(policy: Policy, tasks, seeds, max_steps: int = 15, *, batch_
         raise ValueError(f"evaluate_online: batch_size {batch_size} must be >= 1")
     if isinstance(seeds, int):
         seeds = list(range(TEST_SEED_BASE, TEST_SEED_BASE + seeds))
-    for task in tasks:
-        if not (HTML_DIR / f"{task}.html").exists():
-            raise ValueError(f"unknown MiniWob++ task {task!r} (no {task}.html in {HTML_DIR})")
+    for t in tasks:  # an unknown task fails before any browser starts
+        _task_page(t)
     batched = bool(getattr(policy, "batched", False))
     # the episodes in line, task by task round robin, so the first browsers start on different tasks;
     # idx: the episode's place in the results (task, then seed order)
@@ -727,7 +705,7 @@ def evaluate_online(policy: Policy, tasks, seeds, max_steps: int = 15, *, batch_
                                     screenshots=screenshots) for i in range(min(want, len(line)))]
                 envs += fresh
                 t0 = time.time()
-                _start_together(fresh)
+                _each(pool, MiniWobEnv.start, fresh)  # a faulted start: the first reset starts it again
                 for e in fresh:  # environment time of the episode each browser serves first
                     e.start_share = (time.time() - t0) / len(fresh)
             new: list[_Live] = []

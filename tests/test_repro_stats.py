@@ -295,15 +295,21 @@ def test_stages_keep_every_core_busy(tmp_path):
     st = rc.Stages(jobs=2)
     assert [st.slots(n) for n in (1, 2, 3, 4, 5)] == [(1, 2), (2, 1), (3, 1), (2, 1), (2, 1)]
     assert rc.Stages(jobs=4).slots(2) == (2, 2) and rc.Stages(jobs=4).slots(3) == (3, 1)
-    script = ("import os, sys, time, pathlib; d = pathlib.Path(sys.argv[1]); t = time.time(); time.sleep(0.5); "
-              "(d / 'done').write_text(f\"{os.environ['OMP_NUM_THREADS']} {t} {time.time()}\")")
-    jobs = [{"name": f"j{i}", "cmd": [sys.executable, "-c", script, str(tmp_path / f"j{i}")], "dir": tmp_path / f"j{i}",
-             "done": tmp_path / f"j{i}" / "done"} for i in range(4)]
-    st.run(jobs[:1])
-    assert (tmp_path / "j0" / "done").read_text().split()[0] == "2" and st.log[-1]["threads"] == 2
-    st.run(jobs[1:])
-    spans = [tuple(map(float, (tmp_path / f"j{i}" / "done").read_text().split()[1:])) for i in (1, 2, 3)]
-    assert max(s for s, _ in spans) < min(e for _, e in spans)  # all three ran at the same time
+    # each job marks its start, then waits (up to 60 s) until the jobs of its call have all started:
+    # "together" only if none was left waiting for one that had not been launched
+    script = ("import os, sys, time, pathlib; d = pathlib.Path(sys.argv[1]); n = int(sys.argv[2]); "
+              "(d / 'started').write_text(''); t = time.time(); "
+              "ok = lambda: len(list(d.parent.glob('*/started'))) >= n; "
+              "[time.sleep(0.05) for _ in iter(lambda: ok() or time.time() - t > 60, True)]; "
+              "(d / 'done').write_text(f\"{os.environ['OMP_NUM_THREADS']} {ok()}\")")
+
+    def jobs(group, n):
+        return [{"name": f"j{i}", "cmd": [sys.executable, "-c", script, str(tmp_path / group / f"j{i}"), str(n)],
+                 "dir": tmp_path / group / f"j{i}", "done": tmp_path / group / f"j{i}" / "done"} for i in range(n)]
+    st.run(jobs("one", 1))
+    assert (tmp_path / "one" / "j0" / "done").read_text() == "2 True" and st.log[-1]["threads"] == 2
+    st.run(jobs("three", 3))
+    assert [(tmp_path / "three" / f"j{i}" / "done").read_text() for i in range(3)] == ["1 True"] * 3
     assert [e["threads"] for e in st.log[1:]] == [1, 1, 1]
 
 
