@@ -378,7 +378,7 @@ def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], 
     with lent_to_sampler(sampler):
         res = miniwob_env.evaluate_online(wrapped or miniwob_experts.expert_policy, tasks, seeds,
                                           max_steps=args.online_max_steps,
-                                          batch_size=getattr(args, "online_batch", 1))
+                                          batch_size=args.online_batch)
     shown = []
     if wrapped is not None:
         by_key = {(e["task"], e["seed"]): e for e in res["episodes"]}

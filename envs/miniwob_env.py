@@ -678,6 +678,7 @@ def evaluate_online(policy: Policy, tasks, seeds, max_steps: int = 15, *, batch_
     retried: dict[int, float] = {}  # seconds an episode spent before a browser fault, carried to its retry
     envs: list[MiniWobEnv] = []
     live: list[_Live] = []
+    start_share: dict[int, float] = {}  # id(env) -> its start's seconds, charged to the first episode it serves
     bar = tqdm(total=len(line), disable=not progress, desc="eval", file=sys.stderr, mininterval=2.0)
     pool = ThreadPoolExecutor(batch_size) if batch_size > 1 else None
 
@@ -706,25 +707,18 @@ def evaluate_online(policy: Policy, tasks, seeds, max_steps: int = 15, *, batch_
                 envs += fresh
                 t0 = time.time()
                 _each(pool, MiniWobEnv.start, fresh)  # a faulted start: the first reset starts it again
-                for e in fresh:  # environment time of the episode each browser serves first
-                    e.start_share = (time.time() - t0) / len(fresh)
+                start_share.update((id(e), (time.time() - t0) / len(fresh)) for e in fresh)
             new: list[_Live] = []
             while line and len(live) + len(new) < batch_size:  # the free browsers take the next episodes
                 busy = {id(lv.env) for lv in live + new}
-                idle = [e for e in envs if id(e) not in busy]
+                idle = [e for e in envs if id(e) not in busy]  # never empty: `want` started enough browsers
                 # a free browser takes the next episode of the task it shows (no page load), else the next in line
-                env, k = next(((e, j) for e in idle for j, item in enumerate(line) if item[1] == e.task),
-                              (idle[0] if idle else None, 0))
+                env, k = next(((e, j) for e in idle for j, item in enumerate(line) if item[1] == e.task), (idle[0], 0))
                 idx, task, seed, attempt = line[k]
                 del line[k]
-                if env is None:
-                    env = MiniWobEnv(task, step_timeout_s=step_timeout_s, episode_time_s=episode_time_s,
-                                     screenshots=screenshots)
-                    envs.append(env)
                 lv = _Live(idx, task, seed, attempt, env)
-                lv.seconds = retried.pop(idx, 0.0) + getattr(env, "start_share", 0.0)
-                lv.env_seconds = getattr(env, "start_share", 0.0)
-                env.start_share = 0.0
+                lv.env_seconds = start_share.pop(id(env), 0.0)
+                lv.seconds = retried.pop(idx, 0.0) + lv.env_seconds
                 new.append(lv)
             t0 = time.time()
             outs = _each(pool, _begin, new)
