@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
-from vlm import STOP_TOKENS, VISION_TOKENS, pad_token_id
+from vlm import STOP_TOKENS, VISION_TOKENS, cache_attention_mask, pad_token_id
 
 DECODE_MODES = ("auto", "eager", "static", "graph")  # Sampler(decode=...): engine design note 7
 
@@ -252,16 +252,6 @@ class _StaticDecode:
         return out
 
 
-def _attention_mask(valid: torch.Tensor, S: int) -> torch.Tensor:
-    """valid (R, K) bool over cache slots, the last S being this forward's queries ->
-    (R, 1, S, K) bool: causal, real keys only, and every query sees itself (no empty rows)."""
-    K = valid.shape[1]
-    q = torch.arange(K - S, K, device=valid.device)[:, None]                # (S, 1) slot of each query
-    k = torch.arange(K, device=valid.device)[None, :]                       # (1, K)
-    allowed = ((k <= q)[None] & valid[:, None, :]) | (k == q)[None]         # (R, S, K)
-    return allowed[:, None]
-
-
 class Sampler:
     """Batched KV-cached sampler; see the module docstring for the design.
 
@@ -402,7 +392,7 @@ class Sampler:
         seg_valid = seg_valid.to(self.device)
         valid = seg_valid if valid is None else torch.cat([valid, seg_valid], dim=1)   # (R, K)
         vision = (torch.cat(pvs), torch.stack(thws)) if pvs else (None, None)
-        return self._forward(cache, ids, pos, _attention_mask(valid, S), *vision), valid
+        return self._forward(cache, ids, pos, cache_attention_mask(valid, S), *vision), valid
 
     def _prefill(self, prompts: list[_Prompt], rows: list[int]):
         """Prefill the radix tree of `prompts` level by level. Returns the decode state: a cache of

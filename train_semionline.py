@@ -126,6 +126,9 @@ parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weig
 parser.add_argument("--grad-clip", type=float, default=1.0, help="global grad-norm clip")
 parser.add_argument("--ppo-mini-batches", type=int, default=4, help="optimizer steps per rollout batch (1 PPO epoch)")
 parser.add_argument("--micro-batch-size", type=int, default=8, help="sequences per forward/backward")
+parser.add_argument("--share-prompts", choices=["auto", "on", "off"], default="auto",
+                    help="run the prompt head a micro-batch's rows share once in the log-prob forwards (vlm.PolicyLogProb; "
+                         "same log-probs to ~1e-5); auto: on on CPU without --gradient-checkpointing (GPU: not measured, off)")
 parser.add_argument("--gradient-checkpointing", action="store_true",
                     help="recompute each decoder layer's and vision block's activations in the backward (less memory, ~1/3 more update compute)")
 # run
@@ -163,6 +166,8 @@ def check_args(args) -> None:
         (args.max_resample >= 0, f"--max-resample {args.max_resample}: must be >= 0"),
         (args.ppo_mini_batches >= 1, f"--ppo-mini-batches {args.ppo_mini_batches}: must be >= 1"),
         (args.micro_batch_size >= 1, f"--micro-batch-size {args.micro_batch_size}: must be >= 1"),
+        (args.share_prompts != "on" or not args.gradient_checkpointing,
+         "--share-prompts on needs the KV cache, which --gradient-checkpointing drops: use --share-prompts off"),
         (args.eval_every >= 0 and args.eval_episodes >= 1 and args.eval_samples >= 1,
          "--eval-every must be >= 0, --eval-episodes and --eval-samples >= 1"),
         (0 <= args.overlong_buffer <= args.max_new_tokens,
@@ -186,6 +191,8 @@ def main(argv=None):
     gpu = proc.device.type == "cuda"
     if args.old_logp == "auto":  # recorded resolved in args.json
         args.old_logp = "recompute" if gpu or args.top_p < 1.0 else "sampler"
+    if args.share_prompts == "auto":
+        args.share_prompts = "off" if gpu or args.gradient_checkpointing else "on"
     if args.tasks_per_step % proc.world_size:
         raise cli.UsageError(f"--tasks-per-step {args.tasks_per_step} must be a multiple of the world size {proc.world_size}")
     out = Path(args.out)
@@ -317,8 +324,9 @@ def main(argv=None):
 
             def collate(chunk):
                 items = chunk if chunk is not None else filler
-                return to_device(collate_sequences([it.prompt for it in items], [it.response_ids for it in items],
-                                                   pad_id), proc.device)
+                return to_device(collate_sequences([it.prompt for it in items], [it.response_ids for it in items], pad_id,
+                                                   share_prompts=args.share_prompts == "on",
+                                                   image_token_id=model.config.image_token_id), proc.device)
 
         if n_train > 0 and (recompute or ref is not None):
             with torch.no_grad():
@@ -537,6 +545,7 @@ class TrainItem:
     prompt = property(lambda self: self.record.prompt)
     response_ids = property(lambda self: self.record.response_ids)
     task_idx = property(lambda self: self.record.task_idx)
+    step_idx = property(lambda self: self.record.step_idx)
 
 
 # -----------------------------------------------------------------------------
@@ -595,26 +604,30 @@ def ppo_step(policy, optimizer, mb, collate, args, proc) -> dict:
 
 
 def _micro_batches(records, n_mini, micro_size, proc, length=None):
-    """Split records (TrainItems, or anything with task_idx) into n_mini mini-batches, each a list
-    of micro-batches.
+    """Split records (TrainItems, or anything with task_idx and step_idx) into n_mini mini-batches,
+    each a list of micro-batches.
 
-    Record j of a task (in record order) goes to mini-batch j % n_mini, so the union of a
-    mini-batch over ranks does not depend on the world size (the 1- vs 2-process test).
-    length(record) -> tokens: each mini-batch is sorted by it (stable) before it is cut, so a micro-batch
-    pads less (31% -> 21% padding on the reproduction's batches); only the summation order changes.
-    Every rank runs the same number of micro-batches (None = a zero-weight dummy); a
+    The records of one task at one step (its rollouts there: one group of docs/method.md §6, with
+    identical prompts wherever their histories agree) go together to mini-batch
+    (task_idx + step_idx) % n_mini, in record order. So the union of a mini-batch over ranks does not
+    depend on the world size (the 1- vs 2-process test), and a micro-batch can run the prompt its
+    rows share once (--share-prompts); verl keeps a prompt's responses in one mini-batch the same way.
+    length(record) -> tokens: each mini-batch is sorted (stable) by its groups' longest length, then
+    by length within a group, before it is cut, so a micro-batch pads less; only the summation order
+    changes. Every rank runs the same number of micro-batches (None = a zero-weight dummy); a
     mini-batch empty on every rank is dropped.
     """
     minis = [[] for _ in range(n_mini)]
-    seen: dict[int, int] = {}
     for r in records:
-        j = seen.get(r.task_idx, 0)
-        seen[r.task_idx] = j + 1
-        minis[j % n_mini].append(r)
+        minis[(r.task_idx + r.step_idx) % n_mini].append(r)
     out = []
     for m in minis:
         if length is not None:
-            m = sorted(m, key=length)
+            longest: dict[tuple[int, int], int] = {}
+            for r in m:
+                g = (r.task_idx, r.step_idx)
+                longest[g] = max(longest.get(g, 0), length(r))
+            m = sorted(m, key=lambda r: (longest[(r.task_idx, r.step_idx)], r.task_idx, r.step_idx, length(r)))
         chunks = [m[i:i + micro_size] for i in range(0, len(m), micro_size)]
         n = torch.tensor([len(chunks)], dtype=torch.long, device=proc.device)
         if proc.world_size > 1:

@@ -23,6 +23,11 @@ suppressed), log-probs and update the TRL way (full logits through
 `trl.trainer.utils.selective_log_softmax`, the clipped GRPO loss written as TRL's `_compute_loss`
 computes it, AdamW). ratio_vs_trl = peer step seconds / ours.
 
+Shared prompts. In each repeat the log-probs and the update also run on the same micro-batches
+collated with share_prompts (each shared prompt head once: vlm.PolicyLogProb), from the same
+weights: share_speedup = seconds plain / shared, per phase (--no-share-prompts skips it). Expert
+history makes every rollout of a task share each step's prompt: the most this can give.
+
 Vocabulary. The tiny preset runs on a small tokenizer of its own (assets/tiny_tokenizer, 8,192
 tokens). With --vocab both (the default) the same step also runs on the real Qwen2.5-VL vocabulary
 (152,064 rows, the 7B config's lm_head) with the same body (every weight but the embedding / lm_head copied from the small
@@ -79,6 +84,8 @@ parser.add_argument("--seed", type=int, default=0, help="model init and sampling
 parser.add_argument("--model", default="tiny:128x4", help="tiny preset (tiny:HxL) whose step is timed (the quick start's)")
 parser.add_argument("--system-prompt", choices=["model", "full", "short"], default="model",
                     help="model: the one the stages give --model (short for a tiny preset, chat.fresh_defaults)")
+parser.add_argument("--share-prompts", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time the log-probs and the update with shared prompt heads (collate share_prompts): share_speedup")
 parser.add_argument("--vocab", choices=["both", "small", "real"], default="both",
                     help="the tiny preset's small vocabulary, Qwen2.5-VL's real one (same body), or both (vocab_speedup)")
 args = parser.parse_args()
@@ -176,7 +183,6 @@ class CountingSampler(Sampler):
 def our_step(v):
     v.model.load_state_dict(v.init_state)
     policy, ref = PolicyLogProb(v.model), PolicyLogProb(v.ref_model)
-    opt = torch.optim.AdamW(policy.parameters(), lr=1e-4)
     sampler = CountingSampler(v.model, v.tokenizer, max_new_tokens=args.max_new_tokens, stop_token_ids=[])
     sampler.calls = []
     with sampling_mode(policy):
@@ -187,8 +193,25 @@ def our_step(v):
     for r in recs:
         r.adv = float(r.reward) - 0.5
     chunks = [recs[i:i + args.micro_batch_size] for i in range(0, len(recs), args.micro_batch_size)]
-    batches = [to_device(collate_sequences([r.prompt for r in c], [r.response_ids for r in c], v.pad_id), "cpu")
-               for c in chunks]
+
+    def batches_of(share):
+        return [to_device(collate_sequences([r.prompt for r in c], [r.response_ids for r in c], v.pad_id,
+                                            share_prompts=share, image_token_id=v.model.config.image_token_id), "cpu")
+                for c in chunks]
+    batches = batches_of(False)
+    t_logp, t_update = logprob_and_update(v, policy, ref, batches, chunks)
+    times = dict(prefill=t_prefill, decode=t_decode, rollout=t_roll, logprob=t_logp, update=t_update,
+                 step=t_roll + t_logp + t_update)
+    if args.share_prompts:  # the same work with each micro-batch's shared prompt heads run once, same weights
+        v.model.load_state_dict(v.init_state)
+        times["logprob_shared"], times["update_shared"] = logprob_and_update(v, policy, ref, batches_of(True), chunks)
+    return times, sampler.calls, recs, batches
+
+
+def logprob_and_update(v, policy, ref, batches, chunks):
+    """Seconds of the old + reference log-probs (no grad) and of one update pass (forward + ppo_loss +
+    backward + AdamW step per mini-batch) on these micro-batches."""
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-4)
     t0 = time.perf_counter()
     with torch.no_grad():
         old = [policy(b)[0] for b in batches]
@@ -206,9 +229,7 @@ def our_step(v):
             loss.mean().backward()
         torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
         opt.step()
-    t_update = time.perf_counter() - t0
-    return dict(prefill=t_prefill, decode=t_decode, rollout=t_roll, logprob=t_logp, update=t_update,
-                step=t_roll + t_logp + t_update), sampler.calls, recs, batches
+    return t_logp, time.perf_counter() - t0
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -373,6 +394,8 @@ if len(variants) == 2:
                                                   "rollout_tok_s", "decode_tok_s")})
     result["vocab_speedup_phases"] = {k: round(real["seconds"][k] / med[k], 2) for k in med}
     result["vocab_speedup"] = round(real["seconds"]["step"] / med["step"], 2)
+if args.share_prompts:  # side by side in each repeat: the micro-batches' shared prompt heads run once
+    result["share_speedup"] = {k: round(med[k] / med[f"{k}_shared"], 2) for k in ("logprob", "update")}
 result.update(gemm_gflops={f"{m}x{k}x{n}": round(r / 1e9, 1) for (m, k, n), r in _rates.items()},
               trl_version=trl_version, trl_grpo_error=trl_grpo_error(main_v))
 if peer:

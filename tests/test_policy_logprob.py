@@ -3,6 +3,7 @@ the positions the sampler generated with: Qwen2.5-VL's 3-D mrope positions, also
 with two screenshots and under right padding in a batch (docs/method.md §11). A regression test: without
 mm_token_type_ids transformers falls back to 1-D positions and the gap reached several nats."""
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 
@@ -21,6 +22,18 @@ def _logp_entropy_grads(policy, batch):
     (logp.sum() + 0.3 * ent.sum()).backward()
     return logp.detach(), ent.detach(), {n: p.grad.clone() for n, p in policy.model.named_parameters()
                                          if p.grad is not None}
+
+
+def _assert_same_forward(policy, batch, other, atol):
+    """Two batches of the same rows score the same: log-probs and entropies to atol, every gradient
+    (the vision tower's included) to 1e-5 / 1e-4 relative. Returns batch's log-probs."""
+    (lp1, e1, g1), (lp2, e2, g2) = _logp_entropy_grads(policy, batch), _logp_entropy_grads(policy, other)
+    torch.testing.assert_close(lp2, lp1, atol=atol, rtol=1e-5)
+    torch.testing.assert_close(e2, e1, atol=atol, rtol=1e-5)
+    assert g1.keys() == g2.keys() and any("visual" in n for n in g1)
+    for n in g1:
+        torch.testing.assert_close(g2[n], g1[n], atol=1e-5, rtol=1e-4, msg=n)
+    return lp1
 
 
 def test_trainer_logp_equals_sampler_logp_on_two_image_prompts():
@@ -78,12 +91,7 @@ def test_shared_screenshots_encoded_once_same_logp_and_grads():
     assert batch["image_index"].tolist() == [0, 1, 2, 3, 0, 1, 0, 1]
     policy = PolicyLogProb(model)
     full = {k: v for k, v in batch.items() if k != "image_index"}
-    (lp1, e1, g1), (lp2, e2, g2) = _logp_entropy_grads(policy, batch), _logp_entropy_grads(policy, full)
-    torch.testing.assert_close(lp1, lp2, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(e1, e2, atol=1e-5, rtol=1e-5)
-    assert g1.keys() == g2.keys() and any("visual" in n for n in g1)
-    for n in g1:
-        torch.testing.assert_close(g1[n], g2[n], atol=1e-5, rtol=1e-4, msg=n)
+    lp1 = _assert_same_forward(policy, batch, full, atol=1e-5)
     # and the index is used: pointing an image at another screenshot changes the log-probs
     wrong = dict(batch, image_index=torch.tensor([0, 1, 0, 1, 0, 1, 0, 1]))
     with torch.no_grad():
@@ -132,3 +140,63 @@ def test_right_padded_batch_scores_like_each_sequence_alone():
         sel = tgt != -100
         masked = model.lm_head(h[:, :-1][sel]).float().log_softmax(-1).gather(-1, tgt[sel][:, None])[:, 0]
     torch.testing.assert_close(lp, masked, atol=1e-5, rtol=1e-5)
+
+
+def test_prompt_heads_by_hand():
+    """Keys X = 1 2 3 4 (rows 0, 2), Y = 1 2 3 5 6 (row 1), Z = 7 8 (row 3), responses of 2 tokens.
+    Counting tokens only (key_cost 0): X alone costs 4 + 2 x 2 = 8, Y alone 5 + 2 = 7; X and Y under
+    their 3-token common head 3 + 2 x (1 + 2) + (2 + 2) = 13 < 15, so they join; Z shares nothing."""
+    X, Y, Z = [1, 2, 3, 4], [1, 2, 3, 5, 6], [7, 8]
+    keys, runs, lens = [X, Y, X, Z], [[], [], [], []], [2, 2, 2, 2]
+    assert vlm.prompt_heads(keys, runs, lens, key_cost=0.0) == ([0, 0, 0, 1], [0, 3], [3, 2])
+    # when attention is dear (key_cost 1: the tails' keys cost as much as tokens) X + Y = 81.5 > 40 + 33.5: apart
+    assert vlm.prompt_heads(keys, runs, lens, key_cost=1.0) == ([0, 1, 0, 2], [0, 1, 3], [4, 5, 2])
+    # a head never ends inside an image run: a common prefix of 4 inside the run [2, 6) is cut back to 2
+    A, B = [1, 2, 9, 9, 9, 9, 3], [1, 2, 9, 9, 8, 8, 4]
+    assert vlm.prompt_heads([A, B], [[(2, 6)], [(2, 6)]], [1, 1], key_cost=0.0)[2] == [2]
+
+
+def test_shared_prompt_heads_same_logp_entropy_and_grads():
+    """collate_sequences(share_prompts=True) + PolicyLogProb: each head once, then the tails on its
+    cache rows. Rows: one prompt three times (its head is the whole prompt: tails are responses), two
+    prompts that share the goal and first screenshot and differ from the second (a head ending before
+    an image; that image in the tails), and a prompt of its own. Log-probs, entropies and every
+    gradient equal the plain forward's."""
+    tok, ip = vlm.load_processor(max_pixels=64 * 28 * 28)
+    torch.manual_seed(0)
+    model = vlm.load_model("tiny")
+    rng = np.random.default_rng(2)
+    s1, s2, s3, s4 = [Image.fromarray(rng.integers(0, 256, (210, 160, 3), dtype=np.uint8)) for _ in range(4)]
+    goal, spec = "click the OK button", chat.PromptSpec(system_prompt="short")  # the long one would be the head
+    same = chat.build_prompt(tok, ip, spec, goal="select the red item", history=[], screenshots=[s1])
+    a = chat.build_prompt(tok, ip, spec, goal=goal, history=["x"], screenshots=[s1, s2])
+    b = chat.build_prompt(tok, ip, spec, goal=goal, history=["x"], screenshots=[s1, s3])
+    alone = chat.build_prompt(tok, ip, spec, goal="type hello", history=[], screenshots=[s4])
+    rows = [same, a, same, b, alone, same]
+    responses = [[101, 102, 103], [104, 105, 106, 107], [108], [109, 110], [111, 112, 113, 114, 115], [116, 117]]
+    img = model.config.image_token_id
+    plain = collate_sequences(rows, responses, tok.pad_token_id)
+    shared = collate_sequences(rows, responses, tok.pad_token_id, share_prompts=True, image_token_id=img)
+    hr, hl = shared["head_of_row"].tolist(), shared["head_len"].tolist()
+    assert hr[0] == hr[2] == hr[5] and hl[hr[0]] == len(same.input_ids)        # whole prompt, run once
+    assert hr[1] == hr[3] != hr[0] and hr[4] not in (hr[0], hr[1])
+    second = (a.input_ids == img).nonzero().flatten()
+    run2 = int(second[(torch.diff(second, prepend=second[:1] - 1) > 1).nonzero().flatten()[-1]])  # 2nd image start
+    assert hl[hr[1]] == run2 and not (a.input_ids[:run2] != b.input_ids[:run2]).any()
+    assert len(hl) == 3 and len(shared["image_start"]) == 3 + 2 + 2 + 1          # three heads; every image listed
+    policy = PolicyLogProb(model)
+    lp1 = _assert_same_forward(policy, plain, shared, atol=2e-5)
+    # the heads are used: giving row 3 the head of row 0 changes its log-probs
+    wrong = dict(shared, head_of_row=torch.tensor([hr[0], hr[1], hr[0], hr[0], hr[4], hr[0]]))
+    with torch.no_grad():
+        assert (policy(wrong)[0] - lp1).abs().max() > 1e-4
+    # a batch with images needs the image token id; activation checkpointing cannot share
+    with pytest.raises(ValueError, match="image_token_id"):
+        collate_sequences(rows, responses, tok.pad_token_id, share_prompts=True)
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    try:
+        with pytest.raises(ValueError, match="checkpointing"):
+            policy.train()
+            policy(shared)
+    finally:
+        model.activation_checkpointing_disable()

@@ -47,9 +47,10 @@ def ref_grads(records, agg):
     return _REFS[agg]
 
 
-def run_update(model, records, pad_id, args, micro_size=2, opt=None):
+def run_update(model, records, pad_id, args, micro_size=2, opt=None, share=False):
     """ppo_step on micro-batches cut as the trainer cuts them (sorted by length), from the records in
-    reverse order: the micro-batches group the records differently from the reference's order."""
+    reverse order: the micro-batches group the records differently from the reference's order.
+    share: collate with share_prompts (each micro-batch's shared prompt heads run once)."""
     policy = vlm.PolicyLogProb(model)
     opt = opt or torch.optim.SGD(policy.parameters(), lr=0.0)
     mb = ts._micro_batches(records[::-1], 1, micro_size, ONE,
@@ -57,17 +58,23 @@ def run_update(model, records, pad_id, args, micro_size=2, opt=None):
     assert [id(r) for c in mb for r in c] != [id(r) for r in records]
 
     def collate(chunk):
-        return vlm.collate_sequences([r.prompt for r in chunk], [r.response_ids for r in chunk], pad_id)
+        return vlm.collate_sequences([r.prompt for r in chunk], [r.response_ids for r in chunk], pad_id,
+                                     share_prompts=share, image_token_id=model.config.image_token_id)
 
     return ts.ppo_step(policy, opt, mb, collate, args, ONE), mb
 
 
-@pytest.mark.parametrize("agg", AGGS)
-def test_update_gradient_equals_reference(case, agg):
+@pytest.mark.parametrize("agg,share", [(a, False) for a in AGGS] + [("token-mean", True), ("seq-mean-token-mean", True)])
+def test_update_gradient_equals_reference(case, agg, share):
+    """share: the micro-batches run their shared prompt heads once (--share-prompts on): same gradient."""
     model, records, pad_id = case
     args = ts.parser.parse_args(ARGV + ["--loss-agg", agg])
     assert len(records) >= 5 and len({r.adv for r in records}) >= 4
-    st, mb = run_update(model, records, pad_id, args)
+    if share:  # the case holds rows that share a head, so the shared path runs
+        b = vlm.collate_sequences([r.prompt for r in records], [r.response_ids for r in records], pad_id,
+                                  share_prompts=True, image_token_id=model.config.image_token_id)
+        assert len(b["head_len"]) < len(records)
+    st, mb = run_update(model, records, pad_id, args, share=share)
     assert len(mb) == (len(records) + 1) // 2 >= 3  # several micro-batches, the last one maybe short
     # the case exercises what it claims: clipped tokens, including dual-clipped ones, and a KL term
     assert st["clipped"] > 0 and st["kl"] > 0 and st["skipped"] == 0
@@ -90,16 +97,19 @@ def test_update_gradient_sees_the_aggregation(case):
     assert max((a[n] - b[n]).abs().max().item() for n in a) > 1e-2 * scale
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
-def test_update_gradient_two_processes(tmp_path, agg):
+@pytest.mark.parametrize("agg,share", [("token-mean", "off"), ("seq-mean-token-mean", "off"), ("token-mean", "on")])
+def test_update_gradient_two_processes(tmp_path, agg, share):
+    """share on: each rank's micro-batches run their shared prompt heads once (two decoder calls in
+    one FSDP2 root forward)."""
     out = tmp_path / "res.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                          str(REPO / "tests" / "update_worker.py"), str(out), agg],
+                          str(REPO / "tests" / "update_worker.py"), str(out), agg, share],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     r = json.loads(out.read_text())
     assert 0 < r["n_mine"] < r["n_records"] and r["skipped"] == 0
+    assert (r["shared_rows"] > 0) == (share == "on")
     assert r["scale"] > 1e-3 and r["worst"] <= 1e-4 * r["scale"], r
 
 
@@ -209,11 +219,16 @@ def test_gradient_checkpointing_flag():
         assert "--gradient-checkpointing" in parser.format_help()
         assert parser.parse_args([]).gradient_checkpointing is False
         assert vars(parser.parse_args(["--gradient-checkpointing"]))["gradient_checkpointing"] is True
+    # shared prompt heads need the KV cache that checkpointing drops: refused before anything runs
+    import cli
+    with pytest.raises(cli.UsageError, match="share-prompts"):
+        ts.check_args(ts.parser.parse_args(["--share-prompts", "on", "--gradient-checkpointing"]))
+    ts.check_args(ts.parser.parse_args(["--share-prompts", "auto", "--gradient-checkpointing"]))  # auto: off then
 
 
 class R:
-    def __init__(self, task, n_tok, adv=0.0):
-        self.task_idx, self.response_ids, self.adv = task, [0] * n_tok, adv
+    def __init__(self, task, n_tok, adv=0.0, step=0):
+        self.task_idx, self.response_ids, self.adv, self.step_idx = task, [0] * n_tok, adv, step
 
 
 def test_token_weights_seq_mean_token_mean_by_hand():
@@ -258,19 +273,20 @@ def test_pad_token_id_rule():
 
 
 def test_micro_batches_by_hand():
-    # task 0 has records a0..a4, task 1 b0..b2 (record order); 2 mini-batches, micro-batches of 2
+    # task 0 has records a0..a4 at steps 0, 0, 1, 1, 2; task 1 b0..b2 at steps 0, 0, 1 (record order);
+    # 2 mini-batches, micro-batches of 2
     recs = [R(0, 1) for _ in range(5)] + [R(1, 1) for _ in range(3)]
-    for i, r in enumerate(recs):
-        r.name = f"a{i}" if i < 5 else f"b{i - 5}"
+    for i, (r, step) in enumerate(zip(recs, [0, 0, 1, 1, 2, 0, 0, 1])):
+        r.name, r.step_idx = (f"a{i}" if i < 5 else f"b{i - 5}"), step
     out = ts._micro_batches(recs, 2, 2, ONE)
     names = [[[r.name for r in c] if c is not None else None for c in mb] for mb in out]
-    # record j of a task -> mini-batch j % 2; then chunks of 2 in record order
-    assert names == [[["a0", "a2"], ["a4", "b0"], ["b2"]], [["a1", "a3"], ["b1"]]]
-    # more mini-batches than records of any task: the empty ones are dropped
-    assert [len(mb) for mb in ts._micro_batches(recs[:2], 4, 2, ONE)] == [1, 1]
+    # the records of (task, step) -> mini-batch (task + step) % 2, together; then chunks of 2 in record order
+    assert names == [[["a0", "a1"], ["a4", "b2"]], [["a2", "a3"], ["b0", "b1"]]]
+    # more mini-batches than groups: the empty ones are dropped
+    assert [len(mb) for mb in ts._micro_batches(recs[:2], 4, 2, ONE)] == [1]
     assert ts._micro_batches([], 2, 2, ONE) == []
-    # with a length, each mini-batch is sorted (stable) before it is cut: same records per mini-batch
+    # with a length, each mini-batch is sorted (stable) by its groups' longest length, then within a group
     size = {"a0": 9, "a1": 3, "a2": 5, "a3": 3, "a4": 1, "b0": 5, "b1": 7, "b2": 2}
     out = ts._micro_batches(recs, 2, 2, ONE, length=lambda r: size[r.name])
     names = [[[r.name for r in c] for c in mb] for mb in out]
-    assert names == [[["a4", "b2"], ["a2", "b0"], ["a0"]], [["a1", "a3"], ["b1"]]]
+    assert names == [[["a4", "b2"], ["a1", "a0"]], [["a3", "a2"], ["b0", "b1"]]]

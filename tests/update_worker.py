@@ -1,6 +1,6 @@
 """torchrun worker of tests/test_train_update.py: the real FSDP2 update on 2 processes, each holding
 the records of its own tasks, against the single-process autograd reference of the whole mini-batch.
-Usage: torchrun --nproc_per_node=2 tests/update_worker.py OUT.json LOSS_AGG"""
+Usage: torchrun --nproc_per_node=2 tests/update_worker.py OUT.json LOSS_AGG [on|off: --share-prompts]"""
 import json
 import sys
 from pathlib import Path
@@ -26,14 +26,18 @@ policy = vlm.apply_fsdp(model, vlm.PolicyLogProb(model), d, mixed_precision=Fals
 opt = torch.optim.SGD(policy.parameters(), lr=0.0)
 mb = ts._micro_batches(mine, 1, 2, d)[0]
 fallback = mine[:1]
+share = len(sys.argv) > 3 and sys.argv[3] == "on"
 
 
 def collate(chunk):
     rs = chunk if chunk is not None else fallback
-    return vlm.collate_sequences([r.prompt for r in rs], [r.response_ids for r in rs], pad_id)
+    return vlm.collate_sequences([r.prompt for r in rs], [r.response_ids for r in rs], pad_id, share_prompts=share,
+                                 image_token_id=model.config.image_token_id)
 
 
 st = ts.ppo_step(policy, opt, mb, collate, args, d)
+# rows that ran on another row's head (0 without sharing): the case must exercise the shared path
+shared = sum(len(c) - len(collate(c)["head_len"]) for c in mb if c is not None) if share else 0
 worst, scale = 0.0, max(g.abs().max().item() for g in ref.values())
 for n, p in policy.named_parameters():
     name = n.removeprefix("model.")
@@ -42,5 +46,6 @@ for n, p in policy.named_parameters():
         worst = max(worst, (g - ref[name]).abs().max().item())
 if d.is_main:
     Path(sys.argv[1]).write_text(json.dumps({"worst": worst, "scale": scale, "n_micro": len(mb), "n_mine": len(mine),
-                                             "n_records": len(records), "skipped": st["skipped"]}))
+                                             "n_records": len(records), "skipped": st["skipped"],
+                                             "shared_rows": shared}))
 utils.cleanup_distributed()
