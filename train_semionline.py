@@ -8,7 +8,8 @@ Each step:
                 advantages + episode-level advantages (docs/method.md §6); dynamic
                 sampling drops tasks whose step-0 returns do not vary (DAPO) and refills.
   3. old/ref log-probs - one no-grad forward of the policy (on CPU its sampler's own log-probs
-                serve: --old-logp) and of the frozen reference.
+                serve: --old-logp) and of the frozen reference. A step's rollouts of one task
+                share a mini-batch, and rows with a common prompt run it once (--share-prompts).
   4. update   - PPO clipped objective with dual clip + k3 KL (kernels.ppo_loss) on the
                 fused lm_head log-prob (kernels.fused_logprob), token-mean over the
                 mini-batch across micro-batches and ranks, AdamW, grad clip; a

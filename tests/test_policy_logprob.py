@@ -24,13 +24,13 @@ def _logp_entropy_grads(policy, batch):
                                          if p.grad is not None}
 
 
-def _assert_same_forward(policy, batch, other, atol):
+def _assert_same_forward(policy, batch, other, atol, vision=True):
     """Two batches of the same rows score the same: log-probs and entropies to atol, every gradient
-    (the vision tower's included) to 1e-5 / 1e-4 relative. Returns batch's log-probs."""
+    (the vision tower's included, unless not vision) to 1e-5 / 1e-4 relative. Returns batch's log-probs."""
     (lp1, e1, g1), (lp2, e2, g2) = _logp_entropy_grads(policy, batch), _logp_entropy_grads(policy, other)
     torch.testing.assert_close(lp2, lp1, atol=atol, rtol=1e-5)
     torch.testing.assert_close(e2, e1, atol=atol, rtol=1e-5)
-    assert g1.keys() == g2.keys() and any("visual" in n for n in g1)
+    assert g1.keys() == g2.keys() and any("visual" in n for n in g1) == vision
     for n in g1:
         torch.testing.assert_close(g2[n], g1[n], atol=1e-5, rtol=1e-4, msg=n)
     return lp1
@@ -200,3 +200,22 @@ def test_shared_prompt_heads_same_logp_entropy_and_grads():
             policy(shared)
     finally:
         model.activation_checkpointing_disable()
+
+
+def test_shared_prompt_heads_text_only_prefix_prompts():
+    """Text prompts (1-D positions), one a strict prefix of another (its tail is its response alone),
+    an empty response, a prompt of its own: the shared forward scores like the plain one."""
+    from types import SimpleNamespace
+    torch.manual_seed(1)
+    model = vlm.load_model("tiny")
+    g = torch.Generator().manual_seed(3)
+    base = torch.randint(100, 600, (40,), generator=g)
+    texts = [base, torch.cat([base, torch.randint(100, 600, (7,), generator=g)]), base,
+             torch.randint(100, 600, (25,), generator=g)]
+    rows = [SimpleNamespace(input_ids=t, pixel_values=None, image_grid_thw=None) for t in texts]
+    responses = [[101, 102, 103], [104, 105], [], [106, 107, 108, 109]]
+    plain = collate_sequences(rows, responses, 0)
+    shared = collate_sequences(rows, responses, 0, share_prompts=True)
+    hr, hl = shared["head_of_row"].tolist(), shared["head_len"].tolist()
+    assert hr[0] == hr[1] == hr[2] != hr[3] and hl[hr[0]] == 40 and hl[hr[3]] == 25
+    assert _assert_same_forward(PolicyLogProb(model), plain, shared, atol=2e-5, vision=False).numel() == 9
