@@ -59,11 +59,10 @@ SETTING = dict(
 )
 QUICK = dict(SEEDS=[0], BASE_STEPS=20, SFT_STEPS=20, RL_STEPS=2, EVAL_PER_TASK=1, ONLINE_EPISODES=8,
              SCALING_PER_TASK=[2, 24], ARMS=["gamma0", "thr0"], TASKS=["enter-text", "click-option"], TEST_EPISODES=4)
-# seconds per unit, 2 jobs (base, SFT and evaluations as repro_main.py's COSTS; RL 18.6: semi-online steps cost 21.9 s
-# at bc8dc9f, threshold 0's ~40% of that (7.6 of 19 s at 4d88c58), the mean of the default arms and the reference;
-# 17.5 with prompts shared in the trainer: x 0.94, the semi-online side-by-side ratio of session 12, projected);
-# replaced by the usable unit_costs of an earlier results JSON (rc.load_costs)
-COSTS = {"base_steps": 0.125, "sft_steps": 1.83, "rl_steps": 17.5, "online_episodes": 1.52, "sop_episodes": 1.09, "stages": 5.2}
+# seconds per unit, 2 jobs (base, SFT and evaluations as repro_main.py's COSTS; RL 17.0: the semi-online arms' 18.1 s
+# per step of the seed-0 run from scratch at 799072e, threshold 0's ~40% of that (7.6 of 19 s at 4d88c58), the mean of
+# the default arms and the reference); replaced by the usable unit_costs of an earlier results JSON (rc.load_costs)
+COSTS = {"base_steps": 0.19, "sft_steps": 1.76, "rl_steps": 17.0, "online_episodes": 1.47, "sop_episodes": 1.04, "stages": 4.9}
 
 
 def flags(gamma="0.5", threshold="2", patch="thought-free") -> list[str]:
@@ -137,7 +136,8 @@ def main(argv=None) -> dict:
                              everything=True)
     rc.add_test_counts(args, data, keys, finals, counts, full)
     print(f"[plan] {n_tasks} tasks, seeds {args.seeds}, {counts['rl_steps'] // max(args.rl_steps, 1)} of {len(rl)} RL runs and "
-          f"{counts['stages']} of {full['stages']} evaluations (test episodes included) still to run ({len(keys)} online episodes each); estimated wall "
+          f"{counts['stages']} of {full['stages']} evaluations still to run ({len(evals)} on the {len(keys)} selection episodes, "
+          f"{len(finals)} on {args.test_episodes} test episodes); estimated wall "
           f"{rc.estimate(counts, costs, args.jobs) / 60:.0f} min with {args.jobs} jobs (from scratch, the shared SFT and "
           f"reference runs included: {rc.estimate(full, costs, args.jobs) / 60:.0f} min; costs s/unit: {costs})", flush=True)
     for n in not_run:

@@ -72,12 +72,11 @@ SETTING = dict(
 )
 QUICK = dict(SEEDS=[0], BASE_STEPS=20, SFT_STEPS=20, RL_STEPS=2, EVAL_PER_TASK=1, ONLINE_EPISODES=8,
              TASKS=["enter-text", "click-option"], TEST_EPISODES=4)
-# seconds per unit, 2 jobs on the 2-core machine: base (wall; alone with 2 threads) 0.125, 1.5x the one-thread
-# c398681 figure (bit-identical weights); SFT 1.83 (c398681); RL, evaluations: the seed-0 slice of this script at bc8dc9f
-# (RL CPU seconds per step, offline 18.7, semi-online 21.9; online episodes 8 at a time; results/LOG.md); RL 17.0:
-# those steps scaled by the side-by-side --share-prompts on/off ratios of session 12 (offline 0.71, semi-online 0.94;
-# projected, not yet from a full run); replaced by the usable unit_costs of an earlier run's results JSON (rc.load_costs)
-COSTS = {"base_steps": 0.125, "sft_steps": 1.83, "rl_steps": 17.0, "online_episodes": 1.52, "sop_episodes": 1.09, "stages": 5.2}
+# seconds per unit, 2 jobs on the 2-core machine, measured by this script's seed-0 run from scratch at 799072e
+# (results/repro_scratch_s0.json: wall 56.7 min against 57 estimated): base (alone, 2 threads) 0.19, SFT 1.76, RL 14.9
+# (offline 11.1, semi-online 18.1 s per step, prompts shared in the trainer), online episodes 8 at a time 1.47;
+# replaced by the usable unit_costs of an earlier run's results JSON (rc.load_costs)
+COSTS = {"base_steps": 0.19, "sft_steps": 1.76, "rl_steps": 14.9, "online_episodes": 1.47, "sop_episodes": 1.04, "stages": 4.9}
 ARMS = {"offline": ["--history", "expert"], "semionline": rc.SEMIONLINE_REF}  # RL arms and their flags
 
 
