@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
-from vlm import STOP_TOKENS, VISION_TOKENS, cache_attention_mask, pad_token_id
+from vlm import STOP_TOKENS, VISION_TOKENS, cache_attention_mask, image_runs, pad_token_id
 
 DECODE_MODES = ("auto", "eager", "static", "graph")  # Sampler(decode=...): engine design note 7
 
@@ -317,12 +317,10 @@ class Sampler:
         if self.video_token_id is not None and bool((ids == self.video_token_id).any()):
             raise ValueError("video prompts are not supported by the sampler")
         is_img = ids == self.image_token_id if self.image_token_id is not None else torch.zeros_like(ids, dtype=torch.bool)
-        # runs of image pad tokens: [a, b)
-        edges = torch.diff(is_img.int(), prepend=torch.zeros(1, dtype=torch.int), append=torch.zeros(1, dtype=torch.int))
-        starts, ends = (edges == 1).nonzero().flatten().tolist(), (edges == -1).nonzero().flatten().tolist()
+        runs = image_runs(is_img)
         n_img = 0 if thw is None else int(thw.shape[0])
-        if len(starts) != n_img or (n_img and pv is None):
-            raise ValueError(f"prompt has {len(starts)} image placeholder runs but {n_img} image_grid_thw rows "
+        if len(runs) != n_img or (n_img and pv is None):
+            raise ValueError(f"prompt has {len(runs)} image placeholder runs but {n_img} image_grid_thw rows "
                              f"(pixel_values {'missing' if pv is None else tuple(pv.shape)}): placeholders and pixels disagree")
         key, images = ids.tolist(), []
         if n_img:
@@ -331,7 +329,7 @@ class Sampler:
             if int(patches.sum()) != pv.shape[0]:
                 raise ValueError(f"pixel_values has {pv.shape[0]} rows, image_grid_thw needs {int(patches.sum())}")
             offs = [0] + patches.cumsum(0).tolist()
-            for i, (a, b) in enumerate(zip(starts, ends)):
+            for i, (a, b) in enumerate(runs):
                 if b - a != int(patches[i]) // self.merge ** 2:
                     raise ValueError(f"image {i}: {b - a} placeholder tokens, grid {thw[i].tolist()} needs "
                                      f"{int(patches[i]) // self.merge ** 2}")

@@ -310,10 +310,11 @@ class PolicyLogProb(torch.nn.Module):
         kw = {}
         if feats is not None:  # images lie wholly in a head or wholly in a tail (the collate never splits a run)
             in_head = img_start < head_len[head_of_row[img_row]]
-            rep_imgs = [i for h, r in enumerate(head_rep.tolist()) for i in range(len(feats))
-                        if int(img_row[i]) == r and int(img_start[i]) < int(head_len[h])]
-            if rep_imgs:
-                kw = dict(mm_encoder_outputs={"image": _Pooled(tuple(feats[i] for i in rep_imgs))})
+            # the head batch's images: those of each head's own row (head_rep) inside it, in head order
+            mine = (in_head & (img_row == head_rep[head_of_row[img_row]])).nonzero().flatten()
+            mine = mine[torch.argsort(head_of_row[img_row[mine]], stable=True)].tolist()
+            if mine:
+                kw = dict(mm_encoder_outputs={"image": _Pooled(tuple(feats[i] for i in mine))})
         out = model(input_ids=head_ids, position_ids=pos[:, head_rep, :Kh], attention_mask=None, use_cache=True, **kw)
         head_h, cache = out.last_hidden_state, out.cache      # (H, Kh, D)
         # 2. the tails: row b, tokens [head_len of its head, its length), on its head's cache rows
@@ -352,6 +353,14 @@ class PolicyLogProb(torch.nn.Module):
         feats = dict(zip(first, out.pooler_output))
         out.pooler_output = tuple(feats[i] for i in index.tolist())
         return out
+
+
+def image_runs(is_img: torch.Tensor) -> list[tuple[int, int]]:
+    """is_img (T,) bool: which tokens are image placeholders -> the runs [a, b) they form, in order
+    (one per image: each image's <|image_pad|> tokens are contiguous)."""
+    zero = torch.zeros(1, dtype=torch.int, device=is_img.device)
+    edges = torch.diff(is_img.int(), prepend=zero, append=zero)
+    return list(zip((edges == 1).nonzero().flatten().tolist(), (edges == -1).nonzero().flatten().tolist()))
 
 
 def cache_attention_mask(valid: torch.Tensor, S: int) -> torch.Tensor:
@@ -467,19 +476,13 @@ def _share(prompts: list, response_lens: list[int], digests: list[tuple], pad_id
     keys, runs, image_row, image_start = [], [], [], []
     k = 0  # the next image's index in digests
     for b, p in enumerate(prompts):
-        ids = p.input_ids.tolist()
-        key, r = list(ids), []
-        is_img = [t == image_token_id for t in ids] + [False]
-        for i in range(len(ids)):
-            if is_img[i] and (i == 0 or not is_img[i - 1]):
-                j = i
-                while is_img[j]:
-                    j += 1
-                key[i:j] = [digests[k]] * (j - i)
-                r.append((i, j))
-                image_row.append(b)
-                image_start.append(i)
-                k += 1
+        key = p.input_ids.tolist()
+        r = image_runs(p.input_ids == image_token_id) if image_token_id is not None else []
+        for i, j in r:
+            key[i:j] = [digests[k]] * (j - i)
+            image_row.append(b)
+            image_start.append(i)
+            k += 1
         keys.append(key)
         runs.append(r)
     head_of_row, head_rep, head_len = prompt_heads(keys, runs, response_lens)
