@@ -123,9 +123,24 @@ def _prefix_tree(keys: list[list[int]], runs: list[list[tuple[int, int]]], share
 
 
 def _take_rows(cache: DynamicCache, valid: torch.Tensor, idx: torch.Tensor):
-    """A new (cache, valid) holding rows idx (repeats allowed: that is how rows are shared)."""
+    """A new (cache, valid) holding rows idx (repeats allowed: that is how rows are shared), each
+    row's valid slots moved to the front, in order, and the slots no row uses dropped: K' = the
+    most valid slots of a row. Each tree level pads its segments to the longest one, so without this
+    the cache grows by every level's longest segment and decode attention reads mostly masked slots
+    (own-history prompts: ~2,000 slots for ~550 real tokens). Exact: a key carries its rotary
+    position and the mask says which slots count, so attention does not depend on slot order."""
     idx = idx.to(valid.device)
-    return DynamicCache(ddp_cache_data=[(l.keys[idx], l.values[idx]) for l in cache.layers]), valid[idx]
+    v = valid[idx]                                                          # (n, K)
+    width = int(v.sum(1).max())
+    if width == v.shape[1] and bool(v.all()):                               # already dense
+        return DynamicCache(ddp_cache_data=[(l.keys[idx], l.values[idx]) for l in cache.layers]), v
+    order = torch.sort((~v).to(torch.uint8), dim=1, stable=True).indices[:, :width]  # valid slots first
+    kvs = []
+    for l in cache.layers:                                                  # (B, H, K, D) -> (n, H, K', D)
+        H, D = l.keys.shape[1], l.keys.shape[3]
+        g = order[:, None, :, None].expand(-1, H, -1, D)
+        kvs.append((torch.gather(l.keys[idx], 2, g), torch.gather(l.values[idx], 2, g)))
+    return DynamicCache(ddp_cache_data=kvs), torch.gather(v, 1, order)
 
 
 def _cat_rows(parts: list[tuple[DynamicCache, torch.Tensor]]):
@@ -480,6 +495,7 @@ class Sampler:
             logits = logits[:R]
             next_pos = torch.tensor([distinct[u].next_pos for u in row_prompt + pad], device=self.device)
             slot = cache.layers[0].slot
+            self.stats["kv_slots"] = int(slot)    # prompt slots per decode row: the longest prompt, when dense
             static = None if self.decode == "eager" else _StaticDecode(
                 self._forward, cache, valid, next_pos, R, self.rope_index is not None, self.decode == "graph")
             t1 = time.perf_counter()

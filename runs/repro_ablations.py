@@ -46,7 +46,7 @@ SETTING = dict(
     ONLINE_EPISODES=104,
     ONLINE_SEED_BASE=200000,
     ONLINE_MAX_STEPS=10,
-    ONLINE_BATCH=8,                              # online episodes in flight per evaluation (one browser each)
+    ONLINE_BATCH=2,                              # online episodes in flight per evaluation (as repro_main.py)
     EVAL_EXTRA=["--max-new-tokens", "80"],
     ARMS=["gamma0", "thr0", "thr_unlim"],        # ablation arms run besides the shared reference (ARMS below); with
                                                  # thr1 too (claim 4a: --arms gamma0 thr0 thr1 thr_unlim) the run takes

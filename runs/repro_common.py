@@ -115,7 +115,8 @@ class Stages:
         for job in todo:
             if job["done"].exists() and not self.force:
                 print(f"[skip] {job['name']}: {_rel(job['done'])} exists", flush=True)
-                self.skipped.append(" ".join(job["cmd"]))
+                if " ".join(job["cmd"]) not in {e["cmd"] for e in self.log}:  # not run earlier by this run
+                    self.skipped.append(" ".join(job["cmd"]))
                 if on_done:
                     on_done(job)
             else:

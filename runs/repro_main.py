@@ -66,7 +66,8 @@ SETTING = dict(
     ONLINE_EPISODES=104,                         # at least this many fresh online episodes per checkpoint
     ONLINE_SEED_BASE=200000,                     # fresh: not the seeds of the train (0+) or test (100000+) files
     ONLINE_MAX_STEPS=10,
-    ONLINE_BATCH=8,                              # online episodes in flight per evaluation (one browser each)
+    ONLINE_BATCH=2,                              # online episodes in flight per evaluation (one browser each): with
+                                                 # 2 evaluations at once on 2 cores, 2 took 0.74x the wall of 8
     EVAL_EXTRA=["--max-new-tokens", "80"],
     **TEST,
 )
@@ -115,9 +116,14 @@ def main(argv=None) -> dict:
         if args.base_steps > 0:
             stages.run([base])
         stages.run(list(sft.values()))
-    # --- RL from each seed's SFT checkpoint: offline (expert history) and semi-online (own history)
+    # --- RL from each seed's SFT checkpoint: offline (expert history) and semi-online (own history), the
+    # longest runs first; the base and SFT evaluations queue behind them, so they fill the cores the last
+    # RL run leaves idle (their results are read below like any finished stage)
     if not args.report_only:
-        stages.run(list(rl.values()))
+        longest_first = sorted(rl, key=lambda k: k[0] != "semionline")
+        early = ([base_eval] if args.base_steps == 0 or base["done"].exists() else []) + \
+            [e for tj, e in planned if e["meta"][1] == "sft" and tj["done"].exists() and e["checkpoint"].exists()]
+        stages.run([rl[k] for k in longest_first] + ([] if args.dry_run else early))
 
     # --- evaluate every checkpoint on the same online episodes
     todo = ([base_eval] if args.base_steps == 0 or base["done"].exists() or args.dry_run else []) + \

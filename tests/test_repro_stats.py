@@ -218,8 +218,12 @@ def test_stages_skip_done_and_resume_interrupted(tmp_path):
 
     jobs = [make("a", "done"), make("b", "interrupted"), make("c", "fresh")]
     seen = []
-    rc.Stages(jobs=2).run(jobs, on_done=lambda j: seen.append(j["name"]))
+    st = rc.Stages(jobs=2)
+    st.run(jobs, on_done=lambda j: seen.append(j["name"]))
     assert sorted(seen) == ["a", "b", "c"]
+    # a second call meets b and c done: read again, but only a, done before this run, counts as reused
+    st.run(jobs, on_done=lambda j: seen.append(j["name"]))
+    assert sorted(seen[3:]) == ["a", "b", "c"] and st.skipped == [" ".join(jobs[0]["cmd"])] * 2
     assert (tmp_path / "a" / "done").read_text() == "old"  # skipped
     assert (tmp_path / "b" / "done").read_text() == "--resume"
     assert (tmp_path / "b" / "log.txt").read_text().startswith("first part\nargv ['--resume']")

@@ -277,6 +277,8 @@ def test_shared_prefix_equals_unshared(model, proc, prompts):
         if not greedy:      # the samples of one prompt are independent draws, not copies
             assert a[0][0].ids != a[0][1].ids and set(a[0][0].ids) <= focus
     assert shared.stats["distinct_prompts"] == 3 and shared.stats["images_encoded"] == 3
+    # the tree's levels are padded to their longest segment; the decode cache keeps only real slots
+    assert shared.stats["kv_slots"] == plain.stats["kv_slots"] == max(len(p.input_ids) for p in batch)
     assert plain.stats["images_encoded"] == 12
     assert shared.stats["prefill_tokens_real"] < sum(len(p.input_ids) for p in batch[1:])   # system prompt once
     assert plain.stats["prefill_tokens_real"] == 3 * sum(len(p.input_ids) for p in batch)
