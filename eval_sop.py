@@ -168,9 +168,11 @@ class ExpertSampler:
 
     reads_prompt = False
 
-    def generate(self, prompts: list[StepPrompt], n: int = 1, greedy: bool = True, seeds=None):
+    def generate(self, prompts: list[StepPrompt], n: int | list[int] = 1, greedy: bool = True, seeds=None):
         # expert_policy looked up at call time: tests replace it with a scripted policy
-        return [[SampleOutput([], expert_policy(p), torch.zeros(0), "stop", i)] * n for i, p in enumerate(prompts)]
+        ns = [n] * len(prompts) if isinstance(n, int) else n
+        return [[SampleOutput([], expert_policy(p), torch.zeros(0), "stop", i)] * k
+                for i, (p, k) in enumerate(zip(prompts, ns))]
 
 
 def load_sampler(args, tokenizer):

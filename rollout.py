@@ -95,9 +95,9 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, spec: 
     expert's and no rollout ends early. Also evaluation's walker (eval_sop.py, §8): SOP is
     n_rollouts=1, greedy, patch_threshold=0, own history; static the same with "expert".
 
-    sampler: sampler.Sampler or anything with .generate(prompts, n, greedy, seeds) returning outs[i][j]
-    with .text, .ids, .logprobs, .finish_reason; if its `reads_prompt` is False it gets StepPrompt
-    objects (no tokens built, no screenshot decoded). episodes: list[dataset.Episode].
+    sampler: sampler.Sampler or anything with .generate(prompts, n, greedy, seeds) (n: a list, one
+    sample count per prompt) returning outs[i][j] with .text, .ids, .logprobs, .finish_reason; if
+    its `reads_prompt` is False it gets StepPrompt objects (no tokens built, no screenshot decoded). episodes: list[dataset.Episode].
     seed: an int or one int per task (the trainer gives each task slot its own, so a task drawn twice
     is sampled afresh); a prompt's seed derives from (that seed, episode_id, step, history), so a
     task's rollouts do not depend on which other tasks share the batch or which rank runs it.
@@ -146,15 +146,14 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, spec: 
             groups.setdefault((k, tuple(states[k][i].history)), []).append(i)
         keys = list(groups)
         prompts = {key: prompt_for(key[0], t, list(key[1])) for key in keys}
-        # one sampler call per group size (usually one or two calls a step)
+        # one sampler call a step: each prompt asks for as many samples as rollouts share it
         outs: dict[tuple[int, int], Any] = {}
-        for size in sorted({len(v) for v in groups.values()}):
-            ks = [key for key in keys if len(groups[key]) == size]
-            seeds = None if seed is None else [_seed(task_seeds[k], episodes[k].episode_id, t, h) for k, h in ks]
-            res = sampler.generate([prompts[key] for key in ks], n=size, greedy=greedy, seeds=seeds)
-            for key, samples in zip(ks, res):
-                for i, s in zip(groups[key], samples):
-                    outs[(key[0], i)] = (prompts[key], s)
+        seeds = None if seed is None else [_seed(task_seeds[k], episodes[k].episode_id, t, h) for k, h in keys]
+        res = sampler.generate([prompts[key] for key in keys], n=[len(groups[key]) for key in keys], greedy=greedy,
+                               seeds=seeds)
+        for key, samples in zip(keys, res):
+            for i, s in zip(groups[key], samples):
+                outs[(key[0], i)] = (prompts[key], s)
         # score, then decide: keep, patch or end
         to_patch = []
         for k, i in live:

@@ -39,9 +39,10 @@ Engine design (what it does that `model.generate` does not):
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -446,10 +447,12 @@ class Sampler:
     # --- the loop
 
     @torch.no_grad()
-    def generate(self, prompts, n: int = 1, greedy: bool = False,
+    def generate(self, prompts, n: int | Sequence[int] = 1, greedy: bool = False,
                  generator: torch.Generator | None = None,
                  seeds: list[int] | None = None) -> list[list[SampleOutput]]:
-        """Sample n continuations of every prompt. Returns outs[i][j] for prompt i, sample j.
+        """Sample n continuations of every prompt (n an int, or one count per prompt: prompts that
+        want different numbers of samples share one call, one prefill and one decode loop).
+        Returns outs[i][j] for prompt i, sample j.
 
         seeds: optional, one int per prompt. Sample j of prompt i then draws its uniforms from its
         own generator seeded with (seeds[i], j): its draws do not depend on which other prompts
@@ -457,11 +460,14 @@ class Sampler:
         A prompt is any object or dict with input_ids (T,) LongTensor (images already expanded
         to <|vision_start|><|image_pad|>*k<|vision_end|>), pixel_values (P, 1176) or None and
         image_grid_thw (I, 3) or None; a plain 1-D id tensor/list is a text prompt.
-        Raises ValueError: no prompts or n < 1; len(seeds) != len(prompts); an empty prompt; a
+        Raises ValueError: no prompts, a count < 1 or counts that are not one per prompt;
+        len(seeds) != len(prompts); an empty prompt; a
         video prompt; image placeholder runs, image_grid_thw rows and pixel_values rows that
         disagree; temperature <= 0 or top_p outside (0, 1] (the logprobs need them, greedy too)."""
-        if n < 1 or not prompts:
-            raise ValueError("need at least one prompt and n >= 1")
+        ns = [n] * len(prompts) if isinstance(n, int) else [int(k) for k in n]
+        if not prompts or len(ns) != len(prompts) or min(ns) < 1:
+            raise ValueError(f"need at least one prompt and a sample count >= 1 for each, got {len(prompts)} "
+                             f"prompts and n={n}")
         gen = generator if generator is not None else self.generator
         model = self.model
         was_training = model.training
@@ -479,13 +485,13 @@ class Sampler:
             if self.share_prefix:
                 first: dict[tuple, int] = {}
                 distinct, row_prompt = [], []
-                for p in prepared:
+                for p, k in zip(prepared, ns):
                     u = first.setdefault(tuple(p.key), len(distinct))
                     if u == len(distinct):
                         distinct.append(p)
-                    row_prompt += [u] * n
+                    row_prompt += [u] * k
             else:                       # the reference path: every sample prefilled on its own
-                distinct = [p for p in prepared for _ in range(n)]
+                distinct = [p for p, k in zip(prepared, ns) for _ in range(k)]
                 row_prompt = list(range(len(distinct)))
             # 2. prefill once per tree node, then copy each prompt's rows to its samples (static
             # decode: padded to a bucket with copies of row 0)
@@ -510,7 +516,7 @@ class Sampler:
                 if len(seeds) != len(prompts):
                     raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
                 row_gens = [torch.Generator().manual_seed((int(seeds[i]) * 1_000_003 + j) % (1 << 63))
-                            for i in range(len(prompts)) for j in range(n)]
+                            for i in range(len(prompts)) for j in range(ns[i])]
             for step in range(self.max_new_tokens):
                 logits.index_fill_(-1, banned, float("-inf"))       # (R, V), ours to edit
                 u = None if row_gens is None else torch.cat([torch.rand(1, generator=row_gens[r]) for r in active])
@@ -559,8 +565,9 @@ class Sampler:
                           graph_error=static.error if static else None)
         # 4. package: rows are (prompt, sample) in order, whatever the sharing was
         texts = self.tokenizer.batch_decode(out_ids, skip_special_tokens=True)
+        first_row = [0, *itertools.accumulate(ns)]
         return [[SampleOutput(out_ids[r], texts[r], torch.tensor(out_lp[r], dtype=torch.float32), reason[r], i)
-                 for r in range(i * n, (i + 1) * n)] for i in range(len(prompts))]
+                 for r in range(first_row[i], first_row[i + 1])] for i in range(len(prompts))]
 
 # -----------------------------------------------------------------------------
 # the token draw: temperature, banned tokens, top-p; a two-level inverse CDF

@@ -254,12 +254,13 @@ def trl_grpo_error(v) -> str:
 
 def hf_rollout(v, calls, banned):
     t = 0.0
-    for prompts, n, _ in calls:
+    for prompts, n, _ in calls:  # n: one sample count per prompt (HF takes one for the batch: repeat prompts)
+        prompts = [p for p, k in zip(prompts, [n] * len(prompts) if isinstance(n, int) else n) for _ in range(k)]
         kw = vlm.generate_inputs(prompts, v.pad_id, v.model.config.image_token_id)
         with torch.no_grad():
             _, dt = _timed(lambda: v.model.generate(
                 **kw, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,
-                min_new_tokens=args.max_new_tokens, num_return_sequences=n, suppress_tokens=banned,
+                min_new_tokens=args.max_new_tokens, num_return_sequences=1, suppress_tokens=banned,
                 pad_token_id=v.pad_id))
         t += dt
     return t
@@ -328,7 +329,7 @@ def peer_step(v, calls, recs, banned):
 def floors(v, calls, batches):
     pf = dc = 0.0
     for prompts, n, st in calls:
-        R = len(prompts) * n
+        R = len(prompts) * n if isinstance(n, int) else sum(n)
         T = st["prefill_tokens_real"]
         patches = sum(int(p.pixel_values.shape[0]) for p in prompts)
         pf += floor_s(v, len(prompts), T, attn_pairs=sum(len(p.input_ids) ** 2 // 2 for p in prompts), patches=patches)

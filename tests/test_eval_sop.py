@@ -57,7 +57,7 @@ class PromptReadingExpert:
             summarised = re.search(r"Earlier steps: (\d+)", text)
             t = text.count("<|im_start|>assistant") - 1 + (int(summarised.group(1)) if summarised else 0)
             resp = gui.expert_response(ep.steps[t], (1080, 2400), p.resized_size)
-            outs.append([SampleOutput([0], resp, torch.zeros(1), "stop", len(outs))] * n)
+            outs.append([SampleOutput([0], resp, torch.zeros(1), "stop", len(outs))] * (n if isinstance(n, int) else n[len(outs)]))
         return outs
 
 
@@ -185,7 +185,7 @@ class _Scripted:
         outs = []
         for i, p in enumerate(prompts):
             text, reason = self.policy(p)
-            outs.append([SampleOutput([0], text, torch.zeros(1), reason, i)] * n)
+            outs.append([SampleOutput([0], text, torch.zeros(1), reason, i)] * (n if isinstance(n, int) else n[i]))
         return outs
 
 

@@ -44,8 +44,8 @@ class Recorder:
 
     def generate(self, prompts, n=1, greedy=False, seeds=None):
         self.prompts += list(prompts)
-        return [[SampleOutput(ids=[], text="", logprobs=torch.zeros(0), finish_reason="stop", prompt_index=i)] * n
-                for i in range(len(prompts))]
+        return [[SampleOutput(ids=[], text="", logprobs=torch.zeros(0), finish_reason="stop", prompt_index=i)] * k
+                for i, k in enumerate(n)]
 
 
 def episode_with_instruction():

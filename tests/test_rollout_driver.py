@@ -52,12 +52,12 @@ class ScriptedSampler:
 
     def generate(self, prompts, n=1, greedy=False, seeds=None):
         outs = []
-        for p in prompts:
+        for p, k in zip(prompts, n):  # the driver asks for one count per prompt
             text = self.tok.decode(p.input_ids)
             m = re.search(r"r(\d) thinks at step 0", text)
             t = text.count("<|im_start|>assistant") - 1  # earlier assistant turns = step index
-            self.calls.append((t, n))
-            rollouts = [int(m.group(1))] * n if m else list(range(n))
+            self.calls.append((t, k))
+            rollouts = [int(m.group(1))] * k if m else list(range(k))
             outs.append([self._out(response(i, t)) for i in rollouts])
         return outs
 

@@ -312,6 +312,24 @@ def test_per_prompt_seeds_do_not_depend_on_the_batch(model, proc, prompts):
         s.generate(prompts, seeds=[1])
 
 
+def test_sample_count_per_prompt(model, proc, prompts):
+    """n=[3, 1, 2]: one call gives each prompt its own number of samples, the same ones (seeded)
+    as a call per prompt; counts that are not one per prompt, or below 1, raise."""
+    s = Sampler(model, proc[0], max_new_tokens=MAX_NEW, stop_token_ids=[])
+    with concentrated(model):
+        one_call = s.generate(prompts, n=[3, 1, 2], seeds=[5, 6, 7])
+        apart = [s.generate([p], n=k, seeds=[seed])[0] for p, k, seed in zip(prompts, [3, 1, 2], [5, 6, 7])]
+    assert [len(r) for r in one_call] == [3, 1, 2]
+    assert [[o.ids for o in r] for r in one_call] == [[o.ids for o in r] for r in apart]
+    assert [o.prompt_index for r in one_call for o in r] == [0, 0, 0, 1, 2, 2]
+    for r, q in zip(one_call, apart):
+        for a, b in zip(r, q):
+            torch.testing.assert_close(a.logprobs, b.logprobs, atol=5e-5, rtol=0)
+    for bad in ([1, 1], [1, 0, 1]):
+        with pytest.raises(ValueError, match="sample count"):
+            s.generate(prompts, n=bad)
+
+
 def test_finish_reason_stop_and_length(model, proc, prompts):
     """A row that stops leaves the batch; the rows that remain decode exactly as before."""
     tok = proc[0]

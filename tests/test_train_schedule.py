@@ -207,8 +207,8 @@ class SeedSampler:
 
     def generate(self, prompts, n=1, greedy=False, seeds=None):
         self.seeds.append(list(seeds))
-        return [[SimpleNamespace(text="no action", ids=[1], logprobs=torch.zeros(1), finish_reason="stop")] * n
-                for _ in prompts]
+        return [[SimpleNamespace(text="no action", ids=[1], logprobs=torch.zeros(1), finish_reason="stop")] * k
+                for k in n]
 
 
 def test_duplicate_task_gets_its_own_seed(monkeypatch):
