@@ -59,10 +59,9 @@ SETTING = dict(
 )
 QUICK = dict(SEEDS=[0], BASE_STEPS=20, SFT_STEPS=20, RL_STEPS=2, EVAL_PER_TASK=1, ONLINE_EPISODES=8,
              SCALING_PER_TASK=[2, 24], ARMS=["gamma0", "thr0"], TASKS=["enter-text", "click-option"], TEST_EPISODES=4)
-# seconds per unit, 2 jobs (base, SFT and evaluations as repro_main.py's COSTS; RL 17.0: the semi-online arms' 18.1 s
-# per step of the seed-0 run from scratch at 799072e, threshold 0's ~40% of that (7.6 of 19 s at 4d88c58), the mean of
-# the default arms and the reference); replaced by the usable unit_costs of an earlier results JSON (rc.load_costs)
-COSTS = {"base_steps": 0.19, "sft_steps": 1.76, "rl_steps": 17.0, "online_episodes": 1.47, "sop_episodes": 1.04, "stages": 4.9}
+# seconds per unit, 2 jobs (base, SFT and evaluations as repro_main.py's COSTS; RL 9.8: the semi-online arms' CPU s
+# per step in the main table's run at 4dcb83c); replaced by the usable unit_costs of an earlier results JSON (rc.load_costs)
+COSTS = {"base_steps": 0.095, "sft_steps": 0.94, "rl_steps": 9.8, "online_episodes": 0.76, "sop_episodes": 0.43, "stages": 3.2}
 
 
 def flags(gamma="0.5", threshold="2", patch="thought-free") -> list[str]:

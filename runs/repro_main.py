@@ -73,11 +73,11 @@ SETTING = dict(
 )
 QUICK = dict(SEEDS=[0], BASE_STEPS=20, SFT_STEPS=20, RL_STEPS=2, EVAL_PER_TASK=1, ONLINE_EPISODES=8,
              TASKS=["enter-text", "click-option"], TEST_EPISODES=4)
-# seconds per unit, 2 jobs on the 2-core machine, measured by this script's seed-0 run from scratch at 799072e
-# (results/repro_scratch_s0.json: wall 56.7 min against 57 estimated): base (alone, 2 threads) 0.19, SFT 1.76, RL 14.9
-# (offline 11.1, semi-online 18.1 s per step, prompts shared in the trainer), online episodes 8 at a time 1.47;
-# replaced by the usable unit_costs of an earlier run's results JSON (rc.load_costs)
-COSTS = {"base_steps": 0.19, "sft_steps": 1.76, "rl_steps": 14.9, "online_episodes": 1.47, "sop_episodes": 1.04, "stages": 4.9}
+# seconds per unit, 2 jobs on the 2-core machine, measured by this script's full run from scratch at 4dcb83c
+# (results/repro_main.json: wall 69.1 min; the estimate from these costs, 70): base (alone, 2 threads; wall) 0.095,
+# SFT 0.94, RL 8.2 (CPU s per step, process start included: offline 6.7, semi-online 9.8), online episodes 2 at a
+# time 0.76; replaced by the usable unit_costs of an earlier run's results JSON (rc.load_costs)
+COSTS = {"base_steps": 0.095, "sft_steps": 0.94, "rl_steps": 8.2, "online_episodes": 0.76, "sop_episodes": 0.43, "stages": 3.2}
 ARMS = {"offline": ["--history", "expert"], "semionline": rc.SEMIONLINE_REF}  # RL arms and their flags
 
 
