@@ -48,9 +48,9 @@ SETTING = dict(
     ONLINE_MAX_STEPS=10,
     ONLINE_BATCH=2,                              # online episodes in flight per evaluation (as repro_main.py)
     EVAL_EXTRA=["--max-new-tokens", "80"],
-    ARMS=["gamma0", "thr0", "thr_unlim"],        # ablation arms run besides the shared reference (ARMS below); with
-                                                 # thr1 too (claim 4a: --arms gamma0 thr0 thr1 thr_unlim) the run takes
-                                                 # ~130 min on 2 cores even after repro_main.py (whose runs it reuses)
+    ARMS=["gamma0", "thr0", "thr1", "thr_unlim"],  # ablation arms run besides the shared reference (ARMS below):
+                                                 # claims 3-4; 71 min on 2 cores after repro_main.py (whose runs it
+                                                 # reuses) at 4dcb83c. Patch modes: --arms ... off-policy on-policy
     SCALING_PER_TASK=[],                         # training episodes per task of the data-scaling runs ([]: none)
     SCALING_THRESHOLDS=[0, -1],                  # patch thresholds whose laws are compared
     SCALING_SEEDS=[0],
