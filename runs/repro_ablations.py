@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import repro_common as rc  # noqa: E402
 import stats  # noqa: E402
+import repro_main  # noqa: E402
 from repro_main import MULTI_STEP, TEST  # noqa: E402
 
 # --- the setting: every default in one place (each key is also a command-line flag)
@@ -59,9 +60,10 @@ SETTING = dict(
 )
 QUICK = dict(SEEDS=[0], BASE_STEPS=20, SFT_STEPS=20, RL_STEPS=2, EVAL_PER_TASK=1, ONLINE_EPISODES=8,
              SCALING_PER_TASK=[2, 24], ARMS=["gamma0", "thr0"], TASKS=["enter-text", "click-option"], TEST_EPISODES=4)
-# seconds per unit, 2 jobs (base, SFT and evaluations as repro_main.py's COSTS; RL 9.8: the semi-online arms' CPU s
-# per step in the main table's run at 4dcb83c); replaced by the usable unit_costs of an earlier results JSON (rc.load_costs)
-COSTS = {"base_steps": 0.095, "sft_steps": 0.94, "rl_steps": 9.8, "online_episodes": 0.76, "sop_episodes": 0.43, "stages": 3.2}
+# seconds per unit, 2 jobs: repro_main.py's COSTS but RL 9.8, the semi-online arms' CPU s per step in the main
+# table's run at 4dcb83c (its 8.2 averages in the cheaper offline arm); replaced by the usable unit_costs of an
+# earlier results JSON (rc.load_costs)
+COSTS = {**repro_main.COSTS, "rl_steps": 9.8}
 
 
 def flags(gamma="0.5", threshold="2", patch="thought-free") -> list[str]:
