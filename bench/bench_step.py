@@ -326,15 +326,21 @@ def peer_step(v, calls, recs, banned):
 # ---------------------------------------------------------------------------------------------------
 # floors of our phases
 
+def sample_counts(prompts, n) -> list[int]:
+    """One sample count per prompt, as `Sampler.generate` takes `n` (an int for all, or a list)."""
+    return [n] * len(prompts) if isinstance(n, int) else list(n)
+
+
 def floors(v, calls, batches):
     pf = dc = 0.0
     for prompts, n, st in calls:
-        R = len(prompts) * n if isinstance(n, int) else sum(n)
+        counts = sample_counts(prompts, n)
+        R = sum(counts)
         T = st["prefill_tokens_real"]
         patches = sum(int(p.pixel_values.shape[0]) for p in prompts)
         pf += floor_s(v, len(prompts), T, attn_pairs=sum(len(p.input_ids) ** 2 // 2 for p in prompts), patches=patches)
-        ctx = statistics.mean(len(p.input_ids) for p in prompts) + args.max_new_tokens / 2
-        dc += args.max_new_tokens * floor_s(v, R, R, attn_pairs=int(R * ctx))
+        ctx = sum(c * (len(p.input_ids) + args.max_new_tokens / 2) for p, c in zip(prompts, counts))  # keys read per decode step
+        dc += args.max_new_tokens * floor_s(v, R, R, attn_pairs=int(ctx))
     lp = 0.0
     for b in batches:
         N = int((b["targets"] != -100).sum())
@@ -376,7 +382,7 @@ def summary(v) -> dict:
     fl = floors(v, calls, batches)
     ours = runs[v.name]
     med = {k: statistics.median(r[k] for r in ours) for k in ours[0]}
-    decode_tokens = sum(len(p) * n * args.max_new_tokens for p, n, _ in calls)
+    decode_tokens = sum(sum(sample_counts(p, n)) * args.max_new_tokens for p, n, _ in calls)
     return dict(vocab_size=v.V, sequences=len(recs), decode_tokens=decode_tokens,
                 seconds={k: round(x, 3) for k, x in med.items()},
                 seconds_runs={k: [round(r[k], 3) for r in ours] for k in ours[0]},

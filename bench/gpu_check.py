@@ -32,8 +32,10 @@ Sections, each check in its own try/except (a failure is recorded with its error
     python bench/gpu_check.py                     # one GPU: 7B shapes, budget 480 s
     python bench/gpu_check.py --dry-run           # CPU: tiny shapes, Triton interpreter, ~1.5 minutes
 
-Writes --out (default results/gpu_check.json) and the same name with .md after every check, so a
-run cut short still leaves what it measured; the last stdout line is the JSON. A dry run writes
+Writes --out (default: results/gpu_check.json on a GPU, out/gpu_check_dry.json for a dry run, so a
+dry run never replaces the committed GPU results; a dry run refuses results/gpu_check.json) and the
+same name with .md after every check, so a run cut short still leaves what it measured; the last
+stdout line is the JSON. A dry run writes
 exactly the keys of a GPU run (values null where a figure does not exist on CPU, e.g. GPU memory).
 
 Choices made to fit 8 minutes on one H200 (each has a flag; ESTIMATES_S, printed at the start):
@@ -122,9 +124,13 @@ SCHEMA = {
 # -------------------------------------------------------------------------------------------------
 # config
 
+GPU_OUT = "results/gpu_check.json"   # committed: only a real GPU run writes it
+DRY_OUT = "out/gpu_check_dry.json"   # git-ignored
+
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes and model, Triton in the interpreter")
-parser.add_argument("--out", default="results/gpu_check.json", help="JSON path; the Markdown goes beside it (.md)")
+parser.add_argument("--out", default=None,
+                    help=f"JSON path; the Markdown goes beside it (.md). Default: {GPU_OUT} (GPU), {DRY_OUT} (--dry-run)")
 parser.add_argument("--sections", default=",".join(ESTIMATES_S), help="comma list of sections to run")
 parser.add_argument("--budget-s", type=float, default=None, help="total wall budget (default: 480 GPU, 300 dry)")
 parser.add_argument("--kernel-n", default=None, help="comma list of token counts N (default: 4096,16384; dry: 37)")
@@ -281,6 +287,9 @@ def markdown(res) -> str:
 
 def main(argv=None):
     a = parser.parse_args(argv)
+    a.out = a.out or (DRY_OUT if a.dry_run else GPU_OUT)
+    if a.dry_run and Path(a.out).resolve() == (REPO / GPU_OUT).resolve():
+        parser.error(f"--out {a.out}: holds the committed GPU results; a dry run writes elsewhere (default {DRY_OUT})")
     if a.dry_run:  # the interpreter must be chosen before triton is first imported (kernels import it)
         os.environ.setdefault("TRITON_INTERPRET", "1")
     sys.path.insert(0, str(REPO))
