@@ -209,6 +209,29 @@ class MetricsLogger:
                 raise UsageError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
             self.tb = SummaryWriter(str(tensorboard))
 
+    def resume_at(self, step: int) -> int:
+        """A resumed run continues from the checkpoint of `step` and redoes the steps after it: keep the
+        rows of steps <= step (none when step == 0: the run starts over) and drop the later ones and a
+        line cut by a kill, so no step appears twice. Rewrites the file atomically (rank 0); returns the
+        number of rows dropped (0 elsewhere)."""
+        if get_rank() != 0 or not self.path.exists():
+            return 0
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        keep = []
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                break                      # a line cut mid-write: the run died here
+            if not isinstance(row, dict) or step == 0 or row.get("step", 0) > step:
+                break
+            keep.append(line)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(x + "\n" for x in keep), encoding="utf-8")
+        os.replace(tmp, self.path)
+        self.n = len(keep)
+        return len(lines) - len(keep)
+
     def log(self, row: dict) -> None:
         if get_rank() != 0:
             return

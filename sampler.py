@@ -20,8 +20,11 @@ Engine design (what it does that `model.generate` does not):
      mrope positions from the model's own `get_rope_index`; a decoded token's position is (max
      prompt position + 1 + step). The model's cached `rope_deltas` is never read, and is cleared.
   4. `process_logits` is the one place where temperature, top-p and the ban on vision tokens are
-     applied (docs/method.md §11); the logprobs returned are those of exactly this distribution, one
-     fp32 value per returned id, and the trainer trains on `SampleOutput.ids` as returned.
+     applied to the draw (docs/method.md §11). The logprobs returned are of the policy the trainer
+     scores (vlm.PolicyLogProb): log_softmax(logits / temperature) over the whole vocabulary, one
+     fp32 value per returned id, so that pi_old taken from them (--old-logp sampler) is the
+     trainer's pi_old; the draw's ban and nucleus change which ids come out, not their scores. The
+     trainer trains on `SampleOutput.ids` as returned.
   5. Decoding writes into a preallocated KV buffer (gpt-fast's static cache: nothing is
      re-concatenated per step), and rows that stop leave the batch and the cache that step.
   6. Same inputs + same seed -> same samples. Across batch compositions greedy ids agree; sampled
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -63,7 +67,7 @@ DECODE_MODES = ("auto", "eager", "static", "graph")  # Sampler(decode=...): engi
 class SampleOutput:
     ids: list[int]              # generated ids; ends with the stop id when finish_reason == "stop"
     text: str                   # ids decoded with special tokens skipped (for reward/history only)
-    logprobs: torch.Tensor      # (L,) fp32 log-prob of each id under the sampling distribution
+    logprobs: torch.Tensor      # (L,) fp32 log-prob of each id under the policy: log_softmax(logits / T), full vocabulary
     finish_reason: str          # "stop" | "length"
     prompt_index: int
 
@@ -285,6 +289,8 @@ class Sampler:
                  top_p: float = 1.0, stop_token_ids: list[int] | None = None, seed: int | None = None,
                  share_prefix: bool = True, decode: str = "auto"):
         self.model, self.tokenizer = model, tokenizer
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.share_prefix = share_prefix
         process_logits(torch.zeros(1, 2), temperature, top_p)               # validate early
@@ -518,9 +524,11 @@ class Sampler:
                 row_gens = [torch.Generator().manual_seed((int(seeds[i]) * 1_000_003 + j) % (1 << 63))
                             for i in range(len(prompts)) for j in range(ns[i])]
             for step in range(self.max_new_tokens):
+                lse = torch.logsumexp(logits.float() / self.temperature, dim=-1)  # (R,) the policy's normaliser, full V
                 logits.index_fill_(-1, banned, float("-inf"))       # (R, V), ours to edit
                 u = None if row_gens is None else torch.cat([torch.rand(1, generator=row_gens[r]) for r in active])
-                tok, lp = sample_from_logits(logits, self.temperature, self.top_p, gen, greedy=greedy, u=u)
+                tok, _ = sample_from_logits(logits, self.temperature, self.top_p, gen, greedy=greedy, u=u)
+                lp = logits.gather(-1, tok[:, None]).squeeze(-1).float() / self.temperature - lse  # (R,) never banned
                 keep = []
                 for i, (t, l) in enumerate(zip(tok.tolist(), lp.tolist())):
                     r = active[i]
@@ -573,6 +581,9 @@ class Sampler:
 # the token draw: temperature, banned tokens, top-p; a two-level inverse CDF
 
 
+MIN_TEMPERATURE = 1e-3  # logits of |z| <= ~1e3 stay far inside fp32 (3.4e38) after z / T, exp() and sums
+
+
 def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0,
                    banned_ids: torch.Tensor | None = None, *, normalise: bool = True) -> torch.Tensor:
     """logits (B, V) -> (B, V) fp32 probabilities of the sampling distribution.
@@ -580,10 +591,11 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: float 
     allowed if it is banned or lies outside the top-p nucleus: the smallest set of most likely
     tokens whose probability reaches top_p (Holtzman et al. 2020; the most likely token is always
     kept). The only place temperature is applied (rollout.py, engine design note 4). normalise=False skips the final
-    division (sampling normalises through the CDF). Raises ValueError: temperature <= 0, top_p
-    outside (0, 1]."""
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature} (use greedy=True for argmax)")
+    division (sampling normalises through the CDF). Raises ValueError: temperature not finite or
+    below MIN_TEMPERATURE, top_p outside (0, 1]."""
+    if not (math.isfinite(temperature) and temperature >= MIN_TEMPERATURE):
+        raise ValueError(f"temperature must be finite and >= {MIN_TEMPERATURE:g}, got {temperature} "
+                         "(below it logits / temperature leave fp32's range; use greedy=True for argmax)")
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     x = logits.float()

@@ -60,7 +60,7 @@ from kernels import ppo_loss
 from patch import PATCH_MODES
 from rollout import (HISTORY_MODES, StepRecord, greedy_vs_sampled, semi_online_rollout, sop_progress, task_reward_sums,
                      task_rewards)
-from sampler import DECODE_MODES, Sampler
+from sampler import DECODE_MODES, MIN_TEMPERATURE, Sampler
 from vlm import (PolicyLogProb, apply_fsdp, checkpoint_activations, collate_sequences, pad_token_id,
                  sampling_mode, to_device)
 
@@ -155,8 +155,8 @@ def check_args(args) -> None:
     """Flag values that parse but cannot run raise cli.UsageError (one line, exit 2), before any
     model loads and before args.json or metrics.jsonl is written."""
     rules = [
-        (args.temperature > 0 and math.isfinite(args.temperature),
-         f"--temperature {args.temperature}: must be > 0 and finite (training samples; greedy decoding is not RL)"),
+        (math.isfinite(args.temperature) and args.temperature >= MIN_TEMPERATURE,
+         f"--temperature {args.temperature}: must be finite and >= {MIN_TEMPERATURE:g} (training samples; greedy decoding is not RL)"),
         (0 < args.top_p <= 1, f"--top-p {args.top_p}: must be in (0, 1]"),
         (args.max_new_tokens >= 1, f"--max-new-tokens {args.max_new_tokens}: must be >= 1"),
         (args.old_logp != "sampler" or args.top_p == 1.0,
@@ -245,6 +245,7 @@ def main(argv=None):
                 raise SystemExit(f"{ckpt}/trainer_state.json: field 'schedule' {state['schedule']} differs from this "
                                  f"run's {schedule}; resume with the same --seed, --tasks-per-step and data")
             utils.print0(f"resumed from {ckpt} at step {start_step}")
+        metrics.resume_at(start_step)  # the steps redone after the checkpoint are logged once
 
     def evaluate_heldout(step: int) -> dict:
         """Greedy vs sampled accuracy on this rank's share of the held-out episodes, summed over ranks."""

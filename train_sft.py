@@ -266,6 +266,7 @@ def main(argv=None):
         if ckpt is not None:
             start_step = int(utils.load_checkpoint_state(ckpt, policy, optimizer).get("step", 0))
             utils.print0(f"resumed from {ckpt} at step {start_step}")
+        metrics.resume_at(start_step)  # the steps redone after the checkpoint are logged once
 
     def lr_at(step):
         if step < args.warmup_steps:

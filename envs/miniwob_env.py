@@ -85,6 +85,7 @@ SCREEN_W, SCREEN_H = 168, 224
 VIEWPORT_W, VIEWPORT_H = 500, 320  # miniwob's own window size for the standard tasks
 HTML_DIR = Path(miniwob.__file__).parent / "html" / "miniwob"
 SUCCESS_RAW_REWARD = 1.0  # success := raw_reward >= this (see the module docstring, point 4)
+TIMED_OUT = "timed out"   # core.js's reason when its episode timer (core.EPISODE_MAX_TIME) fires
 CHROME_BINARY = os.environ.get("MINIWOB_CHROME_BINARY", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("MINIWOB_CHROMEDRIVER", "/usr/bin/chromedriver")
 CHROME_FLAGS = (
@@ -497,28 +498,32 @@ class MiniWobEnv:
         """Apply one action; coordinates are in pixels of an image of size image_size (W, H)
         (default: the original 168x224 screenshot). Returns (obs, reward, done, info):
         obs is None once done; reward is the raw MiniWob reward; info has success, reason,
-        env_reward, invalid, terminated (policy sent terminate)."""
+        env_reward, invalid, terminated (policy sent terminate), timed_out (the page's episode timer,
+        episode_time_s, ran out: raw reward -1; an action that comes after it is not sent, so it
+        cannot start the next problem on the START cover)."""
         if self.driver is None or self.done:
             raise RuntimeError("step() before reset() or after the episode ended")
         info = {"invalid": False, "terminated": False}
         with self._deadline(self.step_timeout_s, f"step {action}"):
-            try:
-                kind = self._perform(action, image_size)
-            except (KeyError, TypeError, ValueError, IndexError) as e:
-                kind, info["error"] = "invalid", f"{type(e).__name__}: {e}"
-            info["invalid"] = kind == "invalid"
-            if kind == "terminate":
-                info["terminated"] = True
-            else:
-                self._settle()
             meta = self.driver.execute_script(_METADATA_JS)
+            if meta["done"]:  # the page's own timer ended the episode before this action: it would land
+                kind = "none"  # on the START cover and begin a new problem, so it is not sent
+            else:
+                try:
+                    kind = self._perform(action, image_size)
+                except (KeyError, TypeError, ValueError, IndexError) as e:
+                    kind, info["error"] = "invalid", f"{type(e).__name__}: {e}"
+                if kind != "terminate":
+                    self._settle()
+                meta = self.driver.execute_script(_METADATA_JS)
+            info["invalid"], info["terminated"] = kind == "invalid", kind == "terminate"
             done = bool(meta["done"]) or kind == "terminate"
             obs = None if done else self.observe()
         self.done = done
         reward = float(meta["raw_reward"]) if meta["done"] else 0.0
         info.update(success=bool(meta["done"]) and reward >= SUCCESS_RAW_REWARD,
                     env_done=bool(meta["done"]), env_reward=float(meta["env_reward"] or 0.0),
-                    reason=meta["reason"])
+                    reason=meta["reason"], timed_out=bool(meta["done"]) and meta["reason"] == TIMED_OUT)
         return obs, reward, done, info
 
     def _perform(self, action, image_size) -> str:
@@ -590,7 +595,7 @@ def final_observation(env: MiniWobEnv) -> tuple[Image.Image, str]:
 # online evaluation
 
 Policy = Callable[[dict, int], dict]
-CAUSES = ("wrong_action", "step_limit", "browser_fault", "policy_error")
+CAUSES = ("wrong_action", "step_limit", "time_out", "browser_fault", "policy_error")
 
 
 class _Live:
@@ -653,7 +658,8 @@ def evaluate_online(policy: Policy, tasks, seeds, max_steps: int = 15, *, batch_
     restarts that browser and retries the episode up to `retries` times, then counts as browser_fault.
 
     An episode: cause success | wrong_action (the page ended it without full reward, or the policy
-    sent terminate first) | step_limit | browser_fault | policy_error; `seconds` its share of the wall
+    sent terminate first) | step_limit | time_out (the page's timer, episode_time_s, ran out) |
+    browser_fault | policy_error; `seconds` its share of the wall
     time (each policy call and reset or step phase split evenly over its episodes), `policy_seconds` its
     share of the policy calls, `env_seconds` its browser's own time (browsers overlap). Returns
     {"per_task": {task: {...}}, "overall": {...}, "episodes": [...] (task, then seed order)}; each
@@ -761,7 +767,8 @@ def evaluate_online(policy: Policy, tasks, seeds, max_steps: int = 15, *, batch_
                 lv.history.append(action)
                 lv.t += 1
                 if ended:
-                    lv.end(success=info["success"], steps=lv.t, cause="success" if info["success"] else "wrong_action",
+                    cause = "success" if info["success"] else "time_out" if info["timed_out"] else "wrong_action"
+                    lv.end(success=info["success"], steps=lv.t, cause=cause,
                            raw_reward=reward, reason=info["reason"], terminated=info["terminated"])
                     finish(lv)
                 elif lv.t >= max_steps:

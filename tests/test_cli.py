@@ -61,6 +61,22 @@ def test_metrics_logger_writes_strict_lines(tmp_path):
     assert rows[1]["loss"] == 0.5 and "nonfinite" not in rows[1] and "t" in rows[1]
 
 
+def test_metrics_resume_drops_the_steps_it_redoes(tmp_path):
+    """Killed after logging step 4 (and half of step 5) with its last checkpoint at step 2: the resumed
+    run keeps steps 0-2 and logs 3, 4, ... once each; a resume from no checkpoint starts the file over."""
+    path = tmp_path / "metrics.jsonl"
+    m = cli.MetricsLogger(path)
+    for step in range(5):
+        m.log({"step": step, "loss": 1.0 / (step + 1)})
+    with open(path, "a") as f:
+        f.write('{"step": 5, "lo')
+    r = cli.MetricsLogger(path, append=True)
+    assert r.resume_at(2) == 3                          # steps 3, 4 and the torn line
+    r.log({"step": 3, "loss": 0.0})
+    assert [strict_loads(x)["step"] for x in path.read_text().splitlines()] == [0, 1, 2, 3]
+    assert cli.MetricsLogger(path, append=True).resume_at(0) == 4 and path.read_text() == ""
+
+
 def test_tensorboard_scalars(tmp_path, monkeypatch):
     calls = []
 
@@ -96,6 +112,26 @@ def test_tensorboard_missing_is_a_usage_error(tmp_path, monkeypatch):
 def test_rolling_mean_by_hand():
     assert plot_metrics.rolling_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
     assert plot_metrics.rolling_mean([2.0, 4.0, 9.0], 5) == [2.0, 3.0, 5.0]
+
+
+def test_plot_puts_the_method_first_draws_a_redone_step_once_and_titles_apart(tmp_path):
+    f = tmp_path / "metrics.jsonl"
+    rows = [{"step": s, "tok_s": 100.0 + s, "patch_rate": 0.1, "loss": 1.0 / s, "kl": 0.01 * s, "reward_mean": s / 10}
+            for s in (1, 2, 3, 4, 3, 4, 5)]  # killed after step 4, resumed from the step-2 checkpoint
+    rows[4]["reward_mean"] = 9.0
+    f.write_text("".join(cli.dumps(r) + "\n" for r in rows))
+    series = plot_metrics.read_metrics(str(f))
+    assert list(series)[:3] == ["reward_mean", "kl", "loss"] and list(series)[3:] == ["tok_s", "patch_rate"]
+    assert series["reward_mean"] == ([1, 2, 3, 4, 5], [0.1, 0.2, 9.0, 0.4, 0.5])  # step 3: the resumed run's
+    path, fig = plot_metrics.plot(series, tmp_path / "m.png", "a title " * 12, return_fig=True)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    r = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(r)  # the layout as saved
+    top = fig._suptitle.get_window_extent(r)
+    for ax in fig.axes:
+        if ax.get_title():
+            assert not top.overlaps(ax.title.get_window_extent(r)), ax.get_title()
+    assert path.exists()
 
 
 def test_plot_writes_png(tmp_path, capsys):

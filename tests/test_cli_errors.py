@@ -35,7 +35,9 @@ CASES = [
     (["train_semionline.py", "--model", "tiny", "--min-pixels", "0"], "--min-pixels 0 / --max-pixels"),
     # sampling flags: before any model loads, and before args.json / metrics.jsonl are written
     (["train_semionline.py", "--model", "tiny", "--temperature", "0", "--out", "/tmp/never_rl"],
-     "--temperature 0.0: must be > 0 and finite (training samples; greedy decoding is not RL)"),
+     "--temperature 0.0: must be finite and >= 0.001 (training samples; greedy decoding is not RL)"),
+    (["train_semionline.py", "--model", "tiny", "--temperature", "1e-45", "--out", "/tmp/never_rl"], "--temperature 1e-45: must be finite"),
+    (["train_semionline.py", "--model", "tiny", "--temperature", "nan", "--out", "/tmp/never_rl"], "--temperature nan: must be finite"),
     (["train_semionline.py", "--model", "tiny", "--top-p", "0", "--out", "/tmp/never_rl"], "--top-p 0.0: must be in (0, 1]"),
     (["eval_sop.py", "--data", "nope.jsonl"], "argument --data: no such file: 'nope.jsonl'"),
     (["eval_sop.py", "--data", TEST, "--blank-screens", "1080*2400"], "argument --blank-screens: expected a size WxH"),

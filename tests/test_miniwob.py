@@ -218,6 +218,37 @@ def test_expert_online_success_multi_step_tasks():
     assert ep["seed"] == me.TEST_SEED_BASE and ep["cause"] == "success"
 
 
+def test_page_timer_ends_the_episode_as_a_time_out():
+    """MiniWob++'s own episode timer fires before the action is sent: the page ends the episode (raw -1,
+    'timed out') and shows its START cover. The action must not be sent (on the cover it would start a
+    new problem and the episode would go on); the step reports the time-out, evaluation counts it."""
+    env = me.MiniWobEnv("click-button", screenshots=False, episode_time_s=0.4)
+    try:
+        obs = env.reset(3)
+        button = next(e for e in obs["dom"] if e.tag == "button")
+        time.sleep(0.8)
+        obs, reward, done, info = env.step({"action": "click", "coordinate": list(button.point)})
+        assert done and obs is None and info["timed_out"] and not info["success"] and reward == -1.0
+        assert info["reason"] == me.TIMED_OUT
+        assert env.driver.execute_script("return WOB_DONE_GLOBAL;")  # no new problem was started
+        with pytest.raises(RuntimeError):
+            env.step({"action": "wait", "time": 0})
+    finally:
+        env.close()
+
+    def slow_expert(o, t):
+        time.sleep(0.8)
+        return experts.expert_policy(o, t)
+
+    res = me.evaluate_online(slow_expert, ["click-button"], 2, max_steps=3, screenshots=False, progress=False,
+                             episode_time_s=0.4)
+    assert [e["cause"] for e in res["episodes"]] == ["time_out", "time_out"]
+    assert res["overall"]["failures"]["time_out"] == 2 and res["overall"]["success_rate"] == 0.0
+    fast = me.evaluate_online(experts.expert_policy, ["click-button"], 2, max_steps=3, screenshots=False,
+                              progress=False)
+    assert fast["overall"]["success_rate"] == 1.0 and fast["overall"]["failures"]["time_out"] == 0
+
+
 def test_random_policy_fails_and_counts_causes():
     res = me.evaluate_online(experts.random_click_policy, ["login-user"], 2, max_steps=3,
                              screenshots=False, progress=False)

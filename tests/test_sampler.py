@@ -241,23 +241,52 @@ def test_positions_matter(model, proc, prompts):
     assert all(g[0] == b[0] and g != b for g, b in zip(good, bad))
 
 
-def test_logprobs_match_full_forward(model, proc, prompts):
-    sampler = Sampler(model, proc[0], max_new_tokens=MAX_NEW, stop_token_ids=[], seed=0)
-    outs = sampler.generate(prompts[:2], n=2)
-    for p, row in zip(prompts, outs):
-        for o in row:
-            assert o.logprobs.dtype == torch.float32 and o.logprobs.shape == (len(o.ids),) == (MAX_NEW,)
-            ids = torch.cat([p.input_ids, torch.tensor(o.ids)])[None]
-            with torch.no_grad():
-                logits = model(input_ids=ids, pixel_values=p.pixel_values, image_grid_thw=p.image_grid_thw,
-                               mm_token_type_ids=(ids == model.config.image_token_id).int()).logits[0]
-            T = len(p.input_ids)
-            logp = torch.log_softmax(logits[T - 1:-1].float(), -1)                # (L, V)
-            full = logp.gather(-1, torch.tensor(o.ids)[:, None]).squeeze(-1)
-            # the sampling distribution excludes the vision tokens: log p = log_softmax - log(1 - m)
-            banned_mass = logp[:, sampler.banned_ids].exp().sum(-1)
-            torch.testing.assert_close(o.logprobs, full - torch.log1p(-banned_mass), atol=1e-4, rtol=0)
-            assert not set(o.ids) & set(sampler.banned_ids.tolist())
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (2.0, 1.0), (1.0, 0.7)])
+def test_logprobs_match_full_forward(model, proc, prompts, temperature, top_p):
+    """The logprobs are the trainer's: log_softmax(logits / T) over the whole vocabulary (what
+    vlm.PolicyLogProb scores), not of the draw's renormalised distribution. The vision tokens get
+    +8 on their logits here so that the banned mass is large (the draw excludes them)."""
+    sampler = Sampler(model, proc[0], max_new_tokens=MAX_NEW, stop_token_ids=[], seed=0,
+                      temperature=temperature, top_p=top_p)
+    banned = sampler.banned_ids
+
+    def boost(_, __, out):
+        out = out.clone()
+        out[..., banned] += 8.0
+        return out
+
+    hook = model.lm_head.register_forward_hook(boost)
+    try:
+        outs = sampler.generate(prompts[:2], n=2)
+        for p, row in zip(prompts, outs):
+            for o in row:
+                assert o.logprobs.dtype == torch.float32 and o.logprobs.shape == (len(o.ids),) == (MAX_NEW,)
+                ids = torch.cat([p.input_ids, torch.tensor(o.ids)])[None]
+                with torch.no_grad():
+                    logits = model(input_ids=ids, pixel_values=p.pixel_values, image_grid_thw=p.image_grid_thw,
+                                   mm_token_type_ids=(ids == model.config.image_token_id).int()).logits[0]
+                T = len(p.input_ids)
+                logp = torch.log_softmax(logits[T - 1:-1].float() / temperature, -1)    # (L, V)
+                full = logp.gather(-1, torch.tensor(o.ids)[:, None]).squeeze(-1)
+                assert logp[:, banned].exp().sum(-1).max() > 0.05  # the renormalised logprobs would be off by > 0.05
+                torch.testing.assert_close(o.logprobs, full, atol=1e-4, rtol=0)
+                assert not set(o.ids) & set(banned.tolist())
+    finally:
+        hook.remove()
+
+
+def test_sampler_refuses_what_it_cannot_sample(model, proc):
+    """A temperature whose logits / T leaves fp32 (or NaN / inf), and a token budget below 1."""
+    for t in (1e-45, 1e-9, float("nan"), float("inf"), 0.0, -1.0):
+        with pytest.raises(ValueError, match="temperature"):
+            Sampler(model, proc[0], temperature=t)
+        with pytest.raises(ValueError, match="temperature"):
+            process_logits(torch.zeros(1, 4), t)
+    for m in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="max_new_tokens"):
+            Sampler(model, proc[0], max_new_tokens=m)
+    tok, lp = sample_from_logits(torch.tensor([[0.0, 50.0, 49.0]]), temperature=sampling_mod.MIN_TEMPERATURE)
+    assert tok.item() == 1 and torch.isfinite(lp).all()
 
 
 def test_shared_prefix_equals_unshared(model, proc, prompts):

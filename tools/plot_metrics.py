@@ -1,5 +1,8 @@
 """Draw a run's metrics.jsonl (train_sft.py, train_semionline.py) as PNG curves: one panel per
-numeric metric, against the row's `step` (else its line number).
+numeric metric, against the row's `step` (else its line number). The method's figures come first
+(FIRST: RL's reward, match, progress, KL, entropy and loss; SFT's loss, val_loss and lr), the others
+follow in file order. A step logged twice (a run resumed from an earlier checkpoint redoes the
+steps after it) is drawn once, from the run that went on.
 
     python tools/plot_metrics.py out/sft/metrics.jsonl                    # -> out/sft/metrics.png
     python tools/plot_metrics.py out/semionline/metrics.jsonl --smooth 5  # + a 5-step rolling mean
@@ -21,6 +24,7 @@ import cli  # noqa: E402
 import dataset  # noqa: E402
 
 SKIP = ("step", "t")  # the x axis and wall time are not curves
+FIRST = ("reward_mean", "match_rate", "progress", "kl", "entropy", "loss", "val_loss", "lr")
 
 parser = cli.make_parser(__doc__)
 parser.add_argument("metrics", nargs="+", type=cli.arg_type(cli.input_file), help="metrics.jsonl files, one PNG each")
@@ -31,8 +35,10 @@ parser.add_argument("--cols", type=int, default=3, help="panels per row")
 
 
 def read_metrics(path: str) -> dict[str, tuple[list[float], list[float | None]]]:
-    """{metric: (x, y)} of the numeric fields of a JSONL file, in file order; y is None where the
-    row held null. Raises dataset.DataError naming file and line for a line that is not a JSON object."""
+    """{metric: (x, y)} of the numeric fields of a JSONL file, FIRST's metrics first, then file order;
+    y is None where the row held null. When a row's step is not above the last one drawn (a resumed
+    run redoing steps), the points from that step on are replaced by the later rows'. Raises
+    dataset.DataError naming file and line for a line that is not a JSON object."""
     series: dict[str, tuple[list, list]] = {}
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, start=1):
@@ -45,6 +51,11 @@ def read_metrics(path: str) -> dict[str, tuple[list[float], list[float | None]]]
             if not isinstance(row, dict):
                 raise dataset.DataError(f"{path}: line {n}: expected a JSON object, got {type(row).__name__}")
             x = row.get("step", n)
+            if "step" in row:  # a redone step: the rows of the run that went on replace the old ones
+                for xs, ys in series.values():
+                    while xs and xs[-1] >= x:
+                        xs.pop()
+                        ys.pop()
             nonfinite = row.get("nonfinite") or {}
             for k, v in row.items():
                 if k in SKIP or isinstance(v, bool):
@@ -53,7 +64,8 @@ def read_metrics(path: str) -> dict[str, tuple[list[float], list[float | None]]]
                     xs, ys = series.setdefault(k, ([], []))
                     xs.append(x)
                     ys.append(None if v is None else float(v))
-    return series
+    series = {k: v for k, v in series.items() if v[0]}
+    return {**{k: series[k] for k in FIRST if k in series}, **{k: v for k, v in series.items() if k not in FIRST}}
 
 
 def rolling_mean(y: list[float], k: int) -> list[float]:
@@ -65,8 +77,9 @@ def rolling_mean(y: list[float], k: int) -> list[float]:
     return out
 
 
-def plot(series: dict, path: str | Path, title: str, smooth: int = 0, cols: int = 3) -> Path:
-    """One panel per metric in `series` (read_metrics' output) -> a PNG at `path`."""
+def plot(series: dict, path: str | Path, title: str, smooth: int = 0, cols: int = 3, return_fig: bool = False):
+    """One panel per metric in `series` (read_metrics' output, in its order) -> a PNG at `path`;
+    returns the path (and the matplotlib figure, drawn and closed, with return_fig)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -74,7 +87,8 @@ def plot(series: dict, path: str | Path, title: str, smooth: int = 0, cols: int 
 
     cols = max(1, min(cols, len(series)))
     rows = math.ceil(len(series) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows), squeeze=False)
+    # constrained layout keeps the figure title above the panels' titles (tight_layout ignores it)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows), squeeze=False, layout="constrained")
     for ax, (k, (xs, ys)) in zip(axes.flat, series.items()):
         pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
         px, py = [p[0] for p in pts], [p[1] for p in pts]
@@ -91,12 +105,11 @@ def plot(series: dict, path: str | Path, title: str, smooth: int = 0, cols: int 
     for ax in list(axes.flat)[len(series):]:
         ax.axis("off")
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return path
+    return (path, fig) if return_fig else path
 
 
 def main(argv=None):
