@@ -10,6 +10,7 @@ runs/diagnose_reward.py. test_every_script_is_smoked keeps this list and the fil
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -102,3 +103,22 @@ def test_every_script_is_smoked():
     assert scripts <= smoked, sorted(scripts - smoked)
     for name in TESTED_ELSEWHERE:
         assert (REPO / name).exists(), name
+
+
+def test_project_files_name_dates_and_commits_only():
+    """The record names dates and commits, never the work sessions or issue numbers behind them."""
+    pat = re.compile(r"\b(session|issue) #?[0-9]", re.I)
+    hits = [f"{p.relative_to(REPO)}:{i}" for p in REPO.rglob("*") if p.suffix in (".md", ".py", ".txt", ".sh")
+            and not {".git", ".venv", "out"} & set(p.relative_to(REPO).parts)
+            for i, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1) if pat.search(line)]
+    assert not hits, hits
+
+
+def test_gpu_check_dry_run_never_touches_the_committed_gpu_results(tmp_path):
+    """A dry run writes out/gpu_check_dry.* by default and refuses results/gpu_check.json."""
+    before = (REPO / "results" / "gpu_check.json").read_bytes()
+    proc = run_script(["bench/gpu_check.py", "--dry-run", "--out", "results/gpu_check.json"], tmp_path)
+    assert proc.returncode == 2 and "holds the committed GPU results" in proc.stderr, proc.stderr[-2000:]
+    assert (REPO / "results" / "gpu_check.json").read_bytes() == before
+    src = (REPO / "bench" / "gpu_check.py").read_text()
+    assert 'DRY_OUT = "out/gpu_check_dry.json"' in src and "a.out or (DRY_OUT if a.dry_run else GPU_OUT)" in src
