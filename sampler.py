@@ -38,6 +38,10 @@ Engine design (what it does that `model.generate` does not):
      a stopped row stays as a dead row until the live ones fit the next smaller bucket. The token
      draw stays eager (it reads a host-side random stream per row). `decode="static"` runs the same
      step without capture (how CPU tests check it against the eager loop, the reference).
+  8. On CPU a decode step of a Qwen2-style decoder runs `_LeanStep`: the same math on the model's
+     own weights with q|k|v and gate|up fused into one GEMM each and one attention call per layer,
+     about a third of the transformers forward's ops (what a one-token CPU step is bound by). The
+     transformers forward stays the prefill and the reference (`lean=False`; tested equal).
 """
 from __future__ import annotations
 
@@ -180,6 +184,102 @@ class _SlotLayer(DynamicLayer):
         return self.keys, self.values
 
 
+class _LeanStep:
+    """One decode step of a Qwen2 / Qwen2.5-VL text decoder on its own weights (engine design note 8):
+    per layer an RMSNorm, ONE fused q|k|v GEMM, rotary on q and k together, the KV write at the slot,
+    attention over the row's cache as two batched GEMVs (q K^T + mask bias, softmax, P V), o_proj, an RMSNorm, ONE fused gate|up GEMM, SiLU-and-mul,
+    down_proj; then the final norm and the lm_head. The transformers forward does the same math
+    through module calls, per-call mask and cache handling and mrope's per-section split (~3x the ops
+    of a one-token step; the tiny models' CPU decode is bound by them). A decoded token is text, so
+    its three mrope components are equal and mrope reduces to 1-D rope at that position.
+
+    Built inside one generate call from the weights then (fused copies: an RL update changes them).
+    `supports(model)` says whether the model has this shape (Qwen2-style layers, SiLU MLP, default
+    rope, no sliding window, plain tensors, not FSDP's DTensors); the Sampler falls back to the
+    transformers forward otherwise. Tested against it: same tokens, logprobs within 1e-5 (fp32)."""
+
+    def __init__(self, model):
+        text = _text_model(model)
+        cfg = model.config.get_text_config()
+        self.nq, self.nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.nq
+        self.H, self.eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.embed, self.lm_head = text.embed_tokens.weight, model.lm_head.weight
+        self.norm = text.norm.weight
+        self.inv_freq, self.scaling = text.rotary_emb.inv_freq.float(), float(text.rotary_emb.attention_scaling)
+        self.layers = []
+        for layer in text.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.layers.append((layer.input_layernorm.weight,
+                                torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),   # (nq+2nkv)D x H
+                                torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]) if a.q_proj.bias is not None else None,
+                                a.o_proj.weight, layer.post_attention_layernorm.weight,
+                                torch.cat([m.gate_proj.weight, m.up_proj.weight]), m.down_proj.weight))  # 2I x H
+
+    @staticmethod
+    def supports(model) -> bool:
+        """True when the model is a Qwen2-style decoder whose math is exactly what __call__ computes:
+        plain nn.Linear projections (not PEFT's adapter layers, whose .weight is the base weight
+        alone), RMSNorms, SiLU MLP, default rope, no sliding window, plain (unsharded) tensors, and
+        no forward hook on the modules a decode step runs (a hook could change their output; FSDP2's
+        own hooks are skipped: sampling_mode has unsharded every weight)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        text, cfg = _text_model(model), model.config.get_text_config()
+        try:
+            layers = list(text.layers)
+            linears = [getattr(l.self_attn, n) for l in layers for n in ("q_proj", "k_proj", "v_proj", "o_proj")] + \
+                [getattr(l.mlp, n) for l in layers for n in ("gate_proj", "up_proj", "down_proj")] + [model.lm_head]
+            norms = [n for l in layers for n in (l.input_layernorm, l.post_attention_layernorm)] + [text.norm]
+            rope = (getattr(cfg, "rope_scaling", None) or getattr(cfg, "rope_parameters", None) or {}).get("rope_type", "default")
+            text.rotary_emb.inv_freq, text.embed_tokens.weight  # noqa: B018  (present)
+        except (AttributeError, TypeError):
+            return False
+        modules = [m for m in (model, *model.modules()) if not isinstance(m, FSDPModule)]
+        hooked = any(m._forward_hooks or m._forward_pre_hooks for m in modules) or \
+            bool(torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks)
+        return (bool(layers) and all(type(m) is torch.nn.Linear for m in linears)
+                and all(tuple(n.weight.shape) == (cfg.hidden_size,) for n in norms)
+                and all(type(p) in (torch.nn.Parameter, torch.Tensor) for p in model.parameters())
+                and rope == "default" and cfg.hidden_act == "silu" and not hooked
+                and not getattr(cfg, "use_sliding_window", False))
+
+    def __call__(self, cache, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """ids (R, 1) long, pos (3, R, 1) or (R, 1) long, mask (R, 1, 1, K) bool over the cache's
+        slots (the new one included); writes each layer's k, v at the cache's slot. -> logits (R, V)."""
+        R, nq, nkv, D = ids.shape[0], self.nq, self.nkv, self.D
+        p = (pos[0] if pos.dim() == 3 else pos).reshape(R, 1).float()               # (R, 1)
+        freqs = p * self.inv_freq.to(p.device)                                        # (R, D/2)
+        emb = torch.cat([freqs, freqs], dim=-1)                                       # (R, D)
+        cos, sin = (emb.cos() * self.scaling)[:, None], (emb.sin() * self.scaling)[:, None]   # (R, 1, D)
+        x = F.embedding(ids[:, 0], self.embed)                                        # (R, H)
+        g = nq // nkv                                                                 # query heads per KV head
+        K = mask.shape[-1]
+        bias = torch.zeros(R, K, device=x.device).masked_fill_(~mask.view(R, K), float("-inf"))  # (R, K), all layers
+        bias = bias[:, None, None, :].expand(R, nkv, g, K).reshape(R * nkv, g, K)
+        for layer, (w_in, w_qkv, b_qkv, w_o, w_post, w_gu, w_down) in zip(cache.layers, self.layers):
+            h = F.rms_norm(x, (self.H,), w_in, self.eps)
+            qkv = F.linear(h, w_qkv, b_qkv)                                           # (R, (nq + 2 nkv) D)
+            qk = qkv[:, :(nq + nkv) * D].view(R, nq + nkv, D)
+            qk = qk * cos + torch.cat([-qk[..., D // 2:], qk[..., :D // 2]], dim=-1) * sin   # rotary, q and k
+            v = qkv[:, (nq + nkv) * D:].view(R, nkv, 1, D)
+            keys, values = layer.update(qk[:, nq:, None], v)                          # (R, nkv, K, D)
+            # one query per row: two batched GEMVs and a softmax (CPU SDPA's flash kernel is ~10x slower here)
+            s = torch.baddbmm(bias, qk[:, :nq].reshape(R * nkv, g, D), keys.reshape(R * nkv, K, D).transpose(1, 2),
+                              alpha=D ** -0.5)                                        # (R nkv, g, K)
+            o = torch.bmm(torch.softmax(s, dim=-1), values.reshape(R * nkv, K, D))    # (R nkv, g, D)
+            x = x + F.linear(o.reshape(R, nq * D), w_o)
+            gate, up = F.linear(F.rms_norm(x, (self.H,), w_post, self.eps), w_gu).chunk(2, dim=-1)  # (R, I) each
+            x = x + F.linear(F.silu(gate) * up, w_down)
+        return F.linear(F.rms_norm(x, (self.H,), self.norm, self.eps), self.lm_head)   # (R, V)
+
+
+def _text_model(model):
+    """The decoder stack: Qwen2.5-VL's language_model, or a plain causal LM's model."""
+    inner = getattr(model, "model", None)
+    return getattr(inner, "language_model", inner)
+
+
 def _bucket(n: int) -> int:
     """The static decode's batch size for n live rows: the smallest power of two >= n."""
     return 1 << (n - 1).bit_length()
@@ -281,13 +381,16 @@ class Sampler:
     share_prefix=False prefills every sample's prompt separately (the reference path).
     decode (engine design note 7): "eager" (the reference: rows leave the batch as they stop),
     "static" (fixed buffers and buckets, uncaptured), "graph" (static, each bucket's step a CUDA
-    graph; CUDA only), "auto" = graph on CUDA, else eager. Raises ValueError on an unknown mode
-    or graph without CUDA. After each call `stats` holds prefill/decode token counts and times
+    graph; CUDA only), "auto" = graph on CUDA, else eager. lean (engine design note 8): decode
+    steps run _LeanStep on the model's weights instead of the transformers forward; None = on for a
+    CPU model it supports (checked each call: adapters, hooks), True requires support (generate
+    raises ValueError otherwise), False never; stats["lean"] says what a call ran. Raises ValueError
+    on an unknown mode or graph without CUDA. After each call `stats` holds prefill/decode token counts and times
     (time_graph_capture: seconds spent capturing, inside time_decode)."""
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int = 512, temperature: float = 1.0,
                  top_p: float = 1.0, stop_token_ids: list[int] | None = None, seed: int | None = None,
-                 share_prefix: bool = True, decode: str = "auto"):
+                 share_prefix: bool = True, decode: str = "auto", lean: bool | None = None):
         self.model, self.tokenizer = model, tokenizer
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
@@ -301,6 +404,9 @@ class Sampler:
             raise ValueError(f"decode='graph' needs a CUDA model (this one is on {self.device}); "
                              "'static' runs the same step uncaptured")
         self.decode = ("graph" if self.device.type == "cuda" else "eager") if decode == "auto" else decode
+        self.lean_arg = lean
+        self.lean = (self.device.type == "cpu") if lean is None else bool(lean)  # and supported, per call
+        self._lean = None                    # the lean step of the call in progress
         cfg = model.config
         text_cfg = cfg.get_text_config()
         if "sliding_attention" in (getattr(text_cfg, "layer_types", None) or []):
@@ -377,8 +483,11 @@ class Sampler:
 
     def _forward(self, cache, ids, pos, mask, pixel_values=None, image_grid_thw=None):
         """One model call appending ids (R, S) at positions pos ((3, R, S) or (R, S)) to the cache
-        rows, attention mask (R, 1, S, K) bool; returns the next-token logits (R, V)."""
+        rows, attention mask (R, 1, S, K) bool; returns the next-token logits (R, V). A decode step
+        (S = 1, no images) takes the lean step when it is on (engine design note 8)."""
         dev = self.device
+        if self._lean is not None and ids.shape[1] == 1 and pixel_values is None:
+            return self._lean(cache, ids.to(dev), pos.to(dev), mask)
         if self.model.config.get_text_config()._attn_implementation == "eager":    # additive mask
             dtype = next(self.model.parameters()).dtype
             mask = torch.zeros(mask.shape, dtype=dtype, device=dev).masked_fill(~mask, torch.finfo(dtype).min)
@@ -486,6 +595,12 @@ class Sampler:
         self.stats = dict(prefill_tokens=0, prefill_tokens_real=0, images_encoded=0, decode_tokens=0)
         t0 = time.perf_counter()
         try:
+            supported = self.lean and _LeanStep.supports(model)
+            if self.lean_arg is True and not supported:
+                raise ValueError("lean=True: the model is not a Qwen2-style decoder _LeanStep computes exactly "
+                                 "(see _LeanStep.supports)")
+            self._lean = _LeanStep(model) if supported else None   # this call's weights
+            self.stats["lean"] = supported
             # 1. distinct prompts (identical ids and pixels -> one), one row per (prompt, sample)
             prepared = [self._prepare(p) for p in prompts]
             if self.share_prefix:
@@ -559,6 +674,7 @@ class Sampler:
                 next_pos = next_pos + 1
                 slot.add_(1)
         finally:
+            self._lean = None
             if attn not in ("sdpa", "eager"):
                 model.set_attn_implementation(attn)
             if hasattr(getattr(model, "model", None), "rope_deltas"):

@@ -598,3 +598,63 @@ def test_sampling_mode_fsdp2_single_process(proc, prompts):
             policy.zero_grad()
     finally:
         dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------------
+# the lean decode step (engine design note 8) against the transformers forward
+
+
+def test_lean_step_equals_transformers_forward(model, proc, prompts):
+    """Greedy: the same ids, finish reasons and logprobs (to 1e-5) with the lean decode step as with
+    the transformers forward, eager and static, image prompts of three sizes and a text-only one, a
+    stop token that ends some rows early."""
+    tok = proc[0]
+    batch = prompts + [make_prompt(proc, "A text-only prompt, no screenshot at all.")]
+    ref = Sampler(model, tok, max_new_tokens=MAX_NEW, lean=False).generate(batch, n=2, greedy=True)
+    stop = [ref[1][0].ids[3]]  # a token the second prompt produces: its rows stop early
+    ref = Sampler(model, tok, max_new_tokens=MAX_NEW, lean=False, stop_token_ids=stop).generate(batch, n=2, greedy=True)
+    assert any(o.finish_reason == "stop" for r in ref for o in r) and any(o.finish_reason == "length" for r in ref for o in r)
+    for decode in ("eager", "static"):
+        s = Sampler(model, tok, max_new_tokens=MAX_NEW, lean=True, decode=decode, stop_token_ids=stop)
+        ours = s.generate(batch, n=2, greedy=True)
+        assert s.stats["lean"] is True
+        assert [[o.ids for o in r] for r in ours] == [[o.ids for o in r] for r in ref]
+        assert [[o.finish_reason for o in r] for r in ours] == [[o.finish_reason for o in r] for r in ref]
+        for ra, rb in zip(ours, ref):
+            for oa, ob in zip(ra, rb):
+                torch.testing.assert_close(oa.logprobs, ob.logprobs, atol=1e-5, rtol=0)
+
+
+def test_lean_step_sampled_logprobs_match_full_forward(model, proc, prompts):
+    s = Sampler(model, proc[0], max_new_tokens=MAX_NEW, stop_token_ids=[], seed=0, temperature=1.5, lean=True)
+    outs = s.generate(prompts[:2], n=2, seeds=[7, 8])
+    assert s.stats["lean"] is True
+    for p, row in zip(prompts, outs):
+        for o in row:
+            ids = torch.cat([p.input_ids, torch.tensor(o.ids)])[None]
+            with torch.no_grad():
+                logits = model(input_ids=ids, pixel_values=p.pixel_values, image_grid_thw=p.image_grid_thw,
+                               mm_token_type_ids=(ids == model.config.image_token_id).int()).logits[0]
+            T = len(p.input_ids)
+            full = torch.log_softmax(logits[T - 1:-1].float() / 1.5, -1).gather(-1, torch.tensor(o.ids)[:, None]).squeeze(-1)
+            torch.testing.assert_close(o.logprobs, full, atol=1e-4, rtol=0)
+
+
+def test_lean_step_steps_aside_for_what_it_does_not_compute(model, proc, prompts):
+    """A forward hook (it could change a module's output) or PEFT adapters (their .weight is the base
+    weight alone): the transformers forward runs instead; lean=True then refuses."""
+    tok = proc[0]
+    assert sampling_mod._LeanStep.supports(model)
+    hook = model.model.language_model.layers[0].mlp.register_forward_hook(lambda m, i, out: out)
+    try:
+        s = Sampler(model, tok, max_new_tokens=2)
+        s.generate(prompts[:1], greedy=True)
+        assert s.stats["lean"] is False
+        with pytest.raises(ValueError, match="lean=True"):
+            Sampler(model, tok, max_new_tokens=2, lean=True).generate(prompts[:1], greedy=True)
+    finally:
+        hook.remove()
+    peft = pytest.importorskip("peft")
+    import copy
+    adapted = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    assert not sampling_mod._LeanStep.supports(adapted.base_model.model)
