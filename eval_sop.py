@@ -13,11 +13,12 @@ step judged by gui.score_response, the one match function of rollout, training a
   miniwob_env.evaluate_online on held-out seeds, with its own responses as history; malformed
   output is a no-op that still costs a step. Success = MiniWob raw reward >= 1. --online-batch
   episodes run at once, one browser each, their prompts answered in one generate call.
-  --samples K --temperature T (a model): every online episode is played K more times, sampled at T
-  on the same seeds (same pages), play j seeded by play_seed (--sample-seed; a rerun at the same
-  --online-batch repeats every response); result `online_sampled`, per task and pooled: greedy
-  success, pass@K (a sample succeeds) and flippable (greedy fails, a sample succeeds), each
-  {k, n, rate, lo, hi} with its 95% Wilson interval (flip_counts).
+  --samples K --temperature T (a model): each online episode is also played K times sampled at T on
+  its seed (its page), play j seeded by play_seed (--sample-seed; a rerun at the same --online-batch
+  repeats every response): `online_sampled` has, per task and pooled, greedy success, pass@K (a
+  sample succeeds), flippable (greedy fails, a sample succeeds), each {k, n, rate, lo, hi} (Wilson 95%).
+- sop + static: `history_gap` (rollout.history_gap), step accuracy under own vs expert history on the
+  steps SOP reached (every earlier step right), per task and pooled.
 
 Policies (each a sampler of the driver: .generate(prompts, n, greedy, seeds)):
 - expert: ExpertSampler answers each step with the expert action, written as a model response in
@@ -85,6 +86,7 @@ from rollout import (
     sop_metrics,
     sop_progress,
     static_metrics,
+    history_gap,
 )
 from sampler import DECODE_MODES, SampleOutput, Sampler
 from tools import baselines, report, score
@@ -156,8 +158,7 @@ def sop_parser() -> argparse.ArgumentParser:
                    help="K: also play every online episode K times sampled (same seeds, same pages) and report "
                    "greedy success, pass@K and the flippable fraction (greedy fails, a sample succeeds); --policy model")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the --samples plays")
-    p.add_argument("--sample-seed", type=int, default=0,
-                   help="seed of the --samples plays (the same seed and --online-batch: the same responses)")
+    p.add_argument("--sample-seed", type=int, default=0, help="seed of the --samples plays (same seed and batch: same plays)")
     # output
     p.add_argument("--out", default=None, help="output folder (result.json, episodes.jsonl, report.html, ...); "
                    "a path ending in .jsonl writes only the per-episode SOP lines there")
@@ -277,6 +278,7 @@ def run_sop(episodes: list[dataset.Episode], walker, args, show: set[int]) -> tu
         malformed = [s["error"] is not None for s in steps]  # scored 0 as malformed (truncated included)
         records.append({"source": ep.source, "task": ep.task, "episode_id": ep.episode_id, "steps": n,
                         "correct": correct, "success": correct == n, "rewards": [s["reward"] for s in steps],
+                        "matches": [bool(s["match"]) for s in steps],
                         "malformed": sum(malformed), "truncated": sum(s["truncated"] for s in steps),
                         "errors": [s["error"] for s in steps], "responses": [s["response"] for s in steps]})
         if i in show:
@@ -312,9 +314,8 @@ def run_static(episodes: list[dataset.Episode], walker, args, show: set[int]) ->
 
 
 def play_seed(base: int, task: str, seed: int, sample: int, t: int) -> int:
-    """The sampler seed of sampled play `sample` of online episode (task, seed) at step t: a 32-bit
-    CRC of the five values, so each play and step draws its own uniforms, whatever else is in the
-    batch and whatever K is (play j is the same with K = j + 1 as with any larger K)."""
+    """The sampler seed of sampled play `sample` of online episode (task, seed) at step t (a CRC-32): its
+    own draws, whatever else is in the batch and whatever K is (play j is the same for every K > j)."""
     return zlib.crc32(f"{base}|{task}|{seed}|{sample}|{t}".encode())
 
 
@@ -614,6 +615,10 @@ def main(argv: list[str] | None = None) -> dict:
                          f"step SR {m['step_sr']:.3f}, type acc {m['type_acc']:.3f} over {m['steps']} steps (floor: step SR "
                          f"{floor['step_sr']:.3f}, type acc {floor['type_acc']:.3f}); "
                          f"{len(shown)} episodes shown.", shown))
+    if sop_records is not None and static_records is not None:  # own vs expert history on the steps SOP reached
+        expert = {(r["episode"], r["t"]): bool(r["match"]) for r in static_records}
+        summary["history_gap"] = history_gap([(r["task"], t, m, expert[(i, t)]) for i, r in enumerate(sop_records)
+                                              for t, m in enumerate(r["matches"])])
     if args.online:
         from envs import miniwob_env, miniwob_experts
         tasks = args.online_tasks or [t for t in dict.fromkeys(e.task for e in episodes)
