@@ -260,10 +260,11 @@ def history_gap(steps: list[tuple[str, int, bool, bool]]) -> dict:
     reached (every earlier step right under its own history), own its SOP match, expert the static
     protocol's match of the same step (the expert's history). Per task and pooled: steps, own_right,
     expert_right, own_acc, expert_acc, gap = own_acc - expert_acc, the discordant pairs own_only and
-    expert_only; `later` the same over t >= 1 (step 0 has no history: the two prompts are one)."""
+    expert_only (accuracies None without steps); `later` the same over t >= 1 (step 0 has no history:
+    the two prompts are one)."""
     def count(rows):
         n, own, exp = len(rows), sum(r[2] for r in rows), sum(r[3] for r in rows)
-        acc = (lambda k: k / n) if n else (lambda k: float("nan"))  # noqa: E731
+        acc = (lambda k: k / n) if n else (lambda k: None)  # noqa: E731 -- None (JSON null) for no step
         return {"steps": n, "own_right": own, "expert_right": exp, "own_acc": acc(own), "expert_acc": acc(exp),
                 "gap": acc(own - exp), "own_only": sum(r[2] and not r[3] for r in rows),
                 "expert_only": sum(r[3] and not r[2] for r in rows)}

@@ -208,7 +208,7 @@ def test_history_gap_by_hand(monkeypatch, capsys, tokenizer, miniwob_file):
     a, b, c = (g["per_task"][t] for t in ("click-button", "click-button-sequence", "enter-text"))
     assert (a["own_acc"], a["expert_acc"], a["gap"], a["own_only"]) == (1.0, 0.5, 0.5, 1)
     assert (b["own_acc"], b["expert_acc"], b["gap"], b["expert_only"]) == (0.5, 1.0, -0.5, 1)
-    assert (c["steps"], c["own_right"], c["expert_right"], c["later"]["steps"]) == (1, 0, 0, 0)
+    assert (c["steps"], c["own_right"], c["expert_right"], c["later"]["steps"], c["later"]["gap"]) == (1, 0, 0, 0, None)
     assert s["sop_pg"] == pytest.approx((1 + 1 / 3 + 0) / 3)  # SOP as in test_sop_by_hand
 
 
