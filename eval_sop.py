@@ -13,6 +13,12 @@ step judged by gui.score_response, the one match function of rollout, training a
   miniwob_env.evaluate_online on held-out seeds, with its own responses as history; malformed
   output is a no-op that still costs a step. Success = MiniWob raw reward >= 1. --online-batch
   episodes run at once, one browser each, their prompts answered in one generate call.
+  --samples K --temperature T (a model): each online episode is also played K times sampled at T on
+  its seed (its page), play j seeded by play_seed (--sample-seed; a rerun at the same --online-batch
+  repeats every response): `online_sampled` has, per task and pooled, greedy success, pass@K (a
+  sample succeeds), flippable (greedy fails, a sample succeeds), each {k, n, rate, lo, hi} (Wilson 95%).
+- sop + static: `history_gap` (rollout.history_gap), step accuracy under own vs expert history on the
+  steps SOP reached (every earlier step right), per task and pooled.
 
 Policies (each a sampler of the driver: .generate(prompts, n, greedy, seeds)):
 - expert: ExpertSampler answers each step with the expert action, written as a model response in
@@ -37,6 +43,8 @@ Commands (the last stdout line is one JSON object; progress bars go to stderr):
     # the untrained tiny model, 2 episodes per task, short responses (a CPU smoke run, ~1 min)
     python eval_sop.py --data data/miniwob/test.jsonl --per-task-limit 2 --policy model --model tiny \\
         --max-new-tokens 32 --protocol sop static --out /tmp/eval_tiny
+    # flippability: greedy success, pass@4 and the flippable fraction at temperature 1 (online only)
+    python eval_sop.py --policy model --model out/sft/ckpt --online --online-seeds 4 --samples 4 --temperature 1.0
     # online only, the scripted DOM expert (must give online_sr = 1.0)
     python eval_sop.py --online --online-tasks click-test enter-text --online-seeds 3
     # AndroidControl-Low static metrics of a model
@@ -60,6 +68,7 @@ import math
 import os
 import sys
 import time
+import zlib
 from collections import Counter, defaultdict
 
 import torch
@@ -77,6 +86,7 @@ from rollout import (
     sop_metrics,
     sop_progress,
     static_metrics,
+    history_gap,
 )
 from sampler import DECODE_MODES, SampleOutput, Sampler
 from tools import baselines, report, score
@@ -144,6 +154,11 @@ def sop_parser() -> argparse.ArgumentParser:
     p.add_argument("--online-batch", type=int, default=8,
                    help="online episodes played at once, one browser each; the model answers them in one "
                    "generate call (greedy answers do not depend on the batch)")
+    p.add_argument("--samples", type=int, default=0,
+                   help="K: also play every online episode K times sampled (same seeds, same pages) and report "
+                   "greedy success, pass@K and the flippable fraction (greedy fails, a sample succeeds); --policy model")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the --samples plays")
+    p.add_argument("--sample-seed", type=int, default=0, help="seed of the --samples plays (same seed and batch: same plays)")
     # output
     p.add_argument("--out", default=None, help="output folder (result.json, episodes.jsonl, report.html, ...); "
                    "a path ending in .jsonl writes only the per-episode SOP lines there")
@@ -263,6 +278,7 @@ def run_sop(episodes: list[dataset.Episode], walker, args, show: set[int]) -> tu
         malformed = [s["error"] is not None for s in steps]  # scored 0 as malformed (truncated included)
         records.append({"source": ep.source, "task": ep.task, "episode_id": ep.episode_id, "steps": n,
                         "correct": correct, "success": correct == n, "rewards": [s["reward"] for s in steps],
+                        "matches": [bool(s["match"]) for s in steps],
                         "malformed": sum(malformed), "truncated": sum(s["truncated"] for s in steps),
                         "errors": [s["error"] for s in steps], "responses": [s["response"] for s in steps]})
         if i in show:
@@ -297,17 +313,27 @@ def run_static(episodes: list[dataset.Episode], walker, args, show: set[int]) ->
     return records, shown
 
 
+def play_seed(base: int, task: str, seed: int, sample: int, t: int) -> int:
+    """The sampler seed of sampled play `sample` of online episode (task, seed) at step t (a CRC-32): its
+    own draws, whatever else is in the batch and whatever K is (play j is the same for every K > j)."""
+    return zlib.crc32(f"{base}|{task}|{seed}|{sample}|{t}".encode())
+
+
 class OnlineModelPolicy:
     """A batched miniwob_env policy: for every episode in flight, obs -> prompt with that episode's
-    own earlier responses -> one greedy response of `sampler`, all prompts in one generate call ->
-    action in pixels of obs['screenshot']. Malformed output returns None (the env's no-op that costs
-    a step). Keeps report views of the (task, seed) episodes in `show`; stats gains the response
-    counts."""
+    own earlier responses -> one response of `sampler`, all prompts in one generate call -> action
+    in pixels of obs['screenshot']. Greedy when `sample` is None; else sampled play number `sample`
+    at `temperature`, each prompt seeded with play_seed(sample_seed, task, seed, sample, t) (a rerun
+    with the same batch size gives the same responses). Malformed output returns None (the env's
+    no-op that costs a step). Keeps report views of the (task, seed) episodes in `show`; stats gains
+    the response counts."""
 
     batched = True  # miniwob_env.evaluate_online: one call for every episode in flight
 
-    def __init__(self, sampler, make_prompt_online, show: set, stats: dict):
+    def __init__(self, sampler, make_prompt_online, show: set, stats: dict, sample: int | None = None,
+                 temperature: float = 1.0, sample_seed: int = 0):
         self.sampler, self.make_prompt, self.show, self.stats = sampler, make_prompt_online, show, stats
+        self.sample, self.temperature, self.sample_seed = sample, temperature, sample_seed
         self.views: dict = {}
         self.goals: dict = {}
         self.state: dict = {}  # (task, seed) -> (screenshots, responses) of the episode in flight
@@ -325,7 +351,15 @@ class OnlineModelPolicy:
             shots.append(obs["screenshot"])
             keys.append(key)
             prompts.append(self.make_prompt(obs, shots, history))
-        outs = self.sampler.generate(prompts, n=1, greedy=True)
+        if self.sample is None:
+            outs = self.sampler.generate(prompts, n=1, greedy=True)
+        else:  # the sampler's temperature for this call only (sampler.process_logits applies it)
+            seeds = [play_seed(self.sample_seed, k[0], k[1], self.sample, t) for k, t in zip(keys, steps)]
+            kept, self.sampler.temperature = self.sampler.temperature, self.temperature
+            try:
+                outs = self.sampler.generate(prompts, n=1, greedy=False, seeds=seeds)
+            finally:
+                self.sampler.temperature = kept
         self.state = {k: self.state[k] for k in keys}  # an episode not asked about has ended
         actions = []
         for key, t, prompt, out in zip(keys, steps, prompts, (o[0] for o in outs)):
@@ -365,10 +399,43 @@ def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
+def rate(k: int, n: int) -> dict:
+    """k of n as {k, n, rate, lo, hi}, lo-hi the 95% Wilson interval (rate nan for n = 0)."""
+    lo, hi = wilson(k, n)
+    return {"k": k, "n": n, "rate": k / n if n else float("nan"), "lo": lo, "hi": hi}
+
+
+def flip_counts(greedy: dict, sampled: list[dict], tasks: list[str]) -> dict:
+    """Greedy success, pass@K and the flippable fraction of online episodes, per task and pooled.
+
+    greedy: {(task, seed): success} of the greedy play; sampled: K such dicts (K >= 1), one per
+    sampled play of the same episodes. Per episode: pass@K = at least one of the K samples succeeds
+    (the greedy play does not count); flippable = greedy fails and at least one sample succeeds (the
+    episodes RL with a verifiable reward could turn into greedy successes). Returns {"per_task":
+    {task: {greedy, pass_at_k, flippable, sampled_sr}}, "pooled": {...}}, each a rate() over the
+    episodes, sampled_sr over the K x episodes sampled plays (its interval treats them as
+    independent). Raises ValueError when a sampled play lacks an episode of the greedy one."""
+    if not sampled or any(set(p) != set(greedy) for p in sampled):
+        raise ValueError("flip_counts: every sampled play needs exactly the greedy play's episodes")
+
+    def counts(keys):
+        hit = [any(p[key] for p in sampled) for key in keys]
+        g = [bool(greedy[key]) for key in keys]
+        return {"greedy": rate(sum(g), len(keys)), "pass_at_k": rate(sum(hit), len(keys)),
+                "flippable": rate(sum(h and not x for h, x in zip(hit, g)), len(keys)),
+                "sampled_sr": rate(sum(bool(p[key]) for p in sampled for key in keys), len(sampled) * len(keys))}
+
+    return {"per_task": {t: counts([key for key in greedy if key[0] == t]) for t in tasks},
+            "pooled": counts(list(greedy))}
+
+
 def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], args,
                stats: dict | None = None) -> tuple[dict, list[dict]]:
     """Live MiniWob++ episodes. sampler None -> miniwob_env's scripted expert. The result of
-    evaluate_online gains `malformed` (responses that parsed to no action)."""
+    evaluate_online gains `malformed` (responses that parsed to no action). With --samples K (a
+    model) every episode is then played K more times, sampled at --temperature on the same seeds
+    (the same pages), play j seeded by play_seed: each episode gains `sampled_success` (K bools) and
+    the result `sampled` (flip_counts, with the plays' response counts)."""
     from envs import miniwob_env, miniwob_experts
 
     k = max(args.report_episodes, 0)
@@ -402,6 +469,23 @@ def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], 
                               "success": e["success"], "outcome": outcome,
                               "steps": wrapped.views[key], "first_wrong": end})
     res["malformed"] = wrapped.n_malformed if wrapped is not None else 0
+    if sampler is not None and getattr(args, "samples", 0):
+        t0, sstats, plays, malformed = time.time(), Counter(), [], 0
+        for j in range(args.samples):
+            play = OnlineModelPolicy(sampler, make_prompt_online, set(), sstats, sample=j,
+                                     temperature=args.temperature, sample_seed=args.sample_seed)
+            with lent_to_sampler(sampler):
+                r = miniwob_env.evaluate_online(play, tasks, seeds, max_steps=args.online_max_steps,
+                                                batch_size=args.online_batch)
+            plays.append({(e["task"], e["seed"]): bool(e["success"]) for e in r["episodes"]})
+            malformed += play.n_malformed
+        for e in res["episodes"]:
+            e["sampled_success"] = [p[(e["task"], e["seed"])] for p in plays]
+        res["sampled"] = {"samples": args.samples, "temperature": args.temperature, "sample_seed": args.sample_seed,
+                          **flip_counts({(e["task"], e["seed"]): bool(e["success"]) for e in res["episodes"]},
+                                        plays, tasks),
+                          "responses": sstats["responses"], "malformed_responses": malformed,
+                          "truncated_responses": sstats["truncated"], "seconds": round(time.time() - t0, 1)}
     return res, shown
 
 
@@ -427,6 +511,10 @@ def main(argv: list[str] | None = None) -> dict:
             raise cli.UsageError(f"{flag} {value}: must be >= {low}")
     if not args.data and not args.online:
         raise cli.UsageError("nothing to evaluate: give --data and/or --online")
+    if args.samples < 0 or (args.samples and not (args.online and args.policy == "model")):
+        raise cli.UsageError(f"--samples {args.samples}: must be >= 0, and > 0 only with --online --policy model")
+    if not args.temperature > 0:
+        raise cli.UsageError(f"--temperature {args.temperature}: must be > 0")
     t0 = time.time()
     out_dir = args.out if args.out and not args.out.endswith(".jsonl") else None
     report_path = args.report or (os.path.join(out_dir, "report.html") if out_dir else None)
@@ -527,6 +615,10 @@ def main(argv: list[str] | None = None) -> dict:
                          f"step SR {m['step_sr']:.3f}, type acc {m['type_acc']:.3f} over {m['steps']} steps (floor: step SR "
                          f"{floor['step_sr']:.3f}, type acc {floor['type_acc']:.3f}); "
                          f"{len(shown)} episodes shown.", shown))
+    if sop_records is not None and static_records is not None:  # own vs expert history on the steps SOP reached
+        expert = {(r["episode"], r["t"]): bool(r["match"]) for r in static_records}
+        summary["history_gap"] = history_gap([(r["task"], t, m, expert[(i, t)]) for i, r in enumerate(sop_records)
+                                              for t, m in enumerate(r["matches"])])
     if args.online:
         from envs import miniwob_env, miniwob_experts
         tasks = args.online_tasks or [t for t in dict.fromkeys(e.task for e in episodes)
@@ -548,6 +640,17 @@ def main(argv: list[str] | None = None) -> dict:
                          f"(95% Wilson interval {lo:.3f}-{hi:.3f}) over "
                          f"{o['episodes']} episodes (held-out seeds {seeds[0]}..{seeds[-1]}); {len(shown)} shown.",
                          shown))
+        if "sampled" in online_res:
+            sm = summary["online_sampled"] = online_res["sampled"]
+            for task, c in sm["per_task"].items():  # the report's per-task table
+                per_task[task].update(online_pass_at_k=c["pass_at_k"]["rate"], online_flippable=c["flippable"]["rate"])
+            fmt = lambda c: (f"greedy {c['greedy']['k']}/{c['greedy']['n']}, pass@{args.samples} "  # noqa: E731
+                             f"{c['pass_at_k']['k']}, flippable {c['flippable']['k']} "
+                             f"({c['flippable']['rate']:.3f}, 95% {c['flippable']['lo']:.3f}-{c['flippable']['hi']:.3f})")
+            note = "; ".join([f"pooled: {fmt(sm['pooled'])}"] + [f"{t}: {fmt(c)}" for t, c in sm["per_task"].items()])
+            sections.append((f"Online, {args.samples} sampled plays per episode at temperature {args.temperature}",
+                             note, []))
+            print(f"online sampled (K {args.samples}, T {args.temperature}): {note}", file=sys.stderr)
 
     # --- summary: last stdout line
     built = args.policy == "model"  # the expert reads no prompt: none was built, nothing to count

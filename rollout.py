@@ -255,6 +255,27 @@ def static_metrics(steps: list[dict]) -> dict:
             "steps": n, "grounding_steps": len(grounded)}
 
 
+def history_gap(steps: list[tuple[str, int, bool, bool]]) -> dict:
+    """Own vs expert history on the steps both reach. steps: (task, t, own, expert) per step that SOP
+    reached (every earlier step right under its own history), own its SOP match, expert the static
+    protocol's match of the same step (the expert's history). Per task and pooled: steps, own_right,
+    expert_right, own_acc, expert_acc, gap = own_acc - expert_acc, the discordant pairs own_only and
+    expert_only (accuracies None without steps); `later` the same over t >= 1 (step 0 has no history:
+    the two prompts are one)."""
+    def count(rows):
+        n, own, exp = len(rows), sum(r[2] for r in rows), sum(r[3] for r in rows)
+        acc = (lambda k: k / n) if n else (lambda k: None)  # noqa: E731 -- None (JSON null) for no step
+        return {"steps": n, "own_right": own, "expert_right": exp, "own_acc": acc(own), "expert_acc": acc(exp),
+                "gap": acc(own - exp), "own_only": sum(r[2] and not r[3] for r in rows),
+                "expert_only": sum(r[3] and not r[2] for r in rows)}
+
+    def both(rows):
+        return {**count(rows), "later": count([r for r in rows if r[1] >= 1])}
+
+    return {"per_task": {task: both([r for r in steps if r[0] == task]) for task in dict.fromkeys(r[0] for r in steps)},
+            "pooled": both(steps)}
+
+
 def greedy_vs_sampled(sampler, episodes, tokenizer, image_processor, spec: chat.PromptSpec = chat.PromptSpec(), *,
                       samples: int = 4, seed: int = 0, image_root=None, blank_screens=None) -> dict:
     """The RL run's held-out diagnostic: the reward sees sampled responses (the sampler's

@@ -187,6 +187,31 @@ def test_static_by_hand(monkeypatch, capsys, tokenizer, miniwob_file, batch_size
     assert '{"action": "click", "coordinate": [45, 103]}' in b2 and "far-away-click" not in b2
 
 
+def test_history_gap_by_hand(monkeypatch, capsys, tokenizer, miniwob_file):
+    """Own vs expert history on the steps SOP reaches (A0 A1 B0 B1 C0). The fake answers as `scripted`,
+    except that under the expert's history (no "fake-" response in the prompt) it misses A1 (a wait
+    for the terminate) and gets B1 right: A0 both, A1 own only, B0 both, B1 expert only, C0 neither."""
+    def answer(ep, t, prompt, text):
+        if t == 1 and "fake-" not in text:
+            if ep.episode_id == "click-button-100000":
+                return respond("wait", {"action": "wait", "time": 1})
+            if ep.episode_id == "click-button-sequence-100000":
+                return gui.expert_response(ep.steps[1], ep.steps[1].image_size, prompt.resized_size, "expert-seen")
+        return scripted(ep, t, prompt, text)
+
+    s, _ = run_fake(monkeypatch, tokenizer, miniwob_file, answer,
+                    ["--image-root", str(MINIWOB), *SMALL, "--protocol", "sop", "static"])
+    g = s["history_gap"]
+    pooled = {k: g["pooled"][k] for k in ("steps", "own_right", "expert_right", "own_only", "expert_only", "gap")}
+    assert pooled == {"steps": 5, "own_right": 3, "expert_right": 3, "own_only": 1, "expert_only": 1, "gap": 0.0}
+    assert (g["pooled"]["later"]["steps"], g["pooled"]["later"]["own_right"], g["pooled"]["later"]["expert_right"]) == (2, 1, 1)
+    a, b, c = (g["per_task"][t] for t in ("click-button", "click-button-sequence", "enter-text"))
+    assert (a["own_acc"], a["expert_acc"], a["gap"], a["own_only"]) == (1.0, 0.5, 0.5, 1)
+    assert (b["own_acc"], b["expert_acc"], b["gap"], b["expert_only"]) == (0.5, 1.0, -0.5, 1)
+    assert (c["steps"], c["own_right"], c["expert_right"], c["later"]["steps"], c["later"]["gap"]) == (1, 0, 0, 0, None)
+    assert s["sop_pg"] == pytest.approx((1 + 1 / 3 + 0) / 3)  # SOP as in test_sop_by_hand
+
+
 def test_static_low_has_step_instructions(monkeypatch, capsys, tokenizer):
     eps = dataset.load_episodes(ANDROID, limit=2)
 
