@@ -38,7 +38,7 @@ class StepRecord:
     task_idx: the task's index in `episodes`, or task_ids[index] when the driver is given task_ids.
     prompt: the chat.Prompt it was sampled from (token ids, images, resized_size).
     response_ids: the sampler's ids, exactly (the trainer scores these, never re-tokenised text).
-    sampler_logp: (L,) fp32 log-probs under the sampling distribution.
+    sampler_logp: (L,) fp32 log-probs under the policy (log_softmax(logits / T), full vocabulary: the trainer's pi_old).
     reward / match / type_match / error: gui.score_response against the expert action (truncated =
     finish_reason != "stop"); error is why the response is malformed (reward 0), else None.
     patched: replaced in the history by a patch (the patch text is never trained on).
