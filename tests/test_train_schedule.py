@@ -177,9 +177,9 @@ def test_overlong_penalty_by_hand():
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--temperature", "0"], "--temperature 0.0: must be > 0"),
-    (["--temperature", "-1"], "--temperature -1.0: must be > 0"),
-    (["--temperature", "nan"], "--temperature nan: must be > 0"),
+    (["--temperature", "0"], "--temperature 0.0: must be finite and >= 0.001"),
+    (["--temperature", "-1"], "--temperature -1.0: must be finite and >= 0.001"),
+    (["--temperature", "nan"], "--temperature nan: must be finite and >= 0.001"),
     (["--top-p", "0"], "--top-p 0.0: must be in (0, 1]"),
     (["--top-p", "1.5"], "--top-p 1.5: must be in (0, 1]"),
     (["--max-new-tokens", "0"], "--max-new-tokens 0: must be >= 1"),
