@@ -109,7 +109,7 @@ def _input_errors() -> tuple:
     """The exception classes that mean bad input, never a bug: ours, the data loader's, the OS's."""
     from dataset import DataError
 
-    return (UsageError, DataError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
+    return (UsageError, DataError, lora.LoraError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
             UnicodeDecodeError)
 
 

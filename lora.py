@@ -6,8 +6,9 @@ place: the trainers keep calling the same Hugging Face model (PolicyLogProb, the
 `apply_fsdp` per decoder layer then the root), only `trainable` parameters (the adapters) reach the
 optimizer. RL's KL reference is the same policy with its adapters disabled (`AdaptersOff`): no second
 model. Checkpoints hold the adapter in PEFT's layout (adapter_config.json, adapter_model.safetensors)
-plus `lora_base.json` (the base model and its init seed); `load_merged` (vlm.load_model calls it for
-such a folder) and `merge_checkpoint` (tools/merge_lora.py, the trainers' --merge) give the plain model.
+plus `lora_base.json` (the base model and its init seed); `merge_adapter` gives the plain model
+(vlm.load_model of such a folder; vlm.merge_checkpoint: tools/merge_lora.py and the trainers' --merge).
+A leaf module: it imports nothing of the project.
 """
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ import torch
 DECODER_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # every linear layer of a decoder layer
 VISION_TARGETS = ("qkv", "proj", "gate_proj", "up_proj", "down_proj")          # a vision block's (with --lora-vision)
 ADAPTER_FILE, BASE_FILE = "adapter_model.safetensors", "lora_base.json"
+
+
+class LoraError(ValueError):
+    """A LoRA flag that does not fit the model (cli.cli reports it as one line, exit 2)."""
 
 
 def add_lora_args(parser) -> None:
@@ -57,20 +62,18 @@ def apply_lora(model, args, base: str, seed: int = 0):
     `model` untouched). The adapters' A matrices are drawn from `seed` in a forked RNG (the same on
     every rank and run; the global generators are not advanced), B is zero: the adapted model starts
     as the base exactly. base (the model name or folder) and seed go to lora_base.json of every
-    checkpoint. Raises cli.UsageError naming a --lora-targets entry that is no linear layer of a
-    decoder layer."""
+    checkpoint. Raises LoraError naming a --lora-targets entry that is no linear layer of a decoder
+    layer."""
     if not args.lora_r:
         return None
     from peft import LoraConfig, get_peft_model
-
-    import cli
 
     names = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
     have = {n.rsplit(".", 1)[-1] for n, m in model.model.language_model.layers.named_modules()
             if isinstance(m, torch.nn.Linear)}
     missing = sorted(set(names) - have)
     if missing:
-        raise cli.UsageError(f"--lora-targets: {', '.join(missing)} not a linear layer of a decoder layer (have: {', '.join(sorted(have))})")
+        raise LoraError(f"--lora-targets: {', '.join(missing)} not a linear layer of a decoder layer (have: {', '.join(sorted(have))})")
     pattern = rf"model\.language_model\.layers\.\d+\..*\b({'|'.join(map(re.escape, names))})"
     if args.lora_vision:
         pattern = rf"(?:{pattern}|model\.visual\.blocks\.\d+\..*\b({'|'.join(VISION_TARGETS)}))"
@@ -161,36 +164,18 @@ def load_adapter_state(folder, module) -> None:
                 p.copy_(saved[k].to(p.dtype))
 
 
-def load_merged(folder, *, dtype=torch.float32, device="cpu"):
-    """A LoRA checkpoint folder -> the plain adapted model (Qwen2_5_VLForConditionalGeneration), the
-    adapters merged into the base weights (PEFT's merge_and_unload). The base comes from
-    lora_base.json (a 'tiny' base is rebuilt from its seed). Raises FileNotFoundError without it."""
+def read_base(folder) -> dict:
+    """lora_base.json of a LoRA checkpoint folder: {"model": the base's name or folder, "seed": its
+    init seed}. Raises FileNotFoundError without it."""
+    path = Path(folder) / BASE_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder}: a LoRA adapter without {BASE_FILE} (which base model it adapts)")
+    return json.loads(path.read_text())
+
+
+def merge_adapter(base_model, folder):
+    """base_model (the plain model read_base names) + the adapter of `folder` -> the plain adapted
+    model, the adapters merged into the base weights (PEFT's PeftModel.from_pretrained, merge_and_unload)."""
     from peft import PeftModel
 
-    import vlm
-
-    folder = Path(folder)
-    if not (folder / BASE_FILE).is_file():
-        raise FileNotFoundError(f"{folder}: a LoRA adapter without {BASE_FILE} (which base model it adapts)")
-    base = json.loads((folder / BASE_FILE).read_text())
-    model = vlm.load_model(base["model"], dtype=torch.float32, device="cpu", seed=base["seed"])
-    merged = PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
-    return merged.to(dtype).to(device)
-
-
-def merge_checkpoint(folder, out) -> Path:
-    """Write the adapted model of LoRA checkpoint `folder` to `out` as a plain Hugging Face folder
-    (config.json, model.safetensors, the tokenizer, args.json when the checkpoint has one), which
-    eval_sop.py and --model take like any other. Returns `out`."""
-    import shutil
-
-    import vlm
-
-    folder, out = Path(folder), Path(out)
-    model = load_merged(folder)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out), safe_serialization=True)
-    vlm.load_processor(folder)[0].save_pretrained(str(out))
-    if (folder / "args.json").is_file():
-        shutil.copy(folder / "args.json", out / "args.json")
-    return out
+    return PeftModel.from_pretrained(base_model, str(folder)).merge_and_unload()

@@ -389,7 +389,7 @@ def main(argv=None):
     # cleanup
     utils.cleanup_distributed()
     if proc.is_main and args.merge:  # the adapted model as a plain Hugging Face folder
-        utils.print0(f"merged: {lora.merge_checkpoint(utils.latest_checkpoint(out / 'ckpt'), out / 'merged')}")
+        utils.print0(f"merged: {vlm.merge_checkpoint(utils.latest_checkpoint(out / 'ckpt'), out / 'merged')}")
     if proc.is_main:
         test = Path(args.data).with_name("test.jsonl") if Path(args.data).name == "train.jsonl" else Path(args.data)
         print(f"checkpoint: {utils.latest_checkpoint(out / 'ckpt') or '(none written)'}  metrics: {out / 'metrics.jsonl'}\n"

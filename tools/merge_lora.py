@@ -15,6 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: cli, lora
 import cli  # noqa: E402
 import lora  # noqa: E402
+import vlm  # noqa: E402
 
 parser = cli.make_parser(__doc__)
 parser.add_argument("ckpt", type=cli.arg_type(cli.model_path), help="a LoRA checkpoint folder, or a run's ckpt/ (its `latest` is followed)")
@@ -25,7 +26,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if not lora.is_adapter_dir(args.ckpt):
         raise cli.UsageError(f"{args.ckpt}: not a LoRA checkpoint (no {lora.ADAPTER_FILE})")
-    out = lora.merge_checkpoint(args.ckpt, args.out)
+    out = vlm.merge_checkpoint(args.ckpt, args.out)
     print(f"wrote {out}")
     return str(out)
 
