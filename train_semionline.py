@@ -35,7 +35,8 @@ The paper's setting (8 GPUs, Qwen2.5-VL-7B-Instruct, AndroidControl with screens
         --tasks-per-step 8 --n-rollouts 8 --max-new-tokens 512 --lr 1e-6 --gamma 0.5 \\
         --patch-threshold 2 --filter-std 0.3 --max-pixels 1003520
 Offline-RL baseline on the same code: add --history expert. Short of memory: add
---gradient-checkpointing (bench/gpu_check.py's full_depth runs the 28-layer 7B on one GPU with it).
+--gradient-checkpointing (bench/gpu_check.py's full_depth runs the 28-layer 7B on one GPU with it),
+or --lora-r 16: adapters only, the KL reference is the policy with them disabled (lora.py).
 """
 from __future__ import annotations
 

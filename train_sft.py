@@ -17,7 +17,8 @@ Several processes (FSDP2; gloo on CPU, nccl on GPU):
 AndroidControl without screenshots (dry run on blank 1080x2400 phones):
     python train_sft.py --data data/android_control/android_control_train_example_uis1.jsonl \\
         --blank-screens 1080x2400 --max-pixels 200704
-Short of memory: add --gradient-checkpointing (activations recomputed per decoder layer).
+Short of memory: add --gradient-checkpointing (activations recomputed per decoder layer), or train
+LoRA adapters only (--lora-r 16 --merge: lora.py; OUT/merged is then the plain adapted model).
 Checkpoints land in --out/ckpt/step_XXXXXX (Hugging Face layout, safetensors);
 train_semionline.py --model auto starts from the latest one.
 
