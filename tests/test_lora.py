@@ -2,7 +2,8 @@
 
 - a freshly initialised adapter (B = 0) gives the base model's log-probs exactly;
 - the PPO update's gradient reaches only adapter parameters and equals the autograd reference of
-  tests/update_case.py on an identically adapted model (1e-4 of the largest entry, as there);
+  tests/update_case.py on an identically adapted model (1e-4 of the largest entry, as there), with
+  --gradient-checkpointing too (1e-6 of the largest entry against the run without);
 - the RL reference, the policy with its adapters disabled, gives exactly a separately loaded base's log-probs;
 - a checkpoint holds the adapter in PEFT's layout; merged (tools/merge_lora.py, --merge, or
   vlm.load_model of the adapter folder) it gives the adapted model's log-probs (fp32 merge: 1e-5);
@@ -80,6 +81,27 @@ def test_update_gradient_reaches_only_adapters_and_equals_reference(case):
     scale = max(g.abs().max().item() for g in ref.values())
     assert scale > 1e-3 and all(got[n].abs().max() > 0 for n in got if "lora_A" in n)  # A gets gradient too
     assert max((got[n] - ref[n]).abs().max().item() for n in ref) <= 1e-4 * scale
+
+
+def test_gradient_checkpointing_gives_the_same_adapter_gradient(case):
+    """--gradient-checkpointing (the 7B's path) under LoRA: the same adapter gradients (1e-6 of the largest)."""
+    records, pad_id, _, _ = case
+    args = ts.parser.parse_args(ARGV)
+    grads = []
+    for ckpt in (False, True):
+        model, _ = adapted()
+        if ckpt:
+            vlm.checkpoint_activations(model)
+        policy = vlm.PolicyLogProb(model)
+        one = utils.Dist(0, 1, 0, torch.device("cpu"))
+        mb = ts._micro_batches(records, 1, 3, one)[0]
+        ts.ppo_step(policy, torch.optim.SGD(lora.trainable(policy), lr=0.0), mb,
+                    lambda c: vlm.collate_sequences([r.prompt for r in c], [r.response_ids for r in c], pad_id), args, one)
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    a, b = grads
+    scale = max(g.abs().max().item() for g in a.values())
+    assert a.keys() == b.keys() and len(a) == 28
+    assert max((a[n] - b[n]).abs().max().item() for n in a) <= 1e-6 * scale
 
 
 def test_reference_with_adapters_disabled_is_the_base(case):
