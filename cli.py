@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import lora
 import vlm
 from utils import get_rank, latest_checkpoint
 
@@ -94,7 +95,7 @@ def model_path(name: str) -> str:
         except ValueError as e:
             raise UsageError(str(e)) from None
         return name
-    if name in ("tiny", "auto") or (Path(name) / "config.json").is_file():
+    if name in ("tiny", "auto") or (Path(name) / "config.json").is_file() or lora.is_adapter_dir(name):
         return name
     if not Path(name).exists():
         raise UsageError(f"{name!r}: no such folder (expected 'tiny', a Hugging Face model folder or a checkpoint folder)")
@@ -108,7 +109,7 @@ def _input_errors() -> tuple:
     """The exception classes that mean bad input, never a bug: ours, the data loader's, the OS's."""
     from dataset import DataError
 
-    return (UsageError, DataError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
+    return (UsageError, DataError, lora.LoraError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
             UnicodeDecodeError)
 
 

@@ -35,7 +35,8 @@ The paper's setting (8 GPUs, Qwen2.5-VL-7B-Instruct, AndroidControl with screens
         --tasks-per-step 8 --n-rollouts 8 --max-new-tokens 512 --lr 1e-6 --gamma 0.5 \\
         --patch-threshold 2 --filter-std 0.3 --max-pixels 1003520
 Offline-RL baseline on the same code: add --history expert. Short of memory: add
---gradient-checkpointing (bench/gpu_check.py's full_depth runs the 28-layer 7B on one GPU with it).
+--gradient-checkpointing (bench/gpu_check.py's full_depth runs the 28-layer 7B on one GPU with it),
+or --lora-r 16: adapters only, the KL reference is the policy with them disabled (lora.py).
 """
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ import chat
 import cli
 import dataset
 import gui
+import lora
 import utils
 import vlm
 from advantage import EPISODE_FORMS, RETURNS_FORMS, compute_advantages, dynamic_sampling_tasks, overlong_penalty
@@ -81,6 +83,7 @@ parser.add_argument("--model", default="auto", type=cli.arg_type(cli.model_path)
                     help="'tiny', a Hugging Face or checkpoint folder, or 'auto' (latest --sft-dir checkpoint, else tiny); "
                     "prompt options not given (--num-images, --min/max-pixels, --max-prompt-tokens) come from its args.json")
 parser.add_argument("--sft-dir", default="out/sft/ckpt", help="where --model auto looks for an SFT checkpoint")
+lora.add_lora_args(parser)  # --lora-r (0: full fine-tuning; else the KL reference is the policy with adapters off), ...
 # rollout (docs/method.md §5)
 parser.add_argument("--tasks-per-step", type=int, default=4, help="tasks per training step, all ranks together (release: 8)")
 parser.add_argument("--n-rollouts", type=int, default=4, help="rollouts per task N (release: 8)")
@@ -174,6 +177,7 @@ def check_args(args) -> None:
         (0 <= args.overlong_buffer <= args.max_new_tokens,
          f"--overlong-buffer {args.overlong_buffer}: must be in [0, --max-new-tokens {args.max_new_tokens}]"),
     ]
+    rules.append((lora.check_lora_args(args) is None, lora.check_lora_args(args)))
     for ok, message in rules:
         if not ok:
             raise cli.UsageError(message)
@@ -219,17 +223,19 @@ def main(argv=None):
     utils.print0(f"policy initialised from: {init}")
     dtype = torch.float32  # master weights; bf16 compute comes from FSDP's mixed precision on GPU
     model = vlm.load_model(init, dtype=dtype, device=proc.device, seed=args.seed)
+    adapter = lora.apply_lora(model, args, base=init, seed=args.seed)  # None without --lora-r
     if args.gradient_checkpointing:
         checkpoint_activations(model)
     policy = apply_fsdp(model, PolicyLogProb(model), proc, mixed_precision=gpu)
-    ref = None
-    if args.kl_coef > 0:
+    # under LoRA the reference is the policy with its adapters disabled (no second model), unless --ref-model
+    ref = lora.AdaptersOff(policy, adapter) if args.kl_coef > 0 and adapter and args.ref_model is None else None
+    if args.kl_coef > 0 and ref is None:
         ref_model = vlm.load_model(args.ref_model or init, dtype=torch.bfloat16 if gpu else dtype, device=proc.device,
                                      seed=args.seed if args.ref_seed is None else args.ref_seed)
         ref_model.requires_grad_(False).eval()
         ref = apply_fsdp(ref_model, PolicyLogProb(ref_model), proc, mixed_precision=False)
     # fused on CUDA: the default foreach AdamW holds a model-sized temporary (sqrt of the second moment)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.999),
+    optimizer = torch.optim.AdamW(lora.trainable(policy), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.999),
                                   fused=gpu)
     sampler = Sampler(model, tokenizer, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                       top_p=args.top_p, decode=args.decode)
@@ -404,13 +410,15 @@ def main(argv=None):
         stop = args.stop_after is not None and step + 1 - start_step >= args.stop_after
         if stop or step + 1 == args.max_steps or (args.save_every and (step + 1) % args.save_every == 0):
             utils.save_checkpoint(out / "ckpt", policy, tokenizer, vars(args), optimizer=optimizer,
-                                  extra={"step": step + 1, "schedule": schedule})
+                                  extra={"step": step + 1, "schedule": schedule}, adapter=adapter)
         if stop:
             break
 
     # -------------------------------------------------------------------------
     # cleanup
     utils.cleanup_distributed()
+    if proc.is_main and args.merge:  # the adapted model as a plain Hugging Face folder
+        utils.print0(f"merged: {vlm.merge_checkpoint(utils.latest_checkpoint(out / 'ckpt'), out / 'merged')}")
     if proc.is_main:
         test = Path(args.data).with_name("test.jsonl") if Path(args.data).name == "train.jsonl" else Path(args.data)
         print(f"checkpoint: {utils.latest_checkpoint(out / 'ckpt') or '(none written)'}  metrics: {out / 'metrics.jsonl'}\n"

@@ -17,7 +17,8 @@ Several processes (FSDP2; gloo on CPU, nccl on GPU):
 AndroidControl without screenshots (dry run on blank 1080x2400 phones):
     python train_sft.py --data data/android_control/android_control_train_example_uis1.jsonl \\
         --blank-screens 1080x2400 --max-pixels 200704
-Short of memory: add --gradient-checkpointing (activations recomputed per decoder layer).
+Short of memory: add --gradient-checkpointing (activations recomputed per decoder layer), or train
+LoRA adapters only (--lora-r 16 --merge: lora.py; OUT/merged is then the plain adapted model).
 Checkpoints land in --out/ckpt/step_XXXXXX (Hugging Face layout, safetensors);
 train_semionline.py --model auto starts from the latest one.
 
@@ -49,6 +50,7 @@ import chat
 import cli
 import dataset
 import gui
+import lora
 import patch
 import utils
 import vlm
@@ -74,6 +76,7 @@ parser.add_argument("--val-frac", type=float, default=0.1, help="share of episod
 # model
 parser.add_argument("--model", default="tiny:128x4", type=cli.arg_type(cli.model_path),
                     help="'tiny', a local Hugging Face folder, or a checkpoint folder (a `latest` pointer is followed)")
+lora.add_lora_args(parser)  # --lora-r (0: full fine-tuning), --lora-alpha, --lora-dropout, --lora-targets, --lora-vision, --merge
 # optimisation
 parser.add_argument("--lr", type=float, default=1e-3, help="AdamW peak learning rate (tiny-model default; 7B: ~1e-5)")
 parser.add_argument("--min-lr-frac", type=float, default=0.1, help="cosine decay floor, as a fraction of --lr")
@@ -209,6 +212,8 @@ def main(argv=None):
     if args.copy_warmup_steps is None:   # resolved here so that args.json records the number
         args.copy_warmup_steps = copy_warmup_default(args.model)
     spec = chat.resolve_spec(args, args.model, say=utils.print0)
+    if lora.check_lora_args(args):
+        raise cli.UsageError(lora.check_lora_args(args))
 
     # -------------------------------------------------------------------------
     # setup
@@ -255,11 +260,12 @@ def main(argv=None):
     # -------------------------------------------------------------------------
     # model (FSDP2) and optimizer
     model = vlm.load_model(args.model, dtype=torch.float32, device=proc.device, seed=args.seed)
+    adapter = lora.apply_lora(model, args, base=args.model, seed=args.seed)  # None without --lora-r
     if args.gradient_checkpointing:
         checkpoint_activations(model)
     policy = apply_fsdp(model, PolicyLogProb(model), proc, mixed_precision=gpu)
     # fused on CUDA: the default foreach AdamW holds a model-sized temporary (sqrt of the second moment)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay, fused=gpu)
+    optimizer = torch.optim.AdamW(lora.trainable(policy), lr=args.lr, weight_decay=args.weight_decay, fused=gpu)
     start_step = 0
     if args.resume:
         ckpt = utils.latest_checkpoint(out / "ckpt")
@@ -308,7 +314,7 @@ def main(argv=None):
     elif labels:
         rng = random.Random(args.seed * 1_000_003 + proc.rank)
         digit_ids = set(tokenizer.convert_tokens_to_ids(list("0123456789")))
-        warm_opt = torch.optim.AdamW(policy.parameters(), lr=args.copy_warmup_lr, weight_decay=args.weight_decay)
+        warm_opt = torch.optim.AdamW(lora.trainable(policy), lr=args.copy_warmup_lr, weight_decay=args.weight_decay)
         warm_log = cli.MetricsLogger(out / "copy_warmup.jsonl")
         per_rank = max(1, args.batch_size // proc.world_size)
         policy.train()
@@ -332,7 +338,7 @@ def main(argv=None):
                      f"{row[1].item():.3f} nats/token (no copy: ~2.2; log {out / 'copy_warmup.jsonl'})")
         del warm_opt
         if args.max_steps == 0:  # the warm-up alone: a base model that SFT runs start from (--model BASE)
-            utils.save_checkpoint(out / "ckpt", policy, tokenizer, vars(args), extra={"step": 0})
+            utils.save_checkpoint(out / "ckpt", policy, tokenizer, vars(args), extra={"step": 0}, adapter=adapter)
 
     # -------------------------------------------------------------------------
     # training loop
@@ -378,11 +384,14 @@ def main(argv=None):
             utils.print0(f"step {step + 1:5d} | loss {last['loss']:.4f} | val {last['val_loss']:.4f} | lr {last['lr']:.2e} "
                          f"| gnorm {last['grad_norm']:.2f} | {last['tok_s']:.0f} tok/s")
         if step + 1 == args.max_steps or (args.save_every and (step + 1) % args.save_every == 0):
-            utils.save_checkpoint(out / "ckpt", policy, tokenizer, vars(args), optimizer=optimizer, extra={"step": step + 1})
+            utils.save_checkpoint(out / "ckpt", policy, tokenizer, vars(args), optimizer=optimizer, extra={"step": step + 1},
+                                  adapter=adapter)
 
     # -------------------------------------------------------------------------
     # cleanup
     utils.cleanup_distributed()
+    if proc.is_main and args.merge:  # the adapted model as a plain Hugging Face folder
+        utils.print0(f"merged: {vlm.merge_checkpoint(utils.latest_checkpoint(out / 'ckpt'), out / 'merged')}")
     if proc.is_main:
         test = Path(args.data).with_name("test.jsonl") if Path(args.data).name == "train.jsonl" else Path(args.data)
         print(f"checkpoint: {utils.latest_checkpoint(out / 'ckpt') or '(none written)'}  metrics: {out / 'metrics.jsonl'}\n"

@@ -110,10 +110,12 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(out_dir: str | os.PathLike, model, tokenizer, args: dict, *, optimizer=None,
-                    extra: dict | None = None, keep: int = 2) -> Path | None:
+                    extra: dict | None = None, keep: int = 2, adapter=None) -> Path | None:
     """Write out_dir/step_XXXXXX/ (Hugging Face layout, args.json, trainer_state.json = extra with
     "step"; with an optimizer also optimizer.pt and every rank's RNG state), atomically (a finished
     temporary folder renamed into place, then os.replace of out_dir/latest); keep the newest `keep`.
+    adapter: the PeftModel of a LoRA run (lora.apply_lora): the folder then holds the adapter in
+    PEFT's layout (lora.save_adapter) instead of the model's weights.
     Collective (plain or FSDP2 model; rank 0 writes). Returns the folder on rank 0, else None."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -122,7 +124,11 @@ def save_checkpoint(out_dir: str | os.PathLike, model, tokenizer, args: dict, *,
     )
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)  # unsharded, on CPU
-    msd = get_model_state_dict(model, options=opts)
+    if adapter is not None:
+        import lora
+        msd = lora.adapter_state_dict(model)  # the adapters alone (gathered: collective)
+    else:
+        msd = get_model_state_dict(model, options=opts)
     osd = get_optimizer_state_dict(model, optimizer, options=opts) if optimizer is not None else None
     rngs = [rng_state()]  # every rank's generators: ranks draw different numbers
     if dist.is_initialized():
@@ -136,10 +142,13 @@ def save_checkpoint(out_dir: str | os.PathLike, model, tokenizer, args: dict, *,
     final, tmp = out_dir / f"step_{step:06d}", out_dir / f".tmp_step_{step:06d}_{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     inner = model if hasattr(model, "save_pretrained") else model.model  # an FSDP root (PolicyLogProb) wraps it
-    msd = msd if inner is model else {k.removeprefix("model."): v for k, v in msd.items()}
-    if getattr(inner.config, "tie_word_embeddings", False):
-        msd.pop("lm_head.weight", None)  # tied to the input embedding (FSDP's state dict lists both)
-    inner.save_pretrained(str(tmp), state_dict=msd, safe_serialization=True)
+    if adapter is not None:
+        lora.save_adapter(adapter, msd, tmp)
+    else:
+        msd = msd if inner is model else {k.removeprefix("model."): v for k, v in msd.items()}
+        if getattr(inner.config, "tie_word_embeddings", False):
+            msd.pop("lm_head.weight", None)  # tied to the input embedding (FSDP's state dict lists both)
+        inner.save_pretrained(str(tmp), state_dict=msd, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))
     (tmp / "args.json").write_text(json.dumps(args, indent=2, default=str))
@@ -161,29 +170,35 @@ def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
     """The folder named by out_dir/latest, or None. Temporary folders are never named."""
     ptr = Path(out_dir) / "latest"
     path = Path(out_dir) / ptr.read_text().strip() if ptr.exists() else None
-    return path if path and ((path / "model.safetensors").exists() or (path / "config.json").exists()) else None
+    return path if path and any((path / f).exists() for f in ("model.safetensors", "config.json",
+                                                              "adapter_model.safetensors")) else None
 
 
 def load_checkpoint_state(ckpt: str | os.PathLike, model, optimizer=None) -> dict:
     """Load a save_checkpoint folder into a (possibly FSDP2) model, optimizer and every RNG;
     returns trainer_state.json. Collective. optimizer.pt is read weights_only (nothing unpickled).
+    A LoRA checkpoint (lora.is_adapter_dir) loads its adapters into the adapted `model`.
     Raises FileNotFoundError (no config.json), ValueError (saved for another number of ranks)."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         set_model_state_dict,
         set_optimizer_state_dict,
     )
+    import lora
     ckpt = Path(ckpt)
-    if not (ckpt / "config.json").exists():
-        raise FileNotFoundError(f"{ckpt}: no config.json (not a checkpoint folder)")
-    # read through the model class's own from_pretrained (on CPU): it maps the Hub's key names back
-    inner = model if hasattr(model, "save_pretrained") else model.model
-    msd = type(inner).from_pretrained(str(ckpt), dtype=torch.float32).state_dict()
-    msd = msd if inner is model else {"model." + k: v for k, v in msd.items()}
-    if getattr(inner.config, "tie_word_embeddings", False):
-        msd = {k: v for k, v in msd.items() if k not in ("lm_head.weight", "model.lm_head.weight")}
     opts = StateDictOptions(full_state_dict=True, strict=False)
-    set_model_state_dict(model, msd, options=opts)
+    if lora.is_adapter_dir(ckpt):  # a LoRA run's: the adapters into the (already adapted) model
+        lora.load_adapter_state(ckpt, model)
+    elif not (ckpt / "config.json").exists():
+        raise FileNotFoundError(f"{ckpt}: no config.json (not a checkpoint folder)")
+    else:
+        # read through the model class's own from_pretrained (on CPU): it maps the Hub's key names back
+        inner = model if hasattr(model, "save_pretrained") else model.model
+        msd = type(inner).from_pretrained(str(ckpt), dtype=torch.float32).state_dict()
+        msd = msd if inner is model else {"model." + k: v for k, v in msd.items()}
+        if getattr(inner.config, "tie_word_embeddings", False):
+            msd = {k: v for k, v in msd.items() if k not in ("lm_head.weight", "model.lm_head.weight")}
+        set_model_state_dict(model, msd, options=opts)
     state = json.loads((ckpt / "trainer_state.json").read_text()) if (ckpt / "trainer_state.json").exists() else {}
     if optimizer is not None and (ckpt / "optimizer.pt").exists():
         osd = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)

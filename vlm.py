@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+import lora
 from gui import MAX_PIXELS, MIN_PIXELS
 from kernels import fused_logprob
 
@@ -134,7 +135,8 @@ def load_model(name: str | os.PathLike = "tiny", *, dtype: torch.dtype = torch.f
                device: torch.device | str = "cpu", seed: int = 0):
     """Build or load a Qwen2_5_VLForConditionalGeneration (swap the policy model here). name:
     "tiny" / "tiny:HxL" (tiny_config on the small tokenizer of assets/tiny_tokenizer, random weights
-    seeded by `seed`: the same on every rank and run) or a local Hugging Face folder (Qwen2.5-VL-7B-Instruct, a save_checkpoint folder).
+    seeded by `seed`: the same on every rank and run) or a local Hugging Face folder (Qwen2.5-VL-7B-Instruct, a save_checkpoint folder;
+    a LoRA checkpoint folder gives its base with the adapters merged: lora.merge_adapter).
     Raises FileNotFoundError when the folder has no config.json: nothing is downloaded."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
@@ -145,9 +147,28 @@ def load_model(name: str | os.PathLike = "tiny", *, dtype: torch.dtype = torch.f
         cfg = tiny_config(*size)
         cfg._attn_implementation = attn
         return Qwen2_5_VLForConditionalGeneration(cfg).to(dtype).to(device)
+    if lora.is_adapter_dir(name):  # a LoRA checkpoint: its base with the adapters merged in (fp32, CPU)
+        base = lora.read_base(name)
+        merged = lora.merge_adapter(load_model(base["model"], seed=base["seed"]), name)
+        return merged.to(dtype).to(device)
     if not (Path(name) / "config.json").exists():
         raise FileNotFoundError(f"--model {name}: not 'tiny' and no config.json in that directory")
     return Qwen2_5_VLForConditionalGeneration.from_pretrained(str(name), dtype=dtype, attn_implementation=attn).to(device)
+
+
+def merge_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """Write the adapted model of LoRA checkpoint `ckpt` (lora.py) to `out` as a plain Hugging Face
+    folder: config.json, model.safetensors, the tokenizer, args.json when the checkpoint has one;
+    eval_sop.py, --model and --ref-model take it like any other. Returns `out`."""
+    import shutil
+
+    ckpt, out = Path(ckpt), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    load_model(ckpt).save_pretrained(str(out), safe_serialization=True)
+    load_processor(ckpt)[0].save_pretrained(str(out))
+    if (ckpt / "args.json").is_file():
+        shutil.copy(ckpt / "args.json", out / "args.json")
+    return out
 
 
 # -----------------------------------------------------------------------------

@@ -23,7 +23,9 @@ Sections, each check in its own try/except (a failure is recorded with its error
            One step is what one GPU holds: fp32 weights, gradients and AdamW moments are 16 bytes
            per parameter (133 GB of the H200's 150 GB; FSDP2 shards them across GPUs); a second
            step's rollout would add the 16.6 GB bf16 copy the sampler decodes with, a reference
-           model (KL) another 16.6 GB.
+           model (KL) another 16.6 GB. Then the LoRA row (full_depth.lora): the same step with
+           --lora-r 16 and --kl-coef 1e-4 (the reference: the policy with its adapters disabled),
+           its time and peak_mem_bytes (fp32 base 33 GB + adapters and their AdamW state 0.65 GB).
   rl       two semi-online RL steps of the 4-layer model: `torchrun --nproc_per_node=1
            train_semionline.py` on AndroidControl episodes with blank 1080x2400 screens; from its
            metrics.jsonl: seconds per phase, finite loss, first_ratio_dev, sampler_logp_gap; peak
@@ -80,7 +82,7 @@ from gpu_sections import (  # noqa: E402
 
 # Seconds per section on one H200 from a bare machine, estimated (the first run measured env to rl,
 # 126 s; decode and full_depth are new and unmeasured); printed at the start against the budget.
-ESTIMATES_S = {"env": 3, "kernels": 45, "model": 15, "sampler": 30, "decode": 30, "full_depth": 210, "rl": 70}
+ESTIMATES_S = {"env": 3, "kernels": 45, "model": 15, "sampler": 30, "decode": 30, "full_depth": 300, "rl": 70}
 
 # Every key a run writes, GPU or dry: sections start from this and are filled in as checks pass
 # (a kernels.logprob row: gpu_sections._LOGPROB_ROW).
@@ -113,7 +115,10 @@ SCHEMA = {
                    "max_pixels": None, "returncode": None, "stopped_by_check": None, "wall_s": None,
                    "launch_to_first_row_s": None, "time_step_s": None, "time_rollout_s": None, "time_logp_s": None,
                    "time_update_s": None, "tok_s": None, "loss": None, "loss_finite": None,
-                   "decode_path": None, "full_depth_peak_mem_bytes": None, "peak_gpu_mem_sampled_bytes": None},
+                   "decode_path": None, "full_depth_peak_mem_bytes": None, "peak_gpu_mem_sampled_bytes": None,
+                   "lora": {"command": None, "lora_r": None, "returncode": None, "time_step_s": None,
+                            "time_update_s": None, "loss": None, "loss_finite": None, "kl": None,
+                            "peak_mem_bytes": None, "peak_gpu_mem_sampled_bytes": None}},
     "rl": {"command": None, "returncode": None, "stopped_by_check": None, "steps_done": None, "max_pixels": None,
            "launch_to_first_row_s": None, "wall_s": None, "time_rollout_s": [], "time_logp_s": [],
            "time_update_s": [], "time_step_s": [], "loss": [], "loss_finite": None, "first_ratio_dev": [],
@@ -265,6 +270,10 @@ def markdown(res) -> str:
               f"{_fmt(f['decode_path'])}; "
               f"**full_depth_peak_mem_bytes {_fmt(f['full_depth_peak_mem_bytes'])}** ({_gib(f['full_depth_peak_mem_bytes'])}; "
               f"device-wide sampled {_gib(f['peak_gpu_mem_sampled_bytes'])})", "",
+              f"LoRA row (--lora-r {_fmt(f['lora']['lora_r'])}, the KL reference = adapters off): step "
+              f"{_fmt(f['lora']['time_step_s'])} s (update {_fmt(f['lora']['time_update_s'])}), loss finite "
+              f"{_fmt(f['lora']['loss_finite'])}, kl {_fmt(f['lora']['kl'])}, **peak_mem_bytes "
+              f"{_fmt(f['lora']['peak_mem_bytes'])}** ({_gib(f['lora']['peak_mem_bytes'])})", "",
               "## Semi-online RL under torchrun", "",
               f"steps {_fmt(r['steps_done'])}, returncode {_fmt(r['returncode'])} (stopped by the check: "
               f"{_fmt(r['stopped_by_check'])}), launch to first metrics row {_fmt(r['launch_to_first_row_s'])} s, "

@@ -596,7 +596,8 @@ def check_full_depth(C, torch, device, dry, a, work):
     """Build the 7B config at full depth (dry: a tiny model with --full-depth-layers layers), random
     weights, bf16, save it, run ONE semi-online RL step of it under torchrun --nproc_per_node=1
     with --gradient-checkpointing, and read the step's times and peak memory (the trainer's
-    torch.cuda.max_memory_allocated; dry: the worker's peak RSS) from its metrics row."""
+    torch.cuda.max_memory_allocated; dry: the worker's peak RSS) from its metrics row; then the same
+    step with LoRA (--lora-r 16, the KL on: its reference is the policy with the adapters disabled)."""
     f = C.res["full_depth"]
     layers = a.full_depth_layers or (3 if dry else 28)
     model_dir = work / "model_full_depth"
@@ -611,17 +612,25 @@ def check_full_depth(C, torch, device, dry, a, work):
     if device.type == "cuda":
         torch.cuda.empty_cache()
     max_pixels = 50176 if dry else 1003520
-    cmd = trainer_command(model_dir, work, work / "full_depth", dry, "--gradient-checkpointing",
-                          "--tasks-per-step", "1", "--n-rollouts", "2" if dry else "4",
-                          "--max-new-tokens", "4" if dry else "32", "--max-pixels", str(max_pixels),
-                          "--micro-batch-size", "2" if dry else "4", "--ppo-mini-batches", "1", "--kl-coef", "0",
-                          "--max-steps", "1")
+    step = ("--gradient-checkpointing", "--tasks-per-step", "1", "--n-rollouts", "2" if dry else "4",
+            "--max-new-tokens", "4" if dry else "32", "--max-pixels", str(max_pixels),
+            "--micro-batch-size", "2" if dry else "4", "--ppo-mini-batches", "1", "--max-steps", "1")
+    cmd = trainer_command(model_dir, work, work / "full_depth", dry, *step, "--kl-coef", "0")
+    # the LoRA row: the same step with rank-16 adapters and the KL on (its reference: the adapters disabled)
+    lcmd = trainer_command(model_dir, work, work / "full_depth_lora", dry, *step, "--lora-r", "16", "--kl-coef", "1e-4")
     f.update(command=" ".join(cmd), max_pixels=max_pixels)
+    alloc = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     try:  # expandable segments: Adam's first step allocates ~66 GB in a heap the update left fragmented
-        run = run_trainer(C, torch, cmd, work / "full_depth", work / "full_depth.log", 1, False,
-                          env_extra={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+        run = run_trainer(C, torch, cmd, work / "full_depth", work / "full_depth.log", 1, False, env_extra=alloc)
+        lrun = run_trainer(C, torch, lcmd, work / "full_depth_lora", work / "full_depth_lora.log", 1, False,
+                           env_extra=alloc)
     finally:
         shutil.rmtree(model_dir, ignore_errors=True)  # 16.6 GB of disk
+    lrow = lrun["rows"][0]
+    f["lora"].update(command=" ".join(lcmd), lora_r=16, returncode=lrun["returncode"], time_step_s=lrow.get("time_s"),
+                     time_update_s=lrow.get("time_update_s"), loss=lrow.get("loss"), kl=lrow.get("kl"),
+                     loss_finite=isinstance(lrow.get("loss"), (int, float)) and math.isfinite(lrow["loss"]),
+                     peak_mem_bytes=lrow.get("peak_mem_bytes"), peak_gpu_mem_sampled_bytes=lrun["peak"])
     row = run["rows"][0]
     f.update(returncode=run["returncode"], stopped_by_check=run["stopped"], wall_s=run["wall_s"],
              launch_to_first_row_s=run["first_row_s"], peak_gpu_mem_sampled_bytes=run["peak"],

@@ -1,0 +1,181 @@
+"""LoRA for SFT and RL through PEFT: the flags, the adapted policy, its reference, its checkpoints.
+
+`--lora-r R` (0: off, full fine-tuning as before) injects PEFT LoRA adapters into the decoder's
+linear layers (`apply_lora`: the vision tower and the merger stay frozen unless --lora-vision), in
+place: the trainers keep calling the same Hugging Face model (PolicyLogProb, the sampler, FSDP2's
+`apply_fsdp` per decoder layer then the root), only `trainable` parameters (the adapters) reach the
+optimizer. RL's KL reference is the same policy with its adapters disabled (`AdaptersOff`): no second
+model. Checkpoints hold the adapter in PEFT's layout (adapter_config.json, adapter_model.safetensors)
+plus `lora_base.json` (the base model and its init seed); `merge_adapter` gives the plain model
+(vlm.load_model of such a folder; vlm.merge_checkpoint: tools/merge_lora.py and the trainers' --merge).
+A leaf module: it imports nothing of the project.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+
+DECODER_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # every linear layer of a decoder layer
+VISION_TARGETS = ("qkv", "proj", "gate_proj", "up_proj", "down_proj")          # a vision block's (with --lora-vision)
+ADAPTER_FILE, BASE_FILE = "adapter_model.safetensors", "lora_base.json"
+
+
+class LoraError(ValueError):
+    """A LoRA flag that does not fit the model (cli.cli reports it as one line, exit 2)."""
+
+
+def add_lora_args(parser) -> None:
+    """--lora-r, --lora-alpha, --lora-dropout, --lora-targets, --lora-vision, --merge."""
+    parser.add_argument("--lora-r", type=int, default=0, help="LoRA rank (PEFT); 0: full fine-tuning")
+    parser.add_argument("--lora-alpha", type=float, default=None, help="LoRA scale numerator (default: 2 x --lora-r)")
+    parser.add_argument("--lora-dropout", type=float, default=0.0, help="dropout on the adapters' input (PEFT's default)")
+    parser.add_argument("--lora-targets", default=DECODER_TARGETS,
+                        help="comma-separated linear-layer names adapted in every decoder layer")
+    parser.add_argument("--lora-vision", action="store_true",
+                        help="also adapt the vision blocks' linear layers (qkv, proj, MLP); frozen otherwise")
+    parser.add_argument("--merge", action="store_true",
+                        help="with --lora-r: at the end also write OUT/merged, the adapted model as a plain Hugging Face folder")
+
+
+def check_lora_args(args) -> str | None:
+    """The message of a LoRA flag that parses but cannot run, else None (the trainers raise it as cli.UsageError)."""
+    if args.lora_r < 0:
+        return f"--lora-r {args.lora_r}: must be >= 0 (0: no LoRA)"
+    if not 0 <= args.lora_dropout < 1:
+        return f"--lora-dropout {args.lora_dropout}: must be in [0, 1)"
+    if args.lora_alpha is not None and args.lora_alpha <= 0:
+        return f"--lora-alpha {args.lora_alpha}: must be > 0"
+    if not [t for t in args.lora_targets.split(",") if t.strip()] or not re.fullmatch(r"[\w,\s]+", args.lora_targets):
+        return f"--lora-targets {args.lora_targets!r}: expected comma-separated module names, e.g. q_proj,v_proj"
+    if args.merge and args.lora_r == 0:
+        return "--merge needs --lora-r (without LoRA the checkpoint already is a plain Hugging Face folder)"
+    return None
+
+
+def apply_lora(model, args, base: str, seed: int = 0):
+    """Inject LoRA adapters (args: --lora-* flags) into `model` (Qwen2_5_VLForConditionalGeneration)
+    in place and freeze everything else; returns the PeftModel around it (None when --lora-r is 0:
+    `model` untouched). The adapters' A matrices are drawn from `seed` in a forked RNG (the same on
+    every rank and run; the global generators are not advanced), B is zero: the adapted model starts
+    as the base exactly. base (the model name or folder) and seed go to lora_base.json of every
+    checkpoint. Raises LoraError naming a --lora-targets entry that is no linear layer of a decoder
+    layer."""
+    if not args.lora_r:
+        return None
+    from peft import LoraConfig, get_peft_model
+
+    names = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
+    have = {n.rsplit(".", 1)[-1] for n, m in model.model.language_model.layers.named_modules()
+            if isinstance(m, torch.nn.Linear)}
+    missing = sorted(set(names) - have)
+    if missing:
+        raise LoraError(f"--lora-targets: {', '.join(missing)} not a linear layer of a decoder layer (have: {', '.join(sorted(have))})")
+    pattern = rf"model\.language_model\.layers\.\d+\..*\b({'|'.join(map(re.escape, names))})"
+    if args.lora_vision:
+        pattern = rf"(?:{pattern}|model\.visual\.blocks\.\d+\..*\b({'|'.join(VISION_TARGETS)}))"
+    cfg = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha or 2 * args.lora_r, lora_dropout=args.lora_dropout,
+                     target_modules=pattern, bias="none")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        peft_model = get_peft_model(model, cfg)
+    peft_model.peft_config["default"].base_model_name_or_path = str(base)  # adapter_config.json's record
+    peft_model.uis1_base = {"model": str(base), "seed": int(seed)}
+    return peft_model
+
+
+def trainable(module: torch.nn.Module) -> list:
+    """The parameters that reach the optimizer: those with requires_grad (all of them without LoRA,
+    the adapters' under it)."""
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+class AdaptersOff:
+    """RL's frozen reference under LoRA: `policy` (the module training calls, e.g. the FSDP root)
+    run with the adapters of `peft_model` disabled, i.e. the base model. Called like the policy."""
+
+    def __init__(self, policy, peft_model):
+        self.policy, self.peft_model = policy, peft_model
+
+    def __call__(self, *args, **kwargs):
+        with self.peft_model.disable_adapter():
+            return self.policy(*args, **kwargs)
+
+
+def _file_key(name: str) -> str:
+    """A trainable parameter's name in the training module (PolicyLogProb's 'model.' prefix, PEFT's
+    adapter name 'default') -> its key in adapter_model.safetensors (PEFT's layout)."""
+    name = name.removeprefix("model.") if name.startswith("model.model.") else name
+    return "base_model.model." + name.replace(".default.", ".")
+
+
+def adapter_state_dict(module) -> dict:
+    """{file key: full fp32 CPU tensor} of every trainable parameter of `module` (plain or FSDP2:
+    each sharded parameter is gathered, so this is a collective: every rank calls it in the same
+    order). Keys as adapter_model.safetensors holds them."""
+    out = {}
+    for name, p in module.named_parameters():
+        if p.requires_grad:
+            t = p.full_tensor() if hasattr(p, "full_tensor") else p
+            out[_file_key(name)] = t.detach().float().cpu().contiguous()
+    return out
+
+
+def save_adapter(peft_model, state: dict, folder: str | os.PathLike) -> None:
+    """Write the adapter in PEFT's layout (adapter_config.json, adapter_model.safetensors) and
+    lora_base.json into `folder`. state: adapter_state_dict's. Rank 0 only (no collective)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    peft_model.peft_config["default"].save_pretrained(str(folder))
+    save_file(state, str(folder / ADAPTER_FILE), metadata={"format": "pt"})
+    (folder / BASE_FILE).write_text(json.dumps(peft_model.uis1_base))
+
+
+def is_adapter_dir(path) -> bool:
+    """True for a folder holding a LoRA adapter checkpoint (adapter_model.safetensors)."""
+    return path is not None and (Path(path) / ADAPTER_FILE).is_file()
+
+
+def load_adapter_state(folder, module) -> None:
+    """Copy adapter_model.safetensors of `folder` into the trainable parameters of `module` (plain or
+    FSDP2: each rank keeps its shard). Raises ValueError when the adapters differ (names or shapes:
+    another --lora-r or --lora-targets)."""
+    from safetensors.torch import load_file
+
+    saved = load_file(str(Path(folder) / ADAPTER_FILE))
+    params = {_file_key(n): p for n, p in module.named_parameters() if p.requires_grad}
+    if saved.keys() != params.keys():
+        raise ValueError(f"{folder}: its adapters ({len(saved)} tensors) are not this run's ({len(params)}): "
+                         "resume with the same --lora-r, --lora-targets and --lora-vision")
+    with torch.no_grad():
+        for k, p in params.items():
+            if tuple(saved[k].shape) != tuple(p.shape):
+                raise ValueError(f"{folder}: {k} has shape {tuple(saved[k].shape)}, this run's {tuple(p.shape)}: "
+                                 "resume with the same --lora-r, --lora-targets and --lora-vision")
+            if hasattr(p, "full_tensor"):  # a DTensor shard: distribute the full tensor the same way
+                from torch.distributed.tensor import distribute_tensor
+                p.copy_(distribute_tensor(saved[k].to(p.dtype), p.device_mesh, p.placements))
+            else:
+                p.copy_(saved[k].to(p.dtype))
+
+
+def read_base(folder) -> dict:
+    """lora_base.json of a LoRA checkpoint folder: {"model": the base's name or folder, "seed": its
+    init seed}. Raises FileNotFoundError without it."""
+    path = Path(folder) / BASE_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder}: a LoRA adapter without {BASE_FILE} (which base model it adapts)")
+    return json.loads(path.read_text())
+
+
+def merge_adapter(base_model, folder):
+    """base_model (the plain model read_base names) + the adapter of `folder` -> the plain adapted
+    model, the adapters merged into the base weights (PEFT's PeftModel.from_pretrained, merge_and_unload)."""
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(base_model, str(folder)).merge_and_unload()
