@@ -47,6 +47,7 @@ from kernels import group_normalize
 
 RETURNS_FORMS = ("paper", "release")
 EPISODE_FORMS = ("paper", "release")
+NORMS = ("mean_std", "mean")  # group normalisation: the paper's, or Dr.GRPO's mean-only (kernels.group_normalize modes)
 
 # -----------------------------------------------------------------------------
 # small helpers
@@ -133,19 +134,20 @@ def discounted_returns_ragged(rewards, rollout_ids, step_idx, gamma: float, rese
 # step-level advantage (docs/method.md §6: group G_t = same task, same step)
 
 
-def step_advantages(returns, task_ids, step_idx, eps: float = 1e-6) -> torch.Tensor:
+def step_advantages(returns, task_ids, step_idx, eps: float = 1e-6, norm: str = "mean_std") -> torch.Tensor:
     """A^S_i,t = (R_i,t - mean(G_t)) / (std(G_t) + eps), G_t = same task and same step t.
 
     returns (M,) float, task_ids (M,) int, step_idx (M,) int -> fp32 (M,).
-    Unbiased std; a group of one gets 0 (only one rollout reached step t).
-    Raises ValueError: inputs of different lengths; eps < 0.
+    Unbiased std; a group of one gets 0 (only one rollout reached step t). norm="mean": no division
+    by the std (Dr.GRPO, Liu et al. 2025: A = R - mean(G)).
+    Raises ValueError: inputs of different lengths; eps < 0; norm not in NORMS.
     """
     R = _as_1d(returns, torch.float32)  # (M,)
     tid, sidx = _as_1d(task_ids, torch.int64), _as_1d(step_idx, torch.int64)
     if _check_same_len(returns=R, task_ids=tid, step_idx=sidx) == 0:
         return R.clone()
     gid, _ = _dense_ids(tid, sidx)  # (M,) one id per (task, step)
-    return group_normalize(R, gid, eps=eps)
+    return group_normalize(R, gid, mode=norm, eps=eps)
 
 
 # -----------------------------------------------------------------------------
@@ -161,8 +163,9 @@ def episode_advantages(
     *,
     form: str = "paper",
     eps: float = 1e-6,
+    norm: str = "mean_std",
 ) -> torch.Tensor:
-    """Episode-level advantage of every record, fp32 (M,).
+    """Episode-level advantage of every record, fp32 (M,). norm: as step_advantages'.
 
     returns (M,) (from `discounted_returns_ragged`), rewards (M,) immediate rewards,
     task_ids (M,), rollout_ids (M,) (unique across tasks), step_idx (M,).
@@ -183,7 +186,7 @@ def episode_advantages(
         return R.clone()
     task_dense, _ = _dense_ids(tid)  # (M,)
     if form == "release":
-        return group_normalize(r, task_dense, eps=eps)
+        return group_normalize(r, task_dense, mode=norm, eps=eps)
 
     roll, K = _dense_ids(tid, rid)  # (M,) rollout of each record, K rollouts
     last_step = torch.full((K,), -1, dtype=torch.int64).scatter_reduce(0, roll, sidx, reduce="amax")  # (K,)
@@ -192,7 +195,7 @@ def episode_advantages(
     R_last[roll[is_last]] = R[is_last]  # (K,) trajectory return of each rollout
     task_of_roll = torch.zeros(K, dtype=torch.int64)
     task_of_roll[roll] = task_dense  # (K,)
-    adv_roll = group_normalize(R_last, task_of_roll, eps=eps)  # (K,)
+    adv_roll = group_normalize(R_last, task_of_roll, mode=norm, eps=eps)  # (K,)
     return adv_roll[roll]  # (M,) broadcast to every step of the rollout
 
 
@@ -282,27 +285,32 @@ def compute_advantages(
     w_episode: float = 1.0,
     omega: float = 1.0,
     eps: float = 1e-6,
+    norm: str = "mean_std",
 ) -> Advantages:
     """Returns and advantages of the flat per-(task, rollout, step) records (docs/method.md §6).
 
     records: see `records_to_tensors`. Groups never cross tasks, so the result of a
     task does not depend on which other tasks are in the list (dynamic sampling may
     drop tasks before or after this call alike). rewards: one per record, replacing the
-    records' own (a shaped reward, e.g. with DAPO's overlong penalty); default: theirs.
-    Raises ValueError: returns_form not in RETURNS_FORMS, episode_form not in EPISODE_FORMS,
+    records' own (reward.shaped_reward: e.g. with DAPO's overlong penalty); default: theirs.
+    norm: "mean_std" (the paper's group normalisation) or "mean" (Dr.GRPO: no std division), for
+    both levels.
+    Raises ValueError: returns_form not in RETURNS_FORMS, episode_form not in EPISODE_FORMS, norm not in NORMS,
     gamma outside [0, 1], eps < 0, a rollout whose steps are not 0..L-1.
     """
     if returns_form not in RETURNS_FORMS:
         raise ValueError(f"returns form must be one of {RETURNS_FORMS}, got {returns_form!r}")
+    if norm not in NORMS:
+        raise ValueError(f"advantage norm must be one of {NORMS}, got {norm!r}")
     c = records_to_tensors(records)
     if rewards is not None:
         c["reward"] = _as_1d([float(x) for x in rewards], torch.float32)
         _check_same_len(rewards=c["reward"], records=c["task_idx"])
     reset = ~c["match"] if returns_form == "release" else None  # (M,)
     returns = discounted_returns_ragged(c["reward"], c["rollout"], c["step_idx"], gamma, reset)  # (M,)
-    adv_step = step_advantages(returns, c["task_idx"], c["step_idx"], eps=eps)  # (M,)
+    adv_step = step_advantages(returns, c["task_idx"], c["step_idx"], eps=eps, norm=norm)  # (M,)
     adv_episode = episode_advantages(
-        returns, c["reward"], c["task_idx"], c["rollout"], c["step_idx"], form=episode_form, eps=eps
+        returns, c["reward"], c["task_idx"], c["rollout"], c["step_idx"], form=episode_form, eps=eps, norm=norm
     )  # (M,)
     adv = combine(adv_episode, adv_step, w_episode=w_episode, omega=omega)  # (M,)
     return Advantages(adv=adv, returns=returns, adv_episode=adv_episode, adv_step=adv_step)
@@ -325,13 +333,3 @@ def dynamic_sampling_tasks(records: Sequence[Any], returns, threshold: float = 0
     tasks = sorted(step0)
     keep = dynamic_sampling_keep([step0[t] for t in tasks], threshold)
     return {t for t, k in zip(tasks, keep) if k}
-
-
-def overlong_penalty(length: int, max_new_tokens: int, buffer: int) -> float:
-    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), added to a response's reward with
-    --overlong-buffer: 0 up to max_new_tokens - buffer tokens, then falling linearly to -1 at
-    max_new_tokens (a response cut at the cap: -1). length counts the response's tokens, stop
-    token included. buffer 0: no penalty."""
-    if buffer <= 0 or length <= max_new_tokens - buffer:
-        return 0.0
-    return max(-1.0, (max_new_tokens - buffer - length) / buffer)

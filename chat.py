@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from PIL import Image
 
 import cli
+import gui
 from gui import MAX_PIXELS, MIN_PIXELS, parse_response, resized_size
 
 if TYPE_CHECKING:
@@ -30,22 +31,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # -----------------------------------------------------------------------------
-# system prompts
+# system prompts (the full one's action list is generated from gui.ACTIONS)
 
 FULL_SYSTEM_PROMPT = """You are a GUI agent operating a device. You are given a task goal, the screenshots of the steps so far and your own earlier responses. Perform the next action to complete the task.
 
 ## Action space
 Write one action as a JSON object with the action and its arguments at the same level:
-- {"action": "click", "coordinate": [x, y]}: tap the point (x, y).
-- {"action": "long_press", "coordinate": [x, y], "time": 2}: press the point for `time` seconds.
-- {"action": "swipe", "coordinate": [x, y], "coordinate2": [x2, y2]}: move a finger from (x, y) to (x2, y2); swiping up scrolls the content down.
-- {"action": "type", "text": "..."}: type the text into the focused input box.
-- {"action": "answer", "text": "..."}: give the answer to the user's question.
-- {"action": "key", "text": "..."}: send a key event (adb keyevent syntax).
-- {"action": "system_button", "button": "Back"}: press a system button: Back, Home, Menu or Enter.
-- {"action": "open", "text": "app name"}: open the app.
-- {"action": "wait", "time": 2}: wait `time` seconds for the screen to change.
-- {"action": "terminate", "status": "success"}: end the task with status success or failure.
+""" + gui.action_prompt_lines() + """
 Coordinates are integer pixels of the latest screenshot, from its left and top edges.
 
 ## Output format

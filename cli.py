@@ -17,8 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-import lora
-import vlm
 from utils import get_rank, latest_checkpoint
 
 
@@ -89,6 +87,9 @@ def model_path(name: str) -> str:
     """argparse type for --model: 'tiny', 'tiny:HxL' and 'auto' pass through; a Hugging Face folder
     (config.json) as is; a run folder with a `latest` pointer (e.g. out/sft/ckpt) -> the checkpoint
     it names. Raises UsageError for anything else, before a model is loaded."""
+    import lora  # here, not at the top: the prompt builder imports cli without the model code
+    import vlm
+
     if name.startswith("tiny:"):
         try:
             vlm.parse_tiny(name)
@@ -107,6 +108,7 @@ def model_path(name: str) -> str:
 
 def _input_errors() -> tuple:
     """The exception classes that mean bad input, never a bug: ours, the data loader's, the OS's."""
+    import lora
     from dataset import DataError
 
     return (UsageError, DataError, lora.LoraError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,

@@ -4,7 +4,7 @@ MiniWob++ success, and offline scoring of recorded responses.
 Protocols (one run may combine them). SOP and static walk the episodes with
 rollout.semi_online_rollout, the driver that training uses, as ONE greedy rollout per episode with
 patch_threshold 0: evaluation walks exactly as training does (prompts by chat.build_prompt, each
-step judged by gui.score_response, the one match function of rollout, training and evaluation).
+step judged by reward.score_response, the one match function of rollout, training and evaluation).
 - sop (default): own history, greedy, no patching; an episode stops at its first wrong step. PG and
   TSR as in docs/method.md §8 (sop_progress, the one definition, which training logs too).
 - static (AndroidControl-High; with --step-instruction -Low): the EXPERT's earlier actions as
@@ -30,7 +30,7 @@ Policies (each a sampler of the driver: .generate(prompts, n, greedy, seeds)):
   folder with a `latest` pointer) through sampler.Sampler. The driver walks --batch-size episodes
   at a time and sends the current step of every live one in ONE generate call (greedy ids do not
   depend on the batch's make-up).
-- recorded responses: the `score` subcommand scores them step by step with gui.score_response.
+- recorded responses: the `score` subcommand scores them step by step with reward.score_response.
 
 Commands (the last stdout line is one JSON object; progress bars go to stderr):
     # expert replay on the AndroidControl test episodes, blank 1080x2400 screens (none ship)
@@ -74,10 +74,14 @@ from collections import Counter, defaultdict
 import torch
 from tqdm import tqdm
 
+import baselines
 import chat
 import cli
 import dataset
 import gui
+import report
+import reward
+import score
 import utils
 import vlm
 from rollout import (
@@ -89,7 +93,6 @@ from rollout import (
     history_gap,
 )
 from sampler import DECODE_MODES, SampleOutput, Sampler
-from tools import baselines, report, score
 from vlm import sampling_mode
 
 # -----------------------------------------------------------------------------
@@ -112,7 +115,7 @@ def sop_parser() -> argparse.ArgumentParser:
     p.add_argument("--swipe-convention", choices=dataset.SWIPE_CONVENTIONS, default=None,
                    help="how the data files store swipes (default: declared per episode, or known for the shipped "
                    "files; a file with swipes and neither is an error)")
-    p.add_argument("--match-rules", choices=gui.MATCH_RULES, default="strict",
+    p.add_argument("--match-rules", choices=reward.MATCH_RULES, default="strict",
                    help="strict (ours; the reward's rules) or release (the UI-S1 release's SOP scoring as it ran, "
                    "for comparison with the paper: its parse and check, and an episode with a response its code "
                    "raised on gets progress 0; README 'Reward rules and trivial-policy floors')")
@@ -256,13 +259,13 @@ def walk(episodes: list[dataset.Episode], sampler, args, tokenizer, image_proces
 
 def episode_views(ep: dataset.Episode, rows: list[dict], args) -> list[dict]:
     """report.step_view of each walked step of `ep` (rows of walk), the predicted action mapped back
-    to original pixels by gui.score_response, as the walker scored it."""
+    to original pixels by reward.score_response, as the walker scored it."""
     views = []
     for row in rows:
         step = ep.steps[row["t"]]
         orig = dataset.original_size(step, image_root=args.image_root, blank_screens=args.blank_screens)
         image = dataset.load_screenshot(step, image_root=args.image_root, blank_screens=args.blank_screens)
-        pred = gui.score_response(row["response"], step, resized_size=row["resized_size"], orig_size=orig,
+        pred = reward.score_response(row["response"], step, resized_size=row["resized_size"], orig_size=orig,
                                   rules=args.match_rules).action
         views.append(report.step_view(row["t"], image, orig, step, row["response"], pred, row["match"], row["reward"]))
     return views
@@ -495,9 +498,9 @@ def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], 
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] == "baselines":  # the trivial-policy floors: tools/baselines.py
+    if argv and argv[0] == "baselines":  # the trivial-policy floors: baselines.py
         return baselines.main(argv[1:])  # prints its own table and JSON line
-    if argv and argv[0] == "score":  # recorded responses: tools/score.py
+    if argv and argv[0] == "score":  # recorded responses: score.py
         return score.main(argv[1:], prog="eval_sop.py score")
 
     parser = sop_parser()

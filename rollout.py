@@ -3,11 +3,11 @@ driver and the rollout -> trainer contract.
 
 `semi_online_rollout`: N rollouts per task walk the expert episode with their OWN history; each
 step, all live rollouts are sampled in one batched call (sampler.Sampler, or any object with its
-`generate`), scored against the expert action (gui.score_response), and a wrong response is patched
+`generate`), scored against the expert action (reward.score_response), and a wrong response is patched
 (patch.py) or ends its rollout. One `StepRecord` per sampled response is what the trainer reads.
 `sop_progress` / `sop_metrics` / `static_metrics` turn the records of a walk into SOP progress,
 PG, TSR and static step accuracy (docs/method.md §8): training logs them and evaluation reports
-them, with one definition.
+them, with one definition. The trainer's diagnostics built on the driver are diagnostics.py.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import chat
 import dataset
 import gui
 import patch
+import reward
 
 # -----------------------------------------------------------------------------
 # semi-online rollout driver (docs/method.md §5)
@@ -39,7 +40,7 @@ class StepRecord:
     prompt: the chat.Prompt it was sampled from (token ids, images, resized_size).
     response_ids: the sampler's ids, exactly (the trainer scores these, never re-tokenised text).
     sampler_logp: (L,) fp32 log-probs under the policy (log_softmax(logits / T), full vocabulary: the trainer's pi_old).
-    reward / match / type_match / error: gui.score_response against the expert action (truncated =
+    reward / match / type_match / error: reward.score_response against the expert action (truncated =
     finish_reason != "stop"); error is why the response is malformed (reward 0), else None.
     patched: replaced in the history by a patch (the patch text is never trained on).
     ended: the rollout ended at this step (a wrong step with no patch left, or the last step).
@@ -89,7 +90,7 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, spec: 
                         task_ids: list[int] | None = None) -> list[StepRecord]:
     """Roll N copies of the policy through each expert episode, with their own history
     (docs/method.md §5): at step t all live rollouts of all tasks are sampled in one batched call
-    (identical prompts, as at step 0, are prefilled once) and scored by gui.score_response (§4); a
+    (identical prompts, as at step 0, are prefilled once) and scored by reward.score_response (§4); a
     wrong response is patched while patch.should_patch(n_patches, patch_threshold) allows, else its
     rollout ends. history_mode "expert", the offline-RL baseline: every step's history is the
     expert's and no rollout ends early. Also evaluation's walker (eval_sop.py, §8): SOP is
@@ -103,7 +104,7 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, spec: 
     task's rollouts do not depend on which other tasks share the batch or which rank runs it.
     task_ids: each episode's task_idx in the records (the trainer's global task slots; default: its
     index). spec: the prompt contract (chat.step_prompt renders every prompt, as SFT's); match_rules:
-    gui.action_match's rules ("strict" or "release").
+    reward.action_match's rules ("strict" or "release").
     Returns the records in (step, task, rollout) order. Raises ValueError on a bad history_mode.
     """
     if history_mode not in HISTORY_MODES:
@@ -161,7 +162,7 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, spec: 
             step = episodes[k].steps[t]
             orig = dataset.original_size(step, image_root=image_root, blank_screens=blank_screens)
             # a response cut at the token cap is malformed under the strict rules (reward 0, a wrong step)
-            score = gui.score_response(s.text, step, resized_size=prompt.resized_size, orig_size=orig, rules=match_rules,
+            score = reward.score_response(s.text, step, resized_size=prompt.resized_size, orig_size=orig, rules=match_rules,
                                     truncated=s.finish_reason != "stop")
             state = states[k][i]
             rec = StepRecord(task_idx=k if task_ids is None else task_ids[k], rollout_idx=i, step_idx=t, prompt=prompt,
@@ -211,7 +212,7 @@ def _seed(seed: int, episode_id: str, t: int, history: tuple) -> int:
 # -----------------------------------------------------------------------------
 # SOP progress and static metrics of a walk (docs/method.md §8)
 
-GROUNDING_TYPES = ("click", "long_press")  # steps that count for grounding accuracy
+GROUNDING_TYPES = gui.POINT_ACTIONS  # steps that count for grounding accuracy: those with a point to hit
 
 
 def sop_progress(records: list[StepRecord], episode_len: dict, *,
@@ -274,43 +275,3 @@ def history_gap(steps: list[tuple[str, int, bool, bool]]) -> dict:
 
     return {"per_task": {task: both([r for r in steps if r[0] == task]) for task in dict.fromkeys(r[0] for r in steps)},
             "pooled": both(steps)}
-
-
-def greedy_vs_sampled(sampler, episodes, tokenizer, image_processor, spec: chat.PromptSpec = chat.PromptSpec(), *,
-                      samples: int = 4, seed: int = 0, image_root=None, blank_screens=None) -> dict:
-    """The RL run's held-out diagnostic: the reward sees sampled responses (the sampler's
-    temperature and top-p), evaluation runs the greedy policy, and the two can move apart (RL that
-    sharpens the sampled policy towards the greedy one without moving the greedy one). Walks
-    `episodes` three times with the driver, patch threshold 0: static (the expert's history)
-    greedily, static with `samples` samples per step, and SOP (own history, greedy). Returns counts
-    (floats, to be summed over ranks): greedy_match / greedy_steps, sampled_match / sampled_steps,
-    sop_pg_sum (sum of per-episode progress), sop_solved, episodes."""
-    def walk(**kw):
-        return semi_online_rollout(sampler, episodes, tokenizer, image_processor, spec=spec, patch_threshold=0,
-                                   image_root=image_root, blank_screens=blank_screens, **kw) if episodes else []
-    greedy = walk(n_rollouts=1, greedy=True, history_mode="expert")
-    sampled = walk(n_rollouts=samples, greedy=False, history_mode="expert", seed=seed)
-    sop = sop_progress(walk(n_rollouts=1, greedy=True, history_mode="own"), {k: len(e.steps) for k, e in enumerate(episodes)})
-    return {"greedy_match": float(sum(r.match for r in greedy)), "greedy_steps": float(len(greedy)),
-            "sampled_match": float(sum(r.match for r in sampled)), "sampled_steps": float(len(sampled)),
-            "sop_pg_sum": float(sum(c / n for c, n in sop.values())), "sop_solved": float(sum(c == n for c, n in sop.values())),
-            "episodes": float(len(sop))}
-
-
-def task_reward_sums(records: list[StepRecord], slot_task: dict[int, str], tasks: list[str]) -> list[float]:
-    """Per task of `tasks`, the reward sum of `records` (a record's task: slot_task[record.task_idx]),
-    then per task the response count: 2 * len(tasks) floats, to be summed over ranks and read by
-    task_rewards (the trainer's reward_by_task)."""
-    ix, n = {t: i for i, t in enumerate(tasks)}, len(tasks)
-    sums = [0.0] * (2 * n)
-    for r in records:
-        k = ix[slot_task[r.task_idx]]
-        sums[k] += r.reward
-        sums[n + k] += 1
-    return sums
-
-
-def task_rewards(tasks: list[str], sums: list[float]) -> dict[str, dict]:
-    """{task: {"reward": mean reward, "responses": count}} from task_reward_sums (tasks with responses)."""
-    n = len(tasks)
-    return {t: {"reward": sums[k] / sums[n + k], "responses": int(sums[n + k])} for k, t in enumerate(tasks) if sums[n + k] > 0}

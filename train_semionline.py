@@ -40,7 +40,6 @@ or --lora-r 16: adapters only, the KL reference is the policy with them disabled
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from dataclasses import dataclass
@@ -55,21 +54,22 @@ import cli
 import dataset
 import gui
 import lora
+import reward
 import utils
 import vlm
-from advantage import EPISODE_FORMS, RETURNS_FORMS, compute_advantages, dynamic_sampling_tasks, overlong_penalty
-from kernels import ppo_loss
+from advantage import EPISODE_FORMS, NORMS, RETURNS_FORMS, compute_advantages, dynamic_sampling_tasks
+from batching import collate_sequences, to_device
+from diagnostics import greedy_vs_sampled, task_reward_sums, task_rewards
+from kernels import LOSS_AGGS, aggregate_loss, loss_denominator, ppo_loss
 from patch import PATCH_MODES
-from rollout import (HISTORY_MODES, StepRecord, greedy_vs_sampled, semi_online_rollout, sop_progress, task_reward_sums,
-                     task_rewards)
+from rollout import HISTORY_MODES, StepRecord, semi_online_rollout, sop_progress
 from sampler import DECODE_MODES, MIN_TEMPERATURE, Sampler
-from vlm import (PolicyLogProb, apply_fsdp, checkpoint_activations, collate_sequences, pad_token_id,
-                 sampling_mode, to_device)
+from schedule import TaskDraw, task_seed
+from vlm import PolicyLogProb, apply_fsdp, checkpoint_activations, pad_token_id, sampling_mode
 
 # -----------------------------------------------------------------------------
 # config
 
-LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")  # _token_weights / _loss_denominator
 MAX_TASKS_LOGGED = 32  # reward_by_task is logged when the data has at most this many tasks
 
 parser = cli.make_parser(__doc__)
@@ -102,16 +102,20 @@ parser.add_argument("--returns-form", choices=RETURNS_FORMS, default="paper", he
 parser.add_argument("--episode-adv", choices=EPISODE_FORMS, default="paper", help="episode-level advantage form")
 parser.add_argument("--w-episode", type=float, default=1.0, help="weight of the episode-level advantage")
 parser.add_argument("--omega", type=float, default=1.0, help="weight of the step-level advantage")
+parser.add_argument("--adv-norm", choices=NORMS, default="mean_std",
+                    help="group normalisation of both advantage levels: mean_std (paper) or mean (Dr.GRPO: no std division)")
 parser.add_argument("--filter-std", type=float, default=0.0,
                     help="dynamic sampling: drop tasks whose step-0 return std <= this; <0 disables (release: 0.3; "
                          "0 keeps every task whose rollouts differ at all, which a tiny CPU model needs)")
 parser.add_argument("--overlong-buffer", type=int, default=0,
                     help="DAPO's soft overlong penalty: a response within this many tokens of --max-new-tokens loses up to "
-                         "1 of reward, linearly (overlong_penalty); 0 disables it. Off by default: under the strict rules "
+                         "1 of reward, linearly (reward.shaped_reward); 0 disables it. Off by default: under the strict rules "
                          "a response cut at the cap already scores 0")
 parser.add_argument("--max-resample", type=int, default=2,
                     help="refill rounds after the first when dynamic sampling dropped tasks; a batch still short "
                          "is trained on as it is and flagged 'partial' (release: up to 10 batches, then an error)")
+parser.add_argument("--match-rules", choices=reward.MATCH_RULES, default="strict",
+                    help="the match of the reward, patching and returns (reward.action_match): strict, or the release's")
 # loss (docs/method.md §7)
 parser.add_argument("--old-logp", choices=["auto", "recompute", "sampler"], default="auto",
                     help="pi_old of the ratio: a no-grad policy forward (recompute, the release's) or the sampler's log-probs "
@@ -123,9 +127,10 @@ parser.add_argument("--kl-coef", type=float, default=1e-4, help="k3 KL to the fr
 parser.add_argument("--ref-model", default=None, type=cli.arg_type(cli.model_path), help="reference model: 'tiny' or a folder (default: the policy's initialisation)")
 parser.add_argument("--ref-seed", type=int, default=None, help="init seed of a 'tiny' reference (default: --seed)")
 parser.add_argument("--loss-agg", choices=LOSS_AGGS, default="token-mean",
-                    help="how per-token losses become the mini-batch loss")
+                    help="how per-token losses become the mini-batch loss (kernels.aggregate_loss; dr-grpo divides by "
+                         "sequences x --max-new-tokens)")
 # optimisation
-parser.add_argument("--lr", type=float, default=2e-5, help="AdamW learning rate, constant (tiny-model default after the quick start's SFT; 1e-4 cost it 9 of 40 online successes; paper, 7B: 1e-6)")
+parser.add_argument("--lr", type=float, default=2e-5, help="AdamW learning rate, constant (the tiny model's default after the quick start's SFT; paper, 7B: 1e-6)")
 parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
 parser.add_argument("--grad-clip", type=float, default=1.0, help="global grad-norm clip")
 parser.add_argument("--ppo-mini-batches", type=int, default=4, help="optimizer steps per rollout batch (1 PPO epoch)")
@@ -259,7 +264,7 @@ def main(argv=None):
             counts = greedy_vs_sampled(sampler, heldout[proc.rank::proc.world_size], tokenizer, image_processor, spec,
                                        samples=args.eval_samples, seed=args.seed + step, image_root=args.image_root,
                                        blank_screens=blank)
-        total = dict(zip(counts, _all_sum(list(counts.values()), proc)))
+        total = dict(zip(counts, utils.all_sum(list(counts.values()), proc)))
         return {"heldout_greedy_step_acc": total["greedy_match"] / max(total["greedy_steps"], 1),
                 "heldout_sampled_step_acc": total["sampled_match"] / max(total["sampled_steps"], 1),
                 "heldout_sop_pg": total["sop_pg_sum"] / max(total["episodes"], 1),
@@ -289,13 +294,14 @@ def main(argv=None):
                     sampler, [episodes[i] for i in episode_ids], tokenizer, image_processor, spec=spec,
                     n_rollouts=args.n_rollouts, patch_mode=args.patch_mode, patch_threshold=args.patch_threshold,
                     history_mode=args.history, image_root=args.image_root, blank_screens=blank,
-                    seed=[task_seed(args.seed, step, s) for s in slots], progress=proc.is_main,
+                    match_rules=args.match_rules, seed=[task_seed(args.seed, step, s) for s in slots], progress=proc.is_main,
                     task_ids=slots)  # task_idx = the global slot: the same on every world size
                 # --- 2. returns and advantages (docs/method.md §6); groups never cross tasks, so per round
-                rewards = [r.reward + overlong_penalty(len(r.response_ids), args.max_new_tokens, args.overlong_buffer)
-                           for r in records]  # DAPO's soft overlong penalty, 0 unless --overlong-buffer
+                rewards = [reward.shaped_reward(r.reward, len(r.response_ids), max_new_tokens=args.max_new_tokens,
+                                                overlong_buffer=args.overlong_buffer) for r in records]
                 adv = compute_advantages(records, rewards=rewards, gamma=args.gamma, returns_form=args.returns_form,
-                                         episode_form=args.episode_adv, w_episode=args.w_episode, omega=args.omega)
+                                         episode_form=args.episode_adv, w_episode=args.w_episode, omega=args.omega,
+                                         norm=args.adv_norm)
                 keep = (set(slots) if args.filter_std < 0 else
                         dynamic_sampling_tasks(records, adv.returns, threshold=args.filter_std))
                 kept = draw.keep(keep)  # the global decision: every rank draws the same next round
@@ -305,7 +311,7 @@ def main(argv=None):
         ep_len = {s: len(episodes[e].steps) for s, e in draw.slot_episode.items()}
 
         # rollout statistics over every sampled response (kept or not), summed over ranks
-        reward_sum, match_sum, n_resp, n_patched, resp_tok, prog_sum, n_roll, n_train, n_cut = _all_sum([
+        reward_sum, match_sum, n_resp, n_patched, resp_tok, prog_sum, n_roll, n_train, n_cut = utils.all_sum([
             sum(r.reward for r in rolled), sum(r.match for r in rolled), len(rolled),
             sum(r.patched for r in rolled), sum(len(r.response_ids) for r in rolled),
             sum(c / n for c, n in sop_progress(rolled, ep_len).values()),  # SOP progress, as eval's PG
@@ -315,7 +321,7 @@ def main(argv=None):
         by_task = None  # per-task reward, for data of few tasks (MiniWob's), not per-goal data
         if len(task_names) <= MAX_TASKS_LOGGED:
             slot_task = {s: episodes[e].task for s, e in draw.slot_episode.items()}
-            by_task = task_rewards(task_names, _all_sum(task_reward_sums(rolled, slot_task, task_names), proc))
+            by_task = task_rewards(task_names, utils.all_sum(task_reward_sums(rolled, slot_task, task_names), proc))
 
         # --- 3. old (unless the sampler's: --old-logp) and reference log-probs (no grad), on exactly the sampled ids
         t1 = time.time()
@@ -360,7 +366,7 @@ def main(argv=None):
         t2 = time.time()
         if n_train > 0:
             for mini in micro:
-                sums = ppo_step(policy, optimizer, mini, collate, args, proc)
+                sums = ppo_step(policy, optimizer, mini, collate, proc, **loss_config(args))
                 for k in ("loss", "kl", "entropy", "clipped", "tokens", "skipped"):
                     totals[k] += sums[k]
                 totals["grad_norm"] = sums["grad_norm"]
@@ -371,7 +377,7 @@ def main(argv=None):
         t_update = time.time() - t2
 
         # --- logging (rank 0) and checkpoints
-        loss_all, kl_all, ent_all, clip_all, tok_all = _all_sum(
+        loss_all, kl_all, ent_all, clip_all, tok_all = utils.all_sum(
             [totals["loss"], totals["kl"], totals["entropy"], totals["clipped"], totals["tokens"]], proc)
         per_tok = (lambda x: x / tok_all) if tok_all > 0 else (lambda x: None)  # noqa: E731
         dt = time.time() - t0
@@ -429,119 +435,6 @@ def main(argv=None):
     return last
 
 
-# -----------------------------------------------------------------------------
-# task schedule and dynamic-sampling refills
-
-
-def _perm_stream(key: tuple, start: int, n: int, n_episodes: int) -> list[int]:
-    """Positions [start, start + n) of the concatenation of permutations of range(n_episodes),
-    permutation e seeded with (*key, e): a pure function, no state to carry or replay."""
-    out, pos = [], start
-    while len(out) < n:
-        epoch, i = divmod(pos, n_episodes)
-        take = np.random.default_rng([*key, epoch]).permutation(n_episodes)[i:i + n - len(out)].tolist()
-        out += take
-        pos += len(take)
-    return out
-
-
-def step_tasks(seed: int, step: int, round_: int, n: int, n_episodes: int, batch_size: int,
-               offset: int = 0) -> list[int]:
-    """Episode indices of the n tasks drawn, all ranks together, at (step, refill round).
-
-    Round 0 takes positions [step * batch_size, step * batch_size + n) of an epoch stream (one
-    seeded permutation per epoch: every episode once per epoch). Refill rounds (round_ >= 1)
-    continue the step's draw WITHOUT replacement: they take positions [offset, offset + n) of the
-    step's refill stream, where offset counts the tasks the step's earlier refill rounds drew
-    (TaskDraw passes tasks_tried - batch_size). The refill stream is one permutation, seeded with
-    (seed, step), of the episodes round 0 did not draw, then, only once those are exhausted,
-    seeded permutations of all episodes. So within a step no episode is drawn twice while one is
-    left undrawn, and the episode of global slot s (round 0: s < batch_size; refills: offset + i =
-    s - batch_size) is a pure function of (seed, step, s): every rank and a resumed run derive the
-    same list. (Round 0 itself holds an episode twice when its positions straddle two epochs, i.e.
-    when n_episodes is not a multiple of batch_size: each epoch's permutation is drawn alone.)
-    Raises ValueError on a negative seed/step/round/offset or no episodes.
-    """
-    if min(seed, step, round_, offset) < 0 or n_episodes < 1:
-        raise ValueError(f"step_tasks: seed {seed}, step {step}, round {round_}, offset {offset} must be >= 0 and "
-                         f"n_episodes {n_episodes} >= 1")
-    if round_ == 0:
-        return _perm_stream((seed,), step * batch_size, n, n_episodes)
-    first = set(_perm_stream((seed,), step * batch_size, batch_size, n_episodes))
-    rest = [e for e in range(n_episodes) if e not in first]
-    # tags 2 and 3 keep these seeds apart from round 0's [seed, epoch] (numpy's SeedSequence ignores
-    # trailing zeros: [s, t, 0] would seed like [s, t])
-    rest = [rest[i] for i in np.random.default_rng([seed, step, 2]).permutation(len(rest)).tolist()]
-    out = rest[offset:offset + n]
-    if len(out) < n:  # the pool is exhausted: every episode again, in fresh permutations
-        out += _perm_stream((seed, step, 3), max(0, offset - len(rest)), n - len(out), n_episodes)
-    return out
-
-
-def task_seed(seed: int, step: int, slot: int) -> int:
-    """The sampling seed of the task in global slot `slot` of `step` (slots count every task drawn
-    in the step, across refill rounds), stable across processes (no Python hash randomisation)."""
-    h = hashlib.blake2b(repr(("task", seed, step, slot)).encode(), digest_size=8).digest()
-    return int.from_bytes(h, "little") & 0x7FFF_FFFF_FFFF
-
-
-class TaskDraw:
-    """The tasks of one training step under dynamic sampling with refills (DAPO; docs/method.md §6):
-    round 0 draws batch_size tasks; after each round the keep decision is made global (one all-reduce
-    of per-slot flags), and the next round draws exactly the missing number (step_tasks: no episode
-    twice in a step while one is left undrawn), for at most max_rounds rounds. A batch still short
-    then is trained on as it is and flagged `partial`.
-
-    Slots count every task drawn in the step across rounds; slot s holds episode slot_episode[s].
-    Rank r rolls out every world_size-th slot of each round, so the run does not depend on the
-    world size. proc: utils.Dist. In use (train_semionline.main):
-        while (drawn := draw.next_round()) is not None:
-            slots, episode_ids = drawn            # this rank's share
-            ... roll them out, decide which of `slots` to keep ...
-            kept = draw.keep(keep)                # the global set of kept slots of this round
-    """
-
-    def __init__(self, seed: int, step: int, n_episodes: int, batch_size: int, max_rounds: int, proc):
-        self.seed, self.step, self.n_episodes, self.batch_size, self.max_rounds, self.proc = (
-            seed, step, n_episodes, batch_size, max_rounds, proc)
-        self.slot_episode: dict[int, int] = {}
-        self.tried = self.kept = self.rounds = 0
-        self._slots: list[int] = []  # the current round's global slots
-
-    def next_round(self) -> tuple[list[int], list[int]] | None:
-        """(this rank's slots, their episode indices) of the next round, or None when the batch is
-        full or max_rounds rounds have run."""
-        if self.kept >= self.batch_size or self.rounds >= self.max_rounds:
-            return None
-        need = self.batch_size - self.kept
-        self._slots = list(range(self.tried, self.tried + need))
-        # refills continue the step's draw without replacement, from where the last round stopped
-        drawn = step_tasks(self.seed, self.step, self.rounds, need, self.n_episodes, self.batch_size,
-                           offset=max(0, self.tried - self.batch_size))
-        self.slot_episode.update(zip(self._slots, drawn))
-        mine = self._slots[self.proc.rank::self.proc.world_size]
-        return mine, [self.slot_episode[s] for s in mine]
-
-    def keep(self, keep) -> set[int]:
-        """This rank's kept slots (a subset of its share) -> the round's kept slots over all ranks.
-        Collective. Raises RuntimeError for a slot that is not this rank's in this round."""
-        mine = set(self._slots[self.proc.rank::self.proc.world_size])
-        if not set(keep) <= mine:
-            raise RuntimeError(f"kept slots {sorted(set(keep) - mine)} were not this rank's to roll out")
-        first = self._slots[0]
-        flags = [0.0] * len(self._slots)  # 1 = kept, summed over ranks
-        for s in keep:
-            flags[s - first] = 1.0
-        kept = {first + j for j, f in enumerate(_all_sum(flags, self.proc)) if f > 0}
-        self.tried, self.kept, self.rounds = self.tried + len(self._slots), self.kept + len(kept), self.rounds + 1
-        return kept
-
-    def info(self) -> dict:
-        """The step's draw, for its metrics line: rounds, tasks_tried, tasks_kept (global), partial."""
-        return {"rounds": self.rounds, "tasks_tried": self.tried, "tasks_kept": self.kept,
-                "partial": self.kept < self.batch_size}
-
-
 @dataclass
 class TrainItem:
     """A kept response and what the trainer computes for it (the rollout's StepRecord stays as the
@@ -562,48 +455,56 @@ class TrainItem:
 # the update (docs/method.md §7)
 
 
-def ppo_step(policy, optimizer, mb, collate, args, proc) -> dict:
+def loss_config(args) -> dict:
+    """The values ppo_step reads, from the trainer's flags (the generation budget is Dr.GRPO's max_len)."""
+    return dict(temperature=args.temperature, clip_low=args.clip_low, clip_high=args.clip_high, clip_c=args.clip_c,
+                kl_coef=args.kl_coef, loss_agg=args.loss_agg, max_len=args.max_new_tokens, grad_clip=args.grad_clip)
+
+
+def ppo_step(policy, optimizer, mb, collate, proc, *, temperature: float, clip_low: float, clip_high: float,
+             clip_c: float, kl_coef: float, loss_agg: str, max_len: int, grad_clip: float) -> dict:
     """One optimizer step on one mini-batch: per-token PPO clip + dual clip + k3 KL
-    (kernels.ppo_loss), aggregated by args.loss_agg over the WHOLE mini-batch (all its
-    micro-batches on all ranks: `_loss_denominator`), backward per micro-batch, global grad-norm
-    clip (args.grad_clip), optimizer.step().
+    (kernels.ppo_loss), aggregated by loss_agg over the WHOLE mini-batch (kernels.aggregate_loss;
+    its denominator kernels.loss_denominator summed over all micro-batches on all ranks; max_len:
+    the generation budget, Dr.GRPO's constant), backward per micro-batch, global grad-norm clip
+    (grad_clip), optimizer.step(). temperature: the sampler's (the log-probs are of pi at T).
 
     mb: list of micro-batches, each a list of TrainItems (response_ids, adv, old_logp, and ref_logp
-    when args.kl_coef > 0) or None: a dummy that runs the same FSDP collectives with zero gradient.
+    when kl_coef > 0) or None: a dummy that runs the same FSDP collectives with zero gradient.
     collate(chunk) -> model batch. proc: utils.Dist. A non-finite global gradient norm skips
     optimizer.step() and drops the gradients ("skipped": 1). Returns this rank's sums: loss (its
     share of the mini-batch loss), kl, entropy, clipped, tokens; and grad_norm (global, float),
     skipped (0/1), ratio_dev (max |ratio - 1| of the first real micro-batch, None if none) and
     logp_gap (its max |logp - old_logp|: the trainer-sampler gap when old_logp is the sampler's).
     """
-    denom = _loss_denominator(mb, args.loss_agg, proc)  # global over micro-batches and ranks
+    real = [len(r.response_ids) for chunk in mb if chunk is not None for r in chunk]
+    denom = max(utils.all_sum([loss_denominator(real, loss_agg, max_len)], proc)[0], 1.0)  # global
     out = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0, "ratio_dev": None, "logp_gap": None}
     policy.train()
     optimizer.zero_grad(set_to_none=True)
     for chunk in mb:
-        logp, ent = policy(collate(chunk), temperature=args.temperature, return_entropy=True)  # (N,), (N,) fp32
+        logp, ent = policy(collate(chunk), temperature=temperature, return_entropy=True)  # (N,), (N,) fp32
         if chunk is None:  # dummy: same collectives, zero gradient
             (logp.sum() * 0.0).backward()
             continue
         old = torch.cat([r.old_logp for r in chunk]).to(logp)  # (N,)
-        ref_lp = torch.cat([r.ref_logp for r in chunk]).to(logp) if args.kl_coef > 0 else None  # (N,)
+        ref_lp = torch.cat([r.ref_logp for r in chunk]).to(logp) if kl_coef > 0 else None  # (N,)
         adv = torch.cat([torch.full((len(r.response_ids),), float(r.adv)) for r in chunk]).to(logp)  # (N,)
         mask = torch.ones_like(logp)  # (N,): every target is a response token
-        per_tok, parts = ppo_loss(logp, old, adv, mask, ref_logp=ref_lp, clip_low=args.clip_low,
-                               clip_high=args.clip_high, clip_c=args.clip_c, kl_coef=args.kl_coef)  # (N,)
-        w = _token_weights(chunk, args.loss_agg).to(logp)  # (N,) per-token weight before the denominator
+        per_tok, parts = ppo_loss(logp, old, adv, mask, ref_logp=ref_lp, clip_low=clip_low,
+                                  clip_high=clip_high, clip_c=clip_c, kl_coef=kl_coef)  # (N,)
+        share = aggregate_loss(per_tok, [len(r.response_ids) for r in chunk], loss_agg, denom)  # scalar
         # FSDP averages gradients over ranks; * world_size turns that back into a global sum
-        loss = (per_tok * w).sum() / denom * proc.world_size  # scalar
-        loss.backward()
+        (share * proc.world_size).backward()
         if out["ratio_dev"] is None:  # on the first mini-batch this is on-policy: ratio 1 (recomputed: exactly)
             out["ratio_dev"] = (parts["ratio"] - 1).abs().max().item()
             out["logp_gap"] = (logp.detach() - old).abs().max().item() if logp.numel() else 0.0
-        out["loss"] += (per_tok * w).sum().item() / denom
+        out["loss"] += share.item()
         out["kl"] += parts["kl"].sum().item()
         out["entropy"] += ent.detach().sum().item()
         out["clipped"] += parts["clipped"].float().sum().item()
         out["tokens"] += logp.numel()
-    gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)  # global norm (collective)
+    gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip)  # global norm (collective)
     out["grad_norm"] = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
     out["skipped"] = int(not np.isfinite(out["grad_norm"]))  # the same on every rank: a global norm
     if out["skipped"]:
@@ -648,35 +549,10 @@ def _micro_batches(records, n_mini, micro_size, proc, length=None):
     return out
 
 
-def _token_weights(chunk, agg):
-    """Per-token weights (N,): 1 for token-mean and seq-mean-token-sum, 1/len for
-    seq-mean-token-mean; their weighted sum is divided by `_loss_denominator`."""
-    if agg == "seq-mean-token-mean":
-        return torch.cat([torch.full((len(r.response_ids),), 1.0 / max(len(r.response_ids), 1)) for r in chunk])
-    return torch.cat([torch.ones(len(r.response_ids)) for r in chunk])
-
-
-def _loss_denominator(mb, agg, proc) -> float:
-    """Global (all ranks, all micro-batches) token count (token-mean) or sequence count
-    (seq-mean-*) of a mini-batch, at least 1. Raises ValueError for an agg not in LOSS_AGGS."""
-    if agg not in LOSS_AGGS:
-        raise ValueError(f"loss aggregation must be one of {LOSS_AGGS}, got {agg!r}")
-    real = [r for chunk in mb if chunk is not None for r in chunk]
-    n = sum(len(r.response_ids) for r in real) if agg == "token-mean" else len(real)
-    return max(_all_sum([n], proc)[0], 1.0)
-
-
 def _per_item(chunk, values: torch.Tensor) -> list[torch.Tensor]:
     """Split a flat (N,) per-token tensor of a micro-batch into one (L_i,) fp32 CPU tensor per
     item, in order (N = sum of the items' response lengths L_i)."""
     return list(values.detach().float().cpu().split([len(r.response_ids) for r in chunk]))
-
-
-def _all_sum(values: list, proc) -> list[float]:
-    """Element-wise sum over ranks of a list of numbers (on the device: nccl reduces no CPU tensors)."""
-    x = torch.tensor([float(v) for v in values], dtype=torch.float64, device=proc.device)
-    utils.all_reduce_sum(x)
-    return x.tolist()
 
 
 def _fmt(x, spec: str) -> str:

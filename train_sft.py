@@ -41,7 +41,6 @@ import math
 import random
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 from tqdm import tqdm
@@ -54,14 +53,9 @@ import lora
 import patch
 import utils
 import vlm
-from vlm import (
-    PolicyLogProb,
-    apply_fsdp,
-    checkpoint_activations,
-    collate_sequences,
-    pad_token_id,
-    to_device,
-)
+from batching import collate_sequences, to_device
+from warmup import page_labels, synthetic_example
+from vlm import PolicyLogProb, apply_fsdp, checkpoint_activations, pad_token_id
 
 # -----------------------------------------------------------------------------
 # config
@@ -105,84 +99,7 @@ parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
 
 
 # -----------------------------------------------------------------------------
-# Copy warm-up: synthetic pages (module docstring)
-
-ELEMENT_KINDS = ("button", "div", "input_text", "span", "label", "a")
-
-
-def page_labels(episodes) -> list[str]:
-    """The distinct non-empty element labels (the text between the first pair of single quotes of
-    an element line) of every step of `episodes` (dataset.Episode), sorted; [] when there is none."""
-    labels = set()
-    for ep in episodes:
-        for step in ep.steps:
-            for line in (step.elements or "").splitlines():
-                parts = line.split("'")
-                if len(parts) >= 3 and parts[1]:
-                    labels.add(parts[1])
-    return sorted(labels)
-
-
-def synthetic_page(rng: random.Random, labels: list[str], max_elements: int = 1) -> tuple[str, str, dict, str]:
-    """A page of 1..max_elements element lines in the shipped MiniWob++ format (pixels of a
-    160-pixel-wide screen, boxes stacked from y = 52 down), distinct labels from `labels`, one of
-    them the target. Returns (goal, element lines, the click action {"action": "click",
-    "coordinate": [x, y]} at the target box's centre, the expert-style thought)."""
-    n = rng.randint(1, max_elements)
-    labs = rng.sample(labels, n)
-    lines, targets = [], []
-    y = rng.randint(52, 70)
-    first = rng.randint(1, 20)
-    for i in range(n):
-        kind = rng.choice(ELEMENT_KINDS)
-        w, h = rng.randint(20, 150), rng.randint(10, 25)
-        x0 = rng.randint(2, 158 - w)
-        cx, cy = x0 + w // 2, y + h // 2
-        lines.append(f"[{first + i}] {kind} '{labs[i]}' at ({cx},{cy}) ({x0},{y},{x0 + w},{y + h})")
-        targets.append((kind, labs[i], cx, cy))
-        y += h + rng.randint(0, 8)
-    kind, lab, cx, cy = rng.choice(targets)
-    return (f'Click on the "{lab}" {kind}.', "\n".join(lines), {"action": "click", "coordinate": [cx, cy]},
-            f"Click {kind} '{lab}' at ({cx},{cy}).")
-
-
-def synthetic_type_page(rng: random.Random, labels: list[str]) -> tuple[str, str, dict, str]:
-    """A page whose focused input box must receive a text quoted in the goal (the copy of a string,
-    as a click copies a point): one `input_text` line (empty, a 130 x 21 box at a random height),
-    the text a label from `labels`. Returns (goal, element line, {"action": "type", "text": text},
-    the expert-style thought)."""
-    text = rng.choice(labels)
-    y, first = rng.randint(52, 150), rng.randint(1, 20)
-    line = f"[{first}] input_text '' at (66,{y + 10}) (2,{y},130,{y + 21})"
-    return (f'Enter "{text}" into the text field.', line, {"action": "type", "text": text},
-            f"The text field is focused and empty. I type '{text}' into it.")
-
-
-def page_prompt(tokenizer, goal: str, elements: str, system: bool = True) -> list[int]:
-    """Token ids of chat.build_prompt's layout for a first step without the screenshot (and with
-    an empty system prompt when system is False)."""
-    messages = [{"role": "system", "content": [{"type": "text", "text": chat.SYSTEM_PROMPT if system else ""}]},
-                {"role": "user", "content": [{"type": "text", "text": f"Task goal: {goal}\n"},
-                                             {"type": "text", "text": "Step 1 screenshot:"},
-                                             {"type": "text", "text": f"\nUI elements on screen:\n{elements}"}]}]
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
-def synthetic_example(rng: random.Random, labels: list[str], tokenizer, *, max_elements: int = 1,
-                      system: bool = False, type_frac: float = 0.0) -> tuple[SimpleNamespace, list[int]]:
-    """(prompt with input_ids (T,) int64 and no image, target ids ending in <|im_end|>) of one
-    synthetic page, ready for collate_sequences: a type page (synthetic_type_page) with probability
-    type_frac, else a click page of 1..max_elements elements (synthetic_page)."""
-    if type_frac > 0 and rng.random() < type_frac:
-        goal, lines, action, thought = synthetic_type_page(rng, labels)
-    else:
-        goal, lines, action, thought = synthetic_page(rng, labels, max_elements)
-    target = tokenizer.encode(gui.format_response(thought, action), add_special_tokens=False)
-    prompt = SimpleNamespace(input_ids=torch.tensor(page_prompt(tokenizer, goal, lines, system)),
-                             pixel_values=None, image_grid_thw=None)
-    return prompt, target + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
-
+# the SFT examples (the copy warm-up's synthetic pages: warmup.py)
 
 def sft_example(ep, t: int, tokenizer, image_processor, spec: chat.PromptSpec, *, image_root=None,
                 blank_screens=None) -> tuple:

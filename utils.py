@@ -68,6 +68,14 @@ def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def all_sum(values: list, proc) -> list[float]:
+    """Element-wise sum over ranks of a list of numbers, as floats (fp64 on proc.device: nccl reduces no
+    CPU tensors). One process: the values themselves. proc: Dist."""
+    x = torch.tensor([float(v) for v in values], dtype=torch.float64, device=proc.device)
+    all_reduce_sum(x)
+    return x.tolist()
+
+
 def peak_memory_bytes(device: torch.device) -> int:
     """This process's peak memory, for the trainers' `peak_mem_bytes`: on CUDA the bytes held by
     tensors since the last torch.cuda.reset_peak_memory_stats (the trainers reset it every step);

@@ -55,16 +55,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import chat
 import dataset
 import vlm
+from batching import collate_sequences, to_device  # noqa: E402
 from kernels import ppo_loss  # noqa: E402
 from rollout import semi_online_rollout  # noqa: E402
 from sampler import Sampler
-from vlm import (  # noqa: E402
-    PolicyLogProb,
-    collate_sequences,
-    pad_token_id,
-    sampling_mode,
-    to_device,
-)
+from vlm import PolicyLogProb, pad_token_id, sampling_mode  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------
 # config

@@ -18,14 +18,10 @@ browser's life cycle:
    any WebDriver/transport error, kills the browser's whole process group and raises
    BrowserFault; the next reset starts a fresh browser. evaluate_online retries the episode once
    and otherwise counts it as a browser fault, so a run never hangs.
-3. Actions. Our action dicts (docs/method.md §3) with coordinates in pixels of the image the
-   policy saw (`image_size`, e.g. a smart_resize'd screenshot) are mapped back to page pixels by
-   `to_page_xy` (pixel centres, clamped to the screen). click -> mouse click; long_press ->
-   press, hold, release; type -> key strokes into the focused element; key / system_button Enter
-   -> key press; swipe -> mouse wheel at coordinate with delta = finger start - finger end (the
-   finger moving up scrolls the content down); wait -> sleep (capped); terminate -> ends the
-   episode without touching the page; answer, open, system_button Back/Home/Menu -> no-op.
-   An action that cannot be parsed is a no-op that still costs a step (info["invalid"]).
+3. Actions. Our action dicts (docs/method.md §3), coordinates in pixels of the image the policy
+   saw (`image_size`), mapped back to page pixels by `to_page_xy`, performed by EXECUTORS (one per
+   gui.ACTIONS type: mouse press, key strokes, wheel for swipes; answer, open, Back/Home/Menu are
+   no-ops). An action that cannot be parsed is a no-op that still costs a step (info["invalid"]).
 4. Reward and success. MiniWob's env_reward is scaled by elapsed time and some tasks give
    partial POSITIVE raw rewards to wrong answers (click-checkboxes: (right - wrong) / n), so
    success := raw_reward >= 1.0 (SUCCESS_RAW_REWARD). "raw > 0" would count a click-checkboxes
@@ -49,6 +45,7 @@ smart_resize does not resize 168 x 224, so a Qwen2.5-VL policy's pixels are alre
 """
 
 import base64
+import contextlib
 import io
 import math
 import os
@@ -320,18 +317,12 @@ class MiniWobEnv:
     def __init__(self, task: str, *, step_timeout_s: float = 20.0, episode_time_s: float = 600.0,
                  screenshots: bool = True, data_mode: str = "train"):
         _task_page(task)
-        self.task = task
-        self.step_timeout_s = step_timeout_s
-        self.episode_time_s = episode_time_s
-        self.screenshots = screenshots
-        self.data_mode = data_mode
+        self.task, self.step_timeout_s, self.episode_time_s = task, step_timeout_s, episode_time_s
+        self.screenshots, self.data_mode = screenshots, data_mode
         self.field_extractor = get_field_extractor(task)
-        self.driver = None
-        self._service = None
-        self._profile_dir = None
+        self.driver = self._service = self._profile_dir = None
         self._fields = []
-        self.seed = None
-        self.done = True
+        self.seed, self.done = None, True
         self.n_starts = 0  # browser starts, restarts included
 
     # --- browser life cycle -------------------------------------------------
@@ -384,8 +375,7 @@ class MiniWobEnv:
             except Exception:  # noqa: BLE001 -- whatever went wrong, the kill below cleans up
                 pass
         self._kill()
-        self.driver = None
-        self._service = None
+        self.driver = self._service = None
         if self._profile_dir:
             shutil.rmtree(self._profile_dir, ignore_errors=True)
             self._profile_dir = None
@@ -395,14 +385,10 @@ class MiniWobEnv:
         proc = getattr(self._service, "process", None)
         if proc is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)  # pgid == chromedriver's pid (new session)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired, OSError):
             proc.wait(timeout=5)
-        except (subprocess.TimeoutExpired, OSError):
-            pass
 
     class _Deadline:
         """Context manager: kill the browser if the block runs past `seconds`, then raise
@@ -527,49 +513,63 @@ class MiniWobEnv:
         return obs, reward, done, info
 
     def _perform(self, action, image_size) -> str:
-        """Execute one action dict in the page; returns its kind ("invalid" for a no-op)."""
-        if not isinstance(action, dict) or "action" not in action:
+        """Execute one action dict in the page through EXECUTORS; returns its kind ("invalid" for a
+        no-op on bad input, "noop" for an action a web page has no meaning for)."""
+        if not isinstance(action, dict) or action.get("action") not in EXECUTORS:
             return "invalid"
-        kind = action["action"]
-        d = self.driver
-        if kind in ("click", "long_press"):
-            x, y = to_page_xy(action["coordinate"], image_size)
-            chain = ActionChains(d, duration=0)
-            chain.w3c_actions.pointer_action.move_to_location(x, y)
-            if kind == "click":
-                chain.w3c_actions.pointer_action.click()
-            else:
-                hold = min(float(action.get("time", 1.0)), LONG_PRESS_CAP_S)
-                chain.w3c_actions.pointer_action.click_and_hold()
-                chain.w3c_actions.pointer_action.pause(hold)
-                chain.w3c_actions.pointer_action.release()
-            chain.w3c_actions.perform()
-        elif kind == "type":
-            execute_type_text(str(action["text"]), d)
-        elif kind in ("key", "system_button"):
-            name = action["text"] if kind == "key" else action["button"]
-            if kind == "system_button" and str(name).lower() != "enter":
-                return "noop"  # Back/Home/Menu have no meaning inside one web page
-            key = _key_name(name)
-            if key is None:
-                return "invalid"
-            execute_press_key(key, d)
-        elif kind == "swipe":
-            x1, y1 = to_page_xy(action["coordinate"], image_size)
-            x2, y2 = to_page_xy(action["coordinate2"], image_size)
-            chain = ActionChains(d)  # finger up (y2 < y1) = content scrolls down = wheel dy > 0
-            chain.w3c_actions.wheel_action.scroll(x=x1, y=y1, delta_x=x1 - x2, delta_y=y1 - y2,
-                                                  duration=150)
-            chain.w3c_actions.perform()
-        elif kind == "wait":
-            time.sleep(min(max(float(action.get("time", 1.0)), 0.0), WAIT_CAP_S))
-        elif kind == "terminate":
-            return "terminate"
-        elif kind in ("answer", "open"):
-            return "noop"
-        else:
-            return "invalid"
-        return kind
+        return EXECUTORS[action["action"]](self.driver, action, image_size) or action["action"]
+
+
+# The executors: one per registered action type (gui.ACTIONS; tests/test_layout.py checks the two agree).
+# Each takes the webdriver, the action dict (coordinates in pixels of an image of image_size) and
+# image_size (W, H); returns None when it performed the action, else "noop" or "invalid".
+
+def _do_point(d, action, image_size):
+    """click, long_press: a pointer press at the point (long_press held `time` s, capped)."""
+    x, y = to_page_xy(action["coordinate"], image_size)
+    chain = ActionChains(d, duration=0)
+    chain.w3c_actions.pointer_action.move_to_location(x, y)
+    if action["action"] == "click":
+        chain.w3c_actions.pointer_action.click()
+    else:
+        hold = min(float(action.get("time", 1.0)), LONG_PRESS_CAP_S)
+        chain.w3c_actions.pointer_action.click_and_hold()
+        chain.w3c_actions.pointer_action.pause(hold)
+        chain.w3c_actions.pointer_action.release()
+    chain.w3c_actions.perform()
+
+
+def _do_type(d, action, image_size):
+    execute_type_text(str(action["text"]), d)
+
+
+def _do_wait(d, action, image_size):
+    time.sleep(min(max(float(action.get("time", 1.0)), 0.0), WAIT_CAP_S))
+
+
+def _do_key(d, action, image_size):
+    """key, system_button: a key press; Back/Home/Menu have no meaning inside one web page."""
+    name = action["text"] if action["action"] == "key" else action["button"]
+    if action["action"] == "system_button" and str(name).lower() != "enter":
+        return "noop"
+    key = _key_name(name)
+    if key is None:
+        return "invalid"
+    execute_press_key(key, d)
+
+
+def _do_swipe(d, action, image_size):
+    """swipe: a wheel scroll at the start point; finger up (y2 < y1) = content scrolls down = wheel dy > 0."""
+    x1, y1 = to_page_xy(action["coordinate"], image_size)
+    x2, y2 = to_page_xy(action["coordinate2"], image_size)
+    chain = ActionChains(d)
+    chain.w3c_actions.wheel_action.scroll(x=x1, y=y1, delta_x=x1 - x2, delta_y=y1 - y2, duration=150)
+    chain.w3c_actions.perform()
+
+
+EXECUTORS = {"click": _do_point, "long_press": _do_point, "type": _do_type, "key": _do_key, "system_button": _do_key,
+             "swipe": _do_swipe, "wait": _do_wait, "terminate": lambda d, a, s: "terminate",
+             "answer": lambda d, a, s: "noop", "open": lambda d, a, s: "noop"}  # no app to open in a page
 
 
 # -----------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 - group_normalize: grouped advantage normalization (docs/method.md §6)
 - fused_logprob:   lm_head log-prob / entropy without the (N, V) logits (docs/method.md §7)
-- ppo_loss:        per-token dual-clip PPO loss + k3 KL and its gradient in one pass (docs/method.md §7)
+- ppo_loss:        per-token dual-clip PPO loss + k3 KL and its gradient in one pass (docs/method.md §7),
+                   and beside it every loss aggregation (aggregate_loss, loss_denominator)
 
 Each op: Triton kernels, an autograd wrapper, and `<op>_ref`, a pure-torch reference that is also
 the CPU path. Which one runs is decided in one place, kernels/_dispatch.py: Triton on CUDA tensors
@@ -11,9 +12,12 @@ the CPU path. Which one runs is decided in one place, kernels/_dispatch.py: Trit
 
 from kernels.group_norm import group_normalize, group_normalize_ref
 from kernels.logprob import fused_logprob, fused_logprob_ref
-from kernels.ppo_loss import ppo_loss, ppo_loss_ref
+from kernels.ppo_loss import LOSS_AGGS, aggregate_loss, loss_denominator, ppo_loss, ppo_loss_ref
 
 __all__ = [
+    "LOSS_AGGS",
+    "aggregate_loss",
+    "loss_denominator",
     "fused_logprob",
     "fused_logprob_ref",
     "group_normalize",

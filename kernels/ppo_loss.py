@@ -24,8 +24,8 @@ with a select, not a multiply, so NaN/inf garbage in padded positions cannot lea
 gradient. Only logp gets a gradient: old_logp, ref_logp and adv are constants of the objective.
 
 Returns the per-token loss (N,) fp32 and per-token stats ('ratio', 'clipped' = the clip or the dual
-clip chose a constant (no gradient), 'dual_clipped', 'kl'), all 0 where mask == 0; the caller does the
-token-mean aggregation.
+clip chose a constant (no gradient), 'dual_clipped', 'kl'), all 0 where mask == 0; aggregate_loss (below)
+turns them into the mini-batch loss (token-mean, seq-mean-token-mean, seq-mean-token-sum, Dr.GRPO's).
 
 Triton path: `_ppo_loss_fwd_kernel` computes the loss, the stats and d loss / d logp in one pass over
 the tokens and saves the derivative; the backward is grad_out * dlogp.
@@ -251,3 +251,46 @@ def ppo_loss(logp, old_logp, adv, mask, ref_logp=None, clip_low=0.2, clip_high=0
         logp, old_logp, adv, mask, ref_logp, clip_low, clip_high, clip_c, kl_coef, kl_clamp, log_ratio_clamp
     )
     return loss, {"ratio": ratio, "clipped": clipped, "dual_clipped": dual, "kl": kl}
+
+
+# ---------------------------------------------------------------------------------------------------
+# aggregation: per-token losses -> one mini-batch loss (docs/method.md §7). Every aggregation is here,
+# beside the per-token loss, with the lengths and the denominator as explicit arguments; the trainer
+# sums loss_denominator over every micro-batch and rank of a mini-batch and passes the total.
+
+LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "dr-grpo")
+
+
+def loss_denominator(lengths, agg: str, max_len: int | None = None) -> float:
+    """This micro-batch's share of the denominator of `agg`, for sequences of `lengths` tokens
+    (list of ints): token-mean (the release's, DAPO's): the token count; seq-mean-token-mean and
+    seq-mean-token-sum: the sequence count; dr-grpo (Liu et al. 2025, Dr.GRPO): the sequence count
+    times max_len, the generation budget (a constant, so a long response is not down-weighted).
+    Raises ValueError: agg not in LOSS_AGGS; dr-grpo without a positive max_len."""
+    if agg not in LOSS_AGGS:
+        raise ValueError(f"loss aggregation must be one of {LOSS_AGGS}, got {agg!r}")
+    if agg == "token-mean":
+        return float(sum(lengths))
+    if agg == "dr-grpo":
+        if not max_len or max_len <= 0:
+            raise ValueError(f"loss aggregation dr-grpo needs the generation budget max_len > 0, got {max_len!r}")
+        return float(len(lengths) * max_len)
+    return float(len(lengths))
+
+
+def aggregate_loss(per_token: torch.Tensor, lengths, agg: str, denominator: float) -> torch.Tensor:
+    """The mini-batch loss's share of one micro-batch: sum_t w_t * per_token_t / denominator, with
+    per_token (N,) fp32 the concatenated per-token losses of sequences of `lengths` tokens
+    (sum(lengths) == N), w_t = 1 / L_i for seq-mean-token-mean (each sequence's mean, then the
+    mean over sequences), else 1; denominator: loss_denominator summed over the whole mini-batch
+    (all micro-batches, all ranks), at least 1. Returns a scalar with per_token's gradient.
+    Raises ValueError: agg not in LOSS_AGGS; sum(lengths) != N."""
+    if agg not in LOSS_AGGS:
+        raise ValueError(f"loss aggregation must be one of {LOSS_AGGS}, got {agg!r}")
+    lengths = [int(n) for n in lengths]
+    if sum(lengths) != per_token.numel():
+        raise ValueError(f"aggregate_loss: lengths sum to {sum(lengths)}, per_token has {per_token.numel()} tokens")
+    if agg == "seq-mean-token-mean":
+        w = torch.cat([torch.full((n,), 1.0 / max(n, 1)) for n in lengths]) if lengths else torch.zeros(0)
+        return (per_token * w.to(per_token)).sum() / max(denominator, 1.0)
+    return per_token.sum() / max(denominator, 1.0)

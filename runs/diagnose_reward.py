@@ -1,6 +1,6 @@
 """Does the step reward's verdict on a click agree with what the click does in the environment?
 
-The reward of a click (gui.action_match, strict rules) asks one question: is the point near the
+The reward of a click (reward.action_match, strict rules) asks one question: is the point near the
 expert's point or inside the expert's target box? The environment asks another: does the click do
 what the expert's click did? Where the two disagree, RL is pushed away from clicks that work (the
 reward says no, the page says yes) or towards clicks that do not. This script puts every click
@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
 import dataset  # noqa: E402
-import gui  # noqa: E402
+import reward  # noqa: E402
 from envs import miniwob_env as me  # noqa: E402
 
 _AT = re.compile(r"^\[\d+\] (.*?) at \((\d+),(\d+)\)", re.M)
@@ -98,7 +98,7 @@ def judge_clicks(episodes, *, max_candidates: int = 12, image_root: str | None =
                     raise RuntimeError(f"{ep.episode_id}: the recorded expert actions do not succeed on replay")
                 for label, pt in candidates(step)[:max_candidates]:
                     click = {"action": "click", "coordinate": list(pt)}
-                    match, _ = gui.action_match(click, step.action, step.candidate_bbox, size)
+                    match, _ = reward.action_match(click, step.action, step.candidate_bbox, size)
                     same = effect(env, seed, prefix, click, rest) == want
                     rows.append(dict(task=task, episode=ep.episode_id, step=k, label=label, point=list(pt),
                                      expert=step.action["coordinate"], reward_match=bool(match), env_same=bool(same)))

@@ -295,3 +295,19 @@ def test_shaped_rewards_replace_the_records_own():
     assert not torch.allclose(got.returns, compute_advantages(recs, gamma=0.5).returns)  # the shaping is used
     with pytest.raises(ValueError):
         compute_advantages(recs, rewards=shaped[:-1], gamma=0.5)
+
+
+def test_mean_only_norm_dr_grpo_by_hand():
+    """--adv-norm mean (Dr.GRPO): both levels centre on the group mean without dividing by the std.
+    One task, rollouts 0 and 1 of one step, rewards 1 and 0 (returns = rewards): A^S = A^E = +-0.5,
+    combined +-1; under mean_std each level is +-0.5 / std([1, 0]) = +-1/sqrt(2), combined +-sqrt(2)."""
+    import advantage
+
+    recs = [dict(task_idx=0, rollout_idx=i, step_idx=0, reward=r, match=bool(r)) for i, r in enumerate((1.0, 0.0))]
+    mean = advantage.compute_advantages(recs, gamma=0.5, norm="mean")
+    assert mean.adv_step.tolist() == [0.5, -0.5] and mean.adv_episode.tolist() == [0.5, -0.5]
+    assert mean.adv.tolist() == [1.0, -1.0]
+    std = advantage.compute_advantages(recs, gamma=0.5)
+    assert std.adv.tolist() == pytest.approx([math.sqrt(2), -math.sqrt(2)], rel=1e-5)
+    with pytest.raises(ValueError, match="advantage norm"):
+        advantage.compute_advantages(recs, gamma=0.5, norm="std")

@@ -16,7 +16,7 @@ import cli
 import dataset
 import eval_sop
 import gui
-from tools import report
+import report
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))

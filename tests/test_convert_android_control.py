@@ -27,6 +27,7 @@ from PIL import Image
 import dataset
 import eval_sop
 import gui
+import reward
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
@@ -305,9 +306,9 @@ def test_loaded_by_gui_with_finger_swipes(converted):
             continue
         a, size = step.action, step.image_size
         assert gui.swipe_direction(a["coordinate"], a["coordinate2"]) == FINGER[native["direction"]]
-        assert gui.action_match(dict(a), a, [], size) == (True, True)
+        assert reward.action_match(dict(a), a, [], size) == (True, True)
         reversed_ = {**a, "coordinate": a["coordinate2"], "coordinate2": a["coordinate"]}
-        assert gui.action_match(reversed_, a, [], size) == (False, True)  # the content direction does not match
+        assert reward.action_match(reversed_, a, [], size) == (False, True)  # the content direction does not match
     for s in ep.steps:  # recorded sizes agree with the files
         assert dataset.original_size(s, image_root=str(out)) == s.image_size
 

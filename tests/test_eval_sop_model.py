@@ -17,7 +17,7 @@ import eval_sop
 import gui
 import rollout
 from rollout import semi_online_rollout
-from tools import report
+import report
 from vlm import load_processor
 
 REPO = Path(__file__).resolve().parent.parent

@@ -10,15 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gui
+import reward
 from dataset import Step
-from gui import (
-    action_match,
-    format_response,
-    parse_response,
-    scale_action,
-    score_response,
-    smart_resize,
-)
+from gui import format_response, parse_response, scale_action, smart_resize
+from reward import action_match, score_response
 
 # -----------------------------------------------------------------------------
 # parse / format
@@ -328,7 +323,7 @@ _experts = [STEP, Step(None, swipe(540, 1800, 540, 600)), Step(None, {"action": 
 
 
 @settings(max_examples=400, deadline=None)
-@given(text=_texts, k=st.integers(0, len(_experts) - 1), rules=st.sampled_from(gui.MATCH_RULES),
+@given(text=_texts, k=st.integers(0, len(_experts) - 1), rules=st.sampled_from(reward.MATCH_RULES),
        truncated=st.booleans())
 def test_reward_never_raises_and_is_bounded(text, k, rules, truncated):
     s = score_response(text, _experts[k], resized_size=RESIZED, orig_size=ORIG, rules=rules, truncated=truncated)

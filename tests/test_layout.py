@@ -1,18 +1,25 @@
 """The shape of the house a reader walks into: stage files short enough to read in one sitting, no
-import circle among the product's modules, kernels/ standing alone, training independent of
-evaluation. Parsed with ast, nothing imported."""
+import circle among the product's modules, imports that flow one way (scripts -> library; kernels/
+standing alone; the prompt builder, the dataset and the reward free of model code and Triton;
+evaluation free of tools/; tools/ free of stage scripts), one action registry that every place
+agrees with, and a README whose fork section names things that exist. Parsed with ast, except where
+a module's imports or the registry are checked by importing them."""
 import ast
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ["train_sft.py", "train_semionline.py", "rollout.py", "patch.py", "advantage.py", "eval_sop.py"]
 PRODUCT = sorted(p.stem for p in REPO.glob("*.py")) + ["kernels", "envs", "tools"]
+STAGE_SCRIPTS = {"train_sft", "train_semionline", "eval_sop"}
 
 
 def module_files():
     """{module name: path} of the product: top-level modules and the packages' modules."""
     files = {p.stem: p for p in REPO.glob("*.py")}
-    for pkg in ("kernels", "envs", "tools"):
+    for pkg in ("kernels", "envs", "tools", "runs", "bench"):
         files.update({f"{pkg}.{p.stem}": p for p in (REPO / pkg).glob("*.py") if p.stem != "__init__"})
     return files
 
@@ -73,3 +80,63 @@ def test_kernels_stand_alone_and_training_does_not_import_evaluation():
     assert "eval_sop" not in g["train_semionline"] and "eval_sop" not in g["train_sft"]
     assert not any(isinstance(n, ast.ClassDef) and n.name == "Sampler"
                    for n in ast.parse((REPO / "rollout.py").read_text()).body)
+
+
+def test_light_modules_load_no_model_code():
+    """The prompt builder, the dataset, the action schema and the reward are read (and forked) without the
+    model: importing them loads neither Triton, nor kernels/, nor the model file, nor transformers."""
+    code = ("import sys, chat, dataset, gui, reward, release\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'triton', 'kernels', 'vlm', 'transformers', 'peft'}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_imports_flow_one_way():
+    g = graph()
+    assert not any(d.startswith("tools.") or d == "tools" for d in g["eval_sop"]), g["eval_sop"]
+    for m, deps in g.items():
+        if m.startswith("tools."):
+            assert not deps & STAGE_SCRIPTS, (m, deps & STAGE_SCRIPTS)
+    # the library never imports a script: only scripts (and runs/, bench/) import train_* / eval_sop
+    library = [m for m in g if "." not in m and m not in STAGE_SCRIPTS]
+    for m in library:
+        assert not g[m] & STAGE_SCRIPTS, (m, g[m] & STAGE_SCRIPTS)
+
+
+def test_every_registered_action_has_rule_prompt_line_and_executor():
+    """gui.ACTIONS is the one declaration of the action space: each type's strict match rule exists in
+    reward.RULES, its line is in the system prompt, and the MiniWob++ executor performs it; nothing else
+    knows an action type the registry does not."""
+    import chat
+    import gui
+    import reward
+    from envs import miniwob_env
+
+    assert set(gui.ACTION_TYPES) == set(gui.ACTIONS) and gui.ACTION_TYPES
+    for kind, spec in gui.ACTIONS.items():
+        assert spec.rule in reward.RULES, (kind, spec.rule)
+        assert spec.prompt and f"- {spec.prompt}\n" in chat.FULL_SYSTEM_PROMPT, kind
+        assert spec.prompt.startswith(f'{{"action": "{kind}"'), kind
+        assert kind in miniwob_env.EXECUTORS, kind
+    assert set(miniwob_env.EXECUTORS) == set(gui.ACTIONS)
+    assert set(gui.POINT_ACTIONS) == {k for k, a in gui.ACTIONS.items() if a.rule == "point"}
+    assert chat.FULL_SYSTEM_PROMPT.count('\n- {"action": ') == len(gui.ACTIONS)
+
+
+def test_readme_fork_section_names_exist():
+    """Every `module.name` (and `module.py`) the README's "How to fork" section points a forker to exists."""
+    import importlib
+
+    text = (REPO / "README.md").read_text()
+    section = text.split("## How to fork", 1)[1].split("\n## ", 1)[0]
+    files = set(re.findall(r"`([\w/]+\.py)`", section))
+    names = {n for n in re.findall(r"`([a-z_]+(?:\.[A-Za-z_]+)+)(?:\(\))?`", section) if not n.endswith(".py")}
+    assert len(files) >= 5 and len(names) >= 8, (files, names)
+    for f in files:
+        assert (REPO / f).is_file(), f
+    sys.path.insert(0, str(REPO))
+    for dotted in sorted(names):
+        mod, _, attr = dotted.rpartition(".")
+        m = importlib.import_module(mod)
+        assert hasattr(m, attr), dotted

@@ -10,7 +10,8 @@ from PIL import Image
 import dataset
 import eval_sop
 import gui
-from tools import baselines
+import reward
+import baselines
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "android_control")
 TEST = os.path.join(DATA, "android_control_test_uis1.jsonl")
@@ -21,7 +22,7 @@ SIZE = (1080, 2400)
 def floors():
     eps = dataset.load_episodes(TEST)
     sizes = baselines.step_sizes(eps, blank_screens=SIZE)
-    return {r: baselines.run_baselines(eps, sizes, r)["rates"] for r in gui.MATCH_RULES}
+    return {r: baselines.run_baselines(eps, sizes, r)["rates"] for r in reward.MATCH_RULES}
 
 
 def test_trivial_policies_score_near_zero(floors):
@@ -37,35 +38,35 @@ def test_legitimate_near_hits():
     expert = {"action": "click", "coordinate": [540, 1200]}
     box = [[440, 1150, 640, 1250]]  # the target's own small box (0.8% of the screen)
     pred = {"action": "click", "coordinate": [630, 1240]}  # inside, 0.085 from the expert point (normalised)
-    assert gui.action_match(pred, expert, box, SIZE) == (True, True)
-    assert gui.action_match(pred, expert, box, SIZE, rules="release") == (False, True)  # distance only
+    assert reward.action_match(pred, expert, box, SIZE) == (True, True)
+    assert reward.action_match(pred, expert, box, SIZE, rules="release") == (False, True)  # distance only
     # a whole-screen container holding the point is not a target
-    assert not gui.action_match(pred, expert, [[0, 0, 1080, 2400]], SIZE)[0]
+    assert not reward.action_match(pred, expert, [[0, 0, 1080, 2400]], SIZE)[0]
     t = lambda s: {"action": "open", "text": s}  # noqa: E731
-    assert gui.action_match(t("Chrome"), t("Google Chrome"), [], SIZE)[0]
-    assert gui.action_match(t("  CHROME "), t("chrome"), [], SIZE)[0]
+    assert reward.action_match(t("Chrome"), t("Google Chrome"), [], SIZE)[0]
+    assert reward.action_match(t("  CHROME "), t("chrome"), [], SIZE)[0]
 
 
 @pytest.mark.parametrize("pred, expert", [("Audiomack", "Audio\u00admack"), ("Don't", "Don\u2019t"),
                                           ("Don't", "Don\u00b4t"), ("\uff21BC", "abc"), ("x\u200by", "xy")])
 def test_unicode_variants_match(pred, expert):
-    assert gui.normalize_text(pred) == gui.normalize_text(expert)
-    assert gui.action_match({"action": "type", "text": pred}, {"action": "type", "text": expert}, [], SIZE)[0]
+    assert reward.normalize_text(pred) == reward.normalize_text(expert)
+    assert reward.action_match({"action": "type", "text": pred}, {"action": "type", "text": expert}, [], SIZE)[0]
 
 
 def test_empty_expert_text_matches_only_empty():
     e = {"action": "type", "text": ""}
-    assert not gui.action_match({"action": "type", "text": "anything"}, e, [], SIZE)[0]
-    assert gui.action_match({"action": "type", "text": " "}, e, [], SIZE)[0]
+    assert not reward.action_match({"action": "type", "text": "anything"}, e, [], SIZE)[0]
+    assert reward.action_match({"action": "type", "text": " "}, e, [], SIZE)[0]
 
 
 def test_release_rules_any_swipe_and_unknown_rules():
     up = {"action": "swipe", "coordinate": [540, 1800], "coordinate2": [540, 600]}
     down = {"action": "swipe", "coordinate": [540, 600], "coordinate2": [540, 1800]}
-    assert gui.action_match(down, up, [], SIZE) == (False, True)
-    assert gui.action_match(down, up, [], SIZE, rules="release") == (True, True)
+    assert reward.action_match(down, up, [], SIZE) == (False, True)
+    assert reward.action_match(down, up, [], SIZE, rules="release") == (True, True)
     with pytest.raises(ValueError, match="rules"):
-        gui.action_match(down, up, [], SIZE, rules="lenient")
+        reward.action_match(down, up, [], SIZE, rules="lenient")
 
 
 def test_swipe_conventions_train_and_thought_pair():
@@ -179,9 +180,9 @@ def test_baselines_command_last_line_json(capsys):
     ("her", "For Her", 2 / 3, True),
 ])
 def test_text_rule_ignores_function_words(pred, expert, f1, match):
-    assert gui.text_f1(pred, expert) == pytest.approx(f1)
-    assert gui.action_match({"action": "open", "text": pred}, {"action": "open", "text": expert}, [], SIZE) == (match, True)
-    assert gui.action_match({"action": "open", "text": "the"}, {"action": "open", "text": "The"}, [], SIZE)[0]  # equal
+    assert reward.text_f1(pred, expert) == pytest.approx(f1)
+    assert reward.action_match({"action": "open", "text": pred}, {"action": "open", "text": expert}, [], SIZE) == (match, True)
+    assert reward.action_match({"action": "open", "text": "the"}, {"action": "open", "text": "The"}, [], SIZE)[0]  # equal
 
 
 def test_constant_the_matches_nothing_on_the_test_file(floors):
@@ -190,7 +191,7 @@ def test_constant_the_matches_nothing_on_the_test_file(floors):
 
 
 # -----------------------------------------------------------------------------
-# --match-rules release: the release's parse and check, its exceptions included (gui.release_check)
+# --match-rules release: the release's parse and check, its exceptions included (release.release_check)
 
 R = gui.resized_size(SIZE)  # (1092, 2408): the expert point (540, 1200) is (546, 1204) there
 CLICK = {"action": "click", "coordinate": [540, 1200]}
@@ -246,20 +247,20 @@ def act(body, thought="t"):
      CLICK, "raises"),
 ])
 def test_release_parse_and_check(text, expert, expected):
-    s = gui.score_response(text, dataset.Step(None, expert), resized_size=R, orig_size=SIZE, rules="release")
+    s = reward.score_response(text, dataset.Step(None, expert), resized_size=R, orig_size=SIZE, rules="release")
     if expected == "raises":
         assert s.error is not None and (s.reward, s.match, s.type_match) == (0.0, False, False)
     else:
         assert s.error is None and (s.type_match, s.match) == expected
     # the release ignores the finish reason: a response cut at the cap is read like any other
-    assert gui.score_response(text, dataset.Step(None, expert), resized_size=R, orig_size=SIZE, rules="release",
+    assert reward.score_response(text, dataset.Step(None, expert), resized_size=R, orig_size=SIZE, rules="release",
                               truncated=True) == s
 
 
 def test_strict_rules_on_the_release_cases():
     """The same responses under the strict rules: a quoted action is not the answer, an extra
     null key on a wait is ignored, [x, y, 0] is malformed."""
-    strict = lambda text, expert: gui.score_response(text, dataset.Step(None, expert), resized_size=R,  # noqa: E731
+    strict = lambda text, expert: reward.score_response(text, dataset.Step(None, expert), resized_size=R,  # noqa: E731
                                                      orig_size=SIZE)
     s = strict(act('{"action": "click", "coordinate": [546, 1204]}', thought='not <action>{"action": "wait"}</action>'),
                CLICK)

@@ -20,13 +20,14 @@ import pytest
 import torch
 from update_case import ARGV, make_records, reference_grads
 
+import batching
 import train_semionline as ts
 import utils
 import vlm
 
 REPO = Path(__file__).resolve().parents[1]
 ONE = utils.Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
-AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "dr-grpo"]
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +59,10 @@ def run_update(model, records, pad_id, args, micro_size=2, opt=None, share=False
     assert [id(r) for c in mb for r in c] != [id(r) for r in records]
 
     def collate(chunk):
-        return vlm.collate_sequences([r.prompt for r in chunk], [r.response_ids for r in chunk], pad_id,
+        return batching.collate_sequences([r.prompt for r in chunk], [r.response_ids for r in chunk], pad_id,
                                      share_prompts=share, image_token_id=model.config.image_token_id)
 
-    return ts.ppo_step(policy, opt, mb, collate, args, ONE), mb
+    return ts.ppo_step(policy, opt, mb, collate, ONE, **ts.loss_config(args)), mb
 
 
 @pytest.mark.parametrize("agg,share", [(a, False) for a in AGGS] + [("token-mean", True), ("seq-mean-token-mean", True)])
@@ -71,7 +72,7 @@ def test_update_gradient_equals_reference(case, agg, share):
     args = ts.parser.parse_args(ARGV + ["--loss-agg", agg])
     assert len(records) >= 5 and len({r.adv for r in records}) >= 4
     if share:  # the case holds rows that share a head, so the shared path runs
-        b = vlm.collate_sequences([r.prompt for r in records], [r.response_ids for r in records], pad_id,
+        b = batching.collate_sequences([r.prompt for r in records], [r.response_ids for r in records], pad_id,
                                   share_prompts=True, image_token_id=model.config.image_token_id)
         assert len(b["head_len"]) < len(records)
     st, mb = run_update(model, records, pad_id, args, share=share)
@@ -202,9 +203,9 @@ def test_gradient_checkpointing_under_fsdp2(case):
         mb = ts._micro_batches(records, 1, len(records), ONE)[0]
 
         def collate(chunk):
-            return vlm.collate_sequences([r.prompt for r in chunk], [r.response_ids for r in chunk], pad_id)
+            return batching.collate_sequences([r.prompt for r in chunk], [r.response_ids for r in chunk], pad_id)
 
-        st = ts.ppo_step(policy, torch.optim.SGD(policy.parameters(), lr=0.0), mb, collate, args, ONE)
+        st = ts.ppo_step(policy, torch.optim.SGD(policy.parameters(), lr=0.0), mb, collate, ONE, **ts.loss_config(args))
         assert st["skipped"] == 0 and calls == {"text": 2, "vision": 2}
         _assert_grads_equal(_grads(policy.named_parameters(), prefix="model."), want)   # the root's own prefix
     finally:
@@ -231,20 +232,28 @@ class R:
         self.task_idx, self.response_ids, self.adv, self.step_idx = task, [0] * n_tok, adv, step
 
 
-def test_token_weights_seq_mean_token_mean_by_hand():
-    """Two sequences of 2 and 4 tokens with per-token losses (1, 3) and (2, 2, 2, 6):
-    token-mean = 16 / 6; seq-mean-token-mean = (2 + 3) / 2 = 2.5; seq-mean-token-sum = (4 + 12) / 2 = 8."""
-    chunk = [R(0, 2), R(1, 4)]
+def test_loss_aggregations_by_hand():
+    """Two sequences of 2 and 4 tokens with per-token losses (1, 3) and (2, 2, 2, 6), generation budget 8:
+    token-mean = 16 / 6; seq-mean-token-mean = (2 + 3) / 2 = 2.5; seq-mean-token-sum = (4 + 12) / 2 = 8;
+    dr-grpo = 16 / (2 x 8) = 1 (kernels.aggregate_loss / kernels.loss_denominator)."""
+    from kernels import LOSS_AGGS, aggregate_loss, loss_denominator
+
+    lengths = [2, 4]
     per_tok = torch.tensor([1.0, 3.0, 2.0, 2.0, 2.0, 6.0])
-    for agg, want in [("token-mean", 16 / 6), ("seq-mean-token-mean", 2.5), ("seq-mean-token-sum", 8.0)]:
-        got = (per_tok * ts._token_weights(chunk, agg)).sum() / ts._loss_denominator([chunk], agg, ONE)
+    for agg, want in [("token-mean", 16 / 6), ("seq-mean-token-mean", 2.5), ("seq-mean-token-sum", 8.0), ("dr-grpo", 1.0)]:
+        got = aggregate_loss(per_tok, lengths, agg, loss_denominator(lengths, agg, max_len=8))
         assert got.item() == pytest.approx(want, rel=1e-6), agg
-    # split over micro-batches (and a dummy): the denominator is the mini-batch's, not the micro-batch's
-    assert ts._loss_denominator([chunk[:1], None, chunk[1:]], "token-mean", ONE) == 6
-    assert ts._loss_denominator([chunk[:1], None, chunk[1:]], "seq-mean-token-mean", ONE) == 2
-    assert list(ts.LOSS_AGGS) == AGGS  # the flag's choices
+        # split over two micro-batches: each divides by the mini-batch's denominator, and the shares add up
+        denom = loss_denominator(lengths[:1], agg, 8) + loss_denominator(lengths[1:], agg, 8)
+        parts = aggregate_loss(per_tok[:2], [2], agg, denom) + aggregate_loss(per_tok[2:], [4], agg, denom)
+        assert parts.item() == pytest.approx(want, rel=1e-6), agg
+    assert list(LOSS_AGGS) == AGGS and ts.parser.parse_args(["--loss-agg", "dr-grpo"]).loss_agg == "dr-grpo"
     with pytest.raises(ValueError, match="token-sum"):
-        ts._loss_denominator([chunk], "token-sum", ONE)  # not a form: no silent token-sum
+        loss_denominator(lengths, "token-sum")  # not a form: no silent token-sum
+    with pytest.raises(ValueError, match="max_len"):
+        loss_denominator(lengths, "dr-grpo")  # Dr.GRPO's constant needs the budget
+    with pytest.raises(ValueError, match="lengths sum to 5"):
+        aggregate_loss(per_tok, [1, 4], "token-mean", 6.0)
 
 
 def test_per_item_split_by_hand():

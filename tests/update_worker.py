@@ -11,6 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from update_case import ARGV, make_records, reference_grads  # noqa: E402
 
+import batching  # noqa: E402
 import train_semionline as ts  # noqa: E402
 import utils  # noqa: E402
 import vlm
@@ -31,11 +32,11 @@ share = len(sys.argv) > 3 and sys.argv[3] == "on"
 
 def collate(chunk):
     rs = chunk if chunk is not None else fallback
-    return vlm.collate_sequences([r.prompt for r in rs], [r.response_ids for r in rs], pad_id, share_prompts=share,
+    return batching.collate_sequences([r.prompt for r in rs], [r.response_ids for r in rs], pad_id, share_prompts=share,
                                  image_token_id=model.config.image_token_id)
 
 
-st = ts.ppo_step(policy, opt, mb, collate, args, d)
+st = ts.ppo_step(policy, opt, mb, collate, d, **ts.loss_config(args))
 # rows that ran on another row's head (0 without sharing): the case must exercise the shared path
 shared = sum(len(c) - len(collate(c)["head_len"]) for c in mb if c is not None) if share else 0
 worst, scale = 0.0, max(g.abs().max().item() for g in ref.values())

@@ -14,7 +14,7 @@ a byte-level BPE of `--vocab-size` tokens from the real Qwen2.5-VL tokenizer
 The corpus, in a fixed order (so the build is exact): the system prompt; for every shipped episode
 file (data/miniwob*, data/android_control/*) and every step, the text of the prompt the stages build
 (chat.build_prompt with the expert's history, special tokens cut out) and the expert's response; the
-synthetic pages of the SFT copy warm-up (train_sft.synthetic_page, seed 0). Run it from the
+synthetic pages of the SFT copy warm-up (warmup.synthetic_page, seed 0). Run it from the
 repository root; it writes assets/tiny_tokenizer/ (the tokenizer files and BUILD.json with the
 corpus hash) and refuses to overwrite a different build unless --force:
 
@@ -54,7 +54,7 @@ parser.add_argument("--force", action="store_true", help="overwrite a build whos
 
 def corpus(tokenizer, image_processor) -> list[str]:
     """The training texts (module docstring), in build order, special tokens removed."""
-    from train_sft import page_labels, synthetic_page
+    from warmup import page_labels, synthetic_page
 
     specials = chat.special_tokens(tokenizer)
 

@@ -3,22 +3,20 @@
 score is only as good as its distance from here.
 
     python eval_sop.py baselines --data data/android_control/android_control_test_uis1.jsonl
-    python tools/baselines.py --data data/android_control/android_control_test_uis1.jsonl --match-rules release
+    python eval_sop.py baselines --data data/android_control/android_control_test_uis1.jsonl --match-rules release
 
 The last stdout line is the JSON result (rates per policy and action type, and the floor).
 """
 
 import argparse
 import os
-import sys
 from collections import Counter
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
-import cli  # noqa: E402
-import dataset  # noqa: E402
-import gui  # noqa: E402
-from rollout import GROUNDING_TYPES, sop_metrics  # noqa: E402
+import cli
+import dataset
+import gui
+import reward
+from rollout import GROUNDING_TYPES, sop_metrics
 
 
 def baselines_parser() -> argparse.ArgumentParser:
@@ -27,7 +25,7 @@ def baselines_parser() -> argparse.ArgumentParser:
                           "    python eval_sop.py baselines --data data/android_control/android_control_test_uis1.jsonl",
                           prog="eval_sop.py baselines")
     p.add_argument("--data", nargs="+", required=True, type=cli.arg_type(cli.input_file), help="episode files")
-    p.add_argument("--match-rules", choices=gui.MATCH_RULES, default="strict", help="strict (ours) or release")
+    p.add_argument("--match-rules", choices=reward.MATCH_RULES, default="strict", help="strict (ours) or release")
     p.add_argument("--swipe-convention", choices=dataset.SWIPE_CONVENTIONS, default=None,
                    help="how the data files store swipes (default: declared, or known for shipped files)")
     p.add_argument("--image-root", default=None, help="screenshots folder (sizes are read from file headers)")
@@ -43,7 +41,7 @@ def trivial_policies(steps: list[tuple[dataset.Step, tuple[int, int]]], seed: in
     pixels)}. Each answers with the step's own action type (an oracle for the type, so its rate
     isolates the arguments): clicks at the centre, uniformly at random, at the most frequent expert
     point (0.04 grid, read off the data); the constant texts "", "a", "e", "the", and each text
-    type's most frequent content token (gui.content_tokens: stop words, which match nothing under
+    type's most frequent content token (reward.content_tokens: stop words, which match nothing under
     the strict rules, left out) and text; each swipe direction; each system button. "most frequent
     type" answers every step with the data's most frequent action type and trivial arguments."""
     import random
@@ -64,8 +62,8 @@ def trivial_policies(steps: list[tuple[dataset.Step, tuple[int, int]]], seed: in
     for kind in gui.TEXT_ACTIONS:
         vals = [s.action["text"] for s, _ in steps if s.action["action"] == kind]
         if vals:
-            tok = Counter(t for v in vals for t in set(gui.content_tokens(v))).most_common(1)  # a stop word scores 0
-            full = Counter(gui.normalize_text(v) for v in vals).most_common(1)
+            tok = Counter(t for v in vals for t in set(reward.content_tokens(v))).most_common(1)  # a stop word scores 0
+            full = Counter(reward.normalize_text(v) for v in vals).most_common(1)
             texts[kind] = [c for c in (tok[0][0] if tok else None, full[0][0]) if c]
     for c in ("", "a", "e", "the"):
         pol[f"text {c!r}"] = (gui.TEXT_ACTIONS, lambda s, z, c=c: {"action": s.action["action"], "text": c})
@@ -110,7 +108,7 @@ def run_baselines(episodes: list[dataset.Episode], sizes: dict, rules: str = "st
     for name, (types, fn) in pol.items():
         for s, z in steps:
             if s.action["action"] in types:
-                ok = gui.action_match(fn(s, z), s.action, s.candidate_bbox, z, rules=rules)[0]
+                ok = reward.action_match(fn(s, z), s.action, s.candidate_bbox, z, rules=rules)[0]
                 hits[name][s.action["action"]] += ok
                 per_step[name, id(s)] = ok
     rates = {name: {k: hits[name][k] / counts[k] for k in counts if k in types}

@@ -3,7 +3,7 @@ beside the trivial-policy floor of the same steps. Input lines: {episode_id, ste
 response}, coordinates in pixels of the resized screenshot; output: one JSON line per response and
 a summary (the last stdout line). Also reachable as `python eval_sop.py score ...`.
 
-    python tools/score.py --data data/android_control/android_control_test_uis1.jsonl \\
+    python eval_sop.py score --data data/android_control/android_control_test_uis1.jsonl \\
         --responses responses.jsonl --out scores.jsonl --image-size 1080x2400
 """
 from __future__ import annotations
@@ -13,13 +13,12 @@ import json
 import os
 import sys
 from collections import Counter
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
-import cli  # noqa: E402
-import dataset  # noqa: E402
-import gui  # noqa: E402
-from tools import baselines  # noqa: E402
+import baselines
+import cli
+import dataset
+import gui
+import reward
 
 input_file = cli.arg_type(cli.input_file)
 size_arg = cli.arg_type(gui.parse_size)
@@ -28,7 +27,7 @@ size_arg = cli.arg_type(gui.parse_size)
 def parser(prog: str = "score.py") -> argparse.ArgumentParser:
     p = cli.make_parser("Score recorded responses with the rule reward (docs/method.md §4). Input lines: "
                           "{episode_id, step (0-based), response}, coordinates in pixels of the resized screenshot.\n\n"
-                          "    python tools/score.py --data data/android_control/android_control_test_uis1.jsonl \\\n"
+                          "    python eval_sop.py score --data data/android_control/android_control_test_uis1.jsonl \\\n"
                           "        --responses responses.jsonl --out scores.jsonl --image-size 1080x2400",
                           prog=prog)
     p.add_argument("--data", nargs="+", required=True, type=input_file, help="episode files the responses refer to")
@@ -37,7 +36,7 @@ def parser(prog: str = "score.py") -> argparse.ArgumentParser:
                    "counted into responses_at_cap; without it, text after </action> is what marks a malformed response")
     p.add_argument("--subset", action="store_true",
                    help="allow responses that cover only some steps (default: every step of --data must be scored)")
-    p.add_argument("--match-rules", choices=gui.MATCH_RULES, default="strict", help="strict (ours) or release")
+    p.add_argument("--match-rules", choices=reward.MATCH_RULES, default="strict", help="strict (ours) or release")
     p.add_argument("--swipe-convention", choices=dataset.SWIPE_CONVENTIONS, default=None,
                    help="how the data files store swipes (default: declared, or known for shipped files)")
     p.add_argument("--out", required=True, help="JSONL of scores, one line per response")
@@ -65,7 +64,7 @@ def score(argv: list[str], prog: str = "score.py") -> dict:
                 raise dataset.DataError(f"episode id {ep.episode_id!r} is in both {index[ep.episode_id][1]} and {path}; "
                                  "score one file at a time")
             index[ep.episode_id] = (ep, path)
-    n = reward = match = type_match = at_cap = malformed = 0
+    n = reward_sum = match = type_match = at_cap = malformed = 0
     per_step = Counter()
     rows = []
     with open(args.responses, encoding="utf-8") as fin:
@@ -97,12 +96,12 @@ def score(argv: list[str], prog: str = "score.py") -> dict:
             # a recorded finish reason, where the file has one; without it, trailing text after the
             # action is what marks a looping or overlong response (strict rules: malformed)
             cut = rec.get("finish_reason") == "length" or rec.get("truncated") is True
-            s = gui.score_response(rec["response"], step, resized_size=resized, orig_size=orig, rules=args.match_rules,
+            s = reward.score_response(rec["response"], step, resized_size=resized, orig_size=orig, rules=args.match_rules,
                                    truncated=cut)
             rows.append({"episode_id": rec["episode_id"], "step": t, "reward": s.reward, "match": s.match,
                          "type_match": s.type_match, "format_ok": s.format_ok, "action": s.action, "error": s.error})
             n += 1
-            reward += s.reward
+            reward_sum += s.reward
             match += s.match
             type_match += s.type_match
             at_cap += cut
@@ -123,7 +122,7 @@ def score(argv: list[str], prog: str = "score.py") -> dict:
     eps = [ep for ep, _ in index.values()]
     sizes = baselines.step_sizes(eps, args.image_root, args.image_size)
     base = baselines.run_baselines(eps, sizes, args.match_rules)
-    return {"responses": n, "reward_mean": reward / n, "match_rate": match / n, "type_match_rate": type_match / n,
+    return {"responses": n, "reward_mean": reward_sum / n, "match_rate": match / n, "type_match_rate": type_match / n,
             "match_rules": args.match_rules, "steps_total": total, "steps_scored": len(per_step),
             "steps_unscored": len(missing), "responses_per_step_mean": n / len(per_step),
             "responses_per_step_max": max(per_step.values()), "responses_at_cap": at_cap,

@@ -1,0 +1,309 @@
+"""The rule reward of one step (docs/method.md §4): the one module a forker changes to change the reward.
+
+1. score_response: the reward of one response, eq. 4.1-4.2 (its weights are the named constants below);
+2. action_match: "is the step right", THE match of reward, patching, returns and SOP, one rule per
+   action type (RULES; each registered action in gui.ACTIONS names its rule), under the strict rules
+   or the release's (release.py);
+3. the text normalisation the text rule compares under;
+4. reward shaping beyond the match (DAPO's overlong penalty): shaped_reward, the one place the
+   trainer's reward differs from score_response's.
+Imports no torch: the reward of a response is pure Python over its text.
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from collections import Counter
+from dataclasses import dataclass
+
+from gui import ACTIONS, check_action, parse_response, scale_action, swipe_direction
+from release import ReleaseError, release_check, release_parse, think_block
+
+# eq. 4.1: r = FORMAT_WEIGHT * s_format + ACTION_WEIGHT * s_action (paper and release: 0.1, 0.9)
+FORMAT_WEIGHT = 0.1
+ACTION_WEIGHT = 0.9
+# eq. 4.2: s_action of a full match, of the right type with wrong arguments, of a wrong type (release)
+SCORE_MATCH = 1.0
+SCORE_TYPE_ONLY = 0.5
+SCORE_WRONG_TYPE = 0.1
+BBOX_ENLARGE = 1.2          # release: candidate boxes enlarged 1.2x about their centre
+POINT_DISTANCE = 0.04       # release: normalised distance threshold for clicks (eq. 4.3)
+#
+# Two rule sets, one function (action_match). "strict" (the default everywhere: reward, patching,
+# returns, SOP, static metrics) is built so that trivial policies score near zero on the shipped
+# AndroidControl test file while legitimate near-hits still match; "release" reproduces the UI-S1
+# release's SOP scoring as it ran, exceptions included (release_check, below), so a figure can be
+# put next to the paper's. Measured on the
+# 1,262 test episodes (`python eval_sop.py baselines --data FILE`, README "Reward rules and
+# trivial-policy floors"):
+# - clicks. The release accepts a point inside ANY candidate box enlarged 1.2x; 26% of those boxes
+#   cover > 10% of the screen (whole-screen containers), so an always-centre click matched 26.1% of
+#   click steps and a uniform random one 22.6%. Strict keeps only the TARGET's box, the smallest
+#   candidate box that contains the expert point, and only if it covers <= 10% of the screen
+#   (a full-width list row of 240 px on a 1080x2400 phone still counts); else distance alone.
+#   Centre 3.9%, random 3.1%; distance alone (the release's rules) gives 2.5% and 0.5%.
+# - texts. Containment let the constant "a" match 81% of type steps. Strict compares texts after
+#   Unicode normalisation (normalize_text) by token F1 >= 0.5 over lower-cased whitespace tokens
+#   with edge punctuation stripped (an e-mail address or URL is ONE token, so "com" cannot farm
+#   them): "Chrome" for "Google Chrome" is F1 2/3, a match; an empty expert text matches only an
+#   empty prediction. Function words carry no name: over all tokens the constant "the" had F1 0.5
+#   against three-word names ("The Weather Channel") and matched 1.2% of the test file's `open`
+#   steps (5.3% on held-back episodes), so the F1 is over CONTENT tokens (STOP_WORDS removed; now
+#   0.0%), falling back to all tokens only when the expert text has no content token ("For Her").
+# - the end of a response. Only the first action is read, so a response that repeated its right
+#   action until the token cap, or added a second one, earned the full reward and put its junk in
+#   the history: strict requires a response to end after its action (score_response, truncated).
+
+MATCH_RULES = ("strict", "release")
+MAX_BOX_FRACTION = 0.10     # strict: a target box covering more of the screen than this is not used
+TEXT_F1 = 0.5               # strict: token F1 threshold for type/answer/key/open
+
+# typographic variants folded before NFKC (NFKC alone keeps curly quotes and turns the acute accent
+# U+00B4, used as an apostrophe in AndroidControl texts, into a space and a combining accent)
+_QUOTE_FOLD = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u2032": "'", "\u00b4": "'",
+                             "\u0060": "'", "\u02bc": "'", "\u02b9": "'", "\uff07": "'",
+                             "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u201f": '"', "\u2033": '"',
+                             "\u00ab": '"', "\u00bb": '"', "\uff02": '"'})
+
+
+def normalize_text(text: str) -> str:
+    """The form in which texts are compared: quote and apostrophe variants folded to ' and ",
+    NFKC (full-width forms, ligatures, non-breaking spaces), invisible format characters removed
+    (soft hyphen, zero-width spaces and joiners, BOM, bidi marks: Unicode category Cf), lower-cased,
+    runs of whitespace collapsed to one space, stripped. 'Audio\\u00admack' -> 'audiomack'."""
+    t = unicodedata.normalize("NFKC", text.translate(_QUOTE_FOLD))
+    t = "".join(c for c in t if unicodedata.category(c) != "Cf")
+    return " ".join(t.lower().split())
+
+
+def text_tokens(text: str) -> list[str]:
+    """Word tokens of normalize_text(text): whitespace-separated, leading/trailing punctuation
+    stripped, empty tokens dropped ("Hello, world!" -> ["hello", "world"]; "a.b@c.com" stays one)."""
+    out = []
+    for w in normalize_text(text).split(" "):
+        i, j = 0, len(w)
+        while i < j and unicodedata.category(w[i])[0] in "PS":
+            i += 1
+        while j > i and unicodedata.category(w[j - 1])[0] in "PS":
+            j -= 1
+        if i < j:
+            out.append(w[i:j])
+    return out
+
+
+# Function words (English): articles, the commonest prepositions and conjunctions, possessive
+# determiners. Alone they name nothing, so the strict text rule scores content tokens only. Kept
+# small on purpose: every word here is one a real name may also hold ("Bank of America" still
+# matches on "bank america").
+STOP_WORDS = frozenset((
+    "a", "an", "the",
+    "of", "to", "in", "on", "at", "for", "from", "with", "by", "into", "as",
+    "and", "or",
+    "my", "your", "his", "her", "its", "our", "their", "this", "that",
+))
+
+
+def content_tokens(text: str) -> list[str]:
+    """text_tokens(text) without STOP_WORDS ("The Weather Channel" -> ["weather", "channel"])."""
+    return [t for t in text_tokens(text) if t not in STOP_WORDS]
+
+
+def text_f1(pred: str, expert: str) -> float:
+    """SQuAD-style token F1 (multiset overlap) of pred against expert, in [0, 1], over CONTENT
+    tokens (content_tokens: stop words removed), so "the" scores 0 against "The Weather Channel"
+    and "Chrome" 2/3 against "Google Chrome". An expert text whose tokens are all stop words is
+    compared over all its tokens ("for her app" against "For Her" is 0.8). Texts with no word tokens
+    (empty, or punctuation only) score 1.0 when their normalised forms are equal, else 0.0."""
+    p, e = text_tokens(pred), text_tokens(expert)
+    if not p or not e:
+        return float(normalize_text(pred) == normalize_text(expert))
+    e_content = [t for t in e if t not in STOP_WORDS]
+    if e_content:  # a prediction of stop words alone has no content token: F1 0
+        p, e = [t for t in p if t not in STOP_WORDS], e_content
+    common = sum((Counter(p) & Counter(e)).values())
+    if common == 0:
+        return 0.0
+    prec, rec = common / len(p), common / len(e)
+    return 2 * prec * rec / (prec + rec)
+
+
+def _text_match(pred: str, expert: str) -> bool:
+    """The strict text rule: normalize_text forms equal, or content-token F1 >= TEXT_F1."""
+    p, e = normalize_text(pred), normalize_text(expert)
+    if p == e:
+        return True
+    if not e or not p:  # an empty expert text matches only an empty prediction, and vice versa
+        return False
+    return text_f1(pred, expert) >= TEXT_F1
+
+
+def _in_box(x, y, box, enlarge=1.0) -> bool:
+    x1, y1, x2, y2 = box
+    cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+    hw, hh = (x2 - x1) * enlarge / 2, (y2 - y1) * enlarge / 2
+    return cx - hw <= x <= cx + hw and cy - hh <= y <= cy + hh
+
+
+def target_box(expert_pt, candidate_bbox, image_size: tuple[int, int]) -> list | None:
+    """The strict rules' target: the smallest candidate box (x1, y1, x2, y2) that contains the
+    expert point, if it covers at most MAX_BOX_FRACTION of the image (W, H); else None."""
+    inside = [b for b in candidate_bbox or () if _in_box(expert_pt[0], expert_pt[1], b)]
+    if not inside:
+        return None
+    box = min(inside, key=lambda b: (b[2] - b[0]) * (b[3] - b[1]))
+    w, h = image_size
+    return box if (box[2] - box[0]) * (box[3] - box[1]) <= MAX_BOX_FRACTION * w * h else None
+
+
+def _point_match(pt, expert_pt, candidate_bbox, image_size) -> bool:
+    x, y = pt
+    w, h = image_size
+    # math.hypot: no overflow on absurd coordinates from a model
+    if math.hypot((x - expert_pt[0]) / w, (y - expert_pt[1]) / h) <= POINT_DISTANCE:
+        return True
+    box = target_box(expert_pt, candidate_bbox, image_size)
+    return box is not None and _in_box(x, y, box, BBOX_ENLARGE)
+
+
+def action_match(pred: dict | None, expert: dict, candidate_bbox, image_size: tuple[int, int], *,
+                 rules: str = "strict") -> tuple[bool, bool]:
+    """(match, type_match) of a predicted action against the expert's: THE match function of reward,
+    patching, returns, SOP and static metrics. Both actions, the candidate boxes (x1, y1, x2, y2) and
+    image_size (W, H) are in the SAME pixel space; swipes are finger paths.
+    rules="strict" (default):
+    - wait, terminate: the type alone;  system_button: same button, case-insensitive;
+    - type/answer/key/open: normalize_text forms equal, or content-token F1 >= TEXT_F1 (0.5,
+      text_f1: stop words alone match nothing); an empty expert text matches only an empty prediction;
+    - swipe: same dominant finger direction;
+    - click/long_press: normalised Euclidean distance to the expert point <= 0.04, or inside the
+      target box (target_box: smallest box holding the expert point, <= 10% of the screen)
+      enlarged 1.2x about its centre.
+    rules="release": release_check, the UI-S1 release's SOP check as it ran (docs/method.md §4):
+    clicks by distance alone, texts by containment, any swipe; `pred` is its raw JSON (any dict),
+    and a prediction on which the release's code raises is (False, False) here (score_response
+    reports it as Score.error, the SOP walk zeroes the episode's progress).
+    Raises ValueError on unknown rules."""
+    if rules not in MATCH_RULES:
+        raise ValueError(f"rules: expected one of {MATCH_RULES}, got {rules!r}")
+    if rules == "release":
+        if not isinstance(pred, dict):
+            return False, False
+        try:
+            type_match, match = release_check(pred, expert, image_size, image_size)
+        except ReleaseError:
+            return False, False
+        return match, type_match
+    if pred is None or pred.get("action") != expert["action"]:
+        return False, False
+    spec = ACTIONS.get(expert["action"])
+    try:
+        ok = spec is not None and RULES[spec.rule](pred, expert, candidate_bbox, image_size)
+    except (KeyError, TypeError, ValueError, AttributeError):  # a hand-made pred dict missing its fields
+        ok = False
+    return bool(ok), True
+
+
+
+# The strict rules, one per kind of argument (gui.ACTIONS[kind].rule names one). Each takes the
+# predicted and expert actions (same type), the candidate boxes and the image size (W, H), all in
+# the same pixel space, and returns the full match. A new rule is a function here and a RULES entry.
+
+def rule_type(pred, expert, candidate_bbox, image_size) -> bool:
+    """wait, terminate: the type alone."""
+    return True
+
+
+def rule_button(pred, expert, candidate_bbox, image_size) -> bool:
+    """system_button: the same button, case-insensitive."""
+    return pred["button"].strip().lower() == expert["button"].strip().lower()
+
+
+def rule_text(pred, expert, candidate_bbox, image_size) -> bool:
+    """type, answer, key, open: _text_match (normalised forms equal, or content-token F1 >= TEXT_F1)."""
+    return _text_match(pred["text"], expert["text"])
+
+
+def rule_direction(pred, expert, candidate_bbox, image_size) -> bool:
+    """swipe: the same dominant finger direction (a zero-length swipe has none)."""
+    d = swipe_direction(pred["coordinate"], pred["coordinate2"])
+    return d is not None and d == swipe_direction(expert["coordinate"], expert["coordinate2"])
+
+
+def rule_point(pred, expert, candidate_bbox, image_size) -> bool:
+    """click, long_press: eq. 4.3 distance, or inside the target box enlarged (_point_match)."""
+    return _point_match(pred["coordinate"], expert["coordinate"], candidate_bbox, image_size)
+
+
+RULES = {"type": rule_type, "button": rule_button, "text": rule_text, "direction": rule_direction,
+         "point": rule_point}
+
+
+@dataclass
+class Score:
+    reward: float       # 0.1 * format + 0.9 * action score; 0 when the response is malformed
+    match: bool         # full match: the step is "right"
+    type_match: bool
+    format_ok: bool     # non-empty think block
+    action: dict | None  # the parsed action in ORIGINAL pixels (None when nothing valid parsed)
+    error: str | None = None  # why the response is malformed (reward 0); None when well-formed
+
+
+def score_response(text: str, step, *, resized_size: tuple[int, int], orig_size: tuple[int, int],
+                   rules: str = "strict", truncated: bool = False) -> Score:
+    """The rule reward of one step (docs/method.md §4), the one function used everywhere.
+    `text` is a model response with coordinates in pixels of the resized screenshot (W, H) =
+    resized_size; the step's expert action and boxes are in original pixels, orig_size = (W, H)
+    (original_size(step) decides it). truncated: the sampler stopped at its token cap instead of a
+    stop token (rollout: SampleOutput.finish_reason != "stop"; `score`: a recorded finish_reason).
+
+    rules="strict": a response is well-formed only if it ENDS after its action: not truncated, and
+    nothing but whitespace after the first </action> (parse_response's error). A malformed response
+    scores 0 with match False, error saying why; so looping to the cap, or a second action after
+    the first, earns nothing. rules="release": the release's parse and check (release_parse,
+    release_check); truncation is not looked at (the release read the first action whatever
+    followed); a response on which the release's code raises scores 0 with error = what it trips
+    on (eval_sop then sets the episode's SOP progress to 0, as the release did). Never raises."""
+    if rules == "release":
+        format_ok = bool(think_block(text))  # the release: the first think block anywhere
+        try:
+            raw = release_parse(text)
+            type_match, match = release_check(raw, step.action, resized_size, orig_size)
+        except ReleaseError as e:
+            return Score(0.0, False, False, format_ok, None, str(e))
+        try:  # for reports: the action in original pixels, where it is one of ours ([x, y, 0] is not)
+            pred = scale_action(check_action(raw), resized_size, orig_size)
+        except (ValueError, TypeError):
+            pred = None
+    else:
+        if rules not in MATCH_RULES:
+            raise ValueError(f"rules: expected one of {MATCH_RULES}, got {rules!r}")
+        p = parse_response(text)
+        format_ok = bool(p.thought)
+        pred = None if p.action is None else scale_action(p.action, resized_size, orig_size)
+        error = "cut at the token cap" if truncated else p.error
+        if error is not None:
+            return Score(0.0, False, False, format_ok, pred, error)
+        match, type_match = action_match(pred, step.action, step.candidate_bbox, orig_size, rules=rules)
+    act = SCORE_MATCH if match else (SCORE_TYPE_ONLY if type_match else SCORE_WRONG_TYPE)
+    return Score(FORMAT_WEIGHT * float(format_ok) + ACTION_WEIGHT * act, match, type_match, format_ok, pred)
+
+
+# -----------------------------------------------------------------------------
+# Reward shaping: what the trainer adds to score_response's reward (nothing by default)
+
+def overlong_penalty(length: int, max_new_tokens: int, buffer: int) -> float:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), added to a response's reward with
+    --overlong-buffer: 0 up to max_new_tokens - buffer tokens, then falling linearly to -1 at
+    max_new_tokens (a response cut at the cap: -1). length counts the response's tokens, stop
+    token included. buffer 0: no penalty."""
+    if buffer <= 0 or length <= max_new_tokens - buffer:
+        return 0.0
+    return max(-1.0, (max_new_tokens - buffer - length) / buffer)
+
+
+def shaped_reward(reward: float, length: int, *, max_new_tokens: int, overlong_buffer: int = 0) -> float:
+    """The reward the trainer's returns use for one response: score_response's `reward` (eq. 4.1)
+    plus every shaping term (today DAPO's overlong penalty, 0 unless overlong_buffer > 0). length:
+    the response's tokens, stop token included. A reward fork that is not a match rule goes here."""
+    return reward + overlong_penalty(length, max_new_tokens, overlong_buffer)
