@@ -145,6 +145,8 @@ parser.add_argument("--max-steps", type=int, default=12, help="training steps")
 parser.add_argument("--out", default="out/semionline", help="output folder (checkpoints, metrics.jsonl, args.json)")
 parser.add_argument("--tensorboard", default=None, help="also log the metrics as TensorBoard scalars in this folder (pip install tensorboard)")
 parser.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: at the end only)")
+parser.add_argument("--keep-checkpoints", type=int, default=2,
+                    help="keep the newest N checkpoints (0: every one, e.g. for a dose-response over the steps)")
 parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
 parser.add_argument("--seed", type=int, default=0, help="seed of task order, sampling and the tiny model's init")
 parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to run")
@@ -416,7 +418,7 @@ def main(argv=None):
         stop = args.stop_after is not None and step + 1 - start_step >= args.stop_after
         if stop or step + 1 == args.max_steps or (args.save_every and (step + 1) % args.save_every == 0):
             utils.save_checkpoint(out / "ckpt", policy, tokenizer, vars(args), optimizer=optimizer,
-                                  extra={"step": step + 1, "schedule": schedule}, adapter=adapter)
+                                  extra={"step": step + 1, "schedule": schedule}, adapter=adapter, keep=args.keep_checkpoints)
         if stop:
             break
 

@@ -93,6 +93,8 @@ parser.add_argument("--eval-every", type=int, default=50, help="validation loss 
 parser.add_argument("--out", default="out/sft", help="output folder (ckpt/, metrics.jsonl, args.json)")
 parser.add_argument("--tensorboard", default=None, help="also log the metrics as TensorBoard scalars in this folder (pip install tensorboard)")
 parser.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: at the end only)")
+parser.add_argument("--keep-checkpoints", type=int, default=2,
+                    help="keep the newest N checkpoints (0: every one, e.g. for a dose-response over the steps)")
 parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out/ckpt")
 parser.add_argument("--seed", type=int, default=0, help="seed of data order, split and the tiny model's init")
 parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to run")
@@ -302,7 +304,7 @@ def main(argv=None):
                          f"| gnorm {last['grad_norm']:.2f} | {last['tok_s']:.0f} tok/s")
         if step + 1 == args.max_steps or (args.save_every and (step + 1) % args.save_every == 0):
             utils.save_checkpoint(out / "ckpt", policy, tokenizer, vars(args), optimizer=optimizer, extra={"step": step + 1},
-                                  adapter=adapter)
+                                  adapter=adapter, keep=args.keep_checkpoints)
 
     # -------------------------------------------------------------------------
     # cleanup

@@ -121,7 +121,7 @@ def save_checkpoint(out_dir: str | os.PathLike, model, tokenizer, args: dict, *,
                     extra: dict | None = None, keep: int = 2, adapter=None) -> Path | None:
     """Write out_dir/step_XXXXXX/ (Hugging Face layout, args.json, trainer_state.json = extra with
     "step"; with an optimizer also optimizer.pt and every rank's RNG state), atomically (a finished
-    temporary folder renamed into place, then os.replace of out_dir/latest); keep the newest `keep`.
+    temporary folder renamed into place, then os.replace of out_dir/latest); keep the newest `keep` (0: every one).
     adapter: the PeftModel of a LoRA run (lora.apply_lora): the folder then holds the adapter in
     PEFT's layout (lora.save_adapter) instead of the model's weights.
     Collective (plain or FSDP2 model; rank 0 writes). Returns the folder on rank 0, else None."""
@@ -169,7 +169,7 @@ def save_checkpoint(out_dir: str | os.PathLike, model, tokenizer, args: dict, *,
     (out_dir / f".latest.{os.getpid()}").write_text(final.name)
     os.replace(out_dir / f".latest.{os.getpid()}", out_dir / "latest")
     old = sorted(p for p in out_dir.glob("step_*") if p.is_dir() and p != final)
-    for p in old[:-keep + 1] if keep > 1 else old:
+    for p in [] if keep <= 0 else old[:-keep + 1] if keep > 1 else old:
         shutil.rmtree(p, ignore_errors=True)
     return final
 

@@ -290,3 +290,21 @@ def test_kill_during_checkpoint_keeps_previous(tmp_path):
     ref = vlm.load_model("tiny")
     for (k, a), b in zip(model.state_dict().items(), ref.state_dict().values()):
         assert torch.equal(a, b), k  # the step-1 weights, not the +1 ones
+
+
+def test_keep_checkpoints(tmp_path):
+    """save_checkpoint keeps the newest `keep` step folders (the trainers' --keep-checkpoints, default 2);
+    keep 0 keeps every one (a dose-response evaluates the intermediate steps)."""
+    import train_semionline
+    import train_sft
+    import utils
+
+    model = vlm.load_model("tiny:32x1")
+    for keep, want in ((2, ["step_000003", "step_000004"]), (0, ["step_000001", "step_000002", "step_000003", "step_000004"])):
+        out = tmp_path / f"keep{keep}"
+        for step in range(1, 5):
+            utils.save_checkpoint(out, model, None, {}, extra={"step": step}, keep=keep)
+        assert sorted(p.name for p in out.glob("step_*")) == want
+        assert (out / "latest").read_text().strip() == "step_000004"
+    for p in (train_sft.parser, train_semionline.parser):
+        assert p.parse_args([]).keep_checkpoints == 2 and p.parse_args(["--keep-checkpoints", "0"]).keep_checkpoints == 0
