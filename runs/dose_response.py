@@ -1,0 +1,149 @@
+"""Dose-response of RL on the greedy policy: online success on the same test episodes at several RL
+steps of several arms, against the starting (SFT) checkpoint, and the *conversion* of the episodes
+the start could be flipped on.
+
+Input: eval_sop.py --online result folders (their online_episodes.jsonl: one row per (task, seed)).
+The start (`--start DIR`) should have been evaluated with `--samples K --temperature T`: its
+flippable episodes (greedy fails, one of the K samples succeeds) are the ceiling of what RL can do to
+the greedy policy (Yue et al. 2025, arXiv 2504.13837: RLVR raises pass@1 towards the start's pass@k).
+For every checkpoint (`--point ARM STEP DIR`, repeatable) it reports, on the episodes every folder
+played:
+  - greedy success k/n with its 95% Wilson interval;
+  - the paired difference to the start (bootstrap interval, exact McNemar p, discordant pairs);
+  - conversion: of the start's flippable episodes, the fraction this checkpoint solves greedily;
+    lost: of the start's greedy successes, the fraction it fails.
+Writes OUT.json, OUT.md and OUT.png (success against RL step per arm, intervals as bars); prints the
+JSON summary as its last line.
+
+    python runs/dose_response.py --start out/eval/sft_test --point semionline 24 out/eval/semi_24 \\
+        --point semionline 72 out/eval/semi_72 --point offline 72 out/eval/off_72 --out results/dose_response
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (stats reads eval_sop's wilson)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from stats import paired_binary, wilson  # noqa: E402
+
+
+def read_episodes(folder: str) -> dict[tuple[str, int], dict]:
+    """{(task, seed): row} of an eval_sop.py --online folder's online_episodes.jsonl. Raises SystemExit
+    naming the file and line of a missing file, bad JSON or a row without task/seed/success."""
+    path = Path(folder) / "online_episodes.jsonl"
+    if not path.is_file():
+        raise SystemExit(f"{path}: no such file (run eval_sop.py --online --out {folder})")
+    out = {}
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            out[(str(row["task"]), int(row["seed"]))] = row
+            bool(row["success"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"{path}: line {i}: {type(e).__name__}: {e} (expected task, seed, success)") from None
+    return out
+
+
+def summarize(start: dict, points: list[tuple[str, int, dict]]) -> dict:
+    """The dose-response table (module docstring) on the (task, seed) keys every folder holds.
+    start: read_episodes of the start; points: (arm, step, read_episodes) per checkpoint. The start is
+    each arm's step 0. Raises SystemExit when the folders share no episode."""
+    keys = sorted(set(start).intersection(*(set(p[2]) for p in points)))
+    if not keys:
+        raise SystemExit("dose_response: the folders share no (task, seed) episode")
+    g0 = [int(bool(start[k]["success"])) for k in keys]
+    samples = [start[k].get("sampled_success") for k in keys]
+    flippable = [i for i, k in enumerate(keys) if not g0[i] and any(samples[i] or [])]
+    solved = [i for i in range(len(keys)) if g0[i]]
+
+    def row(arm, step, g):
+        k = sum(g)
+        lo, hi = wilson(k, len(g))
+        out = {"arm": arm, "step": step, "successes": k, "episodes": len(g), "success": k / len(g), "ci95": [lo, hi]}
+        if step > 0:
+            cmp = paired_binary(g, g0)
+            out.update(diff=cmp["diff"], diff_ci95=cmp["diff_ci95"], p_mcnemar=cmp["p_mcnemar"], discordant=cmp["discordant"])
+        out["converted"] = sum(g[i] for i in flippable)
+        out["lost"] = sum(1 - g[i] for i in solved)
+        return out
+
+    rows = []
+    for arm in dict.fromkeys(p[0] for p in points):
+        rows.append(row(arm, 0, g0))
+        for a, step, eps in sorted((p for p in points if p[0] == arm), key=lambda p: p[1]):
+            rows.append(row(a, step, [int(bool(eps[k]["success"])) for k in keys]))
+    per_task = {t: sum(g0[i] for i, k in enumerate(keys) if k[0] == t) for t in dict.fromkeys(k[0] for k in keys)}
+    return {"episodes": len(keys), "tasks": sorted({k[0] for k in keys}), "start_successes_per_task": per_task,
+            "start_sampled": any(s is not None for s in samples), "flippable": len(flippable),
+            "start_successes": len(solved), "rows": rows}
+
+
+def markdown(summary: dict) -> str:
+    lines = [f"Dose-response on {summary['episodes']} test episodes ({', '.join(summary['tasks'])}); the start's "
+             f"greedy successes {summary['start_successes']}, flippable {summary['flippable']}"
+             + ("" if summary["start_sampled"] else " (the start was not evaluated with --samples)") + ".", "",
+             "| arm | RL step | greedy success [95%] | vs start [95%], McNemar p | converted (of flippable) | lost (of start's successes) |",
+             "|---|---|---|---|---|---|"]
+    for r in summary["rows"]:
+        vs = (f"{r['diff']:+.3f} [{r['diff_ci95'][0]:+.3f}, {r['diff_ci95'][1]:+.3f}], p {r['p_mcnemar']:.2g}"
+              if r["step"] else "")
+        lines.append(f"| {r['arm']} | {r['step']} | {r['successes']}/{r['episodes']} = {r['success']:.3f} "
+                     f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] | {vs} | {r['converted']}/{summary['flippable']} | "
+                     f"{r['lost']}/{summary['start_successes']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(path: Path, summary: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for j, arm in enumerate(dict.fromkeys(r["arm"] for r in summary["rows"])):
+        rs = [r for r in summary["rows"] if r["arm"] == arm]
+        x = [r["step"] + 0.6 * j for r in rs]  # a small offset: the arms' bars do not hide each other
+        y = [r["success"] for r in rs]
+        err = [[r["success"] - r["ci95"][0] for r in rs], [r["ci95"][1] - r["success"] for r in rs]]
+        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=arm)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel(f"greedy online success ({summary['episodes']} test episodes)")
+    ax.set_title("dose-response (95% Wilson intervals)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--start", required=True, help="eval_sop.py --online folder of the starting checkpoint (with --samples)")
+    p.add_argument("--point", nargs=3, action="append", required=True, metavar=("ARM", "STEP", "DIR"),
+                   help="an RL checkpoint's eval_sop.py --online folder, its arm name and RL step (repeatable)")
+    p.add_argument("--out", required=True, help="output path without suffix (.json, .md, .png are written)")
+    args = p.parse_args(argv)
+    points = []
+    for arm, step, folder in args.point:
+        try:
+            points.append((arm, int(step), read_episodes(folder)))
+        except ValueError:
+            p.error(f"--point {arm} {step} {folder}: STEP must be an integer")
+    summary = summarize(read_episodes(args.start), points)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(summary, indent=1))
+    out.with_suffix(".md").write_text(markdown(summary))
+    plot(out.with_suffix(".png"), summary)
+    print(markdown(summary))
+    print(json.dumps(summary), flush=True)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
