@@ -44,10 +44,11 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from kernels import group_normalize
+from kernels.group_norm import MODES as GROUP_NORM_MODES
 
 RETURNS_FORMS = ("paper", "release")
 EPISODE_FORMS = ("paper", "release")
-NORMS = ("mean_std", "mean")  # group normalisation: the paper's, or Dr.GRPO's mean-only (kernels.group_normalize modes)
+NORMS = GROUP_NORM_MODES  # group normalisation: the paper's mean_std, or Dr.GRPO's mean-only
 
 # -----------------------------------------------------------------------------
 # small helpers

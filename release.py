@@ -6,14 +6,13 @@ bending the other. Pure Python; reward.action_match and reward.score_response ca
 from __future__ import annotations
 
 import json
-import re
 
 import numpy as np
 
+from gui import _ACTION_RE, _THINK_RE  # the tags' patterns; the release searches them anywhere in the text
+
 POINT_DISTANCE = 0.04   # the release's click threshold, normalised (eq. 4.3 without boxes)
 TEXT_TYPES = ("type", "answer", "key", "open")  # checked by containment (answer, key: ours, see below)
-_THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
-_ACTION_RE = re.compile(r"<action>(.*?)</action>", re.DOTALL)
 
 
 def think_block(text) -> str | None:
