@@ -33,15 +33,22 @@ Engine design (what it does that `model.generate` does not):
      (`decode="graph"`, the default there; gpt-fast's decode, without torch.compile): a step of the
      eager loop launches some 15 kernels per layer from Python, and at 64 rows a small model waits
      on those launches, not on memory. A graph needs fixed addresses, shapes and no host sync, so
-     `_StaticDecode` keeps every decode input in a fixed buffer updated in place (KV cache, validity
+     `StaticDecode` keeps every decode input in a fixed buffer updated in place (KV cache, validity
      mask, positions, ids, the write slot as a tensor) and runs the rows in power-of-two buckets:
      a stopped row stays as a dead row until the live ones fit the next smaller bucket. The token
      draw stays eager (it reads a host-side random stream per row). `decode="static"` runs the same
      step without capture (how CPU tests check it against the eager loop, the reference).
-  8. On CPU a decode step of a Qwen2-style decoder runs `_LeanStep`: the same math on the model's
+  8. On CPU a decode step of a Qwen2-style decoder runs `LeanStep`: the same math on the model's
      own weights with q|k|v and gate|up fused into one GEMM each and one attention call per layer,
      about a third of the transformers forward's ops (what a one-token CPU step is bound by). The
      transformers forward stays the prefill and the reference (`lean=False`; tested equal).
+  9. The lean eager decode attends over a prompt grid (`CascadeDecode`; cascade attention): the
+     samples of one prompt share its prefill KV, read ONCE per step for all of them in one GEMM per
+     (prompt, KV head), their own tokens interleaved after it and masked so each row sees its own.
+     A row-per-sample cache reads the prompt's K0 keys once per sample (n = 8 rollouts: 8x), and a
+     decode step of a small model is bound by that read. Static and graph decode keep the per-row
+     layout (fixed buffers, design note 7).
+The decode states of notes 5 and 7-9 live in decode.py; this file prefills, loops and draws.
 """
 from __future__ import annotations
 
@@ -49,16 +56,16 @@ import hashlib
 import itertools
 import math
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache
 
 from batching import image_runs
+from decode import CascadeDecode, EagerDecode, LeanStep, SlotLayer, StaticDecode, bucket
 from vlm import STOP_TOKENS, VISION_TOKENS, cache_attention_mask, pad_token_id
 
 DECODE_MODES = ("auto", "eager", "static", "graph")  # Sampler(decode=...): engine design note 7
@@ -167,212 +174,6 @@ def _cat_rows(parts: list[tuple[DynamicCache, torch.Tensor]]):
     return DynamicCache(ddp_cache_data=kvs), valid
 
 
-class _SlotLayer(DynamicLayer):
-    """Decode-time KV of one layer: keys, values (R, H, K, D) buffers written in place at `slot`,
-    a (1,) long tensor shared by all layers and advanced by the decode loop (gpt-fast's static
-    cache). Attention reads the whole buffer and the validity mask hides the slots not written yet,
-    so a step copies nothing (DynamicLayer re-concatenates all K); the slot being a tensor, not a
-    Python int, is what lets a CUDA graph replay the write at every step."""
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, slot: torch.Tensor):
-        super().__init__()
-        self.keys, self.values, self.slot = keys, values, slot
-        self.device, self.is_initialized = keys.device, True
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        self.keys.index_copy_(2, self.slot, key_states)          # (R, H, 1, D) into slot
-        self.values.index_copy_(2, self.slot, value_states)
-        return self.keys, self.values
-
-
-class _LeanStep:
-    """One decode step of a Qwen2 / Qwen2.5-VL text decoder on its own weights (engine design note 8):
-    per layer an RMSNorm, ONE fused q|k|v GEMM, rotary on q and k together, the KV write at the slot,
-    attention over the row's cache as two batched GEMVs (q K^T + mask bias, softmax, P V), o_proj, an RMSNorm, ONE fused gate|up GEMM, SiLU-and-mul,
-    down_proj; then the final norm and the lm_head. The transformers forward does the same math
-    through module calls, per-call mask and cache handling and mrope's per-section split (~3x the ops
-    of a one-token step; the tiny models' CPU decode is bound by them). A decoded token is text, so
-    its three mrope components are equal and mrope reduces to 1-D rope at that position.
-
-    Built inside one generate call from the weights then (fused copies: an RL update changes them).
-    `supports(model)` says whether the model has this shape (Qwen2-style layers, SiLU MLP, default
-    rope, no sliding window, plain tensors, not FSDP's DTensors); the Sampler falls back to the
-    transformers forward otherwise. Tested against it: same tokens, logprobs within 1e-5 (fp32)."""
-
-    def __init__(self, model):
-        text = _text_model(model)
-        cfg = model.config.get_text_config()
-        self.nq, self.nkv = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.nq
-        self.H, self.eps = cfg.hidden_size, cfg.rms_norm_eps
-        self.embed, self.lm_head = text.embed_tokens.weight, model.lm_head.weight
-        self.norm = text.norm.weight
-        self.inv_freq, self.scaling = text.rotary_emb.inv_freq.float(), float(text.rotary_emb.attention_scaling)
-        self.layers = []
-        for layer in text.layers:
-            a, m = layer.self_attn, layer.mlp
-            self.layers.append((layer.input_layernorm.weight,
-                                torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),   # (nq+2nkv)D x H
-                                torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]) if a.q_proj.bias is not None else None,
-                                a.o_proj.weight, layer.post_attention_layernorm.weight,
-                                torch.cat([m.gate_proj.weight, m.up_proj.weight]), m.down_proj.weight))  # 2I x H
-
-    @staticmethod
-    def supports(model) -> bool:
-        """True when the model is a Qwen2-style decoder whose math is exactly what __call__ computes:
-        plain nn.Linear projections (not PEFT's adapter layers, whose .weight is the base weight
-        alone), RMSNorms, SiLU MLP, default rope, no sliding window, plain (unsharded) tensors, and
-        no forward hook on the modules a decode step runs (a hook could change their output; FSDP2's
-        own hooks are skipped: sampling_mode has unsharded every weight)."""
-        from torch.distributed.fsdp import FSDPModule
-
-        text, cfg = _text_model(model), model.config.get_text_config()
-        try:
-            layers = list(text.layers)
-            linears = [getattr(l.self_attn, n) for l in layers for n in ("q_proj", "k_proj", "v_proj", "o_proj")] + \
-                [getattr(l.mlp, n) for l in layers for n in ("gate_proj", "up_proj", "down_proj")] + [model.lm_head]
-            norms = [n for l in layers for n in (l.input_layernorm, l.post_attention_layernorm)] + [text.norm]
-            rope = (getattr(cfg, "rope_scaling", None) or getattr(cfg, "rope_parameters", None) or {}).get("rope_type", "default")
-            text.rotary_emb.inv_freq, text.embed_tokens.weight  # noqa: B018  (present)
-        except (AttributeError, TypeError):
-            return False
-        modules = [m for m in (model, *model.modules()) if not isinstance(m, FSDPModule)]
-        hooked = any(m._forward_hooks or m._forward_pre_hooks for m in modules) or \
-            bool(torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks)
-        return (bool(layers) and all(type(m) is torch.nn.Linear for m in linears)
-                and all(tuple(n.weight.shape) == (cfg.hidden_size,) for n in norms)
-                and all(type(p) in (torch.nn.Parameter, torch.Tensor) for p in model.parameters())
-                and rope == "default" and cfg.hidden_act == "silu" and not hooked
-                and not getattr(cfg, "use_sliding_window", False))
-
-    def __call__(self, cache, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """ids (R, 1) long, pos (3, R, 1) or (R, 1) long, mask (R, 1, 1, K) bool over the cache's
-        slots (the new one included); writes each layer's k, v at the cache's slot. -> logits (R, V)."""
-        R, nq, nkv, D = ids.shape[0], self.nq, self.nkv, self.D
-        p = (pos[0] if pos.dim() == 3 else pos).reshape(R, 1).float()               # (R, 1)
-        freqs = p * self.inv_freq.to(p.device)                                        # (R, D/2)
-        emb = torch.cat([freqs, freqs], dim=-1)                                       # (R, D)
-        cos, sin = (emb.cos() * self.scaling)[:, None], (emb.sin() * self.scaling)[:, None]   # (R, 1, D)
-        x = F.embedding(ids[:, 0], self.embed)                                        # (R, H)
-        g = nq // nkv                                                                 # query heads per KV head
-        K = mask.shape[-1]
-        bias = torch.zeros(R, K, device=x.device).masked_fill_(~mask.view(R, K), float("-inf"))  # (R, K), all layers
-        bias = bias[:, None, None, :].expand(R, nkv, g, K).reshape(R * nkv, g, K)
-        for layer, (w_in, w_qkv, b_qkv, w_o, w_post, w_gu, w_down) in zip(cache.layers, self.layers):
-            h = F.rms_norm(x, (self.H,), w_in, self.eps)
-            qkv = F.linear(h, w_qkv, b_qkv)                                           # (R, (nq + 2 nkv) D)
-            qk = qkv[:, :(nq + nkv) * D].view(R, nq + nkv, D)
-            qk = qk * cos + torch.cat([-qk[..., D // 2:], qk[..., :D // 2]], dim=-1) * sin   # rotary, q and k
-            v = qkv[:, (nq + nkv) * D:].view(R, nkv, 1, D)
-            keys, values = layer.update(qk[:, nq:, None], v)                          # (R, nkv, K, D)
-            # one query per row: two batched GEMVs and a softmax (CPU SDPA's flash kernel is ~10x slower here)
-            s = torch.baddbmm(bias, qk[:, :nq].reshape(R * nkv, g, D), keys.reshape(R * nkv, K, D).transpose(1, 2),
-                              alpha=D ** -0.5)                                        # (R nkv, g, K)
-            o = torch.bmm(torch.softmax(s, dim=-1), values.reshape(R * nkv, K, D))    # (R nkv, g, D)
-            x = x + F.linear(o.reshape(R, nq * D), w_o)
-            gate, up = F.linear(F.rms_norm(x, (self.H,), w_post, self.eps), w_gu).chunk(2, dim=-1)  # (R, I) each
-            x = x + F.linear(F.silu(gate) * up, w_down)
-        return F.linear(F.rms_norm(x, (self.H,), self.norm, self.eps), self.lm_head)   # (R, V)
-
-
-def _text_model(model):
-    """The decoder stack: Qwen2.5-VL's language_model, or a plain causal LM's model."""
-    inner = getattr(model, "model", None)
-    return getattr(inner, "language_model", inner)
-
-
-def _bucket(n: int) -> int:
-    """The static decode's batch size for n live rows: the smallest power of two >= n."""
-    return 1 << (n - 1).bit_length()
-
-
-class _StaticDecode:
-    """The decode state in fixed buffers (engine design note 7): every tensor a step reads or writes
-    keeps its address for the whole generate call, so the step can be captured once per bucket.
-
-    Buffers, B = _bucket(R) rows (rows R..B-1 are copies of row 0 from the prefill, never read):
-    the KV cache (B, H, K, D) per layer (the prefill's _SlotLayers), valid (B, K) bool, pos
-    (3, B, 1) or (B, 1) long (the next token's position), ids (B, 1) long, slot (1,) long.
-    `rows` (n,) maps the sampler's live rows to buffer rows; the step runs on the first b =
-    bucket rows. A row that stops stays in place (computed, not read) until the live rows fit in
-    _bucket(n) < b; then they move to the front: at most log2(R) KV copies per call, where the eager
-    loop copies the KV of all live rows whenever one stops. graphs=True (CUDA): the first step of
-    each bucket runs eagerly (first use of every kernel and cuBLAS handle, which a capture must not
-    see), then is captured; later steps replay it. Graphs and buffers live for one generate call:
-    the memory goes back to the trainer, and a graph never outlives the weights it reads (under
-    FSDP2 the unsharded weights are freed when sampling_mode ends). A failed capture warns and
-    decodes uncaptured (the sampler's decode becomes "static")."""
-
-    def __init__(self, forward, cache: Cache, valid: torch.Tensor, next_pos: torch.Tensor, R: int,
-                 three_d: bool, graphs: bool):
-        B, dev = valid.shape[0], valid.device
-        self.forward, self.layers, self.valid = forward, cache.layers, valid
-        self.slot = cache.layers[0].slot                                              # (1,) long
-        self.pos = next_pos.view(1, B, 1).repeat(3, 1, 1) if three_d else next_pos.view(B, 1).clone()
-        self.ids = torch.zeros(B, 1, dtype=torch.long, device=dev)
-        self.rows = torch.arange(R, device=dev)
-        self.b = _bucket(R)
-        self.buckets = [self.b]                             # the buckets used, in order (stats)
-        self.graphs = {} if graphs else None                # bucket -> (CUDAGraph, its logits buffer)
-        self.pool = torch.cuda.graph_pool_handle() if graphs else None   # one memory pool for all buckets
-        self.capture_s, self.error = 0.0, None
-
-    def keep(self, k: torch.Tensor) -> None:
-        """Keep live rows k (indices into the current live rows), compacting at a bucket edge."""
-        self.rows = self.rows[k]
-        n = len(self.rows)
-        if _bucket(n) < self.b:
-            for layer in self.layers:        # the right sides are gathers (copies): no overlap
-                layer.keys[:n], layer.values[:n] = layer.keys[self.rows], layer.values[self.rows]
-            self.valid[:n] = self.valid[self.rows]
-            self.pos[..., :n, :] = self.pos[..., self.rows, :]
-            self.rows, self.b = torch.arange(n, device=self.rows.device), _bucket(n)
-            self.buckets.append(self.b)
-
-    def step(self, tok: torch.Tensor) -> torch.Tensor:
-        """tok (n,) the live rows' new tokens -> their next-token logits (n, V), a fresh tensor."""
-        self.ids.index_copy_(0, self.rows, tok[:, None])
-        if self.graphs is None:
-            out = self._step(self.b)
-        elif self.b in self.graphs:
-            graph, out = self.graphs[self.b]
-            graph.replay()
-        else:
-            out = self._capture(self.b)
-        return out[self.rows]
-
-    def _step(self, b: int) -> torch.Tensor:
-        """The step that is captured: mark `slot` valid, run rows [0, b) (their KV lands at slot),
-        advance positions and slot. Every index lives in a tensor and nothing syncs with the host.
-        Returns the logits (b, V)."""
-        self.valid.index_fill_(1, self.slot, True)       # the new token's slot; later ones stay hidden
-        cache = Cache(layers=[_SlotLayer(layer.keys[:b], layer.values[:b], self.slot) for layer in self.layers])
-        logits = self.forward(cache, self.ids[:b], self.pos[..., :b, :], self.valid[:b, None, None, :])
-        self.pos.add_(1)
-        self.slot.add_(1)
-        return logits
-
-    def _capture(self, b: int) -> torch.Tensor:
-        """Run this step eagerly on a side stream (the warm-up of torch.cuda.graph's recipe), then
-        capture it for bucket b. Returns this step's logits (b, V)."""
-        t = time.perf_counter()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            out = self._step(b)
-        torch.cuda.current_stream().wait_stream(side)
-        out.record_stream(torch.cuda.current_stream())   # read there next: not reused before that
-        try:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):    # records, runs nothing: the state stays
-                self.graphs[b] = (graph, self._step(b))
-        except RuntimeError as e:   # e.g. a module hook that syncs or forks a stream (see sampling_mode)
-            warnings.warn(f"CUDA graph capture of the decode step failed ({e}); decoding uncaptured")
-            self.graphs, self.error = None, f"{type(e).__name__}: {e}"
-        self.capture_s += time.perf_counter() - t
-        return out
-
-
 class Sampler:
     """Batched KV-cached sampler; see the module docstring for the design.
 
@@ -383,7 +184,7 @@ class Sampler:
     decode (engine design note 7): "eager" (the reference: rows leave the batch as they stop),
     "static" (fixed buffers and buckets, uncaptured), "graph" (static, each bucket's step a CUDA
     graph; CUDA only), "auto" = graph on CUDA, else eager. lean (engine design note 8): decode
-    steps run _LeanStep on the model's weights instead of the transformers forward; None = on for a
+    steps run LeanStep on the model's weights instead of the transformers forward; None = on for a
     CPU model it supports (checked each call: adapters, hooks), True requires support (generate
     raises ValueError otherwise), False never; stats["lean"] says what a call ran. Raises ValueError
     on an unknown mode or graph without CUDA. After each call `stats` holds prefill/decode token counts and times
@@ -524,10 +325,10 @@ class Sampler:
         vision = (torch.cat(pvs), torch.stack(thws)) if pvs else (None, None)
         return self._forward(cache, ids, pos, cache_attention_mask(valid, S), *vision), valid
 
-    def _prefill(self, prompts: list[_Prompt], rows: list[int]):
-        """Prefill the radix tree of `prompts` level by level. Returns the decode state: a cache of
-        _SlotLayers whose row r continues prompts[rows[r]] (rows repeat a prompt once per sample),
-        valid (R, K0 + max_new_tokens) and the first logits (R, V)."""
+    def _prefill(self, prompts: list[_Prompt]):
+        """Prefill the radix tree of `prompts` level by level. Returns, one row per prompt (in order):
+        a DynamicCache with keys/values (U, nkv, K0, D), valid (U, K0) bool (each row's real slots
+        first) and the logits of the first generated token (U, V)."""
         runs = [[(a, b) for a, b, _, _ in p.images] for p in prompts]
         nodes = _prefix_tree([p.key for p in prompts], runs, self.share_prefix)
         depth = max(n.depth for n in nodes) + 1
@@ -549,16 +350,38 @@ class Sampler:
                 leaves.append((*_take_rows(cache, valid, idx), logits[idx]))
                 leaf_ids += [nodes[level[r]].leaf for r in ends]
         cache, valid = _cat_rows([(c, v) for c, v, _ in leaves])
-        logits = torch.cat([lg for _, _, lg in leaves])
-        row_of_prompt = torch.empty(len(leaf_ids), dtype=torch.long)
-        row_of_prompt[torch.tensor(leaf_ids)] = torch.arange(len(leaf_ids))
-        idx = row_of_prompt[torch.tensor(rows)].to(valid.device)
-        # decode cache: each sample's copy of its prompt's rows, plus room for the new tokens
+        order = torch.tensor(leaf_ids).argsort().to(valid.device)                   # leaf order -> prompt order
+        return (DynamicCache(ddp_cache_data=[(l.keys[order], l.values[order]) for l in cache.layers]),
+                valid[order], torch.cat([lg for _, _, lg in leaves])[order])
+
+    def _row_cache(self, cache, valid, rows: torch.Tensor):
+        """The per-row decode cache: row r a copy of prompt rows[r]'s KV, plus room for the new
+        tokens (SlotLayers sharing one write slot). Returns (cache, valid (R, K0 + max_new_tokens))."""
         slot = torch.tensor([valid.shape[1]], device=valid.device)                  # the first free slot
         pad = (0, 0, 0, self.max_new_tokens)
-        cache = Cache(layers=[_SlotLayer(F.pad(l.keys[idx], pad), F.pad(l.values[idx], pad), slot)
-                              for l in cache.layers])
-        return cache, F.pad(valid[idx], (0, self.max_new_tokens)), logits[idx]
+        return (Cache(layers=[SlotLayer(F.pad(l.keys[rows], pad), F.pad(l.values[rows], pad), slot)
+                              for l in cache.layers]), F.pad(valid[rows], (0, self.max_new_tokens)))
+
+    def _draw(self, logits: torch.Tensor, greedy: bool, gen, u: torch.Tensor | None):
+        """One token per row from logits (R, V) (ours: edited in place) and its log-probability under
+        the policy the trainer scores, log_softmax(logits / T) over the whole vocabulary (engine design
+        note 4). The draw excludes the banned (vision) ids and, for top_p < 1, keeps the nucleus
+        (process_logits); at top_p 1 it inverts the CDF of that softmax with the banned ids zeroed, the
+        distribution of sample_from_logits from one softmax instead of two (a drawn or argmax id has
+        p >= ~1e-30, so its log is exact to fp32). -> (tok (R,) long, lp (R,) fp32)."""
+        x = logits.float()
+        if self.temperature != 1.0:
+            x = x.div_(self.temperature)
+        w = torch.softmax(x, dim=-1)              # (R, V) the policy's probabilities, whole vocabulary
+        banned = self.banned_ids.to(x.device)
+        if greedy or self.top_p < 1.0:
+            x.index_fill_(-1, banned, float("-inf"))
+            tok = x.argmax(dim=-1) if greedy else sample_from_logits(x, 1.0, self.top_p, gen, u=u)[0]
+        else:
+            if u is None:
+                u = torch.rand(x.shape[0], generator=gen, device=x.device)
+            tok, _ = _inverse_cdf(w.index_fill_(-1, banned, 0.0), u.reshape(-1, 1))   # a banned id is never drawn
+        return tok, w.gather(-1, tok[:, None]).squeeze(-1).log()
 
     # --- the loop
 
@@ -596,11 +419,11 @@ class Sampler:
         self.stats = dict(prefill_tokens=0, prefill_tokens_real=0, images_encoded=0, decode_tokens=0)
         t0 = time.perf_counter()
         try:
-            supported = self.lean and _LeanStep.supports(model)
+            supported = self.lean and LeanStep.supports(model)
             if self.lean_arg is True and not supported:
-                raise ValueError("lean=True: the model is not a Qwen2-style decoder _LeanStep computes exactly "
-                                 "(see _LeanStep.supports)")
-            self._lean = _LeanStep(model) if supported else None   # this call's weights
+                raise ValueError("lean=True: the model is not a Qwen2-style decoder LeanStep computes exactly "
+                                 "(see LeanStep.supports)")
+            self._lean = LeanStep(model) if supported else None   # this call's weights
             self.stats["lean"] = supported
             # 1. distinct prompts (identical ids and pixels -> one), one row per (prompt, sample)
             prepared = [self._prepare(p) for p in prompts]
@@ -615,24 +438,29 @@ class Sampler:
             else:                       # the reference path: every sample prefilled on its own
                 distinct = [p for p, k in zip(prepared, ns) for _ in range(k)]
                 row_prompt = list(range(len(distinct)))
-            # 2. prefill once per tree node, then copy each prompt's rows to its samples (static
-            # decode: padded to a bucket with copies of row 0)
+            # 2. prefill once per tree node; the decode state: the lean step's prompt grid (cascade
+            # attention, design note 9), or each sample a copy of its prompt's rows (static decode:
+            # padded to a bucket with copies of row 0)
             R = len(row_prompt)
-            pad = row_prompt[:1] * ((_bucket(R) - R) if self.decode != "eager" else 0)
-            cache, valid, logits = self._prefill(distinct, row_prompt + pad)
-            logits = logits[:R]
-            next_pos = torch.tensor([distinct[u].next_pos for u in row_prompt + pad], device=self.device)
-            slot = cache.layers[0].slot
-            self.stats["kv_slots"] = int(slot)    # prompt slots per decode row: the longest prompt, when dense
-            static = None if self.decode == "eager" else _StaticDecode(
-                self._forward, cache, valid, next_pos, R, self.rope_index is not None, self.decode == "graph")
+            cache, valid, first = self._prefill(distinct)
+            logits = first[torch.tensor(row_prompt, device=first.device)]          # (R, V) ours to edit
+            self.stats["kv_slots"] = valid.shape[1]   # prompt slots per decode row: the longest prompt, when dense
+            if self.decode == "eager" and self._lean is not None:
+                dec = CascadeDecode(self._lean, cache, valid, row_prompt, [p.next_pos for p in distinct],
+                                     self.max_new_tokens)
+            else:
+                rows = row_prompt + row_prompt[:1] * ((bucket(R) - R) if self.decode != "eager" else 0)
+                cache, valid = self._row_cache(cache, valid, torch.tensor(rows, device=valid.device))
+                next_pos = torch.tensor([distinct[u].next_pos for u in rows], device=self.device)
+                three_d = self.rope_index is not None
+                dec = EagerDecode(self._forward, cache, valid, next_pos, three_d) if self.decode == "eager" else \
+                    StaticDecode(self._forward, cache, valid, next_pos, R, three_d, self.decode == "graph")
             t1 = time.perf_counter()
             # 3. decode; a row leaves the batch (eager: and the cache) on the step it stops
             out_ids, out_lp = [[] for _ in range(R)], [[] for _ in range(R)]
             reason = ["length"] * R
             active = list(range(R))
             stop = set(self.stop_token_ids)
-            banned = self.banned_ids.to(self.device)
             row_gens = None
             if seeds is not None:
                 if len(seeds) != len(prompts):
@@ -640,11 +468,8 @@ class Sampler:
                 row_gens = [torch.Generator().manual_seed((int(seeds[i]) * 1_000_003 + j) % (1 << 63))
                             for i in range(len(prompts)) for j in range(ns[i])]
             for step in range(self.max_new_tokens):
-                lse = torch.logsumexp(logits.float() / self.temperature, dim=-1)  # (R,) the policy's normaliser, full V
-                logits.index_fill_(-1, banned, float("-inf"))       # (R, V), ours to edit
                 u = None if row_gens is None else torch.cat([torch.rand(1, generator=row_gens[r]) for r in active])
-                tok, _ = sample_from_logits(logits, self.temperature, self.top_p, gen, greedy=greedy, u=u)
-                lp = logits.gather(-1, tok[:, None]).squeeze(-1).float() / self.temperature - lse  # (R,) never banned
+                tok, lp = self._draw(logits, greedy, gen, u)
                 keep = []
                 for i, (t, l) in enumerate(zip(tok.tolist(), lp.tolist())):
                     r = active[i]
@@ -660,20 +485,8 @@ class Sampler:
                 if len(keep) < len(active):
                     k = torch.tensor(keep, device=self.device)
                     tok, active = tok[k], [active[i] for i in keep]
-                    if static is not None:
-                        static.keep(k)
-                    else:
-                        for layer in cache.layers:
-                            layer.batch_select_indices(k)
-                        valid, next_pos = valid[k], next_pos[k]
-                if static is not None:
-                    logits = static.step(tok)
-                    continue
-                pos = next_pos.view(1, -1, 1).expand(3, -1, 1) if self.rope_index is not None else next_pos[:, None]
-                valid.index_fill_(1, slot, True)            # the new token's slot; later ones stay hidden
-                logits = self._forward(cache, tok[:, None], pos, valid[:, None, None, :])
-                next_pos = next_pos + 1
-                slot.add_(1)
+                    dec.keep(k)
+                logits = dec.step(tok)
         finally:
             self._lean = None
             if attn not in ("sdpa", "eager"):
@@ -682,10 +495,12 @@ class Sampler:
                 model.model.rope_deltas = None    # nobody may reuse deltas of this batch
             model.train(was_training)
         t2 = time.perf_counter()
+        static = dec if isinstance(dec, StaticDecode) else None
         if static is not None and static.error:
             self.decode = "static"            # the capture failed once: do not retry it every call
         self.stats.update(time_prefill=t1 - t0, time_decode=t2 - t1, rows=R, distinct_prompts=len(distinct),
-                          decode=self.decode, decode_buckets=static.buckets if static else None,
+                          decode=self.decode, cascade_grids=dec.grids if isinstance(dec, CascadeDecode) else None,
+                          decode_buckets=static.buckets if static else None,
                           time_graph_capture=static.capture_s if static else 0.0,
                           graph_error=static.error if static else None)
         # 4. package: rows are (prompt, sample) in order, whatever the sharing was

@@ -24,6 +24,7 @@ CLI (last stdout line is a JSON object):
 
 import json
 import random
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -65,6 +66,61 @@ def short_thought(action: dict, target: Element | None) -> str:
     if kind == "type":
         return f"Type '{action['text']}'."
     return f"{kind.capitalize()}."
+
+
+_CLICK = re.compile(r"^I see (?P<what>.+) at \((?P<x>-?\d+),(?P<y>-?\d+)\)\. (?P<why>.+)$")
+_TYPE = re.compile(r"^The (?P<field>.+) is focused and empty\. I type '(?P<text>.*)' into it\.$")
+DONE_THOUGHT = "The task is complete, so I finish with success."
+
+
+def _gist(thought: str, action: dict) -> str:
+    """What a step does, in a few words, from its long thought: "click the button 'ONE'", "type 'abc'"."""
+    m = _CLICK.match(thought)
+    if m:
+        return f"click {m['what']}"
+    if action["action"] == "type":
+        return f"type '{action['text']}'"
+    return "finish" if action["action"] == "terminate" else action["action"]
+
+
+def varied_thoughts(steps: list[dict], key: str) -> list[str]:
+    """Thoughts as a stronger model writes them, for one expert episode: the same decision as its long
+    thoughts, in one of several phrasings picked per step, with details a small model tends to drop
+    (the steps done so far, the step after this one, the clicked element's box centre restated).
+    `tools/make_miniwob_data.py --thoughts varied`. The policy does not reproduce such thoughts
+    verbatim, so its own history differs from the expert's, as in the paper, where the expert's
+    thoughts come from a stronger model (docs/method.md §5; claim 1b). steps: [{"action", "thought"}]
+    with long thoughts (expert_episode's); key: a stable string (e.g. "task-seed") seeding the choice
+    of phrasing. Returns one thought per step; the actions are untouched. Raises ValueError on a
+    step whose thought is not a long expert thought."""
+    out = []
+    gists = [_gist(st["thought"], st["action"]) for st in steps]
+    for k, st in enumerate(steps):
+        rng = random.Random(f"{key}-{k}")
+        done = "; ".join(gists[:k]) or "nothing yet"
+        nxt = gists[k + 1] if k + 1 < len(steps) else "nothing: the episode ends"
+        t, a = st["thought"], st["action"]
+        if (m := _CLICK.match(t)) is not None:
+            what, x, y, why = m["what"], m["x"], m["y"], m["why"]
+            forms = [f"{why} The element is {what}, centred at ({x},{y}). Next: {nxt}.",
+                     f"Done so far: {done}. Now I click {what} at ({x},{y}): {why[0].lower()}{why[1:]}",
+                     f"Looking at the page, {what} sits at ({x},{y}). {why} Afterwards I will {nxt}.",
+                     f"Step {k + 1}. {why} So: click ({x},{y}), on {what}. Then {nxt}."]
+        elif (m := _TYPE.match(t)) is not None:
+            field, text = m["field"], m["text"]
+            forms = [f"The {field} has the focus and holds nothing; typing '{text}'. Next: {nxt}.",
+                     f"Done so far: {done}. I enter '{text}' in the {field}.",
+                     f"Step {k + 1}. '{text}' goes into the {field}, which is focused. Then {nxt}.",
+                     f"I type '{text}': the {field} is empty and focused. Afterwards I will {nxt}."]
+        elif t == DONE_THOUGHT and a["action"] == "terminate":
+            forms = [f"Done so far: {done}. Nothing is left, so I finish with success.",
+                     "Every part of the goal is satisfied; the task is finished.",
+                     f"Step {k + 1}. The page shows the goal reached. I stop with success.",
+                     "All required actions are complete, so I terminate successfully."]
+        else:
+            raise ValueError(f"step {k}: not a long expert thought: {t!r}")
+        out.append(rng.choice(forms))
+    return out
 
 
 class ExpertError(RuntimeError):
@@ -331,15 +387,16 @@ def expert_episode(env: MiniWobEnv, seed: int, max_steps: int = MAX_EXPERT_STEPS
     Returns {"goal", "task", "seed", "success", "raw_reward", "reason", "steps": [...]}, each
     step {"screenshot": PIL, "action", "thought", "elements", "candidate_bbox"}; a successful
     episode ends with a terminate step on the final screenshot. thoughts: "long" (the expert's
-    reasoning sentence) or "short" (short_thought). Raises BrowserFault, ValueError."""
-    if thoughts not in ("long", "short"):
-        raise ValueError(f"expert_episode: thoughts must be 'long' or 'short', got {thoughts!r}")
+    reasoning sentence), "short" (short_thought) or "varied" (varied_thoughts of the long ones).
+    Raises BrowserFault, ValueError."""
+    if thoughts not in ("long", "short", "varied"):
+        raise ValueError(f"expert_episode: thoughts must be 'long', 'short' or 'varied', got {thoughts!r}")
     expert = EXPERTS[env.task]
     obs = env.reset(seed)
     goal, steps, reward, info = obs["goal"], [], 0.0, {}
     for _ in range(max_steps):
         st = expert(obs)
-        thought = st.thought if thoughts == "long" else short_thought(st.action, st.target)
+        thought = short_thought(st.action, st.target) if thoughts == "short" else st.thought
         steps.append({"screenshot": obs["screenshot"], "action": st.action, "thought": thought,
                       "elements": obs["elements"],
                       "candidate_bbox": [st.target.box] if st.target is not None else []})
@@ -351,9 +408,11 @@ def expert_episode(env: MiniWobEnv, seed: int, max_steps: int = MAX_EXPERT_STEPS
         img, elements = final_observation(env)
         done_action = {"action": "terminate", "status": "success"}
         steps.append({"screenshot": img, "action": done_action,
-                      "thought": "The task is complete, so I finish with success." if thoughts == "long"
-                      else short_thought(done_action, None),
+                      "thought": short_thought(done_action, None) if thoughts == "short" else DONE_THOUGHT,
                       "elements": elements, "candidate_bbox": []})
+    if thoughts == "varied":
+        for st, t in zip(steps, varied_thoughts(steps, f"{env.task}-{seed}")):
+            st["thought"] = t
     return {"goal": goal, "task": env.task, "seed": seed, "success": success,
             "raw_reward": reward, "reason": info.get("reason"), "steps": steps}
 

@@ -224,19 +224,32 @@ def write_subset(src: Path, dst: Path, tasks: list[str] | None, per_task: int | 
 def read_eval(res_dir: Path, episode_keys: list[tuple[str, int]]) -> dict:
     """Metrics of one eval_sop.py --out folder: result.json plus online_episodes.jsonl, the latter
     as a 0/1 string in the order of `episode_keys` ([(task, seed)], the same list for every
-    checkpoint: paired). Raises SystemExit if an episode of the list is missing."""
+    checkpoint: paired). An evaluation with --samples K adds flip_per_task {task: {greedy, pass_at_k,
+    flippable, n}} (episode counts; flippable: greedy failed, a sample succeeded), else None.
+    Raises SystemExit if an episode of the list is missing."""
     r = json.loads((res_dir / "result.json").read_text())
-    outcome = {}
+    outcome, sampled = {}, {}
     for line in (res_dir / "online_episodes.jsonl").read_text().splitlines():
         if line.strip():
             e = json.loads(line)
             outcome[(e["task"], int(e["seed"]))] = int(bool(e["success"]))
+            if e.get("sampled_success") is not None:
+                sampled[(e["task"], int(e["seed"]))] = any(e["sampled_success"])
     missing = [k for k in episode_keys if k not in outcome]
     if missing:
         raise SystemExit(f"{res_dir}/online_episodes.jsonl: {len(missing)} episodes missing, e.g. {missing[0]}")
     bits = "".join(str(outcome[k]) for k in episode_keys)
     k = bits.count("1")
-    return {"sop_pg": r.get("sop_pg"), "sop_tsr": r.get("sop_tsr"), "static_step_sr": r.get("static_step_sr"),
+    flips = None
+    if sampled and all(key in sampled for key in episode_keys):  # eval_sop.py --samples K: per task, of n episodes
+        flips = {}
+        for key in episode_keys:
+            f = flips.setdefault(key[0], {"greedy": 0, "pass_at_k": 0, "flippable": 0, "n": 0})
+            f["greedy"] += outcome[key]
+            f["pass_at_k"] += int(sampled[key])
+            f["flippable"] += int(sampled[key] and not outcome[key])
+            f["n"] += 1
+    return {"flip_per_task": flips, "history_gap": r.get("history_gap"), "sop_pg": r.get("sop_pg"), "sop_tsr": r.get("sop_tsr"), "static_step_sr": r.get("static_step_sr"),
             "online_sr": k / len(bits), "online_sr_ci95": list(wilson(k, len(bits))),
             "n_online_episodes": len(bits), "online_outcomes": bits, "n_sop_episodes": r.get("episodes"),
             "online_per_task": {t: v.get("online_sr") for t, v in r.get("per_task", {}).items()},
@@ -470,24 +483,40 @@ def base_model(args, base: dict) -> str:
     return _rel(checkpoint_at(base["dir"], 0)) if args.base_steps > 0 else args.model
 
 
-def sft_job(args, data: dict, seed: int, base: dict) -> dict:
-    """SFT of seed `seed` from the shared base (base_job), no warm-up of its own."""
+def _saves(steps: int, points: int) -> list[str]:
+    """Checkpoint flags of a training job that keeps `points` evenly spaced checkpoints (the last at
+    `steps`): every steps // points steps, and every one kept when there are more than the trainers'
+    default two (the midpoint is kept either way: points 2 is the same command from both scripts)."""
+    return ["--save-every", str(max(steps // points, 1))] + (["--keep-checkpoints", "0"] if points > 2 else [])
+
+
+def checkpoint_steps(steps: int, points: int) -> list[int]:
+    """The steps of the checkpoints _saves(steps, points) keeps: every steps // points, and `steps`."""
+    every = max(steps // points, 1)
+    return sorted({*range(every, steps, every), steps}) if points > 1 else [steps]
+
+
+def sft_job(args, data: dict, seed: int, base: dict, points: int = 2) -> dict:
+    """SFT of seed `seed` from the shared base (base_job), no warm-up of its own, keeping `points`
+    checkpoints (checkpoint_steps)."""
     cmd = [python(), "train_sft.py", "--data", _rel(data["train"]), "--image-root", data["image_root"],
            "--model", base_model(args, base), *(args.model_args if args.base_steps == 0 else []),
            "--copy-warmup-steps", "0", "--max-steps", str(args.sft_steps), "--lr", str(args.sft_lr),
-           "--seed", str(seed), "--save-every", str(max(args.sft_steps // 2, 1)),  # the midpoint is kept either way:
-           "--eval-every", str(max(args.sft_steps // 4, 1)), *args.sft_extra]  # the same command from both scripts
+           "--seed", str(seed), *_saves(args.sft_steps, points),
+           "--eval-every", str(max(args.sft_steps // 4, 1)), *args.sft_extra]
     return job(args.out_root / "sft", f"sft_s{seed}", cmd, f"ckpt/step_{args.sft_steps:06d}", resume="ckpt/latest")
 
 
-def rl_job(args, data: dict, sft: dict, seed: int, name: str, flags: list[str], train: Path | None = None) -> dict:
+def rl_job(args, data: dict, sft: dict, seed: int, name: str, flags: list[str], train: Path | None = None,
+           points: int = 2) -> dict:
     """Semi-online (or, with --history expert, offline) RL from seed `seed`'s SFT checkpoint, on the RL
-    demonstrations (data["rl"]: --rl-data, or SFT's own --train-data when that is empty), or on `train`."""
+    demonstrations (data["rl"]: --rl-data, or SFT's own --train-data when that is empty), or on `train`,
+    keeping `points` checkpoints (checkpoint_steps)."""
     cmd = [python(), "train_semionline.py", "--model", _rel(checkpoint_at(sft["dir"], args.sft_steps)),
            "--data", _rel(train or data["rl"]),
            "--image-root", data["image_root"], "--max-steps", str(args.rl_steps),
            "--lr", str(args.rl_lr), "--seed", str(seed),
-           "--save-every", str(max(args.rl_steps // 2, 1)), *args.rl_extra, *flags]
+           *_saves(args.rl_steps, points), *args.rl_extra, *flags]
     return job(args.out_root / "rl", f"{name}_s{seed}", cmd, f"ckpt/step_{args.rl_steps:06d}", resume="ckpt/latest")
 
 
@@ -500,20 +529,22 @@ def online_flags(args, keys: list[tuple[str, int]]) -> list[str]:
             "--online-batch", str(args.online_batch), "--report-episodes", "4", *args.eval_extra]
 
 
-def eval_job(args, data: dict, model: str, name: str, seed: int) -> dict:
-    """eval_sop.py on the test file (SOP + static) and online on the shared episode list."""
+def eval_job(args, data: dict, model: str, name: str, seed: int, extra: list[str] = ()) -> dict:
+    """eval_sop.py on the test file (SOP + static) and online on the shared episode list; `extra`:
+    more eval_sop.py flags (e.g. --samples K --temperature T)."""
     base = args.model_args if model == args.model else []  # the untrained model's own flags (no base stage)
     cmd = [python(), "eval_sop.py", "--policy", "model", "--model", model, *base, "--seed", str(seed),
            "--data", _rel(data["test"]), "--image-root", data["image_root"], "--per-task-limit", str(args.eval_per_task),
-           "--elements", "--protocol", "sop", "static", *online_flags(args, data["online_episodes"])]
+           "--elements", "--protocol", "sop", "static", *online_flags(args, data["online_episodes"]), *extra]
     return job(args.out_root / "eval", name.replace(" ", "_").replace("/", "-"), cmd, "result.json")
 
 
-def checkpoint_eval(args, data: dict, arm: str, seed: int, train_job: dict, step: int, final: bool = True) -> dict:
+def checkpoint_eval(args, data: dict, arm: str, seed: int, train_job: dict, step: int, final: bool = True,
+                    extra: list[str] = ()) -> dict:
     """eval_job of `train_job`'s checkpoint at `step`, named as both scripts name it (so they share its
     folder), with the report's "meta" (name, arm, seed, step, final, run folder) and its "checkpoint"."""
     ck = checkpoint_at(train_job["dir"], step)
-    return {**eval_job(args, data, _rel(ck), f"{arm}_s{seed}_step{step}_{train_job['dir'].name}", seed),
+    return {**eval_job(args, data, _rel(ck), f"{arm}_s{seed}_step{step}_{train_job['dir'].name}", seed, extra),
             "meta": (f"{arm} s{seed}" + ("" if final else f" @{step}"), arm, seed, step, final, _rel(train_job["dir"])),
             "checkpoint": ck}
 
@@ -535,6 +566,52 @@ def headroom_tasks(checkpoints: list[dict], arm: str = "sft", lo: float = 0.0, h
             "tasks": [t for t, v in per_task.items() if lo < v < hi]}
 
 
+def flippable_tasks(checkpoints: list[dict], fmin: float, arm: str = "sft") -> dict:
+    """The rule that chooses the RL tasks, from `arm`'s final checkpoints' flip_per_task (their
+    evaluation with --samples K) alone, before any RL runs: per task the flippable episodes (greedy
+    fails, one of the K samples succeeds) pooled over seeds, k of n; a task is chosen if k / n >=
+    fmin. When none reaches fmin, the task with the most flippable episodes is chosen (ties: task
+    order), so that RL has somewhere to go; `fallback` says so. These episodes are the ceiling of
+    what RL can do to the greedy policy (Yue et al. 2025, arXiv 2504.13837). Returns {"arm", "min",
+    "per_task": {task: {greedy, pass_at_k, flippable, n, rate}}, "tasks": [chosen, in task order],
+    "fallback": bool}; tasks [] when no final checkpoint has flip counts."""
+    per_task: dict[str, dict] = {}
+    for r in final_rows(checkpoints, arm):
+        for t, f in (r.get("flip_per_task") or {}).items():
+            acc = per_task.setdefault(t, {"greedy": 0, "pass_at_k": 0, "flippable": 0, "n": 0})
+            for key in acc:
+                acc[key] += f[key]
+    for f in per_task.values():
+        f["rate"] = f["flippable"] / f["n"] if f["n"] else 0.0
+    chosen = [t for t, f in per_task.items() if f["rate"] >= fmin]
+    fallback = not chosen and bool(per_task)
+    if fallback:
+        chosen = [max(per_task, key=lambda t: per_task[t]["flippable"])]
+    return {"arm": arm, "min": fmin, "per_task": per_task, "tasks": chosen, "fallback": fallback}
+
+
+def history_gap_summary(checkpoints: list[dict], arm: str = "sft") -> dict | None:
+    """Own vs expert history (claim 1b's mechanism) of `arm`'s final checkpoints, summed over seeds: per task
+    and pooled, the steps after step 0 that SOP reached (every earlier step right under the model's own
+    history), how many each history gets right, and the discordant pairs (eval_sop.py's history_gap,
+    "later"). Semi-online and offline RL differ only in that history; with no discordant step they
+    train on the same prompts. None when no checkpoint has the counts."""
+    keys = ("steps", "own_right", "expert_right", "own_only", "expert_only")
+    out: dict[str, dict] = {}
+    for r in final_rows(checkpoints, arm):
+        g = r.get("history_gap") or {}
+        for task, v in [*(g.get("per_task") or {}).items(), ("pooled", g.get("pooled"))]:
+            if v and v.get("later"):
+                acc = out.setdefault(task, dict.fromkeys(keys, 0))
+                for k in keys:
+                    acc[k] += v["later"][k]
+    for v in out.values():
+        n = v["steps"]
+        v.update(own_acc=v["own_right"] / n if n else None, expert_acc=v["expert_right"] / n if n else None,
+                 gap=(v["own_right"] - v["expert_right"]) / n if n else None)
+    return out or None
+
+
 def episode_keys(tasks: list[str], n: int, seed_base: int) -> list[tuple[str, int]]:
     """An online episode list [(task, seed)] of at least n episodes: ceil(n / len(tasks)) seeds per task
     from seed_base, the same for every task (the selection and the test episodes; every checkpoint plays
@@ -543,11 +620,11 @@ def episode_keys(tasks: list[str], n: int, seed_base: int) -> list[tuple[str, in
     return [(t, seed_base + i) for t in tasks for i in range(per)]
 
 
-def test_eval_job(args, data: dict, keys: list[tuple[str, int]], ck_eval: dict) -> dict:
+def test_eval_job(args, data: dict, keys: list[tuple[str, int]], ck_eval: dict, extra: list[str] = ()) -> dict:
     """Online-only eval_sop.py of the checkpoint that `ck_eval` (a checkpoint_eval job) scores, on the
-    test episodes `keys` (episode_keys), in OUT/eval_test; carries ck_eval's meta."""
+    test episodes `keys` (episode_keys), in OUT/eval_test; carries ck_eval's meta. extra: as eval_job."""
     cmd = [python(), "eval_sop.py", "--policy", "model", "--model", _rel(ck_eval["checkpoint"]),
-           "--seed", str(ck_eval["meta"][2]), "--image-root", data["image_root"], *online_flags(args, keys)]
+           "--seed", str(ck_eval["meta"][2]), "--image-root", data["image_root"], *online_flags(args, keys), *extra]
     return {**job(args.out_root / "eval_test", ck_eval["dir"].name, cmd, "result.json"), "meta": ck_eval["meta"]}
 
 

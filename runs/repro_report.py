@@ -184,6 +184,29 @@ def markdown(summary: dict, title: str) -> str:
     for c in summary["comparisons"]:
         L.append(f"| {c['a']} | {c['b']} | {c.get('metric', '')} | {fmt(c['diff'], '+.3f')} {fmt_ci(c.get('diff_ci95'))} "
                  f"| {fmt(c['p_value'], '.3g')} | {fmt(c.get('p_mcnemar'), '.3g')} | {c.get('test', '')} |")
+    if summary.get("r2_without_base"):
+        nb = summary["r2_without_base"]
+        L += ["", f"Without the untrained base ({nb.get('r2_n_checkpoints')} checkpoints): SOP-PG "
+              f"{fmt(nb.get('r2_sop_online'))} {fmt_ci(nb.get('r2_sop_online_ci95'))}, static step SR "
+              f"{fmt(nb.get('r2_static_online'))} {fmt_ci(nb.get('r2_static_online_ci95'))}."]
+    if summary.get("flippability"):
+        f = summary["flippability"]
+        L += ["", "## The rule: where samples can flip SFT's failures", "",
+              f"Before any RL ran, from the final SFT checkpoints alone (greedy and "
+              f"{summary.get('config', {}).get('flip_samples', '?')} sampled plays of each selection episode at "
+              f"temperature {summary.get('config', {}).get('flip_temperature', '?')}, pooled over seeds): a task is an RL "
+              f"task if its flippable fraction (greedy fails, a sample succeeds) is >= {f['min']}"
+              + (" (none was: the task with the most flippable episodes)" if f.get("fallback") else "") + ".", "",
+              "| task | greedy | pass@K | flippable | chosen |", "|---|---|---|---|---|"]
+        for t, v in f["per_task"].items():
+            L.append(f"| {t} | {v['greedy']}/{v['n']} | {v['pass_at_k']}/{v['n']} | {v['flippable']}/{v['n']} = "
+                     f"{fmt(v['rate'], '.2f')} | {'yes' if t in f['tasks'] else ''} |")
+    if summary.get("history_gap"):
+        L += ["", "## Own vs expert history (SFT finals, steps after step 0 that SOP reached, seeds summed)", "",
+              "| task | steps | right, own history | right, expert history | own only | expert only |",
+              "|---|---|---|---|---|---|"]
+        for t, v in summary["history_gap"].items():
+            L.append(f"| {t} | {v['steps']} | {v['own_right']} | {v['expert_right']} | {v['own_only']} | {v['expert_only']} |")
     if summary.get("headroom"):
         h = summary["headroom"]
         L += ["", "## Test episodes: the tasks with headroom", "",
@@ -192,20 +215,28 @@ def markdown(summary: dict, title: str) -> str:
               + ", ".join(f"{t} {v:.2f}" + (" (selected)" if t in h["tasks"] else "") for t, v in h["per_task"].items()) + "."]
     if summary.get("test_checkpoints"):
         tc = summary["test_checkpoints"]
-        L += [f"Every final checkpoint on the same {tc[0]['n_online_episodes']} fresh online episodes "
-              f"(seeds from {summary.get('config', {}).get('test_seed_base', '?')}):", "",
-              "| checkpoint | arm | seed | online SR [95% Wilson] | n | " + " | ".join(summary["headroom"]["tasks"]) + " |",
-              "|---|---|---|---|---|" + "---|" * len(summary["headroom"]["tasks"])]
+        tasks = summary.get("rl_tasks") or (summary.get("headroom") or {}).get("tasks") or []
+        L += ["", "## Test episodes", "", f"Every test checkpoint on the same {tc[0]['n_online_episodes']} fresh online "
+              f"episodes (seeds from {summary.get('config', {}).get('test_seed_base', '?')}):", "",
+              "| checkpoint | arm | seed | online SR [95% Wilson] | n | " + " | ".join(tasks) + " |",
+              "|---|---|---|---|---|" + "---|" * len(tasks)]
         for c in tc:
             L.append(f"| {c['name']} | {c['arm']} | {c['seed']} | {fmt(c['online_sr'])} {fmt_ci(c['online_sr_ci95'])} | "
                      f"{c['n_online_episodes']} | " + " | ".join(fmt((c.get('online_per_task') or {}).get(t), ".2f")
-                                                                for t in summary["headroom"]["tasks"]) + " |")
+                                                                for t in tasks) + " |")
         L += ["", "Pooled over seeds: " + "; ".join(f"{arm} {fmt(a['online_sr'])} {fmt_ci(a['online_sr_ci95'])}"
                                                     for arm, a in (summary.get("test_arms") or {}).items())]
         L += ["", "| a | b | diff (a - b) [95%] | p | McNemar p | test |", "|---|---|---|---|---|---|"]
         for c in summary.get("test_comparisons") or []:
             L.append(f"| {c['a']} | {c['b']} | {fmt(c['diff'], '+.3f')} {fmt_ci(c.get('diff_ci95'))} "
                      f"| {fmt(c['p_value'], '.3g')} | {fmt(c.get('p_mcnemar'), '.3g')} | {c.get('test', '')} |")
+    if summary.get("dose_response"):
+        from dose_response import markdown as dose_markdown
+        L += ["", "## Dose-response and conversion (test episodes, seeds pooled)", "", dose_markdown(summary["dose_response"])]
+    if summary.get("goal"):
+        g = summary["goal"]
+        L += ["", f"Goal ({g['target']}): diff {fmt(g['diff'], '+.3f')}, p {fmt(g['p_value'], '.3g')}: "
+              f"**{'met' if g['met'] else 'not met'}**."]
     if summary.get("claims"):
         L += ["", "## Claims (automatic verdict; the reading is in the README)", "",
               f"Rule: held = the difference favours the claim with p < {ALPHA}; not held = it goes the other way "

@@ -380,7 +380,7 @@ def test_checkpoint_eval_names_and_midpoints(tmp_path, monkeypatch):
     assert rc.checkpoints_of(300, False) == [(300, True)]
     assert rc.checkpoints_of(300, True) == [(150, False), (300, True)]
     assert rc.checkpoints_of(1, True) == [(1, True)]
-    monkeypatch.setattr(rc, "eval_job", lambda args, data, model, name, seed: {"name": name, "model": model, "seed": seed})
+    monkeypatch.setattr(rc, "eval_job", lambda args, data, model, name, seed, extra=(): {"name": name, "model": model, "seed": seed})
     tj = {"dir": Path(rc.REPO) / "out" / "repro" / "rl" / "semionline_s1_abcd1234"}
     e = rc.checkpoint_eval(SimpleNamespace(), {}, "semionline", 1, tj, 50, final=False)
     assert e["name"] == "semionline_s1_step50_semionline_s1_abcd1234" and e["seed"] == 1
@@ -575,3 +575,108 @@ def test_list_flags_are_typed_like_their_setting(tmp_path):
     args = rc.parse("doc", repro_ablations.SETTING, repro_ablations.QUICK, argv)
     assert args.scaling_per_task == [3, 6] and args.seeds == [0] and args.online_batch == 4
     assert args.tasks[:2] == ["enter-text", "enter-password"]
+
+
+def _flip_dir(d: Path, episodes: dict) -> Path:
+    """A finished eval_sop.py --samples K folder: {(task, seed): (greedy 0/1, [sample 0/1, ...])}."""
+    d.mkdir(parents=True)
+    (d / "result.json").write_text(json.dumps({"sop_pg": 0.5, "sop_tsr": 0.25, "static_step_sr": 0.5, "episodes": 2,
+                                               "seconds": 3.0, "per_task": {}}))
+    (d / "online_episodes.jsonl").write_text("".join(
+        json.dumps({"task": t, "seed": s, "success": bool(g), "sampled_success": [bool(x) for x in sm], "seconds": 1.0})
+        + "\n" for (t, s), (g, sm) in episodes.items()))
+    (d / "done").write_text("")
+    return d
+
+
+def test_read_eval_counts_greedy_pass_at_k_and_flippable(tmp_path):
+    """Per task, by hand: a: greedy 1 of 3, pass@2 2 of 3 (seeds 1, 2), flippable 1 (seed 2: greedy fails, a
+    sample wins; seed 1's greedy win is no flip); b: greedy 0, pass@2 0; without --samples: None."""
+    eps = {("a", 0): (1, [0, 0]), ("a", 1): (1, [0, 1]), ("a", 2): (0, [1, 0]), ("b", 0): (0, [0, 0])}
+    r = rc.read_eval(_flip_dir(tmp_path / "f", eps), list(eps))
+    assert r["flip_per_task"] == {"a": {"greedy": 2, "pass_at_k": 2, "flippable": 1, "n": 3},
+                                  "b": {"greedy": 0, "pass_at_k": 0, "flippable": 0, "n": 1}}
+    assert r["online_outcomes"] == "1100"
+    plain = _eval_dir(tmp_path / "g", {("a", 0): 1})
+    assert rc.read_eval(plain, [("a", 0)])["flip_per_task"] is None
+
+
+def test_flippable_tasks_rule_uses_sft_finals_alone():
+    """Pooled over seeds, by hand: a 1/4 + 2/4 = 3/8 = 0.375 (in at 0.15), b 0/4 + 1/4 = 0.125 (out),
+    c 0/8 (out); an SFT midpoint and an RL arm never enter; nothing at fmin -> the most flippable task,
+    flagged as the fallback."""
+    f = lambda fl, n=4: {"greedy": 1, "pass_at_k": fl + 1, "flippable": fl, "n": n}  # noqa: E731
+    rows = [{"arm": "sft", "seed": 0, "final": True, "flip_per_task": {"a": f(1), "b": f(0), "c": f(0)}},
+            {"arm": "sft", "seed": 1, "final": True, "flip_per_task": {"a": f(2), "b": f(1), "c": f(0)}},
+            {"arm": "sft", "seed": 1, "final": False, "flip_per_task": {"c": f(4)}},
+            {"arm": "semionline", "seed": 0, "final": True, "flip_per_task": {"c": f(4)}}]
+    r = rc.flippable_tasks(rows, 0.15)
+    assert r["tasks"] == ["a"] and not r["fallback"]
+    assert r["per_task"]["a"] == {"greedy": 2, "pass_at_k": 5, "flippable": 3, "n": 8, "rate": 0.375}
+    assert r["per_task"]["b"]["rate"] == 0.125 and r["per_task"]["c"]["rate"] == 0.0
+    assert rc.flippable_tasks(rows, 0.125)["tasks"] == ["a", "b"]           # >=: the bound is in
+    low = rc.flippable_tasks(rows, 0.5)
+    assert low["tasks"] == ["a"] and low["fallback"]
+    assert rc.flippable_tasks([], 0.15) == {"arm": "sft", "min": 0.15, "per_task": {}, "tasks": [], "fallback": False}
+
+
+def test_checkpoint_steps_match_the_trainers_saves():
+    """_saves' flags keep exactly checkpoint_steps: every steps // points and the last; more than two
+    points keep every checkpoint (--keep-checkpoints 0); two points is the old command (midpoint kept)."""
+    assert rc.checkpoint_steps(300, 4) == [75, 150, 225, 300] and rc._saves(300, 4) == ["--save-every", "75", "--keep-checkpoints", "0"]
+    assert rc.checkpoint_steps(72, 3) == [24, 48, 72]
+    assert rc.checkpoint_steps(100, 2) == [50, 100] and rc._saves(100, 2) == ["--save-every", "50"]
+    assert rc.checkpoint_steps(3, 3) == [1, 2, 3] and rc.checkpoint_steps(7, 3) == [2, 4, 6, 7]
+    assert rc.checkpoint_steps(5, 1) == [5]
+
+
+def test_main_table_rl_data_control_and_pooled_dose(tmp_path, monkeypatch):
+    """repro_main's new stages by hand: the RL data holds RL_STEPS x tasks-per-step / (RL_PASSES x tasks)
+    demonstrations of each chosen task (72 x 4 / (3 x 2) = 48); the control trains on as many demonstration
+    steps (72 x 4 episodes x 2.5 steps / 8 = 90 SFT steps); the dose-response pools the seeds' pairs."""
+    from types import SimpleNamespace
+    import repro_main as rm
+    monkeypatch.setattr(rc, "REPO", tmp_path)
+    (tmp_path / "data").mkdir()
+    lines = [json.dumps({"task": t, "seed": s, "goal": "g", "steps": [{}] * (2 if t == "a" else 3)})
+             for s in range(60) for t in ("a", "b", "c")]
+    (tmp_path / "data" / "rl.jsonl").write_text("\n".join(lines) + "\n")
+    args = SimpleNamespace(rl_data="data/rl.jsonl", out_root=tmp_path / "out", rl_steps=72, rl_passes=3,
+                           rl_extra=["--tasks-per-step", "4", "--n-rollouts", "8"])
+    path = rm.rl_data(args, {}, ["a", "b"])
+    assert rc.episodes_per_task(path) == {"a": 48, "b": 48}
+    assert rm.control_steps(args, path) == 90                       # mean 2.5 steps an episode
+    assert rm.rl_data(args, {}, []).name == "rl_chosen_tasks.jsonl"   # before the rule: a placeholder, not written
+    # the dose-response: 2 seeds x 2 episodes; SFT s0 wins ep 0, s1 none; a sample wins s0 ep 1 and s1 ep 0
+    def job(name, meta, eps):
+        d = _flip_dir(tmp_path / "t" / name, {k: (g, sm) for k, (g, sm) in eps.items()})
+        return {"dir": d, "done": d / "done", "meta": meta}
+    tests = [job("sft0", ("sft s0", "sft", 0, 300, True, ""), {("a", 1): (1, [0]), ("a", 2): (0, [1])}),
+             job("sft1", ("sft s1", "sft", 1, 300, True, ""), {("a", 1): (0, [1]), ("a", 2): (0, [0])}),
+             job("semi0", ("semionline s0", "semionline", 0, 72, True, ""), {("a", 1): (1, []), ("a", 2): (1, [])}),
+             job("semi1", ("semionline s1", "semionline", 1, 72, True, ""), {("a", 1): (0, []), ("a", 2): (0, [])}),
+             job("ctl0", ("c s0", rm.CONTROL, 0, 90, True, ""), {("a", 1): (0, []), ("a", 2): (0, [])})]
+    d = rm.dose_summary(tests, 72)
+    assert d["episodes"] == 4 and d["flippable"] == 2 and d["start_successes"] == 1
+    semi = [r for r in d["rows"] if r["arm"] == "semionline"]
+    assert [(r["step"], r["successes"], r["converted"], r["lost"]) for r in semi] == [(0, 1, 0, 0), (72, 2, 1, 0)]
+    assert not any(r["arm"] == rm.CONTROL for r in d["rows"])      # the control has seed 0 only: not every pair
+
+
+def test_history_gap_summary_sums_sft_finals_later_steps():
+    """Per task and pooled, the 'later' counts (t >= 1) of the SFT finals summed over seeds, by hand:
+    a: 3 + 1 steps, own 2 + 1, expert 3 + 0 -> own_acc 3/4, expert_acc 3/4, gap 0; midpoints and RL
+    arms never enter; no counts at all -> None."""
+    g = lambda n, own, exp, oo, eo: {"later": {"steps": n, "own_right": own, "expert_right": exp,  # noqa: E731
+                                               "own_only": oo, "expert_only": eo}}
+    rows = [{"arm": "sft", "seed": 0, "final": True, "history_gap": {"per_task": {"a": g(3, 2, 3, 0, 1)},
+                                                                     "pooled": g(3, 2, 3, 0, 1)}},
+            {"arm": "sft", "seed": 1, "final": True, "history_gap": {"per_task": {"a": g(1, 1, 0, 1, 0)},
+                                                                     "pooled": g(1, 1, 0, 1, 0)}},
+            {"arm": "sft", "seed": 1, "final": False, "history_gap": {"per_task": {"a": g(9, 9, 0, 9, 0)}}},
+            {"arm": "semionline", "seed": 0, "final": True, "history_gap": {"per_task": {"a": g(9, 0, 9, 0, 9)}}}]
+    s = rc.history_gap_summary(rows)
+    assert s["a"] == {"steps": 4, "own_right": 3, "expert_right": 3, "own_only": 1, "expert_only": 1,
+                      "own_acc": 0.75, "expert_acc": 0.75, "gap": 0.0}
+    assert s["pooled"] == s["a"]
+    assert rc.history_gap_summary([{"arm": "sft", "seed": 0, "final": True, "history_gap": None}]) is None

@@ -16,6 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
+import decode
 import sampler as sampling_mod
 import vlm
 from sampler import (
@@ -23,7 +24,6 @@ from sampler import (
     Sampler,
     _inverse_cdf,
     _prefix_tree,
-    _StaticDecode,
     process_logits,
     sample_from_logits,
 )
@@ -446,18 +446,18 @@ def test_static_decode_can_fail(model, proc, prompts):
 
     eager, static = _pair(model, proc[0], stop_token_ids=[])
     want = [o[0].ids for o in eager.generate(prompts, greedy=True)]
-    step = _StaticDecode._step
+    step = decode.StaticDecode._step
 
     def stale_positions(self, b):
         out = step(self, b)
         self.pos.sub_(1)
         return out
 
-    _StaticDecode._step = stale_positions
+    decode.StaticDecode._step = stale_positions
     try:
         got = [o[0].ids for o in static.generate(prompts, greedy=True)]
     finally:
-        _StaticDecode._step = step
+        decode.StaticDecode._step = step
     assert all(g[:2] == w[:2] and g != w for g, w in zip(got, want))   # the first two do not use pos
     with pytest.raises(ValueError, match="CUDA"):
         Sampler(model, proc[0], decode="graph")
@@ -644,7 +644,7 @@ def test_lean_step_steps_aside_for_what_it_does_not_compute(model, proc, prompts
     """A forward hook (it could change a module's output) or PEFT adapters (their .weight is the base
     weight alone): the transformers forward runs instead; lean=True then refuses."""
     tok = proc[0]
-    assert sampling_mod._LeanStep.supports(model)
+    assert decode.LeanStep.supports(model)
     hook = model.model.language_model.layers[0].mlp.register_forward_hook(lambda m, i, out: out)
     try:
         s = Sampler(model, tok, max_new_tokens=2)
@@ -657,4 +657,43 @@ def test_lean_step_steps_aside_for_what_it_does_not_compute(model, proc, prompts
     peft = pytest.importorskip("peft")
     import copy
     adapted = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
-    assert not sampling_mod._LeanStep.supports(adapted.base_model.model)
+    assert not decode.LeanStep.supports(adapted.base_model.model)
+
+
+def test_cascade_decode_equals_per_row_decode(model, proc, prompts):
+    """The lean step's prompt grid (engine design note 9: each prompt's KV read once for all its samples,
+    the samples' own tokens interleaved after it) against the transformers forward over per-row caches:
+    uneven sample counts (3, 1, 2, 1: grid slots no row holds), a stop token that ends every row of three
+    prompts early (the grid shrinks to the prompts still live), greedy ids, finish reasons and logprobs."""
+    tok = proc[0]
+    batch = prompts + [make_prompt(proc, "A text-only prompt, no screenshot at all.")]
+    ns = [3, 1, 2, 1]
+    ref = Sampler(model, tok, max_new_tokens=MAX_NEW, lean=False).generate(batch, n=ns, greedy=True)
+    stop = sorted({r[0].ids[2] for r in ref[:3]} - set(ref[3][0].ids))   # ends prompts 0-2 at their 3rd token
+    assert stop, "the fixture's outputs leave no token to stop prompts 0-2 on"
+    ref = Sampler(model, tok, max_new_tokens=MAX_NEW, lean=False, stop_token_ids=stop).generate(batch, n=ns, greedy=True)
+    s = Sampler(model, tok, max_new_tokens=MAX_NEW, lean=True, decode="eager", stop_token_ids=stop)
+    ours = s.generate(batch, n=ns, greedy=True)
+    assert s.stats["cascade_grids"][0] == 4 and s.stats["cascade_grids"][-1] <= 2     # the grid shrank
+    assert [[o.ids for o in r] for r in ours] == [[o.ids for o in r] for r in ref]
+    assert [[o.finish_reason for o in r] for r in ours] == [[o.finish_reason for o in r] for r in ref]
+    for ra, rb in zip(ours, ref):
+        for oa, ob in zip(ra, rb):
+            torch.testing.assert_close(oa.logprobs, ob.logprobs, atol=1e-5, rtol=0)
+
+
+def test_cascade_sampled_logprobs_match_full_forward(model, proc, prompts):
+    """Sampled at temperature 1.5 with uneven counts: each returned logprob is log_softmax(logits / T) of
+    a full forward over prompt + sampled ids (the trainer's distribution), on the prompt grid."""
+    s = Sampler(model, proc[0], max_new_tokens=MAX_NEW, stop_token_ids=[], seed=0, temperature=1.5, lean=True)
+    outs = s.generate(prompts[:2], n=[3, 1], seeds=[7, 8])
+    assert s.stats["cascade_grids"] == [2]
+    for p, row in zip(prompts, outs):
+        for o in row:
+            ids = torch.cat([p.input_ids, torch.tensor(o.ids)])[None]
+            with torch.no_grad():
+                logits = model(input_ids=ids, pixel_values=p.pixel_values, image_grid_thw=p.image_grid_thw,
+                               mm_token_type_ids=(ids == model.config.image_token_id).int()).logits[0]
+            T = len(p.input_ids)
+            full = torch.log_softmax(logits[T - 1:-1].float() / 1.5, -1).gather(-1, torch.tensor(o.ids)[:, None]).squeeze(-1)
+            torch.testing.assert_close(o.logprobs, full, atol=1e-4, rtol=0)

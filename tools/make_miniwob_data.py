@@ -16,6 +16,7 @@ and listed in the manifest. Train and test splits use disjoint seed ranges
     python tools/make_miniwob_data.py --tasks enter-text login-user --workers 1
     python tools/make_miniwob_data.py --tasks click-test focus-text click-dialog click-button \
         --train-seeds 150 --thoughts short --out /tmp/miniwob_click   # a set a tiny model learns
+    python tools/make_miniwob_data.py --restyle data/miniwob/rl.jsonl data/miniwob/rl_varied.jsonl  # no browser
 
 Writes (replacing only these): OUT/train.jsonl, OUT/test.jsonl, OUT/images/, OUT/manifest.json.
 Line format:
@@ -24,6 +25,7 @@ Line format:
                 "thought", "elements", "check_options": {"action", "candidate_bbox"}}]}
 """
 
+import json
 import multiprocessing as mp
 import platform
 import shutil
@@ -53,8 +55,12 @@ ap.add_argument("--train-seeds", type=int, default=24, help="train episodes per 
 ap.add_argument("--test-seeds", type=int, default=8, help="held-out test episodes per task")
 ap.add_argument("--train-seed-base", type=int, default=me.TRAIN_SEED_BASE, help="first train seed")
 ap.add_argument("--test-seed-base", type=int, default=me.TEST_SEED_BASE, help="first test seed")
-ap.add_argument("--thoughts", choices=["long", "short"], default="long",
-                help="long: the expert's reasoning; short: 'Click button 'okay' at (24,73).' (fewer target tokens)")
+ap.add_argument("--thoughts", choices=["long", "short", "varied"], default="long",
+                help="long: the expert's reasoning; short: 'Click button 'okay' at (24,73).' (fewer target tokens); "
+                     "varied: as a stronger model writes them, several phrasings and details (experts.varied_thoughts)")
+ap.add_argument("--restyle", nargs=2, metavar=("IN", "OUT"), default=None,
+                help="no browser: copy the long-thought episodes of JSONL IN to OUT with --thoughts varied "
+                     "(same screenshots and actions; OUT beside IN, so the image paths hold)")
 # environment
 ap.add_argument("--max-steps", type=int, default=experts.MAX_EXPERT_STEPS, help="expert step limit")
 ap.add_argument("--step-timeout", type=float, default=20.0, help="seconds per env step")
@@ -123,8 +129,35 @@ def versions():
 # main
 
 
+def restyle(src: Path, dst: Path) -> dict:
+    """Write the episodes of `src` (long expert thoughts) to `dst` with varied thoughts (experts.varied_thoughts,
+    keyed by episode_id); everything else byte for byte. Raises cli.UsageError naming the file and line of an
+    episode whose thoughts are not long expert thoughts."""
+    lines = []
+    for i, line in enumerate(src.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        ep = json.loads(line)
+        steps = [{"action": st["action_content"], "thought": st.get("thought", "")} for st in ep["steps"]]
+        try:
+            new = experts.varied_thoughts(steps, ep.get("episode_id") or f"{ep.get('task')}-{ep.get('seed')}")
+        except ValueError as e:
+            raise cli.UsageError(f"{src}:{i}: {e} (--restyle needs long expert thoughts)") from None
+        for st, t in zip(ep["steps"], new):
+            st["thought"] = t
+        lines.append(cli.dumps(ep))
+    dst.write_text("\n".join(lines) + "\n")
+    return {"in": str(src), "out": str(dst), "episodes": len(lines)}
+
+
 def main(argv=None):
     args = ap.parse_args(argv)
+    if args.restyle:
+        src, dst = (Path(p) for p in args.restyle)
+        if not src.is_file():
+            raise cli.UsageError(f"--restyle {src}: no such file")
+        print(cli.dumps(restyle(src, dst)))
+        return
     tasks = sorted(experts.EXPERTS) if args.tasks == ["all"] else sorted(set(args.tasks))
     try:
         experts.check_tasks(tasks, need_expert=True)
