@@ -7,8 +7,9 @@ UI-S1 release's recipe, and what it moved. Every stage runs at one commit, from 
   3. the rule, from SFT's numbers alone, before any RL: the RL tasks are those whose flippable
      fraction, pooled over seeds, is >= FLIP_MIN (rc.flippable_tasks);
   4. semi-online and offline (--history expert) RL from each SFT checkpoint on demonstrations of the
-     chosen tasks SFT never saw, the release's recipe (8 rollouts per task, temperature 1, the std
-     filter 0.3 with refills, KL 1e-4, RL_PASSES passes over the data), RL_POINTS checkpoints each;
+     chosen tasks SFT never saw, the release's recipe (8 rollouts per task, the std filter 0.3 with
+     refills and the release's returns, KL 1e-4, RL_PASSES passes over the data) at FLIP_TEMPERATURE
+     (the release samples at 1.0; the tiny model at 0.5, see the setting), RL_POINTS checkpoints each;
      and the control users ask for: SFT continued on the same demonstrations, as many demonstration
      steps as an RL arm trains on;
   5. every checkpoint (base, SFT at SFT_POINTS lengths, RL at each point, the control) on the
@@ -58,7 +59,9 @@ SETTING = dict(
     SFT_STEPS=300, SFT_LR=1e-3, SFT_EXTRA=[],
     SFT_POINTS=4,                                # SFT checkpoints evaluated per seed (points of claim 2's R^2)
     FLIP_SAMPLES=4,                              # sampled plays per selection episode of each SFT checkpoint
-    FLIP_TEMPERATURE=1.0,                        # the temperature RL samples at (the release's 1.0)
+    FLIP_TEMPERATURE=0.5,                        # the temperature RL samples at (the release: 1.0; chosen on the
+                                                 # selection episodes: at 1.0 the tiny model's RL fell below SFT,
+                                                 # at 0.5 it rose; results/LOG.md, 2026-12-04)
     FLIP_MIN=0.15,                               # the rule: RL tasks have a pooled flippable fraction >= this
     RL_STEPS=72, RL_LR=2e-5,                     # lr chosen on the selection episodes (results/LOG.md, 2026-12-04)
     RL_POINTS=3,                                 # RL checkpoints per run: the dose-response's points
