@@ -26,7 +26,11 @@ computes it, AdamW). ratio_vs_trl = peer step seconds / ours.
 Shared prompts. In each repeat the log-probs and the update also run on the same micro-batches
 collated with share_prompts (each shared prompt head once: vlm.PolicyLogProb), from the same
 weights: share_speedup = seconds plain / shared, per phase (--no-share-prompts skips it). Expert
-history makes every rollout of a task share each step's prompt: the most this can give.
+history makes every rollout of a task share each step's prompt: the most this can give (in a
+semi-online run the n rollouts always share step 0's prompt, and later ones while their histories
+agree). `step` is the step as train_semionline.py runs it on CPU (--share-prompts auto: on), the
+log-probs and update shared; `step_unshared` runs every row's prompt whole; ratio_vs_trl and
+ratio_vs_trl_unshared divide the peer's step by each.
 
 Vocabulary. The tiny preset runs on a small tokenizer of its own (assets/tiny_tokenizer, 8,192
 tokens). With --vocab both (the default) the same step also runs on the real Qwen2.5-VL vocabulary
@@ -196,10 +200,11 @@ def our_step(v):
     batches = batches_of(False)
     t_logp, t_update = logprob_and_update(v, policy, ref, batches, chunks)
     times = dict(prefill=t_prefill, decode=t_decode, rollout=t_roll, logprob=t_logp, update=t_update,
-                 step=t_roll + t_logp + t_update)
+                 step=t_roll + t_logp + t_update, step_unshared=t_roll + t_logp + t_update)
     if args.share_prompts:  # the same work with each micro-batch's shared prompt heads run once, same weights
         v.model.load_state_dict(v.init_state)
         times["logprob_shared"], times["update_shared"] = logprob_and_update(v, policy, ref, batches_of(True), chunks)
+        times["step"] = t_roll + times["logprob_shared"] + times["update_shared"]   # as the trainer runs on CPU
     return times, sampler.calls, recs, batches
 
 
@@ -396,6 +401,7 @@ if len(variants) == 2:
                                                   "rollout_tok_s", "decode_tok_s")})
     result["vocab_speedup_phases"] = {k: round(real["seconds"][k] / med[k], 2) for k in med}
     result["vocab_speedup"] = round(real["seconds"]["step"] / med["step"], 2)
+    result["vocab_speedup_unshared"] = round(real["seconds"]["step_unshared"] / med["step_unshared"], 2)
 if args.share_prompts:  # side by side in each repeat: the micro-batches' shared prompt heads run once
     result["share_speedup"] = {k: round(med[k] / med[f"{k}_shared"], 2) for k in ("logprob", "update")}
 result.update(gemm_gflops={f"{m}x{k}x{n}": round(r / 1e9, 1) for (m, k, n), r in _rates.items()},
@@ -405,6 +411,9 @@ if peer:
     result.update(peer_seconds={k: round(x, 3) for k, x in pmed.items()},
                   peer_seconds_runs={k: [round(r[k], 3) for r in peer] for k in peer[0]},
                   ratio_vs_trl=round(pmed["step"] / med["step"], 2),
-                  ratio_vs_peer={k: round(pmed[k] / med[k], 2) for k in ("rollout", "logprob", "update")})
+                  ratio_vs_trl_unshared=round(pmed["step"] / med["step_unshared"], 2),
+                  ratio_vs_peer={k: round(pmed[k] / med[k], 2) for k in ("rollout", "logprob", "update")},
+                  ratio_vs_peer_shared={k: round(pmed[k] / med[f"{k}_shared"], 2) for k in ("logprob", "update")
+                                        if f"{k}_shared" in med})
 result.update(loadavg_1m_before=round(load_before, 2), loadavg_1m_after=round(os.getloadavg()[0], 2))
 print(json.dumps(result))

@@ -387,12 +387,12 @@ def _pair(model, tok, **kw):
     return [Sampler(model, tok, max_new_tokens=MAX_NEW, seed=5, decode=d, **kw) for d in ("eager", "static")]
 
 
-def _assert_same(a, b):
+def _assert_same(a, b, atol=5e-5):
     assert [[o.ids for o in r] for r in a] == [[o.ids for o in r] for r in b]
     assert [[o.finish_reason for o in r] for r in a] == [[o.finish_reason for o in r] for r in b]
     for ra, rb in zip(a, b):
         for oa, ob in zip(ra, rb):
-            torch.testing.assert_close(oa.logprobs, ob.logprobs, atol=5e-5, rtol=0)
+            torch.testing.assert_close(oa.logprobs, ob.logprobs, atol=atol, rtol=0)
 
 
 def test_static_decode_equals_eager_sampled(model, proc, prompts):
@@ -629,6 +629,11 @@ def test_lean_step_sampled_logprobs_match_full_forward(model, proc, prompts):
     s = Sampler(model, proc[0], max_new_tokens=MAX_NEW, stop_token_ids=[], seed=0, temperature=1.5, lean=True)
     outs = s.generate(prompts[:2], n=2, seeds=[7, 8])
     assert s.stats["lean"] is True
+    assert_full_forward_logprobs(model, prompts, outs, 1.5)
+
+
+def assert_full_forward_logprobs(model, prompts, outs, temperature):
+    """Each returned logprob is log_softmax(logits / T) of a full forward over prompt + sampled ids."""
     for p, row in zip(prompts, outs):
         for o in row:
             ids = torch.cat([p.input_ids, torch.tensor(o.ids)])[None]
@@ -636,7 +641,7 @@ def test_lean_step_sampled_logprobs_match_full_forward(model, proc, prompts):
                 logits = model(input_ids=ids, pixel_values=p.pixel_values, image_grid_thw=p.image_grid_thw,
                                mm_token_type_ids=(ids == model.config.image_token_id).int()).logits[0]
             T = len(p.input_ids)
-            full = torch.log_softmax(logits[T - 1:-1].float() / 1.5, -1).gather(-1, torch.tensor(o.ids)[:, None]).squeeze(-1)
+            full = torch.log_softmax(logits[T - 1:-1].float() / temperature, -1).gather(-1, torch.tensor(o.ids)[:, None]).squeeze(-1)
             torch.testing.assert_close(o.logprobs, full, atol=1e-4, rtol=0)
 
 
@@ -675,11 +680,7 @@ def test_cascade_decode_equals_per_row_decode(model, proc, prompts):
     s = Sampler(model, tok, max_new_tokens=MAX_NEW, lean=True, decode="eager", stop_token_ids=stop)
     ours = s.generate(batch, n=ns, greedy=True)
     assert s.stats["cascade_grids"][0] == 4 and s.stats["cascade_grids"][-1] <= 2     # the grid shrank
-    assert [[o.ids for o in r] for r in ours] == [[o.ids for o in r] for r in ref]
-    assert [[o.finish_reason for o in r] for r in ours] == [[o.finish_reason for o in r] for r in ref]
-    for ra, rb in zip(ours, ref):
-        for oa, ob in zip(ra, rb):
-            torch.testing.assert_close(oa.logprobs, ob.logprobs, atol=1e-5, rtol=0)
+    _assert_same(ours, ref, atol=1e-5)
 
 
 def test_cascade_sampled_logprobs_match_full_forward(model, proc, prompts):
@@ -688,12 +689,4 @@ def test_cascade_sampled_logprobs_match_full_forward(model, proc, prompts):
     s = Sampler(model, proc[0], max_new_tokens=MAX_NEW, stop_token_ids=[], seed=0, temperature=1.5, lean=True)
     outs = s.generate(prompts[:2], n=[3, 1], seeds=[7, 8])
     assert s.stats["cascade_grids"] == [2]
-    for p, row in zip(prompts, outs):
-        for o in row:
-            ids = torch.cat([p.input_ids, torch.tensor(o.ids)])[None]
-            with torch.no_grad():
-                logits = model(input_ids=ids, pixel_values=p.pixel_values, image_grid_thw=p.image_grid_thw,
-                               mm_token_type_ids=(ids == model.config.image_token_id).int()).logits[0]
-            T = len(p.input_ids)
-            full = torch.log_softmax(logits[T - 1:-1].float() / 1.5, -1).gather(-1, torch.tensor(o.ids)[:, None]).squeeze(-1)
-            torch.testing.assert_close(o.logprobs, full, atol=1e-4, rtol=0)
+    assert_full_forward_logprobs(model, prompts, outs, 1.5)
