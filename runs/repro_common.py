@@ -440,7 +440,9 @@ def prepare_data(args) -> dict:
     tasks = args.tasks or all_tasks(args.test_data)
     root = args.out_root / "data"
     src_train, src_test = REPO / args.train_data, REPO / args.test_data
-    subset = lambda src, stem: write_subset(src, root / f"{stem}_{len(tasks)}t.jsonl", tasks, None) if args.tasks else src  # noqa: E731
+    def subset(src: Path, role: str) -> Path:  # named after the source file too: another file, another run hash
+        name = f"{role}_{len(tasks)}t.jsonl" if src.stem == role else f"{role}_{src.stem}_{len(tasks)}t.jsonl"
+        return write_subset(src, root / name, tasks, None) if args.tasks else src
     train, test = subset(src_train, "train"), subset(src_test, "test")
     rl = train
     if args.rl_data:  # RL on demonstrations SFT never saw (their own seeds), in the same image folder

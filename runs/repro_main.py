@@ -110,7 +110,7 @@ def rl_data(args, data: dict, tasks: list[str] | None) -> Path:
     if not tasks:
         return args.out_root / "data" / "rl_chosen_tasks.jsonl"
     per = max(1, rl_steps_per_pass(args) * tasks_per_step(args) // len(tasks))
-    name = f"rl_{'+'.join(tasks)}_{per}.jsonl"
+    name = f"{Path(args.rl_data).stem}_{'+'.join(tasks)}_{per}.jsonl"       # the source file's name: no clash
     return rc.write_subset(rc.REPO / args.rl_data, args.out_root / "data" / name, tasks, per)
 
 

@@ -680,3 +680,22 @@ def test_history_gap_summary_sums_sft_finals_later_steps():
                       "own_acc": 0.75, "expert_acc": 0.75, "gap": 0.0}
     assert s["pooled"] == s["a"]
     assert rc.history_gap_summary([{"arm": "sft", "seed": 0, "final": True, "history_gap": None}]) is None
+
+
+def test_task_subsets_of_other_files_get_other_names(tmp_path, monkeypatch):
+    """A subset is named after its source file as well as its role, so a run on other data (the varied
+    thoughts) never finds, and reuses, another file's subset under the same path."""
+    from types import SimpleNamespace
+    monkeypatch.setattr(rc, "REPO", tmp_path)
+    d = tmp_path / "data"
+    d.mkdir()
+    ep = lambda task, seed: json.dumps({"task": task, "seed": seed, "goal": "g", "steps": []})  # noqa: E731
+    for name in ("train", "test", "rl", "train_varied", "rl_varied"):
+        (d / f"{name}.jsonl").write_text(ep("a", 0) + "\n" + ep("b", 1) + "\n")
+    args = SimpleNamespace(tasks=["a"], train_data="data/train.jsonl", test_data="data/test.jsonl",
+                           rl_data="data/rl.jsonl", out_root=tmp_path / "out", online_episodes=2, online_seed_base=200000)
+    plain = rc.prepare_data(args)
+    args.train_data, args.rl_data = "data/train_varied.jsonl", "data/rl_varied.jsonl"
+    varied = rc.prepare_data(args)
+    assert [plain[k].name for k in ("train", "rl", "test")] == ["train_1t.jsonl", "rl_1t.jsonl", "test_1t.jsonl"]
+    assert [varied[k].name for k in ("train", "rl")] == ["train_train_varied_1t.jsonl", "rl_rl_varied_1t.jsonl"]
