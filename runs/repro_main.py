@@ -58,7 +58,8 @@ SETTING = dict(
     BASE_EXTRA=["--copy-warmup-elements", "4", "--copy-warmup-type-frac", "0.25"],  # synthetic pages of 1-4 elements, 1 in 4 a type page
     SFT_STEPS=300, SFT_LR=1e-3, SFT_EXTRA=[],
     SFT_POINTS=4,                                # SFT checkpoints evaluated per seed (points of claim 2's R^2)
-    FLIP_SAMPLES=4,                              # sampled plays per selection episode of each SFT checkpoint
+    FLIP_SAMPLES=8,                              # sampled plays per selection episode of each SFT checkpoint: RL's
+                                                 # group size (an episode RL can flip is one a rollout of its group wins)
     FLIP_TEMPERATURE=0.5,                        # the temperature RL samples at (the release: 1.0; chosen on the
                                                  # selection episodes: at 1.0 the tiny model's RL fell below SFT,
                                                  # at 0.5 it rose; results/LOG.md, 2026-12-04)
