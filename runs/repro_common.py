@@ -254,6 +254,8 @@ def read_eval(res_dir: Path, episode_keys: list[tuple[str, int]]) -> dict:
             "n_online_episodes": len(bits), "online_outcomes": bits, "n_sop_episodes": r.get("episodes"),
             "online_per_task": {t: v.get("online_sr") for t, v in r.get("per_task", {}).items()},
             "malformed_responses": r.get("malformed_responses"), "eval_seconds": r.get("seconds"),
+            "sampled_seconds": (r.get("online_sampled") or {}).get("seconds"),
+            "sampled_plays": (r.get("online_sampled") or {}).get("samples", 0) * len(outcome) if r.get("online_sampled") else 0,
             "online_seconds": sum(float(json.loads(l).get("seconds", 0.0))
                                   for l in (res_dir / "online_episodes.jsonl").read_text().splitlines() if l.strip())}
 
@@ -275,8 +277,9 @@ def estimate(counts: dict, costs: dict, jobs: int) -> float:
     last ceil(n / jobs) run-lengths), except that between `jobs` and 2 x `jobs` runs share the cores
     at once (n / jobs run-lengths: 3 SFT runs on 2 cores take 1.5); the evaluations, many and short,
     packed (units x cost / jobs). counts (pending_counts): base_steps, sft_steps, rl_steps (training
-    stages, start-up included), sft_runs, rl_runs, online_episodes, sop_episodes, stages (an evaluation
-    process's fixed cost: imports, model load); costs: seconds per unit of each."""
+    stages, start-up included), sft_runs, rl_runs, online_episodes, sampled_plays (eval_sop.py --samples:
+    one sampled play of one episode), sop_episodes, stages (an evaluation process's fixed cost: imports,
+    model load); costs: seconds per unit of each."""
     j = max(jobs, 1)
     wall = counts.get("base_steps", 0) * costs.get("base_steps", 0.0)
     for kind in ("sft", "rl"):
@@ -284,7 +287,8 @@ def estimate(counts: dict, costs: dict, jobs: int) -> float:
         if steps and runs:
             lengths = runs / j if j < runs < 2 * j else math.ceil(runs / j)
             wall += lengths * steps / runs * costs.get(f"{kind}_steps", 0.0)
-    return wall + sum(counts.get(k, 0) * costs.get(k, 0.0) for k in ("online_episodes", "sop_episodes", "stages")) / j
+    return wall + sum(counts.get(k, 0) * costs.get(k, 0.0)
+                      for k in ("online_episodes", "sampled_plays", "sop_episodes", "stages")) / j
 
 
 def pending_counts(args, n_tasks: int, n_online: int, base: dict | None, train: dict, evals: list[dict],
@@ -313,18 +317,20 @@ def unit_costs(stage_log: list[dict], evals: list[dict], sft_steps: int, rl_step
     is_base = lambda c: "train_sft.py" in c and "--max-steps 0 " in c + " "  # noqa: E731
     on = [c["online_seconds"] / c["n_online_episodes"] for c in evals if c.get("online_seconds")]
     off = [(c["eval_seconds"] - c["online_seconds"]) / max(c.get("n_sop_episodes") or 1, 1)
-           for c in evals if c.get("eval_seconds") and c.get("online_seconds") is not None]
+           for c in evals if c.get("eval_seconds") and c.get("online_seconds") is not None and not c.get("sampled_plays")]
+    sampled = [c["sampled_seconds"] / c["sampled_plays"] for c in evals if c.get("sampled_plays") and c.get("sampled_seconds")]
     evals_wall = [e["wall_s"] - c["eval_seconds"] for e in stage_log for c in evals
                   if "eval_sop.py" in e["cmd"] and c.get("eval") and c["eval"] in e["cmd"] and c.get("eval_seconds")]
     return {"base_steps": per(is_base, base_steps, wall=True),  # alone, on every core (Stages)
             "sft_steps": per(lambda c: "train_sft.py" in c and not is_base(c), sft_steps),
             "rl_steps": per(lambda c: "train_semionline.py" in c, rl_steps),
             "online_episodes": float(np.mean(on)) if on else None, "sop_episodes": float(np.mean(off)) if off else None,
+            "sampled_plays": float(np.mean(sampled)) if sampled else None,
             "stages": float(np.mean(evals_wall)) if evals_wall else None}
 
 
 TRAINING_COSTS = ("base_steps", "sft_steps", "rl_steps")
-EVAL_COSTS = ("online_episodes", "stages")  # depend on --online-batch (browsers per process, batched answers)
+EVAL_COSTS = ("online_episodes", "sampled_plays", "stages")  # depend on --online-batch (browsers per process, batched answers)
 
 
 def _usable_costs(unit_costs: dict | None, online_batch: int | None = None) -> dict:

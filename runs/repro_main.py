@@ -90,7 +90,8 @@ QUICK = dict(SEEDS=[0], BASE_STEPS=20, SFT_STEPS=20, SFT_POINTS=2, RL_STEPS=3, E
 # process start included; evaluations: wall per online episode 2 at a time, per SOP episode, per process). RL at the
 # release's recipe: ~14 s a semi-online step and ~7 s an offline one (results/LOG.md, 2026-12-04); replaced by the
 # usable unit_costs of an earlier run's results JSON (rc.load_costs)
-COSTS = {"base_steps": 0.095, "sft_steps": 0.94, "rl_steps": 10.5, "online_episodes": 0.76, "sop_episodes": 0.43, "stages": 3.2}
+COSTS = {"base_steps": 0.095, "sft_steps": 0.94, "rl_steps": 10.5, "online_episodes": 0.76, "sampled_plays": 0.6,
+         "sop_episodes": 0.43, "stages": 3.2}
 ARMS = {"offline": ["--history", "expert"], "semionline": rc.SEMIONLINE_REF}  # RL arms and their flags
 CONTROL = "sft-continued"
 ESTIMATE_CHOSEN = 2                              # chosen tasks assumed by an estimate made before the rule has run
@@ -219,15 +220,15 @@ def main(argv=None) -> dict:
     rl, control, rl_evals = rl_plan(chosen0)
     evals = [base_eval, *sft_final.values(), *sft_mid, *rl_evals]
     n_test_evals = len(args.seeds) * (1 + len(ARMS) * args.rl_points + int(args.control))
-    test_plays = len(args.seeds) * (args.flip_samples + 1 + len(ARMS) * args.rl_points + int(args.control))
     counts, full = ({**rc.pending_counts(args, len(data["tasks"]), len(keys), base,
                                          {"sft": list(sft.values()), "rl": list(rl.values())}, evals, everything=e)}
                     for e in (False, True))
     for c, everything in ((counts, False), (full, True)):
         left = lambda jobs: [j for j in jobs if everything or args.force or not j["done"].exists()]  # noqa: E731,B023
         c["sft_steps"] += sum(j["steps"] for j in left(list(control.values())))   # the control: SFT steps
-        c["online_episodes"] += len(left(list(sft_final.values()))) * args.flip_samples * len(keys)  # sampled plays
-        c["online_episodes"] += test_plays * args.test_episodes                # the test episodes (counted as to run)
+        c["sampled_plays"] = len(left(list(sft_final.values()))) * args.flip_samples * len(keys)  # selection
+        c["sampled_plays"] += len(args.seeds) * args.flip_samples * args.test_episodes           # SFT's test plays
+        c["online_episodes"] += n_test_evals * args.test_episodes              # the test episodes (counted as to run)
         c["stages"] += n_test_evals
     costs = rc.load_costs(COSTS, out_json, online_batch=args.online_batch)
     print(f"[plan] {len(data['tasks'])} candidate tasks, seeds {args.seeds}, {len(evals)} checkpoints x {len(keys)} "
