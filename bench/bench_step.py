@@ -211,7 +211,7 @@ def our_step(v):
 def logprob_and_update(v, policy, ref, batches, chunks):
     """Seconds of the old + reference log-probs (no grad) and of one update pass (forward + ppo_loss +
     backward + AdamW step per mini-batch) on these micro-batches."""
-    opt = torch.optim.AdamW(policy.parameters(), lr=1e-4)
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-4, fused=True)   # as train_semionline.py
     t0 = time.perf_counter()
     with torch.no_grad():
         old = [policy(b)[0] for b in batches]
@@ -296,7 +296,7 @@ def peer_step(v, calls, recs, banned):
     t_roll = hf_rollout(v, calls, banned)
     chunks = [recs[i:i + args.micro_batch_size] for i in range(0, len(recs), args.micro_batch_size)]
     batches = [trl_batch(v, c) for c in chunks]
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)    # transformers' default for torch >= 2.8
     t0 = time.perf_counter()
     model.eval()
     with torch.no_grad():
