@@ -94,7 +94,6 @@ COSTS = {"base_steps": 0.095, "sft_steps": 0.94, "rl_steps": 10.5, "online_episo
          "sop_episodes": 0.43, "stages": 3.2}
 ARMS = {"offline": ["--history", "expert"], "semionline": rc.SEMIONLINE_REF}  # RL arms and their flags
 CONTROL = "sft-continued"
-ESTIMATE_CHOSEN = 2                              # chosen tasks assumed by an estimate made before the rule has run
 
 
 # -----------------------------------------------------------------------------
@@ -108,7 +107,8 @@ def flip_flags(args) -> list[str]:
 
 def rl_data(args, data: dict, tasks: list[str] | None) -> Path:
     """The RL demonstrations of the chosen tasks, RL_STEPS x tasks-per-step / (RL_PASSES x len(tasks)) of
-    each (RL_PASSES passes over them), or a placeholder path while the rule has not run (dry run)."""
+    each (RL_PASSES passes over them; fewer, and so more passes, when RL_DATA holds fewer), or a
+    placeholder path while the rule has not run (dry run)."""
     if not tasks:
         return args.out_root / "data" / "rl_chosen_tasks.jsonl"
     per = max(1, rl_steps_per_pass(args) * tasks_per_step(args) // len(tasks))
@@ -201,7 +201,7 @@ def main(argv=None) -> dict:
 
     def rl_plan(chosen: list[str]) -> tuple[dict, dict, list]:
         """The RL and control jobs on the chosen tasks' demonstrations, and their selection evaluations."""
-        path = rl_data(args, data, chosen)
+        path = state["rl_data"] = rl_data(args, data, chosen)
         flags = [*args.rl_extra, "--temperature", str(T)]
         sub = argparse_like(args, rl_extra=flags)
         rl = {(arm, s): rc.rl_job(sub, data, sft[s], s, arm, arm_flags, train=path, points=args.rl_points)
@@ -214,6 +214,7 @@ def main(argv=None) -> dict:
         return rl, control, evals
 
     # --- the estimate: only what is still to run
+    state = {"rule": None, "dose": None, "test_keys": [], "rl_data": None}
     sel_rows0 = [{"arm": "sft", "seed": e["meta"][2], "final": True, **rc.read_eval(e["dir"], keys)}
                  for e in sft_final.values() if e["done"].exists()]
     chosen0 = rule(sel_rows0)["tasks"] if len(sel_rows0) == len(args.seeds) else []
@@ -237,7 +238,7 @@ def main(argv=None) -> dict:
           f"(from scratch: {rc.estimate(full, costs, args.jobs) / 60:.0f} min; costs s/unit: {costs})", flush=True)
 
     # --- 1-2. the shared base, SFT per seed, the SFT finals greedy and sampled on the selection episodes
-    rows, test_rows, state = [], [], {"rule": None, "dose": None, "test_keys": []}
+    rows, test_rows = [], []
     order = {a: i for i, a in enumerate(["base", "sft", *ARMS, CONTROL])}
     ordered = lambda rs: sorted(rs, key=lambda r: (order.get(r["arm"], 9), r["seed"], r["step"]))  # noqa: E731
     curves = {}
@@ -270,6 +271,8 @@ def main(argv=None) -> dict:
              "config": {k.lower(): getattr(args, k.lower()) for k in SETTING},
              "tasks": data["tasks"], "online_episodes": [list(k) for k in keys],
              "flippability": state["rule"], "rl_tasks": (state["rule"] or {}).get("tasks"),
+             "rl_data": ({"file": rc._rel(state["rl_data"]), "episodes_per_task": rc.episodes_per_task(state["rl_data"])}
+                         if state.get("rl_data") and state["rl_data"].exists() else None),
              "history_gap": rc.history_gap_summary(ck),
              "checkpoints": ck, **r2f, "r2_without_base": r2nb, "comparisons": cmps, "claims": claims, "goal": goal,
              "arms": rc.arm_summaries(ck, curves),
