@@ -104,9 +104,15 @@ def test_update_gradient_two_processes(tmp_path, agg, share):
     one FSDP2 root forward)."""
     out = tmp_path / "res.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                          str(REPO / "tests" / "update_worker.py"), str(out), agg, share],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(REPO / "tests" / "update_worker.py"),
+           str(out), agg, share]
+    for attempt in range(2):
+        res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        # gloo on an overloaded 2-core machine once aborted a rank in C++ ("terminate called without an
+        # active exception", SIGABRT) before any result: rerun that crash once; any other failure, or a
+        # wrong gradient, fails at once
+        if res.returncode == 0 or attempt or out.exists() or "SIGABRT" not in res.stderr:
+            break
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     r = json.loads(out.read_text())
     assert 0 < r["n_mine"] < r["n_records"] and r["skipped"] == 0
