@@ -241,10 +241,7 @@ def main(argv=None):
                                      seed=args.seed if args.ref_seed is None else args.ref_seed)
         ref_model.requires_grad_(False).eval()
         ref = apply_fsdp(ref_model, PolicyLogProb(ref_model), proc, mixed_precision=False)
-    # fused: on CUDA the default foreach AdamW holds a model-sized temporary (sqrt of the second moment); on
-    # CPU the default is a Python loop of ~10 elementwise passes per parameter (fused: ~8x faster a step)
-    optimizer = torch.optim.AdamW(lora.trainable(policy), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.999),
-                                  fused=True)
+    optimizer = utils.adamw(lora.trainable(policy), lr=args.lr, weight_decay=args.weight_decay)
     sampler = Sampler(model, tokenizer, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                       top_p=args.top_p, decode=args.decode)
     start_step = 0

@@ -86,6 +86,13 @@ def peak_memory_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def adamw(params, lr: float, weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.AdamW:
+    """The trainers' optimizer: AdamW with the fused kernel on every device. On CUDA the default
+    (foreach) holds a model-sized temporary (sqrt of the second moment); on CPU it is a Python loop of
+    ~10 elementwise passes per parameter (fused: ~8x faster a step for the tiny model)."""
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, fused=True)
+
+
 def seed_everything(seed: int) -> None:
     """Seed python, numpy and torch (CPU and every CUDA device)."""
     random.seed(seed)

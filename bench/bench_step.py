@@ -58,6 +58,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 import chat
 import dataset
+import utils
 import vlm
 from batching import collate_sequences, to_device  # noqa: E402
 from kernels import ppo_loss  # noqa: E402
@@ -211,7 +212,7 @@ def our_step(v):
 def logprob_and_update(v, policy, ref, batches, chunks):
     """Seconds of the old + reference log-probs (no grad) and of one update pass (forward + ppo_loss +
     backward + AdamW step per mini-batch) on these micro-batches."""
-    opt = torch.optim.AdamW(policy.parameters(), lr=1e-4, fused=True)   # as train_semionline.py
+    opt = utils.adamw(policy.parameters(), lr=1e-4)   # the trainers' optimizer
     t0 = time.perf_counter()
     with torch.no_grad():
         old = [policy(b)[0] for b in batches]
