@@ -19,7 +19,6 @@ threshold 2, thought-free) are reused, not retrained.
 """
 from __future__ import annotations
 
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -203,7 +202,7 @@ def main(argv=None) -> dict:
                   claim("5b: thought-free > off-policy thoughts (online SR)", cmps[("semionline", "off-policy")]),
                   claim("6: a higher patch threshold moves the scaling exponent k towards 0", k_cmp)]
         comparisons = [c for c in [*sel_cmps.values(), *ent.values(), k_cmp, r2cmp] if c]
-        s = {"command": "python runs/repro_ablations.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+        s = {"command": rc.command_line("repro_ablations.py", argv),
              "commit": rc.git_commit(), "seeds": args.seeds, "scaling_seeds": args.scaling_seeds,
              "wall_s": round(time.time() - t_start, 1), "stages": stages.log, "reused_stages": rc.reused_stages(stages.skipped, previous),
              "config": {k.lower(): getattr(args, k.lower()) for k in SETTING}, "tasks": data["tasks"],

@@ -52,6 +52,13 @@ from repro_report import (ALPHA, _nan_to_none, arm_summaries, compare_curves, co
 # 2. stages
 
 
+def command_line(script: str, argv: list[str] | None) -> str:
+    """The command a results file records, copy-pasteable in a shell: `python runs/SCRIPT` and the
+    arguments (sys.argv[1:] when argv is None), each quoted as the shell needs (an --rl-extra value
+    with spaces stays one argument)."""
+    return f"python runs/{script} " + shlex.join(sys.argv[1:] if argv is None else argv)
+
+
 def git_commit() -> str:
     """HEAD's hash, with "-dirty" when a tracked file outside results/ differs from it (the run's own
     results files, written as it goes, do not make the code that produced them dirty)."""

@@ -32,7 +32,6 @@ checkpoint, so an interrupted run leaves partial results.
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -266,7 +265,7 @@ def main(argv=None) -> dict:
         goal = None if c1a is None else {"target": "semionline - sft >= +0.05 with p < 0.05 (test episodes)",
                                          "diff": c1a["diff"], "p_value": c1a["p_value"],
                                          "met": bool(c1a["diff"] >= 0.05 and c1a["p_value"] < rc.ALPHA)}
-        s = {"command": "python runs/repro_main.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+        s = {"command": rc.command_line("repro_main.py", argv),
              "commit": rc.git_commit(), "seeds": args.seeds, "wall_s": round(time.time() - t_start, 1),
              "stages": stages.log, "reused_stages": rc.reused_stages(stages.skipped, previous),
              "config": {k.lower(): getattr(args, k.lower()) for k in SETTING},

@@ -2,6 +2,7 @@
 hand-computed values, and the results schema on a small fabricated results set (no training, no browser)."""
 import json
 import math
+import shlex
 import sys
 from pathlib import Path
 
@@ -699,3 +700,11 @@ def test_task_subsets_of_other_files_get_other_names(tmp_path, monkeypatch):
     varied = rc.prepare_data(args)
     assert [plain[k].name for k in ("train", "rl", "test")] == ["train_1t.jsonl", "rl_1t.jsonl", "test_1t.jsonl"]
     assert [varied[k].name for k in ("train", "rl")] == ["train_train_varied_1t.jsonl", "rl_rl_varied_1t.jsonl"]
+
+
+def test_recorded_command_reruns_the_same_arguments():
+    """The results' command is shell-quoted: an --rl-extra value with spaces comes back as one argument."""
+    argv = ["--rl-extra", "--n-rollouts 8 --kl-coef 1e-4", "--results", "results/varied", "--eval-extra", "--max-new-tokens 120"]
+    line = rc.command_line("repro_main.py", argv)
+    assert shlex.split(line) == ["python", "runs/repro_main.py", *argv]
+    assert " ".join(["python", "runs/repro_main.py", *argv]) != line  # a plain join would not round-trip
