@@ -65,6 +65,85 @@ def arg_type(fn):
     return convert
 
 
+def int_at_least(low: int, *, name: str | None = None):
+    """argparse type: an integer >= low (e.g. int_at_least(1) for counts and sizes, int_at_least(0)
+    where the help says what 0 means). Rejects '1.5', 'ten' and values below low with a message naming
+    the bound, so argparse reports `argument --x: ...` in one line."""
+    def convert(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"{v}: must be >= {low}")
+        return v
+    convert.__name__ = name or ("positive_int" if low == 1 else "non_negative_int" if low == 0 else f"int_at_least_{low}")
+    convert.kind, convert.low = "int", low
+    return convert
+
+
+positive_int = int_at_least(1)      # counts, sizes, steps: 0 has no meaning
+non_negative_int = int_at_least(0)  # seeds, limits and periods whose help says what 0 means
+
+
+def finite_float(low: float | None = None, high: float | None = None, *, low_open: bool = False,
+                 high_open: bool = False):
+    """argparse type: a finite float in [low, high] (an open end with low_open / high_open; None: no
+    bound). NaN and +-inf are always refused: no flag of ours means anything by them."""
+    def convert(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+        lo_ok = low is None or (v > low if low_open else v >= low)
+        hi_ok = high is None or (v < high if high_open else v <= high)
+        if not (math.isfinite(v) and lo_ok and hi_ok):
+            span = f"{'(' if low_open else '['}{'-inf' if low is None else f'{low:g}'}, " \
+                   f"{'inf' if high is None else f'{high:g}'}{')' if high_open or high is None else ']'}"
+            raise argparse.ArgumentTypeError(f"{text}: must be a finite number in {span}")
+        return v
+    convert.__name__ = "finite_float"
+    convert.kind, convert.low = "float", low
+    return convert
+
+
+positive_float = finite_float(0.0, low_open=True)   # learning rates, scales, timeouts
+non_negative_float = finite_float(0.0)              # weights and coefficients where 0 switches a term off
+fraction = finite_float(0.0, 1.0)                   # shares in [0, 1]
+
+
+def temperature(text: str) -> float:
+    """argparse type of every --temperature: the sampler's one rule (sampler.check_temperature:
+    finite and >= sampler.MIN_TEMPERATURE), met at parse time by the trainer, the evaluator and the
+    benchmarks alike."""
+    from sampler import check_temperature  # here: the prompt builder imports cli without torch
+
+    try:
+        v = float(text)
+        check_temperature(v)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text}: {e}" if "temperature" in str(e) else f"invalid float value: {text!r}") from None
+    return v
+
+
+temperature.kind, temperature.low = "float", None
+
+
+def names(valid, what: str):
+    """argparse type: one name of `valid` (an iterable, or a callable returning one, read when the
+    flag is parsed), or 'all' when valid holds it. A misspelling is `argument --x: unknown <what>
+    'nmae' (known: ...)`, at parse time rather than after a model loaded."""
+    def convert(text: str) -> str:
+        known = list(valid() if callable(valid) else valid)
+        if text not in known:
+            shown = ", ".join(sorted(map(str, known))[:12]) + (", ..." if len(known) > 12 else "")
+            raise argparse.ArgumentTypeError(f"unknown {what} {text!r} (known: {shown})")
+        return text
+    convert.__name__ = "names"
+    convert.kind = "name"
+    return convert
+
+
 def input_file(path: str) -> str:
     """argparse type: a readable file. Raises UsageError naming the path otherwise."""
     if not os.path.exists(path):

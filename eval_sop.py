@@ -390,7 +390,8 @@ def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
 
     Unlike the normal interval p +- z*se it stays inside [0, 1] and is not empty at k = 0 or k = n:
     centre (p + z^2/2n) / (1 + z^2/n), half-width z*sqrt(p(1-p)/n + z^2/4n^2) / (1 + z^2/n).
-    Raises ValueError for k outside [0, n]."""
+    Guaranteed: 0 <= lo <= k/n <= hi <= 1 (clamped against rounding). Raises ValueError for k
+    outside [0, n]."""
     if not 0 <= k <= n:
         raise ValueError(f"wilson: k={k} outside [0, n={n}]")
     if n == 0:
@@ -399,7 +400,9 @@ def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
     den = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / den
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    # rounding can put centre - half one ulp above 0 = k/n (or centre + half below 1 = k/n): the
+    # interval always holds the estimate and stays inside [0, 1]
+    return (min(max(0.0, centre - half), p), max(min(1.0, centre + half), p))
 
 
 def rate(k: int, n: int) -> dict:

@@ -19,8 +19,8 @@ Engine design (what it does that `model.generate` does not):
   3. Positions are explicit, per prompt on the unpadded ids: 1-D for text LMs, Qwen2.5-VL's 3-D
      mrope positions from the model's own `get_rope_index`; a decoded token's position is (max
      prompt position + 1 + step). The model's cached `rope_deltas` is never read, and is cleared.
-  4. `process_logits` is the one place where temperature, top-p and the ban on vision tokens are
-     applied to the draw (docs/method.md §11). The logprobs returned are of the policy the trainer
+  4. `allowed_weights` is the one place where the ban on vision tokens and top-p form the draw's
+     allowed set, before anything is normalised, on every path (docs/method.md §11). The logprobs returned are of the policy the trainer
      scores (vlm.PolicyLogProb): log_softmax(logits / temperature) over the whole vocabulary, one
      fp32 value per returned id, so that pi_old taken from them (--old-logp sampler) is the
      trainer's pi_old; the draw's ban and nucleus change which ids come out, not their scores. The
@@ -196,9 +196,8 @@ class Sampler:
         self.model, self.tokenizer = model, tokenizer
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p  # validated
         self.share_prefix = share_prefix
-        process_logits(torch.zeros(1, 2), temperature, top_p)               # validate early
         self.device = next(model.parameters()).device
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
@@ -230,6 +229,26 @@ class Sampler:
         self.pad_id = pad_token_id(tokenizer)                                 # pads are masked; any real id works
         self.generator = None if seed is None else torch.Generator(device=self.device).manual_seed(seed)
         self.stats: dict = {}
+
+    # temperature and top_p are checked whenever they are set (a caller that changes them for one call,
+    # as eval_sop's sampled plays do, meets the same rule as the constructor and the trainer's flags)
+    @property
+    def temperature(self) -> float:
+        return self._temperature
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        check_temperature(value)
+        self._temperature = float(value)
+
+    @property
+    def top_p(self) -> float:
+        return self._top_p
+
+    @top_p.setter
+    def top_p(self, value: float) -> None:
+        check_top_p(value)
+        self._top_p = float(value)
 
     # --- prompts
 
@@ -365,23 +384,30 @@ class Sampler:
     def _draw(self, logits: torch.Tensor, greedy: bool, gen, u: torch.Tensor | None):
         """One token per row from logits (R, V) (ours: edited in place) and its log-probability under
         the policy the trainer scores, log_softmax(logits / T) over the whole vocabulary (engine design
-        note 4). The draw excludes the banned (vision) ids and, for top_p < 1, keeps the nucleus
-        (process_logits); at top_p 1 it inverts the CDF of that softmax with the banned ids zeroed, the
-        distribution of sample_from_logits from one softmax instead of two (a drawn or argmax id has
-        p >= ~1e-30, so its log is exact to fp32). -> (tok (R,) long, lp (R,) fp32)."""
+        note 4). The draw is from the allowed set only (`allowed_weights`: banned ids removed and the
+        top-p nucleus kept BEFORE anything is normalised, so a banned id far ahead cannot underflow the
+        allowed ones to 0); the score is x[tok] - logsumexp(x) over the whole vocabulary, taken from
+        the same pass (the allowed mass and the banned logits), finite for every allowed id.
+        -> (tok (R,) long, lp (R,) fp32)."""
         x = logits.float()
         if self.temperature != 1.0:
-            x = x.div_(self.temperature)
-        w = torch.softmax(x, dim=-1)              # (R, V) the policy's probabilities, whole vocabulary
+            x = x.div_(self.temperature)                                       # (R, V) x = z / T
         banned = self.banned_ids.to(x.device)
-        if greedy or self.top_p < 1.0:
-            x.index_fill_(-1, banned, float("-inf"))
-            tok = x.argmax(dim=-1) if greedy else sample_from_logits(x, 1.0, self.top_p, gen, u=u)[0]
+        if self.top_p < 1.0:     # the nucleus drops ids of the whole vocabulary: its normaliser first
+            lse = torch.logsumexp(x, dim=-1)                                   # (R,)
+        else:                    # the allowed mass below + the few banned logits give it without a pass
+            xb = x.index_select(-1, banned)                                    # (R, n_banned)
+        w, m = allowed_weights(x, banned, self.top_p)                          # (R, V) exp(x - m), 0 if not allowed
+        if greedy:
+            tok = x.argmax(dim=-1)                                             # banned ids are -inf in x
+            total = w.sum(dim=-1, dtype=torch.float64) if self.top_p == 1.0 else None
         else:
             if u is None:
                 u = torch.rand(x.shape[0], generator=gen, device=x.device)
-            tok, _ = _inverse_cdf(w.index_fill_(-1, banned, 0.0), u.reshape(-1, 1))   # a banned id is never drawn
-        return tok, w.gather(-1, tok[:, None]).squeeze(-1).log()
+            tok, total = _inverse_cdf(w, u.reshape(-1, 1))                     # an id of weight 0 is never drawn
+        if self.top_p == 1.0:    # log sum over the vocabulary = logaddexp(allowed part, banned part)
+            lse = torch.logaddexp(m.squeeze(-1).double() + total.log(), torch.logsumexp(xb.double(), dim=-1))
+        return tok, (x.gather(-1, tok[:, None]).squeeze(-1).double() - lse.double()).float()
 
     # --- the loop
 
@@ -516,32 +542,60 @@ class Sampler:
 MIN_TEMPERATURE = 1e-3  # logits of |z| <= ~1e3 stay far inside fp32 (3.4e38) after z / T, exp() and sums
 
 
+def check_temperature(temperature: float) -> None:
+    """The one temperature rule of the sampler, the trainer's and the evaluator's flags (cli.temperature)
+    and the scorer: finite and >= MIN_TEMPERATURE (greedy decoding is greedy=True, not T -> 0).
+    Raises ValueError otherwise."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or \
+            not (math.isfinite(temperature) and temperature >= MIN_TEMPERATURE):
+        raise ValueError(f"temperature must be finite and >= {MIN_TEMPERATURE:g}, got {temperature} "
+                         "(below it logits / temperature leave fp32's range; use greedy=True for argmax)")
+
+
+def check_top_p(top_p: float) -> None:
+    """top_p must lie in (0, 1]. Raises ValueError otherwise."""
+    if not (isinstance(top_p, (int, float)) and 0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def allowed_weights(x: torch.Tensor, banned_ids: torch.Tensor | None, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The allowed set of a draw, formed before anything is normalised; the one place every path of
+    the draw (Sampler._draw greedy / top-p / inverse CDF, process_logits, sample_from_logits) forms it.
+
+    x: (B, V) fp32 logits already divided by the temperature, EDITED IN PLACE: banned ids -> -inf.
+    Returns (w, m): w (B, V) fp32 = exp(x - m) on the allowed ids and 0 elsewhere, m (B, 1) the
+    largest allowed logit, so the most likely allowed id has weight exactly 1 and no allowed id
+    underflows because a banned one leads (a softmax taken first would put every allowed id at 0
+    when a banned id leads by ~100 nats). top_p < 1 then keeps the nucleus of the allowed
+    distribution: the smallest set of most likely ids whose mass reaches top_p (Holtzman et al.
+    2020; the most likely id always kept); the ids it drops get weight 0 (x is left as is there)."""
+    if banned_ids is not None and banned_ids.numel():
+        x.index_fill_(-1, banned_ids.to(x.device), float("-inf"))
+    m = x.amax(dim=-1, keepdim=True)                                           # (B, 1)
+    w = torch.exp(x - m)                                                       # (B, V) in [0, 1]
+    if top_p < 1.0:
+        sorted_w, order = w.sort(dim=-1, descending=True)                     # (B, V)
+        mass_before = sorted_w.cumsum(dim=-1) - sorted_w    # mass of the strictly more likely ids
+        drop_sorted = mass_before >= top_p * sorted_w.sum(dim=-1, keepdim=True)
+        w.masked_fill_(torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted), 0.0)
+    return w, m
+
+
 def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0,
                    banned_ids: torch.Tensor | None = None, *, normalise: bool = True) -> torch.Tensor:
     """logits (B, V) -> (B, V) fp32 probabilities of the sampling distribution.
-    p(v) is proportional to exp(logit_v / temperature) over the allowed tokens; a token is not
-    allowed if it is banned or lies outside the top-p nucleus: the smallest set of most likely
-    tokens whose probability reaches top_p (Holtzman et al. 2020; the most likely token is always
-    kept). The only place temperature is applied (rollout.py, engine design note 4). normalise=False skips the final
-    division (sampling normalises through the CDF). Raises ValueError: temperature not finite or
-    below MIN_TEMPERATURE, top_p outside (0, 1]."""
-    if not (math.isfinite(temperature) and temperature >= MIN_TEMPERATURE):
-        raise ValueError(f"temperature must be finite and >= {MIN_TEMPERATURE:g}, got {temperature} "
-                         "(below it logits / temperature leave fp32's range; use greedy=True for argmax)")
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    x = logits.float()
-    if banned_ids is not None and banned_ids.numel():   # before the softmax: no underflow if they dominate
-        x = x.index_fill(-1, banned_ids.to(x.device), float("-inf"))
+    p(v) is proportional to exp(logit_v / temperature) over the allowed tokens (`allowed_weights`:
+    not banned, inside the top-p nucleus). The only place temperature is applied to a draw's logits
+    (rollout.py, engine design note 4). normalise=False skips the final division (sampling
+    normalises through the CDF; the weights are then exp(x - max allowed x)). Raises ValueError:
+    temperature not finite or below MIN_TEMPERATURE, top_p outside (0, 1]."""
+    check_temperature(temperature)
+    check_top_p(top_p)
+    x = logits.float().clone() if logits.dtype == torch.float32 else logits.float()
     if temperature != 1.0:
-        x = x / temperature
-    probs = torch.softmax(x, dim=-1)                                         # (B, V)
-    if top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)               # (B, V)
-        mass_before = sorted_p.cumsum(dim=-1) - sorted_p    # mass of the strictly more likely tokens
-        drop_sorted = mass_before >= top_p * sorted_p.sum(dim=-1, keepdim=True)
-        probs.masked_fill_(torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted), 0.0)
-    return probs / probs.sum(dim=-1, keepdim=True) if normalise else probs
+        x = x.div_(temperature)
+    w, _ = allowed_weights(x, banned_ids, top_p)                             # (B, V)
+    return w / w.sum(dim=-1, keepdim=True) if normalise else w
 
 
 _CDF_BLOCK = 1024  # vocab entries per block of the two-level inverse CDF

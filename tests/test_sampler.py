@@ -289,6 +289,58 @@ def test_sampler_refuses_what_it_cannot_sample(model, proc):
     assert tok.item() == 1 and torch.isfinite(lp).all()
 
 
+@pytest.mark.parametrize("temperature,top_p,greedy", [(sampling_mod.MIN_TEMPERATURE, 1.0, False), (0.05, 1.0, False),
+                                                      (sampling_mod.MIN_TEMPERATURE, 0.9, False),
+                                                      (sampling_mod.MIN_TEMPERATURE, 1.0, True)])
+def test_banned_id_far_ahead_draws_only_allowed_ids(model, proc, prompts, temperature, top_p, greedy):
+    """A banned (vision) id leading every allowed one by ~100 x T nats at the lowest allowed temperature:
+    a softmax taken before the ban puts every allowed id at 0 (the inverse CDF then returns the last id,
+    log-prob -inf). Every path of the draw forms the allowed set first: only allowed ids come out, each
+    with a finite log-prob equal to the trainer's log_softmax(z / T) over the whole vocabulary."""
+    sampler = Sampler(model, proc[0], max_new_tokens=4, stop_token_ids=[], seed=0, temperature=temperature, top_p=top_p)
+    banned = sampler.banned_ids
+    lead = 100.0 * temperature + 0.5  # the banned id's logit above the best allowed one, in logit units
+
+    def push(_, __, out):
+        out = out.clone()
+        out[..., banned[0]] = out.amax(-1) + lead
+        return out
+
+    hook = model.lm_head.register_forward_hook(push)
+    try:
+        outs = sampler.generate(prompts[:2], n=3, greedy=greedy)
+    finally:
+        hook.remove()
+    V = model.config.text_config.vocab_size
+    for row in outs:
+        for o in row:
+            assert not set(o.ids) & set(banned.tolist()), o.ids
+            assert max(o.ids) < V - 1 or V - 1 not in o.ids          # not the inverse CDF's fall-through
+            assert torch.isfinite(o.logprobs).all(), o.logprobs
+            assert (o.logprobs < -90).all()   # the banned id holds nearly all the policy's mass: ~ -100 nats
+    # the draw's pure function, on the same shape of logits
+    z = torch.randn(3, 50)
+    z[:, 7] = z.amax(-1) + lead
+    for g in (False, True):
+        tok, lp = sample_from_logits(z, temperature, top_p, torch.Generator().manual_seed(0), banned_ids=torch.tensor([7]),
+                                     greedy=g)
+        assert (tok != 7).all() and torch.isfinite(lp).all()
+        probs = process_logits(z, temperature, top_p, torch.tensor([7]))
+        assert probs[:, 7].eq(0).all() and torch.allclose(probs.sum(-1), torch.ones(3))
+
+
+def test_sampler_temperature_is_checked_when_set(model, proc):
+    """The evaluator sets a sampler's temperature for its sampled plays: the setter holds the same rule."""
+    s = Sampler(model, proc[0])
+    for t in (1e-9, 0.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="temperature"):
+            s.temperature = t
+    with pytest.raises(ValueError, match="top_p"):
+        s.top_p = 0.0
+    s.temperature = 0.5
+    assert s.temperature == 0.5
+
+
 def test_shared_prefix_equals_unshared(model, proc, prompts):
     tok = proc[0]
     same_size = make_prompt(proc, "Open the settings app, then turn on wifi.", (160, 210), seed=9)  # other pixels
