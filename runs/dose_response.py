@@ -20,42 +20,57 @@ JSON summary as its last line.
 """
 from __future__ import annotations
 
-import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (stats reads eval_sop's wilson)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cli  # noqa: E402
 from stats import paired_binary, wilson  # noqa: E402
 
 
 def read_episodes(folder: str) -> dict[tuple[str, int], dict]:
-    """{(task, seed): row} of an eval_sop.py --online folder's online_episodes.jsonl. Raises SystemExit
-    naming the file and line of a missing file, bad JSON or a row without task/seed/success."""
+    """{(task, seed): row} of an eval_sop.py --online folder's online_episodes.jsonl. Raises
+    cli.UsageError (one line, exit 2) naming the file and line of a missing file, bad JSON or a row
+    that is not {task: str, seed: int, success: bool[, sampled_success: [bool, ...]]}."""
     path = Path(folder) / "online_episodes.jsonl"
     if not path.is_file():
-        raise SystemExit(f"{path}: no such file (run eval_sop.py --online --out {folder})")
+        raise cli.UsageError(f"{path}: no such file (run eval_sop.py --online --out {folder})")
     out = {}
-    for i, line in enumerate(path.read_text().splitlines(), 1):
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-            out[(str(row["task"]), int(row["seed"]))] = row
-            bool(row["success"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise SystemExit(f"{path}: line {i}: {type(e).__name__}: {e} (expected task, seed, success)") from None
+        except ValueError as e:
+            raise cli.UsageError(f"{path}: line {i}: invalid JSON ({e})") from None
+        bad = ("not an object" if not isinstance(row, dict) else
+               next((f"missing {k!r}" for k in ("task", "seed", "success") if k not in row), None))
+        if bad is None:
+            seed, sampled = row["seed"], row.get("sampled_success")
+            if not isinstance(row["task"], str):
+                bad = f"task {row['task']!r} is not a string"
+            elif isinstance(seed, bool) or not isinstance(seed, int):
+                bad = f"seed {seed!r} is not an integer"
+            elif not isinstance(row["success"], bool):
+                bad = f"success {row['success']!r} is not true/false"
+            elif sampled is not None and not (isinstance(sampled, list) and all(isinstance(x, bool) for x in sampled)):
+                bad = f"sampled_success {sampled!r} is not a list of true/false"
+        if bad:
+            raise cli.UsageError(f"{path}: line {i}: {bad} (expected task, seed, success)")
+        out[(row["task"], row["seed"])] = row
     return out
 
 
 def summarize(start: dict, points: list[tuple[str, int, dict]]) -> dict:
     """The dose-response table (module docstring) on the (task, seed) keys every folder holds.
     start: read_episodes of the start; points: (arm, step, read_episodes) per checkpoint. The start is
-    each arm's step 0. Raises SystemExit when the folders share no episode."""
+    each arm's step 0. Raises cli.UsageError when the folders share no episode."""
     keys = sorted(set(start).intersection(*(set(p[2]) for p in points)))
     if not keys:
-        raise SystemExit("dose_response: the folders share no (task, seed) episode")
+        raise cli.UsageError("the folders share no (task, seed) episode")
     g0 = [int(bool(start[k]["success"])) for k in keys]
     samples = [start[k].get("sampled_success") for k in keys]
     flippable = [i for i, k in enumerate(keys) if not g0[i] and any(samples[i] or [])]
@@ -109,7 +124,8 @@ def plot(path: Path, summary: dict) -> None:
         rs = [r for r in summary["rows"] if r["arm"] == arm]
         x = [r["step"] + 0.6 * j for r in rs]  # a small offset: the arms' bars do not hide each other
         y = [r["success"] for r in rs]
-        err = [[r["success"] - r["ci95"][0] for r in rs], [r["ci95"][1] - r["success"] for r in rs]]
+        # bars from the interval (eval_sop.wilson keeps lo <= k/n <= hi; max() guards a figure from an older JSON)
+        err = [[max(0.0, r["success"] - r["ci95"][0]) for r in rs], [max(0.0, r["ci95"][1] - r["success"]) for r in rs]]
         ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=arm)
     ax.set_xlabel("RL step")
     ax.set_ylabel(f"greedy online success ({summary['episodes']} test episodes)")
@@ -120,30 +136,45 @@ def plot(path: Path, summary: dict) -> None:
     plt.close(fig)
 
 
+def point_step(text: str) -> int:
+    """An RL step of --point: an integer >= 1 (the start is every arm's step 0)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise cli.UsageError(f"STEP {text!r} is not an integer") from None
+    if v < 1:
+        raise cli.UsageError(f"STEP {v}: must be >= 1 (the start, --start, is step 0)")
+    return v
+
+
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--start", required=True, help="eval_sop.py --online folder of the starting checkpoint (with --samples)")
+    p = cli.make_parser(__doc__)
+    p.add_argument("--start", required=True, type=cli.arg_type(cli.input_dir),
+                   help="eval_sop.py --online folder of the starting checkpoint (with --samples)")
     p.add_argument("--point", nargs=3, action="append", required=True, metavar=("ARM", "STEP", "DIR"),
-                   help="an RL checkpoint's eval_sop.py --online folder, its arm name and RL step (repeatable)")
+                   help="an RL checkpoint's eval_sop.py --online folder, its arm name and RL step >= 1 (repeatable)")
     p.add_argument("--out", required=True, help="output path without suffix (.json, .md, .png are written)")
     args = p.parse_args(argv)
+    # every input is read and checked, and --out's folder found writable, before a file is written
     points = []
     for arm, step, folder in args.point:
         try:
-            points.append((arm, int(step), read_episodes(folder)))
-        except ValueError:
-            p.error(f"--point {arm} {step} {folder}: STEP must be an integer")
+            points.append((arm, point_step(step), read_episodes(folder)))
+        except cli.UsageError as e:
+            p.error(f"--point {arm} {step} {folder}: {e}")
     summary = summarize(read_episodes(args.start), points)
     out = Path(args.out)
+    parent = next((d for d in [out.parent, *out.parent.parents] if d.exists()), Path("."))
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise cli.UsageError(f"--out {args.out}: {parent} is not a writable folder")
     out.parent.mkdir(parents=True, exist_ok=True)
+    plot(out.with_suffix(".png"), summary)  # first: a figure that cannot be drawn leaves no half-written result
     out.with_suffix(".json").write_text(json.dumps(summary, indent=1))
     out.with_suffix(".md").write_text(markdown(summary))
-    plot(out.with_suffix(".png"), summary)
     print(markdown(summary))
     print(json.dumps(summary), flush=True)
     return summary
 
 
 if __name__ == "__main__":
-    main()
+    cli.cli(main)

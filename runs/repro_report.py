@@ -327,6 +327,12 @@ def _plt():
     return plt
 
 
+def _yerr(y: float, lo: float, hi: float) -> list[list[float]]:
+    """matplotlib's yerr of one point from its interval: never negative (eval_sop.wilson keeps lo <= y <= hi;
+    results written before that clamp may hold a bound one ulp past the rate at 0/n and n/n)."""
+    return [[max(0.0, y - lo)], [max(0.0, hi - y)]]
+
+
 def plot_r2(path: Path, checkpoints: list[dict], summary: dict) -> Path:
     """Two panels: SOP-PG and static step SR (x) against online success (y), one labelled point per
     checkpoint with its Wilson interval, the least-squares line and R^2 with its bootstrap interval."""
@@ -339,7 +345,7 @@ def plot_r2(path: Path, checkpoints: list[dict], summary: dict) -> Path:
         pts = [c for c in checkpoints if c.get(key) is not None and c.get("online_sr") is not None]
         for c in pts:
             lo, hi = c["online_sr_ci95"]
-            ax.errorbar(c[key], c["online_sr"], yerr=[[c["online_sr"] - lo], [hi - c["online_sr"]]], fmt="o",
+            ax.errorbar(c[key], c["online_sr"], yerr=_yerr(c["online_sr"], lo, hi), fmt="o",
                         color=colours[c["arm"]], capsize=2, alpha=0.8)
         labels: dict = {}  # coinciding points share one label instead of overprinting each other
         for c in pts:
@@ -402,7 +408,7 @@ def plot_bars(path: Path, groups: list[tuple[str, list[str]]], arms: dict, episo
             s = arms[a]
             lo, hi = s["online_sr_ci95"]
             ax.bar(j, s["online_sr"], color=plt.cm.tab10(j % 10), alpha=0.7)
-            ax.errorbar(j, s["online_sr"], yerr=[[s["online_sr"] - lo], [hi - s["online_sr"]]], color="k", capsize=4)
+            ax.errorbar(j, s["online_sr"], yerr=_yerr(s["online_sr"], lo, hi), color="k", capsize=4)
             for v in s.get("per_seed", []):
                 ax.plot(j, v, "k.", ms=5)
         ax.set_xticks(range(len(names)), names, rotation=20, fontsize=7)

@@ -59,5 +59,39 @@ def test_script_runs_and_refuses_bad_rows(case):
     assert last["flippable"] == 2 and [r["successes"] for r in last["rows"]] == [1, 2, 3]
     assert (tmp / "res" / "dose.png").stat().st_size > 0 and "| semi | 20 | 3/4" in (tmp / "res" / "dose.md").read_text()
     (Path(s20) / "online_episodes.jsonl").write_text('{"task": "t", "seed": 1, "success": true}\n{"task": "t"}\n')
-    with pytest.raises(SystemExit, match="online_episodes.jsonl: line 2: KeyError"):
+    with pytest.raises(dose_response.cli.UsageError, match="online_episodes.jsonl: line 2: missing 'seed'"):
         dose_response.read_episodes(s20)
+
+
+BAD_ROWS = [  # each a malformed online_episodes.jsonl line (the second), with what the one line must say
+    ('{"task": "t"', "invalid JSON"), ('[1, 2]', "not an object"), ('{"task": 3, "seed": 1, "success": true}', "task 3"),
+    ('{"task": "t", "seed": 1.5, "success": true}', "seed 1.5 is not an integer"),
+    ('{"task": "t", "seed": 1e400, "success": true}', "is not an integer"),
+    ('{"task": "t", "seed": 2, "success": "yes"}', "success 'yes'"),
+    ('{"task": "t", "seed": 2, "success": true, "sampled_success": 3}', "sampled_success 3"),
+]
+
+
+@pytest.mark.parametrize("line, says", BAD_ROWS)
+def test_malformed_inputs_are_one_line_exit_2(case, line, says):
+    tmp, start, s10, s20 = case
+    (Path(s20) / "online_episodes.jsonl").write_text('{"task": "t", "seed": 1, "success": true}\n' + line + "\n")
+    p = subprocess.run([sys.executable, "runs/dose_response.py", "--start", start, "--point", "semi", "20", s20,
+                        "--out", str(tmp / "res" / "dose")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("dose_response.py: error: "), p.stderr
+    assert says in lines[0] and not (tmp / "res").exists(), lines[0]
+
+
+@pytest.mark.parametrize("argv, says", [(["--point", "semi", "-5", "{s10}"], "STEP -5: must be >= 1"),
+                                        (["--point", "semi", "2.5", "{s10}"], "STEP '2.5' is not an integer"),
+                                        (["--point", "semi", "10", "{s10}", "--out", "{s10}/online_episodes.jsonl/dose"], "is not a writable folder"),
+                                        (["--point", "semi", "10", "{tmp}/nope"], "no such file"),
+                                        (["--point", "semi", "10", "{s10}", "--start", "{tmp}/nope"], "argument --start")])
+def test_bad_flags_are_one_line_exit_2(case, argv, says):
+    tmp, start, s10, s20 = case
+    argv = [a.format(s10=s10, tmp=tmp) for a in argv]
+    full = ["runs/dose_response.py", "--start", start, "--out", str(tmp / "res" / "dose"), *argv]
+    p = subprocess.run([sys.executable, *full], cwd=REPO, capture_output=True, text=True, timeout=120)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and ": error: " in lines[0] and says in lines[0], p.stderr
