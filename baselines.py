@@ -31,7 +31,7 @@ def baselines_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-root", default=None, help="screenshots folder (sizes are read from file headers)")
     p.add_argument("--image-size", type=cli.arg_type(gui.parse_size), default=dataset.ANDROID_CONTROL_SIZE,
                    help="WxH for steps with neither a recorded size nor a file (default 1080x2400, AndroidControl)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random-click policy")
+    p.add_argument("--seed", type=cli.non_negative_int, default=0, help="seed of the random-click policy")
     p.add_argument("--out", default=None, help="also write the JSON here")
     return p
 

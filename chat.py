@@ -102,7 +102,7 @@ def add_prompt_args(parser: argparse.ArgumentParser) -> None:
         elif f.name == "system_prompt":
             g.add_argument(flag, choices=sorted(SYSTEM_PROMPTS), default=None, help=helptext)
         else:
-            g.add_argument(flag, type=int, default=None, help=helptext)
+            g.add_argument(flag, type=cli.positive_int, default=None, help=helptext)
 
 
 def checkpoint_spec(model) -> dict:

@@ -144,6 +144,39 @@ def names(valid, what: str):
     return convert
 
 
+def name_list(valid, what: str):
+    """argparse type: a comma list of names of `valid` (as `names`), returned as the list."""
+    one = names(valid, what)
+
+    def convert(text: str) -> list[str]:
+        return [one(t.strip()) for t in text.split(",") if t.strip()] or one("")
+    convert.__name__ = "name_list"
+    convert.kind = "name"
+    return convert
+
+
+def int_list(low: int = 1):
+    """argparse type: a comma list of integers >= low, e.g. '4096,16384'."""
+    one = int_at_least(low)
+
+    def convert(text: str) -> list[int]:
+        return [one(t.strip()) for t in text.split(",")]
+    convert.__name__ = "int_list"
+    convert.kind, convert.low = "int", low
+    return convert
+
+
+def _miniwob_tasks() -> list[str]:
+    """The MiniWob++ tasks there is a page for (the installed package's html/miniwob/*.html)."""
+    from envs.miniwob_env import HTML_DIR  # here: the miniwob package is needed by online runs only
+
+    return sorted(p.stem for p in HTML_DIR.glob("*.html"))
+
+
+miniwob_task = names(_miniwob_tasks, "MiniWob++ task")                            # --tasks, --online-tasks
+miniwob_task_or_all = names(lambda: ["all", *_miniwob_tasks()], "MiniWob++ task")  # where 'all' = every expert
+
+
 def input_file(path: str) -> str:
     """argparse type: a readable file. Raises UsageError naming the path otherwise."""
     if not os.path.exists(path):
@@ -183,6 +216,16 @@ def model_path(name: str) -> str:
     if ckpt is None:
         raise UsageError(f"{name!r}: not a model folder (no config.json, no `latest` checkpoint pointer)")
     return str(ckpt)
+
+
+# the evaluation the README's quick start runs (and its table reports): both trainers print it
+EVAL_FLAGS = "--protocol sop static --online --online-seeds 13 --online-max-steps 4 --max-new-tokens 64"
+
+
+def eval_command(data, ckpt, out) -> str:
+    """The README's evaluation command for checkpoint folder `ckpt` on test file `data`, results in
+    `out`: the same seeds, step limit and token cap as the README's table, so the numbers compare."""
+    return f"python eval_sop.py --data {data} --policy model --model {ckpt} {EVAL_FLAGS} --out {out}"
 
 
 def _input_errors() -> tuple:

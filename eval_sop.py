@@ -109,8 +109,8 @@ def sop_parser() -> argparse.ArgumentParser:
     # data
     p.add_argument("--data", nargs="*", default=[], type=input_file, help="episode files (UI-S1 JSONL or AndroidControl native JSON); "
                    "may be empty with --online")
-    p.add_argument("--limit", type=int, default=None, help="first N episodes of each file (default: all)")
-    p.add_argument("--per-task-limit", type=int, default=None,
+    p.add_argument("--limit", type=cli.positive_int, default=None, help="first N episodes of each file (default: all)")
+    p.add_argument("--per-task-limit", type=cli.positive_int, default=None,
                    help="first N episodes of each task (episode.meta['task'], else each file) (default: all)")
     p.add_argument("--swipe-convention", choices=dataset.SWIPE_CONVENTIONS, default=None,
                    help="how the data files store swipes (default: declared per episode, or known for the shipped "
@@ -135,39 +135,39 @@ def sop_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="tiny", type=cli.arg_type(cli.model_path),
                    help="'tiny' (random, seeded by --seed), a Hugging Face folder, a checkpoint folder, or a folder "
                    "with a `latest` pointer (e.g. out/sft/ckpt); the prompt contract's fields not given come from its args.json")
-    p.add_argument("--max-new-tokens", type=int, default=512,
+    p.add_argument("--max-new-tokens", type=cli.positive_int, default=512,
                    help="response length limit, as training's (docs/method.md §7); a response that hits it is cut: under the "
                    "strict rules a malformed, wrong step; result.json counts them (responses_at_cap, truncated_rate)")
-    p.add_argument("--batch-size", type=int, default=32,
+    p.add_argument("--batch-size", type=cli.positive_int, default=32,
                    help="episodes walked together: prompts per generate call (at most)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where the model runs")
     p.add_argument("--decode", default="auto", choices=DECODE_MODES,
                    help="sampler decode: auto (graph on CUDA, else eager), eager (the reference), static, graph (CUDA graphs)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the tiny model's init")
+    p.add_argument("--seed", type=cli.non_negative_int, default=0, help="seed of the tiny model's init")
     # protocols
     p.add_argument("--protocol", nargs="+", choices=["sop", "static"], default=["sop"],
                    help="offline protocols on --data: sop (own history) and/or static (expert history)")
     p.add_argument("--online", action="store_true", help="also evaluate online in live MiniWob++ (chromium)")
-    p.add_argument("--online-tasks", nargs="+", default=None,
+    p.add_argument("--online-tasks", nargs="+", type=cli.miniwob_task, default=None,
                    help="MiniWob++ tasks (default: the tasks of --data, else every task with an expert)")
-    p.add_argument("--online-seeds", type=int, default=5, help="held-out episodes per task (from --online-seed-base)")
-    p.add_argument("--online-seed-base", type=int, default=None,
+    p.add_argument("--online-seeds", type=cli.positive_int, default=5, help="held-out episodes per task (from --online-seed-base)")
+    p.add_argument("--online-seed-base", type=cli.non_negative_int, default=None,
                    help="first online seed (default: 200000, fresh pages: the data files use 0+ (train) and 100000+ (test))")
-    p.add_argument("--online-max-steps", type=int, default=12, help="step limit of an online episode")
-    p.add_argument("--online-batch", type=int, default=8,
+    p.add_argument("--online-max-steps", type=cli.positive_int, default=12, help="step limit of an online episode")
+    p.add_argument("--online-batch", type=cli.positive_int, default=8,
                    help="online episodes played at once, one browser each; the model answers them in one "
                    "generate call (greedy answers do not depend on the batch)")
-    p.add_argument("--samples", type=int, default=0,
-                   help="K: also play every online episode K times sampled (same seeds, same pages) and report "
+    p.add_argument("--samples", type=cli.non_negative_int, default=0,
+                   help="K (0: none): also play every online episode K times sampled (same seeds, same pages) and report "
                    "greedy success, pass@K and the flippable fraction (greedy fails, a sample succeeds); --policy model")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the --samples plays")
-    p.add_argument("--sample-seed", type=int, default=0, help="seed of the --samples plays (same seed and batch: same plays)")
+    p.add_argument("--temperature", type=cli.temperature, default=1.0, help="sampling temperature of the --samples plays")
+    p.add_argument("--sample-seed", type=cli.non_negative_int, default=0, help="seed of the --samples plays (same seed and batch: same plays)")
     # output
     p.add_argument("--out", default=None, help="output folder (result.json, episodes.jsonl, report.html, ...); "
                    "a path ending in .jsonl writes only the per-episode SOP lines there")
     p.add_argument("--report", default=None, help="HTML report path (default: OUT/report.html when --out is a folder)")
-    p.add_argument("--report-episodes", type=int, default=8, help="episodes shown per protocol in the report")
-    p.add_argument("--log-level", default="WARNING", help="logging level (budget warnings are WARNING)")
+    p.add_argument("--report-episodes", type=cli.non_negative_int, default=8, help="episodes shown per protocol in the report (0: none)")
+    p.add_argument("--log-level", default="WARNING", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level (budget warnings are WARNING)")
     return p
 
 
@@ -519,8 +519,6 @@ def main(argv: list[str] | None = None) -> dict:
         raise cli.UsageError("nothing to evaluate: give --data and/or --online")
     if args.samples < 0 or (args.samples and not (args.online and args.policy == "model")):
         raise cli.UsageError(f"--samples {args.samples}: must be >= 0, and > 0 only with --online --policy model")
-    if not args.temperature > 0:
-        raise cli.UsageError(f"--temperature {args.temperature}: must be > 0")
     t0 = time.time()
     out_dir = args.out if args.out and not args.out.endswith(".jsonl") else None
     report_path = args.report or (os.path.join(out_dir, "report.html") if out_dir else None)

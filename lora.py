@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+import cli
+
 DECODER_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # every linear layer of a decoder layer
 VISION_TARGETS = ("qkv", "proj", "gate_proj", "up_proj", "down_proj")          # a vision block's (with --lora-vision)
 ADAPTER_FILE, BASE_FILE = "adapter_model.safetensors", "lora_base.json"
@@ -30,9 +32,9 @@ class LoraError(ValueError):
 
 def add_lora_args(parser) -> None:
     """--lora-r, --lora-alpha, --lora-dropout, --lora-targets, --lora-vision, --merge."""
-    parser.add_argument("--lora-r", type=int, default=0, help="LoRA rank (PEFT); 0: full fine-tuning")
-    parser.add_argument("--lora-alpha", type=float, default=None, help="LoRA scale numerator (default: 2 x --lora-r)")
-    parser.add_argument("--lora-dropout", type=float, default=0.0, help="dropout on the adapters' input (PEFT's default)")
+    parser.add_argument("--lora-r", type=cli.non_negative_int, default=0, help="LoRA rank (PEFT); 0: full fine-tuning")
+    parser.add_argument("--lora-alpha", type=cli.positive_float, default=None, help="LoRA scale numerator (default: 2 x --lora-r)")
+    parser.add_argument("--lora-dropout", type=cli.finite_float(0.0, 1.0, high_open=True), default=0.0, help="dropout on the adapters' input (0: none, PEFT's default)")
     parser.add_argument("--lora-targets", default=DECODER_TARGETS,
                         help="comma-separated linear-layer names adapted in every decoder layer")
     parser.add_argument("--lora-vision", action="store_true",

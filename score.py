@@ -43,8 +43,8 @@ def parser(prog: str = "score.py") -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=size_arg, default=None,
                    help="WxH of the original screenshots, for steps that record no size")
     p.add_argument("--image-root", default=None, help="else read the size from the screenshot files here")
-    p.add_argument("--min-pixels", type=int, default=gui.MIN_PIXELS, help="smart_resize min pixels the model saw")
-    p.add_argument("--max-pixels", type=int, default=gui.MAX_PIXELS, help="smart_resize max pixels the model saw")
+    p.add_argument("--min-pixels", type=cli.positive_int, default=gui.MIN_PIXELS, help="smart_resize min pixels the model saw")
+    p.add_argument("--max-pixels", type=cli.positive_int, default=gui.MAX_PIXELS, help="smart_resize max pixels the model saw")
     return p
 
 

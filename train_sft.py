@@ -65,38 +65,38 @@ parser = cli.make_parser(__doc__)
 parser.add_argument("--data", default="data/miniwob_click/train.jsonl", type=cli.arg_type(cli.input_file), help="expert episodes (UI-S1 JSONL or AndroidControl native JSON)")
 parser.add_argument("--image-root", default=None, type=cli.arg_type(cli.input_dir), help="folder screenshots are resolved against (default: the data file's folder)")
 parser.add_argument("--blank-screens", default=None, type=cli.arg_type(gui.parse_size), help="WxH: blank screenshots of this size when files are missing")
-parser.add_argument("--max-episodes", type=int, default=None, help="use only the first N episodes")
-parser.add_argument("--val-frac", type=float, default=0.1, help="share of episodes held out for validation loss")
+parser.add_argument("--max-episodes", type=cli.positive_int, default=None, help="use only the first N episodes")
+parser.add_argument("--val-frac", type=cli.finite_float(0.0, 1.0, high_open=True), default=0.1, help="share of episodes held out for validation loss (0: none)")
 # model
 parser.add_argument("--model", default="tiny:128x4", type=cli.arg_type(cli.model_path),
                     help="'tiny', a local Hugging Face folder, or a checkpoint folder (a `latest` pointer is followed)")
 lora.add_lora_args(parser)  # --lora-r (0: full fine-tuning), --lora-alpha, --lora-dropout, --lora-targets, --lora-vision, --merge
 # optimisation
-parser.add_argument("--lr", type=float, default=1e-3, help="AdamW peak learning rate (tiny-model default; 7B: ~1e-5)")
-parser.add_argument("--min-lr-frac", type=float, default=0.1, help="cosine decay floor, as a fraction of --lr")
-parser.add_argument("--warmup-steps", type=int, default=20, help="linear warm-up steps")
-parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
-parser.add_argument("--grad-clip", type=float, default=1.0, help="global grad-norm clip")
-parser.add_argument("--batch-size", type=int, default=8, help="examples per optimizer step, all ranks together")
-parser.add_argument("--micro-batch-size", type=int, default=8, help="examples per forward/backward")
+parser.add_argument("--lr", type=cli.positive_float, default=1e-3, help="AdamW peak learning rate (tiny-model default; 7B: ~1e-5)")
+parser.add_argument("--min-lr-frac", type=cli.fraction, default=0.1, help="cosine decay floor, as a fraction of --lr (0: decay to 0)")
+parser.add_argument("--warmup-steps", type=cli.non_negative_int, default=20, help="linear warm-up steps (0: none)")
+parser.add_argument("--weight-decay", type=cli.non_negative_float, default=0.01, help="AdamW weight decay (0: none)")
+parser.add_argument("--grad-clip", type=cli.positive_float, default=1.0, help="global grad-norm clip")
+parser.add_argument("--batch-size", type=cli.positive_int, default=8, help="examples per optimizer step, all ranks together")
+parser.add_argument("--micro-batch-size", type=cli.positive_int, default=8, help="examples per forward/backward")
 parser.add_argument("--gradient-checkpointing", action="store_true",
                     help="recompute each decoder layer's and vision block's activations in the backward (less memory, ~1/3 more compute)")
-parser.add_argument("--copy-warmup-steps", type=int, default=None,
-                    help="steps on synthetic pages before SFT (module docstring; default: 1000 for a 'tiny' model trained from scratch, else 0)")
-parser.add_argument("--copy-warmup-lr", type=float, default=1e-3, help="constant AdamW learning rate of the copy warm-up")
-parser.add_argument("--copy-warmup-elements", type=int, default=1, help="elements per synthetic click page, at most (the target looked up among them)")
-parser.add_argument("--copy-warmup-type-frac", type=float, default=0.25, help="share of synthetic pages that ask to type a quoted text")
+parser.add_argument("--copy-warmup-steps", type=cli.non_negative_int, default=None,
+                    help="steps on synthetic pages before SFT (module docstring; 0: none; default: 1000 for a 'tiny' model trained from scratch, else 0)")
+parser.add_argument("--copy-warmup-lr", type=cli.positive_float, default=1e-3, help="constant AdamW learning rate of the copy warm-up")
+parser.add_argument("--copy-warmup-elements", type=cli.positive_int, default=1, help="elements per synthetic click page, at most (the target looked up among them)")
+parser.add_argument("--copy-warmup-type-frac", type=cli.fraction, default=0.25, help="share of synthetic pages that ask to type a quoted text (0: click pages only)")
 chat.add_prompt_args(parser)  # --num-images, --min/max-pixels, --max-prompt-tokens, --step-instruction, --elements, --system-prompt
 # run
-parser.add_argument("--max-steps", type=int, default=200, help="optimizer steps (0: the copy warm-up alone, saved as step 0: a shared base)")
-parser.add_argument("--eval-every", type=int, default=50, help="validation loss every N steps (0: at the end only)")
+parser.add_argument("--max-steps", type=cli.non_negative_int, default=200, help="optimizer steps (0: the copy warm-up alone, saved as step 0: a shared base)")
+parser.add_argument("--eval-every", type=cli.non_negative_int, default=50, help="validation loss every N steps (0: at the end only)")
 parser.add_argument("--out", default="out/sft", help="output folder (ckpt/, metrics.jsonl, args.json)")
 parser.add_argument("--tensorboard", default=None, help="also log the metrics as TensorBoard scalars in this folder (pip install tensorboard)")
-parser.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: at the end only)")
-parser.add_argument("--keep-checkpoints", type=int, default=2,
+parser.add_argument("--save-every", type=cli.non_negative_int, default=0, help="checkpoint every N steps (0: at the end only)")
+parser.add_argument("--keep-checkpoints", type=cli.non_negative_int, default=2,
                     help="keep the newest N checkpoints (0: every one, e.g. for a dose-response over the steps)")
 parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out/ckpt")
-parser.add_argument("--seed", type=int, default=0, help="seed of data order, split and the tiny model's init")
+parser.add_argument("--seed", type=cli.non_negative_int, default=0, help="seed of data order, split and the tiny model's init")
 parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to run")
 
 
@@ -142,14 +142,11 @@ def main(argv=None):
         raise cli.UsageError(f"--batch-size {args.batch_size} must be a multiple of micro-batch-size x world size "
                          f"({args.micro_batch_size} x {proc.world_size})")
     out = Path(args.out)
-    if proc.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "args.json").write_text(cli.dumps(vars(args), indent=2))
-    metrics = cli.MetricsLogger(out / "metrics.jsonl", append=args.resume, tensorboard=args.tensorboard)
-    gpu = proc.device.type == "cuda"
 
     # -------------------------------------------------------------------------
-    # data: one example per (episode, step); prompts are built lazily (images are big)
+    # data: one example per (episode, step); prompts are built lazily (images are big). Read and
+    # checked before anything is written to --out: a run that fails here leaves a finished run's
+    # records as they were
     blank = gui.parse_size(args.blank_screens) if args.blank_screens else None
     episodes = dataset.load_episodes(args.data, limit=args.max_episodes)
     order = list(range(len(episodes)))
@@ -158,15 +155,25 @@ def main(argv=None):
     val_eps, train_eps = [episodes[i] for i in order[:n_val]], [episodes[i] for i in order[n_val:]]
     train_ex = [(e, t) for e in train_eps for t in range(len(e.steps))]
     val_ex = [(e, t) for e in val_eps for t in range(len(e.steps))]
+    per_rank = len(train_ex) // proc.world_size
+    if args.max_steps > 0 and per_rank < args.micro_batch_size:
+        raise cli.UsageError(f"the train split has {len(train_ex)} examples ({len(train_eps)} episodes of {args.data} after "
+                             f"--val-frac {args.val_frac:g} held out {len(val_eps)}): {per_rank} per rank on {proc.world_size} "
+                             f"rank(s), fewer than --micro-batch-size {args.micro_batch_size}; lower it or --val-frac, or add data")
     tokenizer, image_processor = vlm.load_processor(args.model, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
     pad_id = pad_token_id(tokenizer)
     utils.print0(f"{len(train_eps)} train / {len(val_eps)} val episodes, {len(train_ex)} / {len(val_ex)} examples")
+    gpu = proc.device.type == "cuda"
 
     def example(ep, t):
         return sft_example(ep, t, tokenizer, image_processor, spec, image_root=args.image_root, blank_screens=blank)
 
-    def batches(examples, size, seed):
-        """Endless shuffled micro-batches of this rank's share."""
+    def batches(examples, size, seed, split="train"):
+        """Endless shuffled micro-batches of this rank's share. Raises cli.UsageError naming the split
+        and the sizes when the share holds fewer than `size` examples (it would never yield)."""
+        if len(examples[proc.rank::proc.world_size]) < size:
+            raise cli.UsageError(f"the {split} split: {len(examples)} examples, {len(examples[proc.rank::proc.world_size])} "
+                                 f"on rank {proc.rank} of {proc.world_size}, fewer than a micro-batch of {size}")
         epoch = 0
         while True:
             idx = list(range(len(examples)))
@@ -190,6 +197,12 @@ def main(argv=None):
         if ckpt is not None:
             start_step = int(utils.load_checkpoint_state(ckpt, policy, optimizer).get("step", 0))
             utils.print0(f"resumed from {ckpt} at step {start_step}")
+    # the first write to --out: the flags, the data and a resume's checkpoint are checked by now
+    if proc.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "args.json").write_text(cli.dumps(vars(args), indent=2))
+    metrics = cli.MetricsLogger(out / "metrics.jsonl", append=args.resume, tensorboard=args.tensorboard)
+    if args.resume:
         metrics.resume_at(start_step)  # the steps redone after the checkpoint are logged once
 
     def lr_at(step):
@@ -314,8 +327,7 @@ def main(argv=None):
         test = Path(args.data).with_name("test.jsonl") if Path(args.data).name == "train.jsonl" else Path(args.data)
         print(f"checkpoint: {utils.latest_checkpoint(out / 'ckpt') or '(none written)'}  metrics: {out / 'metrics.jsonl'}\n"
               f"curves:     python tools/plot_metrics.py {out / 'metrics.jsonl'}\n"
-              f"evaluate:   python eval_sop.py --data {test} --policy model --model {out / 'ckpt'} "
-              f"--protocol sop static --online --out out/eval/sft\n"
+              f"evaluate:   {cli.eval_command(test, out / 'ckpt', 'out/eval/sft')}\n"
               f"next stage: torchrun --nproc_per_node=2 train_semionline.py --sft-dir {out / 'ckpt'}", flush=True)
         print(cli.dumps(last), flush=True)
     return last

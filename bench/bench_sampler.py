@@ -45,15 +45,15 @@ parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
 parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="model dtype")
 parser.add_argument("--episodes", default="data/android_control/android_control_train_example_uis1.jsonl",
                     help="UI-S1 jsonl the prompts come from")
-parser.add_argument("--tasks", type=int, default=8, help="tasks per step (release: 8)")
-parser.add_argument("--samples", type=int, default=8, help="rollouts per task (release: 8)")
-parser.add_argument("--step", type=int, default=3, help="prompt of step min(step, last): that many history turns")
-parser.add_argument("--max-pixels", type=int, default=256 * 28 * 28, help="screenshot budget (release: 12800*28*28)")
-parser.add_argument("--max-new-tokens", type=int, default=96, help="tokens generated per row (stop disabled)")
-parser.add_argument("--workloads", default="group,distinct", help="comma list of group, distinct")
-parser.add_argument("--repeats", type=int, default=3, help="timed runs per sampler and workload, alternating "
+parser.add_argument("--tasks", type=cli.positive_int, default=8, help="tasks per step (release: 8)")
+parser.add_argument("--samples", type=cli.positive_int, default=8, help="rollouts per task (release: 8)")
+parser.add_argument("--step", type=cli.non_negative_int, default=3, help="prompt of step min(step, last): that many history turns (0: none)")
+parser.add_argument("--max-pixels", type=cli.positive_int, default=256 * 28 * 28, help="screenshot budget (release: 12800*28*28)")
+parser.add_argument("--max-new-tokens", type=cli.positive_int, default=96, help="tokens generated per row (stop disabled)")
+parser.add_argument("--workloads", type=cli.name_list(["group", "distinct"], "workload"), default=["group", "distinct"], help="comma list of group, distinct")
+parser.add_argument("--repeats", type=cli.positive_int, default=3, help="timed runs per sampler and workload, alternating "
                     "ours/hf; the fastest counts (other processes on the machine only ever slow a run down)")
-parser.add_argument("--seed", type=int, default=0, help="model init, images and sampling seed")
+parser.add_argument("--seed", type=cli.non_negative_int, default=0, help="model init, images and sampling seed")
 args = parser.parse_args()
 
 device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
@@ -161,7 +161,7 @@ result = dict(device=str(device) if device.type == "cpu" else torch.cuda.get_dev
               samples=args.samples, max_new_tokens=args.max_new_tokens,
               prompt_tokens_mean=round(float(np.mean(prompt_lens)), 1), image_tokens=image_tokens)
 workloads = {"group": (prompts[:args.tasks], args.samples), "distinct": (prompts, 1)}
-for name in args.workloads.split(","):
+for name in args.workloads:
     batch, n = workloads[name]
     runs = {"ours": [], "hf": []}
     for _ in range(args.repeats):

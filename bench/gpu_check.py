@@ -64,6 +64,8 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: gpu_sections
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the repository root: cli
+import cli  # noqa: E402
 from gpu_sections import (  # noqa: E402
     PACKAGES,
     REPO,
@@ -132,22 +134,22 @@ SCHEMA = {
 GPU_OUT = "results/gpu_check.json"   # committed: only a real GPU run writes it
 DRY_OUT = "out/gpu_check_dry.json"   # git-ignored
 
-parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser = cli.make_parser(__doc__)
 parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes and model, Triton in the interpreter")
 parser.add_argument("--out", default=None,
                     help=f"JSON path; the Markdown goes beside it (.md). Default: {GPU_OUT} (GPU), {DRY_OUT} (--dry-run)")
-parser.add_argument("--sections", default=",".join(ESTIMATES_S), help="comma list of sections to run")
-parser.add_argument("--budget-s", type=float, default=None, help="total wall budget (default: 480 GPU, 300 dry)")
-parser.add_argument("--kernel-n", default=None, help="comma list of token counts N (default: 4096,16384; dry: 37)")
-parser.add_argument("--layers", type=int, default=4, help="decoder layers of the 7B-config model")
-parser.add_argument("--sampler-max-new-tokens", type=int, default=None, help="default: 64 (dry: 4)")
-parser.add_argument("--sampler-max-pixels", type=int, default=None,
+parser.add_argument("--sections", type=cli.name_list(ESTIMATES_S, "section"), default=",".join(ESTIMATES_S), help="comma list of sections to run")
+parser.add_argument("--budget-s", type=cli.positive_float, default=None, help="total wall budget (default: 480 GPU, 300 dry)")
+parser.add_argument("--kernel-n", type=cli.int_list(1), default=None, help="comma list of token counts N (default: 4096,16384; dry: 37)")
+parser.add_argument("--layers", type=cli.positive_int, default=4, help="decoder layers of the 7B-config model")
+parser.add_argument("--sampler-max-new-tokens", type=cli.positive_int, default=None, help="default: 64 (dry: 4)")
+parser.add_argument("--sampler-max-pixels", type=cli.positive_int, default=None,
                     help="default: 12800*28*28, the processor's real default (dry: 50176)")
-parser.add_argument("--rl-max-pixels", type=int, default=None, help="default: 1003520, the paper's (dry: 50176)")
-parser.add_argument("--rl-max-new-tokens", type=int, default=None, help="default: 32 (dry: 4)")
+parser.add_argument("--rl-max-pixels", type=cli.positive_int, default=None, help="default: 1003520, the paper's (dry: 50176)")
+parser.add_argument("--rl-max-new-tokens", type=cli.positive_int, default=None, help="default: 32 (dry: 4)")
 parser.add_argument("--rl-wait-checkpoint", action="store_true", help="let the trainer write its final checkpoint")
-parser.add_argument("--decode-max-new-tokens", type=int, default=None, help="decode section: default 128 (dry: 6)")
-parser.add_argument("--full-depth-layers", type=int, default=None, help="default: 28, the 7B's depth (dry: 3)")
+parser.add_argument("--decode-max-new-tokens", type=cli.positive_int, default=None, help="decode section: default 128 (dry: 6)")
+parser.add_argument("--full-depth-layers", type=cli.positive_int, default=None, help="default: 28, the 7B's depth (dry: 3)")
 parser.add_argument("--work-dir", default=None, help="where the model folder and the RL run go (default: a temp dir)")
 
 
@@ -304,7 +306,7 @@ def main(argv=None):
     sys.path.insert(0, str(REPO))
     import torch
 
-    sections = [x.strip() for x in a.sections.split(",") if x.strip()]
+    sections = a.sections
     C = Check(Path(a.out), a.budget_s or (300.0 if a.dry_run else 480.0))  # dry: CI machines are slow
     estimates = {k: v for k, v in ESTIMATES_S.items() if k in sections}
     C.res["meta"].update(mode="dry-run" if a.dry_run else "gpu", argv=sys.argv[1:] if argv is None else argv,
@@ -330,7 +332,7 @@ def main(argv=None):
     section("env", lambda: C.run("env", "versions", check_env, C, torch))
 
     def kernels():
-        ns = [int(x) for x in (a.kernel_n or ("37" if a.dry_run else "4096,16384")).split(",")]
+        ns = a.kernel_n or ([37] if a.dry_run else [4096, 16384])
         H, V = (16, 150) if a.dry_run else (3584, 152064)  # dry: 150 = 4 vocab blocks of 32 + a tail of 22
         for n in ns:
             C.run("kernels", f"logprob_n{n}", check_logprob, C, torch, device, a.dry_run, n, H, V, torch.bfloat16,

@@ -458,18 +458,18 @@ def main(argv=None):
     ev = sub.add_parser("eval", help="online evaluation of a built-in policy", formatter_class=cli.HelpFormatter,
                         epilog=ap.epilog)
     ev.add_argument("--policy", choices=sorted(POLICIES), default="expert", help="policy to run")
-    ev.add_argument("--tasks", nargs="+", default=["all"], help="task names, or 'all' (experts)")
-    ev.add_argument("--seeds", type=int, default=20, help="episodes per task")
-    ev.add_argument("--seed-base", type=int, default=TEST_SEED_BASE, help="first seed")
-    ev.add_argument("--max-steps", type=int, default=15, help="step limit per episode")
-    ev.add_argument("--step-timeout", type=float, default=20.0, help="seconds per env step")
+    ev.add_argument("--tasks", nargs="+", type=cli.miniwob_task_or_all, default=["all"], help="task names, or 'all' (experts)")
+    ev.add_argument("--seeds", type=cli.positive_int, default=20, help="episodes per task")
+    ev.add_argument("--seed-base", type=cli.non_negative_int, default=TEST_SEED_BASE, help="first seed")
+    ev.add_argument("--max-steps", type=cli.positive_int, default=15, help="step limit per episode")
+    ev.add_argument("--step-timeout", type=cli.positive_float, default=20.0, help="seconds per env step")
     ev.add_argument("--no-screenshots", action="store_true",
                     help="skip screenshots (the built-in policies do not look at them)")
     ev.add_argument("--out", default=None, help="also write the full result JSON here")
     sh = sub.add_parser("show", help="print one episode: goal, element lists, expert actions",
                         formatter_class=cli.HelpFormatter, epilog=ap.epilog)
-    sh.add_argument("--task", required=True, help="task name")
-    sh.add_argument("--seed", type=int, default=0, help="episode seed")
+    sh.add_argument("--task", required=True, type=cli.miniwob_task, help="task name")
+    sh.add_argument("--seed", type=cli.non_negative_int, default=0, help="episode seed")
     args = ap.parse_args(argv)
     try:
         check_tasks([args.task] if args.cmd == "show" else [] if args.tasks == ["all"] else args.tasks,

@@ -250,7 +250,7 @@ p_digits = sub.add_parser("digits", help="coordinate-digit NLL of a checkpoint",
 p_digits.add_argument("model", type=cli.arg_type(cli.model_path), help="checkpoint folder, 'tiny' or 'tiny:HxL'")
 p_digits.add_argument("--data", default="data/miniwob_click/test.jsonl", type=cli.arg_type(cli.input_file),
                       help="episodes whose step-0 clicks are scored")
-p_digits.add_argument("--max-episodes", type=int, default=40, help="episodes read from --data")
+p_digits.add_argument("--max-episodes", type=cli.positive_int, default=40, help="episodes read from --data")
 p_emb = sub.add_parser("embeddings", help="digit-embedding cosines and the shared row direction of a checkpoint", formatter_class=cli.HelpFormatter)
 p_emb.add_argument("model", type=cli.arg_type(cli.model_path), help="checkpoint folder, 'tiny' or 'tiny:HxL'")
 trainers = {}
@@ -260,19 +260,19 @@ for name, fn, steps, help_ in (("sanity", copy_sanity, 300, "the position copy a
     p = sub.add_parser(name, help=help_, formatter_class=cli.HelpFormatter)
     p.add_argument("--model", default="tiny:128x4", type=cli.arg_type(cli.model_path),
                    help="'tiny:HxL' (trained from scratch) or a checkpoint folder to start from")
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
-    p.add_argument("--steps", type=int, default=steps, help="optimizer steps of 8 sequences")
-    p.add_argument("--seed", type=int, default=0, help="seed of the data and the init")
+    p.add_argument("--lr", type=cli.positive_float, default=1e-3, help="AdamW learning rate")
+    p.add_argument("--steps", type=cli.positive_int, default=steps, help="optimizer steps of 8 sequences")
+    p.add_argument("--seed", type=cli.non_negative_int, default=0, help="seed of the data and the init")
     p.add_argument("--save", default=None, help="write the trained model to this folder")
     trainers[name] = (fn, p)
 p_pages = trainers["pages"][1]
-p_pages.add_argument("--elements", type=int, default=1, help="element lines per page: 1..N")
+p_pages.add_argument("--elements", type=cli.positive_int, default=1, help="element lines per page: 1..N")
 p_pages.add_argument("--data", default="data/miniwob_click/train.jsonl", type=cli.arg_type(cli.input_file),
                      help="episodes whose element labels the pages use")
 p_pages.add_argument("--untie", action="store_true", help="give the model its own lm_head")
 p_pages.add_argument("--no-system", dest="system", action="store_false", help="empty system prompt")
-trainers["induction"][1].add_argument("--vocab", type=int, default=2000, help="token ids below this are drawn")
-p_pages.add_argument("--mix-induction", type=int, default=0, help="repeated random-token rows added to each batch")
+trainers["induction"][1].add_argument("--vocab", type=cli.positive_int, default=2000, help="token ids below this are drawn")
+p_pages.add_argument("--mix-induction", type=cli.non_negative_int, default=0, help="repeated random-token rows added to each batch (0: none)")
 
 
 def main(argv=None):

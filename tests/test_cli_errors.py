@@ -90,3 +90,112 @@ def test_one_line_exit_2(runs, argv, expected):
     script = Path(argv[0]).name
     assert lines[0].startswith(f"{script}") and ": error: " in lines[0], lines[0]
     assert expected in lines[0], lines[0]
+
+
+# -----------------------------------------------------------------------------
+# the flag walk: every script's parser, every numeric and name-like flag, parsed in this process
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import io  # noqa: E402
+import re  # noqa: E402
+import runpy  # noqa: E402
+
+import cli  # noqa: E402
+
+SCRIPTS = sorted({str(p.relative_to(REPO)) for d in ("", "tools", "runs", "bench", "envs") for p in (REPO / d).glob("*.py")
+                  if re.search(r"parse_args\(|__main__", p.read_text(encoding="utf-8"))} - {"runs/repro_common.py", "cli.py"})
+NAME_LIKE = re.compile(r"(^|_)(task|tasks|policy|protocol|mode|rules|workloads|sections|split|worker)$")
+
+
+class _Parser(Exception):
+    def __init__(self, parser):
+        self.parser = parser
+
+
+def script_parser(path: str) -> argparse.ArgumentParser:
+    """The parser a script builds, caught as it starts parsing (so before any model or file is touched):
+    the script runs as __main__ with parse_args / parse_known_args replaced by a raise."""
+    def caught(self, *a, **k):
+        raise _Parser(self)
+
+    saved = argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args, sys.argv, list(sys.path)
+    argparse.ArgumentParser.parse_args = argparse.ArgumentParser.parse_known_args = caught
+    sys.argv = [path]
+    sys.path.insert(0, str((REPO / path).parent))  # as `python path` has it
+    try:
+        runpy.run_path(str(REPO / path), run_name="__main__")
+    except _Parser as e:
+        return e.parser
+    finally:
+        argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args, sys.argv, sys.path[:] = saved
+    raise AssertionError(f"{path} never parsed its flags")
+
+
+def parsers(path):
+    """(subcommand, parser) of the script and of each of its argparse subcommands."""
+    top = script_parser(path)
+    out = [("", top)]
+    for a in top._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            out += [(name, sub) for name, sub in a.choices.items()]
+    return out
+
+
+def documented(value: str, helptext: str) -> bool:
+    """The flag's help says what this accepted value means: '0: ...', '0 = ...', '-1: ...', '<0 ...'."""
+    v = value.lstrip("-")
+    return bool(re.search(rf"(^|[\s(;,]){re.escape(value)}(\.0)?\s*[:=]", helptext)) or \
+        (value.startswith("-") and re.search(r"<\s*0|negative", helptext) is not None) or \
+        (v == "0" and re.search(r"\b0(\.0)? (disables|keeps|off)", helptext) is not None)
+
+
+def refused(parser, argv) -> str | None:
+    """The one stderr line if parsing argv exits 2, else None (parsed)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            parser.parse_args(argv)
+        except SystemExit as e:
+            lines = [x for x in err.getvalue().splitlines() if x.strip()]
+            assert e.code == 2 and len(lines) == 1, (argv, e.code, err.getvalue())
+            return lines[0]
+    return None
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_flag_walk(script):
+    """Every numeric flag meets a negative, a zero and (floats) nan / inf / -inf; every name-like flag a
+    misspelling. Each is refused at parse time (one line naming the flag, exit 2) or is a value the
+    flag's help gives a meaning. No flag takes a bare int / float: the range is part of its type."""
+    problems = []
+    for prefix, p in parsers(script):  # prefix: the subcommand, for the report
+        for a in p._actions:
+            if not a.option_strings or a.nargs == 0 or isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            flag = a.option_strings[-1]
+            if a.type in (int, float):
+                problems.append(f"{script} {prefix} {flag}: bare {a.type.__name__} (use a cli range type)")
+                continue
+            kind = getattr(a.type, "kind", None)
+            values = {"int": ["-1", "0"], "float": ["-1", "0", "nan", "inf", "-inf"]}.get(kind, [])
+            if a.choices is not None or kind == "name":
+                values.append("clikc-tset")
+            elif kind is None and NAME_LIKE.search(a.dest):
+                problems.append(f"{script} {prefix} {flag}: a name-like flag without choices or cli.names")
+            n = a.nargs if isinstance(a.nargs, int) else 1
+            for v in values:
+                line = refused(p, [flag, *([v] * n)])
+                if line is not None and flag not in line and v not in line:
+                    line = None   # refused for another reason (a required argument missing): the value itself passed
+                if line is None:
+                    if v == "0" and "seed" in a.dest:  # seed 0 is a seed like any other
+                        continue
+                    if not documented(v, a.help or ""):
+                        problems.append(f"{script} {prefix} {flag} {v}: accepted, and its help gives it no meaning")
+    assert not problems, "\n".join(problems)
+
+
+def test_flag_walk_covers_every_script():
+    assert len(SCRIPTS) >= 23 and {"train_sft.py", "train_semionline.py", "eval_sop.py", "bench/bench_step.py",
+                                   "runs/dose_response.py", "tools/convert_android_control.py"} <= set(SCRIPTS), SCRIPTS

@@ -47,7 +47,7 @@ ANDROID_SIZE = (1080, 2400)  # blank stand-ins: only the sizes matter for the pr
 N_SYNTHETIC = 4000
 
 parser = cli.make_parser(__doc__)
-parser.add_argument("--vocab-size", type=int, default=8192, help="tokens in the new vocabulary, special and added tokens included (= the tiny model's vocab_size)")
+parser.add_argument("--vocab-size", type=cli.positive_int, default=8192, help="tokens in the new vocabulary, special and added tokens included (= the tiny model's vocab_size)")
 parser.add_argument("--out", default=str(ROOT / "assets" / "tiny_tokenizer"), help="output folder")
 parser.add_argument("--force", action="store_true", help="overwrite a build whose files differ")
 

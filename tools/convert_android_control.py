@@ -88,12 +88,12 @@ def build_parser():
     p.add_argument("--src", required=True, type=cli.arg_type(cli.input_dir),
                    help="folder with the shards android_control-000NN-of-00020 (and splits.json)")
     p.add_argument("--out", required=True, help="output folder: images/, {split}.jsonl, convert_summary.json")
-    p.add_argument("--split", default=None, help="convert only this split of SRC/splits.json (train, validation "
+    p.add_argument("--split", default=None, choices=["train", "validation", "test"], help="convert only this split of SRC/splits.json (train, validation "
                    "or test), written to OUT/{split}.jsonl (default: every split, one file each, in one pass)")
     p.add_argument("--terminate", action="store_true",
                    help="end every episode with {\"action\": \"terminate\", \"status\": \"success\"} on its last "
                    "observation, as the release's training file (its evaluation file has none)")
-    p.add_argument("--limit", type=int, default=None, help="stop after this many episodes written (default: all)")
+    p.add_argument("--limit", type=cli.positive_int, default=None, help="stop after this many episodes written (default: all)")
     p.add_argument("--skip-bad", action="store_true", help="skip a bad record (a broken shard: the rest of it) and "
                    "list it in the summary instead of stopping with an error")
     return p

@@ -50,11 +50,11 @@ from envs import miniwob_experts as experts  # noqa: E402
 ap = cli.make_parser(__doc__)
 # data
 ap.add_argument("--out", default="data/miniwob", help="output folder")
-ap.add_argument("--tasks", nargs="+", default=["all"], help="task names, or 'all' (every expert)")
-ap.add_argument("--train-seeds", type=int, default=24, help="train episodes per task")
-ap.add_argument("--test-seeds", type=int, default=8, help="held-out test episodes per task")
-ap.add_argument("--train-seed-base", type=int, default=me.TRAIN_SEED_BASE, help="first train seed")
-ap.add_argument("--test-seed-base", type=int, default=me.TEST_SEED_BASE, help="first test seed")
+ap.add_argument("--tasks", nargs="+", type=cli.miniwob_task_or_all, default=["all"], help="task names, or 'all' (every expert)")
+ap.add_argument("--train-seeds", type=cli.positive_int, default=24, help="train episodes per task")
+ap.add_argument("--test-seeds", type=cli.positive_int, default=8, help="held-out test episodes per task")
+ap.add_argument("--train-seed-base", type=cli.non_negative_int, default=me.TRAIN_SEED_BASE, help="first train seed")
+ap.add_argument("--test-seed-base", type=cli.non_negative_int, default=me.TEST_SEED_BASE, help="first test seed")
 ap.add_argument("--thoughts", choices=["long", "short", "varied"], default="long",
                 help="long: the expert's reasoning; short: 'Click button 'okay' at (24,73).' (fewer target tokens); "
                      "varied: as a stronger model writes them, several phrasings and details (experts.varied_thoughts)")
@@ -62,10 +62,10 @@ ap.add_argument("--restyle", nargs=2, metavar=("IN", "OUT"), default=None,
                 help="no browser: copy the long-thought episodes of JSONL IN to OUT with --thoughts varied "
                      "(same screenshots and actions; OUT beside IN, so the image paths hold)")
 # environment
-ap.add_argument("--max-steps", type=int, default=experts.MAX_EXPERT_STEPS, help="expert step limit")
-ap.add_argument("--step-timeout", type=float, default=20.0, help="seconds per env step")
-ap.add_argument("--retries", type=int, default=1, help="retries of an episode after a browser fault")
-ap.add_argument("--workers", type=int, default=2, help="parallel browsers (one task at a time each)")
+ap.add_argument("--max-steps", type=cli.positive_int, default=experts.MAX_EXPERT_STEPS, help="expert step limit")
+ap.add_argument("--step-timeout", type=cli.positive_float, default=20.0, help="seconds per env step")
+ap.add_argument("--retries", type=cli.non_negative_int, default=1, help="retries of an episode after a browser fault (0: none)")
+ap.add_argument("--workers", type=cli.positive_int, default=2, help="parallel browsers (one task at a time each)")
 
 
 # -----------------------------------------------------------------------------

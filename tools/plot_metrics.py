@@ -29,9 +29,9 @@ FIRST = ("reward_mean", "match_rate", "progress", "kl", "entropy", "loss", "val_
 parser = cli.make_parser(__doc__)
 parser.add_argument("metrics", nargs="+", type=cli.arg_type(cli.input_file), help="metrics.jsonl files, one PNG each")
 parser.add_argument("--keys", nargs="+", default=None, help="metrics to draw (default: every numeric one)")
-parser.add_argument("--smooth", type=int, default=0, help="also draw a trailing rolling mean over this many points (0: off)")
+parser.add_argument("--smooth", type=cli.non_negative_int, default=0, help="also draw a trailing rolling mean over this many points (0: off)")
 parser.add_argument("--out", default=None, help="PNG path (one input only; default: beside the JSONL, same name .png)")
-parser.add_argument("--cols", type=int, default=3, help="panels per row")
+parser.add_argument("--cols", type=cli.positive_int, default=3, help="panels per row")
 
 
 def read_metrics(path: str) -> dict[str, tuple[list[float], list[float | None]]]:
