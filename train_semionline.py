@@ -170,7 +170,8 @@ def check_args(args) -> None:
         (0 < args.top_p <= 1, f"--top-p {args.top_p}: must be in (0, 1]"),
         (args.max_new_tokens >= 1, f"--max-new-tokens {args.max_new_tokens}: must be >= 1"),
         (args.old_logp != "sampler" or args.top_p == 1.0,
-         f"--old-logp sampler needs --top-p 1 (at --top-p {args.top_p} the sampler's log-probs are of the nucleus)"),
+         f"--old-logp sampler needs --top-p 1: its log-probs (the whole vocabulary's, as recompute's) are checked against "
+         f"the trainer's forward at --top-p 1 only (sampler_logp_gap); at --top-p {args.top_p:g} use --old-logp recompute"),
         (args.tasks_per_step >= 1, f"--tasks-per-step {args.tasks_per_step}: must be >= 1"),
         (args.n_rollouts >= 1, f"--n-rollouts {args.n_rollouts}: must be >= 1"),
         (args.patch_threshold >= -1, f"--patch-threshold {args.patch_threshold}: must be >= -1 (-1: no limit)"),
@@ -359,8 +360,8 @@ def main(argv=None):
                             it.old_logp = lp  # (L,)
                         for it, lp in zip(chunk, _per_item(chunk, ref_lp) if ref_lp is not None else ()):
                             it.ref_logp = lp  # (L,)
-                        # the sampler's log-probs are of its nucleus at top-p < 1, the trainer's of the full
-                        # distribution (the loss uses the trainer's): compared only where both are the same one
+                        # both score the whole vocabulary; the gap is logged at top-p 1, the setting where
+                        # --old-logp sampler may stand in for this forward
                         for it in chunk if recompute and args.top_p == 1.0 else ():
                             if len(it.response_ids):
                                 sampler_gap.append((it.old_logp - it.record.sampler_logp.to(it.old_logp)).abs().max().item())
@@ -397,7 +398,7 @@ def main(argv=None):
             "tok_s": resp_tok / max(t_rollout, 1e-9), "time_rollout_s": t_rollout, "time_logp_s": t_logp,
             "time_update_s": t_update, "time_s": dt,
             # max |trainer - sampler| log-prob over rank 0's tokens (--old-logp sampler: the first micro-batch's), a
-            # numerics check; null at --top-p < 1, where the sampler's log-probs are of the nucleus
+            # numerics check; null at --top-p < 1, where --old-logp sampler is not offered
             "sampler_logp_gap": None if args.top_p < 1.0 else max(sampler_gap, default=0.0) if recompute else totals["logp_gap"],
             "first_ratio_dev": totals["ratio_dev"],  # the first (on-policy) micro-batch's: 0 exactly under recompute
             "old_logp": args.old_logp,

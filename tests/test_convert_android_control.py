@@ -419,6 +419,16 @@ BAD_RECORDS = [
     (episode_record(2, "g", [S1, S1], [{"action_type": "wait"}], replace={"goal": int64_feature([5])}), "goal: expected a bytes_list"),
     (example({"episode_id": int64_feature([2]), "goal": b"\x0b"}), "example: not a tf.train.Example"),
     (episode_record(1, "g", [S1, S1], [{"action_type": "wait"}]), "episode_id: 1 already read from"),
+    # numbers that do not fit what they are read as: a coordinate past a float's range, an integer literal
+    # past Python's digit limit, a varint of more than 64 bits
+    (episode_record(2, "g", [S1, S1], [{"action_type": "click", "x": 10 ** 400, "y": 3}]),
+     "actions[0].x: the integer 1000000000000000000"),
+    (episode_record(2, "g", [S1, S1], [{"action_type": "click", "x": 1e300, "y": 3}]), "actions[0].x: 1e+300 lies outside"),
+    (episode_record(2, "g", [S1, S1], [{"action_type": "wait"}],
+                    replace={"actions": bytes_feature(['{"action_type": "click", "x": ' + "9" * 5000 + ', "y": 1}'])}),
+     "actions[0]: a number does not fit"),
+    (episode_record(2, "g", [S1, S1], [{"action_type": "wait"}], replace={"screenshot_widths": ld(3, ld(1, b"\xff" * 9 + b"\x7f"))}),
+     "example: not a tf.train.Example: varint exceeds 64 bits"),
 ]
 
 
@@ -435,12 +445,27 @@ def test_bad_record_named_and_skipped(tmp_path, record, message, capsys):
     assert s["episodes"] == 2 and not (tmp_path / "o" / "images" / "2_0.png").exists()  # nothing of it written
 
 
+def test_good_duplicate_after_a_bad_first_copy_is_kept(tmp_path):
+    """--skip-bad: a bad first copy of episode 2 does not make its good second copy 'already read'."""
+    src = tmp_path / "raw"
+    src.mkdir()
+    bad = episode_record(2, "g", [S1, S1], [{"action_type": "click", "x": 10 ** 400, "y": 3}])
+    good = episode_record(2, "g", [S1, S1], [{"action_type": "wait"}], ["wait"])
+    write_shard(src / SHARD0, [bad, good])
+    s = conv.main(["--src", str(src), "--out", str(tmp_path / "o"), "--skip-bad"])
+    assert s["episodes"] == 1 and [r["record"] for r in s["skipped"]["records"]] == [0]
+    assert [e["episode_id"] for e in read_jsonl(tmp_path / "o" / "all.jsonl")] == [2]
+
+
 def test_usage_errors(tmp_path):
     with pytest.raises(conv.cli.UsageError, match="no shards named"):
         conv.main(["--src", str(tmp_path), "--out", str(tmp_path / "o")])
     src = make_src(tmp_path)
-    with pytest.raises(conv.cli.UsageError, match=r"--split dev: not in splits.json \(it has: train, validation, test\)"):
-        conv.main(["--src", str(src), "--out", str(tmp_path / "o"), "--split", "dev"])
+    with pytest.raises(SystemExit):  # not a split name at all: refused while the flags are parsed
+        conv.build_parser().parse_args(["--src", str(src), "--out", str(tmp_path / "o"), "--split", "dev"])
+    (src / "splits.json").write_text(json.dumps({"train": [10], "test": [7, 8, 9]}))
+    with pytest.raises(conv.cli.UsageError, match=r"--split validation: not in splits.json \(it has: train, test\)"):
+        conv.main(["--src", str(src), "--out", str(tmp_path / "o"), "--split", "validation"])
     os.remove(src / "splits.json")
     with pytest.raises(conv.cli.UsageError, match="--split test needs"):
         conv.main(["--src", str(src), "--out", str(tmp_path / "o"), "--split", "test"])

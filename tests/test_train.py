@@ -212,8 +212,8 @@ def test_semionline_step_that_keeps_nothing_is_a_step(tmp_path):
                       "--max-resample", "1", "--top-p", "0.9"], tmp_path)
     assert [r["step"] for r in m] == [1, 2, 3] and last["step"] == 3
     assert all(r["rounds"] == 2 and r["tasks_tried"] == 4 and r["tasks_kept"] == 0 and r["partial"] for r in m)
-    # 4 tokens: every response is cut at the cap (a malformed, zero-reward step); at top-p < 1 the
-    # sampler's log-probs are of the nucleus, so no gap to the trainer's is logged
+    # 4 tokens: every response is cut at the cap (a malformed, zero-reward step); at top-p < 1, where
+    # --old-logp sampler is not offered, no gap to the trainer's is logged
     assert all(r["truncated_rate"] == 1.0 and r["reward_mean"] == 0.0 and r["sampler_logp_gap"] is None for r in m)
     assert all(r["loss"] is None and r["train_tokens"] == 0 for r in m)
     assert sorted(p.name for p in (tmp_path / "ckpt").glob("step_*")) == ["step_000002", "step_000003"]

@@ -224,6 +224,8 @@ def _varint(buf, pos: int) -> tuple[int, int]:
         b = buf[pos]
         pos += 1
         result |= (b & 0x7F) << shift
+        if result >> 64:  # ten bytes hold 70 bits: int64 / uint64 fields hold 64
+            raise ProtoError("varint exceeds 64 bits")
         if b < 0x80:
             return result, pos
         shift += 7
@@ -399,10 +401,16 @@ def convert_action(act, size: tuple[int, int]) -> dict:
         xy = []
         for k, limit in (("x", size[0]), ("y", size[1])):
             v = act.get(k)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise Bad(k, f"expected a number for {kind!r}, got {v!r}")
+            try:
+                f = float(v)  # JSON's integers have no bound: one past a float's range is a bad record
+            except OverflowError:
+                raise Bad(k, f"the integer {str(v)[:20]}... ({len(str(v))} digits) does not fit a coordinate") from None
+            if not math.isfinite(f):
+                raise Bad(k, f"expected a finite number for {kind!r}, got {v!r}")
             # gui's bound (1 px slack for rounding): a point off the screenshot is a bad record
-            if not -1 <= v <= limit + 1:
+            if not -1 <= f <= limit + 1:
                 raise Bad(k, f"{v} lies outside the {size[0]}x{size[1]} screenshot")
             xy.append(int(round(v)))
         return xy
@@ -519,6 +527,8 @@ def convert_episode(feats, *, terminate: bool) -> tuple[dict | None, list[tuple[
             act = json.loads(_utf8(raw, f"actions[{k}]"))
         except json.JSONDecodeError as e:
             raise Bad(f"actions[{k}]", f"invalid JSON: {e.msg}") from None
+        except ValueError as e:  # an integer literal past Python's digit limit
+            raise Bad(f"actions[{k}]", f"a number does not fit: {e}") from None
         try:
             action = convert_action(act, sizes[k])
         except Bad as e:
@@ -639,8 +649,11 @@ def main(argv: list[str] | None = None) -> dict:
                         continue
                     if eid in seen:
                         raise Bad("episode_id", f"{eid} already read from {seen[eid]}")
-                    seen[eid] = f"{name}:{index}"
-                    episode, imgs, acts = convert_episode(feats, terminate=args.terminate)
+                    try:
+                        episode, imgs, acts = convert_episode(feats, terminate=args.terminate)
+                    except OverflowError as e:  # any other number too big for what it is used as
+                        raise Bad("record", f"a number does not fit: {e}") from None
+                    seen[eid] = f"{name}:{index}"  # a good copy only: a bad first copy leaves the id free
                 except Bad as e:
                     if not args.skip_bad:
                         raise RecordError(shard, index, e.field, e.what, episode_id=eid) from None
