@@ -12,7 +12,6 @@ after the first of each run) and the ratio recompute / sampler of the logp phase
 Any further flag goes to train_semionline.py (default: the reproduction's RL flags below).
 The last stdout line is one JSON object.
 """
-import argparse
 import json
 import statistics
 import sys

@@ -12,7 +12,6 @@ first, and whether every episode ended the same way.
     python bench/bench_online.py --model out/sft/ckpt --tasks click-test click-button --seeds 8
 The last stdout line is one JSON object.
 """
-import argparse
 import json
 import sys
 import tempfile

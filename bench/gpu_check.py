@@ -52,7 +52,6 @@ Choices made to fit 8 minutes on one H200 (each has a flag; ESTIMATES_S, printed
 The checks themselves are in bench/gpu_sections.py; this file holds the schema, the command line,
 the harness, the Markdown summary and main.
 """
-import argparse
 import gc
 import json
 import os

@@ -9,7 +9,6 @@ lm_head GEMM forward + backward at the same shape. The forward and backward kern
 
 Last stdout line: one JSON object (configs sorted by time, the GEMM time, the best ratio).
 """
-import argparse
 import itertools
 import json
 import os

@@ -13,7 +13,6 @@ Each folder is an eval_sop.py --out folder (its online_episodes.jsonl is read). 
 (per task and pooled: successes of A and B, pairs where only A / only B succeeded, McNemar p, the
 difference with its 95% interval) and writes it with the inputs to --out (JSON) when given.
 """
-import argparse
 import json
 import sys
 from pathlib import Path

@@ -21,7 +21,6 @@ expert's own point. Each candidate is judged
 A reward "yes" on a click of another effect is a false positive, a reward "no" on a click of the
 same effect a false negative. Prints a table per task, examples of each disagreement, and writes --out JSON.
 """
-import argparse
 import json
 import re
 import subprocess

@@ -113,7 +113,6 @@ import io  # noqa: E402
 import re  # noqa: E402
 import runpy  # noqa: E402
 
-import cli  # noqa: E402
 
 SCRIPTS = sorted({str(p.relative_to(REPO)) for d in ("", "tools", "runs", "bench", "envs") for p in (REPO / d).glob("*.py")
                   if re.search(r"parse_args\(|__main__", p.read_text(encoding="utf-8"))} - {"runs/repro_common.py", "cli.py"})
