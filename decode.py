@@ -141,92 +141,170 @@ class LeanStep:
         return self.run(ids[:, 0], (pos[0] if pos.dim() == 3 else pos).reshape(R), attend)
 
 
+CASCADE_LAYOUTS = ("auto", "grid", "rows")  # CascadeDecode(layout=...), Sampler(cascade=...)
+
+
 class CascadeDecode:
     """The lean CPU decode with each prompt's KV read once for all of its samples (engine design
-    note 9; cascade attention). The rows are laid out on a grid of U prompts x G slots (G = the most
+    note 9; cascade attention), and with every row whose prompt has few samples on its own cache.
+
+    Grid. Prompts with many samples are laid out on a grid of U prompts x G slots (G = the most
     samples of one prompt); per layer one key and one value buffer (U, nkv, K0 + G T, D) hold the
     prompt's K0 prefill slots, then the decoded tokens time-major: the token of sample j at step t
     sits at slot K0 + t G + j. One step's attention is then, per (prompt, KV head), ONE GEMM of its
     G g queries against the prompt's keys so far, K0 + (t + 1) G of them, with a bias that hides the
     prompt's padding and the other samples' tokens; per-row attention reads the prompt's K0 keys once
-    per sample (8 samples: 8x the memory traffic, and decode is bound by it). The samples' own tokens
-    are scored against every sample's slot and masked: G times the decode keys' FLOPs, which at
-    K0 >> T cost less than the reads they save.
+    per sample (8 samples: 8x the memory traffic, and decode is bound by it).
 
-    A grid slot whose row has stopped (or that no row holds) keeps computing on whatever token it
-    last had, read by nobody; the lm_head runs on the live rows only, and when the prompts with a
-    live row fall to half the grid's, the grid keeps only theirs (one copy of the buffers).
+    Rows. A grid slot no live row holds still costs its attention (G g queries against K0 + (t + 1) G
+    keys: with one prompt of 8 samples and seven of 1, 64 slots for 15 rows, each single-sample prompt
+    reading 8x the decoded keys it needs). So `layout="auto"` puts a prompt on the grid only when its
+    samples fill more than half of a grid row (count > G / 2); the others' rows decode on per-row
+    caches (R1, nkv, K0 + T, D), as the per-row layout does, reading their prompt's keys once per
+    sample (at most G / 2 times). "grid" puts every prompt on the grid, "rows" none (the per-row
+    decode on the lean step; the benchmarks' reference). The decoder's GEMMs (q|k|v, o, MLP, lm_head)
+    run on the live rows only, whatever the layout: one lean step for all rows.
+
+    Rows that stop leave the step; when the grid prompts with a live row fall to half the grid's, the
+    grid keeps only theirs (one copy of the buffers), and the per-row caches keep only the live rows.
     Exact: the same keys, values and masks as the per-row layout, summed in another order."""
 
     def __init__(self, lean: LeanStep, cache: DynamicCache, valid: torch.Tensor, prompt_of_row: list[int],
-                 next_pos: list[int], max_new_tokens: int):
+                 next_pos: list[int], max_new_tokens: int, layout: str = "auto"):
         """cache: one layer of keys/values (U, nkv, K0, D) per decoder layer, row u = prompt u;
         valid (U, K0) bool; prompt_of_row: row r's prompt (rows in prompt order, samples adjacent or not);
-        next_pos: the rope position of each prompt's first generated token."""
-        U, K0 = valid.shape
+        next_pos: the rope position of each prompt's first generated token; layout: CASCADE_LAYOUTS.
+        Raises ValueError on an unknown layout."""
+        if layout not in CASCADE_LAYOUTS:
+            raise ValueError(f"layout must be one of {CASCADE_LAYOUTS}, got {layout!r}")
+        U0, K0 = valid.shape
         dev = valid.device
-        self.lean, self.K0 = lean, K0
-        count = [0] * U
-        slot = []
+        self.lean, self.K0, self.T = lean, K0, max_new_tokens
+        count = [0] * U0
         for u in prompt_of_row:
-            slot.append((u, count[u]))
             count[u] += 1
-        G = self.G = max(count)
-        self.rows = torch.tensor([u * G + j for u, j in slot], device=dev)           # (R,) grid slot of each row
+        G = max(count)
+        on_grid = [layout == "grid" or (layout == "auto" and 2 * c > G) for c in count]
+        grid_prompts = [u for u in range(U0) if on_grid[u]]
+        gidx = {u: i for i, u in enumerate(grid_prompts)}
+        self.G = G = max([count[u] for u in grid_prompts], default=1)
+        U = len(grid_prompts)
         nkv, g, D = lean.nkv, lean.nq // lean.nkv, lean.D
+        # each live row, in generate's order: its grid slot (-1: a per-row row) and its next position
+        slot, seen, row_prompts = [], [0] * U0, []
+        for u in prompt_of_row:
+            slot.append(gidx[u] * G + seen[u] if on_grid[u] else -1)
+            seen[u] += 1
+            if not on_grid[u]:
+                row_prompts.append(u)
+        self.slot = torch.tensor(slot, dtype=torch.long, device=dev)                   # (R,)
+        self.pos = torch.tensor([next_pos[u] for u in prompt_of_row], device=dev)      # (R,) next token's position
+        # the grid: U prompts x G slots
         Ktot = K0 + G * max_new_tokens
+        sel = torch.tensor(grid_prompts, dtype=torch.long, device=dev)
         self.kv = []
-        for layer in cache.layers:
-            k = layer.keys.new_zeros(U, nkv, Ktot, D)
-            v = layer.values.new_zeros(U, nkv, Ktot, D)
-            k[:, :, :K0], v[:, :, :K0] = layer.keys, layer.values
-            self.kv.append((k, v))
-        bias = torch.full((U, nkv, G, g, Ktot), float("-inf"), device=dev)
-        bias[..., :K0] = torch.zeros(U, K0, device=dev).masked_fill_(~valid, float("-inf"))[:, None, None, None]
-        self.bias = bias.view(U * nkv, G * g, Ktot)                                   # (U nkv, G g, Ktot)
-        self.pos = torch.tensor(next_pos, device=dev).repeat_interleave(G)            # (U G,) next token's position
-        self.ids = torch.zeros(U * G, dtype=torch.long, device=dev)
+        if U:
+            for layer in cache.layers:
+                k = layer.keys.new_zeros(U, nkv, Ktot, D)
+                v = layer.values.new_zeros(U, nkv, Ktot, D)
+                k[:, :, :K0], v[:, :, :K0] = layer.keys[sel], layer.values[sel]
+                self.kv.append((k, v))
+            bias = torch.full((U, nkv, G, g, Ktot), float("-inf"), device=dev)
+            bias[..., :K0] = torch.zeros(U, K0, device=dev).masked_fill_(~valid[sel], float("-inf"))[:, None, None, None]
+            self.bias = bias.view(U * nkv, G * g, Ktot)                               # (U nkv, G g, Ktot)
+        self.U = U
+        # the per-row caches: one row per sample of the prompts off the grid
+        rsel = torch.tensor(row_prompts, dtype=torch.long, device=dev)
+        pad = (0, 0, 0, max_new_tokens)
+        self.rkv = [(F.pad(l.keys[rsel], pad), F.pad(l.values[rsel], pad)) for l in cache.layers] if row_prompts else []
+        self.rvalid = F.pad(valid[rsel], (0, max_new_tokens))                          # (R1, K0 + T) bool
         self.t = 0
-        self.grids = [U]                                                              # prompts on the grid, per shrink (stats)
+        self.grids = [U]                                                               # prompts on the grid, per shrink (stats)
+        self.row_rows = [len(row_prompts)]                                             # rows on per-row caches (stats)
+        self._dense()
+
+    def _dense(self) -> None:
+        """Whether the live rows are exactly the grid's slots in order (no scatter / gather needed)."""
+        self.dense = self.slot.numel() == self.U * self.G and bool((self.slot == torch.arange(self.slot.numel(),
+                                                                                          device=self.slot.device)).all())
 
     def keep(self, k: torch.Tensor) -> None:
         """Keep live rows k (indices into the current live rows); shrink the grid to the prompts that
-        still have a live row once they are at most half of it."""
-        self.rows = self.rows[k]
-        U, G = self.pos.shape[0] // self.G, self.G
-        live = torch.unique(self.rows // G)                                          # (U',) sorted
-        if U > 1 and 2 * len(live) <= U:
-            nkv, g = self.lean.nkv, self.lean.nq // self.lean.nkv
+        still have a live row once they are at most half of it; the per-row caches to the live rows."""
+        was_row = self.slot < 0
+        self.slot, self.pos = self.slot[k], self.pos[k]
+        on_rows = was_row[k]
+        if bool(was_row.any()):
+            r_index = torch.cumsum(was_row.long(), 0) - 1                             # row -> its per-row cache row
+            keep_r = r_index[k][on_rows]
+            if keep_r.numel() < int(was_row.sum()):
+                self.rkv = [(k_[keep_r], v_[keep_r]) for k_, v_ in self.rkv]
+                self.rvalid = self.rvalid[keep_r]
+                self.row_rows.append(keep_r.numel())
+        G, U = self.G, self.U
+        gs = self.slot[~on_rows]
+        live = torch.unique(gs // G)                                                   # (U',) sorted
+        if U and not len(live):                      # every grid row has stopped: no grid left
+            self.kv, self.U = [], 0
+            self.grids.append(0)
+        elif U > 1 and 2 * len(live) <= U:
+            nkv, g, Ktot = self.lean.nkv, self.lean.nq // self.lean.nkv, self.bias.shape[-1]
             self.kv = [(k_[live], v_[live]) for k_, v_ in self.kv]
-            self.bias = self.bias.view(U, nkv * G * g, -1)[live].view(len(live) * nkv, G * g, -1)
-            self.pos = self.pos.view(U, G)[live].reshape(-1)
-            self.ids = self.ids.view(U, G)[live].reshape(-1)
+            self.bias = self.bias.view(U, nkv * G * g, Ktot)[live].view(len(live) * nkv, G * g, Ktot)
             new = torch.empty(U, dtype=torch.long, device=live.device)
             new[live] = torch.arange(len(live), device=live.device)
-            self.rows = new[self.rows // G] * G + self.rows % G
+            self.slot[~on_rows] = new[gs // G] * G + gs % G
+            self.U = len(live)
             self.grids.append(len(live))
+        self._dense()
 
     def step(self, tok: torch.Tensor) -> torch.Tensor:
         """tok (n,) the live rows' new tokens -> their next-token logits (n, V)."""
-        G, K0, t = self.G, self.K0, self.t
+        G, K0, t, U = self.G, self.K0, self.t, self.U
         nq, nkv, D = self.lean.nq, self.lean.nkv, self.lean.D
-        g, U = nq // nkv, self.pos.shape[0] // G
-        s0, Kt = K0 + t * G, K0 + (t + 1) * G                                        # this step's slots; keys so far
-        self.ids.index_copy_(0, self.rows, tok)
-        # each sample sees its own new slot: the diagonal of the (sample, slot) block of step t
-        self.bias.view(U * nkv, G, g, -1)[..., s0:Kt].diagonal(dim1=1, dim2=3).fill_(0.0)
-        bias = self.bias[..., :Kt]                                                    # (U nkv, G g, Kt)
+        g, n = nq // nkv, tok.shape[0]
+        s0, Kt = K0 + t * G, K0 + (t + 1) * G                                         # grid: this step's slots; keys so far
+        on_rows = self.slot < 0
+        gi = (~on_rows).nonzero().squeeze(-1)                                          # live rows on the grid
+        ri = on_rows.nonzero().squeeze(-1)                                             # live rows on per-row caches
+        gslot = self.slot[gi]
+        if U:
+            # each sample sees its own new slot: the diagonal of the (sample, slot) block of step t
+            self.bias.view(U * nkv, G, g, -1)[..., s0:Kt].diagonal(dim1=1, dim2=3).fill_(0.0)
+            gbias = self.bias[..., :Kt]                                                # (U nkv, G g, Kt)
+        m, Kr = ri.numel(), K0 + t + 1
+        if m:
+            self.rvalid[:, K0 + t] = True
+            rbias = torch.zeros(m, Kr, device=tok.device).masked_fill_(~self.rvalid[:, :Kr], float("-inf"))
+            rbias = rbias[:, None, None, :].expand(m, nkv, g, Kr).reshape(m * nkv, g, Kr)
+
+        def to_grid(x):  # (gi rows, ...) -> (U G, ...) with zeros in the slots no live row holds
+            if self.dense:
+                return x
+            return x.new_zeros(U * G, *x.shape[1:]).index_copy_(0, gslot, x[gi])
 
         def attend(i, q, k, v):
-            kb, vb = self.kv[i]                                                       # (U, nkv, Ktot, D)
-            kb[:, :, s0:Kt] = k.view(U, G, nkv, D).transpose(1, 2)
-            vb[:, :, s0:Kt] = v.view(U, G, nkv, D).transpose(1, 2)
-            qg = q.view(U, G, nkv, g, D).transpose(1, 2).reshape(U * nkv, G * g, D)   # a prompt's queries together
-            s = torch.baddbmm(bias, qg, kb[:, :, :Kt].reshape(U * nkv, Kt, D).transpose(1, 2), alpha=D ** -0.5)
-            o = torch.bmm(torch.softmax(s, dim=-1), vb[:, :, :Kt].reshape(U * nkv, Kt, D))   # (U nkv, G g, D)
-            return o.view(U, nkv, G, g, D).transpose(1, 2).reshape(U * G, nq * D)
+            out = q.new_empty(n, nq * D)
+            if U:
+                kb, vb = self.kv[i]                                                    # (U, nkv, Ktot, D)
+                kb[:, :, s0:Kt] = to_grid(k).view(U, G, nkv, D).transpose(1, 2)
+                vb[:, :, s0:Kt] = to_grid(v).view(U, G, nkv, D).transpose(1, 2)
+                qg = to_grid(q).view(U, G, nkv, g, D).transpose(1, 2).reshape(U * nkv, G * g, D)   # a prompt's queries
+                s = torch.baddbmm(gbias, qg, kb[:, :, :Kt].reshape(U * nkv, Kt, D).transpose(1, 2), alpha=D ** -0.5)
+                o = torch.bmm(torch.softmax(s, dim=-1), vb[:, :, :Kt].reshape(U * nkv, Kt, D))   # (U nkv, G g, D)
+                o = o.view(U, nkv, G, g, D).transpose(1, 2).reshape(U * G, nq * D)
+                if self.dense:
+                    return o
+                out[gi] = o[gslot]
+            if m:
+                rk, rv = self.rkv[i]                                                   # (m, nkv, K0 + T, D)
+                rk[:, :, K0 + t], rv[:, :, K0 + t] = k[ri], v[ri]
+                s = torch.baddbmm(rbias, q[ri].reshape(m * nkv, g, D), rk[:, :, :Kr].reshape(m * nkv, Kr, D).transpose(1, 2),
+                                  alpha=D ** -0.5)                                     # (m nkv, g, Kr)
+                out[ri] = torch.bmm(torch.softmax(s, dim=-1), rv[:, :, :Kr].reshape(m * nkv, Kr, D)).reshape(m, -1)
+            return out
 
-        logits = self.lean.run(self.ids, self.pos, attend, rows=self.rows)
+        logits = self.lean.run(tok, self.pos, attend)
         self.pos.add_(1)
         self.t += 1
         return logits

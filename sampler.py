@@ -46,8 +46,10 @@ Engine design (what it does that `model.generate` does not):
      samples of one prompt share its prefill KV, read ONCE per step for all of them in one GEMM per
      (prompt, KV head), their own tokens interleaved after it and masked so each row sees its own.
      A row-per-sample cache reads the prompt's K0 keys once per sample (n = 8 rollouts: 8x), and a
-     decode step of a small model is bound by that read. Static and graph decode keep the per-row
-     layout (fixed buffers, design note 7).
+     decode step of a small model is bound by that read. A prompt with few samples (at most half the
+     largest group's: after step 0 semi-online groups split by history) decodes on per-row caches
+     instead, so that grid slots no row holds cost nothing; the GEMMs run on the live rows only.
+     Static and graph decode keep the per-row layout (fixed buffers, design note 7).
 The decode states of notes 5 and 7-9 live in decode.py; this file prefills, loops and draws.
 """
 from __future__ import annotations
@@ -65,7 +67,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache
 
 from batching import image_runs
-from decode import CascadeDecode, EagerDecode, LeanStep, SlotLayer, StaticDecode, bucket
+from decode import CASCADE_LAYOUTS, CascadeDecode, EagerDecode, LeanStep, SlotLayer, StaticDecode, bucket
 from vlm import STOP_TOKENS, VISION_TOKENS, cache_attention_mask, pad_token_id
 
 DECODE_MODES = ("auto", "eager", "static", "graph")  # Sampler(decode=...): engine design note 7
@@ -186,13 +188,16 @@ class Sampler:
     graph; CUDA only), "auto" = graph on CUDA, else eager. lean (engine design note 8): decode
     steps run LeanStep on the model's weights instead of the transformers forward; None = on for a
     CPU model it supports (checked each call: adapters, hooks), True requires support (generate
-    raises ValueError otherwise), False never; stats["lean"] says what a call ran. Raises ValueError
+    raises ValueError otherwise), False never; stats["lean"] says what a call ran. cascade (design note
+    9, lean eager decode): "auto" puts a prompt on the shared-KV grid when its samples fill more than half
+    of a grid row, else its rows decode on per-row caches; "grid" every prompt, "rows" none (the per-row
+    reference the benchmark compares with). Raises ValueError
     on an unknown mode or graph without CUDA. After each call `stats` holds prefill/decode token counts and times
     (time_graph_capture: seconds spent capturing, inside time_decode)."""
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int = 512, temperature: float = 1.0,
                  top_p: float = 1.0, stop_token_ids: list[int] | None = None, seed: int | None = None,
-                 share_prefix: bool = True, decode: str = "auto", lean: bool | None = None):
+                 share_prefix: bool = True, decode: str = "auto", lean: bool | None = None, cascade: str = "auto"):
         self.model, self.tokenizer = model, tokenizer
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
@@ -206,6 +211,9 @@ class Sampler:
                              "'static' runs the same step uncaptured")
         self.decode = ("graph" if self.device.type == "cuda" else "eager") if decode == "auto" else decode
         self.lean_arg = lean
+        if cascade not in CASCADE_LAYOUTS:
+            raise ValueError(f"cascade must be one of {CASCADE_LAYOUTS}, got {cascade!r}")
+        self.cascade = cascade
         self.lean = (self.device.type == "cpu") if lean is None else bool(lean)  # and supported, per call
         self._lean = None                    # the lean step of the call in progress
         cfg = model.config
@@ -473,7 +481,7 @@ class Sampler:
             self.stats["kv_slots"] = valid.shape[1]   # prompt slots per decode row: the longest prompt, when dense
             if self.decode == "eager" and self._lean is not None:
                 dec = CascadeDecode(self._lean, cache, valid, row_prompt, [p.next_pos for p in distinct],
-                                     self.max_new_tokens)
+                                     self.max_new_tokens, layout=self.cascade)
             else:
                 rows = row_prompt + row_prompt[:1] * ((bucket(R) - R) if self.decode != "eager" else 0)
                 cache, valid = self._row_cache(cache, valid, torch.tensor(rows, device=valid.device))
@@ -526,6 +534,7 @@ class Sampler:
             self.decode = "static"            # the capture failed once: do not retry it every call
         self.stats.update(time_prefill=t1 - t0, time_decode=t2 - t1, rows=R, distinct_prompts=len(distinct),
                           decode=self.decode, cascade_grids=dec.grids if isinstance(dec, CascadeDecode) else None,
+                          cascade_row_rows=dec.row_rows if isinstance(dec, CascadeDecode) else None,
                           decode_buckets=static.buckets if static else None,
                           time_graph_capture=static.capture_s if static else 0.0,
                           graph_error=static.error if static else None)

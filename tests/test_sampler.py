@@ -717,11 +717,14 @@ def test_lean_step_steps_aside_for_what_it_does_not_compute(model, proc, prompts
     assert not decode.LeanStep.supports(adapted.base_model.model)
 
 
-def test_cascade_decode_equals_per_row_decode(model, proc, prompts):
+@pytest.mark.parametrize("layout, grids, row_rows", [("grid", 4, 0), ("auto", 2, 2), ("rows", 0, 7)])
+def test_cascade_decode_equals_per_row_decode(model, proc, prompts, layout, grids, row_rows):
     """The lean step's prompt grid (engine design note 9: each prompt's KV read once for all its samples,
     the samples' own tokens interleaved after it) against the transformers forward over per-row caches:
     uneven sample counts (3, 1, 2, 1: grid slots no row holds), a stop token that ends every row of three
-    prompts early (the grid shrinks to the prompts still live), greedy ids, finish reasons and logprobs."""
+    prompts early (the grid shrinks to the prompts still live), greedy ids, finish reasons and logprobs. In
+    each layout: every prompt on the grid, "auto" (prompts 0 and 2 fill more than half a grid row of 3: on
+    the grid; the single-sample prompts' rows on per-row caches), every row on its own cache."""
     tok = proc[0]
     batch = prompts + [make_prompt(proc, "A text-only prompt, no screenshot at all.")]
     ns = [3, 1, 2, 1]
@@ -729,16 +732,21 @@ def test_cascade_decode_equals_per_row_decode(model, proc, prompts):
     stop = sorted({r[0].ids[2] for r in ref[:3]} - set(ref[3][0].ids))   # ends prompts 0-2 at their 3rd token
     assert stop, "the fixture's outputs leave no token to stop prompts 0-2 on"
     ref = Sampler(model, tok, max_new_tokens=MAX_NEW, lean=False, stop_token_ids=stop).generate(batch, n=ns, greedy=True)
-    s = Sampler(model, tok, max_new_tokens=MAX_NEW, lean=True, decode="eager", stop_token_ids=stop)
+    s = Sampler(model, tok, max_new_tokens=MAX_NEW, lean=True, decode="eager", stop_token_ids=stop, cascade=layout)
     ours = s.generate(batch, n=ns, greedy=True)
-    assert s.stats["cascade_grids"][0] == 4 and s.stats["cascade_grids"][-1] <= 2     # the grid shrank
+    assert s.stats["cascade_grids"][0] == grids and s.stats["cascade_row_rows"][0] == row_rows
+    if layout == "grid":
+        assert s.stats["cascade_grids"][-1] <= 2     # the grid shrank
+    if layout == "rows":
+        assert s.stats["cascade_row_rows"][-1] <= 4  # the stopped rows left the per-row caches
     _assert_same(ours, ref, atol=1e-5)
 
 
 def test_cascade_sampled_logprobs_match_full_forward(model, proc, prompts):
     """Sampled at temperature 1.5 with uneven counts: each returned logprob is log_softmax(logits / T) of
-    a full forward over prompt + sampled ids (the trainer's distribution), on the prompt grid."""
+    a full forward over prompt + sampled ids (the trainer's distribution), on the prompt grid and on a
+    per-row cache in the same step."""
     s = Sampler(model, proc[0], max_new_tokens=MAX_NEW, stop_token_ids=[], seed=0, temperature=1.5, lean=True)
     outs = s.generate(prompts[:2], n=[3, 1], seeds=[7, 8])
-    assert s.stats["cascade_grids"] == [2]
+    assert s.stats["cascade_grids"] == [1] and s.stats["cascade_row_rows"] == [1]   # 3 samples: grid; 1: its own row
     assert_full_forward_logprobs(model, prompts, outs, 1.5)
