@@ -141,7 +141,7 @@ class LeanStep:
         return self.run(ids[:, 0], (pos[0] if pos.dim() == 3 else pos).reshape(R), attend)
 
 
-CASCADE_LAYOUTS = ("auto", "grid", "rows")  # CascadeDecode(layout=...), Sampler(cascade=...)
+CASCADE_LAYOUTS = ("auto", "grid", "split", "rows")  # CascadeDecode(layout=...), Sampler(cascade=...)
 
 
 class CascadeDecode:
@@ -158,12 +158,14 @@ class CascadeDecode:
 
     Rows. A grid slot no live row holds still costs its attention (G g queries against K0 + (t + 1) G
     keys: with one prompt of 8 samples and seven of 1, 64 slots for 15 rows, each single-sample prompt
-    reading 8x the decoded keys it needs). So `layout="auto"` puts a prompt on the grid only when its
-    samples fill more than half of a grid row (count > G / 2); the others' rows decode on per-row
-    caches (R1, nkv, K0 + T, D), as the per-row layout does, reading their prompt's keys once per
-    sample (at most G / 2 times). "grid" puts every prompt on the grid, "rows" none (the per-row
-    decode on the lean step; the benchmarks' reference). The decoder's GEMMs (q|k|v, o, MLP, lm_head)
-    run on the live rows only, whatever the layout: one lean step for all rows.
+    scoring 8x the decoded keys it needs). Rows off the grid decode on per-row caches (R1, nkv, K0 + T, D),
+    as the per-row layout does. `layout`: "grid" puts every prompt on the grid, "rows" none (the per-row
+    decode on the lean step; the benchmarks' reference), "split" a prompt whose samples fill more than
+    half a grid row (count > G / 2) on the grid and the others' rows on per-row caches, and "auto" (the
+    Sampler's) the grid when the rows fill more than half of its U x G slots, else per-row caches: on
+    the tiny CPU models a half-empty grid, or a split's second attention path, costs more than the
+    prompt reads it saves (bench/bench_step.py's decode_groups; results/LOG.md, 2026-12-05). The
+    decoder's GEMMs (q|k|v, o, MLP, lm_head) run on the live rows only, whatever the layout.
 
     Rows that stop leave the step; when the grid prompts with a live row fall to half the grid's, the
     grid keeps only theirs (one copy of the buffers), and the per-row caches keep only the live rows.
@@ -184,7 +186,9 @@ class CascadeDecode:
         for u in prompt_of_row:
             count[u] += 1
         G = max(count)
-        on_grid = [layout == "grid" or (layout == "auto" and 2 * c > G) for c in count]
+        if layout == "auto":  # the grid when the rows fill more than half of its slots
+            layout = "grid" if 2 * len(prompt_of_row) > len(count) * G else "rows"
+        on_grid = [layout == "grid" or (layout == "split" and 2 * c > G) for c in count]
         grid_prompts = [u for u in range(U0) if on_grid[u]]
         gidx = {u: i for i, u in enumerate(grid_prompts)}
         self.G = G = max([count[u] for u in grid_prompts], default=1)
@@ -221,12 +225,26 @@ class CascadeDecode:
         self.t = 0
         self.grids = [U]                                                               # prompts on the grid, per shrink (stats)
         self.row_rows = [len(row_prompts)]                                             # rows on per-row caches (stats)
-        self._dense()
+        self._plan()
 
-    def _dense(self) -> None:
-        """Whether the live rows are exactly the grid's slots in order (no scatter / gather needed)."""
-        self.dense = self.slot.numel() == self.U * self.G and bool((self.slot == torch.arange(self.slot.numel(),
-                                                                                          device=self.slot.device)).all())
+    def _plan(self) -> None:
+        """The step's plan, once per change of the live rows: which live rows are on the grid (gi, their
+        slots gslot) and on per-row caches (ri), and, when each is one block of consecutive rows with the
+        grid full and in order (the usual case: generate's rows come in prompt order), the two blocks, so
+        that a layer's attention reads views and joins two outputs instead of scattering rows."""
+        on_rows = self.slot < 0
+        self.gi = (~on_rows).nonzero().squeeze(-1)                                     # live rows on the grid
+        self.ri = on_rows.nonzero().squeeze(-1)                                        # live rows on per-row caches
+        self.gslot = self.slot[self.gi]
+
+        def block(idx):  # (a, b) when idx == a, a + 1, ..., b - 1
+            a = int(idx[0]) if idx.numel() else 0
+            ok = bool((idx == torch.arange(a, a + idx.numel(), device=idx.device)).all())
+            return (a, a + idx.numel()) if ok else None
+        g, r = block(self.gi), block(self.ri)
+        full = self.gi.numel() == self.U * self.G and bool((self.gslot == torch.arange(self.gi.numel(),
+                                                                                   device=self.gi.device)).all())
+        self.blocks = (g, r) if g is not None and r is not None and full else None
 
     def keep(self, k: torch.Tensor) -> None:
         """Keep live rows k (indices into the current live rows); shrink the grid to the prompts that
@@ -256,7 +274,7 @@ class CascadeDecode:
             self.slot[~on_rows] = new[gs // G] * G + gs % G
             self.U = len(live)
             self.grids.append(len(live))
-        self._dense()
+        self._plan()
 
     def step(self, tok: torch.Tensor) -> torch.Tensor:
         """tok (n,) the live rows' new tokens -> their next-token logits (n, V)."""
@@ -264,10 +282,7 @@ class CascadeDecode:
         nq, nkv, D = self.lean.nq, self.lean.nkv, self.lean.D
         g, n = nq // nkv, tok.shape[0]
         s0, Kt = K0 + t * G, K0 + (t + 1) * G                                         # grid: this step's slots; keys so far
-        on_rows = self.slot < 0
-        gi = (~on_rows).nonzero().squeeze(-1)                                          # live rows on the grid
-        ri = on_rows.nonzero().squeeze(-1)                                             # live rows on per-row caches
-        gslot = self.slot[gi]
+        gi, ri, gslot, blocks = self.gi, self.ri, self.gslot, self.blocks
         if U:
             # each sample sees its own new slot: the diagonal of the (sample, slot) block of step t
             self.bias.view(U * nkv, G, g, -1)[..., s0:Kt].diagonal(dim1=1, dim2=3).fill_(0.0)
@@ -278,30 +293,39 @@ class CascadeDecode:
             rbias = torch.zeros(m, Kr, device=tok.device).masked_fill_(~self.rvalid[:, :Kr], float("-inf"))
             rbias = rbias[:, None, None, :].expand(m, nkv, g, Kr).reshape(m * nkv, g, Kr)
 
-        def to_grid(x):  # (gi rows, ...) -> (U G, ...) with zeros in the slots no live row holds
-            if self.dense:
-                return x
+        def grid_in(x):  # the grid's rows of x (n, ...) as (U G, ...), zeros in the slots no live row holds
+            if blocks is not None:
+                return x[blocks[0][0]:blocks[0][1]]
             return x.new_zeros(U * G, *x.shape[1:]).index_copy_(0, gslot, x[gi])
 
+        def rows_in(x):
+            return x[blocks[1][0]:blocks[1][1]] if blocks is not None else x[ri]
+
         def attend(i, q, k, v):
-            out = q.new_empty(n, nq * D)
+            parts = []
             if U:
                 kb, vb = self.kv[i]                                                    # (U, nkv, Ktot, D)
-                kb[:, :, s0:Kt] = to_grid(k).view(U, G, nkv, D).transpose(1, 2)
-                vb[:, :, s0:Kt] = to_grid(v).view(U, G, nkv, D).transpose(1, 2)
-                qg = to_grid(q).view(U, G, nkv, g, D).transpose(1, 2).reshape(U * nkv, G * g, D)   # a prompt's queries
+                kb[:, :, s0:Kt] = grid_in(k).view(U, G, nkv, D).transpose(1, 2)
+                vb[:, :, s0:Kt] = grid_in(v).view(U, G, nkv, D).transpose(1, 2)
+                qg = grid_in(q).view(U, G, nkv, g, D).transpose(1, 2).reshape(U * nkv, G * g, D)   # a prompt's queries
                 s = torch.baddbmm(gbias, qg, kb[:, :, :Kt].reshape(U * nkv, Kt, D).transpose(1, 2), alpha=D ** -0.5)
                 o = torch.bmm(torch.softmax(s, dim=-1), vb[:, :, :Kt].reshape(U * nkv, Kt, D))   # (U nkv, G g, D)
-                o = o.view(U, nkv, G, g, D).transpose(1, 2).reshape(U * G, nq * D)
-                if self.dense:
-                    return o
-                out[gi] = o[gslot]
+                parts.append(o.view(U, nkv, G, g, D).transpose(1, 2).reshape(U * G, nq * D))
             if m:
                 rk, rv = self.rkv[i]                                                   # (m, nkv, K0 + T, D)
-                rk[:, :, K0 + t], rv[:, :, K0 + t] = k[ri], v[ri]
-                s = torch.baddbmm(rbias, q[ri].reshape(m * nkv, g, D), rk[:, :, :Kr].reshape(m * nkv, Kr, D).transpose(1, 2),
+                rk[:, :, K0 + t], rv[:, :, K0 + t] = rows_in(k), rows_in(v)
+                s = torch.baddbmm(rbias, rows_in(q).reshape(m * nkv, g, D), rk[:, :, :Kr].reshape(m * nkv, Kr, D).transpose(1, 2),
                                   alpha=D ** -0.5)                                     # (m nkv, g, Kr)
-                out[ri] = torch.bmm(torch.softmax(s, dim=-1), rv[:, :, :Kr].reshape(m * nkv, Kr, D)).reshape(m, -1)
+                parts.append(torch.bmm(torch.softmax(s, dim=-1), rv[:, :, :Kr].reshape(m * nkv, Kr, D)).reshape(m, -1))
+            if len(parts) == 1 and blocks is not None:
+                return parts[0]
+            if blocks is not None:   # two blocks of consecutive rows: join them in row order
+                return torch.cat(parts if blocks[0][0] == 0 else parts[::-1])
+            out = q.new_empty(n, nq * D)
+            if U:
+                out[gi] = parts[0][gslot]
+            if m:
+                out[ri] = parts[-1]
             return out
 
         logits = self.lean.run(tok, self.pos, attend)

@@ -46,9 +46,9 @@ Engine design (what it does that `model.generate` does not):
      samples of one prompt share its prefill KV, read ONCE per step for all of them in one GEMM per
      (prompt, KV head), their own tokens interleaved after it and masked so each row sees its own.
      A row-per-sample cache reads the prompt's K0 keys once per sample (n = 8 rollouts: 8x), and a
-     decode step of a small model is bound by that read. A prompt with few samples (at most half the
-     largest group's: after step 0 semi-online groups split by history) decodes on per-row caches
-     instead, so that grid slots no row holds cost nothing; the GEMMs run on the live rows only.
+     decode step of a small model is bound by that read. When the groups are uneven (after step 0
+     semi-online rollouts split by history) and fill at most half the grid's slots, the rows decode on
+     per-row caches instead (an empty slot still costs attention); the GEMMs run on the live rows only.
      Static and graph decode keep the per-row layout (fixed buffers, design note 7).
 The decode states of notes 5 and 7-9 live in decode.py; this file prefills, loops and draws.
 """
@@ -189,9 +189,9 @@ class Sampler:
     steps run LeanStep on the model's weights instead of the transformers forward; None = on for a
     CPU model it supports (checked each call: adapters, hooks), True requires support (generate
     raises ValueError otherwise), False never; stats["lean"] says what a call ran. cascade (design note
-    9, lean eager decode): "auto" puts a prompt on the shared-KV grid when its samples fill more than half
-    of a grid row, else its rows decode on per-row caches; "grid" every prompt, "rows" none (the per-row
-    reference the benchmark compares with). Raises ValueError
+    9, lean eager decode): "auto" the shared-KV grid when the rows fill more than half of its slots,
+    else per-row caches; "grid" every prompt on it, "split" the prompts filling more than half a grid
+    row, "rows" none (the per-row reference the benchmark compares with). Raises ValueError
     on an unknown mode or graph without CUDA. After each call `stats` holds prefill/decode token counts and times
     (time_graph_capture: seconds spent capturing, inside time_decode)."""
 

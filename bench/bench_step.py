@@ -41,6 +41,9 @@ with each variant's phases and floors (`seconds_real`, `floor_s_real`, `ratio_to
     pip install --no-deps -r bench/requirements-bench.txt   # TRL 1.16 and its deps (bench only)
     python bench/bench_step.py                           # ~10 min on 2 loaded CPU cores
     python bench/bench_step.py --no-peer                 # ours only, small and real vocabulary: vocab_speedup
+Decode on uneven groups (`decode_groups`): after step 0 a semi-online step's rollouts split into groups
+by history; the Sampler's decode beside the per-row decode on uniform groups and on one prompt of 8
+(16) samples beside seven of 1: decode_groups_ratio = cascade / per-row seconds.
 The last stdout line is one JSON object (medians over --repeats; *_runs lists every run).
 """
 import argparse
@@ -352,6 +355,40 @@ def floors(v, calls, batches):
 
 
 # ---------------------------------------------------------------------------------------------------
+# the decode on groups of uneven size: after step 0 a semi-online step's rollouts split by history
+
+GROUPS = {"uniform": None, "uneven_8+7x1": [8] + [1] * 7, "uneven_16+7x1": [16] + [1] * 7}  # None: tasks x rollouts
+
+
+def decode_groups(v) -> dict:
+    """Decode seconds of the lean eager decode as the Sampler runs it (cascade="auto": the shared-KV grid
+    when the rows fill more than half of its slots, else per-row caches) and of the per-row decode
+    (cascade="rows"), alternating, median of --repeats, on distinct step-0 prompts of the data file:
+    uniform groups (--tasks x --rollouts, the step's shape) and one prompt of 8 (16) samples beside
+    seven of 1. ratio = cascade / per-row (<= 1: the cascade is no slower)."""
+    eps8 = dataset.load_episodes(args.data)[:8]
+    prompts = [chat.step_prompt(v.tokenizer, v.image_processor, SPEC, goal=e.goal, step=e.steps[0],
+                                screenshots=[dataset.load_screenshot(e.steps[0])], history=[]) for e in eps8]
+    out = {}
+    for name, counts in GROUPS.items():
+        counts = counts or [args.rollouts] * min(len(eps), len(prompts))
+        times = {"auto": [], "rows": []}
+        for _ in range(args.repeats):
+            for layout in times:
+                s = Sampler(v.model, v.tokenizer, max_new_tokens=args.max_new_tokens, stop_token_ids=[], seed=args.seed,
+                            cascade=layout)
+                with sampling_mode(v.model):
+                    s.generate(prompts[:len(counts)], n=counts)
+                times[layout].append(s.stats["time_decode"])
+        c, r = statistics.median(times["auto"]), statistics.median(times["rows"])
+        label = name if name != "uniform" else f"uniform_{len(counts)}x{counts[0]}"
+        out[label] = {"cascade_s": round(c, 3), "per_row_s": round(r, 3), "ratio": round(c / r, 2),
+                      "cascade_s_runs": [round(x, 3) for x in times["auto"]], "per_row_s_runs": [round(x, 3) for x in times["rows"]]}
+        print(f"decode {label}: cascade {c:.3f} s, per-row {r:.3f} s, ratio {c / r:.2f}", flush=True)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
 # run
 
 commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -417,5 +454,9 @@ if peer:
                   ratio_vs_peer={k: round(pmed[k] / med[k], 2) for k in ("rollout", "logprob", "update")},
                   ratio_vs_peer_shared={k: round(pmed[k] / med[f"{k}_shared"], 2) for k in ("logprob", "update")
                                         if f"{k}_shared" in med})
+v_groups = variants[0]
+v_groups.model.load_state_dict(v_groups.init_state)
+result["decode_groups"] = decode_groups(v_groups)
+result["decode_groups_ratio"] = {k: x["ratio"] for k, x in result["decode_groups"].items()}
 result.update(loadavg_1m_before=round(load_before, 2), loadavg_1m_after=round(os.getloadavg()[0], 2))
 print(json.dumps(result))

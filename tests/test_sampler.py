@@ -717,14 +717,15 @@ def test_lean_step_steps_aside_for_what_it_does_not_compute(model, proc, prompts
     assert not decode.LeanStep.supports(adapted.base_model.model)
 
 
-@pytest.mark.parametrize("layout, grids, row_rows", [("grid", 4, 0), ("auto", 2, 2), ("rows", 0, 7)])
+@pytest.mark.parametrize("layout, grids, row_rows", [("grid", 4, 0), ("auto", 4, 0), ("split", 2, 2), ("rows", 0, 7)])
 def test_cascade_decode_equals_per_row_decode(model, proc, prompts, layout, grids, row_rows):
     """The lean step's prompt grid (engine design note 9: each prompt's KV read once for all its samples,
     the samples' own tokens interleaved after it) against the transformers forward over per-row caches:
     uneven sample counts (3, 1, 2, 1: grid slots no row holds), a stop token that ends every row of three
     prompts early (the grid shrinks to the prompts still live), greedy ids, finish reasons and logprobs. In
-    each layout: every prompt on the grid, "auto" (prompts 0 and 2 fill more than half a grid row of 3: on
-    the grid; the single-sample prompts' rows on per-row caches), every row on its own cache."""
+    each layout: every prompt on the grid ("auto" too: 7 rows fill more than half of 4 x 3 slots), "split"
+    (prompts 0 and 2 fill more than half a grid row of 3: on the grid; the single-sample prompts' rows on
+    per-row caches), every row on its own cache."""
     tok = proc[0]
     batch = prompts + [make_prompt(proc, "A text-only prompt, no screenshot at all.")]
     ns = [3, 1, 2, 1]
@@ -742,11 +743,25 @@ def test_cascade_decode_equals_per_row_decode(model, proc, prompts, layout, grid
     _assert_same(ours, ref, atol=1e-5)
 
 
+@pytest.mark.parametrize("counts, layout", [([4, 4], "grid"), ([3, 1, 2, 1], "grid"), ([8, 1, 1, 1], "rows"),
+                                           ([16, 1, 1, 1, 1, 1, 1, 1], "rows")])
+def test_cascade_auto_picks_the_layout_by_occupancy(counts, layout):
+    """auto: the grid when the rows fill more than half of its prompts x largest-group slots, else per-row
+    caches (one prompt of 8 samples beside seven of 1: 15 rows on 64 slots)."""
+    lean = SimpleNamespace(nq=2, nkv=1, D=4)
+    U, K0 = len(counts), 3
+    cache = SimpleNamespace(layers=[SimpleNamespace(keys=torch.zeros(U, 1, K0, 4), values=torch.zeros(U, 1, K0, 4))])
+    rows = [u for u, c in enumerate(counts) for _ in range(c)]
+    dec = decode.CascadeDecode(lean, cache, torch.ones(U, K0, dtype=torch.bool), rows, [K0] * U, 2)
+    assert (dec.grids[0], dec.row_rows[0]) == ((U, 0) if layout == "grid" else (0, len(rows)))
+
+
 def test_cascade_sampled_logprobs_match_full_forward(model, proc, prompts):
     """Sampled at temperature 1.5 with uneven counts: each returned logprob is log_softmax(logits / T) of
     a full forward over prompt + sampled ids (the trainer's distribution), on the prompt grid and on a
     per-row cache in the same step."""
-    s = Sampler(model, proc[0], max_new_tokens=MAX_NEW, stop_token_ids=[], seed=0, temperature=1.5, lean=True)
+    s = Sampler(model, proc[0], max_new_tokens=MAX_NEW, stop_token_ids=[], seed=0, temperature=1.5, lean=True,
+                cascade="split")
     outs = s.generate(prompts[:2], n=[3, 1], seeds=[7, 8])
     assert s.stats["cascade_grids"] == [1] and s.stats["cascade_row_rows"] == [1]   # 3 samples: grid; 1: its own row
     assert_full_forward_logprobs(model, prompts, outs, 1.5)
