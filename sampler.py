@@ -581,7 +581,7 @@ def allowed_weights(x: torch.Tensor, banned_ids: torch.Tensor | None, top_p: flo
     if banned_ids is not None and banned_ids.numel():
         x.index_fill_(-1, banned_ids.to(x.device), float("-inf"))
     m = x.amax(dim=-1, keepdim=True)                                           # (B, 1)
-    w = torch.exp(x - m)                                                       # (B, V) in [0, 1]
+    w = (x - m).exp_()                                                         # (B, V) in [0, 1]
     if top_p < 1.0:
         sorted_w, order = w.sort(dim=-1, descending=True)                     # (B, V)
         mass_before = sorted_w.cumsum(dim=-1) - sorted_w    # mass of the strictly more likely ids
