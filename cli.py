@@ -16,6 +16,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from utils import get_rank, latest_checkpoint
 
@@ -142,6 +143,12 @@ def names(valid, what: str):
     convert.__name__ = "names"
     convert.kind = "name"
     return convert
+
+
+# the range types as the parser's attribute: a module cli itself imports (lora) adds typed flags through it
+Parser.types = SimpleNamespace(int_at_least=int_at_least, positive_int=positive_int, non_negative_int=non_negative_int,
+                               finite_float=finite_float, positive_float=positive_float,
+                               non_negative_float=non_negative_float, fraction=fraction)
 
 
 def name_list(valid, what: str):

@@ -400,8 +400,7 @@ def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
     den = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / den
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    # rounding can put centre - half one ulp above 0 = k/n (or centre + half below 1 = k/n): the
-    # interval always holds the estimate and stays inside [0, 1]
+    # clamped: rounding once put a bound one ulp on the wrong side of k/n at k = 0 and k = n
     return (min(max(0.0, centre - half), p), max(min(1.0, centre + half), p))
 
 

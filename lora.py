@@ -19,8 +19,6 @@ from pathlib import Path
 
 import torch
 
-import cli
-
 DECODER_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # every linear layer of a decoder layer
 VISION_TARGETS = ("qkv", "proj", "gate_proj", "up_proj", "down_proj")          # a vision block's (with --lora-vision)
 ADAPTER_FILE, BASE_FILE = "adapter_model.safetensors", "lora_base.json"
@@ -31,10 +29,12 @@ class LoraError(ValueError):
 
 
 def add_lora_args(parser) -> None:
-    """--lora-r, --lora-alpha, --lora-dropout, --lora-targets, --lora-vision, --merge."""
-    parser.add_argument("--lora-r", type=cli.non_negative_int, default=0, help="LoRA rank (PEFT); 0: full fine-tuning")
-    parser.add_argument("--lora-alpha", type=cli.positive_float, default=None, help="LoRA scale numerator (default: 2 x --lora-r)")
-    parser.add_argument("--lora-dropout", type=cli.finite_float(0.0, 1.0, high_open=True), default=0.0, help="dropout on the adapters' input (0: none, PEFT's default)")
+    """--lora-r, --lora-alpha, --lora-dropout, --lora-targets, --lora-vision, --merge. The range types are
+    the parser's (cli.Parser.types: cli imports this module, so this one does not import cli)."""
+    types = parser.types
+    parser.add_argument("--lora-r", type=types.non_negative_int, default=0, help="LoRA rank (PEFT); 0: full fine-tuning")
+    parser.add_argument("--lora-alpha", type=types.positive_float, default=None, help="LoRA scale numerator (default: 2 x --lora-r)")
+    parser.add_argument("--lora-dropout", type=types.finite_float(0.0, 1.0, high_open=True), default=0.0, help="dropout on the adapters' input (0: none, PEFT's default)")
     parser.add_argument("--lora-targets", default=DECODER_TARGETS,
                         help="comma-separated linear-layer names adapted in every decoder layer")
     parser.add_argument("--lora-vision", action="store_true",
