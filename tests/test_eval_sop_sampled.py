@@ -155,18 +155,24 @@ def test_k1_is_one_sampled_run(monkeypatch, capsys, tokenizer, tmp_path):
     assert {k: v[:1] for k, v in three.items()} == one_k
 
 
-def test_flip_counts_and_flags():
+def test_flip_counts_and_flags(capsys):
     g = {(A, 0): True, (A, 1): False}
     c = eval_sop.flip_counts(g, [{(A, 0): False, (A, 1): True}], [A])
     assert counts(c["pooled"]) == {"greedy": (1, 2), "pass_at_k": (1, 2), "flippable": (1, 2), "sampled_sr": (1, 2)}
     with pytest.raises(ValueError, match="greedy play's episodes"):
         eval_sop.flip_counts(g, [{(A, 0): True}], [A])
     for argv, msg in ((["--online", "--samples", "2"], "only with --online --policy model"),
-                      (["--policy", "model", "--samples", "2", "--data", "README.md"], "only with --online"),
-                      (["--online", "--policy", "model", "--samples", "-1"], "must be >= 0"),
-                      (["--online", "--policy", "model", "--samples", "1", "--temperature", "0"], "--temperature 0.0")):
+                      (["--policy", "model", "--samples", "2", "--data", "README.md"], "only with --online")):
         with pytest.raises(cli.UsageError, match=msg):
             eval_sop.main(argv)
+    # a flag's own range: refused while parsing, the trainer's temperature rule (sampler.check_temperature)
+    for argv, msg in ((["--online", "--policy", "model", "--samples", "-1"], "argument --samples: -1: must be >= 0"),
+                      (["--online", "--policy", "model", "--samples", "1", "--temperature", "0"], "argument --temperature: 0"),
+                      (["--online", "--policy", "model", "--samples", "1", "--temperature", "1e-9"], "argument --temperature: 1e-9"),
+                      (["--online", "--policy", "model", "--samples", "1", "--temperature", "inf"], "argument --temperature: inf")):
+        with pytest.raises(SystemExit) as e:
+            eval_sop.main(argv)
+        assert e.value.code == 2 and msg in capsys.readouterr().err
 
 
 def test_seeded_rerun_of_the_tiny_model_is_identical(monkeypatch, capsys):
