@@ -1,9 +1,12 @@
 """The rule reward of one step (docs/method.md §4): the one module a forker changes to change the reward.
 
 1. score_response: the reward of one response, eq. 4.1-4.2 (its weights are the named constants below);
-2. action_match: "is the step right", THE match of reward, patching, returns and SOP, one rule per
+2. action_match: "is the step right" (a bool), THE match of patching, returns and SOP, one rule per
    action type (RULES; each registered action in gui.ACTIONS names its rule), under the strict rules
    or the release's (release.py);
+   action_score: the action term of the reward (a float, eq. 4.2) given that match; the match and the
+   reward are separate, so partial credit (a click that misses by a little earns something) is a
+   change to action_score alone and leaves the match, hence patching, returns and SOP, as they are;
 3. the text normalisation the text rule compares under;
 4. reward shaping beyond the match (DAPO's overlong penalty): shaped_reward, the one place the
    trainer's reward differs from score_response's.
@@ -239,6 +242,18 @@ RULES = {"type": rule_type, "button": rule_button, "text": rule_text, "direction
          "point": rule_point}
 
 
+def action_score(pred: dict | None, expert: dict, candidate_bbox, image_size: tuple[int, int], *,
+                 match: bool, type_match: bool) -> float:
+    """s_action of eq. 4.2, in [0, 1]: SCORE_MATCH (1.0) for a full match, SCORE_TYPE_ONLY (0.5) for the
+    right type with wrong arguments, SCORE_WRONG_TYPE (0.1) for a wrong type (paper and release).
+    pred: the parsed action in original pixels (None where the release's parse gave no action of
+    ours); expert, candidate_bbox (x1, y1, x2, y2) and image_size (W, H) in the same original pixels;
+    match, type_match: action_match's verdict. Called only for a well-formed response (a malformed one
+    scores 0 before it). The one place to give partial credit, e.g. for a click by its distance to the
+    expert point: the reward changes, the match (patching, returns, SOP) does not."""
+    return SCORE_MATCH if match else (SCORE_TYPE_ONLY if type_match else SCORE_WRONG_TYPE)
+
+
 @dataclass
 class Score:
     reward: float       # 0.1 * format + 0.9 * action score; 0 when the response is malformed
@@ -285,7 +300,7 @@ def score_response(text: str, step, *, resized_size: tuple[int, int], orig_size:
         if error is not None:
             return Score(0.0, False, False, format_ok, pred, error)
         match, type_match = action_match(pred, step.action, step.candidate_bbox, orig_size, rules=rules)
-    act = SCORE_MATCH if match else (SCORE_TYPE_ONLY if type_match else SCORE_WRONG_TYPE)
+    act = action_score(pred, step.action, step.candidate_bbox, orig_size, match=match, type_match=type_match)
     return Score(FORMAT_WEIGHT * float(format_ok) + ACTION_WEIGHT * act, match, type_match, format_ok, pred)
 
 
