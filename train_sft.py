@@ -72,7 +72,7 @@ parser.add_argument("--model", default="tiny:128x4", type=cli.arg_type(cli.model
                     help="'tiny', a local Hugging Face folder, or a checkpoint folder (a `latest` pointer is followed)")
 lora.add_lora_args(parser)  # --lora-r (0: full fine-tuning), --lora-alpha, --lora-dropout, --lora-targets, --lora-vision, --merge
 # optimisation
-parser.add_argument("--lr", type=float, default=1e-3, help="AdamW peak learning rate (tiny-model default; 7B: ~1e-5)")
+parser.add_argument("--lr", type=float, default=1e-3, help="AdamW peak learning rate (the default suits the tiny model; the README's 7B command: 1e-5)")
 parser.add_argument("--min-lr-frac", type=float, default=0.1, help="cosine decay floor, as a fraction of --lr")
 parser.add_argument("--warmup-steps", type=int, default=20, help="linear warm-up steps")
 parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")

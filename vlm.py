@@ -392,9 +392,9 @@ def causal_only(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     Under a causal mask no real token attends to a later position, so right padding changes nothing
     at the positions a batch scores (the pads only follow them), and Qwen2.5-VL numbers the real
     tokens the same with or without it. Without a mask SDPA runs its causal kernel, which skips the
-    masked upper triangle, instead of a dense masked one: measured on the 2-core CPU (tiny:128x4,
-    batches of 8 x ~800 tokens with screenshots) ~20 % of a forward and ~28 % of a forward + backward,
-    log-probs bit-identical (tests/test_policy_logprob.py). A left-padded or gapped mask is returned as is."""
+    masked upper triangle, instead of a dense masked one: a fifth or more of a forward on CPU
+    (results/LOG.md), log-probs bit-identical (tests/test_policy_logprob.py). A left-padded or gapped
+    mask is returned as is."""
     if attention_mask is None or attention_mask.shape[1] < 2:
         return attention_mask
     m = attention_mask.bool()
