@@ -110,10 +110,11 @@ def sft_example(ep, t: int, tokenizer, image_processor, spec: chat.PromptSpec, *
     as history, the target the expert's response at t (coordinates in pixels of the resized
     screenshot) followed by <|im_end|> (docs/method.md §2-§3)."""
     shots = [dataset.load_screenshot(s, image_root=image_root, blank_screens=blank_screens) for s in ep.steps[:t + 1]]
-    responses = []
+    responses, specials = [], chat.special_tokens(tokenizer)
     for s in ep.steps[:t + 1]:
         orig = dataset.original_size(s, image_root=image_root, blank_screens=blank_screens)
-        responses.append(gui.expert_response(s, orig, thought=patch.clean_thought(s.thought), min_pixels=spec.min_pixels,
+        thought = patch.clean_thought(chat.strip_special(s.thought or "", specials))  # the target is tokenized as is
+        responses.append(gui.expert_response(s, orig, thought=thought, min_pixels=spec.min_pixels,
                                              max_pixels=spec.max_pixels))
     prompt = chat.step_prompt(tokenizer, image_processor, spec, goal=ep.goal, step=ep.steps[t], screenshots=shots,
                               history=responses[:t])
