@@ -563,4 +563,4 @@ def _fmt(x, spec: str) -> str:
 
 
 if __name__ == "__main__":
-    cli.cli(main)
+    cli.run_script(main)
