@@ -50,6 +50,8 @@ CASES = [
     ("score", ["score.py", "--data", "data/miniwob_click/test.jsonl", "--responses", "{tmp}/responses.jsonl",
                "--out", "{tmp}/scores.jsonl", "--image-root", "data/miniwob_click"], {"responses", "reward_mean", "match_rate", "malformed_responses", "floor_step_sr"}, False, False),
     ("baselines", ["baselines.py", "--data", "data/miniwob_click/test.jsonl"], {"rules", "steps", "rates"}, False, False),
+    ("draw_rollout", ["tools/draw_rollout.py", "--out", "{tmp}/rollout.png", "--dpi", "40"],
+     {"out", "rollouts", "steps", "patches", "ended_early"}, False, False),
     ("repro_main_dry", ["runs/repro_main.py", "--dry-run", "--out", "{tmp}/repro", "--results", "{tmp}/results"], None, False, False),
     ("repro_ablations_dry", ["runs/repro_ablations.py", "--dry-run", "--out", "{tmp}/repro", "--results", "{tmp}/results"],
      None, False, False),
