@@ -371,7 +371,7 @@ def check_sampler(C, torch, device, dry, model, a):
     import numpy as np
 
     import gui
-    import vlm
+    from hf_peer import generate_inputs  # bench/, beside this file
     from sampler import Sampler
 
     s = C.res["sampler"]
@@ -394,7 +394,7 @@ def check_sampler(C, torch, device, dry, model, a):
         return sum(len(o.ids) for row in outs for o in row), sampler.stats.get("prefill_tokens")
 
     def hf(batch, n, new):
-        kw = vlm.generate_inputs(batch, tokenizer.pad_token_id, model.config.image_token_id, device, dtype)
+        kw = generate_inputs(batch, tokenizer.pad_token_id, model.config.image_token_id, device, dtype)
         T = kw["input_ids"].shape[1]
         torch.manual_seed(0)
         with torch.no_grad():
