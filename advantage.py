@@ -31,8 +31,9 @@ Where the paper and the released code disagree, both are here behind a flag
    POPULATION std (numpy's np.std, ddof=0) above the threshold, or that has one
    rollout only; we do the same, and make a constant group's std exactly 0.
 
-All group normalisations go through `kernels.group_normalize` (one grouped
-mean/std op, Triton on GPU, torch reference on CPU).
+All group normalisations go through `normalize_groups`, the one place that decides the division
+by the std (`norm`: the paper's "mean_std", or Dr.GRPO's "mean"); it takes each group's mean and
+std from `kernels.group_stats` (Triton on GPU, torch reference on CPU).
 
 Run the tests: python -m pytest -q tests/test_advantage.py
 """
@@ -43,12 +44,11 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from kernels import group_normalize
-from kernels.group_norm import MODES as GROUP_NORM_MODES
+from kernels import group_stats
 
 RETURNS_FORMS = ("paper", "release")
 EPISODE_FORMS = ("paper", "release")
-NORMS = GROUP_NORM_MODES  # group normalisation: the paper's mean_std, or Dr.GRPO's mean-only
+NORMS = ("mean_std", "mean")  # group normalisation: the paper's (R - mean) / (std + eps), or Dr.GRPO's R - mean
 
 # -----------------------------------------------------------------------------
 # small helpers
@@ -71,6 +71,33 @@ def _check_same_len(**tensors: torch.Tensor) -> int:
     if len(set(lens.values())) > 1:
         raise ValueError(f"inputs must have one length each, got {lens}")
     return next(iter(lens.values()))
+
+
+# -----------------------------------------------------------------------------
+# the group normalisation of eq. 6.2 and 6.3 (a fork of it, e.g. Dr.GRPO's, is a change here)
+
+
+def normalize_groups(scores, group_ids, *, norm: str = "mean_std", eps: float = 1e-6) -> torch.Tensor:
+    """Each score against its group: (s - mean_G) / (std_G + eps) (norm "mean_std", eq. 6.2-6.3), or
+    s - mean_G (norm "mean": Dr.GRPO, Liu et al. 2025, arXiv 2503.20783, drops the std division).
+
+    scores (M,) float, group_ids (M,) int (arbitrary ids) -> fp32 (M,), no grad. std unbiased; a group
+    whose scores are all equal (a group of one included) gets exactly 0, whatever eps (the statistics
+    of kernels.group_stats are exact there: mean = the score, std = 0). Computed in fp64.
+    Raises ValueError: norm not in NORMS; eps < 0; scores and group_ids not both (M,).
+    TypeError: scores not floating point, group_ids not integer.
+    """
+    if norm not in NORMS:
+        raise ValueError(f"advantage norm must be one of {NORMS}, got {norm!r}")
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    mean, std = group_stats(scores, group_ids)  # (M,) each
+    s = scores.detach().to(torch.float64)  # (M,)
+    mean, std = mean.to(torch.float64), std.to(torch.float64)
+    adv = s - mean  # (M,)
+    if norm == "mean_std":
+        adv = adv / (std + eps)
+    return torch.where(std == 0, torch.zeros_like(adv), adv).float()
 
 
 # -----------------------------------------------------------------------------
@@ -148,7 +175,7 @@ def step_advantages(returns, task_ids, step_idx, eps: float = 1e-6, norm: str = 
     if _check_same_len(returns=R, task_ids=tid, step_idx=sidx) == 0:
         return R.clone()
     gid, _ = _dense_ids(tid, sidx)  # (M,) one id per (task, step)
-    return group_normalize(R, gid, mode=norm, eps=eps)
+    return normalize_groups(R, gid, norm=norm, eps=eps)
 
 
 # -----------------------------------------------------------------------------
@@ -187,7 +214,7 @@ def episode_advantages(
         return R.clone()
     task_dense, _ = _dense_ids(tid)  # (M,)
     if form == "release":
-        return group_normalize(r, task_dense, mode=norm, eps=eps)
+        return normalize_groups(r, task_dense, norm=norm, eps=eps)
 
     roll, K = _dense_ids(tid, rid)  # (M,) rollout of each record, K rollouts
     last_step = torch.full((K,), -1, dtype=torch.int64).scatter_reduce(0, roll, sidx, reduce="amax")  # (K,)
@@ -196,7 +223,7 @@ def episode_advantages(
     R_last[roll[is_last]] = R[is_last]  # (K,) trajectory return of each rollout
     task_of_roll = torch.zeros(K, dtype=torch.int64)
     task_of_roll[roll] = task_dense  # (K,)
-    adv_roll = group_normalize(R_last, task_of_roll, mode=norm, eps=eps)  # (K,)
+    adv_roll = normalize_groups(R_last, task_of_roll, norm=norm, eps=eps)  # (K,)
     return adv_roll[roll]  # (M,) broadcast to every step of the rollout
 
 

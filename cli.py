@@ -1,7 +1,7 @@
 """A script's edges, shared by every script: argparse and one-line input errors in, strict JSON out.
 
 `make_parser` builds a parser whose --help shows defaults and the module docstring's examples;
-`cli(main)` runs a script so that a mistake in its input (UsageError, dataset.DataError, a missing or
+`run_script(main)` runs a script so that a mistake in its input (UsageError, dataset.DataError, a missing or
 unreadable file) is one line on stderr and exit code 2, never a traceback; the `arg_type` helpers
 check files, folders and models while the flags are parsed (the prompt contract's flags and their
 adoption from a checkpoint are chat.py's). Out: `dumps` (JSON with no NaN / Infinity, for every
@@ -255,7 +255,7 @@ def error_line(e: BaseException) -> str:
     return " ".join(msg.split())
 
 
-def cli(main, argv=None):
+def run_script(main, argv=None):
     """Run `main(argv)` as a script: an input error (UsageError, dataset.DataError, a missing or
     unreadable file) prints `<script>: error: <one line>` to stderr and exits with code 2, like
     argparse's own errors; anything else (a bug) keeps its traceback. Under torchrun every rank

@@ -172,7 +172,7 @@ def sop_parser() -> argparse.ArgumentParser:
 
 
 # -----------------------------------------------------------------------------
-# Policies: samplers for the walker (rollout.semi_online_rollout), as training's policy is
+# Policies: samplers for greedy_rollouts (rollout.semi_online_rollout), as training's policy is
 
 
 def expert_policy(prompt: StepPrompt) -> str:
@@ -182,7 +182,7 @@ def expert_policy(prompt: StepPrompt) -> str:
 
 class ExpertSampler:
     """The expert replay as a sampler (the module docstring's `expert` policy): every prompt is
-    answered with expert_policy; reads_prompt False, so the walker builds no prompt (no tokens, no pixels)."""
+    answered with expert_policy; reads_prompt False, so the rollout builds no prompt (no tokens, no pixels)."""
 
     reads_prompt = False
 
@@ -216,9 +216,9 @@ def lent_to_sampler(sampler):
     return sampling_mode(model) if isinstance(model, torch.nn.Module) else contextlib.nullcontext()
 
 
-def walk(episodes: list[dataset.Episode], sampler, args, tokenizer, image_processor, spec: chat.PromptSpec,
-         history: str, stats: dict) -> tuple[list[list[dict]], list[tuple[int, int]]]:
-    """Walk `episodes` with rollout.semi_online_rollout, --batch-size episodes per call (so at most
+def greedy_rollouts(episodes: list[dataset.Episode], sampler, args, tokenizer, image_processor, spec: chat.PromptSpec,
+                    history: str, stats: dict) -> tuple[list[list[dict]], list[tuple[int, int]]]:
+    """Play `episodes` with rollout.semi_online_rollout, --batch-size episodes per call (so at most
     that many prompts, with their pixels, are alive at once): one greedy rollout per episode,
     patch_threshold 0 (a wrong step ends it), history "own" (SOP) or "expert" (static: every step
     is run). Returns, per episode, its walked steps in order ({t, response, reward, match,
@@ -258,8 +258,8 @@ def walk(episodes: list[dataset.Episode], sampler, args, tokenizer, image_proces
 
 
 def episode_views(ep: dataset.Episode, rows: list[dict], args) -> list[dict]:
-    """report.step_view of each walked step of `ep` (rows of walk), the predicted action mapped back
-    to original pixels by reward.score_response, as the walker scored it."""
+    """report.step_view of each played step of `ep` (rows of greedy_rollouts), the predicted action mapped back
+    to original pixels by reward.score_response, as the rollout scored it."""
     views = []
     for row in rows:
         step = ep.steps[row["t"]]
@@ -271,11 +271,11 @@ def episode_views(ep: dataset.Episode, rows: list[dict], args) -> list[dict]:
     return views
 
 
-def run_sop(episodes: list[dataset.Episode], walker, args, show: set[int]) -> tuple[list[dict], list[dict]]:
+def run_sop(episodes: list[dataset.Episode], run_rollouts, args, show: set[int]) -> tuple[list[dict], list[dict]]:
     """SOP (docs/method.md §8): own history, greedy, each episode ends at its first wrong step.
-    walker(history) is `walk` bound to the run's sampler and prompt options. Returns (one record
+    run_rollouts(history) is `greedy_rollouts` bound to the run's sampler and prompt options. Returns (one record
     per episode, in order; report episodes)."""
-    rows, progress = walker("own")
+    rows, progress = run_rollouts("own")
     records, shown = [], []
     for i, (ep, steps, (correct, n)) in enumerate(zip(episodes, rows, progress)):
         malformed = [s["error"] is not None for s in steps]  # scored 0 as malformed (truncated included)
@@ -295,11 +295,11 @@ def run_sop(episodes: list[dataset.Episode], walker, args, show: set[int]) -> tu
     return records, shown
 
 
-def run_static(episodes: list[dataset.Episode], walker, args, show: set[int]) -> tuple[list[dict], list[dict]]:
+def run_static(episodes: list[dataset.Episode], run_rollouts, args, show: set[int]) -> tuple[list[dict], list[dict]]:
     """Static (AndroidControl-High/-Low): every step with the expert's earlier actions as history
-    (the walker's history "expert", as offline RL trains). Returns (one record per step, report
+    (run_rollouts' history "expert", as offline RL trains). Returns (one record per step, report
     episodes)."""
-    rows, _ = walker("expert")
+    rows, _ = run_rollouts("expert")
     records, shown = [], []
     for i, (ep, steps) in enumerate(zip(episodes, rows)):
         for s in steps:
@@ -404,7 +404,7 @@ def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
     return (min(max(0.0, centre - half), p), max(min(1.0, centre + half), p))
 
 
-def rate(k: int, n: int) -> dict:
+def wilson_rate(k: int, n: int) -> dict:
     """k of n as {k, n, rate, lo, hi}, lo-hi the 95% Wilson interval (rate nan for n = 0)."""
     lo, hi = wilson(k, n)
     return {"k": k, "n": n, "rate": k / n if n else float("nan"), "lo": lo, "hi": hi}
@@ -417,7 +417,7 @@ def flip_counts(greedy: dict, sampled: list[dict], tasks: list[str]) -> dict:
     sampled play of the same episodes. Per episode: pass@K = at least one of the K samples succeeds
     (the greedy play does not count); flippable = greedy fails and at least one sample succeeds (the
     episodes RL with a verifiable reward could turn into greedy successes). Returns {"per_task":
-    {task: {greedy, pass_at_k, flippable, sampled_sr}}, "pooled": {...}}, each a rate() over the
+    {task: {greedy, pass_at_k, flippable, sampled_sr}}, "pooled": {...}}, each a wilson_rate() over the
     episodes, sampled_sr over the K x episodes sampled plays (its interval treats them as
     independent). Raises ValueError when a sampled play lacks an episode of the greedy one."""
     if not sampled or any(set(p) != set(greedy) for p in sampled):
@@ -426,9 +426,9 @@ def flip_counts(greedy: dict, sampled: list[dict], tasks: list[str]) -> dict:
     def counts(keys):
         hit = [any(p[key] for p in sampled) for key in keys]
         g = [bool(greedy[key]) for key in keys]
-        return {"greedy": rate(sum(g), len(keys)), "pass_at_k": rate(sum(hit), len(keys)),
-                "flippable": rate(sum(h and not x for h, x in zip(hit, g)), len(keys)),
-                "sampled_sr": rate(sum(bool(p[key]) for p in sampled for key in keys), len(sampled) * len(keys))}
+        return {"greedy": wilson_rate(sum(g), len(keys)), "pass_at_k": wilson_rate(sum(hit), len(keys)),
+                "flippable": wilson_rate(sum(h and not x for h, x in zip(hit, g)), len(keys)),
+                "sampled_sr": wilson_rate(sum(bool(p[key]) for p in sampled for key in keys), len(sampled) * len(keys))}
 
     return {"per_task": {t: counts([key for key in greedy if key[0] == t]) for t in tasks},
             "pooled": counts(list(greedy))}
@@ -522,7 +522,7 @@ def main(argv: list[str] | None = None) -> dict:
     out_dir = args.out if args.out and not args.out.endswith(".jsonl") else None
     report_path = args.report or (os.path.join(out_dir, "report.html") if out_dir else None)
 
-    # --- setup: the policy as a sampler of the walker; for a model, its tokenizer and image processor
+    # --- setup: the policy as a sampler of greedy_rollouts; for a model, its tokenizer and image processor
     tokenizer = image_processor = None  # the expert reads no prompt: none is built
     # the prompt the model was trained on (its checkpoint's contract; the expert reads no prompt)
     spec = chat.resolve_spec(args, args.model if args.policy == "model" else "none", say=utils.print0)
@@ -540,8 +540,8 @@ def main(argv: list[str] | None = None) -> dict:
     spec = dataclasses.replace(spec, max_prompt_tokens=budget)
     stats = Counter()  # prompts: max_tokens, budgeted, over; responses: responses, truncated, tokens
 
-    def walker(history):
-        return walk(episodes, sampler, args, tokenizer, image_processor, spec, history, stats)
+    def run_rollouts(history):
+        return greedy_rollouts(episodes, sampler, args, tokenizer, image_processor, spec, history, stats)
 
     def make_prompt_online(obs, shots, history):
         prompt = chat.build_prompt(tokenizer, image_processor, spec, goal=obs["goal"], screenshots=shots,
@@ -580,7 +580,7 @@ def main(argv: list[str] | None = None) -> dict:
                         "floor_step_sr": floor["step_sr"], "floor_type_acc": floor["type_acc"]})
     sop_records = static_records = online_res = None
     if episodes and "sop" in args.protocol:
-        sop_records, shown = run_sop(episodes, walker, args, show)
+        sop_records, shown = run_sop(episodes, run_rollouts, args, show)
         m = sop_metrics([(r["correct"], r["steps"]) for r in sop_records])
         steps_run = sum(len(r["rewards"]) for r in sop_records)
         malformed += sum(r["malformed"] for r in sop_records)
@@ -601,7 +601,7 @@ def main(argv: list[str] | None = None) -> dict:
                          f"PG {floor['sop_pg']:.3f}, TSR {floor['sop_tsr']:.3f}); "
                          f"{len(shown)} shown.", shown))
     if episodes and "static" in args.protocol:
-        static_records, shown = run_static(episodes, walker, args, show)
+        static_records, shown = run_static(episodes, run_rollouts, args, show)
         m = static_metrics(static_records)
         malformed += sum(r["malformed"] for r in static_records)
         summary.update({"static_type_acc": m["type_acc"], "static_grounding_acc": m["grounding_acc"],
@@ -697,4 +697,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    cli.cli(main)
+    cli.run_script(main)

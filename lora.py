@@ -25,7 +25,7 @@ ADAPTER_FILE, BASE_FILE = "adapter_model.safetensors", "lora_base.json"
 
 
 class LoraError(ValueError):
-    """A LoRA flag that does not fit the model (cli.cli reports it as one line, exit 2)."""
+    """A LoRA flag that does not fit the model (cli.run_script reports it as one line, exit 2)."""
 
 
 def add_lora_args(parser) -> None:

@@ -38,9 +38,8 @@ import gui
 
 PATCH_MODES = ("thought-free", "empty-thought", "off-policy", "on-policy")
 
-# special tokens (<|im_end|>, <|vision_start|>, <|image_pad|>, ...) must never reach a
-# history: decoded padding and sampled vision tokens are known faults (docs/method.md §10, §11)
-_SPECIAL_TOKEN = re.compile(r"<\|[^<>|]*\|>")
+# a think tag inside a thought would close or reopen the patch's think block; special tokens
+# (<|im_end|>, <|image_pad|>, ...) are chat.build_prompt's to strip, from every history entry
 _THINK_TAG = re.compile(r"</?think>")
 
 # -----------------------------------------------------------------------------
@@ -90,10 +89,12 @@ def _missing_thought_msg(episode_id, step_idx=None, source=None) -> str:
 
 
 def clean_thought(text: str | None) -> str:
-    """A thought fit for a history: special tokens and stray think tags removed, stripped."""
+    """A thought fit for a response's think block: stray think tags removed, stripped ("" for None).
+    Special-token strings are left to the one stripper, chat.strip_special, which chat.build_prompt
+    applies to every history entry (docs/method.md §10)."""
     if not text:
         return ""
-    return _THINK_TAG.sub("", _SPECIAL_TOKEN.sub("", text)).strip()
+    return _THINK_TAG.sub("", text).strip()
 
 
 def extract_thought(generated: str) -> str:
@@ -107,14 +108,6 @@ def extract_thought(generated: str) -> str:
 def expert_action_resized(step: Any, orig_size: tuple[int, int], resized_size: tuple[int, int]) -> dict:
     """The step's expert action in the pixel space the model saw (sizes are (W, H))."""
     return gui.scale_action(step.action, orig_size, resized_size)
-
-
-def patch_from_thought(thought: str, expert_action_resized: dict) -> str:
-    """The patch text: `thought` (a bare thought or a whole generated response, whose
-    think block is then taken) with the expert action (already in resized pixels)."""
-    if "<think>" in thought or "<action>" in thought:
-        thought = extract_thought(thought)
-    return gui.format_response(clean_thought(thought), expert_action_resized)
 
 
 # -----------------------------------------------------------------------------

@@ -1,9 +1,12 @@
 """The rule reward of one step (docs/method.md §4): the one module a forker changes to change the reward.
 
 1. score_response: the reward of one response, eq. 4.1-4.2 (its weights are the named constants below);
-2. action_match: "is the step right", THE match of reward, patching, returns and SOP, one rule per
+2. action_match: "is the step right" (a bool), THE match of patching, returns and SOP, one rule per
    action type (RULES; each registered action in gui.ACTIONS names its rule), under the strict rules
    or the release's (release.py);
+   action_score: the action term of the reward (a float, eq. 4.2) given that match; the match and the
+   reward are separate, so partial credit (a click that misses by a little earns something) is a
+   change to action_score alone and leaves the match, hence patching, returns and SOP, as they are;
 3. the text normalisation the text rule compares under;
 4. reward shaping beyond the match (DAPO's overlong penalty): shaped_reward, the one place the
    trainer's reward differs from score_response's.
@@ -29,31 +32,28 @@ SCORE_TYPE_ONLY = 0.5
 SCORE_WRONG_TYPE = 0.1
 BBOX_ENLARGE = 1.2          # release: candidate boxes enlarged 1.2x about their centre
 POINT_DISTANCE = 0.04       # release: normalised distance threshold for clicks (eq. 4.3)
-#
+
 # Two rule sets, one function (action_match). "strict" (the default everywhere: reward, patching,
-# returns, SOP, static metrics) is built so that trivial policies score near zero on the shipped
-# AndroidControl test file while legitimate near-hits still match; "release" reproduces the UI-S1
-# release's SOP scoring as it ran, exceptions included (release_check, below), so a figure can be
-# put next to the paper's. Measured on the
-# 1,262 test episodes (`python eval_sop.py baselines --data FILE`, README "Reward rules and
-# trivial-policy floors"):
-# - clicks. The release accepts a point inside ANY candidate box enlarged 1.2x; 26% of those boxes
-#   cover > 10% of the screen (whole-screen containers), so an always-centre click matched 26.1% of
-#   click steps and a uniform random one 22.6%. Strict keeps only the TARGET's box, the smallest
-#   candidate box that contains the expert point, and only if it covers <= 10% of the screen
-#   (a full-width list row of 240 px on a 1080x2400 phone still counts); else distance alone.
-#   Centre 3.9%, random 3.1%; distance alone (the release's rules) gives 2.5% and 0.5%.
-# - texts. Containment let the constant "a" match 81% of type steps. Strict compares texts after
-#   Unicode normalisation (normalize_text) by token F1 >= 0.5 over lower-cased whitespace tokens
+# returns, SOP, static metrics) is built so that trivial policies score near zero while legitimate
+# near-hits still match; "release" reproduces the UI-S1 release's SOP scoring as it ran, exceptions
+# included (release_check), so a figure can be put next to the paper's. Why each strict rule:
+# - clicks: the release accepts a point inside ANY candidate box enlarged 1.2x, and whole-screen
+#   containers are candidate boxes, so a constant centre click matches. Strict keeps only the
+#   TARGET's box, the smallest candidate box holding the expert point, and only if it covers
+#   <= MAX_BOX_FRACTION of the screen (a full-width list row of 240 px on a 1080x2400 phone still
+#   counts); else distance alone.
+# - texts: containment lets a one-letter text match most type steps. Strict compares texts after
+#   Unicode normalisation (normalize_text) by token F1 >= TEXT_F1 over lower-cased whitespace tokens
 #   with edge punctuation stripped (an e-mail address or URL is ONE token, so "com" cannot farm
 #   them): "Chrome" for "Google Chrome" is F1 2/3, a match; an empty expert text matches only an
-#   empty prediction. Function words carry no name: over all tokens the constant "the" had F1 0.5
-#   against three-word names ("The Weather Channel") and matched 1.2% of the test file's `open`
-#   steps (5.3% on held-back episodes), so the F1 is over CONTENT tokens (STOP_WORDS removed; now
-#   0.0%), falling back to all tokens only when the expert text has no content token ("For Her").
-# - the end of a response. Only the first action is read, so a response that repeated its right
-#   action until the token cap, or added a second one, earned the full reward and put its junk in
+#   empty prediction. Function words name nothing (the constant "the" has F1 0.5 against "The
+#   Weather Channel"), so the F1 is over CONTENT tokens (STOP_WORDS removed), falling back to all
+#   tokens only when the expert text has no content token ("For Her").
+# - the end of a response: only the first action is read, so a response that repeats its right
+#   action until the token cap, or adds a second one, would earn the full reward and put its junk in
 #   the history: strict requires a response to end after its action (score_response, truncated).
+# The floors these rules give on the shipped test files: `python eval_sop.py baselines --data FILE`
+# (README "Reward rules and floors"; how the rules came about, with figures: results/LOG.md).
 
 MATCH_RULES = ("strict", "release")
 MAX_BOX_FRACTION = 0.10     # strict: a target box covering more of the screen than this is not used
@@ -239,6 +239,18 @@ RULES = {"type": rule_type, "button": rule_button, "text": rule_text, "direction
          "point": rule_point}
 
 
+def action_score(pred: dict | None, expert: dict, candidate_bbox, image_size: tuple[int, int], *,
+                 match: bool, type_match: bool) -> float:
+    """s_action of eq. 4.2, in [0, 1]: SCORE_MATCH (1.0) for a full match, SCORE_TYPE_ONLY (0.5) for the
+    right type with wrong arguments, SCORE_WRONG_TYPE (0.1) for a wrong type (paper and release).
+    pred: the parsed action in original pixels (None where the release's parse gave no action of
+    ours); expert, candidate_bbox (x1, y1, x2, y2) and image_size (W, H) in the same original pixels;
+    match, type_match: action_match's verdict. Called only for a well-formed response (a malformed one
+    scores 0 before it). The one place to give partial credit, e.g. for a click by its distance to the
+    expert point: the reward changes, the match (patching, returns, SOP) does not."""
+    return SCORE_MATCH if match else (SCORE_TYPE_ONLY if type_match else SCORE_WRONG_TYPE)
+
+
 @dataclass
 class Score:
     reward: float       # 0.1 * format + 0.9 * action score; 0 when the response is malformed
@@ -285,7 +297,7 @@ def score_response(text: str, step, *, resized_size: tuple[int, int], orig_size:
         if error is not None:
             return Score(0.0, False, False, format_ok, pred, error)
         match, type_match = action_match(pred, step.action, step.candidate_bbox, orig_size, rules=rules)
-    act = SCORE_MATCH if match else (SCORE_TYPE_ONLY if type_match else SCORE_WRONG_TYPE)
+    act = action_score(pred, step.action, step.candidate_bbox, orig_size, match=match, type_match=type_match)
     return Score(FORMAT_WEIGHT * float(format_ok) + ACTION_WEIGHT * act, match, type_match, format_ok, pred)
 
 

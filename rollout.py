@@ -93,7 +93,7 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, spec: 
     (identical prompts, as at step 0, are prefilled once) and scored by reward.score_response (§4); a
     wrong response is patched while patch.should_patch(n_patches, patch_threshold) allows, else its
     rollout ends. history_mode "expert", the offline-RL baseline: every step's history is the
-    expert's and no rollout ends early. Also evaluation's walker (eval_sop.py, §8): SOP is
+    expert's and no rollout ends early. Also evaluation's driver (eval_sop.greedy_rollouts, §8): SOP is
     n_rollouts=1, greedy, patch_threshold=0, own history; static the same with "expert".
 
     sampler: sampler.Sampler or anything with .generate(prompts, n, greedy, seeds) (n: a list, one

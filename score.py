@@ -137,4 +137,4 @@ def main(argv: list[str] | None = None, prog: str = "score.py") -> dict:
 
 
 if __name__ == "__main__":
-    cli.cli(main)
+    cli.run_script(main)

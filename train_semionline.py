@@ -40,6 +40,7 @@ or --lora-r 16: adapters only, the KL reference is the policy with them disabled
 """
 from __future__ import annotations
 
+import argparse
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,7 +130,7 @@ parser.add_argument("--loss-agg", choices=LOSS_AGGS, default="token-mean",
                     help="how per-token losses become the mini-batch loss (kernels.aggregate_loss; dr-grpo divides by "
                          "sequences x --max-new-tokens)")
 # optimisation
-parser.add_argument("--lr", type=cli.positive_float, default=2e-5, help="AdamW learning rate, constant (the tiny model's default after the quick start's SFT; paper, 7B: 1e-6)")
+parser.add_argument("--lr", type=cli.positive_float, default=2e-5, help="AdamW learning rate, constant (the default suits the tiny model; the paper's, 7B: 1e-6)")
 parser.add_argument("--weight-decay", type=cli.non_negative_float, default=0.01, help="AdamW weight decay (0: none)")
 parser.add_argument("--grad-clip", type=cli.positive_float, default=1.0, help="global grad-norm clip")
 parser.add_argument("--ppo-mini-batches", type=cli.positive_int, default=4, help="optimizer steps per rollout batch (1 PPO epoch)")
@@ -149,7 +150,9 @@ parser.add_argument("--keep-checkpoints", type=cli.non_negative_int, default=2,
 parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
 parser.add_argument("--seed", type=cli.non_negative_int, default=0, help="seed of task order, sampling and the tiny model's init")
 parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to run")
-parser.add_argument("--stop-after", type=cli.positive_int, default=None, help="exit after this many steps without a final checkpoint (tests resume)")
+# a test hook, kept out of --help: exit after this many steps without a final checkpoint, as a killed run
+# would (the resume test compares such a run resumed with an uninterrupted one)
+parser.add_argument("--stop-after", type=cli.positive_int, default=None, help=argparse.SUPPRESS)
 # held-out diagnostic: does the greedy policy (what evaluation runs) follow the sampled one (what the reward sees)?
 parser.add_argument("--eval-data", default=None, type=cli.arg_type(cli.input_file),
                     help="held-out episodes for heldout_* metrics (greedy and sampled static step accuracy, greedy SOP) "
@@ -561,4 +564,4 @@ def _fmt(x, spec: str) -> str:
 
 
 if __name__ == "__main__":
-    cli.cli(main)
+    cli.run_script(main)

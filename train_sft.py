@@ -72,7 +72,7 @@ parser.add_argument("--model", default="tiny:128x4", type=cli.arg_type(cli.model
                     help="'tiny', a local Hugging Face folder, or a checkpoint folder (a `latest` pointer is followed)")
 lora.add_lora_args(parser)  # --lora-r (0: full fine-tuning), --lora-alpha, --lora-dropout, --lora-targets, --lora-vision, --merge
 # optimisation
-parser.add_argument("--lr", type=cli.positive_float, default=1e-3, help="AdamW peak learning rate (tiny-model default; 7B: ~1e-5)")
+parser.add_argument("--lr", type=cli.positive_float, default=1e-3, help="AdamW peak learning rate (the default suits the tiny model; the README's 7B command: 1e-5)")
 parser.add_argument("--min-lr-frac", type=cli.fraction, default=0.1, help="cosine decay floor, as a fraction of --lr (0: decay to 0)")
 parser.add_argument("--warmup-steps", type=cli.non_negative_int, default=20, help="linear warm-up steps (0: none)")
 parser.add_argument("--weight-decay", type=cli.non_negative_float, default=0.01, help="AdamW weight decay (0: none)")
@@ -110,10 +110,11 @@ def sft_example(ep, t: int, tokenizer, image_processor, spec: chat.PromptSpec, *
     as history, the target the expert's response at t (coordinates in pixels of the resized
     screenshot) followed by <|im_end|> (docs/method.md §2-§3)."""
     shots = [dataset.load_screenshot(s, image_root=image_root, blank_screens=blank_screens) for s in ep.steps[:t + 1]]
-    responses = []
+    responses, specials = [], chat.special_tokens(tokenizer)
     for s in ep.steps[:t + 1]:
         orig = dataset.original_size(s, image_root=image_root, blank_screens=blank_screens)
-        responses.append(gui.expert_response(s, orig, thought=patch.clean_thought(s.thought), min_pixels=spec.min_pixels,
+        thought = patch.clean_thought(chat.strip_special(s.thought or "", specials))  # the target is tokenized as is
+        responses.append(gui.expert_response(s, orig, thought=thought, min_pixels=spec.min_pixels,
                                              max_pixels=spec.max_pixels))
     prompt = chat.step_prompt(tokenizer, image_processor, spec, goal=ep.goal, step=ep.steps[t], screenshots=shots,
                               history=responses[:t])
@@ -334,4 +335,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    cli.cli(main)
+    cli.run_script(main)

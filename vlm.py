@@ -392,9 +392,9 @@ def causal_only(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     Under a causal mask no real token attends to a later position, so right padding changes nothing
     at the positions a batch scores (the pads only follow them), and Qwen2.5-VL numbers the real
     tokens the same with or without it. Without a mask SDPA runs its causal kernel, which skips the
-    masked upper triangle, instead of a dense masked one: measured on the 2-core CPU (tiny:128x4,
-    batches of 8 x ~800 tokens with screenshots) ~20 % of a forward and ~28 % of a forward + backward,
-    log-probs bit-identical (tests/test_policy_logprob.py). A left-padded or gapped mask is returned as is."""
+    masked upper triangle, instead of a dense masked one: a fifth or more of a forward on CPU
+    (results/LOG.md), log-probs bit-identical (tests/test_policy_logprob.py). A left-padded or gapped
+    mask is returned as is."""
     if attention_mask is None or attention_mask.shape[1] < 2:
         return attention_mask
     m = attention_mask.bool()
@@ -408,27 +408,6 @@ def pad_token_id(tokenizer) -> int:
     so any other real id is correct."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return 0 if pad is None or pad == tokenizer.get_vocab().get("<|image_pad|>") else int(pad)
-
-
-def generate_inputs(prompts: list, pad_id: int, image_token_id: int | None, device="cpu", dtype=None) -> dict:
-    """Keyword arguments of Hugging Face `model.generate` for a batch of StepPrompts, the reference the
-    sampler is compared with: input_ids and attention_mask (B, T) int64, LEFT-padded with pad_id (as
-    generate expects); with screenshots, also pixel_values (cast to dtype), image_grid_thw and
-    mm_token_type_ids (1 at image_token_id, None for a text-only model: without it Qwen2.5-VL falls back
-    to 1-D positions)."""
-    T = max(len(p.input_ids) for p in prompts)
-    ids = torch.full((len(prompts), T), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(prompts), T, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, T - len(p.input_ids):] = torch.as_tensor(p.input_ids)
-        mask[i, T - len(p.input_ids):] = 1
-    kw = dict(input_ids=ids.to(device), attention_mask=mask.to(device))
-    images = [p for p in prompts if p.pixel_values is not None]
-    if images:
-        kw.update(pixel_values=torch.cat([p.pixel_values for p in images]).to(device, dtype),
-                  image_grid_thw=torch.cat([p.image_grid_thw for p in images]).to(device),
-                  mm_token_type_ids=(ids == image_token_id).int().to(device))
-    return kw
 
 
 class _Pooled:

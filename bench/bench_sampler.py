@@ -34,6 +34,7 @@ import dataset
 import gui  # noqa: E402
 import vlm
 from sampler import Sampler  # noqa: E402
+from hf_peer import generate_inputs  # noqa: E402  (bench/, the script's folder)
 
 # ---------------------------------------------------------------------------------------------------
 # config
@@ -129,7 +130,7 @@ def run_ours(batch, n):
 
 
 def run_hf(batch, n):
-    kw = vlm.generate_inputs(batch, tokenizer.pad_token_id, model.config.image_token_id, device, dtype)
+    kw = generate_inputs(batch, tokenizer.pad_token_id, model.config.image_token_id, device, dtype)
     T = kw["input_ids"].shape[1]
     torch.manual_seed(args.seed)
     sync()

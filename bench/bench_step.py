@@ -68,6 +68,7 @@ from batching import collate_sequences, to_device  # noqa: E402
 from kernels import ppo_loss  # noqa: E402
 from rollout import semi_online_rollout  # noqa: E402
 from sampler import Sampler
+from hf_peer import generate_inputs  # noqa: E402  (bench/, the script's folder)
 from vlm import PolicyLogProb, pad_token_id, sampling_mode  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------
@@ -261,7 +262,7 @@ def hf_rollout(v, calls, banned):
     t = 0.0
     for prompts, n, _ in calls:  # n: one sample count per prompt (HF takes one for the batch: repeat prompts)
         prompts = [p for p, k in zip(prompts, [n] * len(prompts) if isinstance(n, int) else n) for _ in range(k)]
-        kw = vlm.generate_inputs(prompts, v.pad_id, v.model.config.image_token_id)
+        kw = generate_inputs(prompts, v.pad_id, v.model.config.image_token_id)
         with torch.no_grad():
             _, dt = _timed(lambda: v.model.generate(
                 **kw, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,

@@ -7,7 +7,7 @@ Sections, each check in its own try/except (a failure is recorded with its error
            V 152,064, N 4,096 and 16,384, bf16): forward and backward error against an fp32 torch
            truth (full fp32 logits, autograd), time and peak memory against the bare lm_head GEMM
            forward + backward and against the naive path (bf16 logits materialised, log_softmax);
-           kernels.ppo_loss and kernels.group_normalize: error against their torch references, time.
+           kernels.ppo_loss and kernels.group_stats: error against their torch references, time.
   model    a randomly initialised Qwen2.5-VL built from the 7B config in assets/ (real hidden size,
            vocabulary and 32-block vision tower) with --layers decoder layers, bf16, saved with the
            real tokenizer to a temporary folder (nothing is downloaded).
@@ -237,7 +237,7 @@ def markdown(res) -> str:
     lines += ["", f"ppo_loss, N {_fmt(p['n'])}: max err loss {_fmt(p['err_loss_max_abs'])}, grad "
               f"{_fmt(p['err_grad_max_abs'])}, kl {_fmt(p['err_kl_max_abs'])}; kernel {_fmt(p['time_kernel_s'])} s "
               f"vs torch {_fmt(p['time_ref_s'])} s (forward + backward)",
-              f"group_normalize, M {_fmt(g['m'])} in {_fmt(g['groups'])} groups: max err {_fmt(g['err_max_abs'])}; "
+              f"group_stats, M {_fmt(g['m'])} in {_fmt(g['groups'])} groups: max err {_fmt(g['err_max_abs'])}; "
               f"kernel {_fmt(g['time_kernel_s'])} s vs fp64 torch {_fmt(g['time_ref_s'])} s", "",
               "## Model", "",
               f"{_fmt(m['params'])} parameters: {_fmt(m['layers'])} decoder layers, hidden {_fmt(m['hidden_size'])}, "

@@ -272,7 +272,7 @@ def check_ppo(C, torch, device, dry):
 
 
 def check_group_norm(C, torch, device, dry):
-    from kernels import group_normalize, group_normalize_ref
+    from kernels import group_stats, group_stats_ref
 
     timer = Timer(torch, device)
     M, G = (200, 20) if dry else (1 << 22, 1 << 16)
@@ -281,11 +281,11 @@ def check_group_norm(C, torch, device, dry):
     scores = torch.randn(M, generator=g, device=device)
     ids = torch.randint(0, G, (M,), generator=g, device=device) * 7 - 1000  # arbitrary ids
     with forced_triton(dry):
-        got = group_normalize(scores, ids)
-        t_k = timer.best(lambda: group_normalize(scores, ids), repeats, warmup)
-    want = group_normalize_ref(scores, ids)
-    t_r = timer.best(lambda: group_normalize_ref(scores, ids), repeats, warmup)
-    C.res["kernels"]["group_norm"].update(m=M, groups=G, err_max_abs=(got - want).abs().max().item(),
+        got = torch.stack(group_stats(scores, ids))  # (2, M): mean, std
+        t_k = timer.best(lambda: group_stats(scores, ids), repeats, warmup)
+    want = torch.stack(group_stats_ref(scores, ids))
+    t_r = timer.best(lambda: group_stats_ref(scores, ids), repeats, warmup)
+    C.res["kernels"]["group_norm"].update(m=M, groups=G, err_max_abs=(got.double() - want).abs().max().item(),
                                           time_kernel_s=t_k, time_ref_s=t_r)
 
 
@@ -371,7 +371,7 @@ def check_sampler(C, torch, device, dry, model, a):
     import numpy as np
 
     import gui
-    import vlm
+    from hf_peer import generate_inputs  # bench/, beside this file
     from sampler import Sampler
 
     s = C.res["sampler"]
@@ -394,7 +394,7 @@ def check_sampler(C, torch, device, dry, model, a):
         return sum(len(o.ids) for row in outs for o in row), sampler.stats.get("prefill_tokens")
 
     def hf(batch, n, new):
-        kw = vlm.generate_inputs(batch, tokenizer.pad_token_id, model.config.image_token_id, device, dtype)
+        kw = generate_inputs(batch, tokenizer.pad_token_id, model.config.image_token_id, device, dtype)
         T = kw["input_ids"].shape[1]
         torch.manual_seed(0)
         with torch.no_grad():

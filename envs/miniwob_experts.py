@@ -515,4 +515,4 @@ def main(argv=None):
 if __name__ == "__main__":
     import cli
 
-    cli.cli(main)
+    cli.run_script(main)

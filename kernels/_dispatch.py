@@ -1,7 +1,7 @@
 """One Triton-or-reference switch for every kernel in this package.
 
 Each op has a Triton path and `<op>_ref`, a pure-torch reference that is also the CPU path. The
-public entry points (`fused_logprob`, `ppo_loss`, `group_normalize`) ask `use_triton(x)` which one
+public entry points (`fused_logprob`, `ppo_loss`, `group_stats`) ask `use_triton(x)` which one
 to take:
 
     Triton     when x is a CUDA tensor, or when UIS1_FORCE_TRITON=1 (how the CPU tests run the

@@ -250,9 +250,8 @@ def _check_targets(targets, valid, V, where):
 def _triton_config(hidden):
     """(BLOCK_N, BLOCK_V, BLOCK_H, num_warps, num_stages, cast_fp32, dot_precision)."""
     if hidden.is_cuda:
-        # 128 tokens x 256 vocab rows per tile, BLOCK_H 64, 8 warps, 3 stages: the fastest of 17 tiles
-        # swept by bench/tune_logprob.py on an H200 (N 16,384, H 3,584, V 152,064, bf16: fwd + bwd
-        # 1.72x the bare lm_head GEMM, against 1.99x for 128 x 128).
+        # 128 tokens x 256 vocab rows per tile, BLOCK_H 64, 8 warps, 3 stages: the fastest tile that
+        # bench/tune_logprob.py found at the 7B's shapes on an H200 (the sweep: results/LOG.md).
         fp32_prec = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"  # follow torch's matmul
         return 128, 256, 64, 8, 3, False, (fp32_prec if hidden.dtype == torch.float32 else "tf32")
     check_runnable(_logprob_fwd_kernel, hidden, "fused_logprob")

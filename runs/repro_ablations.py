@@ -234,4 +234,4 @@ def main(argv=None) -> dict:
 
 if __name__ == "__main__":
     import cli
-    cli.cli(main)
+    cli.run_script(main)

@@ -351,4 +351,4 @@ def _pick(c: dict | None) -> dict:
 
 if __name__ == "__main__":
     import cli
-    cli.cli(main)
+    cli.run_script(main)

@@ -114,7 +114,7 @@ def test_sop_by_hand(monkeypatch, capsys, tokenizer, miniwob_file, batch_size, c
     assert s["sop_pg"] == pytest.approx((1 + 1 / 3 + 0) / 3) and s["pg"] == s["sop_pg"]
     assert s["sop_tsr"] == pytest.approx(1 / 3)
     assert s["steps_run"] == 5 and s["episodes"] == 3 and s["steps"] == 9
-    # one generate call per step of the walker over --batch-size episodes: {A, B, C} runs 3 then A1, B1;
+    # one generate call per step of eval_sop.greedy_rollouts over --batch-size episodes: {A, B, C} runs 3 then A1, B1;
     # {A, B} runs 2, 2, then {C} 1
     assert fake.calls == calls
     assert s["step_reward_mean"] == pytest.approx((1 + 1 + 1 + 0.55 + 0) / 5)  # wrong point: 0.1 + 0.9 * 0.5
@@ -173,7 +173,7 @@ def test_static_by_hand(monkeypatch, capsys, tokenizer, miniwob_file, batch_size
     assert last_json(capsys) == s
     # 9 steps: type right on A0 A1 B0 B1 B2 C1 C2 (7); full match A0 A1 B0 B2 C2 (5);
     # click steps with the type right: A0 B0 B1 C2, of which 3 match
-    # one call per step of the walker over --batch-size episodes: {A, B, C} has 3, 3, 2, 1 steps
+    # one call per step of eval_sop.greedy_rollouts over --batch-size episodes: {A, B, C} has 3, 3, 2, 1 steps
     # at t = 0..3; {A, B} then {C}: 2, 2, 1 (B's last step), then 1, 1, 1, 1 (C's four)
     assert s["static_steps"] == 9 and fake.calls == calls
     assert s["static_type_acc"] == pytest.approx(7 / 9)

@@ -29,11 +29,12 @@ ppo_mod = importlib.import_module("kernels.ppo_loss")  # (kernels.ppo_loss is th
 from kernels import (  # noqa: E402
     fused_logprob,
     fused_logprob_ref,
-    group_normalize,
-    group_normalize_ref,
+    group_stats,
+    group_stats_ref,
     ppo_loss,
     ppo_loss_ref,
 )
+from advantage import normalize_groups  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -82,64 +83,83 @@ def close(got, want, tol, what):
 
 
 # ---------------------------------------------------------------------------------------------------
-# group_normalize
+# group_stats (and advantage.normalize_groups, the normalisation built on it, through both paths)
 
 
-def loop_group_normalize(scores, ids, mode, eps):
-    """Textbook: one python loop over groups, statistics in fp64."""
+def loop_group_stats(scores, ids):
+    """Textbook: one python loop over groups, statistics in fp64; a group without spread: (its score, 0)."""
     s = scores.double().tolist()
     ids = ids.tolist()
-    out = [0.0] * len(s)
+    mean, std = [0.0] * len(s), [0.0] * len(s)
     for g in set(ids):
         idx = [i for i, x in enumerate(ids) if x == g]
         vals = [s[i] for i in idx]
         n = len(vals)
-        if n == 1 or min(vals) == max(vals):
-            continue  # 0
-        mean = sum(vals) / n
-        std = (sum((v - mean) ** 2 for v in vals) / (n - 1)) ** 0.5
+        if min(vals) == max(vals):
+            m, sd = vals[0], 0.0
+        else:
+            m = sum(vals) / n
+            sd = (sum((v - m) ** 2 for v in vals) / (n - 1)) ** 0.5
         for i in idx:
-            out[i] = (s[i] - mean) / (std + eps) if mode == "mean_std" else s[i] - mean
-    return torch.tensor(out, dtype=torch.float64)
+            mean[i], std[i] = m, sd
+    return torch.tensor(mean, dtype=torch.float64), torch.tensor(std, dtype=torch.float64)
 
 
-def test_group_normalize_hand_case(impl):
+def loop_group_normalize(scores, ids, mode, eps):
+    """Textbook normalisation from loop_group_stats; a group without spread -> 0."""
+    mean, std = loop_group_stats(scores, ids)
+    dev = scores.double() - mean
+    out = dev / (std + eps) if mode == "mean_std" else dev
+    return torch.where(std == 0, torch.zeros_like(out), out)
+
+
+def test_group_stats_hand_case(impl):
     # groups: 7 -> [1, 2, 3] (mean 2, unbiased std 1); -3 -> [5] (size 1); 100 -> [4, 4] (constant);
     # 2 -> three 0.1 (constant, but 0.1 + 0.1 + 0.1 != 0.3 in floating point); 9 -> [0, 2] (mean 1, std sqrt 2)
     scores = torch.tensor([3.0, 0.1, 5.0, 4.0, 1.0, 0.1, 0.0, 4.0, 2.0, 0.1, 2.0])
     ids = torch.tensor([7, 2, -3, 100, 7, 2, 9, 100, 7, 2, 9])
+    mean, std = group_stats(scores, ids)
+    assert mean.shape == std.shape == scores.shape
+    close(mean, torch.tensor([2.0, 0.1, 5.0, 4.0, 2.0, 0.1, 1.0, 4.0, 2.0, 0.1, 1.0]), (1e-6, 1e-6), "mean")
+    close(std, torch.tensor([1.0, 0, 0, 0, 1.0, 0, 2**0.5, 0, 1.0, 0, 2**0.5]), (1e-6, 1e-6), "std")
+    const = [1, 2, 3, 5, 7, 9]
+    assert (std[const] == 0).all(), "size-1 and constant groups must have std exactly 0"
+    assert torch.equal(mean[const], scores[const].to(mean.dtype)), "and their own score as mean, exactly"
     eps = 1e-6
     want = torch.tensor([1 / (1 + eps), 0, 0, 0, -1 / (1 + eps), 0, -1 / (2**0.5 + eps), 0, 0, 0, 1 / (2**0.5 + eps)])
-    got = group_normalize(scores, ids, mode="mean_std", eps=eps)
+    got = normalize_groups(scores, ids, norm="mean_std", eps=eps)
     assert got.dtype == torch.float32 and got.shape == scores.shape
     close(got, want, (1e-6, 1e-6), "mean_std")
-    assert (got[[1, 2, 3, 5, 7, 9]] == 0).all(), "size-1 and constant groups must be exactly 0"
-    want_mean = torch.tensor([1.0, 0, 0, 0, -1.0, 0, -1.0, 0, 0, 0, 1.0])
-    got = group_normalize(scores, ids, mode="mean")
-    close(got, want_mean, (1e-6, 1e-6), "mean")
-    assert (got[[1, 2, 3, 5, 7, 9]] == 0).all()
+    assert (got[const] == 0).all(), "size-1 and constant groups must be exactly 0"
+    got = normalize_groups(scores, ids, norm="mean", eps=0.0)
+    close(got, torch.tensor([1.0, 0, 0, 0, -1.0, 0, -1.0, 0, 0, 0, 1.0]), (1e-6, 1e-6), "mean")
+    assert (got[const] == 0).all()
+    assert (normalize_groups(scores, ids, eps=0.0)[const] == 0).all(), "eps 0: still 0, not 0/0"
 
 
-@pytest.mark.parametrize("mode", ["mean_std", "mean"])
 @pytest.mark.parametrize("M,n_ids,seed", [(1, 1, 0), (23, 9, 1), (200, 13, 2), (300, 150, 3)])
-def test_group_normalize_random_layouts(impl, mode, M, n_ids, seed):
+def test_group_stats_random_layouts(impl, M, n_ids, seed):
     g = torch.Generator().manual_seed(seed)
     pool = torch.randperm(10_000, generator=g)[:n_ids] - 5_000  # arbitrary, negative, non-contiguous ids
     ids = pool[torch.randint(0, n_ids, (M,), generator=g)]  # unsorted; many size-1 groups when n_ids ~ M
     scores = torch.randn(M, generator=g) * 3 + 1
     scores[: M // 4] = torch.randint(0, 2, (M // 4,), generator=g).float()  # binary rewards: constant groups
-    want = loop_group_normalize(scores, ids, mode, 1e-6)
+    want_mean, want_std = loop_group_stats(scores, ids)
     if impl == "triton":  # block 16 < group sizes: the kernel's loops run several blocks
-        got = gn_mod.group_normalize_triton(scores, ids, mode=mode, eps=1e-6, block=16)
+        mean, std = gn_mod.group_stats_triton(scores, ids, block=16)
     else:
-        got = group_normalize(scores, ids, mode=mode, eps=1e-6)
-    close(got, want, (1e-5, 1e-5), f"group_normalize {mode}")
-    assert torch.equal(got == 0, want == 0)
+        mean, std = group_stats(scores, ids)
+    close(mean, want_mean, (1e-5, 1e-5), "group_stats mean")
+    close(std, want_std, (1e-5, 1e-5), "group_stats std")
+    assert torch.equal(std == 0, want_std == 0)
+    for mode in ("mean_std", "mean"):
+        got = normalize_groups(scores, ids, norm=mode, eps=1e-6)
+        close(got, loop_group_normalize(scores, ids, mode, 1e-6), (1e-5, 1e-5), f"normalize_groups {mode}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("mode", ["mean_std", "mean"])
-def test_group_normalize_constant_groups_are_exactly_zero(impl, dtype, mode):
+def test_normalize_groups_constant_groups_are_exactly_zero(impl, dtype, mode):
     """n copies of 0.1 / 0.3 / 0.7 / 1.1 do not sum to exactly n times the value (e.g. 7 x 0.7 in fp64,
     6 x 0.3 in fp32), so a mean-then-std implementation returns residue / (residue + eps), up to
     ~0.1 in fp32, instead of 0. docs/method.md §11: 'fp32 rounding residue in a group std'."""
@@ -152,28 +172,36 @@ def test_group_normalize_constant_groups_are_exactly_zero(impl, dtype, mode):
     perm = torch.randperm(len(vals), generator=torch.Generator().manual_seed(0))
     scores = torch.tensor(vals, dtype=dtype)[perm]
     gid = torch.tensor(ids)[perm]
-    got = group_normalize(scores, gid, mode=mode)
     nonconst = gid == 5
+    assert (group_stats(scores, gid)[1][~nonconst] == 0).all()
+    got = normalize_groups(scores, gid, norm=mode)
     assert (got[~nonconst] == 0).all(), got[~nonconst].abs().max()
     assert (got[nonconst].abs() > 0.4).all()
 
 
-def test_group_normalize_other_dtypes_and_empty(impl):
+def test_group_stats_other_dtypes_and_empty(impl):
     scores = torch.tensor([1.0, 3.0, 2.0, 2.0], dtype=torch.bfloat16)
     ids = torch.tensor([5, 5, 1, 1], dtype=torch.int32)
-    got = group_normalize(scores, ids)
-    close(got, torch.tensor([-(2**-0.5), 2**-0.5, 0, 0]), (1e-5, 1e-5), "bf16/int32")
-    assert group_normalize(torch.zeros(0), torch.zeros(0, dtype=torch.int64)).shape == (0,)
+    mean, std = group_stats(scores, ids)
+    close(mean, torch.tensor([2.0, 2.0, 2.0, 2.0]), (1e-5, 1e-5), "bf16/int32 mean")
+    close(std, torch.tensor([2**0.5, 2**0.5, 0, 0]), (1e-5, 1e-5), "bf16/int32 std")
+    close(normalize_groups(scores, ids), torch.tensor([-(2**-0.5), 2**-0.5, 0, 0]), (1e-5, 1e-5), "bf16/int32")
+    mean, std = group_stats(torch.zeros(0), torch.zeros(0, dtype=torch.int64))
+    assert mean.shape == std.shape == (0,)
 
 
-def test_group_normalize_errors():
+def test_group_stats_errors():
     s, i = torch.randn(4), torch.tensor([0, 0, 1, 1])
-    with pytest.raises(ValueError, match="mode"):
-        group_normalize(s, i, mode="std")
+    with pytest.raises(ValueError, match="norm"):
+        normalize_groups(s, i, norm="std")
+    with pytest.raises(ValueError, match="eps"):
+        normalize_groups(s, i, eps=-1.0)
     with pytest.raises(TypeError, match="integer"):
-        group_normalize(s, i.float())
+        group_stats(s, i.float())
+    with pytest.raises(TypeError, match="floating"):
+        group_stats(i, i)
     with pytest.raises(ValueError, match="shape|\\(M,\\)"):
-        group_normalize(s, i[:3])
+        group_stats(s, i[:3])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -500,7 +528,7 @@ def test_dispatch_triton_when_forced(monkeypatch):
         orig = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, **k: (calls.append(name), orig(*a, **k))[1])
 
-    spy(gn_mod, "group_normalize_triton")
+    spy(gn_mod, "group_stats_triton")
     spy(lp_mod, "_logprob_fwd_triton")
     spy(ppo_mod, "_ppo_loss_fwd_triton")
     h, W, y = torch.randn(3, 16), torch.randn(40, 16), torch.tensor([1, 2, 3])
@@ -509,10 +537,10 @@ def test_dispatch_triton_when_forced(monkeypatch):
     for force in ("0", "1"):
         monkeypatch.setenv("UIS1_FORCE_TRITON", force)
         calls.clear()
-        kernels.group_normalize(s, ids)
+        kernels.group_stats(s, ids)
         kernels.fused_logprob(h, W, y)
         kernels.ppo_loss(x, x, x, torch.ones(3))
-        assert calls == ([] if force == "0" else ["group_normalize_triton", "_logprob_fwd_triton",
+        assert calls == ([] if force == "0" else ["group_stats_triton", "_logprob_fwd_triton",
                                                   "_ppo_loss_fwd_triton"])
 
 
@@ -546,7 +574,7 @@ def test_interpreter_tests_in_fresh_process():
 
 # ---------------------------------------------------------------------------------------------------
 # CUDA: the compiled kernels at the GPU path's tiles (fused_logprob: 128 x 128 tiles, BLOCK_H 64;
-# ppo_loss: 1024 per program; group_normalize: 128 per loop step), vocabulary and hidden-size tails,
+# ppo_loss: 1024 per program; group_stats: 128 per loop step), vocabulary and hidden-size tails,
 # int64 offsets past 2^31 elements, bf16 against fp32 truth.
 
 
@@ -711,21 +739,26 @@ def test_cuda_ppo_loss_int64_offsets():
 
 @needs_cuda
 @pytest.mark.parametrize("mode", ["mean_std", "mean"])
-def test_cuda_group_normalize_vs_ref(mode):
-    """3M scores in 1,000 unsorted groups (each spans many 128-score loop steps) plus constant groups."""
+def test_cuda_group_stats_vs_ref(mode):
+    """3M scores in 1,000 unsorted groups (each spans many 128-score loop steps) plus constant groups:
+    the statistics and the normalisation built on them (advantage.normalize_groups)."""
     M = 3_000_017
     g = torch.Generator(device="cuda").manual_seed(8)
     ids = torch.randint(0, 1000, (M,), generator=g, device="cuda") * 13 - 4000
     scores = torch.randn(M, generator=g, device="cuda") * 3 + 1
     scores[ids == -4000] = 0.7  # a constant group: exactly 0
-    got = group_normalize(scores, ids, mode=mode)
-    want = group_normalize_ref(scores, ids, mode=mode)
-    close(got.cpu(), want.cpu(), (1e-4, 1e-4), mode)
+    mean, std = group_stats(scores, ids)
+    want_mean, want_std = group_stats_ref(scores, ids)
+    close(mean.cpu(), want_mean.cpu(), (1e-4, 1e-4), "mean")
+    close(std.cpu(), want_std.cpu(), (1e-4, 1e-4), "std")
+    assert (std[ids == -4000] == 0).all()
+    got = normalize_groups(scores, ids, norm=mode)
+    close(got.cpu(), normalize_groups(scores.cpu(), ids.cpu(), norm=mode), (1e-4, 1e-4), mode)
     assert (got[ids == -4000] == 0).all()
 
 
 @needs_cuda
-def test_cuda_group_normalize_int64_offsets():
+def test_cuda_group_stats_int64_offsets():
     """2^31 + 2,048 scores in 1,024 groups, group r = every 1,024th score from r: every group has
     scores past 2^31 elements. Scores alternate 0, 1 within a group (an even count), so every output
     is known in closed form: (s - 1/2) / (std + eps), std = sqrt(n / 4 / (n - 1))."""
@@ -736,7 +769,7 @@ def test_cuda_group_normalize_int64_offsets():
     ids = (i % G).int()
     scores = ((i // G) % 2).float()
     del i
-    got = group_normalize(scores, ids)
+    got = normalize_groups(scores, ids)
     n = M // G
     a = 0.5 / (math.sqrt(n / 4 / (n - 1)) + 1e-6)
     want = torch.where(scores > 0, a, -a)

@@ -12,7 +12,6 @@
 """
 import json
 import subprocess
-import sys
 
 import pytest
 import torch

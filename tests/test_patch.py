@@ -16,7 +16,7 @@ from patch import (
     make_patch,
     on_policy_hint,
     on_policy_patches,
-    patch_from_thought,
+    clean_thought,
     should_patch,
 )
 
@@ -55,10 +55,14 @@ def test_thought_free_unparseable_response_gives_empty_thought():
     assert out == "<think>\n\n</think>\n<action>\n" + CLICK_RESIZED + "\n</action>"
 
 
-def test_thought_free_strips_special_tokens():
-    wrong = "<think>\nscroll <|image_pad|>down<|im_end|>\n</think>\n<action>\n{}\n</action>"
+def test_clean_thought_drops_think_tags_and_leaves_special_tokens_to_the_prompt():
+    """Stray think tags would break the patch's think block; special tokens are chat.strip_special's, which
+    chat.build_prompt applies to every history entry (tests/test_prompt.py), so the one stripper decides."""
+    assert clean_thought("  scroll <think>down</think>\n") == "scroll down"
+    assert clean_thought(None) == "" and clean_thought("") == ""
+    wrong = "<think>\nscroll <|image_pad|>down\n</think>\n<action>\n{}\n</action>"
     out = make_patch("thought-free", response=wrong, step=step(), orig_size=ORIG, resized_size=RESIZED)
-    assert out == "<think>\nscroll down\n</think>\n<action>\n" + CLICK_RESIZED + "\n</action>"
+    assert out == "<think>\nscroll <|image_pad|>down\n</think>\n<action>\n" + CLICK_RESIZED + "\n</action>"
 
 
 def test_empty_thought():
@@ -92,9 +96,10 @@ def test_off_policy_missing_thought_names_episode():
 def test_on_policy_from_generated_thought():
     gen = '<think>\nThe toggle is right there; tap it.\n</think>\n<action>\n{"action": "click", "coordinate": [1, 1]}\n</action>'
     want = "<think>\nThe toggle is right there; tap it.\n</think>\n<action>\n" + CLICK_RESIZED + "\n</action>"
-    # the generated action is discarded: only the thought is kept, with the expert action
-    assert patch_from_thought(gen, {"action": "click", "coordinate": [250, 500]}) == want
-    assert patch_from_thought("The toggle is right there; tap it.", {"action": "click", "coordinate": [250, 500]}) == want
+    # the generated action is discarded: only the thought is kept, with the expert action; a bare thought too
+    act = {"action": "click", "coordinate": [250, 500]}
+    assert on_policy_patches(["p"], [act], lambda prompts: [gen]) == [want]
+    assert on_policy_patches(["p"], [act], lambda prompts: ["The toggle is right there; tap it."]) == [want]
     with pytest.raises(ValueError, match="on_policy_patches"):  # made only by the batched path
         make_patch("on-policy", response=WRONG, step=step(), orig_size=ORIG, resized_size=RESIZED)
 

@@ -268,3 +268,29 @@ def test_strict_rules_on_the_release_cases():
     assert strict(act('{"action": "wait", "coordinate": null}'), WAIT).match
     assert strict(act('{"action": "click", "coordinate": [546, 1204, 0]}'), CLICK).error == "invalid action"
     assert strict(act('{"action": "swipe"}'), SWIPE_UP).error == "invalid action"
+
+
+def test_partial_credit_is_one_function_and_leaves_the_match(monkeypatch):
+    """The README's reward fork: a partial-credit click is a change to reward.action_score alone.
+    Here a click of the right type earns 1 - d / 0.2 of the action term (d the normalised distance,
+    eq. 4.3); the reward moves, the match (patching, returns, SOP) stays the strict rule's."""
+    step = dataset.Step(screenshot="s.png", action={"action": "click", "coordinate": [540, 1200]},
+                        candidate_bbox=[], image_size=SIZE)
+    near = '<think>t</think><action>{"action": "click", "coordinate": [540, 1320]}</action>'  # d = 0.05
+    kw = dict(resized_size=SIZE, orig_size=SIZE)
+    base = reward.score_response(near, step, **kw)
+    assert (base.match, base.type_match) == (False, True)
+    assert base.reward == pytest.approx(0.1 + 0.9 * 0.5)
+
+    def partial(pred, expert, candidate_bbox, image_size, *, match, type_match):
+        if match or not type_match or expert["action"] != "click":
+            return reward.SCORE_MATCH if match else (reward.SCORE_TYPE_ONLY if type_match else reward.SCORE_WRONG_TYPE)
+        w, h = image_size
+        d = ((pred["coordinate"][0] - expert["coordinate"][0]) / w) ** 2 + ((pred["coordinate"][1] - expert["coordinate"][1]) / h) ** 2
+        return max(0.0, 1 - d ** 0.5 / 0.2)
+
+    monkeypatch.setattr(reward, "action_score", partial)
+    forked = reward.score_response(near, step, **kw)
+    assert forked.reward == pytest.approx(0.1 + 0.9 * 0.75)
+    assert (forked.match, forked.type_match) == (False, True)
+    assert reward.action_match(forked.action, step.action, [], SIZE) == (False, True)

@@ -9,6 +9,8 @@ with it could not fail. With std 0.3 a wrong rope position or rope delta changes
 """
 import contextlib
 import math
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -28,6 +30,9 @@ from sampler import (
     sample_from_logits,
 )
 from vlm import sampling_mode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from hf_peer import generate_inputs  # noqa: E402  the Hugging Face generate peer
 
 MAX_NEW = 12
 
@@ -96,7 +101,7 @@ def concentrated(model, k=32):
 def hf_generate(model, tok, prompts, sampler, max_new=MAX_NEW):
     """model.generate(do_sample=False) on a left-padded batch; returns per-row generated ids,
     cut after the first stop token (HF pads finished rows)."""
-    kw = vlm.generate_inputs(prompts, tok.pad_token_id, getattr(model.config, "image_token_id", None))  # None: text-only LM
+    kw = generate_inputs(prompts, tok.pad_token_id, getattr(model.config, "image_token_id", None))  # None: text-only LM
     T = kw["input_ids"].shape[1]
     out = model.generate(**kw, do_sample=False, max_new_tokens=max_new,
                          suppress_tokens=sampler.banned_ids.tolist(), eos_token_id=sampler.stop_token_ids,
@@ -666,8 +671,8 @@ def test_lean_step_equals_transformers_forward(model, proc, prompts):
     stop = [ref[1][0].ids[3]]  # a token the second prompt produces: its rows stop early
     ref = Sampler(model, tok, max_new_tokens=MAX_NEW, lean=False, stop_token_ids=stop).generate(batch, n=2, greedy=True)
     assert any(o.finish_reason == "stop" for r in ref for o in r) and any(o.finish_reason == "length" for r in ref for o in r)
-    for decode in ("eager", "static"):
-        s = Sampler(model, tok, max_new_tokens=MAX_NEW, lean=True, decode=decode, stop_token_ids=stop)
+    for mode in ("eager", "static"):
+        s = Sampler(model, tok, max_new_tokens=MAX_NEW, lean=True, decode=mode, stop_token_ids=stop)
         ours = s.generate(batch, n=2, greedy=True)
         assert s.stats["lean"] is True
         assert [[o.ids for o in r] for r in ours] == [[o.ids for o in r] for r in ref]

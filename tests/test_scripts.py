@@ -50,6 +50,8 @@ CASES = [
     ("score", ["score.py", "--data", "data/miniwob_click/test.jsonl", "--responses", "{tmp}/responses.jsonl",
                "--out", "{tmp}/scores.jsonl", "--image-root", "data/miniwob_click"], {"responses", "reward_mean", "match_rate", "malformed_responses", "floor_step_sr"}, False, False),
     ("baselines", ["baselines.py", "--data", "data/miniwob_click/test.jsonl"], {"rules", "steps", "rates"}, False, False),
+    ("draw_rollout", ["tools/draw_rollout.py", "--out", "{tmp}/rollout.png", "--dpi", "40"],
+     {"out", "rollouts", "steps", "patches", "ended_early"}, False, False),
     ("repro_main_dry", ["runs/repro_main.py", "--dry-run", "--out", "{tmp}/repro", "--results", "{tmp}/results"], None, False, False),
     ("repro_ablations_dry", ["runs/repro_ablations.py", "--dry-run", "--out", "{tmp}/repro", "--results", "{tmp}/results"],
      None, False, False),
@@ -107,12 +109,17 @@ def test_every_script_is_smoked():
 
 
 def test_project_files_name_dates_and_commits_only():
-    """The record names dates and commits, never the work sessions or issue numbers behind them."""
-    pat = re.compile(r"\b(session|issue) #?[0-9]", re.I)
+    """The record names dates and commits, never the work sessions or issue numbers behind them: no
+    session or issue followed by its number anywhere, and in the prose (Markdown) not the word "session" at all, which
+    there can only mean a sitting (in code it may be pytest's fixture scope or a browser's session)."""
+    numbered = re.compile(r"\b(session|issue) #?[0-9]", re.I)
+    sitting = re.compile(r"\bsessions?\b", re.I)
     hits = [f"{p.relative_to(REPO)}:{i}" for p in REPO.rglob("*") if p.suffix in (".md", ".py", ".txt", ".sh")
             and not {".git", ".venv", "out"} & set(p.relative_to(REPO).parts)
-            for i, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1) if pat.search(line)]
+            for i, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+            if numbered.search(line) or (p.suffix == ".md" and sitting.search(line))]
     assert not hits, hits
+    assert numbered.search("as in session " + "6") and sitting.search("the session's end") and not sitting.search("sessional")
 
 
 def test_gpu_check_dry_run_never_touches_the_committed_gpu_results(tmp_path):
