@@ -177,4 +177,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    cli.cli(main)
+    cli.run_script(main)
