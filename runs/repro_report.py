@@ -308,6 +308,17 @@ def markdown(summary: dict, title: str) -> str:
             L.append(f"| {c['claim']} | {c['test']}{' (' + c['episodes'] + ' episodes)' if c.get('episodes') else ''} "
                      f"| {fmt(c.get('diff'), '+.3f')} {fmt_ci(c.get('diff_ci95'))} | {fmt(c.get('p_value'), '.3g')} "
                      f"| {c.get('n_seeds') or ''} | **{c['verdict']}** |")
+    if summary.get("dose_seed_level"):
+        L += ["", "## Every test checkpoint against SFT, seed by seed (primary test)", "",
+              "| arm | step | diff [95% t] | p (primary) | seeds | secondary: McNemar p |", "|---|---|---|---|---|---|"]
+        for d in summary["dose_seed_level"]:
+            L.append(f"| {d['arm']} | {d['step']} | {fmt(d['diff'], '+.3f')} {fmt_ci(d['diff_ci95'])} | "
+                     f"{fmt(d['p_value'], '.3g')} | {d['n_seeds']} | {fmt(d.get('p_mcnemar_secondary'), '.3g')} |")
+    if summary.get("verdicts_recomputed"):
+        v = summary["verdicts_recomputed"]
+        L += ["", f"Verdicts recomputed at `{v['commit'][:7]}` ({v['by']}) from the stored outcomes with the primary "
+              "test; as first reported: " + "; ".join(f"{c['claim'].split(':')[0]} {c['verdict']}"
+                                                        for c in v["previous_claims"]) + "."]
     if summary.get("arms"):
         L += ["", "## Per-arm diagnostics (final checkpoints pooled over seeds; RL means over the second half of steps)",
               "", "| arm | seeds | online SR [95%] | SOP-PG | reward | reward trend / 100 steps [95%] | entropy | KL "
