@@ -24,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import repro_common as rc  # noqa: E402
+from repro_report import fmt, fmt_ci  # noqa: E402
 from stats import seed_paired_t  # noqa: E402
 
 FIELDS = ("diff", "diff_ci95", "p_value", "verdict")
@@ -98,7 +99,7 @@ def recompute(path: Path, commit: str) -> dict:
 
 
 def markdown(out: dict) -> str:
-    f = rc.fmt
+    f = fmt
     L = ["# Verdicts with the primary test (paired t-test across seeds), recomputed from stored outcomes", "",
          f"Recomputed at commit `{out['commit']}` by `{out['command']}`. Old: the verdicts as first reported "
          "(two-level bootstrap p). New: the primary test; bootstrap and McNemar p are secondary.", ""]
@@ -112,15 +113,15 @@ def markdown(out: dict) -> str:
               "|---|---|---|---|---|"]
         for c in r["claims"]:
             o, n = c["old"], c["new"]
-            L.append(f"| {c['claim']} | {f(o['diff'], '+.3f')} {rc.fmt_ci(o['diff_ci95'])}, {f(o['p_value'], '.3g')}, "
-                     f"{o['verdict']} | {f(n['diff'], '+.3f')} {rc.fmt_ci(n['diff_ci95'])}, {f(n['p_value'], '.3g')}, "
+            L.append(f"| {c['claim']} | {f(o['diff'], '+.3f')} {fmt_ci(o['diff_ci95'])}, {f(o['p_value'], '.3g')}, "
+                     f"{o['verdict']} | {f(n['diff'], '+.3f')} {fmt_ci(n['diff_ci95'])}, {f(n['p_value'], '.3g')}, "
                      f"**{n['verdict']}** | {n.get('n_seeds') or ''} | {f(n.get('p_bootstrap'), '.3g')}, "
                      f"{f(n.get('p_mcnemar'), '.3g')} |")
         if r["dose_seed_level"]:
             L += ["", "Every test checkpoint against SFT (dose points):", "",
                   "| arm | step | diff [95% t] | p (primary) | secondary: McNemar p |", "|---|---|---|---|---|"]
             for d in r["dose_seed_level"]:
-                L.append(f"| {d['arm']} | {d['step']} | {f(d['diff'], '+.3f')} {rc.fmt_ci(d['diff_ci95'])} | "
+                L.append(f"| {d['arm']} | {d['step']} | {f(d['diff'], '+.3f')} {fmt_ci(d['diff_ci95'])} | "
                          f"{f(d['p_value'], '.3g')} | {f(d['p_mcnemar_secondary'], '.3g')} |")
         L.append("")
     return "\n".join(L)
