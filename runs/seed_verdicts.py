@@ -83,6 +83,12 @@ def recompute(path: Path, commit: str) -> dict:
         s["test_comparisons"] = [rc.compare_online(tck, c["a"], c["b"]) for c in s.get("test_comparisons") or []]
     s["primary_test_fpr"] = rc.primary_test_fpr(tck or ck)
     s["dose_seed_level"] = dose_points(tck) if tck else []
+    for row in (s.get("dose_response") or {}).get("rows", []):  # the dose table's rows read the primary test too
+        match = [d for d in s["dose_seed_level"] if d["arm"] == row["arm"]]
+        match = [d for d in match if d["step"] == row["step"]] or (match if len(match) == 1 else [])
+        if row["step"] and match and "p_bootstrap" not in row:
+            row.update(diff_ci95_bootstrap=row["diff_ci95"], diff_ci95=match[0]["diff_ci95"],
+                       p_value=match[0]["p_value"], n_seeds=match[0]["n_seeds"])
     s["verdicts_recomputed"] = {"commit": commit, "by": "runs/seed_verdicts.py", "previous_claims": previous,
                                 "note": "comparisons and claims recomputed from the stored per-episode outcomes "
                                         "with the primary test (paired t-test across seeds); the runs are those of "
