@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cli  # noqa: E402
 import repro_common as rc  # noqa: E402
 from repro_report import fmt, fmt_ci  # noqa: E402
 from stats import seed_paired_t  # noqa: E402
@@ -96,7 +97,7 @@ def recompute(path: Path, commit: str) -> dict:
     title = "MiniWob++ reproduction: " + ("main table" if "repro_main" in path.name else "ablations")
     rc.write_results(s, path, title)
     new = {c["claim"]: c for c in s["claims"]}
-    return {"file": str(path.relative_to(rc.REPO)) if path.is_absolute() else str(path),
+    return {"file": str(path.relative_to(rc.REPO)) if path.is_relative_to(rc.REPO) else str(path),
             "run_commit": s["commit"], "seeds": s["seeds"], "primary_test_fpr": s["primary_test_fpr"],
             "claims": [{"claim": o["claim"], "old": {k: o.get(k) for k in FIELDS},
                         "new": {k: new[o["claim"]].get(k) for k in (*FIELDS, "n_seeds", "p_bootstrap", "p_mcnemar")}}
@@ -134,21 +135,27 @@ def markdown(out: dict) -> str:
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(prog="seed_verdicts.py", description=__doc__.split("\n\n")[0])
+    """Recompute every file given, write --out (+ .md); prints {file: {claim: new verdict}} as its last line.
+    A missing file, bad JSON or a file that is not a reproduction's results: one-line error, exit 2."""
+    ap = cli.Parser(prog="seed_verdicts.py", description=__doc__, formatter_class=cli.HelpFormatter)
     ap.add_argument("results", nargs="+", help="results JSON files (repro_main.py / repro_ablations.py)")
     ap.add_argument("--out", default="results/verdicts_seed_level.json", help="the side-by-side JSON (+ .md twin)")
     args = ap.parse_args(argv)
     for p in args.results:
-        if not Path(p).is_file():
-            ap.error(f"{p}: no such results file")
+        try:
+            rc.validate_results(json.loads(Path(p).read_text()), p)
+        except (OSError, ValueError) as e:  # JSONDecodeError is a ValueError
+            ap.error(f"{p}: not a reproduction's results file ({e})")
     commit = rc.git_commit()
     out = {"commit": commit, "command": rc.command_line("seed_verdicts.py", argv),
            "results": [recompute(Path(p).resolve(), commit) for p in args.results]}
     out = rc._nan_to_none(out)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     Path(args.out).with_suffix(".md").write_text(markdown(out))
+    print(json.dumps({r["file"]: {c["claim"].split(":")[0]: c["new"]["verdict"] for c in r["claims"]}
+                      for r in out["results"]}))
     return out
 
 
 if __name__ == "__main__":
-    main()
+    cli.cli(main)

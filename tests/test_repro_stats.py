@@ -773,3 +773,32 @@ def test_recorded_command_reruns_the_same_arguments():
     line = rc.command_line("repro_main.py", argv)
     assert shlex.split(line) == ["python", "runs/repro_main.py", *argv]
     assert " ".join(["python", "runs/repro_main.py", *argv]) != line  # a plain join would not round-trip
+
+
+def test_seed_verdicts_recomputes_stored_results(tmp_path):
+    """runs/seed_verdicts.py on a copy of the varied-thoughts results: claim 1a's verdict from the t-test
+    on its three per-seed differences (p 0.023, not the bootstrap's floor 1/4001), the first-reported
+    claims kept, a second run changing nothing; a file that is not results: one line, exit 2."""
+    import shutil
+    import subprocess
+    src = Path(rc.REPO) / "results" / "varied" / "repro_main.json"
+    res = tmp_path / "repro_main.json"
+    shutil.copy(src, res)
+    cmd = [sys.executable, str(Path(rc.REPO) / "runs" / "seed_verdicts.py"), str(res), "--out", str(tmp_path / "v.json")]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    s = json.loads(res.read_text())
+    c1a = s["claims"][0]
+    sr = {(c["arm"], c["seed"]): c["online_sr"] for c in s["test_checkpoints"]}
+    d = [sr["semionline", k] - sr["sft", k] for k in (0, 1, 2)]
+    assert c1a["p_value"] == pytest.approx(stats.seed_paired_t(d)["p_value"]) and c1a["p_value"] == pytest.approx(0.0232, abs=5e-4)
+    assert c1a["p_bootstrap"] == pytest.approx(1 / 4001) and c1a["verdict"] == "held"
+    assert s["verdicts_recomputed"]["previous_claims"][0]["p_value"] == pytest.approx(1 / 4001)
+    assert 0.04 <= s["primary_test_fpr"]["fpr_primary_t"] <= 0.06
+    assert json.loads(first.stdout.strip().splitlines()[-1])[str(res)]["1a"] == "held"
+    assert subprocess.run(cmd, capture_output=True, text=True, timeout=120).returncode == 0
+    again = json.loads(res.read_text())
+    assert again["claims"] == s["claims"] and again["verdicts_recomputed"]["previous_claims"][0]["p_value"] == pytest.approx(1 / 4001)
+    (tmp_path / "bad.json").write_text("{")
+    bad = subprocess.run(cmd[:2] + [str(tmp_path / "bad.json")], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
