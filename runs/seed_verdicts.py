@@ -87,7 +87,7 @@ def recompute(path: Path, commit: str) -> dict:
     for row in (s.get("dose_response") or {}).get("rows", []):  # the dose table's rows read the primary test too
         match = [d for d in s["dose_seed_level"] if d["arm"] == row["arm"]]
         match = [d for d in match if d["step"] == row["step"]] or (match if len(match) == 1 else [])
-        if row["step"] and match and "p_bootstrap" not in row:
+        if row["step"] and match and "diff_ci95_bootstrap" not in row:  # once: a rerun keeps the first bootstrap
             row.update(diff_ci95_bootstrap=row["diff_ci95"], diff_ci95=match[0]["diff_ci95"],
                        p_value=match[0]["p_value"], n_seeds=match[0]["n_seeds"])
     s["verdicts_recomputed"] = {"commit": commit, "by": "runs/seed_verdicts.py", "previous_claims": previous,

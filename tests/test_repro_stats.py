@@ -798,6 +798,7 @@ def test_seed_verdicts_recomputes_stored_results(tmp_path):
     assert json.loads(first.stdout.strip().splitlines()[-1])[str(res)]["1a"] == "held"
     assert subprocess.run(cmd, capture_output=True, text=True, timeout=120).returncode == 0
     again = json.loads(res.read_text())
+    assert again["dose_response"] == s["dose_response"] and again["comparisons"] == s["comparisons"]
     assert again["claims"] == s["claims"] and again["verdicts_recomputed"]["previous_claims"][0]["p_value"] == pytest.approx(1 / 4001)
     (tmp_path / "bad.json").write_text("{")
     bad = subprocess.run(cmd[:2] + [str(tmp_path / "bad.json")], capture_output=True, text=True, timeout=60)
