@@ -68,7 +68,7 @@ def recompute(path: Path, commit: str) -> dict:
         for c in s["claims"]:
             if c.get("diff") is None or "(online_sr)" not in c["test"]:
                 if c.get("diff") is not None:
-                    c = {**c, "verdict": "inconclusive", "p_bootstrap": c["p_value"], "p_value": None,
+                    c = {**c, "verdict": "inconclusive", "p_bootstrap": c.get("p_bootstrap", c["p_value"]), "p_value": None,
                          "note": "primary test not computable from the stored results (per-step curves not kept); "
                                  "the stored p is the two-level bootstrap's (secondary)"}
                 new_claims.append(c)
