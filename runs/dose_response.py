@@ -9,7 +9,10 @@ the greedy policy (Yue et al. 2025, arXiv 2504.13837: RLVR raises pass@1 towards
 For every checkpoint (`--point ARM STEP DIR`, repeatable) it reports, on the episodes every folder
 played:
   - greedy success k/n with its 95% Wilson interval;
-  - the paired difference to the start (bootstrap interval, exact McNemar p, discordant pairs);
+  - the paired difference to the start; when the keys' tasks carry a training-seed prefix ("s0:task",
+    as runs/repro_main.py pools its seeds) the primary test is the paired t-test across those seeds
+    (stats.seed_paired_t: diff_ci95, p_value, n_seeds); secondary, labelled so: the pooled bootstrap
+    interval, exact McNemar p and discordant pairs (they ignore the seed spread);
   - conversion: of the start's flippable episodes, the fraction this checkpoint solves greedily;
     lost: of the start's greedy successes, the fraction it fails.
 Writes OUT.json, OUT.md and OUT.png (success against RL step per arm, intervals as bars); prints the
@@ -25,10 +28,12 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (stats reads eval_sop's wilson)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cli  # noqa: E402
-from stats import paired_binary, wilson  # noqa: E402
+from stats import paired_binary, seed_paired_t, wilson  # noqa: E402
 
 
 def read_episodes(folder: str) -> dict[tuple[str, int], dict]:
@@ -75,14 +80,18 @@ def summarize(start: dict, points: list[tuple[str, int, dict]]) -> dict:
     samples = [start[k].get("sampled_success") for k in keys]
     flippable = [i for i, k in enumerate(keys) if not g0[i] and any(samples[i] or [])]
     solved = [i for i in range(len(keys)) if g0[i]]
+    seed_of = np.array([k[0].split(":", 1)[0] if ":" in k[0] else "" for k in keys])  # the training seed, if pooled
 
     def row(arm, step, g):
         k = sum(g)
         lo, hi = wilson(k, len(g))
         out = {"arm": arm, "step": step, "successes": k, "episodes": len(g), "success": k / len(g), "ci95": [lo, hi]}
         if step > 0:
-            cmp = paired_binary(g, g0)
-            out.update(diff=cmp["diff"], diff_ci95=cmp["diff_ci95"], p_mcnemar=cmp["p_mcnemar"], discordant=cmp["discordant"])
+            cmp = paired_binary(g, g0, groups=seed_of)
+            prim = seed_paired_t([np.mean(np.subtract(g, g0)[seed_of == sd]) for sd in np.unique(seed_of)])
+            out.update(diff=cmp["diff"], diff_ci95=prim["diff_ci95"], p_value=prim["p_value"], n_seeds=prim["n_seeds"],
+                       diff_ci95_bootstrap=cmp["diff_ci95"], p_bootstrap=cmp["p_value"], p_mcnemar=cmp["p_mcnemar"],
+                       discordant=cmp["discordant"])
         out["converted"] = sum(g[i] for i in flippable)
         out["lost"] = sum(1 - g[i] for i in solved)
         return out
@@ -102,11 +111,13 @@ def markdown(summary: dict) -> str:
     lines = [f"Dose-response on {summary['episodes']} test episodes ({', '.join(summary['tasks'])}); the start's "
              f"greedy successes {summary['start_successes']}, flippable {summary['flippable']}"
              + ("" if summary["start_sampled"] else " (the start was not evaluated with --samples)") + ".", "",
-             "| arm | RL step | greedy success [95%] | vs start [95%], McNemar p | converted (of flippable) | lost (of start's successes) |",
-             "|---|---|---|---|---|---|"]
+             "| arm | RL step | greedy success [95%] | vs start [95% t], p (t across seeds) | secondary: McNemar p "
+             "| converted (of flippable) | lost (of start's successes) |",
+             "|---|---|---|---|---|---|---|"]
+    num = lambda v, spec: "n/a" if v is None or v != v else format(v, spec)  # noqa: E731 (None/nan: one seed)
     for r in summary["rows"]:
-        vs = (f"{r['diff']:+.3f} [{r['diff_ci95'][0]:+.3f}, {r['diff_ci95'][1]:+.3f}], p {r['p_mcnemar']:.2g}"
-              if r["step"] else "")
+        vs = (f"{r['diff']:+.3f} [{num(r['diff_ci95'][0], '+.3f')}, {num(r['diff_ci95'][1], '+.3f')}], "
+              f"p {num(r.get('p_value'), '.2g')} | {num(r.get('p_mcnemar'), '.2g')}" if r["step"] else " |")
         lines.append(f"| {r['arm']} | {r['step']} | {r['successes']}/{r['episodes']} = {r['success']:.3f} "
                      f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] | {vs} | {r['converted']}/{summary['flippable']} | "
                      f"{r['lost']}/{summary['start_successes']} |")

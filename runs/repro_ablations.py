@@ -193,7 +193,8 @@ def main(argv=None) -> dict:
             return {"claim": text, "test": f"{c['a']} - {c['b']} ({c.get('metric')})" if c else "not run",
                     "episodes": ("test" if on_test else "selection") if c and c.get("metric") == "online_sr" else None,
                     "diff": c["diff"] if c else None, "diff_ci95": c.get("diff_ci95") if c else None,
-                    "p_value": c["p_value"] if c else None, "verdict": rc.verdict(c, higher_is)}
+                    "p_value": c["p_value"] if c else None, "n_seeds": c.get("n_seeds") if c else None,
+                    "p_bootstrap": c.get("p_bootstrap") if c else None, "verdict": rc.verdict(c, higher_is)}
         claims = [claim("3: gamma 0.5 > gamma 0 (online SR)", cmps[("semionline", "gamma0")]),
                   claim("4a: threshold 1 > threshold 0 (online SR)", cmps[("thr1", "thr0")]),
                   claim("4b: unlimited threshold > threshold 0 (online SR)", cmps[("thr_unlim", "thr0")]),
@@ -215,7 +216,8 @@ def main(argv=None) -> dict:
              "complete": final_report,
              "headroom": test.get("headroom"), "test_episodes": [list(k) for k in test.get("keys", [])],
              "test_checkpoints": tck, "test_comparisons": [c for c in test_cmps.values() if c],
-             "test_arms": rc.arm_summaries(tck, {})}
+             "test_arms": rc.arm_summaries(tck, {}),
+             "primary_test_fpr": rc.primary_test_fpr(tck or ck) if final_report else None}
         if final_report:
             stem = args.results_dir / out_json.stem
             bars = (s["test_arms"], "test episodes") if on_test else (s["arms"], "selection episodes")

@@ -45,8 +45,8 @@ REPO = Path(__file__).resolve().parents[1]
 from stats import wilson  # noqa: E402
 # the report half; its names are also the scripts' rc.* (rc.verdict, rc.write_results, ...)
 from repro_report import (ALPHA, _nan_to_none, arm_summaries, compare_curves, compare_online, final_rows,  # noqa: E402,F401
-                          markdown, plot_bars, plot_curves, plot_r2, plot_scaling, r2_summary, rl_diagnostics,
-                          validate_results, verdict, write_results)
+                          markdown, plot_bars, plot_curves, plot_r2, plot_scaling, primary_test_fpr, r2_summary,
+                          rl_diagnostics, validate_results, verdict, write_results)
 
 # -----------------------------------------------------------------------------
 # 2. stages

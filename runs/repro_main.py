@@ -247,24 +247,7 @@ def main(argv=None) -> dict:
         ck, tck = ordered(rows), ordered(test_rows)
         r2f, r2cmp = rc.r2_summary(ck)
         r2nb, _ = rc.r2_summary([c for c in ck if c["arm"] != "base"])
-        pairs = [("semionline", "sft"), ("semionline", "offline"), ("offline", "sft"), (CONTROL, "sft"),
-                 ("semionline", CONTROL)]
-        cmps = [c for c in [rc.compare_online(ck, a, b) for a, b in pairs + [("sft", "base")]] + [r2cmp] if c]
-        tcmps = [c for c in (rc.compare_online(tck, a, b) for a, b in pairs) if c]
-        on = {(c["a"], c["b"]): c for c in tcmps}
-        c1a = on.get(("semionline", "sft"))
-        claims = [
-            {"claim": "1a: SFT + semi-online RL > SFT (online SR)", "test": "semionline - sft", "episodes": "test",
-             **_pick(c1a), "verdict": rc.verdict(c1a)},
-            {"claim": "1b: semi-online RL > offline RL from the same SFT (online SR)", "test": "semionline - offline",
-             "episodes": "test", **_pick(on.get(("semionline", "offline"))),
-             "verdict": rc.verdict(on.get(("semionline", "offline")))},
-            {"claim": "2: R^2(SOP-PG, online) > R^2(static step SR, online)", "test": "r2_sop - r2_static",
-             "episodes": "selection", **_pick(r2cmp), "verdict": rc.verdict(r2cmp)},
-        ]
-        goal = None if c1a is None else {"target": "semionline - sft >= +0.05 with p < 0.05 (test episodes)",
-                                         "diff": c1a["diff"], "p_value": c1a["p_value"],
-                                         "met": bool(c1a["diff"] >= 0.05 and c1a["p_value"] < rc.ALPHA)}
+        cmps, tcmps, claims, goal = comparisons_and_claims(ck, tck, r2cmp)
         s = {"command": rc.command_line("repro_main.py", argv),
              "commit": rc.git_commit(), "seeds": args.seeds, "wall_s": round(time.time() - t_start, 1),
              "stages": stages.log, "reused_stages": rc.reused_stages(stages.skipped, previous),
@@ -275,6 +258,7 @@ def main(argv=None) -> dict:
                          if state.get("rl_data") and state["rl_data"].exists() else None),
              "history_gap": rc.history_gap_summary(ck),
              "checkpoints": ck, **r2f, "r2_without_base": r2nb, "comparisons": cmps, "claims": claims, "goal": goal,
+             "primary_test_fpr": rc.primary_test_fpr(tck) if final_report else None,
              "arms": rc.arm_summaries(ck, curves),
              "unit_costs": rc.merged_costs(rc.unit_costs(stages.log, ck, args.sft_steps, args.rl_steps,
                                                            args.base_steps), previous, args.online_batch),
@@ -339,6 +323,31 @@ def main(argv=None) -> dict:
     return rc.collect_and_report(args, todo, stages, rows, keys, summary, out_json, title, then=run_test)
 
 
+PAIRS = [("semionline", "sft"), ("semionline", "offline"), ("offline", "sft"), (CONTROL, "sft"), ("semionline", CONTROL)]
+
+
+def comparisons_and_claims(ck: list[dict], tck: list[dict], r2cmp: dict | None) -> tuple[list, list, list, dict | None]:
+    """The comparisons (selection and test episodes), claims 1a, 1b, 2 with their verdicts and the goal,
+    from the checkpoint rows (also used to recompute the verdicts of stored results: runs/seed_verdicts.py).
+    Claims 1a/1b read the primary test (the paired t-test across seeds) on the test episodes."""
+    cmps = [c for c in [rc.compare_online(ck, a, b) for a, b in PAIRS + [("sft", "base")]] + [r2cmp] if c]
+    tcmps = [c for c in (rc.compare_online(tck, a, b) for a, b in PAIRS) if c]
+    on = {(c["a"], c["b"]): c for c in tcmps}
+    c1a, c1b = on.get(("semionline", "sft")), on.get(("semionline", "offline"))
+    claims = [
+        {"claim": "1a: SFT + semi-online RL > SFT (online SR)", "test": "semionline - sft", "episodes": "test",
+         **_pick(c1a), "verdict": rc.verdict(c1a)},
+        {"claim": "1b: semi-online RL > offline RL from the same SFT (online SR)", "test": "semionline - offline",
+         "episodes": "test", **_pick(c1b), "verdict": rc.verdict(c1b)},
+        {"claim": "2: R^2(SOP-PG, online) > R^2(static step SR, online)", "test": "r2_sop - r2_static",
+         "episodes": "selection", **_pick(r2cmp), "verdict": rc.verdict(r2cmp)},
+    ]
+    goal = None if c1a is None else {"target": "semionline - sft >= +0.05 with primary p < 0.05 (test episodes)",
+                                     "diff": c1a["diff"], "p_value": c1a["p_value"],
+                                     "met": bool(c1a["diff"] >= 0.05 and c1a["p_value"] < rc.ALPHA)}
+    return cmps, tcmps, claims, goal
+
+
 def argparse_like(args, **over):
     """A copy of the parsed args with some fields replaced (rc.rl_job reads args.rl_extra)."""
     import argparse
@@ -346,7 +355,8 @@ def argparse_like(args, **over):
 
 
 def _pick(c: dict | None) -> dict:
-    return {k: c[k] for k in ("diff", "diff_ci95", "p_value")} if c else {"diff": None, "p_value": None}
+    return {k: c.get(k) for k in ("diff", "diff_ci95", "p_value", "n_seeds", "p_bootstrap", "p_mcnemar")} if c \
+        else {"diff": None, "p_value": None}
 
 
 if __name__ == "__main__":

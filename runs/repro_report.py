@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stats import paired_binary, paired_bootstrap, r2_bootstrap, trend, wilson
+from stats import null_fpr, paired_binary, paired_bootstrap, r2_bootstrap, seed_paired_t, seed_sd_of, trend, wilson
 
 ALPHA = 0.05  # verdict threshold on p-values
 
@@ -31,12 +31,24 @@ def final_rows(checkpoints: list[dict], arm: str) -> list[dict]:
     return sorted((c for c in checkpoints if c["arm"] == arm and c.get("final", True)), key=lambda c: c["seed"])
 
 
+def _with_secondary(primary: dict, boot: dict, test: str) -> dict:
+    """The primary test's fields (diff, diff_ci95, p_value: what verdict() reads) and the pooled
+    bootstrap's as secondary figures (diff_pooled, diff_ci95_bootstrap, p_bootstrap)."""
+    return {**primary, "diff_pooled": boot["diff"], "diff_ci95_bootstrap": boot["diff_ci95"],
+            "p_bootstrap": boot["p_value"], "test": test}
+
+
 def compare_online(checkpoints: list[dict], a: str, b: str, seed: int = 0) -> dict | None:
     """Paired comparison of the final checkpoints of arms a and b on online success: seed s of a
     against seed s of b (or against b's only checkpoint when b has one seed, e.g. the base model),
-    every pair on the same episodes. diff, diff_ci95 and p_value from the two-level paired
-    bootstrap (seeds, then episodes); p_mcnemar: exact McNemar on the pooled discordant pairs
-    (treats the pooled episodes as independent; ignores seed-to-seed variance)."""
+    every pair on the same episodes.
+
+    Primary (diff, diff_ci95, p_value; the verdicts read only these): stats.seed_paired_t, the
+    paired t-test across seeds on the per-seed differences of online success (n_seeds,
+    per_seed_diff); undefined (nan, verdict inconclusive) with one seed. Secondary, labelled so:
+    the two-level paired bootstrap over (seeds, episodes) (diff_pooled, diff_ci95_bootstrap,
+    p_bootstrap) and the exact McNemar test on the pooled pairs (p_mcnemar, discordant); both
+    under-cover with 3-5 seeds (stats.null_fpr)."""
     ra, rb = final_rows(checkpoints, a), final_rows(checkpoints, b)
     if not ra or not rb:
         return None
@@ -48,15 +60,19 @@ def compare_online(checkpoints: list[dict], a: str, b: str, seed: int = 0) -> di
     va = np.concatenate([np.array(list(x["online_outcomes"]), dtype=int) for x, _ in pairs])
     vb = np.concatenate([np.array(list(y["online_outcomes"]), dtype=int) for _, y in pairs])
     groups = np.concatenate([np.full(len(x["online_outcomes"]), i) for i, (x, _) in enumerate(pairs)])
-    return {"a": a, "b": b, "metric": "online_sr", **paired_binary(va, vb, groups, seed=seed),
-            "n_pairs": int(va.size), "seeds": [x["seed"] for x, _ in pairs],
-            "per_seed_diff": [x["online_sr"] - y["online_sr"] for x, y in pairs],
-            "test": "two-level paired bootstrap (seeds, episodes); exact McNemar on pooled pairs"}
+    primary = seed_paired_t([x["online_sr"] - y["online_sr"] for x, y in pairs])
+    pooled = paired_binary(va, vb, groups, seed=seed)
+    return {"a": a, "b": b, "metric": "online_sr",
+            **_with_secondary(primary, pooled, f"{primary['test']}; secondary: two-level paired bootstrap "
+                                               "(seeds, episodes), exact McNemar on pooled pairs"),
+            "p_mcnemar": pooled["p_mcnemar"], "discordant": pooled["discordant"],
+            "n_pairs": int(va.size), "seeds": [x["seed"] for x, _ in pairs]}
 
 
 def compare_curves(curves: dict, a: str, b: str, key: str, seed: int = 0) -> dict | None:
     """Paired comparison of a training-curve quantity (e.g. entropy) between arms a and b over the
-    second half of their RL steps, pairs = (seed, step), bootstrap two-level over seeds and steps.
+    second half of their RL steps. Primary: seed_paired_t on the per-seed difference of the
+    second-half means; secondary: the two-level bootstrap over (seed, step) pairs.
     curves: {arm: {seed: [metrics rows]}}."""
     va, vb, groups = [], [], []
     for s in sorted(set(curves.get(a, {})) & set(curves.get(b, {}))):
@@ -68,14 +84,41 @@ def compare_curves(curves: dict, a: str, b: str, key: str, seed: int = 0) -> dic
                 va.append(xa[t]), vb.append(xb[t]), groups.append(s)
     if not va:
         return None
-    return {"a": a, "b": b, "metric": key, **paired_bootstrap(va, vb, groups, seed=seed), "n_pairs": len(va),
-            "test": "two-level paired bootstrap over (seed, RL step), second half of training"}
+    va, vb, groups = np.asarray(va, float), np.asarray(vb, float), np.asarray(groups)
+    primary = seed_paired_t([va[groups == g].mean() - vb[groups == g].mean() for g in np.unique(groups)])
+    return {"a": a, "b": b, "metric": key, "n_pairs": int(va.size),
+            **_with_secondary(primary, paired_bootstrap(va, vb, groups, seed=seed),
+                              f"{primary['test']} of second-half means; secondary: two-level paired "
+                              "bootstrap over (seed, RL step)")}
+
+
+def primary_test_fpr(checkpoints: list[dict], repeats: int = 4000) -> dict | None:
+    """The primary test's simulated false-positive rate at nominal ALPHA for this run's design
+    (stats.null_fpr): its number of seeds and episodes per checkpoint, the between-seed SD of
+    success measured in its final checkpoints (stats.seed_sd_of) and the run's pooled success as
+    p0; McNemar's beside it (secondary). None with fewer than 2 seeds."""
+    finals = [c for c in checkpoints if c.get("final", True) and c.get("online_sr") is not None]
+    per: dict = {}
+    for c in finals:
+        per.setdefault(c["arm"], []).append(c["online_sr"])
+    n_seeds = max((len(v) for v in per.values()), default=0)
+    if n_seeds < 2:
+        return None
+    n_ep = int(finals[0]["n_online_episodes"])
+    sd = seed_sd_of(per, n_ep)
+    p0 = float(np.mean([c["online_sr"] for c in finals]))
+    sim = null_fpr(n_seeds, n_ep, sd, p0=p0, repeats=repeats, alpha=ALPHA)
+    return {"alpha": ALPHA, "seed_sd_measured": sd, "p0": p0, "n_seeds": n_seeds, "n_episodes": n_ep,
+            "repeats": repeats, "fpr_primary_t": sim["primary_t"], "fpr_mcnemar_secondary": sim["mcnemar"],
+            "model": "stats.null_fpr: two arms, no effect, per-arm seed SD as measured, paired episodes (rho 0.5)"}
 
 
 def verdict(cmp: dict | None, higher_is: str = "a") -> str:
     """held: the difference favours the claim with p < ALPHA; not held: it goes the other way with
     p < ALPHA; not run: no comparison (cmp None: an arm of it was not trained); inconclusive otherwise
-    (or when it could not be computed)."""
+    (or when it could not be computed, e.g. the primary test with one seed). p is cmp["p_value"]: for
+    online success and training curves the primary test (seed_paired_t) only, never the secondary
+    p_bootstrap or p_mcnemar."""
     if cmp is None:
         return "not run"
     if cmp.get("p_value") is None or math.isnan(cmp["p_value"]) or math.isnan(cmp["diff"]):
@@ -164,6 +207,20 @@ def fmt_ci(ci) -> str:
         else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
 
 
+PRIMARY_NOTE = ["Primary (the verdicts): the paired t-test across seeds on the per-seed differences (diff, its 95% "
+                "t interval, p). Secondary, not used for verdicts: the two-level bootstrap over seeds and episodes "
+                "and exact McNemar on the pooled episodes; both reject too often with 3-5 seeds."]
+CMP_HEAD = "| a | b | metric | diff (a - b) [95%] | p | seeds | secondary: bootstrap [95%], p | secondary: McNemar p |"
+CMP_RULE = "|---|---|---|---|---|---|---|---|"
+
+
+def cmp_cells(c: dict) -> str:
+    """A comparison's cells after its names: the primary test, then the secondary figures."""
+    return (f"{fmt(c['diff'], '+.3f')} {fmt_ci(c.get('diff_ci95'))} | {fmt(c['p_value'], '.3g')} | "
+            f"{c.get('n_seeds') or ''} | {fmt_ci(c.get('diff_ci95_bootstrap'))}, {fmt(c.get('p_bootstrap'), '.3g')} | "
+            f"{fmt(c.get('p_mcnemar'), '.3g')} |")
+
+
 def markdown(summary: dict, title: str) -> str:
     """The Markdown twin: the command, the checkpoint table, R^2, comparisons, claims with verdicts,
     per-arm diagnostics and per-task online success."""
@@ -180,10 +237,9 @@ def markdown(summary: dict, title: str) -> str:
           f"SOP-PG vs online {fmt(summary['r2_sop_online'])} {fmt_ci(summary['r2_sop_online_ci95'])}, "
           f"static step SR vs online {fmt(summary['r2_static_online'])} {fmt_ci(summary['r2_static_online_ci95'])} "
           "(bootstrap 95% over checkpoints; paper: 0.934 vs 0.470)", "",
-          "## Comparisons", "", "| a | b | metric | diff (a - b) [95%] | p | McNemar p | test |", "|---|---|---|---|---|---|---|"]
+          "## Comparisons", "", *PRIMARY_NOTE, "", CMP_HEAD, CMP_RULE]
     for c in summary["comparisons"]:
-        L.append(f"| {c['a']} | {c['b']} | {c.get('metric', '')} | {fmt(c['diff'], '+.3f')} {fmt_ci(c.get('diff_ci95'))} "
-                 f"| {fmt(c['p_value'], '.3g')} | {fmt(c.get('p_mcnemar'), '.3g')} | {c.get('test', '')} |")
+        L.append(f"| {c['a']} | {c['b']} | {c.get('metric', '')} | " + cmp_cells(c))
     if summary.get("r2_without_base"):
         nb = summary["r2_without_base"]
         L += ["", f"Without the untrained base ({nb.get('r2_n_checkpoints')} checkpoints): SOP-PG "
@@ -226,10 +282,15 @@ def markdown(summary: dict, title: str) -> str:
                                                                 for t in tasks) + " |")
         L += ["", "Pooled over seeds: " + "; ".join(f"{arm} {fmt(a['online_sr'])} {fmt_ci(a['online_sr_ci95'])}"
                                                     for arm, a in (summary.get("test_arms") or {}).items())]
-        L += ["", "| a | b | diff (a - b) [95%] | p | McNemar p | test |", "|---|---|---|---|---|---|"]
+        L += ["", CMP_HEAD.replace("| metric ", ""), CMP_RULE[4:]]
         for c in summary.get("test_comparisons") or []:
-            L.append(f"| {c['a']} | {c['b']} | {fmt(c['diff'], '+.3f')} {fmt_ci(c.get('diff_ci95'))} "
-                     f"| {fmt(c['p_value'], '.3g')} | {fmt(c.get('p_mcnemar'), '.3g')} | {c.get('test', '')} |")
+            L.append(f"| {c['a']} | {c['b']} | " + cmp_cells(c))
+        if summary.get("primary_test_fpr"):
+            f = summary["primary_test_fpr"]
+            L += ["", f"The primary test's false-positive rate at nominal {f['alpha']}, simulated for this design "
+                  f"({f['n_seeds']} seeds x {f['n_episodes']} episodes, between-seed SD {fmt(f['seed_sd_measured'])} as "
+                  f"measured, no true effect, {f['repeats']} repeats): {fmt(f['fpr_primary_t'])} (secondary McNemar: "
+                  f"{fmt(f['fpr_mcnemar_secondary'])})."]
     if summary.get("dose_response"):
         from dose_response import markdown as dose_markdown
         L += ["", "## Dose-response and conversion (test episodes, seeds pooled)", "", dose_markdown(summary["dose_response"])]
@@ -240,10 +301,24 @@ def markdown(summary: dict, title: str) -> str:
     if summary.get("claims"):
         L += ["", "## Claims (automatic verdict; the reading is in the README)", "",
               f"Rule: held = the difference favours the claim with p < {ALPHA}; not held = it goes the other way "
-              f"with p < {ALPHA}; else inconclusive.", "", "| claim | test | diff | p | verdict |", "|---|---|---|---|---|"]
+              f"with p < {ALPHA}; else inconclusive. p is the primary test's (online success: the paired t-test "
+              "across seeds; R^2: the bootstrap over checkpoints).", "",
+              "| claim | test | diff [95%] | p (primary) | seeds | verdict |", "|---|---|---|---|---|---|"]
         for c in summary["claims"]:
             L.append(f"| {c['claim']} | {c['test']}{' (' + c['episodes'] + ' episodes)' if c.get('episodes') else ''} "
-                     f"| {fmt(c.get('diff'), '+.3f')} | {fmt(c.get('p_value'), '.3g')} | **{c['verdict']}** |")
+                     f"| {fmt(c.get('diff'), '+.3f')} {fmt_ci(c.get('diff_ci95'))} | {fmt(c.get('p_value'), '.3g')} "
+                     f"| {c.get('n_seeds') or ''} | **{c['verdict']}** |")
+    if summary.get("dose_seed_level"):
+        L += ["", "## Every test checkpoint against SFT, seed by seed (primary test)", "",
+              "| arm | step | diff [95% t] | p (primary) | seeds | secondary: McNemar p |", "|---|---|---|---|---|---|"]
+        for d in summary["dose_seed_level"]:
+            L.append(f"| {d['arm']} | {d['step']} | {fmt(d['diff'], '+.3f')} {fmt_ci(d['diff_ci95'])} | "
+                     f"{fmt(d['p_value'], '.3g')} | {d['n_seeds']} | {fmt(d.get('p_mcnemar_secondary'), '.3g')} |")
+    if summary.get("verdicts_recomputed"):
+        v = summary["verdicts_recomputed"]
+        L += ["", f"Verdicts recomputed at `{v['commit'][:7]}` ({v['by']}) from the stored outcomes with the primary "
+              "test; as first reported: " + "; ".join(f"{c['claim'].split(':')[0]} {c['verdict']}"
+                                                        for c in v["previous_claims"]) + "."]
     if summary.get("arms"):
         L += ["", "## Per-arm diagnostics (final checkpoints pooled over seeds; RL means over the second half of steps)",
               "", "| arm | seeds | online SR [95%] | SOP-PG | reward | reward trend / 100 steps [95%] | entropy | KL "

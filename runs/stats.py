@@ -1,6 +1,8 @@
 """Statistics of the MiniWob++ reproduction scripts (runs/repro_main.py, runs/repro_ablations.py;
-runs/repro_common.py uses them for its comparisons), numpy only: Wilson intervals, the exact McNemar
-test, a paired (two-level) bootstrap of a difference, R^2 of a least-squares line with a bootstrap
+runs/repro_common.py uses them for its comparisons), numpy only: Wilson intervals, the primary test of
+every verdict (a paired t-test across training seeds, seed_paired_t) and its null simulation
+(null_fpr), the exact McNemar test and a paired (two-level) bootstrap of a difference (secondary
+figures), R^2 of a least-squares line with a bootstrap
 interval over checkpoints, the least-squares trend of a training curve, and the data-scaling law
 y = A - B * N^k fitted by profile least squares, with a bootstrap interval on k. Every bootstrap takes
 a fixed seed: the same inputs give the same numbers. Tested against hand-computed values in
@@ -18,6 +20,88 @@ from eval_sop import wilson  # noqa: F401
 
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
 N_BOOT = 4000  # bootstrap resamples for every interval and p-value below
+
+
+def t_two_sided_p(t, df: int):
+    """Two-sided p-value P(|T| >= |t|) of Student's t with an integer df >= 1, exact, numpy only.
+
+    t: float or array (vectorised for the null simulation). Uses the closed forms of the t CDF for
+    integer degrees of freedom (Abramowitz & Stegun 26.7.3-4), with theta = atan(|t| / sqrt(df)),
+    c = cos(theta), s = sin(theta):
+      df odd:  P(|T| < t) = (2 / pi) * (theta + s * (c + 2/3 c^3 + (2*4)/(3*5) c^5 + ... up to c^(df-2)))
+      df even: P(|T| < t) = s * (1 + 1/2 c^2 + (1*3)/(2*4) c^4 + ... up to c^(df-2)).
+    Raises ValueError for df < 1."""
+    if int(df) != df or df < 1:
+        raise ValueError(f"t_two_sided_p: df must be an integer >= 1, got {df}")
+    df = int(df)
+    th = np.arctan(np.abs(np.asarray(t, dtype=float)) / math.sqrt(df))
+    c, s = np.cos(th), np.sin(th)
+    if df % 2:  # odd
+        term, acc = c, np.zeros_like(c) if df == 1 else c.copy()
+        for k in range(3, df - 1, 2):  # the term of c^k is the previous one times (k - 1) / k * c^2
+            term = term * (k - 1) / k * c * c
+            acc = acc + term
+        inside = 2.0 / math.pi * (th + s * acc)
+    else:
+        term, acc = np.ones_like(c), np.ones_like(c)
+        for k in range(2, df - 1, 2):
+            term = term * (k - 1) / k * c * c
+            acc = acc + term
+        inside = s * acc
+    p = np.clip(1.0 - inside, 0.0, 1.0)
+    return float(p) if p.ndim == 0 else p
+
+
+def t_quantile(q: float, df: int) -> float:
+    """The q-quantile (0.5 < q < 1) of Student's t with integer df, by bisection on t_two_sided_p to
+    1e-12 (t_quantile(0.975, 2) = 4.302653, (0.975, 4) = 2.776445)."""
+    if not 0.5 < q < 1:
+        raise ValueError(f"t_quantile: q must lie in (0.5, 1), got {q}")
+    lo, hi = 0.0, 1.0
+    while t_two_sided_p(hi, df) > 2 * (1 - q):
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_two_sided_p(mid, df) > 2 * (1 - q) else (lo, mid)
+        if hi - lo < 1e-12:
+            break
+    return (lo + hi) / 2
+
+
+def seed_paired_t(diffs) -> dict:
+    """The primary test of every verdict: a paired t-test across training seeds on the per-seed
+    difference of a metric (e.g. online success rate of arm a minus arm b, both evaluated on the
+    same episodes, seed s of a against seed s of b).
+
+    diffs: 1-D floats d_1 .. d_S, one per seed (S = n_seeds). With dbar = mean(d) and
+    sd = sqrt(sum (d_s - dbar)^2 / (S - 1)), se = sd / sqrt(S), t = dbar / se on S - 1 degrees of
+    freedom: p = P(|T_{S-1}| >= |t|), 95% interval dbar +- t_{0.975, S-1} * se.
+
+    Why this and not the two-level bootstrap or pooled McNemar: a training seed is the unit that
+    varies between repeats of the experiment, and there are 3-5 of them. The per-seed difference
+    already averages ~160 paired episodes, so it is close to normal, and the t-test's S - 1 degrees
+    of freedom account for an unknown between-seed spread exactly. A bootstrap over 3 seeds has 10
+    distinct seed-level resamples, never leaves the observed range and under-covers (its p-value
+    floor is 1 / (B + 1) whatever the spread); McNemar on the pooled episodes treats them as
+    independent and ignores the seed spread. null_fpr simulates all three under no true effect.
+
+    Returns {diff, diff_ci95 [lo, hi], p_value, n_seeds, per_seed_diff, test}; p_value and the
+    interval are nan for fewer than 2 seeds; when every d_s is equal (sd 0), p is 0 if dbar != 0
+    (the sign is the same at every seed and nothing varies) and 1 otherwise. Raises ValueError on an
+    empty or non-1-D input."""
+    d = np.asarray(diffs, dtype=float)
+    if d.ndim != 1 or d.size == 0:
+        raise ValueError(f"seed_paired_t: need a non-empty 1-D array of per-seed differences, got shape {d.shape}")
+    S, dbar = int(d.size), float(d.mean())
+    out = {"diff": dbar, "n_seeds": S, "per_seed_diff": [float(v) for v in d],
+           "test": f"paired t-test across {S} seeds (primary)"}
+    if S < 2:
+        return {**out, "diff_ci95": [float("nan")] * 2, "p_value": float("nan")}
+    se = float(d.std(ddof=1)) / math.sqrt(S)
+    if se <= 1e-15:
+        return {**out, "diff_ci95": [dbar, dbar], "p_value": 0.0 if abs(dbar) > 1e-15 else 1.0}
+    half = t_quantile(0.975, S - 1) * se
+    return {**out, "diff_ci95": [dbar - half, dbar + half], "p_value": t_two_sided_p(dbar / se, S - 1)}
 
 
 def mcnemar_exact(b: int, c: int) -> float:
@@ -75,6 +159,102 @@ def paired_binary(a, b, groups=None, seed: int = 0) -> dict:
     only_a, only_b = int(np.sum((a == 1) & (b == 0))), int(np.sum((a == 0) & (b == 1)))
     return {**paired_bootstrap(a, b, groups, seed=seed), "p_mcnemar": mcnemar_exact(only_a, only_b),
             "discordant": [only_a, only_b]}
+
+
+def _mcnemar_exact_vec(b, c) -> np.ndarray:
+    """mcnemar_exact over arrays of counts (the null simulation's thousands of repeats): the
+    binomial tail from log-pmfs, one cumulative sum per distinct number of discordant pairs."""
+    b, c = np.asarray(b, dtype=int), np.asarray(c, dtype=int)
+    n, k = b + c, np.minimum(b, c)
+    p = np.ones(n.shape)
+    for m in np.unique(n[n > 0]):
+        i = np.arange(m + 1)
+        logpmf = np.array([math.lgamma(m + 1) - math.lgamma(j + 1) - math.lgamma(m - j + 1) for j in i]) - m * math.log(2)
+        tail = np.cumsum(np.exp(logpmf))
+        sel = n == m
+        p[sel] = np.minimum(1.0, 2.0 * tail[k[sel]])
+    return p
+
+
+def null_fpr(n_seeds: int, n_episodes: int, seed_sd: float, p0: float = 0.3, rho: float = 0.5,
+             repeats: int = 4000, boot_repeats: int = 0, n_boot: int = 400, alpha: float = 0.05,
+             seed: int = 0) -> dict:
+    """False-positive rates at nominal `alpha` under no true effect, simulated, of the primary test
+    (seed_paired_t), pooled McNemar (mcnemar_exact) and, when boot_repeats > 0, the two-level
+    bootstrap (paired_bootstrap with groups = seeds).
+
+    The null model, per repeat: two arms a, b, each trained with n_seeds seeds; the success rate of
+    arm x at seed s is p_xs = clip(p0 + seed_sd * z_xs, 0, 1), z_xs ~ N(0, 1) independent (seed_sd:
+    the between-seed SD of an arm's success rate; both arms have the same mean: no effect). Every
+    (arm, seed) plays the same n_episodes episodes; episode i has one shared uniform v_i, and the
+    outcome of (x, s, i) is 1[u < p_xs] with u = v_i with probability rho, else a fresh uniform, so
+    the outcome's mean is exactly p_xs and both arms succeed and fail on the same episodes more
+    often than by chance (paired episodes, as online evaluation on fixed episode seeds is).
+
+    The bootstrap is the one of paired_bootstrap (resample seeds, then episodes within each drawn
+    seed; shifted-null p), vectorised: the resampled mean of seed j's differences is drawn as
+    (n_plus - n_minus) / n_episodes with (n_plus, n_minus) multinomial on seed j's frequencies of
+    +1 and -1, which is exactly the episode-level resample's distribution.
+
+    Returns {n_seeds, n_episodes, seed_sd, repeats, primary_t, mcnemar, bootstrap (None when
+    boot_repeats is 0)}: the fraction of repeats with p < alpha. Monte Carlo SE ~
+    sqrt(0.05 * 0.95 / repeats) = 0.0034 at 4000 repeats."""
+    if n_seeds < 2 or n_episodes < 1 or seed_sd < 0:
+        raise ValueError(f"null_fpr: need n_seeds >= 2, n_episodes >= 1, seed_sd >= 0 "
+                         f"(got {n_seeds}, {n_episodes}, {seed_sd})")
+    rng = np.random.default_rng(seed)
+    S, N = n_seeds, n_episodes
+    p_t, p_mc, p_b = [], [], []
+    done = 0
+    while done < max(repeats, boot_repeats):  # chunks of 1000 repeats keep memory at ~100 MB
+        R = min(1000, max(repeats, boot_repeats) - done)
+        prob = np.clip(p0 + seed_sd * rng.standard_normal((R, 2, S, 1)), 0.0, 1.0)  # (R, arm, S, 1)
+        v = rng.random((R, 1, 1, N))  # the episodes' shared uniform
+        u = np.where(rng.random((R, 2, S, N)) < rho, v, rng.random((R, 2, S, N)))
+        y = (u < prob).astype(np.int8)  # (R, 2, S, N) outcomes
+        d = y[:, 0] - y[:, 1]  # (R, S, N) paired differences in {-1, 0, 1}
+        per_seed = d.mean(axis=2)  # (R, S)
+        dbar = per_seed.mean(axis=1)  # (R,)
+        se = per_seed.std(axis=1, ddof=1) / math.sqrt(S)
+        t = np.divide(dbar, se, out=np.where(np.abs(dbar) > 0, np.inf, 0.0), where=se > 0)
+        p_t.append(t_two_sided_p(t, S - 1))
+        p_mc.append(_mcnemar_exact_vec((d == 1).sum(axis=(1, 2)), (d == -1).sum(axis=(1, 2))))
+        Rb = min(R, boot_repeats - done) if boot_repeats > done else 0
+        if Rb:
+            f_plus = (d[:Rb] == 1).mean(axis=2)  # (Rb, S)
+            f_minus = (d[:Rb] == -1).mean(axis=2)
+            pick = rng.integers(S, size=(Rb, n_boot, S))  # seeds drawn with replacement
+            fp = np.take_along_axis(np.broadcast_to(f_plus[:, None, :], pick.shape), pick, axis=2)  # (Rb, B, S)
+            fm = np.take_along_axis(np.broadcast_to(f_minus[:, None, :], pick.shape), pick, axis=2)
+            n_plus = rng.binomial(N, fp)
+            rest = np.divide(fm, 1.0 - fp, out=np.zeros_like(fm), where=fp < 1.0)
+            n_minus = rng.binomial(N - n_plus, np.clip(rest, 0.0, 1.0))
+            stat = ((n_plus - n_minus) / N).mean(axis=2)  # (Rb, B) bootstrap means
+            obs = dbar[:Rb, None]
+            p_b.append((1 + np.sum(np.abs(stat - obs) >= np.abs(obs) - 1e-12, axis=1)) / (1 + n_boot))
+        done += R
+    rate = lambda ps, k: float(np.mean(np.concatenate(ps)[:k] < alpha))  # noqa: E731
+    return {"n_seeds": S, "n_episodes": N, "seed_sd": float(seed_sd), "repeats": int(repeats),
+            "primary_t": rate(p_t, repeats), "mcnemar": rate(p_mc, repeats),
+            "bootstrap": rate(p_b, boot_repeats) if boot_repeats else None, "boot_repeats": int(boot_repeats)}
+
+
+def seed_sd_of(per_seed_rates: dict, n_episodes: int) -> float:
+    """The between-seed SD of a success rate measured in a run, for null_fpr: per_seed_rates
+    {arm: [rate of seed s, ...]} (arms with >= 2 seeds count). The pooled within-arm variance of the
+    per-seed rates, minus the binomial variance p (1 - p) / n_episodes that episode sampling alone
+    gives, floored at 0, square-rooted. nan when no arm has 2 seeds."""
+    num = den = binom = 0.0
+    for rates in per_seed_rates.values():
+        r = np.asarray([x for x in rates if x is not None], dtype=float)
+        if r.size < 2:
+            continue
+        num += float(((r - r.mean()) ** 2).sum())
+        den += r.size - 1
+        binom += float((r * (1 - r)).sum()) / n_episodes * (r.size - 1) / r.size
+    if den == 0:
+        return float("nan")
+    return math.sqrt(max(0.0, (num - binom) / den))
 
 
 def trend(x, y, groups=None) -> dict:

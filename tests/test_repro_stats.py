@@ -43,6 +43,62 @@ def test_mcnemar_exact_hand_values():
         stats.mcnemar_exact(-1, 2)
 
 
+# --- the primary test: Student's t by hand
+# t = 2, df 1: p = 1 - (2/pi) atan(2) = 0.295167; df 2: p = 1 - t / sqrt(t^2 + 2) = 1 - 2/sqrt(6) = 0.183503
+def test_t_distribution_hand_values():
+    assert stats.t_two_sided_p(2.0, 1) == pytest.approx(0.295167, abs=1e-6)
+    assert stats.t_two_sided_p(2.0, 2) == pytest.approx(1 - 2 / math.sqrt(6), abs=1e-12)
+    assert stats.t_two_sided_p(0.0, 4) == pytest.approx(1.0) and stats.t_two_sided_p(-2.0, 2) == stats.t_two_sided_p(2.0, 2)
+    # table quantiles t_{0.975, df}
+    for df, q in ((1, 12.706205), (2, 4.302653), (4, 2.776445), (10, 2.228139)):
+        assert stats.t_quantile(0.975, df) == pytest.approx(q, abs=1e-5)
+        assert stats.t_two_sided_p(q, df) == pytest.approx(0.05, abs=1e-6)
+    assert np.allclose(stats.t_two_sided_p(np.array([2.0, 2.0]), 2), 1 - 2 / math.sqrt(6))
+    with pytest.raises(ValueError):
+        stats.t_two_sided_p(1.0, 0)
+
+
+def test_seed_paired_t_hand_values():
+    # d = 0.1, 0.2, 0.3: mean 0.2, sd 0.1, se 0.1/sqrt(3) = 0.0577350, t = 3.464102 on 2 df:
+    # p = 1 - t/sqrt(t^2 + 2) = 1 - 3.464102/3.741657 = 0.0741799; half-width 4.302653 * 0.0577350 = 0.248414
+    r = stats.seed_paired_t([0.1, 0.2, 0.3])
+    assert r["diff"] == pytest.approx(0.2) and r["n_seeds"] == 3 and r["per_seed_diff"] == [0.1, 0.2, 0.3]
+    assert r["p_value"] == pytest.approx(0.0741799, abs=1e-6)
+    assert r["diff_ci95"] == pytest.approx([0.2 - 0.248414, 0.2 + 0.248414], abs=1e-6)
+    # the varied-thoughts setting's claim-1a seeds (results/varied): the bootstrap said p 1/4001, the t-test 0.023
+    assert stats.seed_paired_t([0.135802, 0.234568, 0.216049])["p_value"] == pytest.approx(0.0232, abs=5e-4)
+    one = stats.seed_paired_t([0.3])
+    assert math.isnan(one["p_value"]) and rc.verdict(one) == "inconclusive"  # one seed: no test, no verdict
+    assert stats.seed_paired_t([0.1, 0.1])["p_value"] == 0.0 and stats.seed_paired_t([0.0, 0.0])["p_value"] == 1.0
+    with pytest.raises(ValueError):
+        stats.seed_paired_t([])
+
+
+def test_null_simulation_primary_test_holds_its_level():
+    """Under no true effect, S seeds x 160 paired episodes: the primary test rejects at about its nominal
+    5% whatever the between-seed SD; the two-level bootstrap rejects too rarely without seed spread and
+    too often with it, pooled McNemar far too often. 0.035 is the spread measured in results/varied (the
+    largest of the stored runs; stats.seed_sd_of). Repeats 6000: Monte Carlo SE 0.0028 at 0.05."""
+    res = {}
+    for S in (3, 5):
+        for sd in (0.0, 0.035, 0.05, 0.08):
+            res[S, sd] = r = stats.null_fpr(S, 160, sd, repeats=6000, boot_repeats=600 if sd in (0.0, 0.08) else 0)
+            assert r["primary_t"] <= 0.06, (S, sd, r)
+            assert r["primary_t"] >= 0.04, (S, sd, r)  # not conservative either
+    assert res[3, 0.08]["mcnemar"] > 0.1 and res[5, 0.08]["mcnemar"] > 0.1 and res[3, 0.05]["mcnemar"] > 0.1
+    assert res[3, 0.0]["mcnemar"] <= 0.06  # without seed spread McNemar is right (pooled episodes are independent)
+    assert res[3, 0.08]["bootstrap"] > 0.08  # 3 seeds: 10 distinct seed resamples, under-covers
+    assert res[3, 0.0]["bootstrap"] < 0.04 and res[5, 0.0]["bootstrap"] < 0.04  # and over-covers without spread
+    with pytest.raises(ValueError):
+        stats.null_fpr(1, 160, 0.05)
+
+
+def test_seed_sd_of_removes_binomial_noise():
+    # rates 0.2 and 0.4 at n = 100: within variance 0.02 (1 df), binomial part (0.16 + 0.24) / 100 / 2 = 0.002
+    assert stats.seed_sd_of({"a": [0.2, 0.4]}, 100) == pytest.approx(math.sqrt(0.018))
+    assert stats.seed_sd_of({"a": [0.3, 0.3]}, 100) == 0.0 and math.isnan(stats.seed_sd_of({"a": [0.3]}, 100))
+
+
 def test_paired_bootstrap_extremes_and_sign():
     a, b = np.ones(100), np.zeros(100)
     r = stats.paired_bootstrap(a, b, n_boot=500)
@@ -160,6 +216,15 @@ def test_report_schema_on_fabricated_results(tmp_path):
     r2f, r2cmp = rc.r2_summary(ck)
     cmp = rc.compare_online(ck, "semionline", "sft")
     assert cmp["seeds"] == [0, 1] and cmp["n_pairs"] == 80
+    # the primary test is the t-test on the two per-seed differences; the bootstrap and McNemar are secondary
+    by = {(c["arm"], c["seed"]): c["online_sr"] for c in ck}
+    d = [by["semionline", s] - by["sft", s] for s in (0, 1)]
+    assert cmp["per_seed_diff"] == pytest.approx(d) and cmp["n_seeds"] == 2
+    assert cmp["p_value"] == pytest.approx(stats.seed_paired_t(d)["p_value"])
+    assert cmp["diff"] == pytest.approx(cmp["diff_pooled"]) and "p_bootstrap" in cmp and "p_mcnemar" in cmp
+    assert "(primary)" in cmp["test"] and "secondary" in cmp["test"]
+    # a verdict reads the primary p only: a tiny secondary p does not make a claim hold
+    assert rc.verdict({**cmp, "p_value": 0.3, "p_bootstrap": 1e-4, "p_mcnemar": 1e-6}) == "inconclusive"
     base_cmp = rc.compare_online(ck, "sft", "base")  # base has one seed: each sft seed is paired with it
     assert base_cmp["n_pairs"] == 80
     summary = {"command": "python runs/repro_main.py --fabricated", "commit": "0" * 40, "seeds": [0, 1], "wall_s": 1.0,
@@ -708,3 +773,33 @@ def test_recorded_command_reruns_the_same_arguments():
     line = rc.command_line("repro_main.py", argv)
     assert shlex.split(line) == ["python", "runs/repro_main.py", *argv]
     assert " ".join(["python", "runs/repro_main.py", *argv]) != line  # a plain join would not round-trip
+
+
+def test_seed_verdicts_recomputes_stored_results(tmp_path):
+    """runs/seed_verdicts.py on a copy of the varied-thoughts results: claim 1a's verdict from the t-test
+    on its three per-seed differences (p 0.023, not the bootstrap's floor 1/4001), the first-reported
+    claims kept, a second run changing nothing; a file that is not results: one line, exit 2."""
+    import shutil
+    import subprocess
+    src = Path(rc.REPO) / "results" / "varied" / "repro_main.json"
+    res = tmp_path / "repro_main.json"
+    shutil.copy(src, res)
+    cmd = [sys.executable, str(Path(rc.REPO) / "runs" / "seed_verdicts.py"), str(res), "--out", str(tmp_path / "v.json")]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    s = json.loads(res.read_text())
+    c1a = s["claims"][0]
+    sr = {(c["arm"], c["seed"]): c["online_sr"] for c in s["test_checkpoints"]}
+    d = [sr["semionline", k] - sr["sft", k] for k in (0, 1, 2)]
+    assert c1a["p_value"] == pytest.approx(stats.seed_paired_t(d)["p_value"]) and c1a["p_value"] == pytest.approx(0.0232, abs=5e-4)
+    assert c1a["p_bootstrap"] == pytest.approx(1 / 4001) and c1a["verdict"] == "held"
+    assert s["verdicts_recomputed"]["previous_claims"][0]["p_value"] == pytest.approx(1 / 4001)
+    assert 0.04 <= s["primary_test_fpr"]["fpr_primary_t"] <= 0.06
+    assert json.loads(first.stdout.strip().splitlines()[-1])[str(res)]["1a"] == "held"
+    assert subprocess.run(cmd, capture_output=True, text=True, timeout=120).returncode == 0
+    again = json.loads(res.read_text())
+    assert again["dose_response"] == s["dose_response"] and again["comparisons"] == s["comparisons"]
+    assert again["claims"] == s["claims"] and again["verdicts_recomputed"]["previous_claims"][0]["p_value"] == pytest.approx(1 / 4001)
+    (tmp_path / "bad.json").write_text("{")
+    bad = subprocess.run(cmd[:2] + [str(tmp_path / "bad.json")], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
