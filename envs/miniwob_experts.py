@@ -41,6 +41,7 @@ from envs.miniwob_env import (  # noqa: E402
     evaluate_online,
     final_observation,
 )
+from gui import ACTIONS  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # scripted experts (read the DOM and the goal's fields, never the screenshot)
@@ -74,51 +75,73 @@ DONE_THOUGHT = "The task is complete, so I finish with success."
 
 
 def _gist(thought: str, action: dict) -> str:
-    """What a step does, in a few words, from its long thought: "click the button 'ONE'", "type 'abc'"."""
-    m = _CLICK.match(thought)
-    if m:
+    """What a step did, in a few words, from its long thought: "click the button 'ONE'", "type 'abc'",
+    "press the key 'Enter'"; any registered action type has one (gui.ACTIONS)."""
+    kind = action.get("action")
+    if kind == "click" and (m := _CLICK.match(thought)):
         return f"click {m['what']}"
-    if action["action"] == "type":
-        return f"type '{action['text']}'"
-    return "finish" if action["action"] == "terminate" else action["action"]
+    if kind in ("click", "long_press") and "coordinate" in action:
+        x, y = action["coordinate"]
+        return f"{kind.replace('_', '-')} ({x},{y})"
+    if kind in ("type", "answer", "open", "key"):
+        return {"type": "type", "answer": "answer", "open": "open", "key": "press the key"}[kind] + f" '{action.get('text', '')}'"
+    if kind == "swipe" and "coordinate" in action and "coordinate2" in action:
+        (x1, y1), (x2, y2) = action["coordinate"], action["coordinate2"]
+        return f"swipe from ({x1},{y1}) to ({x2},{y2})"
+    if kind == "system_button":
+        return f"press {action.get('button', '')}"
+    return "finish" if kind == "terminate" else str(kind)
 
 
 def varied_thoughts(steps: list[dict], key: str) -> list[str]:
     """Thoughts as a stronger model writes them, for one expert episode: the same decision as its long
     thoughts, in one of several phrasings picked per step, with details a small model tends to drop
-    (the steps done so far, the step after this one, the clicked element's box centre restated).
-    `tools/make_miniwob_data.py --thoughts varied`. The policy does not reproduce such thoughts
-    verbatim, so its own history differs from the expert's, as in the paper, where the expert's
-    thoughts come from a stronger model (docs/method.md §5; claim 1b). steps: [{"action", "thought"}]
-    with long thoughts (expert_episode's); key: a stable string (e.g. "task-seed") seeding the choice
-    of phrasing. Returns one thought per step; the actions are untouched. Raises ValueError on a
-    step whose thought is not a long expert thought."""
+    (the steps done so far, the clicked element's box centre restated). `tools/make_miniwob_data.py
+    --thoughts varied`. The policy does not reproduce such thoughts verbatim, so its own history differs
+    from the expert's, as in the paper, where the expert's thoughts come from a stronger model
+    (docs/method.md §5; claim 1b).
+
+    No hindsight: thought k is a function of steps[:k + 1] and the key only. It names what the screen
+    and the history so far show, never a later step's action or target (a plan line such as "next:
+    click the link 'X'" would put step k+1's target into step k+1's prompt under expert history, and
+    name elements the agent cannot have seen yet; tests/test_varied_thoughts.py checks every shipped
+    file). steps: [{"action", "thought"}] with long thoughts (expert_episode's); a step of any
+    registered action type (gui.ACTIONS) whose thought is not a click or type sentence keeps its
+    words inside a varied frame. key: a stable string (e.g. "task-seed") seeding the choice of phrasing.
+    Returns one thought per step; the actions are untouched. Raises ValueError on a step whose action
+    type is not registered or whose thought is empty."""
     out = []
     gists = [_gist(st["thought"], st["action"]) for st in steps]
     for k, st in enumerate(steps):
         rng = random.Random(f"{key}-{k}")
         done = "; ".join(gists[:k]) or "nothing yet"
-        nxt = gists[k + 1] if k + 1 < len(steps) else "nothing: the episode ends"
         t, a = st["thought"], st["action"]
+        if not isinstance(a, dict) or a.get("action") not in ACTIONS:
+            raise ValueError(f"step {k}: action {a!r} is not a registered action type")
+        if not (t or "").strip():
+            raise ValueError(f"step {k}: empty thought")
         if (m := _CLICK.match(t)) is not None:
             what, x, y, why = m["what"], m["x"], m["y"], m["why"]
-            forms = [f"{why} The element is {what}, centred at ({x},{y}). Next: {nxt}.",
+            forms = [f"{why} The element is {what}, centred at ({x},{y}).",
                      f"Done so far: {done}. Now I click {what} at ({x},{y}): {why[0].lower()}{why[1:]}",
-                     f"Looking at the page, {what} sits at ({x},{y}). {why} Afterwards I will {nxt}.",
-                     f"Step {k + 1}. {why} So: click ({x},{y}), on {what}. Then {nxt}."]
+                     f"Looking at the page, {what} sits at ({x},{y}). {why}",
+                     f"Step {k + 1}. {why} So: click ({x},{y}), on {what}."]
         elif (m := _TYPE.match(t)) is not None:
             field, text = m["field"], m["text"]
-            forms = [f"The {field} has the focus and holds nothing; typing '{text}'. Next: {nxt}.",
+            forms = [f"The {field} has the focus and holds nothing; typing '{text}'.",
                      f"Done so far: {done}. I enter '{text}' in the {field}.",
-                     f"Step {k + 1}. '{text}' goes into the {field}, which is focused. Then {nxt}.",
-                     f"I type '{text}': the {field} is empty and focused. Afterwards I will {nxt}."]
+                     f"Step {k + 1}. '{text}' goes into the {field}, which is focused.",
+                     f"I type '{text}': the {field} is empty and focused."]
         elif t == DONE_THOUGHT and a["action"] == "terminate":
             forms = [f"Done so far: {done}. Nothing is left, so I finish with success.",
                      "Every part of the goal is satisfied; the task is finished.",
                      f"Step {k + 1}. The page shows the goal reached. I stop with success.",
                      "All required actions are complete, so I terminate successfully."]
-        else:
-            raise ValueError(f"step {k}: not a long expert thought: {t!r}")
+        else:  # any other registered action (key, swipe, wait, ...): its own words in a varied frame
+            forms = [f"Done so far: {done}. {t}",
+                     f"Step {k + 1}. {t}",
+                     f"{t} So I {gists[k]}.",
+                     f"Looking at the page: {t}"]
         out.append(rng.choice(forms))
     return out
 
