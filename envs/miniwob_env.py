@@ -296,11 +296,57 @@ def _key_name(text: str) -> str | None:
 # the environment
 
 
+# The project's own task pages (envs/miniwob_pages/, written on MiniWob++'s core.js: same episode, seed and
+# reward semantics), by task name: (page, URL query = the task's knobs, read by the page with core.getOpt).
+# Memory tasks: a fact shown at step 0 is chosen among distractors at step gap + 1, after it left the screen
+# (memory.html's header). Distance 1 needs --num-images 1 to keep the fact out of the kept screenshots; from
+# distance 2 on, the release's 2 screenshots do not hold it either. Tune difficulty here (or add a name).
+OWN_TASKS = {
+    "memory-code-1": ("memory.html", {"fact": "code", "len": 4, "options": 4, "gap": 0}),
+    "memory-name-2": ("memory.html", {"fact": "name", "options": 4, "gap": 1, "widget": "radio"}),
+    "memory-code-3": ("memory.html", {"fact": "code", "len": 4, "options": 4, "gap": 2}),
+}
+PAGES_DIR = Path(__file__).resolve().parent / "miniwob_pages"
+_serve_root: Path | None = None
+
+
+def _own_root() -> Path:
+    """A folder that serves our pages beside MiniWob++'s `core` and `common` (symlinks), so a page's
+    "../core/core.js" resolves as it does for the package's pages; one per process, removed at exit."""
+    global _serve_root
+    if _serve_root is None:
+        import atexit
+
+        root = Path(tempfile.mkdtemp(prefix="miniwob-own-"))
+        for name, target in (("core", HTML_DIR.parent / "core"), ("common", HTML_DIR.parent / "common"),
+                             ("own", PAGES_DIR)):
+            (root / name).symlink_to(target, target_is_directory=True)
+        atexit.register(shutil.rmtree, root, True)  # unlinks the symlinks, never their targets
+        _serve_root = root
+    return _serve_root
+
+
+def is_task(task: str) -> bool:
+    """A MiniWob++ task of the package, or one of the project's own pages (OWN_TASKS)."""
+    return task in OWN_TASKS or (HTML_DIR / f"{task}.html").exists()
+
+
 def _task_page(task: str) -> str:
-    """The file URI of a MiniWob++ task's page; ValueError for an unknown task."""
-    if not (HTML_DIR / f"{task}.html").exists():
-        raise ValueError(f"unknown MiniWob++ task {task!r} (no {task}.html in {HTML_DIR})")
+    """The URL of a task's page (file URI; our own pages carry their knobs as the query); ValueError for an
+    unknown task."""
+    if task in OWN_TASKS:
+        from urllib.parse import urlencode
+
+        page, knobs = OWN_TASKS[task]
+        return (_own_root() / "own" / page).as_uri() + "?" + urlencode(knobs)
+    if not is_task(task):
+        raise ValueError(f"unknown MiniWob++ task {task!r} (no {task}.html in {HTML_DIR}, not in OWN_TASKS)")
     return (HTML_DIR / f"{task}.html").as_uri()
+
+
+def _field_extractor(task: str):
+    """miniwob's goal-field parser for its tasks; our own pages put no fields in the goal."""
+    return (lambda utterance: []) if task in OWN_TASKS else get_field_extractor(task)
 
 
 class MiniWobEnv:
@@ -319,7 +365,7 @@ class MiniWobEnv:
         _task_page(task)
         self.task, self.step_timeout_s, self.episode_time_s = task, step_timeout_s, episode_time_s
         self.screenshots, self.data_mode = screenshots, data_mode
-        self.field_extractor = get_field_extractor(task)
+        self.field_extractor = _field_extractor(task)
         self.driver = self._service = self._profile_dir = None
         self._fields = []
         self.seed, self.done = None, True
@@ -360,7 +406,7 @@ class MiniWobEnv:
         serves many tasks in turn: cheaper than a new browser per task (~1-3 s each on 2 cores).
         Raises ValueError for an unknown task, BrowserFault if the page does not load."""
         _task_page(task)
-        self.task, self.field_extractor = task, get_field_extractor(task)
+        self.task, self.field_extractor = task, _field_extractor(task)
         self.seed, self.done, self._fields = None, True, []
         if self.driver is not None:
             with self._deadline(self.step_timeout_s, f"load {task}"):

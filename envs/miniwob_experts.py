@@ -4,17 +4,23 @@ The environment (browser, observations, actions, online evaluation) is envs/mini
 module imports it (never the reverse).
 
 EXPERTS maps a task to a scripted expert that reads the DOM (element boxes, values, focus, click
-marks) and the task fields parsed from the goal, never the screenshot. Experts are stateless:
-each call looks at the current page and returns the next action, a templated thought and the
-target element (whose box becomes candidate_bbox). Click points come from
+marks) and the task fields parsed from the goal, never the screenshot. Experts are stateless (but
+the memory tasks', below): each call looks at the current page and returns the next action, a
+templated thought and the target element (whose box becomes candidate_bbox). Click points come from
 document.elementFromPoint, so the expert never clicks an element hidden under another.
-18 tasks, expert steps per episode (100 seeds, 100% success each): 1 step: click-test,
+18 MiniWob++ tasks, expert steps per episode (100 seeds, 100% success each): 1 step: click-test,
 click-button, click-link, click-dialog, click-tab, focus-text; 2: click-button-sequence,
 click-option, click-collapsible; 1-3: click-tab-2 (opens tabs left to right until the link
 shows); 1-8: click-checkboxes; 3: enter-text, enter-text-dynamic, enter-text-2; 4-5:
 search-engine; 5: enter-password, login-user; 7: multi-layouts. Typing is always
 click-the-field, then type. expert_episode rolls an expert through one episode and records it
 (tools/make_miniwob_data.py writes those records as episode files).
+
+The memory tasks (the project's own pages, envs/miniwob_env.OWN_TASKS: memory-code-1, memory-name-2,
+memory-code-3; 2, 4 and 4 steps) show a fact at step 0 that a later screen no longer holds. Their expert
+notes it when it is on screen (ExpertStep.note, said in the thought: "The code is K7Q2; I note it ...")
+and acts on its note at the choosing step, so it is not stateless there: expert_episode and expert_policy
+hand it the notes of its earlier steps in the episode (obs["notes"]), as an agent has its own thoughts.
 
 CLI (last stdout line is a JSON object):
     python envs/miniwob_experts.py eval --policy expert --tasks all --seeds 100
@@ -33,10 +39,11 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, when run as a file
 from envs.miniwob_env import (  # noqa: E402
-    HTML_DIR,
+    OWN_TASKS,
     TEST_SEED_BASE,
     Element,
     MiniWobEnv,
+    is_task,
     _shown_text,
     evaluate_online,
     final_observation,
@@ -52,12 +59,16 @@ class ExpertStep:
     action: dict
     thought: str
     target: Element | None = None  # clicked element; its box is the step's candidate_bbox
+    note: str | None = None  # a fact read off this screen that a later step needs (memory tasks)
 
 
-def short_thought(action: dict, target: Element | None) -> str:
+def short_thought(action: dict, target: Element | None, note: str | None = None) -> str:
     """A one-sentence thought naming what the action does: "Click button 'okay' at (24,73).",
     "Type 'abc'.", "Done." (terminate). The click's words and point are those of the target's
-    line in elements_text, so a model can copy them; tools/make_miniwob_data.py --thoughts short."""
+    line in elements_text, so a model can copy them; tools/make_miniwob_data.py --thoughts short.
+    A step that notes a fact for later (memory tasks) says so first: "Noted: K7Q2. Click ..."."""
+    if note is not None:
+        return f"Noted: {note}. " + short_thought(action, target)
     kind = action["action"]
     if kind == "terminate":
         return "Done."
@@ -279,6 +290,35 @@ def expert_click_tab_2(obs):
     return _click(nxt, f"The link '{t}' is not on this tab; I open {nxt.text} to look there.")
 
 
+def expert_memory(obs):
+    """The memory tasks (envs/miniwob_pages/memory.html): note the fact while it is on screen, press the one
+    button of each page in between, then pick the noted fact among the choices. The fact is on no later
+    screen, so the expert takes it from obs["notes"] (the notes of its own earlier steps, as the agent has
+    its earlier thoughts) and raises ExpertError without one."""
+    dom, notes = obs["dom"], obs.get("notes") or []
+    what = "name" if "name" in obs["goal"] else "code"
+    fact = next((e for e in dom if e.id == "fact"), None)
+    if fact is not None:
+        st = _click(_by_id(dom, "next"), f"The {what} is {fact.label}; I note it and click Next to go on.")
+        st.note = fact.label
+        return st
+    go = next((e for e in dom if e.id == "go"), None)
+    if go is not None:
+        return _click(go, f"The page shows one button, '{go.label}'; I click it to go on.")
+    if not notes:
+        raise ExpertError(f"the {what} must be chosen, but no note holds it")
+    noted = notes[-1]
+    texts = {e.parent: (e.text or "").strip() for e in dom if e.tag == "t"}
+    radios = [e for e in dom if e.tag == "input_radio"]
+    if radios:
+        radio = _find(radios, lambda e: texts.get(e.parent) == noted, f"the choice {noted!r}")
+        if radio.value is not True:
+            return _click(radio, f"'{noted}' is the {what} I noted at the start, so I select it.")
+        return _click(_by_id(dom, "subbtn"), f"'{noted}' is selected; I click Submit.")
+    opt = _find(dom, lambda e: e.tag == "button" and _text_is(e, noted), f"the choice {noted!r}")
+    return _click(opt, f"It is the {what} I noted at the start, so I click it.")
+
+
 def expert_enter_text(obs):
     t, dom = obs["fields"]["target"], obs["dom"]
     step = _fill(_by_id(dom, "tt", "the text field"), t, "text field")
@@ -394,6 +434,7 @@ EXPERTS: dict[str, Callable[[dict], ExpertStep]] = {
     "login-user": expert_login_user,
     "search-engine": expert_search_engine,
     "multi-layouts": expert_multi_layouts,
+    **{task: expert_memory for task in OWN_TASKS if task.startswith("memory-")},
 }
 
 
@@ -416,10 +457,12 @@ def expert_episode(env: MiniWobEnv, seed: int, max_steps: int = MAX_EXPERT_STEPS
         raise ValueError(f"expert_episode: thoughts must be 'long', 'short' or 'varied', got {thoughts!r}")
     expert = EXPERTS[env.task]
     obs = env.reset(seed)
-    goal, steps, reward, info = obs["goal"], [], 0.0, {}
+    goal, steps, reward, info, notes = obs["goal"], [], 0.0, {}, []
     for _ in range(max_steps):
-        st = expert(obs)
-        thought = short_thought(st.action, st.target) if thoughts == "short" else st.thought
+        st = expert({**obs, "notes": list(notes)})
+        if st.note is not None:
+            notes.append(st.note)
+        thought = short_thought(st.action, st.target, st.note) if thoughts == "short" else st.thought
         steps.append({"screenshot": obs["screenshot"], "action": st.action, "thought": thought,
                       "elements": obs["elements"],
                       "candidate_bbox": [st.target.box] if st.target is not None else []})
@@ -444,9 +487,20 @@ def expert_episode(env: MiniWobEnv, seed: int, max_steps: int = MAX_EXPERT_STEPS
 # built-in policies (online evaluation: envs/miniwob_env.evaluate_online)
 
 
+_NOTES: dict[tuple[str, int], list[str]] = {}  # (task, seed) -> the expert's notes so far in that episode
+
+
 def expert_policy(obs: dict, step: int) -> dict:
-    """The scripted expert as a policy (reads obs["dom"] and obs["fields"])."""
-    return EXPERTS[obs["task"]](obs).action
+    """The scripted expert as a policy (reads obs["dom"] and obs["fields"]). It keeps the notes its steps
+    take (ExpertStep.note) per (task, seed), from step 0 on, as an agent keeps its earlier thoughts: the
+    memory tasks need them. An episode runs in one thread at a time, so the dict needs no lock."""
+    key = (obs["task"], obs["seed"])
+    if step == 0:
+        _NOTES[key] = []
+    st = EXPERTS[obs["task"]]({**obs, "notes": list(_NOTES.get(key, []))})
+    if st.note is not None:
+        _NOTES.setdefault(key, []).append(st.note)
+    return st.action
 
 
 def random_click_policy(obs: dict, step: int) -> dict:
@@ -463,7 +517,7 @@ def check_tasks(tasks, need_expert: bool = False) -> None:
     """Raise ValueError naming the first task that is no MiniWob++ task (or, with need_expert, has
     no scripted expert here)."""
     for task in tasks:
-        if not (HTML_DIR / f"{task}.html").exists():
+        if not is_task(task):
             raise ValueError(f"unknown MiniWob++ task {task!r} (tasks with an expert: {', '.join(sorted(EXPERTS))})")
         if need_expert and task not in EXPERTS:
             raise ValueError(f"task {task!r} has no scripted expert (those with one: {', '.join(sorted(EXPERTS))})")

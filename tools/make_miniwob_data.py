@@ -17,8 +17,12 @@ and listed in the manifest. Train and test splits use disjoint seed ranges
     python tools/make_miniwob_data.py --tasks click-test focus-text click-dialog click-button \
         --train-seeds 150 --thoughts short --out /tmp/miniwob_click   # a set a tiny model learns
     python tools/make_miniwob_data.py --restyle data/miniwob/rl.jsonl data/miniwob/rl_varied.jsonl  # no browser
+    python tools/make_miniwob_data.py --tasks memory-code-1 memory-name-2 memory-code-3 --out data/miniwob_memory \
+        --train-seeds 64 --train-seed-base 400000 --test-seeds 16 --test-seed-base 500000 \
+        --rl-seeds 48 --rl-seed-base 600000                   # the memory tasks (data/miniwob_memory/README.md)
 
-Writes (replacing only these): OUT/train.jsonl, OUT/test.jsonl, OUT/images/, OUT/manifest.json.
+Writes (replacing only these): OUT/train.jsonl, OUT/test.jsonl, OUT/rl.jsonl (with --rl-seeds), OUT/images/,
+OUT/manifest.json.
 Line format:
     {"goal", "episode_id": "<task>-<seed>", "task", "seed", "image_size": [168, 224],
      "steps": [{"screenshot": "images/<task>-<seed>-<k>.png", "action_content": {...},
@@ -55,6 +59,8 @@ ap.add_argument("--train-seeds", type=int, default=24, help="train episodes per 
 ap.add_argument("--test-seeds", type=int, default=8, help="held-out test episodes per task")
 ap.add_argument("--train-seed-base", type=int, default=me.TRAIN_SEED_BASE, help="first train seed")
 ap.add_argument("--test-seed-base", type=int, default=me.TEST_SEED_BASE, help="first test seed")
+ap.add_argument("--rl-seeds", type=int, default=0, help="RL demonstration episodes per task (OUT/rl.jsonl; 0: none)")
+ap.add_argument("--rl-seed-base", type=int, default=300_000, help="first RL seed")
 ap.add_argument("--thoughts", choices=["long", "short", "varied"], default="long",
                 help="long: the expert's reasoning; short: 'Click button 'okay' at (24,73).' (fewer target tokens); "
                      "varied: as a stronger model writes them, several phrasings and details (experts.varied_thoughts)")
@@ -163,21 +169,22 @@ def main(argv=None):
         experts.check_tasks(tasks, need_expert=True)
     except ValueError as e:
         raise cli.UsageError(str(e)) from None
-    if args.train_seed_base + args.train_seeds > args.test_seed_base and \
-            args.test_seed_base + args.test_seeds > args.train_seed_base:
-        raise cli.UsageError(f"train seeds {args.train_seed_base}+{args.train_seeds} and test seeds "
-                               f"{args.test_seed_base}+{args.test_seeds} overlap")
+    ranges = {"train": (args.train_seed_base, args.train_seeds), "test": (args.test_seed_base, args.test_seeds),
+              "rl": (args.rl_seed_base, args.rl_seeds)}
+    for a, b in (("train", "test"), ("train", "rl"), ("test", "rl")):
+        (sa, na), (sb, nb) = ranges[a], ranges[b]
+        if na > 0 and nb > 0 and sa + na > sb and sb + nb > sa:
+            raise cli.UsageError(f"{a} seeds {sa}+{na} and {b} seeds {sb}+{nb} overlap")
     if args.workers < 1:
         raise cli.UsageError(f"--workers {args.workers}: need at least 1")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("train.jsonl", "test.jsonl", "manifest.json"):
+    for name in ("train.jsonl", "test.jsonl", "rl.jsonl", "manifest.json"):
         (out / name).unlink(missing_ok=True)
     shutil.rmtree(out / "images", ignore_errors=True)
     (out / "images").mkdir()
 
-    splits = {"train": range(args.train_seed_base, args.train_seed_base + args.train_seeds),
-              "test": range(args.test_seed_base, args.test_seed_base + args.test_seeds)}
+    splits = {s: range(b, b + n) for s, (b, n) in ranges.items() if s != "rl" or n > 0}
     jobs = [(t, {s: list(seeds) for s, seeds in splits.items()}, str(out), args.max_steps,
              args.step_timeout, args.retries, args.thoughts) for t in tasks]
     t0 = time.time()
@@ -223,6 +230,10 @@ def main(argv=None):
         "source": "MiniWob++ scripted DOM experts (envs/miniwob_experts.py)",
         "tasks": tasks, "image_size": [me.SCREEN_W, me.SCREEN_H], "splits": manifest_splits,
         "per_task": per_task, "versions": versions(),
+        # the project's own pages (written on MiniWob++'s core.js, MIT): where each lives and its knobs
+        "own_tasks": {t: {"page": f"envs/miniwob_pages/{me.OWN_TASKS[t][0]}", "knobs": me.OWN_TASKS[t][1],
+                          "licence": "MIT (this project); built on MiniWob++'s core.js, MIT, Copyright 2016 OpenAI"}
+                      for t in tasks if t in me.OWN_TASKS},
         "success": f"raw_reward >= {me.SUCCESS_RAW_REWARD}",
         "args": vars(args),
         "timing": {"seconds": round(seconds, 1), "workers": args.workers, "env_steps": env_steps,
