@@ -33,6 +33,9 @@ browser's life cycle:
    module (never the reverse).
 6. Refs. Element refs ([ref] in the element list) come from core.js and are unique within an
    observation (checked); reset() clears refs left on the page by earlier looks.
+7. Own pages. OWN_TASKS adds the project's task pages (envs/miniwob_pages/, on MiniWob++'s core.js,
+   MIT): the memory tasks, whose fact leaves the screen before it is needed. They load, seed, step and
+   pay exactly as the package's pages; their knobs ride in the URL query.
 
 Policies for evaluate_online are callables `policy(obs, step) -> action dict` (or, with a true
 `batched` attribute, `policy(list of obs, list of steps) -> list of actions`, one call for every
@@ -306,6 +309,7 @@ OWN_TASKS = {
     "memory-name-2": ("memory.html", {"fact": "name", "options": 4, "gap": 1, "widget": "radio"}),
     "memory-code-3": ("memory.html", {"fact": "code", "len": 4, "options": 4, "gap": 2}),
 }
+MEMORY_TASKS = [t for t in OWN_TASKS if t.startswith("memory-")]
 PAGES_DIR = Path(__file__).resolve().parent / "miniwob_pages"
 _serve_root: Path | None = None
 

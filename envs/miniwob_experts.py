@@ -39,7 +39,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, when run as a file
 from envs.miniwob_env import (  # noqa: E402
-    OWN_TASKS,
+    MEMORY_TASKS,
     TEST_SEED_BASE,
     Element,
     MiniWobEnv,
@@ -434,7 +434,7 @@ EXPERTS: dict[str, Callable[[dict], ExpertStep]] = {
     "login-user": expert_login_user,
     "search-engine": expert_search_engine,
     "multi-layouts": expert_multi_layouts,
-    **{task: expert_memory for task in OWN_TASKS if task.startswith("memory-")},
+    **{task: expert_memory for task in MEMORY_TASKS},
 }
 
 

@@ -1,10 +1,12 @@
 """The memory tasks (envs/miniwob_pages/memory.html, envs/miniwob_env.OWN_TASKS) in a real headless Chromium:
 the fact is on screen at step 0 and on no later screen, the choosing step needs it, the knobs do what they
 say, the expert (with its notes) always succeeds and cannot without them; the shipped demonstrations
-(data/miniwob_memory/) replay to PG = TSR = 1.0. A dozen browser episodes, ~20 s on 2 cores."""
+(data/miniwob/memory_*.jsonl) replay to PG = TSR = 1.0. A dozen browser episodes, ~20 s on 2 cores."""
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from envs import miniwob_env as me
 from envs import miniwob_experts as experts
 
 REPO = Path(__file__).resolve().parents[1]
-MEMORY = REPO / "data" / "miniwob_memory"
+MINIWOB = REPO / "data" / "miniwob"  # the memory files sit beside the others: memory_*.jsonl, one image root
 TASKS = ["memory-code-1", "memory-name-2", "memory-code-3"]
 
 
@@ -88,6 +90,7 @@ def test_expert_succeeds_online_on_every_memory_task():
 
 
 def test_own_tasks_are_registered_everywhere():
+    assert me.MEMORY_TASKS == TASKS
     for task in TASKS:
         assert me.is_task(task) and task in experts.EXPERTS
         assert "memory.html?" in me._task_page(task)
@@ -100,17 +103,13 @@ def test_own_tasks_are_registered_everywhere():
 # the shipped demonstrations
 
 
-def shipped():
-    return sorted(MEMORY.glob("*.jsonl"))
-
-
 def test_shipped_memory_data_matches_its_manifest():
-    manifest = json.loads((MEMORY / "manifest.json").read_text())
+    manifest = json.loads((MINIWOB / "memory_manifest.json").read_text())
     assert manifest["tasks"] == sorted(TASKS) and set(manifest["own_tasks"]) == set(TASKS)
     bases = {s: m["seed_base"] for s, m in manifest["splits"].items()}
     assert bases == {"train": 400_000, "test": 500_000, "rl": 600_000}  # no other data or results file uses these
     for split, m in manifest["splits"].items():
-        eps = [json.loads(x) for x in (MEMORY / m["file"]).read_text().splitlines()]
+        eps = [json.loads(x) for x in (MINIWOB / m["file"]).read_text().splitlines()]
         assert len(eps) == m["episodes"] == 3 * m["seeds_per_task"] and not m["skipped"]
         assert all(bases[split] <= e["seed"] < bases[split] + m["seeds_per_task"] for e in eps)
         for e in eps:  # step 0 notes the fact it shows; the steps in between do not show it; the choice names it
@@ -120,11 +119,38 @@ def test_shipped_memory_data_matches_its_manifest():
             assert f"'{fact}'" in e["steps"][0]["elements"]
             assert not any(fact in s["elements"] for s in e["steps"][1:gap + 1])
             assert f"'{fact}'" in e["steps"][gap + 1]["thought"]
+            assert all((MINIWOB / st["screenshot"]).is_file() for st in e["steps"])
 
 
 @pytest.mark.parametrize("name", ["train", "test", "rl", "train_varied", "test_varied", "rl_varied"])
 def test_shipped_memory_data_replays_perfectly(name, capsys):
-    path = MEMORY / f"{name}.jsonl"
-    s = eval_sop.main(["--data", str(path), "--image-root", str(MEMORY), "--per-task-limit", "4"])
+    path = MINIWOB / f"memory_{name}.jsonl"
+    s = eval_sop.main(["--data", str(path), "--image-root", str(MINIWOB), "--per-task-limit", "4"])
     assert s["pg"] == 1.0 and s["tsr"] == 1.0 and s["episodes"] == 12
     assert len(dataset.load_episodes(str(path))) > 0
+
+
+def test_the_data_tool_writes_a_prefixed_family_beside_others(tmp_path):
+    # --prefix: memory_{train,test,rl}.jsonl and memory_manifest.json beside a folder's other files, whose
+    # files and images stay; --rl-seeds adds the rl split; overlapping seed ranges are refused
+    out = tmp_path / "mw"
+    (out / "images").mkdir(parents=True)
+    (out / "images" / "enter-text-0-0.png").write_bytes(b"keep")
+    (out / "train.jsonl").write_text("keep\n")
+    base = [sys.executable, "tools/make_miniwob_data.py", "--out", str(out), "--tasks", "memory-code-1", "--prefix",
+            "memory_", "--workers", "1", "--train-seeds", "1", "--train-seed-base", "400000", "--test-seeds", "1",
+            "--test-seed-base", "500000"]
+    p = subprocess.run(base + ["--rl-seeds", "1", "--rl-seed-base", "600000"], cwd=REPO, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1])["images"] == 9  # 3 episodes x (Next, choose, terminate)
+    assert (out / "train.jsonl").read_text() == "keep\n" and (out / "images" / "enter-text-0-0.png").read_bytes() == b"keep"
+    for split, seed in (("train", 400000), ("test", 500000), ("rl", 600000)):
+        (ep,) = [json.loads(x) for x in (out / f"memory_{split}.jsonl").read_text().splitlines()]
+        assert ep["seed"] == seed and all((out / st["screenshot"]).is_file() for st in ep["steps"])
+        # the same episode as the shipped file's first of that split: the pages are deterministic per seed
+        shipped = json.loads((MINIWOB / f"memory_{split}.jsonl").read_text().splitlines()[0])
+        assert ep == shipped
+    assert set(json.loads((out / "memory_manifest.json").read_text())["splits"]) == {"train", "test", "rl"}
+    bad = subprocess.run(base + ["--rl-seeds", "2", "--rl-seed-base", "499999"], cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode == 2 and "test seeds 500000+1 and rl seeds 499999+2 overlap" in bad.stderr

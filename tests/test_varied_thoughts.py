@@ -148,3 +148,12 @@ def test_shipped_varied_files_are_the_current_restyle(varied):
         assert [st["thought"] for st in o["steps"]] == varied_thoughts(steps, s["episode_id"])
         assert [{k: v for k, v in st.items() if k != "thought"} for st in o["steps"]] == \
             [{k: v for k, v in st.items() if k != "thought"} for st in s["steps"]]
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_shipped_file_replays_perfectly(path, capsys):
+    # the expert's actions replayed under the SOP protocol: PG = TSR = 1.0 (thoughts are not scored)
+    import eval_sop
+
+    s = eval_sop.main(["--data", str(path), "--image-root", str(path.parent), "--per-task-limit", "3"])
+    assert s["pg"] == 1.0 and s["tsr"] == 1.0 and s["episodes"] >= 3

@@ -17,12 +17,12 @@ and listed in the manifest. Train and test splits use disjoint seed ranges
     python tools/make_miniwob_data.py --tasks click-test focus-text click-dialog click-button \
         --train-seeds 150 --thoughts short --out /tmp/miniwob_click   # a set a tiny model learns
     python tools/make_miniwob_data.py --restyle data/miniwob/rl.jsonl data/miniwob/rl_varied.jsonl  # no browser
-    python tools/make_miniwob_data.py --tasks memory-code-1 memory-name-2 memory-code-3 --out data/miniwob_memory \
-        --train-seeds 64 --train-seed-base 400000 --test-seeds 16 --test-seed-base 500000 \
-        --rl-seeds 48 --rl-seed-base 600000                   # the memory tasks (data/miniwob_memory/README.md)
+    python tools/make_miniwob_data.py --tasks memory-code-1 memory-name-2 memory-code-3 --out data/miniwob \
+        --prefix memory_ --train-seeds 64 --train-seed-base 400000 --test-seeds 16 --test-seed-base 500000 \
+        --rl-seeds 48 --rl-seed-base 600000      # the memory tasks beside the others (data/miniwob/README.md)
 
 Writes (replacing only these): OUT/train.jsonl, OUT/test.jsonl, OUT/rl.jsonl (with --rl-seeds), OUT/images/,
-OUT/manifest.json.
+OUT/manifest.json; with --prefix P: OUT/P{train,test,rl}.jsonl, OUT/Pmanifest.json and the images of --tasks.
 Line format:
     {"goal", "episode_id": "<task>-<seed>", "task", "seed", "image_size": [168, 224],
      "steps": [{"screenshot": "images/<task>-<seed>-<k>.png", "action_content": {...},
@@ -32,6 +32,7 @@ Line format:
 import json
 import multiprocessing as mp
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -59,6 +60,9 @@ ap.add_argument("--train-seeds", type=int, default=24, help="train episodes per 
 ap.add_argument("--test-seeds", type=int, default=8, help="held-out test episodes per task")
 ap.add_argument("--train-seed-base", type=int, default=me.TRAIN_SEED_BASE, help="first train seed")
 ap.add_argument("--test-seed-base", type=int, default=me.TEST_SEED_BASE, help="first test seed")
+ap.add_argument("--prefix", default="",
+                help="name the files PREFIX{train,test,rl}.jsonl and PREFIXmanifest.json, and replace only the images of "
+                     "--tasks in OUT/images/ (the rest stay): a task family beside others in one folder, one image root")
 ap.add_argument("--rl-seeds", type=int, default=0, help="RL demonstration episodes per task (OUT/rl.jsonl; 0: none)")
 ap.add_argument("--rl-seed-base", type=int, default=300_000, help="first RL seed")
 ap.add_argument("--thoughts", choices=["long", "short", "varied"], default="long",
@@ -179,10 +183,17 @@ def main(argv=None):
         raise cli.UsageError(f"--workers {args.workers}: need at least 1")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    pre = args.prefix
     for name in ("train.jsonl", "test.jsonl", "rl.jsonl", "manifest.json"):
-        (out / name).unlink(missing_ok=True)
-    shutil.rmtree(out / "images", ignore_errors=True)
-    (out / "images").mkdir()
+        (out / f"{pre}{name}").unlink(missing_ok=True)
+    if pre:  # only these tasks' images go: images/<task>-<seed>-<k>.png
+        mine = re.compile("^(" + "|".join(map(re.escape, tasks)) + r")-\d+-\d+\.png$")
+        for f in (out / "images").glob("*.png"):
+            if mine.match(f.name):
+                f.unlink()
+    else:
+        shutil.rmtree(out / "images", ignore_errors=True)
+    (out / "images").mkdir(exist_ok=True)
 
     splits = {s: range(b, b + n) for s, (b, n) in ranges.items() if s != "rl" or n > 0}
     jobs = [(t, {s: list(seeds) for s, seeds in splits.items()}, str(out), args.max_steps,
@@ -210,11 +221,11 @@ def main(argv=None):
     manifest_splits, per_task = {}, {r["task"]: {} for r in results}
     for split, seeds in splits.items():
         eps = [e for r in results for e in r["episodes"][split]]
-        with open(out / f"{split}.jsonl", "w") as f:
+        with open(out / f"{pre}{split}.jsonl", "w") as f:
             for e in eps:
                 f.write(cli.dumps(e) + "\n")
         manifest_splits[split] = {
-            "file": f"{split}.jsonl", "seed_base": seeds.start, "seeds_per_task": len(seeds),
+            "file": f"{pre}{split}.jsonl", "seed_base": seeds.start, "seeds_per_task": len(seeds),
             "episodes": len(eps), "steps": sum(len(e["steps"]) for e in eps),
             "skipped": {r["task"]: r["skipped"][split] for r in results if r["skipped"][split]}}
         for r in results:
@@ -223,8 +234,10 @@ def main(argv=None):
                 "steps": sum(len(e["steps"]) for e in r["episodes"][split])}
     env_steps = sum(r["env_steps"] for r in results)
     env_seconds = sum(r["env_seconds"] for r in results)  # inside episodes: reset, steps, shots
-    n_files = sum(1 for _ in (out / "images").iterdir())
-    size_mb = sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) / 2**20
+    written = [out / st["screenshot"] for r in results for eps in r["episodes"].values() for e in eps for st in e["steps"]]
+    written += [out / m["file"] for m in manifest_splits.values()]
+    n_files = len(written) - len(manifest_splits)  # the images this run wrote (one per step)
+    size_mb = sum(p.stat().st_size for p in written) / 2**20
     manifest = {
         "format": "UI-S1 episode JSONL; coordinates and boxes in original screenshot pixels",
         "source": "MiniWob++ scripted DOM experts (envs/miniwob_experts.py)",
@@ -240,14 +253,14 @@ def main(argv=None):
                    "seconds_per_env_step": round(env_seconds / max(env_steps, 1), 4)},
         "images": n_files,
     }
-    (out / "manifest.json").write_text(cli.dumps(manifest, indent=1) + "\n")
+    (out / f"{pre}manifest.json").write_text(cli.dumps(manifest, indent=1) + "\n")
     summary = {"out": str(out), "seconds": round(seconds, 1), "env_steps": env_steps,
                "seconds_per_env_step": manifest["timing"]["seconds_per_env_step"],
                "images": n_files, "size_mb": round(size_mb, 2),
                **{f"{s}_episodes": m["episodes"] for s, m in manifest_splits.items()},
                **{f"{s}_steps": m["steps"] for s, m in manifest_splits.items()},
                "skipped": sum(len(v) for m in manifest_splits.values() for v in m["skipped"].values())}
-    print(f"next: python train_sft.py --data {out / 'train.jsonl'}", flush=True)
+    print(f"next: python train_sft.py --data {out / f'{pre}train.jsonl'}", flush=True)
     print(cli.dumps(summary))
 
 
