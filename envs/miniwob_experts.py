@@ -25,6 +25,7 @@ hand it the notes of its earlier steps in the episode (obs["notes"]), as an agen
 CLI (last stdout line is a JSON object):
     python envs/miniwob_experts.py eval --policy expert --tasks all --seeds 100
     python envs/miniwob_experts.py eval --policy random --tasks click-test enter-text --seeds 20
+    python envs/miniwob_experts.py eval --tasks memory --seeds 100 --seed-base 700000  # the memory tasks
     python envs/miniwob_experts.py show --task login-user --seed 3   # goal, element list, expert's plan
 """
 
@@ -436,6 +437,16 @@ EXPERTS: dict[str, Callable[[dict], ExpertStep]] = {
     "multi-layouts": expert_multi_layouts,
     **{task: expert_memory for task in MEMORY_TASKS},
 }
+PACKAGE_TASKS = sorted(t for t in EXPERTS if t not in MEMORY_TASKS)  # the 18 MiniWob++ tasks with an expert
+
+
+def task_list(names: list[str]) -> list[str]:
+    """Task names as the command lines take them: "all" -> the 18 MiniWob++ tasks with an expert (the set the
+    shipped data/miniwob/{train,test}.jsonl hold), "memory" -> the memory tasks; other names as given."""
+    out = []
+    for n in names:
+        out += PACKAGE_TASKS if n == "all" else MEMORY_TASKS if n == "memory" else [n]
+    return list(dict.fromkeys(out))
 
 
 # -----------------------------------------------------------------------------
@@ -535,7 +546,8 @@ def main(argv=None):
     ev = sub.add_parser("eval", help="online evaluation of a built-in policy", formatter_class=cli.HelpFormatter,
                         epilog=ap.epilog)
     ev.add_argument("--policy", choices=sorted(POLICIES), default="expert", help="policy to run")
-    ev.add_argument("--tasks", nargs="+", default=["all"], help="task names, or 'all' (experts)")
+    ev.add_argument("--tasks", nargs="+", default=["all"],
+                    help="task names, 'all' (the 18 MiniWob++ tasks with an expert) or 'memory' (the memory tasks)")
     ev.add_argument("--seeds", type=int, default=20, help="episodes per task")
     ev.add_argument("--seed-base", type=int, default=TEST_SEED_BASE, help="first seed")
     ev.add_argument("--max-steps", type=int, default=15, help="step limit per episode")
@@ -549,7 +561,7 @@ def main(argv=None):
     sh.add_argument("--seed", type=int, default=0, help="episode seed")
     args = ap.parse_args(argv)
     try:
-        check_tasks([args.task] if args.cmd == "show" else [] if args.tasks == ["all"] else args.tasks,
+        check_tasks([args.task] if args.cmd == "show" else task_list(args.tasks),
                     need_expert=args.cmd == "show" or args.policy == "expert")
     except ValueError as e:
         raise cli.UsageError(str(e)) from None
@@ -570,7 +582,7 @@ def main(argv=None):
                            "steps": len(ep["steps"])}))
         return
 
-    tasks = sorted(EXPERTS) if args.tasks == ["all"] else args.tasks
+    tasks = task_list(args.tasks)
     seeds = list(range(args.seed_base, args.seed_base + args.seeds))
     t0 = time.time()
     res = evaluate_online(POLICIES[args.policy], tasks, seeds, max_steps=args.max_steps,

@@ -90,7 +90,8 @@ def test_expert_succeeds_online_on_every_memory_task():
 
 
 def test_own_tasks_are_registered_everywhere():
-    assert me.MEMORY_TASKS == TASKS
+    assert me.MEMORY_TASKS == TASKS and experts.task_list(["memory"]) == TASKS
+    assert len(experts.task_list(["all"])) == 18 and not set(experts.task_list(["all"])) & set(TASKS)  # data/miniwob's set
     for task in TASKS:
         assert me.is_task(task) and task in experts.EXPERTS
         assert "memory.html?" in me._task_page(task)

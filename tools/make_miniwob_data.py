@@ -55,7 +55,8 @@ from envs import miniwob_experts as experts  # noqa: E402
 ap = cli.make_parser(__doc__)
 # data
 ap.add_argument("--out", default="data/miniwob", help="output folder")
-ap.add_argument("--tasks", nargs="+", default=["all"], help="task names, or 'all' (every expert)")
+ap.add_argument("--tasks", nargs="+", default=["all"],
+                help="task names, 'all' (the 18 MiniWob++ tasks with an expert) or 'memory' (the memory tasks)")
 ap.add_argument("--train-seeds", type=int, default=24, help="train episodes per task")
 ap.add_argument("--test-seeds", type=int, default=8, help="held-out test episodes per task")
 ap.add_argument("--train-seed-base", type=int, default=me.TRAIN_SEED_BASE, help="first train seed")
@@ -168,7 +169,7 @@ def main(argv=None):
             raise cli.UsageError(f"--restyle {src}: no such file")
         print(cli.dumps(restyle(src, dst)))
         return
-    tasks = sorted(experts.EXPERTS) if args.tasks == ["all"] else sorted(set(args.tasks))
+    tasks = sorted(experts.task_list(args.tasks))
     try:
         experts.check_tasks(tasks, need_expert=True)
     except ValueError as e:
