@@ -139,6 +139,9 @@ def versions():
 # -----------------------------------------------------------------------------
 # main
 
+LICENCE = ("the project's own page, built on MiniWob++'s core.js (MIT licence; Copyright 2016 OpenAI, "
+           "2018 Stanford University, 2022 Farama Foundation)")
+
 
 def restyle(src: Path, dst: Path) -> dict:
     """Write the episodes of `src` (long expert thoughts) to `dst` with varied thoughts (experts.varied_thoughts,
@@ -246,7 +249,7 @@ def main(argv=None):
         "per_task": per_task, "versions": versions(),
         # the project's own pages (written on MiniWob++'s core.js, MIT): where each lives and its knobs
         "own_tasks": {t: {"page": f"envs/miniwob_pages/{me.OWN_TASKS[t][0]}", "knobs": me.OWN_TASKS[t][1],
-                          "licence": "MIT (this project); built on MiniWob++'s core.js, MIT, Copyright 2016 OpenAI"}
+                          "licence": LICENCE}
                       for t in tasks if t in me.OWN_TASKS},
         "success": f"raw_reward >= {me.SUCCESS_RAW_REWARD}",
         "args": vars(args),
