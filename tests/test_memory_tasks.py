@@ -91,6 +91,7 @@ def test_expert_succeeds_online_on_every_memory_task():
 
 def test_own_tasks_are_registered_everywhere():
     assert me.MEMORY_TASKS == TASKS and experts.task_list(["memory"]) == TASKS
+    assert experts.short_thought({"action": "click", "coordinate": [1, 2]}, None, "K7Q2") == "Noted: K7Q2. Click."
     assert len(experts.task_list(["all"])) == 18 and not set(experts.task_list(["all"])) & set(TASKS)  # data/miniwob's set
     for task in TASKS:
         assert me.is_task(task) and task in experts.EXPERTS
@@ -155,3 +156,29 @@ def test_the_data_tool_writes_a_prefixed_family_beside_others(tmp_path):
     assert set(json.loads((out / "memory_manifest.json").read_text())["splits"]) == {"train", "test", "rl"}
     bad = subprocess.run(base + ["--rl-seeds", "2", "--rl-seed-base", "499999"], cwd=REPO, capture_output=True, text=True)
     assert bad.returncode == 2 and "test seeds 500000+1 and rl seeds 499999+2 overlap" in bad.stderr
+
+
+@pytest.mark.parametrize("name", ["test", "test_varied"])
+def test_at_the_choosing_step_only_the_agents_history_tells_the_fact(name):
+    # The choosing step's real prompt under expert history (chat.step_prompt, the one SFT, RL and evaluation
+    # use), with the screenshots a memory task is run with (1 at distance 1, the release's 2 beyond): the fact
+    # occurs once in the element list, as one choice among `options`, and otherwise only in earlier
+    # assistant turns; every kept screenshot's element list lacks it but the current one's (its choices).
+    import chat
+    import gui
+    from vlm import load_processor
+
+    tok, proc = load_processor()
+    for ep in dataset.load_episodes(str(MINIWOB / f"memory_{name}.jsonl"))[::8]:
+        gap = me.OWN_TASKS[ep.task][1]["gap"]
+        u, k = gap + 1, 1 if gap == 0 else 2
+        fact = next(ln.split("'")[1] for ln in ep.steps[0].elements.splitlines() if ln.split()[1] == "b")
+        history = [gui.expert_response(st, (168, 224), thought=st.thought) for st in ep.steps[:u]]
+        spec = chat.PromptSpec(num_images=k, system_prompt="short")
+        p = chat.step_prompt(tok, proc, spec, goal=ep.goal, step=ep.steps[u], screenshots=[(168, 224)] * (u + 1),
+                             history=history, pixels=False)
+        text = tok.decode(p.input_ids.tolist())
+        assert p.image_steps == list(range(u + 1 - k, u + 1))
+        assert text.count(fact) == 1 + sum(h.count(fact) for h in history) and sum(h.count(fact) for h in history) >= 1
+        assert all(fact not in ep.steps[i].elements for i in p.image_steps if i != u)
+        assert ep.steps[u].elements.count(fact) == 1
