@@ -33,9 +33,9 @@ browser's life cycle:
    module (never the reverse).
 6. Refs. Element refs ([ref] in the element list) come from core.js and are unique within an
    observation (checked); reset() clears refs left on the page by earlier looks.
-7. Own pages. OWN_TASKS adds the project's task pages (envs/miniwob_pages/, on MiniWob++'s core.js,
-   MIT): the memory tasks, whose fact leaves the screen before it is needed. They load, seed, step and
-   pay exactly as the package's pages; their knobs ride in the URL query.
+7. Pages. envs/miniwob_tasks.py says which tasks exist and serves their pages: the package's and the
+   project's own (OWN_TASKS: the memory tasks, whose fact leaves the screen before it is needed), which
+   load, seed, step and pay exactly as the package's; their knobs ride in the URL query.
 
 Policies for evaluate_online are callables `policy(obs, step) -> action dict` (or, with a true
 `batched` attribute, `policy(list of obs, list of steps) -> list of actions`, one call for every
@@ -60,18 +60,18 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
-import miniwob
 from miniwob.constants import WEBDRIVER_SPECIAL_KEYS
-from miniwob.fields import get_field_extractor
 from miniwob.selenium_actions import execute_press_key, execute_type_text
 from PIL import Image
 from selenium import webdriver
 from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.common.action_chains import ActionChains
 from urllib3.exceptions import HTTPError as Urllib3Error
+
+from envs.miniwob_tasks import field_extractor
+from envs.miniwob_tasks import task_page as _task_page
 
 # -----------------------------------------------------------------------------
 # constants
@@ -83,7 +83,6 @@ TASK_W, TASK_H = 160, 210  # MiniWob's task area (#wrap) at the page's top-left,
 # expert thoughts, written in page pixels, would not match).
 SCREEN_W, SCREEN_H = 168, 224
 VIEWPORT_W, VIEWPORT_H = 500, 320  # miniwob's own window size for the standard tasks
-HTML_DIR = Path(miniwob.__file__).parent / "html" / "miniwob"
 SUCCESS_RAW_REWARD = 1.0  # success := raw_reward >= this (see the module docstring, point 4)
 TIMED_OUT = "timed out"   # core.js's reason when its episode timer (core.EPISODE_MAX_TIME) fires
 CHROME_BINARY = os.environ.get("MINIWOB_CHROME_BINARY", "/usr/bin/chromium")
@@ -299,60 +298,6 @@ def _key_name(text: str) -> str | None:
 # the environment
 
 
-# The project's own task pages (envs/miniwob_pages/, written on MiniWob++'s core.js: same episode, seed and
-# reward semantics), by task name: (page, URL query = the task's knobs, read by the page with core.getOpt).
-# Memory tasks: a fact shown at step 0 is chosen among distractors at step gap + 1, after it left the screen
-# (memory.html's header). Distance 1 needs --num-images 1 to keep the fact out of the kept screenshots; from
-# distance 2 on, the release's 2 screenshots do not hold it either. Tune difficulty here (or add a name).
-OWN_TASKS = {
-    "memory-code-1": ("memory.html", {"fact": "code", "len": 4, "options": 4, "gap": 0}),
-    "memory-name-2": ("memory.html", {"fact": "name", "options": 4, "gap": 1, "widget": "radio"}),
-    "memory-code-3": ("memory.html", {"fact": "code", "len": 4, "options": 4, "gap": 2}),
-}
-MEMORY_TASKS = [t for t in OWN_TASKS if t.startswith("memory-")]
-PAGES_DIR = Path(__file__).resolve().parent / "miniwob_pages"
-_serve_root: Path | None = None
-
-
-def _own_root() -> Path:
-    """A folder that serves our pages beside MiniWob++'s `core` and `common` (symlinks), so a page's
-    "../core/core.js" resolves as it does for the package's pages; one per process, removed at exit."""
-    global _serve_root
-    if _serve_root is None:
-        import atexit
-
-        root = Path(tempfile.mkdtemp(prefix="miniwob-own-"))
-        for name, target in (("core", HTML_DIR.parent / "core"), ("common", HTML_DIR.parent / "common"),
-                             ("own", PAGES_DIR)):
-            (root / name).symlink_to(target, target_is_directory=True)
-        atexit.register(shutil.rmtree, root, True)  # unlinks the symlinks, never their targets
-        _serve_root = root
-    return _serve_root
-
-
-def is_task(task: str) -> bool:
-    """A MiniWob++ task of the package, or one of the project's own pages (OWN_TASKS)."""
-    return task in OWN_TASKS or (HTML_DIR / f"{task}.html").exists()
-
-
-def _task_page(task: str) -> str:
-    """The URL of a task's page (file URI; our own pages carry their knobs as the query); ValueError for an
-    unknown task."""
-    if task in OWN_TASKS:
-        from urllib.parse import urlencode
-
-        page, knobs = OWN_TASKS[task]
-        return (_own_root() / "own" / page).as_uri() + "?" + urlencode(knobs)
-    if not is_task(task):
-        raise ValueError(f"unknown MiniWob++ task {task!r} (no {task}.html in {HTML_DIR}, not in OWN_TASKS)")
-    return (HTML_DIR / f"{task}.html").as_uri()
-
-
-def _field_extractor(task: str):
-    """miniwob's goal-field parser for its tasks; our own pages put no fields in the goal."""
-    return (lambda utterance: []) if task in OWN_TASKS else get_field_extractor(task)
-
-
 class MiniWobEnv:
     """One MiniWob++ task in one headless Chromium that this object starts, restarts and kills.
 
@@ -369,7 +314,7 @@ class MiniWobEnv:
         _task_page(task)
         self.task, self.step_timeout_s, self.episode_time_s = task, step_timeout_s, episode_time_s
         self.screenshots, self.data_mode = screenshots, data_mode
-        self.field_extractor = _field_extractor(task)
+        self.field_extractor = field_extractor(task)
         self.driver = self._service = self._profile_dir = None
         self._fields = []
         self.seed, self.done = None, True
@@ -410,7 +355,7 @@ class MiniWobEnv:
         serves many tasks in turn: cheaper than a new browser per task (~1-3 s each on 2 cores).
         Raises ValueError for an unknown task, BrowserFault if the page does not load."""
         _task_page(task)
-        self.task, self.field_extractor = task, _field_extractor(task)
+        self.task, self.field_extractor = task, field_extractor(task)
         self.seed, self.done, self._fields = None, True, []
         if self.driver is not None:
             with self._deadline(self.step_timeout_s, f"load {task}"):

@@ -16,7 +16,7 @@ search-engine; 5: enter-password, login-user; 7: multi-layouts. Typing is always
 click-the-field, then type. expert_episode rolls an expert through one episode and records it
 (tools/make_miniwob_data.py writes those records as episode files).
 
-The memory tasks (the project's own pages, envs/miniwob_env.OWN_TASKS: memory-code-1, memory-name-2,
+The memory tasks (the project's own pages, envs/miniwob_tasks.OWN_TASKS: memory-code-1, memory-name-2,
 memory-code-3; 2, 4 and 4 steps) show a fact at step 0 that a later screen no longer holds. Their expert
 notes it when it is on screen (ExpertStep.note, said in the thought: "The code is K7Q2; I note it ...")
 and acts on its note at the choosing step, so it is not stateless there: expert_episode and expert_policy
@@ -40,15 +40,14 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, when run as a file
 from envs.miniwob_env import (  # noqa: E402
-    MEMORY_TASKS,
     TEST_SEED_BASE,
     Element,
     MiniWobEnv,
-    is_task,
     _shown_text,
     evaluate_online,
     final_observation,
 )
+from envs.miniwob_tasks import MEMORY_TASKS, is_task  # noqa: E402
 from gui import ACTIONS  # noqa: E402
 
 # -----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The memory tasks (envs/miniwob_pages/memory.html, envs/miniwob_env.OWN_TASKS) in a real headless Chromium:
+"""The memory tasks (envs/miniwob_pages/memory.html, envs/miniwob_tasks.OWN_TASKS) in a real headless Chromium:
 the fact is on screen at step 0 and on no later screen, the choosing step needs it, the knobs do what they
 say, the expert (with its notes) always succeeds and cannot without them; the shipped demonstrations
 (data/miniwob/memory_*.jsonl) replay to PG = TSR = 1.0. A dozen browser episodes, ~20 s on 2 cores."""
@@ -15,6 +15,7 @@ import dataset
 import eval_sop
 from envs import miniwob_env as me
 from envs import miniwob_experts as experts
+from envs import miniwob_tasks as mt
 
 REPO = Path(__file__).resolve().parents[1]
 MINIWOB = REPO / "data" / "miniwob"  # the memory files sit beside the others: memory_*.jsonl, one image root
@@ -40,7 +41,7 @@ def test_the_fact_leaves_the_screen_before_it_is_needed(env, task):
     # choosing step it is one of `options` choices. With the release's 2 screenshots kept, the choosing
     # step's prompt shows steps gap and gap + 1: free of the fact from gap >= 1 (distance 1 needs
     # --num-images 1).
-    page, knobs = me.OWN_TASKS[task]
+    page, knobs = mt.OWN_TASKS[task]
     env.load_task(task)
     for seed in (0, 1):
         obs, notes = env.reset(seed), []
@@ -90,15 +91,15 @@ def test_expert_succeeds_online_on_every_memory_task():
 
 
 def test_own_tasks_are_registered_everywhere():
-    assert me.MEMORY_TASKS == TASKS and experts.task_list(["memory"]) == TASKS
+    assert mt.MEMORY_TASKS == TASKS and experts.task_list(["memory"]) == TASKS
     assert experts.short_thought({"action": "click", "coordinate": [1, 2]}, None, "K7Q2") == "Noted: K7Q2. Click."
     assert len(experts.task_list(["all"])) == 18 and not set(experts.task_list(["all"])) & set(TASKS)  # data/miniwob's set
     for task in TASKS:
-        assert me.is_task(task) and task in experts.EXPERTS
-        assert "memory.html?" in me._task_page(task)
+        assert mt.is_task(task) and task in experts.EXPERTS
+        assert "memory.html?" in mt.task_page(task)
     experts.check_tasks(TASKS, need_expert=True)
     with pytest.raises(ValueError, match="memory-code-9"):
-        me._task_page("memory-code-9")
+        mt.task_page("memory-code-9")
 
 
 # -----------------------------------------------------------------------------
@@ -117,7 +118,7 @@ def test_shipped_memory_data_matches_its_manifest():
         for e in eps:  # step 0 notes the fact it shows; the steps in between do not show it; the choice names it
             fact = re.match(r"I see the button 'Next' at \(\d+,\d+\)\. The (code|name) is (\S+); I note it",
                             e["steps"][0]["thought"])[2]
-            gap = me.OWN_TASKS[e["task"]][1]["gap"]
+            gap = mt.OWN_TASKS[e["task"]][1]["gap"]
             assert f"'{fact}'" in e["steps"][0]["elements"]
             assert not any(fact in s["elements"] for s in e["steps"][1:gap + 1])
             assert f"'{fact}'" in e["steps"][gap + 1]["thought"]
@@ -170,7 +171,7 @@ def test_at_the_choosing_step_only_the_agents_history_tells_the_fact(name):
 
     tok, proc = load_processor()
     for ep in dataset.load_episodes(str(MINIWOB / f"memory_{name}.jsonl"))[::8]:
-        gap = me.OWN_TASKS[ep.task][1]["gap"]
+        gap = mt.OWN_TASKS[ep.task][1]["gap"]
         u, k = gap + 1, 1 if gap == 0 else 2
         fact = next(ln.split("'")[1] for ln in ep.steps[0].elements.splitlines() if ln.split()[1] == "b")
         history = [gui.expert_response(st, (168, 224), thought=st.thought) for st in ep.steps[:u]]

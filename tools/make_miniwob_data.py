@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 import cli  # noqa: E402
 from envs import miniwob_env as me  # noqa: E402
 from envs import miniwob_experts as experts  # noqa: E402
+from envs.miniwob_tasks import OWN_TASKS  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # config
@@ -248,9 +249,9 @@ def main(argv=None):
         "tasks": tasks, "image_size": [me.SCREEN_W, me.SCREEN_H], "splits": manifest_splits,
         "per_task": per_task, "versions": versions(),
         # the project's own pages (written on MiniWob++'s core.js, MIT): where each lives and its knobs
-        "own_tasks": {t: {"page": f"envs/miniwob_pages/{me.OWN_TASKS[t][0]}", "knobs": me.OWN_TASKS[t][1],
+        "own_tasks": {t: {"page": f"envs/miniwob_pages/{OWN_TASKS[t][0]}", "knobs": OWN_TASKS[t][1],
                           "licence": LICENCE}
-                      for t in tasks if t in me.OWN_TASKS},
+                      for t in tasks if t in OWN_TASKS},
         "success": f"raw_reward >= {me.SUCCESS_RAW_REWARD}",
         "args": vars(args),
         "timing": {"seconds": round(seconds, 1), "workers": args.workers, "env_steps": env_steps,
