@@ -95,7 +95,8 @@ def _gist(thought: str, action: dict) -> str:
         x, y = action["coordinate"]
         return f"{kind.replace('_', '-')} ({x},{y})"
     if kind in ("type", "answer", "open", "key"):
-        return {"type": "type", "answer": "answer", "open": "open", "key": "press the key"}[kind] + f" '{action.get('text', '')}'"
+        verb = {"type": "type", "answer": "answer", "open": "open", "key": "press the key"}[kind]
+        return f"{verb} '{action.get('text', '')}'"
     if kind == "swipe" and "coordinate" in action and "coordinate2" in action:
         (x1, y1), (x2, y2) = action["coordinate"], action["coordinate2"]
         return f"swipe from ({x1},{y1}) to ({x2},{y2})"

@@ -239,7 +239,8 @@ def main(argv=None):
                 "steps": sum(len(e["steps"]) for e in r["episodes"][split])}
     env_steps = sum(r["env_steps"] for r in results)
     env_seconds = sum(r["env_seconds"] for r in results)  # inside episodes: reset, steps, shots
-    written = [out / st["screenshot"] for r in results for eps in r["episodes"].values() for e in eps for st in e["steps"]]
+    written = [out / st["screenshot"] for r in results for eps in r["episodes"].values()
+               for e in eps for st in e["steps"]]
     written += [out / m["file"] for m in manifest_splits.values()]
     n_files = len(written) - len(manifest_splits)  # the images this run wrote (one per step)
     size_mb = sum(p.stat().st_size for p in written) / 2**20
