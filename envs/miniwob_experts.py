@@ -506,8 +506,8 @@ def expert_policy(obs: dict, step: int) -> dict:
     take (ExpertStep.note) per (task, seed), from step 0 on, as an agent keeps its earlier thoughts: the
     memory tasks need them. An episode runs in one thread at a time, so the dict needs no lock."""
     key = (obs["task"], obs["seed"])
-    if step == 0:
-        _NOTES[key] = []
+    if step == 0:  # a new episode of this (task, seed): forget the notes of an earlier play of it
+        _NOTES.pop(key, None)
     st = EXPERTS[obs["task"]]({**obs, "notes": list(_NOTES.get(key, []))})
     if st.note is not None:
         _NOTES.setdefault(key, []).append(st.note)
