@@ -174,14 +174,15 @@ def int_list(low: int = 1):
 
 
 def _miniwob_tasks() -> list[str]:
-    """The MiniWob++ tasks there is a page for (the installed package's html/miniwob/*.html)."""
-    from envs.miniwob_env import HTML_DIR  # here: the miniwob package is needed by online runs only
+    """The MiniWob++ tasks there is a page for: the installed package's html/miniwob/*.html and the
+    project's own (envs/miniwob_tasks.OWN_TASKS, the memory tasks)."""
+    from envs.miniwob_tasks import HTML_DIR, OWN_TASKS  # here: the miniwob package is needed by online runs only
 
-    return sorted(p.stem for p in HTML_DIR.glob("*.html"))
+    return sorted({p.stem for p in HTML_DIR.glob("*.html")} | set(OWN_TASKS))
 
 
 miniwob_task = names(_miniwob_tasks, "MiniWob++ task")                            # --tasks, --online-tasks
-miniwob_task_or_all = names(lambda: ["all", *_miniwob_tasks()], "MiniWob++ task")  # where 'all' = every expert
+miniwob_task_or_all = names(lambda: ["all", "memory", *_miniwob_tasks()], "MiniWob++ task")  # 'all', 'memory': task sets
 
 
 def input_file(path: str) -> str:

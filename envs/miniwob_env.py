@@ -33,6 +33,9 @@ browser's life cycle:
    module (never the reverse).
 6. Refs. Element refs ([ref] in the element list) come from core.js and are unique within an
    observation (checked); reset() clears refs left on the page by earlier looks.
+7. Pages. envs/miniwob_tasks.py says which tasks exist and serves their pages: the package's and the
+   project's own (OWN_TASKS: the memory tasks, whose fact leaves the screen before it is needed), which
+   load, seed, step and pay exactly as the package's; their knobs ride in the URL query.
 
 Policies for evaluate_online are callables `policy(obs, step) -> action dict` (or, with a true
 `batched` attribute, `policy(list of obs, list of steps) -> list of actions`, one call for every
@@ -57,18 +60,18 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
-import miniwob
 from miniwob.constants import WEBDRIVER_SPECIAL_KEYS
-from miniwob.fields import get_field_extractor
 from miniwob.selenium_actions import execute_press_key, execute_type_text
 from PIL import Image
 from selenium import webdriver
 from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.common.action_chains import ActionChains
 from urllib3.exceptions import HTTPError as Urllib3Error
+
+from envs.miniwob_tasks import field_extractor
+from envs.miniwob_tasks import task_page as _task_page
 
 # -----------------------------------------------------------------------------
 # constants
@@ -80,7 +83,6 @@ TASK_W, TASK_H = 160, 210  # MiniWob's task area (#wrap) at the page's top-left,
 # expert thoughts, written in page pixels, would not match).
 SCREEN_W, SCREEN_H = 168, 224
 VIEWPORT_W, VIEWPORT_H = 500, 320  # miniwob's own window size for the standard tasks
-HTML_DIR = Path(miniwob.__file__).parent / "html" / "miniwob"
 SUCCESS_RAW_REWARD = 1.0  # success := raw_reward >= this (see the module docstring, point 4)
 TIMED_OUT = "timed out"   # core.js's reason when its episode timer (core.EPISODE_MAX_TIME) fires
 CHROME_BINARY = os.environ.get("MINIWOB_CHROME_BINARY", "/usr/bin/chromium")
@@ -296,13 +298,6 @@ def _key_name(text: str) -> str | None:
 # the environment
 
 
-def _task_page(task: str) -> str:
-    """The file URI of a MiniWob++ task's page; ValueError for an unknown task."""
-    if not (HTML_DIR / f"{task}.html").exists():
-        raise ValueError(f"unknown MiniWob++ task {task!r} (no {task}.html in {HTML_DIR})")
-    return (HTML_DIR / f"{task}.html").as_uri()
-
-
 class MiniWobEnv:
     """One MiniWob++ task in one headless Chromium that this object starts, restarts and kills.
 
@@ -319,7 +314,7 @@ class MiniWobEnv:
         _task_page(task)
         self.task, self.step_timeout_s, self.episode_time_s = task, step_timeout_s, episode_time_s
         self.screenshots, self.data_mode = screenshots, data_mode
-        self.field_extractor = get_field_extractor(task)
+        self.field_extractor = field_extractor(task)
         self.driver = self._service = self._profile_dir = None
         self._fields = []
         self.seed, self.done = None, True
@@ -360,7 +355,7 @@ class MiniWobEnv:
         serves many tasks in turn: cheaper than a new browser per task (~1-3 s each on 2 cores).
         Raises ValueError for an unknown task, BrowserFault if the page does not load."""
         _task_page(task)
-        self.task, self.field_extractor = task, get_field_extractor(task)
+        self.task, self.field_extractor = task, field_extractor(task)
         self.seed, self.done, self._fields = None, True, []
         if self.driver is not None:
             with self._deadline(self.step_timeout_s, f"load {task}"):

@@ -4,11 +4,11 @@ The environment (browser, observations, actions, online evaluation) is envs/mini
 module imports it (never the reverse).
 
 EXPERTS maps a task to a scripted expert that reads the DOM (element boxes, values, focus, click
-marks) and the task fields parsed from the goal, never the screenshot. Experts are stateless:
-each call looks at the current page and returns the next action, a templated thought and the
-target element (whose box becomes candidate_bbox). Click points come from
+marks) and the task fields parsed from the goal, never the screenshot. Experts are stateless (but
+the memory tasks', below): each call looks at the current page and returns the next action, a
+templated thought and the target element (whose box becomes candidate_bbox). Click points come from
 document.elementFromPoint, so the expert never clicks an element hidden under another.
-18 tasks, expert steps per episode (100 seeds, 100% success each): 1 step: click-test,
+18 MiniWob++ tasks, expert steps per episode (100 seeds, 100% success each): 1 step: click-test,
 click-button, click-link, click-dialog, click-tab, focus-text; 2: click-button-sequence,
 click-option, click-collapsible; 1-3: click-tab-2 (opens tabs left to right until the link
 shows); 1-8: click-checkboxes; 3: enter-text, enter-text-dynamic, enter-text-2; 4-5:
@@ -16,9 +16,16 @@ search-engine; 5: enter-password, login-user; 7: multi-layouts. Typing is always
 click-the-field, then type. expert_episode rolls an expert through one episode and records it
 (tools/make_miniwob_data.py writes those records as episode files).
 
+The memory tasks (the project's own pages, envs/miniwob_tasks.OWN_TASKS: memory-code-1, memory-name-2,
+memory-code-3; 2, 4 and 4 steps) show a fact at step 0 that a later screen no longer holds. Their expert
+notes it when it is on screen (ExpertStep.note, said in the thought: "The code is K7Q2; I note it ...")
+and acts on its note at the choosing step, so it is not stateless there: expert_episode and expert_policy
+hand it the notes of its earlier steps in the episode (obs["notes"]), as an agent has its own thoughts.
+
 CLI (last stdout line is a JSON object):
     python envs/miniwob_experts.py eval --policy expert --tasks all --seeds 100
     python envs/miniwob_experts.py eval --policy random --tasks click-test enter-text --seeds 20
+    python envs/miniwob_experts.py eval --tasks memory --seeds 100 --seed-base 700000  # the memory tasks
     python envs/miniwob_experts.py show --task login-user --seed 3   # goal, element list, expert's plan
 """
 
@@ -33,7 +40,6 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, when run as a file
 from envs.miniwob_env import (  # noqa: E402
-    HTML_DIR,
     TEST_SEED_BASE,
     Element,
     MiniWobEnv,
@@ -41,6 +47,8 @@ from envs.miniwob_env import (  # noqa: E402
     evaluate_online,
     final_observation,
 )
+from envs.miniwob_tasks import MEMORY_TASKS, is_task  # noqa: E402
+from gui import ACTIONS  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # scripted experts (read the DOM and the goal's fields, never the screenshot)
@@ -51,12 +59,16 @@ class ExpertStep:
     action: dict
     thought: str
     target: Element | None = None  # clicked element; its box is the step's candidate_bbox
+    note: str | None = None  # a fact read off this screen that a later step needs (memory tasks)
 
 
-def short_thought(action: dict, target: Element | None) -> str:
+def short_thought(action: dict, target: Element | None, note: str | None = None) -> str:
     """A one-sentence thought naming what the action does: "Click button 'okay' at (24,73).",
     "Type 'abc'.", "Done." (terminate). The click's words and point are those of the target's
-    line in elements_text, so a model can copy them; tools/make_miniwob_data.py --thoughts short."""
+    line in elements_text, so a model can copy them; tools/make_miniwob_data.py --thoughts short.
+    A step that notes a fact for later (memory tasks) says so first: "Noted: K7Q2. Click ..."."""
+    if note is not None:
+        return f"Noted: {note}. " + short_thought(action, target)
     kind = action["action"]
     if kind == "terminate":
         return "Done."
@@ -74,51 +86,74 @@ DONE_THOUGHT = "The task is complete, so I finish with success."
 
 
 def _gist(thought: str, action: dict) -> str:
-    """What a step does, in a few words, from its long thought: "click the button 'ONE'", "type 'abc'"."""
-    m = _CLICK.match(thought)
-    if m:
+    """What a step did, in a few words, from its long thought: "click the button 'ONE'", "type 'abc'",
+    "press the key 'Enter'"; any registered action type has one (gui.ACTIONS)."""
+    kind = action.get("action")
+    if kind == "click" and (m := _CLICK.match(thought)):
         return f"click {m['what']}"
-    if action["action"] == "type":
-        return f"type '{action['text']}'"
-    return "finish" if action["action"] == "terminate" else action["action"]
+    if kind in ("click", "long_press") and "coordinate" in action:
+        x, y = action["coordinate"]
+        return f"{kind.replace('_', '-')} ({x},{y})"
+    if kind in ("type", "answer", "open", "key"):
+        verb = {"type": "type", "answer": "answer", "open": "open", "key": "press the key"}[kind]
+        return f"{verb} '{action.get('text', '')}'"
+    if kind == "swipe" and "coordinate" in action and "coordinate2" in action:
+        (x1, y1), (x2, y2) = action["coordinate"], action["coordinate2"]
+        return f"swipe from ({x1},{y1}) to ({x2},{y2})"
+    if kind == "system_button":
+        return f"press {action.get('button', '')}"
+    return "finish" if kind == "terminate" else str(kind)
 
 
 def varied_thoughts(steps: list[dict], key: str) -> list[str]:
-    """Thoughts as a stronger model writes them, for one expert episode: the same decision as its long
-    thoughts, in one of several phrasings picked per step, with details a small model tends to drop
-    (the steps done so far, the step after this one, the clicked element's box centre restated).
-    `tools/make_miniwob_data.py --thoughts varied`. The policy does not reproduce such thoughts
-    verbatim, so its own history differs from the expert's, as in the paper, where the expert's
-    thoughts come from a stronger model (docs/method.md §5; claim 1b). steps: [{"action", "thought"}]
-    with long thoughts (expert_episode's); key: a stable string (e.g. "task-seed") seeding the choice
-    of phrasing. Returns one thought per step; the actions are untouched. Raises ValueError on a
-    step whose thought is not a long expert thought."""
+    """Thoughts in rule-based templates, for one expert episode: the same decision as its long
+    thoughts, in one of four phrasings picked per step, with details a small model tends to drop
+    (the steps done so far, the clicked element's box centre restated). `tools/make_miniwob_data.py
+    --thoughts varied`. The policy does not reproduce such thoughts verbatim, so its own history differs
+    from the expert's, a stand-in for the paper's setting, where the expert's thoughts come from a
+    stronger model (docs/method.md §5; claim 1b).
+
+    No hindsight: thought k is a function of steps[:k + 1] and the key only. It names what the screen
+    and the history so far show, never a later step's action or target (a plan line such as "next:
+    click the link 'X'" would put step k+1's target into step k+1's prompt under expert history, and
+    name elements the agent cannot have seen yet; tests/test_varied_thoughts.py checks every shipped
+    file). steps: [{"action", "thought"}] with long thoughts (expert_episode's); a step of any
+    registered action type (gui.ACTIONS) whose thought is not a click or type sentence keeps its
+    words inside a varied frame. key: a stable string (e.g. "task-seed") seeding the choice of phrasing.
+    Returns one thought per step; the actions are untouched. Raises ValueError on a step whose action
+    type is not registered or whose thought is empty."""
     out = []
     gists = [_gist(st["thought"], st["action"]) for st in steps]
     for k, st in enumerate(steps):
         rng = random.Random(f"{key}-{k}")
         done = "; ".join(gists[:k]) or "nothing yet"
-        nxt = gists[k + 1] if k + 1 < len(steps) else "nothing: the episode ends"
         t, a = st["thought"], st["action"]
+        if not isinstance(a, dict) or a.get("action") not in ACTIONS:
+            raise ValueError(f"step {k}: action {a!r} is not a registered action type")
+        if not (t or "").strip():
+            raise ValueError(f"step {k}: empty thought")
         if (m := _CLICK.match(t)) is not None:
             what, x, y, why = m["what"], m["x"], m["y"], m["why"]
-            forms = [f"{why} The element is {what}, centred at ({x},{y}). Next: {nxt}.",
+            forms = [f"{why} The element is {what}, centred at ({x},{y}).",
                      f"Done so far: {done}. Now I click {what} at ({x},{y}): {why[0].lower()}{why[1:]}",
-                     f"Looking at the page, {what} sits at ({x},{y}). {why} Afterwards I will {nxt}.",
-                     f"Step {k + 1}. {why} So: click ({x},{y}), on {what}. Then {nxt}."]
+                     f"Looking at the page, {what} sits at ({x},{y}). {why}",
+                     f"Step {k + 1}. {why} So: click ({x},{y}), on {what}."]
         elif (m := _TYPE.match(t)) is not None:
             field, text = m["field"], m["text"]
-            forms = [f"The {field} has the focus and holds nothing; typing '{text}'. Next: {nxt}.",
+            forms = [f"The {field} has the focus and holds nothing; typing '{text}'.",
                      f"Done so far: {done}. I enter '{text}' in the {field}.",
-                     f"Step {k + 1}. '{text}' goes into the {field}, which is focused. Then {nxt}.",
-                     f"I type '{text}': the {field} is empty and focused. Afterwards I will {nxt}."]
+                     f"Step {k + 1}. '{text}' goes into the {field}, which is focused.",
+                     f"I type '{text}': the {field} is empty and focused."]
         elif t == DONE_THOUGHT and a["action"] == "terminate":
             forms = [f"Done so far: {done}. Nothing is left, so I finish with success.",
                      "Every part of the goal is satisfied; the task is finished.",
                      f"Step {k + 1}. The page shows the goal reached. I stop with success.",
                      "All required actions are complete, so I terminate successfully."]
-        else:
-            raise ValueError(f"step {k}: not a long expert thought: {t!r}")
+        else:  # any other registered action (key, swipe, wait, ...): its own words in a varied frame
+            forms = [f"Done so far: {done}. {t}",
+                     f"Step {k + 1}. {t}",
+                     f"{t} So I {gists[k]}.",
+                     f"Looking at the page: {t}"]
         out.append(rng.choice(forms))
     return out
 
@@ -256,6 +291,35 @@ def expert_click_tab_2(obs):
     return _click(nxt, f"The link '{t}' is not on this tab; I open {nxt.text} to look there.")
 
 
+def expert_memory(obs):
+    """The memory tasks (envs/miniwob_pages/memory.html): note the fact while it is on screen, press the one
+    button of each page in between, then pick the noted fact among the choices. The fact is on no later
+    screen, so the expert takes it from obs["notes"] (the notes of its own earlier steps, as the agent has
+    its earlier thoughts) and raises ExpertError without one."""
+    dom, notes = obs["dom"], obs.get("notes") or []
+    what = "name" if "name" in obs["goal"] else "code"
+    fact = next((e for e in dom if e.id == "fact"), None)
+    if fact is not None:
+        st = _click(_by_id(dom, "next"), f"The {what} is {fact.label}; I note it and click Next to go on.")
+        st.note = fact.label
+        return st
+    go = next((e for e in dom if e.id == "go"), None)
+    if go is not None:
+        return _click(go, f"The page shows one button, '{go.label}'; I click it to go on.")
+    if not notes:
+        raise ExpertError(f"the {what} must be chosen, but no note holds it")
+    noted = notes[-1]
+    texts = {e.parent: (e.text or "").strip() for e in dom if e.tag == "t"}
+    radios = [e for e in dom if e.tag == "input_radio"]
+    if radios:
+        radio = _find(radios, lambda e: texts.get(e.parent) == noted, f"the choice {noted!r}")
+        if radio.value is not True:
+            return _click(radio, f"'{noted}' is the {what} I noted at the start, so I select it.")
+        return _click(_by_id(dom, "subbtn"), f"'{noted}' is selected; I click Submit.")
+    opt = _find(dom, lambda e: e.tag == "button" and _text_is(e, noted), f"the choice {noted!r}")
+    return _click(opt, f"It is the {what} I noted at the start, so I click it.")
+
+
 def expert_enter_text(obs):
     t, dom = obs["fields"]["target"], obs["dom"]
     step = _fill(_by_id(dom, "tt", "the text field"), t, "text field")
@@ -371,7 +435,18 @@ EXPERTS: dict[str, Callable[[dict], ExpertStep]] = {
     "login-user": expert_login_user,
     "search-engine": expert_search_engine,
     "multi-layouts": expert_multi_layouts,
+    **{task: expert_memory for task in MEMORY_TASKS},
 }
+PACKAGE_TASKS = sorted(t for t in EXPERTS if t not in MEMORY_TASKS)  # the 18 MiniWob++ tasks with an expert
+
+
+def task_list(names: list[str]) -> list[str]:
+    """Task names as the command lines take them: "all" -> the 18 MiniWob++ tasks with an expert (the set the
+    shipped data/miniwob/{train,test}.jsonl hold), "memory" -> the memory tasks; other names as given."""
+    out = []
+    for n in names:
+        out += PACKAGE_TASKS if n == "all" else MEMORY_TASKS if n == "memory" else [n]
+    return list(dict.fromkeys(out))
 
 
 # -----------------------------------------------------------------------------
@@ -393,10 +468,12 @@ def expert_episode(env: MiniWobEnv, seed: int, max_steps: int = MAX_EXPERT_STEPS
         raise ValueError(f"expert_episode: thoughts must be 'long', 'short' or 'varied', got {thoughts!r}")
     expert = EXPERTS[env.task]
     obs = env.reset(seed)
-    goal, steps, reward, info = obs["goal"], [], 0.0, {}
+    goal, steps, reward, info, notes = obs["goal"], [], 0.0, {}, []
     for _ in range(max_steps):
-        st = expert(obs)
-        thought = short_thought(st.action, st.target) if thoughts == "short" else st.thought
+        st = expert({**obs, "notes": list(notes)})
+        if st.note is not None:
+            notes.append(st.note)
+        thought = short_thought(st.action, st.target, st.note) if thoughts == "short" else st.thought
         steps.append({"screenshot": obs["screenshot"], "action": st.action, "thought": thought,
                       "elements": obs["elements"],
                       "candidate_bbox": [st.target.box] if st.target is not None else []})
@@ -421,9 +498,20 @@ def expert_episode(env: MiniWobEnv, seed: int, max_steps: int = MAX_EXPERT_STEPS
 # built-in policies (online evaluation: envs/miniwob_env.evaluate_online)
 
 
+_NOTES: dict[tuple[str, int], list[str]] = {}  # (task, seed) -> the expert's notes so far in that episode
+
+
 def expert_policy(obs: dict, step: int) -> dict:
-    """The scripted expert as a policy (reads obs["dom"] and obs["fields"])."""
-    return EXPERTS[obs["task"]](obs).action
+    """The scripted expert as a policy (reads obs["dom"] and obs["fields"]). It keeps the notes its steps
+    take (ExpertStep.note) per (task, seed), from step 0 on, as an agent keeps its earlier thoughts: the
+    memory tasks need them. An episode runs in one thread at a time, so the dict needs no lock."""
+    key = (obs["task"], obs["seed"])
+    if step == 0:  # a new episode of this (task, seed): forget the notes of an earlier play of it
+        _NOTES.pop(key, None)
+    st = EXPERTS[obs["task"]]({**obs, "notes": list(_NOTES.get(key, []))})
+    if st.note is not None:
+        _NOTES.setdefault(key, []).append(st.note)
+    return st.action
 
 
 def random_click_policy(obs: dict, step: int) -> dict:
@@ -440,7 +528,7 @@ def check_tasks(tasks, need_expert: bool = False) -> None:
     """Raise ValueError naming the first task that is no MiniWob++ task (or, with need_expert, has
     no scripted expert here)."""
     for task in tasks:
-        if not (HTML_DIR / f"{task}.html").exists():
+        if not is_task(task):
             raise ValueError(f"unknown MiniWob++ task {task!r} (tasks with an expert: {', '.join(sorted(EXPERTS))})")
         if need_expert and task not in EXPERTS:
             raise ValueError(f"task {task!r} has no scripted expert (those with one: {', '.join(sorted(EXPERTS))})")
@@ -458,7 +546,8 @@ def main(argv=None):
     ev = sub.add_parser("eval", help="online evaluation of a built-in policy", formatter_class=cli.HelpFormatter,
                         epilog=ap.epilog)
     ev.add_argument("--policy", choices=sorted(POLICIES), default="expert", help="policy to run")
-    ev.add_argument("--tasks", nargs="+", type=cli.miniwob_task_or_all, default=["all"], help="task names, or 'all' (experts)")
+    ev.add_argument("--tasks", nargs="+", type=cli.miniwob_task_or_all, default=["all"],
+                    help="task names, 'all' (the 18 MiniWob++ tasks with an expert) or 'memory' (the memory tasks)")
     ev.add_argument("--seeds", type=cli.positive_int, default=20, help="episodes per task")
     ev.add_argument("--seed-base", type=cli.non_negative_int, default=TEST_SEED_BASE, help="first seed")
     ev.add_argument("--max-steps", type=cli.positive_int, default=15, help="step limit per episode")
@@ -472,7 +561,7 @@ def main(argv=None):
     sh.add_argument("--seed", type=cli.non_negative_int, default=0, help="episode seed")
     args = ap.parse_args(argv)
     try:
-        check_tasks([args.task] if args.cmd == "show" else [] if args.tasks == ["all"] else args.tasks,
+        check_tasks([args.task] if args.cmd == "show" else task_list(args.tasks),
                     need_expert=args.cmd == "show" or args.policy == "expert")
     except ValueError as e:
         raise cli.UsageError(str(e)) from None
@@ -493,7 +582,7 @@ def main(argv=None):
                            "steps": len(ep["steps"])}))
         return
 
-    tasks = sorted(EXPERTS) if args.tasks == ["all"] else args.tasks
+    tasks = task_list(args.tasks)
     seeds = list(range(args.seed_base, args.seed_base + args.seeds))
     t0 = time.time()
     res = evaluate_online(POLICIES[args.policy], tasks, seeds, max_steps=args.max_steps,

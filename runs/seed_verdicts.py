@@ -16,7 +16,6 @@ test was not run on it.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path

@@ -17,8 +17,12 @@ and listed in the manifest. Train and test splits use disjoint seed ranges
     python tools/make_miniwob_data.py --tasks click-test focus-text click-dialog click-button \
         --train-seeds 150 --thoughts short --out /tmp/miniwob_click   # a set a tiny model learns
     python tools/make_miniwob_data.py --restyle data/miniwob/rl.jsonl data/miniwob/rl_varied.jsonl  # no browser
+    python tools/make_miniwob_data.py --tasks memory-code-1 memory-name-2 memory-code-3 --out data/miniwob \
+        --prefix memory_ --train-seeds 64 --train-seed-base 400000 --test-seeds 16 --test-seed-base 500000 \
+        --rl-seeds 48 --rl-seed-base 600000      # the memory tasks beside the others (data/miniwob/README.md)
 
-Writes (replacing only these): OUT/train.jsonl, OUT/test.jsonl, OUT/images/, OUT/manifest.json.
+Writes (replacing only these): OUT/train.jsonl, OUT/test.jsonl, OUT/rl.jsonl (with --rl-seeds), OUT/images/,
+OUT/manifest.json; with --prefix P: OUT/P{train,test,rl}.jsonl, OUT/Pmanifest.json and the images of --tasks.
 Line format:
     {"goal", "episode_id": "<task>-<seed>", "task", "seed", "image_size": [168, 224],
      "steps": [{"screenshot": "images/<task>-<seed>-<k>.png", "action_content": {...},
@@ -28,6 +32,7 @@ Line format:
 import json
 import multiprocessing as mp
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -43,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 import cli  # noqa: E402
 from envs import miniwob_env as me  # noqa: E402
 from envs import miniwob_experts as experts  # noqa: E402
+from envs.miniwob_tasks import OWN_TASKS  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # config
@@ -50,14 +56,20 @@ from envs import miniwob_experts as experts  # noqa: E402
 ap = cli.make_parser(__doc__)
 # data
 ap.add_argument("--out", default="data/miniwob", help="output folder")
-ap.add_argument("--tasks", nargs="+", type=cli.miniwob_task_or_all, default=["all"], help="task names, or 'all' (every expert)")
+ap.add_argument("--tasks", nargs="+", type=cli.miniwob_task_or_all, default=["all"],
+                help="task names, 'all' (the 18 MiniWob++ tasks with an expert) or 'memory' (the memory tasks)")
 ap.add_argument("--train-seeds", type=cli.positive_int, default=24, help="train episodes per task")
 ap.add_argument("--test-seeds", type=cli.positive_int, default=8, help="held-out test episodes per task")
 ap.add_argument("--train-seed-base", type=cli.non_negative_int, default=me.TRAIN_SEED_BASE, help="first train seed")
 ap.add_argument("--test-seed-base", type=cli.non_negative_int, default=me.TEST_SEED_BASE, help="first test seed")
+ap.add_argument("--prefix", default="",
+                help="name the files PREFIX{train,test,rl}.jsonl and PREFIXmanifest.json, and replace only the images of "
+                     "--tasks in OUT/images/ (the rest stay): a task family beside others in one folder, one image root")
+ap.add_argument("--rl-seeds", type=cli.non_negative_int, default=0, help="RL demonstration episodes per task (OUT/rl.jsonl; 0: none)")
+ap.add_argument("--rl-seed-base", type=cli.non_negative_int, default=300_000, help="first RL seed")
 ap.add_argument("--thoughts", choices=["long", "short", "varied"], default="long",
                 help="long: the expert's reasoning; short: 'Click button 'okay' at (24,73).' (fewer target tokens); "
-                     "varied: as a stronger model writes them, several phrasings and details (experts.varied_thoughts)")
+                     "varied: four rule-based phrasings per action with extra details (experts.varied_thoughts)")
 ap.add_argument("--restyle", nargs=2, metavar=("IN", "OUT"), default=None,
                 help="no browser: copy the long-thought episodes of JSONL IN to OUT with --thoughts varied "
                      "(same screenshots and actions; OUT beside IN, so the image paths hold)")
@@ -128,6 +140,9 @@ def versions():
 # -----------------------------------------------------------------------------
 # main
 
+LICENCE = ("the project's own page, built on MiniWob++'s core.js (MIT licence; Copyright 2016 OpenAI, "
+           "2018 Stanford University, 2022 Farama Foundation)")
+
 
 def restyle(src: Path, dst: Path) -> dict:
     """Write the episodes of `src` (long expert thoughts) to `dst` with varied thoughts (experts.varied_thoughts,
@@ -158,26 +173,34 @@ def main(argv=None):
             raise cli.UsageError(f"--restyle {src}: no such file")
         print(cli.dumps(restyle(src, dst)))
         return
-    tasks = sorted(experts.EXPERTS) if args.tasks == ["all"] else sorted(set(args.tasks))
+    tasks = sorted(experts.task_list(args.tasks))
     try:
         experts.check_tasks(tasks, need_expert=True)
     except ValueError as e:
         raise cli.UsageError(str(e)) from None
-    if args.train_seed_base + args.train_seeds > args.test_seed_base and \
-            args.test_seed_base + args.test_seeds > args.train_seed_base:
-        raise cli.UsageError(f"train seeds {args.train_seed_base}+{args.train_seeds} and test seeds "
-                               f"{args.test_seed_base}+{args.test_seeds} overlap")
+    ranges = {"train": (args.train_seed_base, args.train_seeds), "test": (args.test_seed_base, args.test_seeds),
+              "rl": (args.rl_seed_base, args.rl_seeds)}
+    for a, b in (("train", "test"), ("train", "rl"), ("test", "rl")):
+        (sa, na), (sb, nb) = ranges[a], ranges[b]
+        if na > 0 and nb > 0 and sa + na > sb and sb + nb > sa:
+            raise cli.UsageError(f"{a} seeds {sa}+{na} and {b} seeds {sb}+{nb} overlap")
     if args.workers < 1:
         raise cli.UsageError(f"--workers {args.workers}: need at least 1")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("train.jsonl", "test.jsonl", "manifest.json"):
-        (out / name).unlink(missing_ok=True)
-    shutil.rmtree(out / "images", ignore_errors=True)
-    (out / "images").mkdir()
+    pre = args.prefix
+    for name in ("train.jsonl", "test.jsonl", "rl.jsonl", "manifest.json"):
+        (out / f"{pre}{name}").unlink(missing_ok=True)
+    if pre:  # only these tasks' images go: images/<task>-<seed>-<k>.png
+        mine = re.compile("^(" + "|".join(map(re.escape, tasks)) + r")-\d+-\d+\.png$")
+        for f in (out / "images").glob("*.png"):
+            if mine.match(f.name):
+                f.unlink()
+    else:
+        shutil.rmtree(out / "images", ignore_errors=True)
+    (out / "images").mkdir(exist_ok=True)
 
-    splits = {"train": range(args.train_seed_base, args.train_seed_base + args.train_seeds),
-              "test": range(args.test_seed_base, args.test_seed_base + args.test_seeds)}
+    splits = {s: range(b, b + n) for s, (b, n) in ranges.items() if s != "rl" or n > 0}
     jobs = [(t, {s: list(seeds) for s, seeds in splits.items()}, str(out), args.max_steps,
              args.step_timeout, args.retries, args.thoughts) for t in tasks]
     t0 = time.time()
@@ -203,11 +226,11 @@ def main(argv=None):
     manifest_splits, per_task = {}, {r["task"]: {} for r in results}
     for split, seeds in splits.items():
         eps = [e for r in results for e in r["episodes"][split]]
-        with open(out / f"{split}.jsonl", "w") as f:
+        with open(out / f"{pre}{split}.jsonl", "w") as f:
             for e in eps:
                 f.write(cli.dumps(e) + "\n")
         manifest_splits[split] = {
-            "file": f"{split}.jsonl", "seed_base": seeds.start, "seeds_per_task": len(seeds),
+            "file": f"{pre}{split}.jsonl", "seed_base": seeds.start, "seeds_per_task": len(seeds),
             "episodes": len(eps), "steps": sum(len(e["steps"]) for e in eps),
             "skipped": {r["task"]: r["skipped"][split] for r in results if r["skipped"][split]}}
         for r in results:
@@ -216,27 +239,34 @@ def main(argv=None):
                 "steps": sum(len(e["steps"]) for e in r["episodes"][split])}
     env_steps = sum(r["env_steps"] for r in results)
     env_seconds = sum(r["env_seconds"] for r in results)  # inside episodes: reset, steps, shots
-    n_files = sum(1 for _ in (out / "images").iterdir())
-    size_mb = sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) / 2**20
+    written = [out / st["screenshot"] for r in results for eps in r["episodes"].values()
+               for e in eps for st in e["steps"]]
+    written += [out / m["file"] for m in manifest_splits.values()]
+    n_files = len(written) - len(manifest_splits)  # the images this run wrote (one per step)
+    size_mb = sum(p.stat().st_size for p in written) / 2**20
     manifest = {
         "format": "UI-S1 episode JSONL; coordinates and boxes in original screenshot pixels",
         "source": "MiniWob++ scripted DOM experts (envs/miniwob_experts.py)",
         "tasks": tasks, "image_size": [me.SCREEN_W, me.SCREEN_H], "splits": manifest_splits,
         "per_task": per_task, "versions": versions(),
+        # the project's own pages (written on MiniWob++'s core.js, MIT): where each lives and its knobs
+        "own_tasks": {t: {"page": f"envs/miniwob_pages/{OWN_TASKS[t][0]}", "knobs": OWN_TASKS[t][1],
+                          "licence": LICENCE}
+                      for t in tasks if t in OWN_TASKS},
         "success": f"raw_reward >= {me.SUCCESS_RAW_REWARD}",
         "args": vars(args),
         "timing": {"seconds": round(seconds, 1), "workers": args.workers, "env_steps": env_steps,
                    "seconds_per_env_step": round(env_seconds / max(env_steps, 1), 4)},
         "images": n_files,
     }
-    (out / "manifest.json").write_text(cli.dumps(manifest, indent=1) + "\n")
+    (out / f"{pre}manifest.json").write_text(cli.dumps(manifest, indent=1) + "\n")
     summary = {"out": str(out), "seconds": round(seconds, 1), "env_steps": env_steps,
                "seconds_per_env_step": manifest["timing"]["seconds_per_env_step"],
                "images": n_files, "size_mb": round(size_mb, 2),
                **{f"{s}_episodes": m["episodes"] for s, m in manifest_splits.items()},
                **{f"{s}_steps": m["steps"] for s, m in manifest_splits.items()},
                "skipped": sum(len(v) for m in manifest_splits.values() for v in m["skipped"].values())}
-    print(f"next: python train_sft.py --data {out / 'train.jsonl'}", flush=True)
+    print(f"next: python train_sft.py --data {out / f'{pre}train.jsonl'}", flush=True)
     print(cli.dumps(summary))
 
 
