@@ -79,6 +79,7 @@ import chat
 import cli
 import dataset
 import gui
+import policies
 import report
 import reward
 import score
@@ -100,6 +101,14 @@ from vlm import sampling_mode
 
 
 size_arg = cli.arg_type(gui.parse_size)  # argparse type for 'WxH' -> (W, H)
+# published step protocols by name: the static walk under (match rules, step instruction shown)
+NAMED_PROTOCOLS = {
+    "androidcontrol-high": ("androidcontrol", False, "AndroidControl-High (goal only; type acc and step SR, "
+                            "--match-rules androidcontrol)"),
+    "androidcontrol-low": ("androidcontrol", True, "AndroidControl-Low (goal + step instruction; --match-rules "
+                           "androidcontrol)"),
+    "aitw": ("aitw", None, "the AITW 14%% rule (--match-rules aitw)"),
+}
 input_file = cli.arg_type(cli.input_file)  # argparse type: a readable file
 # prompt options that must agree with training: read from a checkpoint's args.json unless given
 
@@ -116,9 +125,12 @@ def sop_parser() -> argparse.ArgumentParser:
                    help="how the data files store swipes (default: declared per episode, or known for the shipped "
                    "files; a file with swipes and neither is an error)")
     p.add_argument("--match-rules", choices=reward.MATCH_RULES, default="strict",
-                   help="strict (ours; the reward's rules) or release (the UI-S1 release's SOP scoring as it ran, "
+                   help="strict (ours; the reward's rules); release (the UI-S1 release's SOP scoring as it ran, "
                    "for comparison with the paper: its parse and check, and an episode with a response its code "
-                   "raised on gets progress 0; README 'Reward rules and trivial-policy floors')")
+                   "raised on gets progress 0; README 'Reward rules and trivial-policy floors'); androidcontrol "
+                   "(0.04 x the longer side or any candidate box x1.2, texts by containment); aitw (the 14%% rule: "
+                   "taps within 0.14 or in one element box grown 1.4x, moves <= 0.04 are taps, no text check); "
+                   "docs/method.md §8")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--image-root", default=None, type=cli.arg_type(cli.input_dir), help="folder holding the screenshots (default: paths as recorded)")
     g.add_argument("--blank-screens", type=size_arg, default=None,
@@ -130,8 +142,9 @@ def sop_parser() -> argparse.ArgumentParser:
     chat.add_prompt_args(p)  # the prompt contract; a model policy adopts its checkpoint's (and caps the budget at
     # its context minus --max-new-tokens, docs/method.md §10)
     # policy
-    p.add_argument("--policy", choices=["expert", "model"], default="expert",
-                   help="who acts: expert = replay the expert actions; model = greedy responses of --model")
+    p.add_argument("--policy", choices=["expert", "model", "openai"], default="expert",
+                   help="who acts: expert = replay the expert actions; model = greedy responses of --model; openai = "
+                   "a model served behind an OpenAI-compatible endpoint (--base-url, --served-model; policies.py)")
     p.add_argument("--model", default="tiny", type=cli.arg_type(cli.model_path),
                    help="'tiny' (random, seeded by --seed), a Hugging Face folder, a checkpoint folder, or a folder "
                    "with a `latest` pointer (e.g. out/sft/ckpt); the prompt contract's fields not given come from its args.json")
@@ -144,9 +157,22 @@ def sop_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", default="auto", choices=DECODE_MODES,
                    help="sampler decode: auto (graph on CUDA, else eager), eager (the reference), static, graph (CUDA graphs)")
     p.add_argument("--seed", type=int, default=0, help="seed of the tiny model's init")
+    # served model (--policy openai; policies.py): the API key is read from $OPENAI_API_KEY
+    p.add_argument("--base-url", default=None, help="the server's URL up to /v1, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--served-model", default=None, help="the model name the server serves (vllm serve's --served-model-name)")
+    p.add_argument("--action-format", choices=list(policies.ADAPTERS), default="uis1",
+                   help="the served model's family (system prompt, answer format, coordinates): " +
+                   "; ".join(f"{k}: {a.about}" for k, a in policies.ADAPTERS.items()).replace("%", "%%"))
+    p.add_argument("--concurrency", type=int, default=8, help="requests in flight at once")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    p.add_argument("--retries", type=int, default=3,
+                   help="retries of a request after a network error, HTTP 429 or 5xx (backoff 1, 2, 4 ... s); then "
+                   "the step is a wrong step and the episode records the error")
     # protocols
-    p.add_argument("--protocol", nargs="+", choices=["sop", "static"], default=["sop"],
-                   help="offline protocols on --data: sop (own history) and/or static (expert history)")
+    p.add_argument("--protocol", nargs="+", choices=["sop", "static", *NAMED_PROTOCOLS], default=["sop"],
+                   help="offline protocols on --data: sop (own history) and/or static (expert history); or a published "
+                   "step protocol by name (static under its rules; README 'Step protocols'): " +
+                   "; ".join(f"{k}: {v[2]}" for k, v in NAMED_PROTOCOLS.items()))
     p.add_argument("--online", action="store_true", help="also evaluate online in live MiniWob++ (chromium)")
     p.add_argument("--online-tasks", nargs="+", default=None,
                    help="MiniWob++ tasks (default: the tasks of --data, else every task with an expert)")
@@ -239,10 +265,14 @@ def walk(episodes: list[dataset.Episode], sampler, args, tokenizer, image_proces
             for (k, _), p in sop_progress(records, lens, zero_on_error=args.match_rules == "release").items():
                 progress[lo + k] = p
             for r in records:  # in (step, episode) order; the prompt (tokens, pixels) is not kept
+                served = r.finish_reason.startswith("error")  # a served model's request failed after its retries
                 rows[lo + r.task_idx].append({"t": r.step_idx, "response": r.response, "reward": r.reward,
-                                              "match": r.match, "type_match": r.type_match, "error": r.error,
-                                              "truncated": r.finish_reason != "stop",
+                                              "match": r.match, "type_match": r.type_match,
+                                              "error": f"server {r.finish_reason}" if served else r.error,
+                                              "server_error": served, "truncated": r.finish_reason == "length",
                                               "resized_size": r.prompt.resized_size})
+                if isinstance(sampler, policies.ServedSampler):  # the raw answer, for `score --action-format`
+                    rows[lo + r.task_idx][-1]["raw"] = sampler.raw.pop(id(r.prompt), ("", None))[0]
                 ids = getattr(r.prompt, "input_ids", None)  # None: a StepPrompt, no prompt was built
                 if ids is not None:
                     stats["max_tokens"] = max(stats["max_tokens"], len(ids))
@@ -250,7 +280,8 @@ def walk(episodes: list[dataset.Episode], sampler, args, tokenizer, image_proces
                     budget = spec.max_prompt_tokens
                     stats["over"] += budget is not None and len(ids) > budget  # the current turn alone is too long
                 stats["responses"] += 1
-                stats["truncated"] += r.finish_reason != "stop"
+                stats["truncated"] += r.finish_reason == "length"
+                stats["server_errors"] += served
                 stats["tokens"] += len(r.response_ids)
             bar.update(len(chunk))
     bar.close()
@@ -283,7 +314,9 @@ def run_sop(episodes: list[dataset.Episode], walker, args, show: set[int]) -> tu
                         "correct": correct, "success": correct == n, "rewards": [s["reward"] for s in steps],
                         "matches": [bool(s["match"]) for s in steps],
                         "malformed": sum(malformed), "truncated": sum(s["truncated"] for s in steps),
-                        "errors": [s["error"] for s in steps], "responses": [s["response"] for s in steps]})
+                        "errors": [s["error"] for s in steps], "responses": [s["response"] for s in steps],
+                        "server_error": next((s["error"] for s in steps if s["server_error"]), None),
+                        **({"raw_responses": [s["raw"] for s in steps]} if steps and "raw" in steps[0] else {})})
         if i in show:
             wrong = next((s["t"] for s in steps if not s["match"]), None)
             outcome = report.sop_outcome(correct, n, malformed[-1])
@@ -306,7 +339,8 @@ def run_static(episodes: list[dataset.Episode], walker, args, show: set[int]) ->
             records.append({"episode": i, "episode_id": ep.episode_id, "task": ep.task, "t": s["t"],
                             "expert_type": ep.steps[s["t"]].action["action"], "type_match": s["type_match"],
                             "match": s["match"], "reward": s["reward"], "malformed": s["error"] is not None,
-                            "truncated": s["truncated"], "error": s["error"], "response": s["response"]})
+                            "truncated": s["truncated"], "error": s["error"], "response": s["response"],
+                            "server_error": s["server_error"], **({"raw": s["raw"]} if "raw" in s else {})})
         if i in show:
             wrong = [s["t"] for s in steps if not s["match"]]
             shown.append({"title": f"{ep.episode_id} ({ep.task})", "goal": ep.goal, "success": not wrong,
@@ -508,14 +542,32 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     if args.policy == "expert" and "model" in cli.explicit_flags(parser, argv):
         raise cli.UsageError(f"--model {args.model} is given but --policy is expert (the default): add --policy model")
+    if (args.policy == "openai") != bool(args.base_url and args.served_model) or \
+            (args.policy != "openai" and (args.base_url or args.served_model)):
+        raise cli.UsageError("--policy openai needs --base-url and --served-model (and only it takes them)")
+    named = [p for p in args.protocol if p in NAMED_PROTOCOLS]
+    if named:  # a published step protocol: the static walk under its rules (and step-instruction setting)
+        given = cli.explicit_flags(parser, argv)
+        rules, instruction, _ = NAMED_PROTOCOLS[named[0]]
+        if len(named) > 1 or ("match_rules" in given and args.match_rules != rules) or \
+                (instruction is not None and args.step_instruction not in (None, instruction)):
+            raise cli.UsageError(f"--protocol {' '.join(named)}: one named protocol a run, and it sets --match-rules "
+                                 f"{rules}" + (f" and {'--' if instruction else '--no-'}step-instruction" if
+                                               instruction is not None else ""))
+        args.match_rules = rules
+        if instruction is not None:
+            args.step_instruction = instruction
+        args.protocol = list(dict.fromkeys("static" if p in NAMED_PROTOCOLS else p for p in args.protocol))
+    args.named_protocol = named[0] if named else None
     for flag, value, low in (("--max-new-tokens", args.max_new_tokens, 1), ("--batch-size", args.batch_size, 1),
+                             ("--concurrency", args.concurrency, 1), ("--retries", args.retries, 0),
                              ("--online-seeds", args.online_seeds, 1), ("--online-batch", args.online_batch, 1)):
         if value < low:
             raise cli.UsageError(f"{flag} {value}: must be >= {low}")
     if not args.data and not args.online:
         raise cli.UsageError("nothing to evaluate: give --data and/or --online")
-    if args.samples < 0 or (args.samples and not (args.online and args.policy == "model")):
-        raise cli.UsageError(f"--samples {args.samples}: must be >= 0, and > 0 only with --online --policy model")
+    if args.samples < 0 or (args.samples and not (args.online and args.policy in ("model", "openai"))):
+        raise cli.UsageError(f"--samples {args.samples}: must be >= 0, and > 0 only with --online --policy model|openai")
     if not args.temperature > 0:
         raise cli.UsageError(f"--temperature {args.temperature}: must be > 0")
     t0 = time.time()
@@ -537,6 +589,13 @@ def main(argv: list[str] | None = None) -> dict:
         ctx = getattr(cfg.get_text_config(), "max_position_embeddings", None) if cfg is not None else None
         if ctx:
             budget = min(budget or ctx, ctx - args.max_new_tokens)
+    if args.policy == "openai":  # a served model: the prompt is built here (the server's tokenizer by default)
+        tokenizer, image_processor = vlm.load_processor(args.tokenizer, min_pixels=spec.min_pixels,
+                                                        max_pixels=spec.max_pixels)
+        sampler = policies.ServedSampler(args.base_url, args.served_model, policies.ADAPTERS[args.action_format],
+                                         api_key=policies.api_key_from_env(), max_new_tokens=args.max_new_tokens,
+                                         concurrency=args.concurrency, timeout=args.timeout, retries=args.retries,
+                                         temperature=args.temperature)
     spec = dataclasses.replace(spec, max_prompt_tokens=budget)
     stats = Counter()  # prompts: max_tokens, budgeted, over; responses: responses, truncated, tokens
 
@@ -567,7 +626,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     # --- protocols
     summary = {"policy": args.policy, "model": args.model if args.policy == "model" else None,
-               "match_rules": args.match_rules,
+               "match_rules": args.match_rules, "named_protocol": args.named_protocol,
                "protocols": (list(args.protocol) if episodes else []) + (["online"] if args.online else []),
                "episodes": len(episodes), "steps": sum(len(e.steps) for e in episodes)}
     per_task: dict = defaultdict(dict)
@@ -628,7 +687,7 @@ def main(argv: list[str] | None = None) -> dict:
                                       if t in miniwob_experts.EXPERTS] or sorted(miniwob_experts.EXPERTS)
         base = miniwob_env.ONLINE_SEED_BASE if args.online_seed_base is None else args.online_seed_base
         seeds = list(range(base, base + args.online_seeds))
-        online_res, shown = run_online(sampler if args.policy == "model" else None, make_prompt_online, tasks,
+        online_res, shown = run_online(sampler if args.policy != "expert" else None, make_prompt_online, tasks,
                                        seeds, args, stats)
         o = online_res["overall"]
         malformed += online_res["malformed"]
@@ -656,7 +715,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"online sampled (K {args.samples}, T {args.temperature}): {note}", file=sys.stderr)
 
     # --- summary: last stdout line
-    built = args.policy == "model"  # the expert reads no prompt: none was built, nothing to count
+    built = args.policy != "expert"  # the expert reads no prompt: none was built, nothing to count
     summary.update({"max_prompt_tokens_seen": stats["max_tokens"] if built else None,
                     "prompts_budgeted": stats["budgeted"] if built else None,
                     "prompts_over_budget": stats["over"] if built else None, "prompt_budget": budget,
@@ -667,6 +726,15 @@ def main(argv: list[str] | None = None) -> dict:
     if built:
         summary.update({"responses": stats["responses"], "truncated_responses": stats["truncated"],
                         "response_tokens_mean": stats["tokens"] / max(stats["responses"], 1)})
+    if args.policy == "openai":  # requests, retries, failures; the episodes a failure ended (per episode in episodes.jsonl)
+        failed = [r for r in sop_records or [] if r["server_error"]]
+        summary["served"] = {"base_url": args.base_url, "served_model": args.served_model,
+                             "action_format": args.action_format, **sampler.stats,
+                             "steps_server_error": stats["server_errors"], "episodes_server_error": len(failed)}
+        if stats["server_errors"]:
+            print(f"eval_sop: {stats['server_errors']} steps got no answer from {args.base_url} after "
+                  f"{args.retries} retries (wrong steps; {len(failed)} SOP episodes ended by one): "
+                  f"{(failed[0]['server_error'] if failed else '')}", file=sys.stderr)
     summary["per_task"] = dict(per_task)
     summary["seconds"] = round(time.time() - t0, 1)
     if report_path:
@@ -684,10 +752,20 @@ def main(argv: list[str] | None = None) -> dict:
             if rows is not None:
                 with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
                     f.writelines(cli.dumps(r) + "\n" for r in rows)
+        if args.policy == "openai":  # the raw answers, for `eval_sop.py score --action-format` offline
+            with open(os.path.join(out_dir, "responses.jsonl"), "w", encoding="utf-8") as f:
+                for r in static_records or []:
+                    f.write(cli.dumps({"episode_id": r["episode_id"], "step": r["t"], "response": r.get("raw", ""),
+                                       "truncated": r["truncated"], "history": "expert"}) + "\n")
+                for r in sop_records or []:
+                    for t, raw in enumerate(r.get("raw_responses", [])):
+                        f.write(cli.dumps({"episode_id": r["episode_id"], "step": t, "response": raw,
+                                           "history": "own"}) + "\n")
         with open(os.path.join(out_dir, "result.json"), "w", encoding="utf-8") as f:
             f.write(cli.dumps({**summary, "args": vars(args)}, indent=1))
     if report_path:
-        title = f"eval_sop: {args.policy}" + (f" {args.model}" if args.policy == "model" else "")
+        title = f"eval_sop: {args.policy}" + (f" {args.model}" if args.policy == "model" else "") + \
+            (f" {args.served_model} at {args.base_url} ({args.action_format})" if args.policy == "openai" else "")
         report.write_report(report_path, title, summary, sections)
     if out_dir or report_path:  # where the outputs are (the last line stays the JSON summary)
         print(f"results: {os.path.join(out_dir, 'result.json') if out_dir else args.out}"
