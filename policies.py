@@ -234,7 +234,7 @@ def agentcpm_parse(text: str, size) -> tuple[str, dict | None]:
     if isinstance(pt, list) and len(pt) == 2 and None not in (_num(pt[0]), _num(pt[1])):
         start = _rel_to_px(_num(pt[0]), _num(pt[1]), size)
         to = obj.get("to")
-        if to in _OPPOSITE:
+        if isinstance(to, str) and to in _OPPOSITE:
             return thought, {"action": "swipe", "coordinate": start, "coordinate2": _finger(to, start, size)}
         if isinstance(to, list) and len(to) == 2 and None not in (_num(to[0]), _num(to[1])):
             return thought, {"action": "swipe", "coordinate": start, "coordinate2": _rel_to_px(_num(to[0]), _num(to[1]), size)}
@@ -293,11 +293,11 @@ class Adapter:
         resized image of `size`); a malformed answer comes back unchanged, and so scores as malformed."""
         if self.parse is None:
             return raw
-        thought, action = self.parse(raw, size)
-        try:
+        try:  # a parser's slip on an odd answer is a malformed answer, never a crash
+            thought, action = self.parse(raw, size)
             action = gui.check_action(action) if action is not None else None
-        except ValueError:
-            action = None
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError):
+            thought, action = None, None
         return raw if action is None else gui.format_response(thought or "", action)
 
     def from_response(self, text: str, size: tuple[int, int]) -> str:
