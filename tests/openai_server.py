@@ -5,8 +5,11 @@ project's own sampler (sampler.Sampler), greedy at temperature 0.
 It receives messages as any OpenAI client sends them (text parts, images as base64 data URLs),
 renders them with the checkpoint's chat template, expands each image's pads from its size and
 processes the pixels without resizing (the client sends screenshots already resized, as a
-Qwen2.5-VL server would leave them). `transformers serve` would be the natural server, but it needs
-FastAPI and Uvicorn, which the test environment does not install.
+Qwen2.5-VL server would leave them). Why not `transformers serve` (transformers 5.24): FastAPI and
+Uvicorn install from the registry, but it loads the checkpoint with AutoProcessor, whose Qwen2.5-VL
+video processor needs torchvision, and the registry's torchvision wheels (0.28.0 pins torch 2.13.0)
+are CUDA builds that fail to load against the CPU torch (2026-12-05: "operator torchvision::nms does
+not exist"); on a GPU machine `transformers serve` or `vllm serve` is the server to use.
 
     python tests/openai_server.py --model DIR [--port 0]   # prints "listening on PORT", then serves
 """

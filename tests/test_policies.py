@@ -124,8 +124,10 @@ def test_served_policy_equals_the_in_process_policy(checkpoint, server, tmp_path
     local = eval_sop.main(COMMON + ["--policy", "model", "--model", checkpoint, "--out", str(tmp_path / "local")])
     served = eval_sop.main(COMMON + ["--policy", "openai", "--base-url", server, "--served-model", "tiny",
                                      "--tokenizer", checkpoint, "--concurrency", "2", "--out", str(tmp_path / "served")])
-    print(json.dumps({k: (local[k], served[k]) for k in ("sop_pg", "sop_tsr", "static_step_sr", "static_type_acc")}),
-          file=sys.stderr)
+    with capsys.disabled():  # the figures, for the log (pytest -s)
+        print("\nin-process vs served:", json.dumps({k: (local[k], served[k]) for k in
+                                                     ("sop_pg", "sop_tsr", "static_step_sr", "static_type_acc",
+                                                      "episodes", "steps_run", "static_steps")}))
     assert 0 < local["sop_pg"] < 1  # the fitted first steps are right, the rest are not: a real comparison
     for k in ("sop_pg", "sop_tsr", "static_step_sr", "static_type_acc", "static_steps", "steps_run"):
         assert served[k] == local[k], k
