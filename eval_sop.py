@@ -30,7 +30,12 @@ Policies (each a sampler of the driver: .generate(prompts, n, greedy, seeds)):
   folder with a `latest` pointer) through sampler.Sampler. The driver walks --batch-size episodes
   at a time and sends the current step of every live one in ONE generate call (greedy ids do not
   depend on the batch's make-up).
-- recorded responses: the `score` subcommand scores them step by step with reward.score_response.
+- openai: a model served behind any OpenAI-compatible endpoint (policies.ServedSampler: --base-url,
+  --served-model, $OPENAI_API_KEY), sent the same prompts as `model`, its answers translated from its
+  family's format (--action-format); a request that fails after --retries is a wrong step whose episode
+  records why (server_error), and OUT/responses.jsonl keeps the raw answers.
+- recorded responses: the `score` subcommand scores them step by step with reward.score_response
+  (--action-format: another family's raw answers).
 
 Commands (the last stdout line is one JSON object; progress bars go to stderr):
     # expert replay on the AndroidControl test episodes, blank 1080x2400 screens (none ship)
@@ -50,6 +55,10 @@ Commands (the last stdout line is one JSON object; progress bars go to stderr):
     # AndroidControl-Low static metrics of a model
     python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl --policy model \\
         --model /models/Qwen2.5-VL-7B-Instruct --protocol static --step-instruction --blank-screens 1080x2400
+    # Qwen2.5-VL-7B behind `vllm serve ... --served-model-name q7b`, AndroidControl-Low step rules
+    python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl --image-root /data/ac \\
+        --policy openai --base-url http://127.0.0.1:8000/v1 --served-model q7b --action-format qwen25vl \\
+        --protocol androidcontrol-low
     # score recorded responses (coordinates in resized pixels) of any model
     python eval_sop.py score --data data/android_control/android_control_test_uis1.jsonl \\
         --responses responses.jsonl --out scores.jsonl --image-size 1080x2400
@@ -68,7 +77,6 @@ import math
 import os
 import sys
 import time
-import zlib
 from collections import Counter, defaultdict
 
 import torch
@@ -80,6 +88,7 @@ import cli
 import dataset
 import gui
 import policies
+from policies import OnlineModelPolicy, play_seed  # noqa: F401 -- the model as an online MiniWob++ policy
 import report
 import reward
 import score
@@ -101,14 +110,6 @@ from vlm import sampling_mode
 
 
 size_arg = cli.arg_type(gui.parse_size)  # argparse type for 'WxH' -> (W, H)
-# published step protocols by name: the static walk under (match rules, step instruction shown)
-NAMED_PROTOCOLS = {
-    "androidcontrol-high": ("androidcontrol", False, "AndroidControl-High (goal only; type acc and step SR, "
-                            "--match-rules androidcontrol)"),
-    "androidcontrol-low": ("androidcontrol", True, "AndroidControl-Low (goal + step instruction; --match-rules "
-                           "androidcontrol)"),
-    "aitw": ("aitw", None, "the AITW 14%% rule (--match-rules aitw)"),
-}
 input_file = cli.arg_type(cli.input_file)  # argparse type: a readable file
 # prompt options that must agree with training: read from a checkpoint's args.json unless given
 
@@ -125,12 +126,10 @@ def sop_parser() -> argparse.ArgumentParser:
                    help="how the data files store swipes (default: declared per episode, or known for the shipped "
                    "files; a file with swipes and neither is an error)")
     p.add_argument("--match-rules", choices=reward.MATCH_RULES, default="strict",
-                   help="strict (ours; the reward's rules); release (the UI-S1 release's SOP scoring as it ran, "
+                   help="strict (ours; the reward's rules) or release (the UI-S1 release's SOP scoring as it ran, "
                    "for comparison with the paper: its parse and check, and an episode with a response its code "
-                   "raised on gets progress 0; README 'Reward rules and trivial-policy floors'); androidcontrol "
-                   "(0.04 x the longer side or any candidate box x1.2, texts by containment); aitw (the 14%% rule: "
-                   "taps within 0.14 or in one element box grown 1.4x, moves <= 0.04 are taps, no text check); "
-                   "docs/method.md §8")
+                   "raised on gets progress 0; README 'Reward rules and trivial-policy floors'); androidcontrol, "
+                   "aitw: published step protocols' rules (reward.androidcontrol_match, reward.aitw_match)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--image-root", default=None, type=cli.arg_type(cli.input_dir), help="folder holding the screenshots (default: paths as recorded)")
     g.add_argument("--blank-screens", type=size_arg, default=None,
@@ -157,22 +156,11 @@ def sop_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", default="auto", choices=DECODE_MODES,
                    help="sampler decode: auto (graph on CUDA, else eager), eager (the reference), static, graph (CUDA graphs)")
     p.add_argument("--seed", type=int, default=0, help="seed of the tiny model's init")
-    # served model (--policy openai; policies.py): the API key is read from $OPENAI_API_KEY
-    p.add_argument("--base-url", default=None, help="the server's URL up to /v1, e.g. http://127.0.0.1:8000/v1")
-    p.add_argument("--served-model", default=None, help="the model name the server serves (vllm serve's --served-model-name)")
-    p.add_argument("--action-format", choices=list(policies.ADAPTERS), default="uis1",
-                   help="the served model's family (system prompt, answer format, coordinates): " +
-                   "; ".join(f"{k}: {a.about}" for k, a in policies.ADAPTERS.items()).replace("%", "%%"))
-    p.add_argument("--concurrency", type=int, default=8, help="requests in flight at once")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
-    p.add_argument("--retries", type=int, default=3,
-                   help="retries of a request after a network error, HTTP 429 or 5xx (backoff 1, 2, 4 ... s); then "
-                   "the step is a wrong step and the episode records the error")
+    policies.add_served_args(p)  # --base-url, --served-model, --action-format, --concurrency, --timeout, --retries
     # protocols
-    p.add_argument("--protocol", nargs="+", choices=["sop", "static", *NAMED_PROTOCOLS], default=["sop"],
+    p.add_argument("--protocol", nargs="+", choices=["sop", "static", *policies.NAMED_PROTOCOLS], default=["sop"],
                    help="offline protocols on --data: sop (own history) and/or static (expert history); or a published "
-                   "step protocol by name (static under its rules; README 'Step protocols'): " +
-                   "; ".join(f"{k}: {v[2]}" for k, v in NAMED_PROTOCOLS.items()))
+                   "step protocol by name, static under its rules: " + policies.PROTOCOL_HELP)
     p.add_argument("--online", action="store_true", help="also evaluate online in live MiniWob++ (chromium)")
     p.add_argument("--online-tasks", nargs="+", default=None,
                    help="MiniWob++ tasks (default: the tasks of --data, else every task with an expert)")
@@ -270,9 +258,8 @@ def walk(episodes: list[dataset.Episode], sampler, args, tokenizer, image_proces
                                               "match": r.match, "type_match": r.type_match,
                                               "error": f"server {r.finish_reason}" if served else r.error,
                                               "server_error": served, "truncated": r.finish_reason == "length",
-                                              "resized_size": r.prompt.resized_size})
-                if isinstance(sampler, policies.ServedSampler):  # the raw answer, for `score --action-format`
-                    rows[lo + r.task_idx][-1]["raw"] = sampler.raw.pop(id(r.prompt), ("", None))[0]
+                                              "resized_size": r.prompt.resized_size,
+                                              **policies.raw_answer(sampler, r.prompt)})
                 ids = getattr(r.prompt, "input_ids", None)  # None: a StepPrompt, no prompt was built
                 if ids is not None:
                     stats["max_tokens"] = max(stats["max_tokens"], len(ids))
@@ -348,75 +335,6 @@ def run_static(episodes: list[dataset.Episode], walker, args, show: set[int]) ->
                           f"{len(steps) - len(wrong)}/{len(steps)} steps right, first wrong action at step {wrong[0]}",
                           "steps": episode_views(ep, steps, args), "first_wrong": wrong[0] if wrong else None})
     return records, shown
-
-
-def play_seed(base: int, task: str, seed: int, sample: int, t: int) -> int:
-    """The sampler seed of sampled play `sample` of online episode (task, seed) at step t (a CRC-32): its
-    own draws, whatever else is in the batch and whatever K is (play j is the same for every K > j)."""
-    return zlib.crc32(f"{base}|{task}|{seed}|{sample}|{t}".encode())
-
-
-class OnlineModelPolicy:
-    """A batched miniwob_env policy: for every episode in flight, obs -> prompt with that episode's
-    own earlier responses -> one response of `sampler`, all prompts in one generate call -> action
-    in pixels of obs['screenshot']. Greedy when `sample` is None; else sampled play number `sample`
-    at `temperature`, each prompt seeded with play_seed(sample_seed, task, seed, sample, t) (a rerun
-    with the same batch size gives the same responses). Malformed output returns None (the env's
-    no-op that costs a step). Keeps report views of the (task, seed) episodes in `show`; stats gains
-    the response counts."""
-
-    batched = True  # miniwob_env.evaluate_online: one call for every episode in flight
-
-    def __init__(self, sampler, make_prompt_online, show: set, stats: dict, sample: int | None = None,
-                 temperature: float = 1.0, sample_seed: int = 0):
-        self.sampler, self.make_prompt, self.show, self.stats = sampler, make_prompt_online, show, stats
-        self.sample, self.temperature, self.sample_seed = sample, temperature, sample_seed
-        self.views: dict = {}
-        self.goals: dict = {}
-        self.state: dict = {}  # (task, seed) -> (screenshots, responses) of the episode in flight
-        self.n_malformed = 0
-
-    def __call__(self, obs_list: list[dict], steps: list[int]) -> list:
-        keys, prompts = [], []
-        for obs, t in zip(obs_list, steps):
-            key = (obs["task"], obs["seed"])
-            if t == 0:  # a new episode (or a retry after a browser fault)
-                self.state[key] = ([], [])
-                if key in self.show:
-                    self.views[key], self.goals[key] = [], obs["goal"]
-            shots, history = self.state[key]
-            shots.append(obs["screenshot"])
-            keys.append(key)
-            prompts.append(self.make_prompt(obs, shots, history))
-        if self.sample is None:
-            outs = self.sampler.generate(prompts, n=1, greedy=True)
-        else:  # the sampler's temperature for this call only (sampler.process_logits applies it)
-            seeds = [play_seed(self.sample_seed, k[0], k[1], self.sample, t) for k, t in zip(keys, steps)]
-            kept, self.sampler.temperature = self.sampler.temperature, self.temperature
-            try:
-                outs = self.sampler.generate(prompts, n=1, greedy=False, seeds=seeds)
-            finally:
-                self.sampler.temperature = kept
-        self.state = {k: self.state[k] for k in keys}  # an episode not asked about has ended
-        actions = []
-        for key, t, prompt, out in zip(keys, steps, prompts, (o[0] for o in outs)):
-            image = self.state[key][0][-1]
-            self.stats["responses"] += 1
-            self.stats["truncated"] += out.finish_reason != "stop"
-            self.stats["tokens"] += len(out.ids)
-            self.state[key][1].append(out.text)
-            parsed = gui.parse_response(out.text)
-            # the reward's strict rules: a response cut at the cap, or with text after its action, is a no-op
-            action = parsed.action if parsed.error is None and out.finish_reason == "stop" else None
-            self.n_malformed += action is None
-            if action is not None:  # model pixels (resized screenshot) -> pixels of the screenshot we were given
-                action = gui.scale_action(action, prompt.resized_size, image.size)
-            if key in self.views:
-                # no expert online: the action is drawn, "right" or "wrong" is the episode's outcome
-                self.views[key].append(report.step_view(t, image, image.size, None, out.text, action,
-                                                         action is not None, None))
-            actions.append(action)
-        return actions
 
 
 def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
@@ -542,25 +460,8 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     if args.policy == "expert" and "model" in cli.explicit_flags(parser, argv):
         raise cli.UsageError(f"--model {args.model} is given but --policy is expert (the default): add --policy model")
-    if (args.policy == "openai") != bool(args.base_url and args.served_model) or \
-            (args.policy != "openai" and (args.base_url or args.served_model)):
-        raise cli.UsageError("--policy openai needs --base-url and --served-model (and only it takes them)")
-    named = [p for p in args.protocol if p in NAMED_PROTOCOLS]
-    if named:  # a published step protocol: the static walk under its rules (and step-instruction setting)
-        given = cli.explicit_flags(parser, argv)
-        rules, instruction, _ = NAMED_PROTOCOLS[named[0]]
-        if len(named) > 1 or ("match_rules" in given and args.match_rules != rules) or \
-                (instruction is not None and args.step_instruction not in (None, instruction)):
-            raise cli.UsageError(f"--protocol {' '.join(named)}: one named protocol a run, and it sets --match-rules "
-                                 f"{rules}" + (f" and {'--' if instruction else '--no-'}step-instruction" if
-                                               instruction is not None else ""))
-        args.match_rules = rules
-        if instruction is not None:
-            args.step_instruction = instruction
-        args.protocol = list(dict.fromkeys("static" if p in NAMED_PROTOCOLS else p for p in args.protocol))
-    args.named_protocol = named[0] if named else None
+    policies.check_args(args, cli.explicit_flags(parser, argv))  # served flags; a named protocol -> static + its rules
     for flag, value, low in (("--max-new-tokens", args.max_new_tokens, 1), ("--batch-size", args.batch_size, 1),
-                             ("--concurrency", args.concurrency, 1), ("--retries", args.retries, 0),
                              ("--online-seeds", args.online_seeds, 1), ("--online-batch", args.online_batch, 1)):
         if value < low:
             raise cli.UsageError(f"{flag} {value}: must be >= {low}")
@@ -592,10 +493,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.policy == "openai":  # a served model: the prompt is built here (the server's tokenizer by default)
         tokenizer, image_processor = vlm.load_processor(args.tokenizer, min_pixels=spec.min_pixels,
                                                         max_pixels=spec.max_pixels)
-        sampler = policies.ServedSampler(args.base_url, args.served_model, policies.ADAPTERS[args.action_format],
-                                         api_key=policies.api_key_from_env(), max_new_tokens=args.max_new_tokens,
-                                         concurrency=args.concurrency, timeout=args.timeout, retries=args.retries,
-                                         temperature=args.temperature)
+        sampler = policies.served_sampler(args)
     spec = dataclasses.replace(spec, max_prompt_tokens=budget)
     stats = Counter()  # prompts: max_tokens, budgeted, over; responses: responses, truncated, tokens
 
@@ -726,15 +624,8 @@ def main(argv: list[str] | None = None) -> dict:
     if built:
         summary.update({"responses": stats["responses"], "truncated_responses": stats["truncated"],
                         "response_tokens_mean": stats["tokens"] / max(stats["responses"], 1)})
-    if args.policy == "openai":  # requests, retries, failures; the episodes a failure ended (per episode in episodes.jsonl)
-        failed = [r for r in sop_records or [] if r["server_error"]]
-        summary["served"] = {"base_url": args.base_url, "served_model": args.served_model,
-                             "action_format": args.action_format, **sampler.stats,
-                             "steps_server_error": stats["server_errors"], "episodes_server_error": len(failed)}
-        if stats["server_errors"]:
-            print(f"eval_sop: {stats['server_errors']} steps got no answer from {args.base_url} after "
-                  f"{args.retries} retries (wrong steps; {len(failed)} SOP episodes ended by one): "
-                  f"{(failed[0]['server_error'] if failed else '')}", file=sys.stderr)
+    if args.policy == "openai":  # requests, retries, failures, the SOP episodes a failure ended (said on stderr)
+        summary["served"] = policies.served_summary(args, sampler, stats["server_errors"], sop_records)
     summary["per_task"] = dict(per_task)
     summary["seconds"] = round(time.time() - t0, 1)
     if report_path:
@@ -753,19 +644,12 @@ def main(argv: list[str] | None = None) -> dict:
                 with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
                     f.writelines(cli.dumps(r) + "\n" for r in rows)
         if args.policy == "openai":  # the raw answers, for `eval_sop.py score --action-format` offline
-            with open(os.path.join(out_dir, "responses.jsonl"), "w", encoding="utf-8") as f:
-                for r in static_records or []:
-                    f.write(cli.dumps({"episode_id": r["episode_id"], "step": r["t"], "response": r.get("raw", ""),
-                                       "truncated": r["truncated"], "history": "expert"}) + "\n")
-                for r in sop_records or []:
-                    for t, raw in enumerate(r.get("raw_responses", [])):
-                        f.write(cli.dumps({"episode_id": r["episode_id"], "step": t, "response": raw,
-                                           "history": "own"}) + "\n")
+            policies.write_responses(os.path.join(out_dir, "responses.jsonl"), sop_records, static_records)
         with open(os.path.join(out_dir, "result.json"), "w", encoding="utf-8") as f:
             f.write(cli.dumps({**summary, "args": vars(args)}, indent=1))
     if report_path:
-        title = f"eval_sop: {args.policy}" + (f" {args.model}" if args.policy == "model" else "") + \
-            (f" {args.served_model} at {args.base_url} ({args.action_format})" if args.policy == "openai" else "")
+        title = f"eval_sop: {args.policy} " + {"model": args.model, "openai": f"{args.served_model} ({args.action_format})"
+                                               }.get(args.policy, "")
         report.write_report(report_path, title, summary, sections)
     if out_dir or report_path:  # where the outputs are (the last line stays the JSON summary)
         print(f"results: {os.path.join(out_dir, 'result.json') if out_dir else args.out}"

@@ -28,6 +28,10 @@ exponential backoff, then the step is answered with finish_reason "error: ..." (
 ends the episode there, eval_sop reports the error per episode); an answer the adapter cannot parse
 is passed on unparsed, a malformed and so wrong step. Every raw answer is kept (ServedSampler.raw)
 for `eval_sop.py score --action-format` to re-score offline.
+
+Also here: OnlineModelPolicy (a sampler, in process or served, as a batched online MiniWob++ policy),
+and eval_sop's flags of the served policy and its step protocols by name (NAMED_PROTOCOLS: the
+static walk under reward.py's androidcontrol or aitw rules).
 """
 from __future__ import annotations
 
@@ -39,12 +43,16 @@ import os
 import re
 import time
 import urllib.error
+import sys
 import urllib.request
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
+import cli
 import gui
+import report
 
 # -----------------------------------------------------------------------------
 # model-family adapters
@@ -459,6 +467,162 @@ class ServedSampler:
         return outs
 
 
-def api_key_from_env(var: str = "OPENAI_API_KEY") -> str | None:
-    """The API key of the served model: $OPENAI_API_KEY (a local `vllm serve` needs none)."""
-    return os.environ.get(var) or None
+# -----------------------------------------------------------------------------
+# the model (in process or served) as a batched online MiniWob++ policy (eval_sop --online)
+
+
+def play_seed(base: int, task: str, seed: int, sample: int, t: int) -> int:
+    """The sampler seed of sampled play `sample` of online episode (task, seed) at step t (a CRC-32): its
+    own draws, whatever else is in the batch and whatever K is (play j is the same for every K > j)."""
+    return zlib.crc32(f"{base}|{task}|{seed}|{sample}|{t}".encode())
+
+
+class OnlineModelPolicy:
+    """A batched miniwob_env policy: for every episode in flight, obs -> prompt with that episode's
+    own earlier responses -> one response of `sampler`, all prompts in one generate call -> action
+    in pixels of obs['screenshot']. Greedy when `sample` is None; else sampled play number `sample`
+    at `temperature`, each prompt seeded with play_seed(sample_seed, task, seed, sample, t) (a rerun
+    with the same batch size gives the same responses). Malformed output returns None (the env's
+    no-op that costs a step). Keeps report views of the (task, seed) episodes in `show`; stats gains
+    the response counts."""
+
+    batched = True  # miniwob_env.evaluate_online: one call for every episode in flight
+
+    def __init__(self, sampler, make_prompt_online, show: set, stats: dict, sample: int | None = None,
+                 temperature: float = 1.0, sample_seed: int = 0):
+        self.sampler, self.make_prompt, self.show, self.stats = sampler, make_prompt_online, show, stats
+        self.sample, self.temperature, self.sample_seed = sample, temperature, sample_seed
+        self.views: dict = {}
+        self.goals: dict = {}
+        self.state: dict = {}  # (task, seed) -> (screenshots, responses) of the episode in flight
+        self.n_malformed = 0
+
+    def __call__(self, obs_list: list[dict], steps: list[int]) -> list:
+        keys, prompts = [], []
+        for obs, t in zip(obs_list, steps):
+            key = (obs["task"], obs["seed"])
+            if t == 0:  # a new episode (or a retry after a browser fault)
+                self.state[key] = ([], [])
+                if key in self.show:
+                    self.views[key], self.goals[key] = [], obs["goal"]
+            shots, history = self.state[key]
+            shots.append(obs["screenshot"])
+            keys.append(key)
+            prompts.append(self.make_prompt(obs, shots, history))
+        if self.sample is None:
+            outs = self.sampler.generate(prompts, n=1, greedy=True)
+        else:  # the sampler's temperature for this call only (sampler.process_logits applies it)
+            seeds = [play_seed(self.sample_seed, k[0], k[1], self.sample, t) for k, t in zip(keys, steps)]
+            kept, self.sampler.temperature = self.sampler.temperature, self.temperature
+            try:
+                outs = self.sampler.generate(prompts, n=1, greedy=False, seeds=seeds)
+            finally:
+                self.sampler.temperature = kept
+        self.state = {k: self.state[k] for k in keys}  # an episode not asked about has ended
+        actions = []
+        for key, t, prompt, out in zip(keys, steps, prompts, (o[0] for o in outs)):
+            image = self.state[key][0][-1]
+            self.stats["responses"] += 1
+            self.stats["truncated"] += out.finish_reason != "stop"
+            self.stats["tokens"] += len(out.ids)
+            self.state[key][1].append(out.text)
+            parsed = gui.parse_response(out.text)
+            # the reward's strict rules: a response cut at the cap, or with text after its action, is a no-op
+            action = parsed.action if parsed.error is None and out.finish_reason == "stop" else None
+            self.n_malformed += action is None
+            if action is not None:  # model pixels (resized screenshot) -> pixels of the screenshot we were given
+                action = gui.scale_action(action, prompt.resized_size, image.size)
+            if key in self.views:
+                # no expert online: the action is drawn, "right" or "wrong" is the episode's outcome
+                self.views[key].append(report.step_view(t, image, image.size, None, out.text, action,
+                                                         action is not None, None))
+            actions.append(action)
+        return actions
+
+
+# -----------------------------------------------------------------------------
+# eval_sop's flags and outputs for a served model, and the step protocols by name
+
+# a published step protocol: eval_sop's static walk under (match rules, step instruction shown or None =
+# as given), docs/method.md §8 and README "A served model, and the published step protocols"
+NAMED_PROTOCOLS = {"androidcontrol-high": ("androidcontrol", False), "androidcontrol-low": ("androidcontrol", True),
+                   "aitw": ("aitw", None)}
+PROTOCOL_HELP = ("androidcontrol-high / -low: AndroidControl-High (goal only) / -Low (goal + step instruction), type "
+                 "acc and step SR under --match-rules androidcontrol; aitw: the AITW 14%% rule (--match-rules aitw)")
+
+
+def add_served_args(p) -> None:
+    """eval_sop's flags of --policy openai (the API key comes from $OPENAI_API_KEY, never a flag)."""
+    g = p.add_argument_group("served model (--policy openai; policies.py; the API key from $OPENAI_API_KEY)")
+    g.add_argument("--base-url", default=None, help="the server's URL up to /v1, e.g. http://127.0.0.1:8000/v1")
+    g.add_argument("--served-model", default=None, help="the model name the server serves (vllm serve's --served-model-name)")
+    g.add_argument("--action-format", choices=list(ADAPTERS), default="uis1",
+                   help="the served model's family (system prompt, answer format, coordinates): " +
+                   "; ".join(f"{k}: {a.about}" for k, a in ADAPTERS.items()))
+    g.add_argument("--concurrency", type=int, default=8, help="requests in flight at once (>= 1)")
+    g.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    g.add_argument("--retries", type=int, default=3,
+                   help="retries of a request after a network error, HTTP 429 or 5xx (backoff 1, 2, 4 ... s); then "
+                   "the step is a wrong step and its episode records the error")
+
+
+def check_args(args, given: set) -> None:
+    """eval_sop's served flags and named protocols: raises cli.UsageError on a bad combination; a named
+    --protocol becomes `static` with its match rules and step-instruction setting (args.named_protocol:
+    its name, else None). given: the flags on the command line (cli.explicit_flags)."""
+    served = args.policy == "openai"
+    if served != bool(args.base_url and args.served_model) or (not served and (args.base_url or args.served_model)):
+        raise cli.UsageError("--policy openai needs --base-url and --served-model (and only it takes them)")
+    if args.concurrency < 1 or args.retries < 0 or not args.timeout > 0:
+        raise cli.UsageError(f"--concurrency {args.concurrency} / --retries {args.retries} / --timeout {args.timeout}: "
+                             "need >= 1 / >= 0 / > 0")
+    named = [p for p in args.protocol if p in NAMED_PROTOCOLS]
+    args.named_protocol = named[0] if named else None
+    if not named:
+        return
+    rules, instruction = NAMED_PROTOCOLS[named[0]]
+    if len(named) > 1 or ("match_rules" in given and args.match_rules != rules) or \
+            (instruction is not None and args.step_instruction not in (None, instruction)):
+        raise cli.UsageError(f"--protocol {' '.join(named)}: one named protocol a run; it sets --match-rules {rules}" +
+                             ("" if instruction is None else f" and --{'' if instruction else 'no-'}step-instruction"))
+    args.match_rules = rules
+    if instruction is not None:
+        args.step_instruction = instruction
+    args.protocol = list(dict.fromkeys("static" if p in NAMED_PROTOCOLS else p for p in args.protocol))
+
+
+def served_sampler(args) -> ServedSampler:
+    """The ServedSampler of eval_sop's flags, its API key from $OPENAI_API_KEY."""
+    return ServedSampler(args.base_url, args.served_model, ADAPTERS[args.action_format],
+                         api_key=os.environ.get("OPENAI_API_KEY") or None, max_new_tokens=args.max_new_tokens,
+                         concurrency=args.concurrency, timeout=args.timeout, retries=args.retries,
+                         temperature=args.temperature)
+
+
+def raw_answer(sampler, prompt) -> dict:
+    """{"raw": the served answer to `prompt`} for a walk's row (and forgets it); {} for other samplers."""
+    return {"raw": sampler.raw.pop(id(prompt), ("", None))[0]} if isinstance(sampler, ServedSampler) else {}
+
+
+def served_summary(args, sampler: ServedSampler, steps_failed: int, sop_records) -> dict:
+    """result.json's `served`: the server, requests, retries, failures and the SOP episodes a failure
+    ended (each one's episodes.jsonl line says why: server_error); one stderr line when any failed."""
+    failed = [r for r in sop_records or [] if r["server_error"]]
+    if steps_failed:
+        print(f"eval_sop: {steps_failed} steps got no answer from {args.base_url} after {args.retries} retries "
+              f"(wrong steps; {len(failed)} SOP episodes ended by one): {failed[0]['server_error'] if failed else ''}",
+              file=sys.stderr)
+    return {"base_url": args.base_url, "served_model": args.served_model, "action_format": args.action_format,
+            **sampler.stats, "steps_server_error": steps_failed, "episodes_server_error": len(failed)}
+
+
+def write_responses(path: str, sop_records, static_records) -> None:
+    """The raw answers as `eval_sop.py score --action-format` reads them: {episode_id, step, response,
+    history ("expert": static, "own": SOP), truncated (static)} per line."""
+    with open(path, "w", encoding="utf-8") as f:
+        for r in static_records or []:
+            f.write(cli.dumps({"episode_id": r["episode_id"], "step": r["t"], "response": r.get("raw", ""),
+                               "truncated": r["truncated"], "history": "expert"}) + "\n")
+        for r in sop_records or []:
+            for t, raw in enumerate(r.get("raw_responses", [])):
+                f.write(cli.dumps({"episode_id": r["episode_id"], "step": t, "response": raw, "history": "own"}) + "\n")

@@ -99,3 +99,32 @@ def test_aitw_short_swipe_is_a_tap_and_swipes_by_axis():
 def test_protocol_rules_never_raise_on_a_bad_prediction(rules):
     assert reward.action_match({"action": "click"}, click(1, 1), [], SIZE, rules=rules) == (False, True)
     assert reward.action_match(None, click(1, 1), [], SIZE, rules=rules) == (False, False)
+
+
+# --- the protocols by name (eval_sop --protocol): the expert replay is right under every rule set
+
+ANDROID = "data/android_control/android_control_test_uis1.jsonl"
+
+
+@pytest.mark.parametrize("name,rules,variant", [("androidcontrol-high", "androidcontrol", "high"),
+                                                ("androidcontrol-low", "androidcontrol", "low"),
+                                                ("aitw", "aitw", "high")])
+def test_named_protocol_is_static_under_its_rules(name, rules, variant, capsys):
+    import eval_sop
+    res = eval_sop.main(["--data", ANDROID, "--limit", "20", "--blank-screens", "1080x2400", "--protocol", name])
+    assert res["named_protocol"] == name and res["match_rules"] == rules and res["protocols"] == ["static"]
+    assert res["static_variant"] == variant and res["static_step_sr"] == 1.0 and res["static_type_acc"] == 1.0
+
+
+@pytest.mark.parametrize("argv", [["--protocol", "aitw", "--match-rules", "strict"],
+                                  ["--protocol", "androidcontrol-high", "androidcontrol-low"],
+                                  ["--protocol", "androidcontrol-high", "--step-instruction"],
+                                  ["--policy", "openai"], ["--base-url", "http://x/v1"],
+                                  ["--policy", "openai", "--base-url", "http://x/v1", "--served-model", "m",
+                                   "--concurrency", "0"]])
+def test_named_protocol_and_served_flag_conflicts_are_usage_errors(argv, capsys):
+    import eval_sop
+    with pytest.raises(SystemExit) as e:
+        import cli
+        cli.cli(eval_sop.main, ["--data", ANDROID, "--blank-screens", "1080x2400", *argv])
+    assert e.value.code == 2 and "error:" in capsys.readouterr().err
