@@ -44,6 +44,7 @@ import re
 import time
 import urllib.error
 import sys
+import threading
 import urllib.request
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -403,6 +404,11 @@ class ServedSampler:
         self.retries, self.backoff, self.temperature = retries, backoff, temperature
         self.raw: dict = {}
         self.stats = {"requests": 0, "retries": 0, "failed": 0}
+        self._lock = threading.Lock()  # the counters are shared by the request threads
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self.stats[key] += 1
 
     def _post(self, body: dict) -> dict:
         req = urllib.request.Request(self.url, data=json.dumps(body).encode(), method="POST",
@@ -434,15 +440,15 @@ class ServedSampler:
         if seed is not None:
             body["seed"] = int(seed) % (2**31)
         for k in range(self.retries + 1):
-            self.stats["requests"] += 1
+            self._count("requests")
             try:
                 r = self._post(body)
                 return r["text"], ("length" if r["finish_reason"] == "length" else "stop")
             except ServerError as e:
                 if not e.transient or k == self.retries:
-                    self.stats["failed"] += 1
+                    self._count("failed")
                     return "", f"error: {e}"
-                self.stats["retries"] += 1
+                self._count("retries")
                 time.sleep(self.backoff * 2**k)
         raise AssertionError("unreachable")
 
@@ -523,7 +529,8 @@ class OnlineModelPolicy:
         for key, t, prompt, out in zip(keys, steps, prompts, (o[0] for o in outs)):
             image = self.state[key][0][-1]
             self.stats["responses"] += 1
-            self.stats["truncated"] += out.finish_reason != "stop"
+            self.stats["truncated"] += out.finish_reason == "length"
+            self.stats["server_errors"] += out.finish_reason.startswith("error")  # a served request that failed
             self.stats["tokens"] += len(out.ids)
             self.state[key][1].append(out.text)
             parsed = gui.parse_response(out.text)
