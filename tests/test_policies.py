@@ -180,3 +180,45 @@ def test_wrong_url_and_garbage_server_are_per_episode_errors(tmp_path, capsys):
         assert (out / "report.html").is_file() and (out / "result.json").is_file()
         assert why in capsys.readouterr().err
     httpd.shutdown()
+
+
+class Flaky(BaseHTTPRequestHandler):
+    """503 to the first request of each prompt, then a UI-TARS answer; records the Authorization headers."""
+    seen: list = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        Flaky.seen.append((self.headers.get("Authorization"), body["temperature"], body["messages"][0]["content"][:11]))
+        if len(Flaky.seen) % 2 == 1:
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        out = json.dumps({"choices": [{"message": {"content": "Thought: t\nAction: click(start_box='(500,250)')"},
+                                       "finish_reason": "stop"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_served_sampler_retries_a_503_sends_the_key_and_the_family_prompt(monkeypatch):
+    import chat
+    from PIL import Image
+    httpd = HTTPServer(("127.0.0.1", 0), Flaky)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    s = policies.ServedSampler(f"http://127.0.0.1:{httpd.server_address[1]}/v1", "m", policies.ADAPTERS["uitars"],
+                               api_key=policies.os.environ["OPENAI_API_KEY"], concurrency=1, backoff=0.01)
+    msgs = [{"role": "system", "content": [{"type": "text", "text": "ours"}]},
+            {"role": "user", "content": [{"type": "text", "text": "goal"}, {"type": "image", "image": Image.new("RGB", SIZE)}]}]
+    prompt = chat.Prompt(None, None, None, SIZE, 0, messages=msgs)
+    out = s.generate([prompt], n=1, greedy=True)[0][0]
+    httpd.shutdown()
+    assert out.finish_reason == "stop" and close(gui.parse_response(out.text).action["coordinate"], (490, 525))
+    assert s.stats == {"requests": 2, "retries": 1, "failed": 0}
+    assert Flaky.seen == [("Bearer sk-test", 0.0, "You are a G")] * 2  # UI-TARS's system prompt, greedy
+    assert s.raw[id(prompt)] == ("Thought: t\nAction: click(start_box='(500,250)')", None)
