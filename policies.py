@@ -41,10 +41,10 @@ import json
 import math
 import os
 import re
-import time
-import urllib.error
 import sys
 import threading
+import time
+import urllib.error
 import urllib.request
 import zlib
 from concurrent.futures import ThreadPoolExecutor
