@@ -17,6 +17,8 @@ import eval_sop
 import gui
 import policies
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # openai_server, rl_checkpoint
+
 REPO = Path(__file__).resolve().parents[1]
 SIZE = (980, 2100)  # resized screenshot (W, H): 0-1000 relative (500, 250) is pixel (490, 525)
 
@@ -104,7 +106,6 @@ COMMON = ["--data", DATA, "--limit", "4", "--protocol", "sop", "static", "--max-
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    sys.path.insert(0, str(REPO / "tests"))
     from rl_checkpoint import make_checkpoint  # fitted to step 0 of the first 2 episodes: PG > 0 greedy
     return str(make_checkpoint(tmp_path_factory.mktemp("ckpt"))[0])
 
@@ -243,3 +244,26 @@ def test_served_policy_online_equals_the_in_process_policy(checkpoint, server, c
         assert served[k] == local[k], k
     # every online step went through the server (a failed request would also be a malformed no-op)
     assert served["served"]["failed"] == 0 and served["served"]["requests"] == served["responses"] > 0
+
+
+@pytest.mark.parametrize("budget", [None, 400])  # 400: the oldest turns summarised (the messages after the budget)
+def test_sent_messages_rebuild_the_very_prompt(budget):
+    """What the served policy sends, decoded as the test server does, is the in-process prompt: the same
+    ids (pads expanded) and the same pixels, also when the budget summarised turns."""
+    import torch
+    from PIL import Image
+
+    import chat
+    import vlm
+    from openai_server import encode
+    tok, ip = vlm.load_processor("tiny", max_pixels=20000)
+    spec = chat.PromptSpec(max_pixels=20000, max_prompt_tokens=budget, num_images=2)
+    shots = [Image.new("RGB", (168, 224), c) for c in ("red", "green", "blue")]
+    hist = [gui.format_response("a", {"action": "click", "coordinate": [5, 6]}),
+            gui.format_response("b", {"action": "type", "text": "hi"})]
+    p = chat.build_prompt(tok, ip, spec, goal="do it", screenshots=shots, history=hist)
+    assert budget is None or p.n_dropped_turns > 0
+    q = encode(tok, ip, json.loads(json.dumps(policies.openai_messages(p.messages, policies.ADAPTERS["uis1"],
+                                                                       p.resized_size))))
+    assert torch.equal(q.input_ids, p.input_ids) and torch.equal(q.pixel_values, p.pixel_values)
+    assert q.resized_size == p.resized_size
