@@ -170,6 +170,10 @@ class Prompt:
     resized_size: tuple[int, int]          # (W, H) of the LAST screenshot as the model sees it
     n_dropped_turns: int                   # oldest history turns replaced by the summary line
     image_steps: list[int] = field(default_factory=list)  # step index of each image, in order
+    # the chat messages the ids were rendered from (after the budget), each image part holding its
+    # resized PIL image ({"type": "image", "image": im}; no "image" key when pixels=False): what a
+    # served model is sent (policies.py), so it sees exactly the prompt an in-process model does
+    messages: list = field(default_factory=list)
 
 
 def special_tokens(tokenizer) -> list[str]:
@@ -270,13 +274,13 @@ def build_prompt(tokenizer, image_processor, spec: "PromptSpec", *, goal: str, s
                 messages.append({"role": "assistant", "content": [{"type": "text", "text": history[i]}]})
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = tokenizer.encode(text, add_special_tokens=False)
-        return ids, steps_with_image
+        return ids, steps_with_image, messages
 
-    def length(ids, steps_with_image):
+    def length(ids, steps_with_image, messages=None):
         return len(ids) + sum(n_pad[i] - 1 for i in steps_with_image)
 
     drop, n_summary = 0, 0
-    ids, steps_with_image = render(0, 0)
+    ids, steps_with_image, messages = render(0, 0)
     n_full = length(ids, steps_with_image)
     if max_prompt_tokens is not None and n_full > max_prompt_tokens:
         # the first (drop, n_summary) that fits, in order of preference: the oldest turns summarised,
@@ -290,7 +294,7 @@ def build_prompt(tokenizer, image_processor, spec: "PromptSpec", *, goal: str, s
         for drop in range(1, t + 1):
             ok, r = fits(drop, drop)
             if ok:
-                n_summary, (ids, steps_with_image) = drop, r
+                n_summary, (ids, steps_with_image, messages) = drop, r
                 break
             if drop not in (first_image, t):
                 continue
@@ -302,11 +306,11 @@ def build_prompt(tokenizer, image_processor, spec: "PromptSpec", *, goal: str, s
                 mid = (lo + hi) // 2
                 ok, r = fits(drop, mid)
                 lo, hi, best = (mid, hi, r) if ok else (lo, mid, best)
-            n_summary, (ids, steps_with_image) = lo, best
+            n_summary, (ids, steps_with_image, messages) = lo, best
             break
         else:  # nothing fits: everything but the current turn goes, and we say so
             drop, n_summary = t, 0
-            ids, steps_with_image = render(drop, n_summary)
+            ids, steps_with_image, messages = render(drop, n_summary)
         n_now = length(ids, steps_with_image)
         logger.warning("prompt of %d tokens over the budget of %d: summarised the oldest %d of %d turns "
                        "(%d summary lines kept) -> %d tokens%s", n_full, max_prompt_tokens, drop, t, n_summary,
@@ -340,8 +344,11 @@ def build_prompt(tokenizer, image_processor, spec: "PromptSpec", *, goal: str, s
         for i, g in zip(steps_with_image, grid.tolist()):
             if g != [1, resized[i][1] // patch, resized[i][0] // patch]:
                 raise RuntimeError(f"image processor grid {g} disagrees with the resized size {resized[i]} (W, H)")
+        parts = iter(images)  # the image parts, in order of appearance, get their resized images
+        messages = [{**m, "content": [{**c, "image": next(parts)} if c["type"] == "image" else c for c in m["content"]]}
+                    for m in messages]
     return Prompt(input_ids=torch.tensor(out, dtype=torch.long), pixel_values=pixel_values, image_grid_thw=grid,
-                  resized_size=resized[t], n_dropped_turns=drop, image_steps=steps_with_image)
+                  resized_size=resized[t], n_dropped_turns=drop, image_steps=steps_with_image, messages=messages)
 
 
 def step_prompt(tokenizer, image_processor, spec: PromptSpec, *, goal: str, step, screenshots: list,

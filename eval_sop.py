@@ -30,7 +30,12 @@ Policies (each a sampler of the driver: .generate(prompts, n, greedy, seeds)):
   folder with a `latest` pointer) through sampler.Sampler. The driver walks --batch-size episodes
   at a time and sends the current step of every live one in ONE generate call (greedy ids do not
   depend on the batch's make-up).
-- recorded responses: the `score` subcommand scores them step by step with reward.score_response.
+- openai: a model served behind any OpenAI-compatible endpoint (policies.ServedSampler: --base-url,
+  --served-model, $OPENAI_API_KEY), sent the same prompts as `model`, its answers translated from its
+  family's format (--action-format); a request that fails after --retries is a wrong step whose episode
+  records why (server_error), and OUT/responses.jsonl keeps the raw answers.
+- recorded responses: the `score` subcommand scores them step by step with reward.score_response
+  (--action-format: another family's raw answers).
 
 Commands (the last stdout line is one JSON object; progress bars go to stderr):
     # expert replay on the AndroidControl test episodes, blank 1080x2400 screens (none ship)
@@ -50,6 +55,10 @@ Commands (the last stdout line is one JSON object; progress bars go to stderr):
     # AndroidControl-Low static metrics of a model
     python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl --policy model \\
         --model /models/Qwen2.5-VL-7B-Instruct --protocol static --step-instruction --blank-screens 1080x2400
+    # Qwen2.5-VL-7B behind `vllm serve ... --served-model-name q7b`, AndroidControl-Low step rules
+    python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl --image-root /data/ac \\
+        --policy openai --base-url http://127.0.0.1:8000/v1 --served-model q7b --action-format qwen25vl \\
+        --protocol androidcontrol-low
     # score recorded responses (coordinates in resized pixels) of any model
     python eval_sop.py score --data data/android_control/android_control_test_uis1.jsonl \\
         --responses responses.jsonl --out scores.jsonl --image-size 1080x2400
@@ -68,7 +77,6 @@ import math
 import os
 import sys
 import time
-import zlib
 from collections import Counter, defaultdict
 
 import torch
@@ -79,6 +87,8 @@ import chat
 import cli
 import dataset
 import gui
+import policies
+from policies import OnlineModelPolicy, play_seed  # noqa: F401 -- the model as an online MiniWob++ policy
 import report
 import reward
 import score
@@ -118,7 +128,8 @@ def sop_parser() -> argparse.ArgumentParser:
     p.add_argument("--match-rules", choices=reward.MATCH_RULES, default="strict",
                    help="strict (ours; the reward's rules) or release (the UI-S1 release's SOP scoring as it ran, "
                    "for comparison with the paper: its parse and check, and an episode with a response its code "
-                   "raised on gets progress 0; README 'Reward rules and trivial-policy floors')")
+                   "raised on gets progress 0; README 'Reward rules and trivial-policy floors'); androidcontrol, "
+                   "aitw: published step protocols' rules (reward.androidcontrol_match, reward.aitw_match)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--image-root", default=None, type=cli.arg_type(cli.input_dir), help="folder holding the screenshots (default: paths as recorded)")
     g.add_argument("--blank-screens", type=size_arg, default=None,
@@ -130,8 +141,9 @@ def sop_parser() -> argparse.ArgumentParser:
     chat.add_prompt_args(p)  # the prompt contract; a model policy adopts its checkpoint's (and caps the budget at
     # its context minus --max-new-tokens, docs/method.md §10)
     # policy
-    p.add_argument("--policy", choices=["expert", "model"], default="expert",
-                   help="who acts: expert = replay the expert actions; model = greedy responses of --model")
+    p.add_argument("--policy", choices=["expert", "model", "openai"], default="expert",
+                   help="who acts: expert = replay the expert actions; model = greedy responses of --model; openai = "
+                   "a model served behind an OpenAI-compatible endpoint (--base-url, --served-model; policies.py)")
     p.add_argument("--model", default="tiny", type=cli.arg_type(cli.model_path),
                    help="'tiny' (random, seeded by --seed), a Hugging Face folder, a checkpoint folder, or a folder "
                    "with a `latest` pointer (e.g. out/sft/ckpt); the prompt contract's fields not given come from its args.json")
@@ -144,9 +156,11 @@ def sop_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", default="auto", choices=DECODE_MODES,
                    help="sampler decode: auto (graph on CUDA, else eager), eager (the reference), static, graph (CUDA graphs)")
     p.add_argument("--seed", type=cli.non_negative_int, default=0, help="seed of the tiny model's init")
+    policies.add_served_args(p)  # --base-url, --served-model, --action-format, --concurrency, --timeout, --retries
     # protocols
-    p.add_argument("--protocol", nargs="+", choices=["sop", "static"], default=["sop"],
-                   help="offline protocols on --data: sop (own history) and/or static (expert history)")
+    p.add_argument("--protocol", nargs="+", choices=["sop", "static", *policies.NAMED_PROTOCOLS], default=["sop"],
+                   help="offline protocols on --data: sop (own history) and/or static (expert history); or a published "
+                   "step protocol by name, static under its rules: " + policies.PROTOCOL_HELP)
     p.add_argument("--online", action="store_true", help="also evaluate online in live MiniWob++ (chromium)")
     p.add_argument("--online-tasks", nargs="+", type=cli.miniwob_task, default=None,
                    help="MiniWob++ tasks (default: the tasks of --data, else every task with an expert)")
@@ -239,10 +253,13 @@ def greedy_rollouts(episodes: list[dataset.Episode], sampler, args, tokenizer, i
             for (k, _), p in sop_progress(records, lens, zero_on_error=args.match_rules == "release").items():
                 progress[lo + k] = p
             for r in records:  # in (step, episode) order; the prompt (tokens, pixels) is not kept
+                served = r.finish_reason.startswith("error")  # a served model's request failed after its retries
                 rows[lo + r.task_idx].append({"t": r.step_idx, "response": r.response, "reward": r.reward,
-                                              "match": r.match, "type_match": r.type_match, "error": r.error,
-                                              "truncated": r.finish_reason != "stop",
-                                              "resized_size": r.prompt.resized_size})
+                                              "match": r.match, "type_match": r.type_match,
+                                              "error": f"server {r.finish_reason}" if served else r.error,
+                                              "server_error": served, "truncated": r.finish_reason == "length",
+                                              "resized_size": r.prompt.resized_size,
+                                              **policies.raw_answer(sampler, r.prompt)})
                 ids = getattr(r.prompt, "input_ids", None)  # None: a StepPrompt, no prompt was built
                 if ids is not None:
                     stats["max_tokens"] = max(stats["max_tokens"], len(ids))
@@ -250,7 +267,8 @@ def greedy_rollouts(episodes: list[dataset.Episode], sampler, args, tokenizer, i
                     budget = spec.max_prompt_tokens
                     stats["over"] += budget is not None and len(ids) > budget  # the current turn alone is too long
                 stats["responses"] += 1
-                stats["truncated"] += r.finish_reason != "stop"
+                stats["truncated"] += r.finish_reason == "length"
+                stats["server_errors"] += served
                 stats["tokens"] += len(r.response_ids)
             bar.update(len(chunk))
     bar.close()
@@ -283,7 +301,9 @@ def run_sop(episodes: list[dataset.Episode], run_rollouts, args, show: set[int])
                         "correct": correct, "success": correct == n, "rewards": [s["reward"] for s in steps],
                         "matches": [bool(s["match"]) for s in steps],
                         "malformed": sum(malformed), "truncated": sum(s["truncated"] for s in steps),
-                        "errors": [s["error"] for s in steps], "responses": [s["response"] for s in steps]})
+                        "errors": [s["error"] for s in steps], "responses": [s["response"] for s in steps],
+                        "server_error": next((s["error"] for s in steps if s["server_error"]), None),
+                        **({"raw_responses": [s["raw"] for s in steps]} if steps and "raw" in steps[0] else {})})
         if i in show:
             wrong = next((s["t"] for s in steps if not s["match"]), None)
             outcome = report.sop_outcome(correct, n, malformed[-1])
@@ -306,7 +326,8 @@ def run_static(episodes: list[dataset.Episode], run_rollouts, args, show: set[in
             records.append({"episode": i, "episode_id": ep.episode_id, "task": ep.task, "t": s["t"],
                             "expert_type": ep.steps[s["t"]].action["action"], "type_match": s["type_match"],
                             "match": s["match"], "reward": s["reward"], "malformed": s["error"] is not None,
-                            "truncated": s["truncated"], "error": s["error"], "response": s["response"]})
+                            "truncated": s["truncated"], "error": s["error"], "response": s["response"],
+                            "server_error": s["server_error"], **({"raw": s["raw"]} if "raw" in s else {})})
         if i in show:
             wrong = [s["t"] for s in steps if not s["match"]]
             shown.append({"title": f"{ep.episode_id} ({ep.task})", "goal": ep.goal, "success": not wrong,
@@ -314,75 +335,6 @@ def run_static(episodes: list[dataset.Episode], run_rollouts, args, show: set[in
                           f"{len(steps) - len(wrong)}/{len(steps)} steps right, first wrong action at step {wrong[0]}",
                           "steps": episode_views(ep, steps, args), "first_wrong": wrong[0] if wrong else None})
     return records, shown
-
-
-def play_seed(base: int, task: str, seed: int, sample: int, t: int) -> int:
-    """The sampler seed of sampled play `sample` of online episode (task, seed) at step t (a CRC-32): its
-    own draws, whatever else is in the batch and whatever K is (play j is the same for every K > j)."""
-    return zlib.crc32(f"{base}|{task}|{seed}|{sample}|{t}".encode())
-
-
-class OnlineModelPolicy:
-    """A batched miniwob_env policy: for every episode in flight, obs -> prompt with that episode's
-    own earlier responses -> one response of `sampler`, all prompts in one generate call -> action
-    in pixels of obs['screenshot']. Greedy when `sample` is None; else sampled play number `sample`
-    at `temperature`, each prompt seeded with play_seed(sample_seed, task, seed, sample, t) (a rerun
-    with the same batch size gives the same responses). Malformed output returns None (the env's
-    no-op that costs a step). Keeps report views of the (task, seed) episodes in `show`; stats gains
-    the response counts."""
-
-    batched = True  # miniwob_env.evaluate_online: one call for every episode in flight
-
-    def __init__(self, sampler, make_prompt_online, show: set, stats: dict, sample: int | None = None,
-                 temperature: float = 1.0, sample_seed: int = 0):
-        self.sampler, self.make_prompt, self.show, self.stats = sampler, make_prompt_online, show, stats
-        self.sample, self.temperature, self.sample_seed = sample, temperature, sample_seed
-        self.views: dict = {}
-        self.goals: dict = {}
-        self.state: dict = {}  # (task, seed) -> (screenshots, responses) of the episode in flight
-        self.n_malformed = 0
-
-    def __call__(self, obs_list: list[dict], steps: list[int]) -> list:
-        keys, prompts = [], []
-        for obs, t in zip(obs_list, steps):
-            key = (obs["task"], obs["seed"])
-            if t == 0:  # a new episode (or a retry after a browser fault)
-                self.state[key] = ([], [])
-                if key in self.show:
-                    self.views[key], self.goals[key] = [], obs["goal"]
-            shots, history = self.state[key]
-            shots.append(obs["screenshot"])
-            keys.append(key)
-            prompts.append(self.make_prompt(obs, shots, history))
-        if self.sample is None:
-            outs = self.sampler.generate(prompts, n=1, greedy=True)
-        else:  # the sampler's temperature for this call only (sampler.process_logits applies it)
-            seeds = [play_seed(self.sample_seed, k[0], k[1], self.sample, t) for k, t in zip(keys, steps)]
-            kept, self.sampler.temperature = self.sampler.temperature, self.temperature
-            try:
-                outs = self.sampler.generate(prompts, n=1, greedy=False, seeds=seeds)
-            finally:
-                self.sampler.temperature = kept
-        self.state = {k: self.state[k] for k in keys}  # an episode not asked about has ended
-        actions = []
-        for key, t, prompt, out in zip(keys, steps, prompts, (o[0] for o in outs)):
-            image = self.state[key][0][-1]
-            self.stats["responses"] += 1
-            self.stats["truncated"] += out.finish_reason != "stop"
-            self.stats["tokens"] += len(out.ids)
-            self.state[key][1].append(out.text)
-            parsed = gui.parse_response(out.text)
-            # the reward's strict rules: a response cut at the cap, or with text after its action, is a no-op
-            action = parsed.action if parsed.error is None and out.finish_reason == "stop" else None
-            self.n_malformed += action is None
-            if action is not None:  # model pixels (resized screenshot) -> pixels of the screenshot we were given
-                action = gui.scale_action(action, prompt.resized_size, image.size)
-            if key in self.views:
-                # no expert online: the action is drawn, "right" or "wrong" is the episode's outcome
-                self.views[key].append(report.step_view(t, image, image.size, None, out.text, action,
-                                                         action is not None, None))
-            actions.append(action)
-        return actions
 
 
 def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
@@ -510,14 +462,15 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     if args.policy == "expert" and "model" in cli.explicit_flags(parser, argv):
         raise cli.UsageError(f"--model {args.model} is given but --policy is expert (the default): add --policy model")
+    policies.check_args(args, cli.explicit_flags(parser, argv))  # served flags; a named protocol -> static + its rules
     for flag, value, low in (("--max-new-tokens", args.max_new_tokens, 1), ("--batch-size", args.batch_size, 1),
                              ("--online-seeds", args.online_seeds, 1), ("--online-batch", args.online_batch, 1)):
         if value < low:
             raise cli.UsageError(f"{flag} {value}: must be >= {low}")
     if not args.data and not args.online:
         raise cli.UsageError("nothing to evaluate: give --data and/or --online")
-    if args.samples < 0 or (args.samples and not (args.online and args.policy == "model")):
-        raise cli.UsageError(f"--samples {args.samples}: must be >= 0, and > 0 only with --online --policy model")
+    if args.samples < 0 or (args.samples and not (args.online and args.policy in ("model", "openai"))):
+        raise cli.UsageError(f"--samples {args.samples}: must be >= 0, and > 0 only with --online --policy model|openai")
     t0 = time.time()
     out_dir = args.out if args.out and not args.out.endswith(".jsonl") else None
     report_path = args.report or (os.path.join(out_dir, "report.html") if out_dir else None)
@@ -537,6 +490,10 @@ def main(argv: list[str] | None = None) -> dict:
         ctx = getattr(cfg.get_text_config(), "max_position_embeddings", None) if cfg is not None else None
         if ctx:
             budget = min(budget or ctx, ctx - args.max_new_tokens)
+    if args.policy == "openai":  # a served model: the prompt is built here (the server's tokenizer by default)
+        tokenizer, image_processor = vlm.load_processor(args.tokenizer, min_pixels=spec.min_pixels,
+                                                        max_pixels=spec.max_pixels)
+        sampler = policies.served_sampler(args)
     spec = dataclasses.replace(spec, max_prompt_tokens=budget)
     stats = Counter()  # prompts: max_tokens, budgeted, over; responses: responses, truncated, tokens
 
@@ -567,7 +524,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     # --- protocols
     summary = {"policy": args.policy, "model": args.model if args.policy == "model" else None,
-               "match_rules": args.match_rules,
+               "match_rules": args.match_rules, "named_protocol": args.named_protocol,
                "protocols": (list(args.protocol) if episodes else []) + (["online"] if args.online else []),
                "episodes": len(episodes), "steps": sum(len(e.steps) for e in episodes)}
     per_task: dict = defaultdict(dict)
@@ -628,7 +585,7 @@ def main(argv: list[str] | None = None) -> dict:
                                       if t in miniwob_experts.EXPERTS] or sorted(miniwob_experts.EXPERTS)
         base = miniwob_env.ONLINE_SEED_BASE if args.online_seed_base is None else args.online_seed_base
         seeds = list(range(base, base + args.online_seeds))
-        online_res, shown = run_online(sampler if args.policy == "model" else None, make_prompt_online, tasks,
+        online_res, shown = run_online(sampler if args.policy != "expert" else None, make_prompt_online, tasks,
                                        seeds, args, stats)
         o = online_res["overall"]
         malformed += online_res["malformed"]
@@ -656,7 +613,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"online sampled (K {args.samples}, T {args.temperature}): {note}", file=sys.stderr)
 
     # --- summary: last stdout line
-    built = args.policy == "model"  # the expert reads no prompt: none was built, nothing to count
+    built = args.policy != "expert"  # the expert reads no prompt: none was built, nothing to count
     summary.update({"max_prompt_tokens_seen": stats["max_tokens"] if built else None,
                     "prompts_budgeted": stats["budgeted"] if built else None,
                     "prompts_over_budget": stats["over"] if built else None, "prompt_budget": budget,
@@ -667,6 +624,8 @@ def main(argv: list[str] | None = None) -> dict:
     if built:
         summary.update({"responses": stats["responses"], "truncated_responses": stats["truncated"],
                         "response_tokens_mean": stats["tokens"] / max(stats["responses"], 1)})
+    if args.policy == "openai":  # requests, retries, failures, the SOP episodes a failure ended (said on stderr)
+        summary["served"] = policies.served_summary(args, sampler, stats["server_errors"], sop_records)
     summary["per_task"] = dict(per_task)
     summary["seconds"] = round(time.time() - t0, 1)
     if report_path:
@@ -684,10 +643,13 @@ def main(argv: list[str] | None = None) -> dict:
             if rows is not None:
                 with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
                     f.writelines(cli.dumps(r) + "\n" for r in rows)
+        if args.policy == "openai":  # the raw answers, for `eval_sop.py score --action-format` offline
+            policies.write_responses(os.path.join(out_dir, "responses.jsonl"), sop_records, static_records)
         with open(os.path.join(out_dir, "result.json"), "w", encoding="utf-8") as f:
             f.write(cli.dumps({**summary, "args": vars(args)}, indent=1))
     if report_path:
-        title = f"eval_sop: {args.policy}" + (f" {args.model}" if args.policy == "model" else "")
+        title = f"eval_sop: {args.policy} " + {"model": args.model, "openai": f"{args.served_model} ({args.action_format})"
+                                               }.get(args.policy, "")
         report.write_report(report_path, title, summary, sections)
     if out_dir or report_path:  # where the outputs are (the last line stays the JSON summary)
         print(f"results: {os.path.join(out_dir, 'result.json') if out_dir else args.out}"

@@ -18,6 +18,7 @@ import baselines
 import cli
 import dataset
 import gui
+import policies
 import reward
 
 input_file = cli.arg_type(cli.input_file)
@@ -36,7 +37,11 @@ def parser(prog: str = "score.py") -> argparse.ArgumentParser:
                    "counted into responses_at_cap; without it, text after </action> is what marks a malformed response")
     p.add_argument("--subset", action="store_true",
                    help="allow responses that cover only some steps (default: every step of --data must be scored)")
-    p.add_argument("--match-rules", choices=reward.MATCH_RULES, default="strict", help="strict (ours) or release")
+    p.add_argument("--match-rules", choices=reward.MATCH_RULES, default="strict",
+                   help="strict (ours), release, or a published step protocol's (androidcontrol, aitw)")
+    p.add_argument("--action-format", choices=list(policies.ADAPTERS), default="uis1",
+                   help="the responses' model family (policies.py): each is translated into the evaluator's "
+                   "format first (eval_sop.py --policy openai records them raw in OUT/responses.jsonl)")
     p.add_argument("--swipe-convention", choices=dataset.SWIPE_CONVENTIONS, default=None,
                    help="how the data files store swipes (default: declared, or known for shipped files)")
     p.add_argument("--out", required=True, help="JSONL of scores, one line per response")
@@ -96,7 +101,8 @@ def score(argv: list[str], prog: str = "score.py") -> dict:
             # a recorded finish reason, where the file has one; without it, trailing text after the
             # action is what marks a looping or overlong response (strict rules: malformed)
             cut = rec.get("finish_reason") == "length" or rec.get("truncated") is True
-            s = reward.score_response(rec["response"], step, resized_size=resized, orig_size=orig, rules=args.match_rules,
+            text = policies.ADAPTERS[args.action_format].to_response(rec["response"], resized)
+            s = reward.score_response(text, step, resized_size=resized, orig_size=orig, rules=args.match_rules,
                                    truncated=cut)
             rows.append({"episode_id": rec["episode_id"], "step": t, "reward": s.reward, "match": s.match,
                          "type_match": s.type_match, "format_ok": s.format_ok, "action": s.action, "error": s.error})

@@ -1,0 +1,106 @@
+"""A real OpenAI-compatible chat-completions server for the tests (not a test module): the standard
+library's HTTP server answering POST /v1/chat/completions with a Qwen2.5-VL checkpoint run by the
+project's own sampler (sampler.Sampler), greedy at temperature 0.
+
+It receives messages as any OpenAI client sends them (text parts, images as base64 data URLs),
+renders them with the checkpoint's chat template, expands each image's pads from its size and
+processes the pixels without resizing (the client sends screenshots already resized, as a
+Qwen2.5-VL server would leave them). Why not `transformers serve` (transformers 5.24): FastAPI and
+Uvicorn install from the registry, but it loads the checkpoint with AutoProcessor, whose Qwen2.5-VL
+video processor needs torchvision, and the registry's torchvision wheels (0.28.0 pins torch 2.13.0)
+are CUDA builds that fail to load against the CPU torch (2026-12-05: "operator torchvision::nms does
+not exist"); on a GPU machine `transformers serve` or `vllm serve` is the server to use.
+
+    python tests/openai_server.py --model DIR [--port 0]   # prints "listening on PORT", then serves
+"""
+import argparse
+import base64
+import io
+import json
+import os
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+from PIL import Image  # noqa: E402
+
+import chat  # noqa: E402
+import vlm  # noqa: E402
+from sampler import Sampler  # noqa: E402
+
+
+def encode(tokenizer, image_processor, messages: list) -> chat.Prompt:
+    """OpenAI chat messages -> chat.Prompt (ids with image pads expanded, pixels, grid)."""
+    msgs, images = [], []
+    for m in messages:
+        parts = m["content"] if isinstance(m["content"], list) else [{"type": "text", "text": m["content"]}]
+        content = []
+        for c in parts:
+            if c["type"] == "image_url":
+                data = c["image_url"]["url"].split(",", 1)[1]
+                images.append(Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB"))
+                content.append({"type": "image"})
+            else:
+                content.append({"type": "text", "text": c["text"]})
+        msgs.append({"role": m["role"], "content": content})
+    text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    patch, merge = int(image_processor.patch_size), int(image_processor.merge_size)
+    counts = iter([(im.size[0] // patch) * (im.size[1] // patch) // merge**2 for im in images])
+    out = []
+    for tok in ids:
+        out.extend([pad] * next(counts) if tok == pad else [tok])
+    pixels = grid = None
+    if images:
+        feats = image_processor(images=images, do_resize=False, return_tensors="pt")
+        pixels, grid = feats["pixel_values"], feats["image_grid_thw"].long()
+    size = images[-1].size if images else (0, 0)
+    return chat.Prompt(torch.tensor(out, dtype=torch.long), pixels, grid, size, 0)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model", required=True)
+    p.add_argument("--port", type=int, default=0)
+    args = p.parse_args()
+    tokenizer, image_processor = vlm.load_processor(args.model)
+    model = vlm.load_model(args.model).eval()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            if self.path.rstrip("/") != "/v1/chat/completions":
+                return self.reply(404, {"error": {"message": f"no route {self.path}"}})
+            try:
+                req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                prompt = encode(tokenizer, image_processor, req["messages"])
+            except (ValueError, KeyError, TypeError, IndexError) as e:
+                return self.reply(400, {"error": {"message": f"bad request: {e}"}})
+            sampler = Sampler(model, tokenizer, max_new_tokens=int(req.get("max_tokens", 512)), decode="eager")
+            with torch.no_grad():
+                out = sampler.generate([prompt], n=1, greedy=float(req.get("temperature", 1.0)) == 0.0)[0][0]
+            self.reply(200, {"object": "chat.completion", "model": req.get("model"),
+                             "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text},
+                                          "finish_reason": out.finish_reason}],
+                             "usage": {"prompt_tokens": len(prompt.input_ids), "completion_tokens": len(out.ids)}})
+
+        def reply(self, code, obj):
+            body = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):  # quiet: the test reads stdout for the port only
+            pass
+
+    server = HTTPServer(("127.0.0.1", args.port), Handler)
+    print(f"listening on {server.server_address[1]}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,269 @@
+"""policies.py: each model family's adapter on hand-written answers (parsed to the same action,
+coordinates within a pixel of the hand-computed ones), the history written back in each family's
+format, and the served policy against real HTTP servers on loopback: the project's checkpoint served
+by tests/openai_server.py gives the same SOP PG / TSR and static step SR as the in-process policy,
+greedy; a wrong --base-url and a server that answers garbage are per-episode errors and the run
+still writes its report."""
+import json
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+
+import eval_sop
+import gui
+import policies
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # openai_server, rl_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+SIZE = (980, 2100)  # resized screenshot (W, H): 0-1000 relative (500, 250) is pixel (490, 525)
+
+
+def parsed(fmt, raw):
+    return gui.parse_response(policies.ADAPTERS[fmt].to_response(raw, SIZE))
+
+
+def close(a, b):
+    return all(abs(p - q) <= 1 for p, q in zip(a, b))
+
+
+CLICKS = {
+    "uis1": '<think>\nthe button\n</think>\n<action>\n{"action": "click", "coordinate": [490, 525]}\n</action>',
+    "qwen25vl": 'the button\n<tool_call>\n{"name": "mobile_use", "arguments": {"action": "click", "coordinate": [490, 525]}}'
+                '\n</tool_call>',
+    "uitars": "Thought: the button\nAction: click(start_box='(500,250)')",
+    "agentcpm": '{"thought": "the button", "POINT": [500, 250]}',
+}
+
+
+@pytest.mark.parametrize("fmt", list(CLICKS))
+def test_each_family_click_is_the_same_action(fmt):
+    p = parsed(fmt, CLICKS[fmt])
+    assert p.error is None and p.action["action"] == "click" and close(p.action["coordinate"], (490, 525))
+    assert p.thought == "the button"
+
+
+def test_uitars_forms_and_actions():
+    assert close(parsed("uitars", "Action: click(start_box='<|box_start|>(500,250)<|box_end|>')").action["coordinate"],
+                 (490, 525))
+    assert close(parsed("uitars", "Action: click(start_box='[400, 200, 600, 300]')").action["coordinate"], (490, 525))
+    s = parsed("uitars", "Thought: more\nAction: scroll(start_box='(500,500)', direction='down')").action
+    assert s["action"] == "swipe" and gui.swipe_direction(s["coordinate"], s["coordinate2"]) == "up"  # content down
+    assert parsed("uitars", "Action: type(content='hello')").action == {"action": "type", "text": "hello"}
+    assert parsed("uitars", "Action: press_back()").action == {"action": "system_button", "button": "Back"}
+    assert parsed("uitars", "Action: open_app(app_name='Maps')").action == {"action": "open", "text": "Maps"}
+    assert parsed("uitars", "Action: finished(content='done')").action["action"] == "terminate"
+    assert parsed("uitars", "Action: long_press(start_box='(0,1000)')").action == {"action": "long_press",
+                                                                                    "coordinate": [0, 2100]}
+
+
+def test_agentcpm_forms_and_actions():
+    s = parsed("agentcpm", '{"thought": "x", "POINT": [500, 500], "to": "up"}').action
+    assert s["action"] == "swipe" and gui.swipe_direction(s["coordinate"], s["coordinate2"]) == "up"  # the finger
+    s = parsed("agentcpm", '{"POINT": [500, 500], "to": [500, 900]}').action
+    assert close(s["coordinate2"], (490, 1890))
+    assert parsed("agentcpm", '{"POINT": [500, 250], "duration": 1500}').action["action"] == "long_press"
+    assert parsed("agentcpm", '{"TYPE": "hi"}').action == {"action": "type", "text": "hi"}
+    assert parsed("agentcpm", '{"PRESS": "HOME"}').action == {"action": "system_button", "button": "Home"}
+    assert parsed("agentcpm", '{"STATUS": "finish"}').action["action"] == "terminate"
+    assert parsed("agentcpm", 'noise {"duration": 200}').action["action"] == "wait"
+
+
+@pytest.mark.parametrize("fmt", list(CLICKS))
+@pytest.mark.parametrize("raw", ["", "I cannot help", "Action: click(start_box='(a,b)')", '{"POINT": ["x", 1]}',
+                                 "<tool_call>{bad json</tool_call>", '{"thought": "x"}'])
+def test_malformed_answers_are_wrong_steps_never_errors(fmt, raw):
+    assert parsed(fmt, raw).action is None or fmt == "uis1"
+
+
+@pytest.mark.parametrize("fmt", ["qwen25vl", "uitars", "agentcpm"])
+@pytest.mark.parametrize("action", [{"action": "click", "coordinate": [490, 525]},
+                                    {"action": "swipe", "coordinate": [490, 1050], "coordinate2": [490, 420]},
+                                    {"action": "type", "text": "hello"},
+                                    {"action": "system_button", "button": "Back"}])
+def test_history_written_in_the_family_format_reads_back(fmt, action):
+    a = policies.ADAPTERS[fmt]
+    text = a.from_response(gui.format_response("why", action), SIZE)
+    assert "<action>" not in text  # the family's own format
+    back = gui.parse_response(a.to_response(text, SIZE)).action
+    assert back["action"] == action["action"]
+    if action["action"] == "click":
+        assert close(back["coordinate"], action["coordinate"])
+    if action["action"] == "swipe":
+        assert gui.swipe_direction(back["coordinate"], back["coordinate2"]) == "up"
+
+
+# --- real servers on loopback
+
+DATA = str(REPO / "data" / "miniwob" / "train.jsonl")
+COMMON = ["--data", DATA, "--limit", "4", "--protocol", "sop", "static", "--max-new-tokens", "48",
+          "--max-pixels", "20000", "--system-prompt", "full", "--report-episodes", "1"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    from rl_checkpoint import make_checkpoint  # fitted to step 0 of the first 2 episodes: PG > 0 greedy
+    return str(make_checkpoint(tmp_path_factory.mktemp("ckpt"))[0])
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint):
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "openai_server.py"), "--model", checkpoint],
+                            stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("listening on "), line
+    yield f"http://127.0.0.1:{int(line.split()[-1])}/v1"
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_served_policy_equals_the_in_process_policy(checkpoint, server, tmp_path, capsys):
+    local = eval_sop.main(COMMON + ["--policy", "model", "--model", checkpoint, "--out", str(tmp_path / "local")])
+    served = eval_sop.main(COMMON + ["--policy", "openai", "--base-url", server, "--served-model", "tiny",
+                                     "--tokenizer", checkpoint, "--concurrency", "2", "--out", str(tmp_path / "served")])
+    with capsys.disabled():  # the figures, for the log (pytest -s)
+        print("\nin-process vs served:", json.dumps({k: (local[k], served[k]) for k in
+                                                     ("sop_pg", "sop_tsr", "static_step_sr", "static_type_acc",
+                                                      "episodes", "steps_run", "static_steps")}))
+    assert 0 < local["sop_pg"] < 1  # the fitted first steps are right, the rest are not: a real comparison
+    for k in ("sop_pg", "sop_tsr", "static_step_sr", "static_type_acc", "static_steps", "steps_run"):
+        assert served[k] == local[k], k
+    read = lambda d, f: [json.loads(x) for x in (tmp_path / d / f).read_text().splitlines()]  # noqa: E731
+    assert [r["responses"] for r in read("served", "episodes.jsonl")] == \
+        [r["responses"] for r in read("local", "episodes.jsonl")]
+    assert [r["response"] for r in read("served", "static_steps.jsonl")] == \
+        [r["response"] for r in read("local", "static_steps.jsonl")]
+    assert served["served"]["failed"] == 0 and served["served"]["requests"] == served["steps_run"] + served["static_steps"]
+    assert (tmp_path / "served" / "report.html").is_file()
+    # the raw answers re-score offline to the same static matches
+    capsys.readouterr()
+    eval_sop.main(["score", "--data", DATA, "--responses", str(tmp_path / "served" / "responses.jsonl"), "--subset",
+                   "--out", str(tmp_path / "scores.jsonl"), "--max-pixels", "20000"])
+    scores = [json.loads(x) for x in (tmp_path / "scores.jsonl").read_text().splitlines()]
+    static = read("served", "static_steps.jsonl")
+    assert [s["match"] for s in scores[:len(static)]] == [r["match"] for r in static]
+
+
+class Garbage(BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        body = b"<html>not an API</html>"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_wrong_url_and_garbage_server_are_per_episode_errors(tmp_path, capsys):
+    httpd = HTTPServer(("127.0.0.1", 0), Garbage)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    free = HTTPServer(("127.0.0.1", 0), Garbage)  # a port nobody listens on once closed
+    dead = free.server_address[1]
+    free.server_close()
+    args = ["--data", DATA, "--limit", "2", "--protocol", "sop", "static", "--max-pixels", "20000", "--policy", "openai",
+            "--served-model", "m", "--model", "tiny", "--retries", "0"]
+    args.remove("--model"), args.remove("tiny")
+    for url, why in ((f"http://127.0.0.1:{httpd.server_address[1]}/v1", "answered no chat completion"),
+                     (f"http://127.0.0.1:{dead}/v1", "no answer from")):
+        out = tmp_path / why.replace(" ", "_")
+        res = eval_sop.main(args + ["--base-url", url, "--out", str(out)])
+        assert res["sop_pg"] == 0 and res["static_step_sr"] == 0
+        assert res["served"]["episodes_server_error"] == 2 and res["served"]["failed"] == res["served"]["requests"]
+        eps = [json.loads(x) for x in (out / "episodes.jsonl").read_text().splitlines()]
+        assert all(why in e["server_error"] for e in eps)
+        assert (out / "report.html").is_file() and (out / "result.json").is_file()
+        assert why in capsys.readouterr().err
+    httpd.shutdown()
+
+
+class Flaky(BaseHTTPRequestHandler):
+    """503 to the first request of each prompt, then a UI-TARS answer; records the Authorization headers."""
+    seen: list = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        Flaky.seen.append((self.headers.get("Authorization"), body["temperature"], body["messages"][0]["content"][:11]))
+        if len(Flaky.seen) % 2 == 1:
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        out = json.dumps({"choices": [{"message": {"content": "Thought: t\nAction: click(start_box='(500,250)')"},
+                                       "finish_reason": "stop"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_served_sampler_retries_a_503_sends_the_key_and_the_family_prompt(monkeypatch):
+    import chat
+    from PIL import Image
+    httpd = HTTPServer(("127.0.0.1", 0), Flaky)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    from argparse import Namespace
+    s = policies.served_sampler(Namespace(base_url=f"http://127.0.0.1:{httpd.server_address[1]}/v1", served_model="m",
+                                          action_format="uitars", max_new_tokens=8, concurrency=1, timeout=10.0,
+                                          retries=3, temperature=1.0))
+    s.backoff = 0.01
+    msgs = [{"role": "system", "content": [{"type": "text", "text": "ours"}]},
+            {"role": "user", "content": [{"type": "text", "text": "goal"}, {"type": "image", "image": Image.new("RGB", SIZE)}]}]
+    prompt = chat.Prompt(None, None, None, SIZE, 0, messages=msgs)
+    out = s.generate([prompt], n=1, greedy=True)[0][0]
+    httpd.shutdown()
+    assert out.finish_reason == "stop" and close(gui.parse_response(out.text).action["coordinate"], (490, 525))
+    assert s.stats == {"requests": 2, "retries": 1, "failed": 0}
+    assert Flaky.seen == [("Bearer sk-test", 0.0, "You are a G")] * 2  # UI-TARS's system prompt, greedy
+    assert s.raw[id(prompt)] == ("Thought: t\nAction: click(start_box='(500,250)')", None)
+
+
+def test_served_policy_online_equals_the_in_process_policy(checkpoint, server, capsys):
+    """Online MiniWob++ through the server: the same outcomes and response counts as in process (the
+    fitted checkpoint's answers on fresh pages are mostly malformed: this checks the path, not skill)."""
+    online = ["--online", "--online-tasks", "click-test", "click-button", "--online-seeds", "2", "--online-max-steps", "2",
+              "--max-new-tokens", "48", "--max-pixels", "20000", "--system-prompt", "full", "--report-episodes", "0"]
+    local = eval_sop.main(online + ["--policy", "model", "--model", checkpoint])
+    served = eval_sop.main(online + ["--policy", "openai", "--base-url", server, "--served-model", "tiny",
+                                     "--tokenizer", checkpoint])
+    with capsys.disabled():
+        print("\nonline in-process vs served:", local["online_sr"], served["online_sr"], local["online_mean_steps"],
+              served["online_mean_steps"])
+    assert served["n_online_episodes"] == local["n_online_episodes"] == 4
+    for k in ("online_sr", "online_failures", "online_mean_steps", "malformed_responses", "responses"):
+        assert served[k] == local[k], k
+    # every online step went through the server (a failed request would also be a malformed no-op)
+    assert served["served"]["failed"] == 0 and served["served"]["requests"] == served["responses"] > 0
+
+
+@pytest.mark.parametrize("budget", [None, 400])  # 400: the oldest turns summarised (the messages after the budget)
+def test_sent_messages_rebuild_the_very_prompt(budget):
+    """What the served policy sends, decoded as the test server does, is the in-process prompt: the same
+    ids (pads expanded) and the same pixels, also when the budget summarised turns."""
+    import torch
+    from PIL import Image
+
+    import chat
+    import vlm
+    from openai_server import encode
+    tok, ip = vlm.load_processor("tiny", max_pixels=20000)
+    spec = chat.PromptSpec(max_pixels=20000, max_prompt_tokens=budget, num_images=2)
+    shots = [Image.new("RGB", (168, 224), c) for c in ("red", "green", "blue")]
+    hist = [gui.format_response("a", {"action": "click", "coordinate": [5, 6]}),
+            gui.format_response("b", {"action": "type", "text": "hi"})]
+    p = chat.build_prompt(tok, ip, spec, goal="do it", screenshots=shots, history=hist)
+    assert budget is None or p.n_dropped_turns > 0
+    q = encode(tok, ip, json.loads(json.dumps(policies.openai_messages(p.messages, policies.ADAPTERS["uis1"],
+                                                                       p.resized_size))))
+    assert torch.equal(q.input_ids, p.input_ids) and torch.equal(q.pixel_values, p.pixel_values)
+    assert q.resized_size == p.resized_size
