@@ -67,7 +67,6 @@ import argparse
 import contextlib
 import dataclasses
 import logging
-import math
 import os
 import sys
 import time
@@ -95,6 +94,7 @@ from rollout import (
     static_metrics,
     history_gap,
 )
+from runs.stats import wilson  # the 95% interval of every rate reported
 from sampler import DECODE_MODES, SampleOutput, Sampler
 from vlm import sampling_mode
 
@@ -388,23 +388,6 @@ class OnlineModelPolicy:
                                                          action is not None, None))
             actions.append(action)
         return actions
-
-
-def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
-    """95% Wilson score interval of a binomial rate k/n (Wilson 1927); (nan, nan) for n = 0.
-
-    Unlike the normal interval p +- z*se it stays inside [0, 1] and is not empty at k = 0 or k = n:
-    centre (p + z^2/2n) / (1 + z^2/n), half-width z*sqrt(p(1-p)/n + z^2/4n^2) / (1 + z^2/n).
-    Raises ValueError for k outside [0, n]."""
-    if not 0 <= k <= n:
-        raise ValueError(f"wilson: k={k} outside [0, n={n}]")
-    if n == 0:
-        return (float("nan"), float("nan"))
-    p = k / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def rate(k: int, n: int) -> dict:

@@ -1,12 +1,22 @@
-"""The HTML report of eval_sop.py: each shown episode as a row of screenshots with the target boxes,
-the expert point and the predicted one drawn, the thought, the action, and the step that ended it.
+"""What a person reads of an evaluation: the HTML report of eval_sop.py, its short stdout summary, and
+two or more evaluations side by side with the paired difference of each metric.
 
-    report.write_report("out/eval/report.html", title, summary, sections)
+    python report.py out/eval/sft out/eval/semionline             # compare.html, compare.json
+    python report.py out/eval/sft_s0 out/eval/rl_s0 out/eval/rl2_s0 --names sft rl rl2 --out cmp/rl.html
 
+Each folder is an eval_sop.py --out folder (result.json; the per-episode files where written). The
+first is the reference: every later run's difference from it is paired on the episodes (online:
+task and seed; SOP: episode; static: step) both evaluated, with runs/stats.py's bootstrap interval
+(static steps resampled by episode) and, for 0/1 outcomes, the exact McNemar p.
+
+report.html (write_report): a summary card first (what was run; each metric named, explained in one
+line, with its 95% Wilson interval to 3 digits, its count and its trivial-policy floor; the history gap
+in words; the per-task table), then the sections (online first), each shown episode a row of
+screenshots with the target boxes, the expert point and the predicted one drawn, the thought, the
+action and the step that ended it; every raw field last, folded. Static HTML, images inline.
 A section is (heading, note, episodes); an episode is {title, goal, success, outcome, steps,
-first_wrong}, each step a `step_view`. Static HTML, images inline (base64 PNG): open it in a browser.
+first_wrong}, each step a `step_view`.
 """
-
 import base64
 import html
 import io
@@ -18,6 +28,7 @@ from PIL import Image, ImageDraw
 import cli
 import dataset
 import gui
+from runs import stats  # Wilson intervals and paired differences (numpy only)
 
 REPORT_WIDTH = 300  # px of each screenshot in the HTML report
 
@@ -101,10 +112,9 @@ def flat_summary(summary: dict) -> dict:
 
 def metric_rows(values: dict) -> list[dict]:
     """The METRICS present in `values` (a summary or one task's row of per_task): per metric
-    {key, name, value, lo, hi, n, unit, floor, meaning}. lo, hi: eval_sop.wilson's 95% interval of
+    {key, name, value, lo, hi, n, unit, floor, meaning}. lo, hi: the 95% Wilson interval (runs/stats.py) of
     round(value * n) successes in n (None without a count: PG, or a per-task grounding accuracy);
     a step rate's interval treats steps as independent (they are not, within an episode)."""
-    from eval_sop import wilson  # here: eval_sop imports this module
     k = (values.get("online_sampled") or {}).get("samples")
     rows = []
     for key, name, n_key, floor_key, meaning in METRICS:
@@ -114,7 +124,7 @@ def metric_rows(values: dict) -> list[dict]:
         n = values.get(n_key) if n_key else None
         lo = hi = None
         if isinstance(n, int) and n > 0:
-            lo, hi = wilson(round(value * n), n)
+            lo, hi = stats.wilson(round(value * n), n)
         rows.append({"key": key, "name": name.replace("K", str(k)) if k and key == "online_pass_at_k" else name,
                      "value": value, "lo": lo, "hi": hi, "n": n, "unit": UNITS.get(n_key, ""),
                      "floor": values.get(floor_key) if floor_key else None, "meaning": meaning})
@@ -203,7 +213,7 @@ def card_html(summary: dict) -> str:
     out = [f"<div class='card'><p><b>Evaluated:</b> {e(run_line(summary))}</p>"]
     if rows:
         out.append("<table><tr><th>metric</th><th>value [95% interval]</th><th>n</th><th>floor</th><th>what it means</th>"
-                   f"</tr>{body}</table><p class='note'>Intervals: Wilson 95% (eval_sop.wilson). Floor: the best "
+                   f"</tr>{body}</table><p class='note'>Intervals: Wilson 95% (runs/stats.py). Floor: the best "
                    "trivial policy on the same episodes (eval_sop.py baselines). A static step rate's interval treats "
                    "steps as independent.</p>")
     gap = ((summary.get("history_gap") or {}).get("pooled") or {})
@@ -364,8 +374,6 @@ def paired_difference(first: dict, other: dict, metric: str, task: str | None = 
     PG's fractions (bootstrap p), grouped by episode for static steps. Returns {pairs, diff,
     diff_ci95, p, test, only_first, only_other (items one run has and the other lacks),
     discordant [only other right, only first right] (0/1 outcomes)}; None when no item is shared."""
-    from runs import stats  # here: it imports eval_sop, which imports this module
-
     _, _, _, binary, group_of = PAIRED[metric]
     a, b = first["items"].get(metric, {}), other["items"].get(metric, {})
     if task is not None:

@@ -25,7 +25,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (stats reads eval_sop's wilson)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stats import paired_binary, wilson  # noqa: E402
 
