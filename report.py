@@ -284,7 +284,7 @@ def write_report(path: str, title: str, summary: dict, sections: list[tuple[str,
                 if s["expert"] is not None:
                     out.append(f"<br>Expert: <code>{e(s['expert'])}</code>")
                 if s["pred"] == "(no valid action)":
-                    out.append(f"<br>Raw output: <code>{e(s['raw'][:400]) or '(empty)'}</code>")
+                    out.append(f"<br>Raw output: <code>{e(s['raw'][:400].strip()) or '(empty)'}</code>")
                 out.append("</div>")
             out.append("</div></div>")
     out.append(raw_fields_html(summary) + "</body></html>")
