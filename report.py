@@ -145,7 +145,9 @@ def run_line(summary: dict) -> str:
     if summary.get("episodes"):
         parts.append(f"{summary['episodes']} episodes, {summary.get('steps', 0)} steps")
     if summary.get("n_online_episodes"):
-        parts.append(f"{summary['n_online_episodes']} online episodes on {len(summary.get('online_tasks') or [])} tasks")
+        tasks = len(summary.get("online_tasks") or [])
+        parts.append(f"{summary['n_online_episodes']} online episode{'s' * (summary['n_online_episodes'] != 1)} "
+                     f"on {tasks} task{'s' * (tasks != 1)}")
     parts.append("protocols " + (", ".join(summary.get("protocols") or []) or "none"))
     if summary.get("seconds") is not None:
         parts.append(f"{summary['seconds']} s")

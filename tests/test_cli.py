@@ -249,6 +249,8 @@ def test_plot_writes_png(tmp_path, capsys):
     (["eval_sop.py"], "python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl --policy expert"),
     (["eval_sop.py", "score"], "--responses responses.jsonl --out scores.jsonl"),
     (["tools/plot_metrics.py"], "python tools/plot_metrics.py out/sft/metrics.jsonl"),
+    (["report.py"], "python report.py out/eval/sft out/eval/semionline"),
+    (["train_sft.py"], "--report-to TRACKER"),
 ])
 def test_help_shows_defaults_and_examples(argv, example):
     p = subprocess.run([sys.executable, *argv, "--help"], cwd=REPO, capture_output=True, text=True, timeout=300)
