@@ -5,11 +5,13 @@
 unreadable file) is one line on stderr and exit code 2, never a traceback; the `arg_type` helpers
 check files, folders and models while the flags are parsed (the prompt contract's flags and their
 adoption from a checkpoint are chat.py's). Out: `dumps` (JSON with no NaN / Infinity, for every
-summary, data and args file) and `MetricsLogger` (metrics.jsonl, optional TensorBoard).
+summary, data and args file) and `MetricsLogger` (metrics.jsonl, plus the trackers of --report-to:
+TensorBoard, Weights & Biases, Trackio).
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -323,24 +325,75 @@ def dumps(obj, **kwargs) -> str:
     return json.dumps(finite_json(obj), allow_nan=False, **kwargs)
 
 
+# --report-to: the experiment trackers, named as transformers' and TRL's `report_to` names them; the
+# module each one needs (torch.utils.tensorboard imports the tensorboard package)
+TRACKERS = {"tensorboard": "torch.utils.tensorboard", "wandb": "wandb", "trackio": "trackio"}
+
+
+class ReportTo(argparse.Action):
+    """argparse action of --report-to (nargs="+"): each name one of "none" and TRACKERS, "none" alone,
+    and every named tracker importable, checked while the flags are parsed, so a missing package is
+    the parser's one-line error (exit 2) before any work starts."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        names = list(dict.fromkeys(values))
+        for name in names:
+            if name != "none" and name not in TRACKERS:
+                parser.error(f"argument {option_string}: {name!r}: expected none or one or more of {', '.join(TRACKERS)}")
+        if "none" in names and len(names) > 1:
+            parser.error(f"argument {option_string}: 'none' cannot be combined with {', '.join(n for n in names if n != 'none')}")
+        for name in names:
+            if name != "none":
+                try:
+                    importlib.import_module(TRACKERS[name])
+                except ImportError:
+                    parser.error(f"argument {option_string}: {name} needs the {name} package: pip install {name}")
+        setattr(namespace, self.dest, names)
+
+
+def add_report_to_arg(parser: argparse.ArgumentParser) -> None:
+    """--report-to of a trainer: where its metrics go besides metrics.jsonl (MetricsLogger)."""
+    parser.add_argument("--report-to", nargs="+", default=["none"], action=ReportTo, metavar="TRACKER",
+                        help="also log the metrics to: none, or one or more of tensorboard (OUT/tensorboard), wandb, "
+                        "trackio (project: $WANDB_PROJECT / $TRACKIO_PROJECT, else ui-s1; run: the --out folder's name), "
+                        "as transformers' report_to names them; each needs its package installed")
+
+
 class MetricsLogger:
     """One strict-JSON object per line (`dumps`) to `path`, rank 0 only, plus wall time `t`; a
-    new run starts the file afresh, append=True continues it. tensorboard: a folder that also gets
-    every finite number of a row as a scalar at x = row["step"] (else the row's index); raises
-    UsageError when the tensorboard package is missing."""
+    new run starts the file afresh, append=True continues it.
 
-    def __init__(self, path: str | os.PathLike, append: bool = False, tensorboard: str | None = None):
-        self.path, self.t0, self.tb, self.n = Path(path), time.time(), None, 0
+    report_to: trackers (TRACKERS keys; "none" or empty: none) that also get every finite number of
+    a row, bools and text left out, at x = row["step"] (else the row's index): tensorboard as
+    scalars in path's folder/tensorboard, wandb and trackio as one run named after path's folder,
+    in project $WANDB_PROJECT / $TRACKIO_PROJECT (else "ui-s1"; transformers reads the same
+    variables), with `config` (the run's args) attached. Raises UsageError when a tracker's package
+    is missing (the trainers' --report-to has already checked, while parsing). close() ends the
+    trackers' runs."""
+
+    def __init__(self, path: str | os.PathLike, append: bool = False, report_to=(), config: dict | None = None):
+        self.path, self.t0, self.n = Path(path), time.time(), 0
+        self.tb = self.wandb = self.trackio = None
         if get_rank() == 0:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if not append:
                 self.path.write_text("")
-        if tensorboard and get_rank() == 0:
+        names = [n for n in report_to or () if n != "none"] if get_rank() == 0 else []
+        modules = {}
+        for name in names:
             try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise UsageError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
-            self.tb = SummaryWriter(str(tensorboard))
+                modules[name] = importlib.import_module(TRACKERS[name])
+            except (ImportError, KeyError):
+                raise UsageError(f"--report-to {name} needs the {name} package: pip install {name}") from None
+        run_name, config = self.path.parent.name, finite_json(dict(config or {}))
+        if "tensorboard" in modules:
+            self.tb = modules["tensorboard"].SummaryWriter(str(self.path.parent / "tensorboard"))
+        if "wandb" in modules:
+            self.wandb = modules["wandb"].init(project=os.environ.get("WANDB_PROJECT", "ui-s1"), name=run_name,
+                                               config=config, dir=str(self.path.parent))
+        if "trackio" in modules:
+            self.trackio = modules["trackio"]
+            self.trackio.init(project=os.environ.get("TRACKIO_PROJECT", "ui-s1"), name=run_name, config=config)
 
     def resume_at(self, step: int) -> int:
         """A resumed run continues from the checkpoint of `step` and redoes the steps after it: keep the
@@ -371,11 +424,25 @@ class MetricsLogger:
         row = {**row, "t": round(time.time() - self.t0, 3)}
         with open(self.path, "a") as f:
             f.write(dumps(row) + "\n")
+        x = row.get("step", self.n)
+        scalars = {k: v for k, v in finite_json(row).items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
         if self.tb is not None:
-            x = row.get("step", self.n)
-            for k, v in finite_json(row).items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
-                    self.tb.add_scalar(k, v, x)
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, x)
             self.tb.flush()
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=x)
+        if self.trackio is not None:
+            self.trackio.log(scalars, step=x)
         self.n += 1
 
+    def close(self) -> None:
+        """End the trackers' runs (rank 0; a no-op without trackers or elsewhere)."""
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+        if self.trackio is not None:
+            self.trackio.finish()
+        self.tb = self.wandb = self.trackio = None

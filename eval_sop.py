@@ -16,7 +16,7 @@ step judged by reward.score_response, the one match function of rollout, trainin
   --samples K --temperature T (a model): each online episode is also played K times sampled at T on
   its seed (its page), play j seeded by play_seed (--sample-seed; a rerun at the same --online-batch
   repeats every response): `online_sampled` has, per task and pooled, greedy success, pass@K (a
-  sample succeeds), flippable (greedy fails, a sample succeeds), each {k, n, rate, lo, hi} (Wilson 95%).
+  sample succeeds), flippable (greedy fails, a sample succeeds), each {successes, n, rate, lo, hi} (Wilson 95%).
 - sop + static: `history_gap` (rollout.history_gap), step accuracy under own vs expert history on the
   steps SOP reached (every earlier step right), per task and pooled.
 
@@ -37,7 +37,8 @@ Policies (each a sampler of the driver: .generate(prompts, n, greedy, seeds)):
 - recorded responses: the `score` subcommand scores them step by step with reward.score_response
   (--action-format: another family's raw answers).
 
-Commands (the last stdout line is one JSON object; progress bars go to stderr):
+Commands (stdout: what was run and the headline metrics, report.summary_text; --json adds the full
+summary as one JSON line, last; progress bars go to stderr):
     # expert replay on the AndroidControl test episodes, blank 1080x2400 screens (none ship)
     python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl --policy expert \\
         --blank-screens 1080x2400
@@ -63,9 +64,11 @@ Commands (the last stdout line is one JSON object; progress bars go to stderr):
     python eval_sop.py score --data data/android_control/android_control_test_uis1.jsonl \\
         --responses responses.jsonl --out scores.jsonl --image-size 1080x2400
 
---out DIR writes result.json (the summary and the run's args), episodes.jsonl (SOP, one line per
-episode), static_steps.jsonl, online_episodes.jsonl and report.html (HTML: screenshots with the
-predicted and expert points and the target boxes, thoughts, actions, the first wrong step).
+--out DIR writes result.json (the full summary and the run's args), episodes.jsonl (SOP, one line per
+episode), static_steps.jsonl, online_episodes.jsonl and report.html (HTML: a summary card of the
+metrics with their intervals and a per-task table, then screenshots with the predicted and expert
+points and the target boxes, thoughts, actions, the first wrong step). Two or more such folders side
+by side, with paired differences: python report.py out/eval/sft out/eval/semionline.
 Single process only (no torchrun).
 """
 
@@ -73,7 +76,6 @@ import argparse
 import contextlib
 import dataclasses
 import logging
-import math
 import os
 import sys
 import time
@@ -102,6 +104,7 @@ from rollout import (
     static_metrics,
     history_gap,
 )
+from runs.stats import wilson  # the 95% interval of every rate reported
 from sampler import DECODE_MODES, SampleOutput, Sampler
 from vlm import sampling_mode
 
@@ -181,6 +184,8 @@ def sop_parser() -> argparse.ArgumentParser:
                    "a path ending in .jsonl writes only the per-episode SOP lines there")
     p.add_argument("--report", default=None, help="HTML report path (default: OUT/report.html when --out is a folder)")
     p.add_argument("--report-episodes", type=cli.non_negative_int, default=8, help="episodes shown per protocol in the report (0: none)")
+    p.add_argument("--json", action="store_true",
+                   help="also print the full summary (result.json's, without the args) as one JSON line, last on stdout")
     p.add_argument("--log-level", default="WARNING", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level (budget warnings are WARNING)")
     return p
 
@@ -337,29 +342,10 @@ def run_static(episodes: list[dataset.Episode], run_rollouts, args, show: set[in
     return records, shown
 
 
-def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
-    """95% Wilson score interval of a binomial rate k/n (Wilson 1927); (nan, nan) for n = 0.
-
-    Unlike the normal interval p +- z*se it stays inside [0, 1] and is not empty at k = 0 or k = n:
-    centre (p + z^2/2n) / (1 + z^2/n), half-width z*sqrt(p(1-p)/n + z^2/4n^2) / (1 + z^2/n).
-    Guaranteed: 0 <= lo <= k/n <= hi <= 1 (clamped against rounding). Raises ValueError for k
-    outside [0, n]."""
-    if not 0 <= k <= n:
-        raise ValueError(f"wilson: k={k} outside [0, n={n}]")
-    if n == 0:
-        return (float("nan"), float("nan"))
-    p = k / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    # clamped: rounding once put a bound one ulp on the wrong side of k/n at k = 0 and k = n
-    return (min(max(0.0, centre - half), p), max(min(1.0, centre + half), p))
-
-
 def wilson_rate(k: int, n: int) -> dict:
-    """k of n as {k, n, rate, lo, hi}, lo-hi the 95% Wilson interval (rate nan for n = 0)."""
+    """k successes of n as {successes, n, rate, lo, hi}, lo-hi the 95% Wilson interval (rate nan for n = 0)."""
     lo, hi = wilson(k, n)
-    return {"k": k, "n": n, "rate": k / n if n else float("nan"), "lo": lo, "hi": hi}
+    return {"successes": k, "n": n, "rate": k / n if n else float("nan"), "lo": lo, "hi": hi}
 
 
 def flip_counts(greedy: dict, sampled: list[dict], tasks: list[str]) -> dict:
@@ -604,15 +590,15 @@ def main(argv: list[str] | None = None) -> dict:
             sm = summary["online_sampled"] = online_res["sampled"]
             for task, c in sm["per_task"].items():  # the report's per-task table
                 per_task[task].update(online_pass_at_k=c["pass_at_k"]["rate"], online_flippable=c["flippable"]["rate"])
-            fmt = lambda c: (f"greedy {c['greedy']['k']}/{c['greedy']['n']}, pass@{args.samples} "  # noqa: E731
-                             f"{c['pass_at_k']['k']}, flippable {c['flippable']['k']} "
+            fmt = lambda c: (f"greedy {c['greedy']['successes']}/{c['greedy']['n']}, pass@{args.samples} "  # noqa: E731
+                             f"{c['pass_at_k']['successes']}, flippable {c['flippable']['successes']} "
                              f"({c['flippable']['rate']:.3f}, 95% {c['flippable']['lo']:.3f}-{c['flippable']['hi']:.3f})")
             note = "; ".join([f"pooled: {fmt(sm['pooled'])}"] + [f"{t}: {fmt(c)}" for t, c in sm["per_task"].items()])
             sections.append((f"Online, {args.samples} sampled plays per episode at temperature {args.temperature}",
                              note, []))
             print(f"online sampled (K {args.samples}, T {args.temperature}): {note}", file=sys.stderr)
 
-    # --- summary: last stdout line
+    # --- summary: result.json; stdout the readable part (report.summary_text)
     built = args.policy != "expert"  # the expert reads no prompt: none was built, nothing to count
     summary.update({"max_prompt_tokens_seen": stats["max_tokens"] if built else None,
                     "prompts_budgeted": stats["budgeted"] if built else None,
@@ -650,11 +636,15 @@ def main(argv: list[str] | None = None) -> dict:
     if report_path:
         title = f"eval_sop: {args.policy} " + {"model": args.model, "openai": f"{args.served_model} ({args.action_format})"
                                                }.get(args.policy, "")
-        report.write_report(report_path, title, summary, sections)
-    if out_dir or report_path:  # where the outputs are (the last line stays the JSON summary)
-        print(f"results: {os.path.join(out_dir, 'result.json') if out_dir else args.out}"
-              + (f"  report: {report_path} (open it in a browser)" if report_path else ""), flush=True)
-    print(cli.dumps(summary))
+        online_first = sorted(sections, key=lambda sec: not sec[0].startswith("Online"))  # the headline first
+        report.write_report(report_path, title, summary, online_first)
+    paths = ""
+    if out_dir or report_path:  # where the outputs are
+        paths = (f"results: {os.path.join(out_dir, 'result.json') if out_dir else args.out}"
+                 + (f"  report: {report_path} (open it in a browser)" if report_path else ""))
+    print(report.summary_text(summary, paths), flush=True)
+    if args.json:
+        print(cli.dumps(summary))
     return summary
 
 

@@ -1,12 +1,22 @@
-"""The HTML report of eval_sop.py: each shown episode as a row of screenshots with the target boxes,
-the expert point and the predicted one drawn, the thought, the action, and the step that ended it.
+"""What a person reads of an evaluation: the HTML report of eval_sop.py, its short stdout summary, and
+two or more evaluations side by side with the paired difference of each metric.
 
-    report.write_report("out/eval/report.html", title, summary, sections)
+    python report.py out/eval/sft out/eval/semionline             # compare.html, compare.json
+    python report.py out/eval/sft_s0 out/eval/rl_s0 out/eval/rl2_s0 --names sft rl rl2 --out cmp/rl.html
 
+Each folder is an eval_sop.py --out folder (result.json; the per-episode files where written). The
+first is the reference: every later run's difference from it is paired on the episodes (online:
+task and seed; SOP: episode; static: step) both evaluated, with runs/stats.py's bootstrap interval
+(static steps resampled by episode) and, for 0/1 outcomes, the exact McNemar p.
+
+report.html (write_report): a summary card first (what was run; each metric named, explained in one
+line, with its 95% Wilson interval to 3 digits, its count and its trivial-policy floor; the history gap
+in words; the per-task table), then the sections (online first), each shown episode a row of
+screenshots with the target boxes, the expert point and the predicted one drawn, the thought, the
+action and the step that ended it; every raw field last, folded. Static HTML, images inline.
 A section is (heading, note, episodes); an episode is {title, goal, success, outcome, steps,
-first_wrong}, each step a `step_view`. Static HTML, images inline (base64 PNG): open it in a browser.
+first_wrong}, each step a `step_view`.
 """
-
 import base64
 import html
 import io
@@ -18,6 +28,7 @@ from PIL import Image, ImageDraw
 import cli
 import dataset
 import gui
+from runs import stats  # Wilson intervals and paired differences (numpy only)
 
 REPORT_WIDTH = 300  # px of each screenshot in the HTML report
 
@@ -61,34 +72,201 @@ def step_view(t: int, image, orig, step: dataset.Step | None, text: str, pred: d
             "expert": json.dumps(step.action) if step else None, "ok": ok, "reward": reward, "raw": text}
 
 
-CSS = """body{font-family:sans-serif;margin:16px;color:#222} .ep{border:1px solid #bbb;margin:14px 0;padding:8px}
+# -----------------------------------------------------------------------------
+# the metrics a person reads first: one table drives the card, the per-task table, stdout and the
+# side-by-side comparison. (key in result.json / per_task, name, count key of its 95% Wilson
+# interval (None: no interval), trivial-policy floor key, what it means in one line)
+
+METRICS = [
+    ("online_sr", "online success", "n_online_episodes", None,
+     "share of live MiniWob++ episodes completed (raw reward >= 1): greedy, the policy's own history"),
+    ("online_pass_at_k", "pass@K", "n_online_episodes", None,
+     "share of online episodes where at least one of K sampled plays succeeded"),
+    ("online_flippable", "flippable", "n_online_episodes", None,
+     "share where greedy failed and a sampled play succeeded: what RL could turn into greedy successes"),
+    ("sop_tsr", "SOP TSR", "episodes", "floor_sop_tsr",
+     "task success rate: episodes with every step right, each step prompted with the policy's own earlier answers"),
+    ("sop_pg", "SOP PG", None, "floor_sop_pg",
+     "progress: mean share of an episode's steps right before its first wrong one (a mean of fractions: no interval)"),
+    ("static_step_sr", "step SR", "static_steps", "floor_step_sr",
+     "static: share of steps right (type and target) with the expert's earlier actions as history"),
+    ("static_type_acc", "type accuracy", "static_steps", "floor_type_acc",
+     "static: share of steps whose action type is right"),
+    ("static_grounding_acc", "grounding accuracy", "static_grounding_steps", None,
+     "static: of the click / long-press steps typed right, the share whose point hits the target"),
+]
+UNITS = {"n_online_episodes": "episodes", "episodes": "episodes", "static_steps": "steps",
+         "static_grounding_steps": "steps"}
+
+
+def flat_summary(summary: dict) -> dict:
+    """The summary with the pooled pass@K / flippable rates of --samples (online_sampled) at the top
+    level, under the per-task table's names; reads `successes` (or `k`, its name before 2026-12-05)."""
+    out = dict(summary)
+    pooled = (summary.get("online_sampled") or {}).get("pooled") or {}
+    for key, name in (("online_pass_at_k", "pass_at_k"), ("online_flippable", "flippable")):
+        if name in pooled:
+            out[key] = pooled[name]["rate"]
+    return out
+
+
+def metric_rows(values: dict) -> list[dict]:
+    """The METRICS present in `values` (a summary or one task's row of per_task): per metric
+    {key, name, value, lo, hi, n, unit, floor, meaning}. lo, hi: the 95% Wilson interval (runs/stats.py) of
+    round(value * n) successes in n (None without a count: PG, or a per-task grounding accuracy);
+    a step rate's interval treats steps as independent (they are not, within an episode)."""
+    k = (values.get("online_sampled") or {}).get("samples")
+    rows = []
+    for key, name, n_key, floor_key, meaning in METRICS:
+        value = values.get(key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        n = values.get(n_key) if n_key else None
+        lo = hi = None
+        if isinstance(n, int) and n > 0:
+            lo, hi = stats.wilson(round(value * n), n)
+        rows.append({"key": key, "name": name.replace("K", str(k)) if k and key == "online_pass_at_k" else name,
+                     "value": value, "lo": lo, "hi": hi, "n": n, "unit": UNITS.get(n_key, ""),
+                     "floor": values.get(floor_key) if floor_key else None, "meaning": meaning})
+    return rows
+
+
+def fmt_rate(value, lo=None, hi=None) -> str:
+    """0.425 [0.351, 0.502]: a rate and its interval to 3 digits; '-' for None."""
+    if value is None:
+        return "-"
+    return f"{value:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "")
+
+
+def run_line(summary: dict) -> str:
+    """What was evaluated, in one line: policy, model, rules, data, protocols, time."""
+    who = summary.get("policy", "?") + (f" {summary['model']}" if summary.get("model") else "")
+    parts = [who, f"rules {summary.get('match_rules', '?')}"]
+    if summary.get("episodes"):
+        parts.append(f"{summary['episodes']} episodes, {summary.get('steps', 0)} steps")
+    if summary.get("n_online_episodes"):
+        tasks = len(summary.get("online_tasks") or [])
+        parts.append(f"{summary['n_online_episodes']} online episode{'s' * (summary['n_online_episodes'] != 1)} "
+                     f"on {tasks} task{'s' * (tasks != 1)}")
+    parts.append("protocols " + (", ".join(summary.get("protocols") or []) or "none"))
+    if summary.get("seconds") is not None:
+        parts.append(f"{summary['seconds']} s")
+    return "; ".join(parts)
+
+
+def summary_text(summary: dict, paths: str = "") -> str:
+    """eval_sop.py's stdout: what was run, then one line per headline metric (value, 95% interval,
+    count, floor), then `paths` (where the full JSON and the report are)."""
+    rows = metric_rows(flat_summary(summary))
+    lines = [f"eval_sop: {run_line(summary)}"]
+    if rows:
+        lines.append(f"  {'metric':<20} {'value':>6}  {'95% interval':<16} {'n':>12}  floor")
+    for r in rows:
+        ci = f"[{r['lo']:.3f}, {r['hi']:.3f}]" if r["lo"] is not None else "-"
+        n = f"{r['n']} {r['unit']}" if r["n"] is not None else ""
+        floor = f"{r['floor']:.3f}" if r["floor"] is not None else "-"
+        lines.append(f"  {r['name']:<20} {r['value']:>6.3f}  {ci:<16} {n:>12}  {floor}")
+    if not rows:
+        lines.append("  (no metric: nothing was evaluated)")
+    extra = [f"{summary['malformed_responses']} malformed responses" if summary.get("malformed_responses") else "",
+             f"{summary['truncated_rate']:.3f} of responses cut at --max-new-tokens" if summary.get("truncated_rate") else "",
+             f"per task: {len(summary['per_task'])} tasks in the report / result.json" if summary.get("per_task") else ""]
+    lines += ["  " + "; ".join(x for x in extra if x)] if any(extra) else []
+    return "\n".join(lines + ([paths] if paths else []))
+
+
+# -----------------------------------------------------------------------------
+# HTML
+
+CSS = """body{font-family:sans-serif;margin:16px;color:#222;max-width:1400px} .ep{border:1px solid #bbb;margin:14px 0;padding:8px}
 .steps{display:flex;flex-wrap:wrap;gap:8px;align-items:flex-start}
 .step{width:310px;border:2px solid #8c8;padding:4px;font-size:12px}
 .step.wrong{border-color:#e88;background:#fff4f4} .step.first{border:4px solid #d00} .step.neutral{border-color:#bbb}
 .step img{display:block} code{white-space:pre-wrap;word-break:break-all} table{border-collapse:collapse}
-td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px} .ok{color:#080} .bad{color:#c00}"""
+td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px;text-align:left} .ok{color:#080} .bad{color:#c00}
+.card{border:2px solid #557;border-radius:6px;padding:8px 14px;background:#f7f8fc;margin-bottom:10px}
+.card td.v{font-weight:bold;font-family:monospace;white-space:nowrap} .note{color:#555;font-size:13px}
+.scroll{max-height:360px;overflow:auto;display:inline-block} nav a{margin-right:14px}"""
+
+
+def _round(obj, digits: int = 3):
+    """obj with every float rounded to `digits` decimals (the raw fields' display)."""
+    if isinstance(obj, float):
+        return round(obj, digits)
+    if isinstance(obj, dict):
+        return {k: _round(v, digits) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_round(v, digits) for v in obj]
+    return obj
+
+
+def card_html(summary: dict) -> str:
+    """The summary card: what was run, one row per headline metric (name, value, 95% interval, count,
+    floor, meaning), the history gap in words, and the per-task table."""
+    e = html.escape
+    rows = metric_rows(flat_summary(summary))
+    def row(r):
+        n = "" if r["n"] is None else f"{r['n']} {r['unit']}"
+        floor = "-" if r["floor"] is None else f"{r['floor']:.3f}"
+        return (f"<tr><th>{e(r['name'])}</th><td class='v'>{fmt_rate(r['value'], r['lo'], r['hi'])}</td><td>{n}</td>"
+                f"<td>{floor}</td><td class='note'>{e(r['meaning'])}</td></tr>")
+
+    body = "".join(row(r) for r in rows)
+    out = [f"<div class='card'><p><b>Evaluated:</b> {e(run_line(summary))}</p>"]
+    if rows:
+        out.append("<table><tr><th>metric</th><th>value [95% interval]</th><th>n</th><th>floor</th><th>what it means</th>"
+                   f"</tr>{body}</table><p class='note'>Intervals: Wilson 95% (runs/stats.py). Floor: the best "
+                   "trivial policy on the same episodes (eval_sop.py baselines). A static step rate's interval treats "
+                   "steps as independent.</p>")
+    gap = ((summary.get("history_gap") or {}).get("pooled") or {})
+    if gap.get("steps"):
+        out.append(f"<p><b>History gap</b> on the {gap['steps']} steps SOP reached: step accuracy "
+                   f"{gap['own_acc']:.3f} with the policy's own history vs {gap['expert_acc']:.3f} with the expert's "
+                   f"(gap {gap['gap']:+.3f}; right only with its own: {gap['own_only']}, only with the expert's: "
+                   f"{gap['expert_only']}).</p>")
+    per_task = summary.get("per_task") or {}
+    task_rows = {t: metric_rows(v) for t, v in per_task.items()}
+    cols = [m for m in METRICS if any(r["key"] == m[0] for rs in task_rows.values() for r in rs)]
+    if cols:
+        head = "".join(f"<th>{e(m[1])}</th>" for m in cols)
+        n_cols = {k: name for k, name in (("episodes", "episodes"), ("n_online_episodes", "online episodes"))
+                  if any(k in v for v in per_task.values())}
+        lines = []
+        for t, rs in task_rows.items():
+            by = {r["key"]: r for r in rs}
+            cells = "".join("<td>" + (fmt_rate(by[m[0]]["value"], by[m[0]]["lo"], by[m[0]]["hi"]) if m[0] in by else "")
+                            + "</td>" for m in cols)
+            counts = "".join(f"<td>{per_task[t].get(k, '')}</td>" for k in n_cols)
+            lines.append(f"<tr><th>{e(t)}</th>{counts}{cells}</tr>")
+        n_head = "".join(f"<th>{name}</th>" for name in n_cols.values())
+        out.append(f"<h2>Per task</h2><div class='scroll'><table><tr><th>task</th>{n_head}{head}</tr>"
+                   f"{''.join(lines)}</table></div>")
+    out.append("</div>")
+    return "".join(out)
+
+
+def raw_fields_html(summary: dict) -> str:
+    """Every field of the summary (result.json), floats to 3 decimals, folded: the reference, not the headline."""
+    e = html.escape
+    rows = "".join(f"<tr><th>{e(k)}</th><td><code>{e(cli.dumps(_round(v)))}</code></td></tr>"
+                   for k, v in summary.items() if k != "per_task")
+    return f"<details id='fields'><summary><b>All fields</b> (result.json, floats to 3 decimals)</summary><table>{rows}</table></details>"
 
 
 def write_report(path: str, title: str, summary: dict, sections: list[tuple[str, str, list[dict]]]) -> None:
-    """sections: (heading, note, episodes), each episode {title, goal, outcome, steps: [step_view], first_wrong}."""
+    """The HTML report: the summary card (card_html), links to the sections, then each section
+    (heading, note, episodes; each episode {title, goal, success, outcome, steps: [step_view],
+    first_wrong}) in the order given, and last every field of the summary, folded."""
     e = html.escape
-    rows = "".join(f"<tr><th>{e(k)}</th><td>{e(cli.dumps(v) if not isinstance(v, float) else f'{v:.4f}')}</td></tr>"
-                   for k, v in summary.items() if k not in ("per_task", "sources", "report"))
-    per_task = summary.get("per_task") or {}
-    cols = list(dict.fromkeys(k for v in per_task.values() for k in v))
-    cell = lambda v: "" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
-    tasks = "".join(f"<tr><th>{e(t)}</th>" + "".join(f"<td>{cell(v.get(c))}</td>" for c in cols) + "</tr>"
-                    for t, v in per_task.items())
-    if tasks:
-        tasks = "<h2>Per task</h2><table><tr><th>task</th>" + "".join(f"<th>{e(c)}</th>" for c in cols) + \
-            f"</tr>{tasks}</table>"
+    nav = "".join(f"<a href='#sec{i}'>{e(h.split(':')[0].split(' (')[0].rstrip(','))}</a>"
+                  for i, (h, _, _) in enumerate(sections))
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{CSS}</style></head>"
-           f"<body><h1>{e(title)}</h1><table>{rows}</table>{tasks}<p>Boxes: target candidates (green). Green cross: "
-           "expert point / swipe. Circle: predicted point (blue right, red wrong). Frames: green right, red wrong, "
-           "thick red the step that ended the episode; online (no expert), grey: an action of a failed "
-           "episode.</p>"]
-    for heading, note, episodes in sections:
-        out.append(f"<h2>{e(heading)}</h2><p>{e(note)}</p>")
+           f"<body><h1>{e(title)}</h1>{card_html(summary)}<nav>Sections: {nav}<a href='#fields'>all fields</a></nav>"
+           "<p class='note'>Boxes: target candidates (green). Green cross: expert point / swipe. Circle: predicted "
+           "point (blue right, red wrong). Frames: green right, red wrong, thick red the step that ended the episode; "
+           "online (no expert), grey: an action of a failed episode.</p>"]
+    for i, (heading, note, episodes) in enumerate(sections):
+        out.append(f"<a id='sec{i}'></a><h2>{e(heading)}</h2><p>{e(note)}</p>")
         for ep in episodes:
             out.append(f"<div class='ep'><h3>{e(ep['title'])} - <span class='{'ok' if ep['success'] else 'bad'}'>"
                        f"{e(ep['outcome'])}</span></h3><p>Goal: {e(ep['goal'])}</p><div class='steps'>")
@@ -108,10 +286,10 @@ def write_report(path: str, title: str, summary: dict, sections: list[tuple[str,
                 if s["expert"] is not None:
                     out.append(f"<br>Expert: <code>{e(s['expert'])}</code>")
                 if s["pred"] == "(no valid action)":
-                    out.append(f"<br>Raw output: <code>{e(s['raw'][:400]) or '(empty)'}</code>")
+                    out.append(f"<br>Raw output: <code>{e(s['raw'][:400].strip()) or '(empty)'}</code>")
                 out.append("</div>")
             out.append("</div></div>")
-    out.append("</body></html>")
+    out.append(raw_fields_html(summary) + "</body></html>")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         f.write("".join(out))
@@ -148,3 +326,201 @@ def online_outcome(e: dict) -> tuple[str, int | None]:
         return f"step limit: not done after {n} steps", None
     return f"{cause.replace('_', ' ')} at step {n}: {e.get('error', '')}".rstrip(": "), None
 
+
+
+# -----------------------------------------------------------------------------
+# two or more evaluations side by side: python report.py A B [C ...]
+
+# the metrics with per-item outcomes in an eval folder, paired item by item between two runs:
+# metric -> (file, key of an item, its value, 0/1 outcome?, the bootstrap's group of an item)
+PAIRED = {
+    "online_sr": ("online_episodes.jsonl", lambda r: (r["task"], int(r["seed"])), lambda r: int(bool(r["success"])), True, None),
+    "sop_tsr": ("episodes.jsonl", lambda r: (r["task"], r["episode_id"]), lambda r: int(r["correct"] == r["steps"]), True, None),
+    "sop_pg": ("episodes.jsonl", lambda r: (r["task"], r["episode_id"]), lambda r: r["correct"] / max(r["steps"], 1), False, None),
+    # steps of one episode are not independent: the bootstrap resamples episodes, then their steps
+    "static_step_sr": ("static_steps.jsonl", lambda r: (r["task"], r["episode_id"], r["t"]), lambda r: int(bool(r["match"])),
+                       True, lambda key: key[:2]),
+    "static_type_acc": ("static_steps.jsonl", lambda r: (r["task"], r["episode_id"], r["t"]),
+                        lambda r: int(bool(r["type_match"])), True, lambda key: key[:2]),
+}
+
+
+def load_eval(folder: str) -> dict:
+    """An eval_sop.py --out folder: {folder, summary (result.json), items: {metric: {key: value}}}
+    for the PAIRED metrics whose file is there. A key seen twice in a file (the same episode given
+    twice) gets its occurrence number, so both stay. Raises cli.UsageError without result.json."""
+    path = os.path.join(folder, "result.json")
+    if not os.path.isfile(path):
+        raise cli.UsageError(f"{folder}: no result.json (expected an eval_sop.py --out folder)")
+    with open(path, encoding="utf-8") as f:
+        summary = json.load(f)
+    items: dict = {}
+    for metric, (name, key_of, value_of, _, _) in PAIRED.items():
+        file = os.path.join(folder, name)
+        if not os.path.isfile(file):
+            continue
+        seen: dict = {}
+        with open(file, encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    r = json.loads(line)
+                    key = key_of(r)
+                    seen[key] = seen.get(key, -1) + 1
+                    items.setdefault(metric, {})[key + ((seen[key],) if seen[key] else ())] = value_of(r)
+    return {"folder": folder, "summary": summary, "items": items}
+
+
+def paired_difference(first: dict, other: dict, metric: str, task: str | None = None) -> dict | None:
+    """`other` minus `first` on the items both evaluated (of `task` alone when given): runs/stats.py's
+    paired_binary for 0/1 outcomes (bootstrap interval, exact McNemar p) or paired_bootstrap for
+    PG's fractions (bootstrap p), grouped by episode for static steps. Returns {pairs, diff,
+    diff_ci95, p, test, only_first, only_other (items one run has and the other lacks),
+    discordant [only other right, only first right] (0/1 outcomes)}; None when no item is shared."""
+    _, _, _, binary, group_of = PAIRED[metric]
+    a, b = first["items"].get(metric, {}), other["items"].get(metric, {})
+    if task is not None:
+        a, b = ({k: v for k, v in d.items() if k[0] == task} for d in (a, b))
+    keys = sorted(set(a) & set(b), key=str)
+    if not keys:
+        return None
+    xa, xb = [a[k] for k in keys], [b[k] for k in keys]
+    groups = [str(group_of(k)) for k in keys] if group_of else None
+    res = {"pairs": len(keys), "only_first": len(set(a) - set(b)), "only_other": len(set(b) - set(a))}
+    if binary:
+        r = stats.paired_binary(xb, xa, groups)
+        res.update(diff=r["diff"], diff_ci95=r["diff_ci95"], p=r["p_mcnemar"], test="exact McNemar",
+                   discordant=r["discordant"])
+    else:
+        r = stats.paired_bootstrap(xb, xa, groups)
+        res.update(diff=r["diff"], diff_ci95=r["diff_ci95"], p=r["p_value"], test="bootstrap")
+    return res
+
+
+def compare(runs: list[dict]) -> dict:
+    """The runs (load_eval) side by side: per run its metric_rows (pooled and per task), and for every
+    run after the first its paired_difference from the first, pooled and per task, per PAIRED metric.
+    Returns {names, metrics: {run: [rows]}, per_task: {run: {task: [rows]}}, diffs: {run: {metric:
+    {pooled, per_task}}}, differ: the settings that differ between runs}."""
+    names = [r["name"] for r in runs]
+    first = runs[0]
+    diffs = {}
+    for run in runs[1:]:
+        d = {}
+        for metric in PAIRED:
+            pooled = paired_difference(first, run, metric)
+            if pooled is None:
+                continue
+            tasks = dict.fromkeys(k[0] for k in run["items"][metric] if k in first["items"][metric])
+            d[metric] = {"pooled": pooled, "per_task": {t: paired_difference(first, run, metric, t) for t in tasks}}
+        diffs[run["name"]] = d
+    settings = ("match_rules", "protocols", "online_tasks", "online_seeds", "static_variant", "episodes", "steps")
+    differ = [s for s in settings if len({json.dumps(r["summary"].get(s)) for r in runs}) > 1]
+    return {"names": names, "folders": [r["folder"] for r in runs],
+            "metrics": {r["name"]: metric_rows(flat_summary(r["summary"])) for r in runs},
+            "per_task": {r["name"]: {t: metric_rows(v) for t, v in (r["summary"].get("per_task") or {}).items()}
+                         for r in runs},
+            "diffs": diffs, "differ": differ}
+
+
+def fmt_diff(d: dict | None) -> str:
+    """+0.062 [-0.013, +0.138] p 0.12 (160 pairs): a paired difference, its 95% interval and (0/1
+    outcomes) the exact McNemar p, in one cell; '-' for None."""
+    if d is None:
+        return "-"
+    lo, hi = d["diff_ci95"]
+    # the exact McNemar p alone: a bootstrap p on a few pairs (PG per task) is far too small
+    p = f" p {d['p']:.3g}" if d["test"] == "exact McNemar" else ""
+    return f"{d['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]{p} ({d['pairs']} pairs)"
+
+
+def compare_text(c: dict) -> str:
+    """The comparison on stdout: a table with one line per metric (each run's value and interval) and,
+    under it, each later run's paired difference from the first."""
+    names, first = c["names"], c["names"][0]
+    by = {n: {r["key"]: r for r in c["metrics"][n]} for n in names}
+    table = [["metric", *names]]
+    for key, name, *_ in METRICS:
+        if not any(key in by[n] for n in names):
+            continue
+        table.append([name, *(fmt_rate(by[n][key]["value"], by[n][key]["lo"], by[n][key]["hi"]) if key in by[n] else "-"
+                              for n in names)])
+        if any(key in c["diffs"][n] for n in names[1:]):
+            table.append([f"  minus {first}", "", *(fmt_diff(c["diffs"][n].get(key, {}).get("pooled")) for n in names[1:])])
+    widths = [max(len(row[i]) for row in table) for i in range(len(names) + 1)]
+    lines = [f"compare: {', '.join(f'{n} = {f}' for n, f in zip(names, c['folders']))}"]
+    if c["differ"]:
+        lines.append(f"warning: the runs differ in {', '.join(c['differ'])}: pairs cover the items both evaluated")
+    lines += ["  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip() for row in table]
+    return "\n".join(lines)
+
+
+def write_compare(path: str, c: dict) -> None:
+    """The comparison as HTML: the runs, one row per metric with every run's value and 95% interval
+    and every later run's paired difference from the first, then a per-task table of each paired
+    metric, each run's own report linked."""
+    e = html.escape
+    names, first = c["names"], c["names"][0]
+    by = {n: {r["key"]: r for r in c["metrics"][n]} for n in names}
+    head = "".join(f"<th>{e(n)}</th>" for n in names) + "".join(f"<th>{e(n)} - {e(first)} (paired)</th>" for n in names[1:])
+    rows = []
+    for key, name, _, _, meaning in METRICS:
+        if not any(key in by[n] for n in names):
+            continue
+        vals = "".join(f"<td class='v'>{fmt_rate(by[n][key]['value'], by[n][key]['lo'], by[n][key]['hi']) if key in by[n] else '-'}"
+                       f"</td>" for n in names)
+        ds = "".join(f"<td class='v'>{fmt_diff(c['diffs'][n].get(key, {}).get('pooled'))}</td>" for n in names[1:])
+        rows.append(f"<tr><th>{e(name)}</th>{vals}{ds}<td class='note'>{e(meaning)}</td></tr>")
+    runs = "".join(f"<li><b>{e(n)}</b>: {e(f)}" + (f" (<a href='{e(os.path.relpath(os.path.join(f, 'report.html'), os.path.dirname(os.path.abspath(path))))}'>report</a>)"
+                                                     if os.path.isfile(os.path.join(f, "report.html")) else "") + "</li>"
+                   for n, f in zip(names, c["folders"]))
+    warn = (f"<p class='bad'>The runs differ in {e(', '.join(c['differ']))}: differences are paired on the items "
+            "both evaluated.</p>") if c["differ"] else ""
+    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>compare {e(' vs '.join(names))}</title>"
+           f"<style>{CSS}</style></head><body><h1>{e(' vs '.join(names))}</h1><ul>{runs}</ul>{warn}"
+           f"<div class='card'><table><tr><th>metric</th>{head}<th>what it means</th></tr>{''.join(rows)}</table>"
+           "<p class='note'>Each run: value [Wilson 95% interval]. Paired difference: the later run minus the first on "
+           "the episodes (static: steps) both evaluated, [bootstrap 95% interval] (runs/stats.py; static steps resampled "
+           "by episode), p: exact McNemar (0/1 outcomes; none for PG).</p></div>"]
+    for key, name, *_ in METRICS:
+        per = {n: c["diffs"][n][key]["per_task"] for n in names[1:] if key in c["diffs"][n]}
+        if not per:
+            continue
+        tasks = list(dict.fromkeys(t for d in per.values() for t in d))
+        task_val = {n: {t: {r["key"]: r for r in rs} for t, rs in c["per_task"][n].items()} for n in names}
+        lines = []
+        for t in tasks:
+            vals = "".join("<td>" + (fmt_rate(task_val[n][t][key]["value"], task_val[n][t][key]["lo"], task_val[n][t][key]["hi"])
+                                     if key in task_val[n].get(t, {}) else "-") + "</td>" for n in names)
+            lines.append(f"<tr><th>{e(t)}</th>{vals}" + "".join(f"<td>{fmt_diff(per[n].get(t))}</td>" for n in per) + "</tr>")
+        out.append(f"<h2>{e(name)} per task</h2><div class='scroll'><table><tr><th>task</th>"
+                   + "".join(f"<th>{e(n)}</th>" for n in names) + "".join(f"<th>{e(n)} - {e(first)}</th>" for n in per)
+                   + f"</tr>{''.join(lines)}</table></div>")
+    out.append("</body></html>")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("".join(out))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = cli.make_parser(__doc__)
+    p.add_argument("folders", nargs="+", type=cli.arg_type(cli.input_dir),
+                   help="eval_sop.py --out folders; the first is the one the others are compared with")
+    p.add_argument("--names", nargs="+", default=None, help="a short name per folder (default: the folders' names)")
+    p.add_argument("--out", default="compare.html", help="the HTML page; the comparison's JSON goes beside it (.json)")
+    args = p.parse_args(argv)
+    names = args.names or [os.path.basename(os.path.normpath(f)) for f in args.folders]
+    if len(names) != len(args.folders) or len(set(names)) != len(names):
+        raise cli.UsageError(f"--names: {len(args.folders)} distinct names needed, one per folder (got {names}); "
+                             "folders with one name need --names")
+    runs = [{**load_eval(f), "name": n} for f, n in zip(args.folders, names)]
+    c = compare(runs)
+    write_compare(args.out, c)
+    with open(os.path.splitext(args.out)[0] + ".json", "w", encoding="utf-8") as f:
+        f.write(cli.dumps(c, indent=1))
+    print(compare_text(c))
+    print(f"report: {args.out} (open it in a browser)  json: {os.path.splitext(args.out)[0] + '.json'}")
+    return c
+
+
+if __name__ == "__main__":
+    cli.cli(main)

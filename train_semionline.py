@@ -143,7 +143,7 @@ parser.add_argument("--gradient-checkpointing", action="store_true",
 # run
 parser.add_argument("--max-steps", type=cli.positive_int, default=12, help="training steps")
 parser.add_argument("--out", default="out/semionline", help="output folder (checkpoints, metrics.jsonl, args.json)")
-parser.add_argument("--tensorboard", default=None, help="also log the metrics as TensorBoard scalars in this folder (pip install tensorboard)")
+cli.add_report_to_arg(parser)  # --report-to none | tensorboard wandb trackio (cli.MetricsLogger)
 parser.add_argument("--save-every", type=cli.non_negative_int, default=0, help="checkpoint every N steps (0: at the end only)")
 parser.add_argument("--keep-checkpoints", type=cli.non_negative_int, default=2,
                     help="keep the newest N checkpoints (0: every one, e.g. for a dose-response over the steps)")
@@ -259,7 +259,8 @@ def main(argv=None):
     if proc.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "args.json").write_text(cli.dumps(vars(args), indent=2))
-    metrics = cli.MetricsLogger(out / "metrics.jsonl", append=args.resume, tensorboard=args.tensorboard)
+    metrics = cli.MetricsLogger(out / "metrics.jsonl", append=args.resume, report_to=args.report_to,
+                                 config=vars(args))
     if args.resume:
         metrics.resume_at(start_step)  # the steps redone after the checkpoint are logged once
 
@@ -427,6 +428,7 @@ def main(argv=None):
 
     # -------------------------------------------------------------------------
     # cleanup
+    metrics.close()
     utils.cleanup_distributed()
     if proc.is_main and args.merge:  # the adapted model as a plain Hugging Face folder
         utils.print0(f"merged: {vlm.merge_checkpoint(utils.latest_checkpoint(out / 'ckpt'), out / 'merged')}")

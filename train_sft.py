@@ -91,7 +91,7 @@ chat.add_prompt_args(parser)  # --num-images, --min/max-pixels, --max-prompt-tok
 parser.add_argument("--max-steps", type=cli.non_negative_int, default=200, help="optimizer steps (0: the copy warm-up alone, saved as step 0: a shared base)")
 parser.add_argument("--eval-every", type=cli.non_negative_int, default=50, help="validation loss every N steps (0: at the end only)")
 parser.add_argument("--out", default="out/sft", help="output folder (ckpt/, metrics.jsonl, args.json)")
-parser.add_argument("--tensorboard", default=None, help="also log the metrics as TensorBoard scalars in this folder (pip install tensorboard)")
+cli.add_report_to_arg(parser)  # --report-to none | tensorboard wandb trackio (cli.MetricsLogger)
 parser.add_argument("--save-every", type=cli.non_negative_int, default=0, help="checkpoint every N steps (0: at the end only)")
 parser.add_argument("--keep-checkpoints", type=cli.non_negative_int, default=2,
                     help="keep the newest N checkpoints (0: every one, e.g. for a dose-response over the steps)")
@@ -202,7 +202,8 @@ def main(argv=None):
     if proc.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "args.json").write_text(cli.dumps(vars(args), indent=2))
-    metrics = cli.MetricsLogger(out / "metrics.jsonl", append=args.resume, tensorboard=args.tensorboard)
+    metrics = cli.MetricsLogger(out / "metrics.jsonl", append=args.resume, report_to=args.report_to,
+                                 config=vars(args))
     if args.resume:
         metrics.resume_at(start_step)  # the steps redone after the checkpoint are logged once
 
@@ -321,6 +322,7 @@ def main(argv=None):
 
     # -------------------------------------------------------------------------
     # cleanup
+    metrics.close()
     utils.cleanup_distributed()
     if proc.is_main and args.merge:  # the adapted model as a plain Hugging Face folder
         utils.print0(f"merged: {vlm.merge_checkpoint(utils.latest_checkpoint(out / 'ckpt'), out / 'merged')}")

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (stats reads eval_sop's wilson)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cli  # noqa: E402
 from stats import paired_binary, seed_paired_t, wilson  # noqa: E402

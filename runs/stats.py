@@ -6,7 +6,8 @@ figures), R^2 of a least-squares line with a bootstrap
 interval over checkpoints, the least-squares trend of a training curve, and the data-scaling law
 y = A - B * N^k fitted by profile least squares, with a bootstrap interval on k. Every bootstrap takes
 a fixed seed: the same inputs give the same numbers. Tested against hand-computed values in
-tests/test_repro_stats.py.
+tests/test_repro_stats.py. eval_sop.py and report.py import it too (numpy only, no project import:
+the rate intervals of every evaluation and the paired differences of `python report.py A B`).
 """
 from __future__ import annotations
 
@@ -14,12 +15,27 @@ import math
 
 import numpy as np
 
-# the Wilson interval is eval_sop's, which reports it with every online rate (the repository root
-# is on sys.path: see the scripts)
-from eval_sop import wilson  # noqa: F401
-
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
 N_BOOT = 4000  # bootstrap resamples for every interval and p-value below
+
+
+def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial rate k/n (Wilson 1927); (nan, nan) for n = 0.
+
+    Unlike the normal interval p +- z*se it stays inside [0, 1] and is not empty at k = 0 or k = n:
+    centre (p + z^2/2n) / (1 + z^2/n), half-width z*sqrt(p(1-p)/n + z^2/4n^2) / (1 + z^2/n).
+    Guaranteed: 0 <= lo <= k/n <= hi <= 1 (clamped against rounding). Raises ValueError for k
+    outside [0, n]."""
+    if not 0 <= k <= n:
+        raise ValueError(f"wilson: k={k} outside [0, n={n}]")
+    if n == 0:
+        return (float("nan"), float("nan"))
+    p = k / n
+    den = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    # clamped: rounding once put a bound one ulp on the wrong side of k/n at k = 0 and k = n
+    return (min(max(0.0, centre - half), p), max(min(1.0, centre + half), p))
 
 
 def t_two_sided_p(t, df: int):

@@ -1,4 +1,4 @@
-"""Command-line plumbing: strict JSON (no NaN in any file we write), the TensorBoard option, the
+"""Command-line plumbing: strict JSON (no NaN in any file we write), the trainers' --report-to trackers, the
 plot command, --help with defaults and examples, and prompt options read back from a checkpoint's
 args.json by eval_sop.py and train_semionline.py."""
 
@@ -77,32 +77,122 @@ def test_metrics_resume_drops_the_steps_it_redoes(tmp_path):
     assert cli.MetricsLogger(path, append=True).resume_at(0) == 4 and path.read_text() == ""
 
 
-def test_tensorboard_scalars(tmp_path, monkeypatch):
+class Tracker:
+    """A stand-in for the three trackers' modules (their packages are not installed here): records
+    what MetricsLogger hands each one."""
+
+    def __init__(self, name, calls):
+        self.name, self.calls = name, calls
+
+    def SummaryWriter(self, logdir):  # torch.utils.tensorboard
+        self.calls.append((self.name, "dir", logdir))
+        return self
+
+    def add_scalar(self, k, v, x):
+        self.calls.append((self.name, k, v, x))
+
+    def init(self, **kw):  # wandb.init / trackio.init
+        self.calls.append((self.name, "init", kw))
+        return self
+
+    def log(self, scalars, step):  # wandb's run.log / trackio.log
+        self.calls.extend((self.name, k, v, step) for k, v in scalars.items())
+
+    def flush(self):
+        pass
+
+    def close(self):
+        self.calls.append((self.name, "end"))
+
+    finish = close
+
+
+def fake_trackers(monkeypatch, names=tuple(cli.TRACKERS)) -> list:
+    """Tracker stand-ins as the modules of `names`; returns the list of their calls."""
     calls = []
+    for name in names:
+        monkeypatch.setitem(sys.modules, cli.TRACKERS[name], Tracker(name, calls))
+    return calls
 
-    class Writer:
-        def __init__(self, logdir):
-            calls.append(("dir", logdir))
 
-        def add_scalar(self, k, v, x):
-            calls.append((k, v, x))
+@pytest.fixture
+def trackers(monkeypatch):
+    return fake_trackers(monkeypatch)
 
-        def flush(self):
-            pass
 
-    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=Writer))
-    m = cli.MetricsLogger(tmp_path / "m.jsonl", tensorboard=str(tmp_path / "tb"))
+def test_report_to_every_tracker_gets_the_same_scalars(tmp_path, trackers, monkeypatch):
+    monkeypatch.delenv("WANDB_PROJECT", raising=False)
+    monkeypatch.setenv("TRACKIO_PROJECT", "mine")
+    m = cli.MetricsLogger(tmp_path / "run7" / "m.jsonl", report_to=["tensorboard", "wandb", "trackio"],
+                          config={"lr": 1e-3, "bad": float("nan")})
     m.log({"step": 7, "loss": 0.25, "kl": float("nan"), "tasks_kept": 3, "note": "x", "flag": True})
-    scalars = {c[0]: c[1:] for c in calls[1:]}
-    assert calls[0] == ("dir", str(tmp_path / "tb"))
-    assert scalars["loss"] == (0.25, 7) and scalars["tasks_kept"] == (3, 7)
-    assert not {"kl", "note", "flag", "step", "nonfinite"} & set(scalars)  # NaN, text, bools, the x axis: not curves
+    m.close()
+    assert ("tensorboard", "dir", str(tmp_path / "run7" / "tensorboard")) in trackers
+    inits = {c[0]: c[2] for c in trackers if c[1] == "init"}
+    assert inits["wandb"]["project"] == "ui-s1" and inits["trackio"]["project"] == "mine"
+    assert inits["wandb"]["name"] == inits["trackio"]["name"] == "run7"
+    assert inits["trackio"]["config"]["lr"] == 1e-3 and inits["trackio"]["config"]["bad"] is None  # strict JSON
+    for name in cli.TRACKERS:
+        scalars = {c[1]: c[2:] for c in trackers if c[0] == name and len(c) == 4}
+        # NaN, text, bools and the x axis are not curves; t is the logger's wall time
+        assert scalars.pop("t")[1] == 7 and scalars == {"loss": (0.25, 7), "tasks_kept": (3, 7)}, name
+        assert (name, "end") in trackers
 
 
-def test_tensorboard_missing_is_a_usage_error(tmp_path, monkeypatch):
+def test_report_to_none_writes_the_metrics_file_alone(tmp_path, trackers):
+    m = cli.MetricsLogger(tmp_path / "m.jsonl", report_to=["none"])
+    m.log({"step": 1, "loss": 0.5})
+    m.close()
+    assert trackers == [] and not (tmp_path / "tensorboard").exists()
+    assert strict_loads((tmp_path / "m.jsonl").read_text())["loss"] == 0.5
+
+
+def test_report_to_missing_package_is_a_usage_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import raises ImportError
     with pytest.raises(cli.UsageError, match="pip install tensorboard"):
-        cli.MetricsLogger(tmp_path / "m.jsonl", tensorboard=str(tmp_path / "tb"))
+        cli.MetricsLogger(tmp_path / "m.jsonl", report_to=["tensorboard"])
+
+
+@pytest.mark.parametrize("trainer", ["train_sft", "train_semionline"])
+def test_report_to_flag_of_both_trainers(trainer, trackers, monkeypatch, capsys):
+    parser = __import__(trainer).parser
+    assert parser.parse_args([]).report_to == ["none"]  # transformers' default: no tracker
+    assert parser.parse_args(["--report-to", "tensorboard", "wandb"]).report_to == ["tensorboard", "wandb"]
+    monkeypatch.setitem(sys.modules, "wandb", None)  # not installed
+    for argv, message in ((["--report-to", "wandb"], "argument --report-to: wandb needs the wandb package: "
+                           "pip install wandb"),
+                          (["--report-to", "none", "trackio"], "'none' cannot be combined with trackio"),
+                          (["--report-to", "mlflow"], "'mlflow': expected none or one or more of tensorboard")):
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_missing_tracker_stops_a_trainer_before_any_work(tmp_path):
+    """wandb is not installed here: the trainer exits 2 with one line and has written nothing."""
+    pytest.importorskip("torch")
+    if __import__("importlib").util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed")
+    p = subprocess.run([sys.executable, "train_semionline.py", "--report-to", "wandb", "--out", str(tmp_path / "o")],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "train_semionline.py: error: argument --report-to: wandb needs the wandb package: pip install wandb (see --help)"]
+    assert not (tmp_path / "o").exists()
+
+
+def test_sft_run_reports_to_tensorboard(tmp_path, monkeypatch):
+    """A 1-step tiny SFT run with --report-to tensorboard: the loss of step 1 reaches the writer, in
+    OUT/tensorboard, and the writer is closed at the end."""
+    trackers = fake_trackers(monkeypatch, ["tensorboard"])  # a fake wandb module would fool accelerate
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    import train_sft
+    last = train_sft.main(["--data", str(MINIWOB / "train.jsonl"), "--model", "tiny", "--max-episodes", "2",
+                           "--batch-size", "2", "--micro-batch-size", "2", "--eval-every", "0", "--val-frac", "0",
+                           "--copy-warmup-steps", "0", "--max-steps", "1", "--max-pixels", "20000",
+                           "--report-to", "tensorboard", "--out", str(tmp_path / "sft")])
+    assert trackers[0] == ("tensorboard", "dir", str(tmp_path / "sft" / "tensorboard"))
+    assert ("tensorboard", "loss", last["loss"], 1) in trackers and trackers[-1] == ("tensorboard", "end")
 
 
 # -----------------------------------------------------------------------------
@@ -159,6 +249,8 @@ def test_plot_writes_png(tmp_path, capsys):
     (["eval_sop.py"], "python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl --policy expert"),
     (["eval_sop.py", "score"], "--responses responses.jsonl --out scores.jsonl"),
     (["tools/plot_metrics.py"], "python tools/plot_metrics.py out/sft/metrics.jsonl"),
+    (["report.py"], "python report.py out/eval/sft out/eval/semionline"),
+    (["train_sft.py"], "--report-to TRACKER"),
 ])
 def test_help_shows_defaults_and_examples(argv, example):
     p = subprocess.run([sys.executable, *argv, "--help"], cwd=REPO, capture_output=True, text=True, timeout=300)

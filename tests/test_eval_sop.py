@@ -21,6 +21,7 @@ FAST = ["--blank-screens", "1080x2400", "--max-pixels", "50176"]  # full-size bl
 
 
 def last_json(capsys):
+    """The summary printed by eval_sop.py --json: the last stdout line."""
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
@@ -31,7 +32,7 @@ def test_sop_metrics_by_hand():
 
 
 def test_expert_replay_is_perfect_on_every_real_file(capsys):
-    argv = ["--data", *map(str, FILES), "--limit", "12", *FAST]
+    argv = ["--data", *map(str, FILES), "--limit", "12", *FAST, "--json"]
     s = eval_sop.main(argv)
     assert last_json(capsys) == s
     assert s["pg"] == 1.0 and s["tsr"] == 1.0 and s["episodes"] == 12 * 3 + 1

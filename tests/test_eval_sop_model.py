@@ -29,6 +29,7 @@ SMALL = ["--max-pixels", "20000"]  # 168x224 -> 112x140: model pixels differ fro
 
 
 def last_json(capsys):
+    """The summary printed by eval_sop.py --json: the last stdout line."""
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
@@ -108,7 +109,7 @@ def run_fake(monkeypatch, tokenizer, data, answer, argv):
 @pytest.mark.parametrize("batch_size, calls", [(32, [3, 2]), (2, [2, 2, 1])])
 def test_sop_by_hand(monkeypatch, capsys, tokenizer, miniwob_file, batch_size, calls):
     s, fake = run_fake(monkeypatch, tokenizer, miniwob_file, scripted,
-                       ["--image-root", str(MINIWOB), *SMALL, "--batch-size", str(batch_size)])
+                       ["--image-root", str(MINIWOB), *SMALL, "--batch-size", str(batch_size), "--json"])
     assert last_json(capsys) == s
     # A 2/2, B 1/3 (wrong point at step 1), C 0/4 (malformed at step 0)
     assert s["sop_pg"] == pytest.approx((1 + 1 / 3 + 0) / 3) and s["pg"] == s["sop_pg"]
@@ -169,7 +170,8 @@ def test_sop_walks_as_the_training_driver(monkeypatch, capsys, tokenizer, miniwo
 @pytest.mark.parametrize("batch_size, calls", [(4, [3, 3, 2, 1]), (2, [2, 2, 1, 1, 1, 1, 1])])
 def test_static_by_hand(monkeypatch, capsys, tokenizer, miniwob_file, batch_size, calls):
     s, fake = run_fake(monkeypatch, tokenizer, miniwob_file, scripted,
-                       ["--image-root", str(MINIWOB), *SMALL, "--protocol", "static", "--batch-size", str(batch_size)])
+                       ["--image-root", str(MINIWOB), *SMALL, "--protocol", "static", "--batch-size", str(batch_size),
+                        "--json"])
     assert last_json(capsys) == s
     # 9 steps: type right on A0 A1 B0 B1 B2 C1 C2 (7); full match A0 A1 B0 B2 C2 (5);
     # click steps with the type right: A0 B0 B1 C2, of which 3 match
@@ -278,7 +280,7 @@ def test_tiny_model_end_to_end(capsys, miniwob_file, tmp_path):
     out = tmp_path / "tiny"
     s = eval_sop.main(["--data", str(miniwob_file), "--limit", "2", "--image-root", str(MINIWOB), "--policy", "model",
                        "--model", "tiny", "--max-new-tokens", "8", "--elements", "--protocol", "sop", "static",
-                       "--out", str(out)])
+                       "--out", str(out), "--json"])
     assert last_json(capsys) == s
     # 8 new tokens cannot hold '<think>..</think><action>{json}</action>': no step can parse, so every
     # metric is exactly 0 and SOP stops each episode at its first step (2 steps run in all)
@@ -337,7 +339,7 @@ def test_online_fake_model(monkeypatch, capsys, tokenizer, tmp_path):
     monkeypatch.setattr(eval_sop, "load_sampler", lambda args, tok: fake)
     report = tmp_path / "online.html"
     s = eval_sop.main(["--policy", "model", "--online", "--online-tasks", "click-test", "--online-seeds", "2",
-                       "--online-seed-base", "100000", "--online-max-steps", "2", *SMALL, "--report", str(report)])
+                       "--online-seed-base", "100000", "--online-max-steps", "2", *SMALL, "--report", str(report), "--json"])
     assert last_json(capsys) == s
     assert s["online_sr"] == 0.5 and s["n_online_episodes"] == 2
     # Wilson 95% for 1 of 2 by hand: centre 0.5, half-width 1.96 sqrt(0.125 + 1.96^2/16) / (1 + 1.96^2/2) = 0.4055

@@ -99,7 +99,7 @@ def run(monkeypatch, tokenizer, answer, argv):
 
 
 def counts(c):
-    return {name: (c[name]["k"], c[name]["n"]) for name in ("greedy", "pass_at_k", "flippable", "sampled_sr")}
+    return {name: (c[name]["successes"], c[name]["n"]) for name in ("greedy", "pass_at_k", "flippable", "sampled_sr")}
 
 
 @pytest.mark.parametrize("batch", [1, 4])
@@ -150,7 +150,7 @@ def test_k1_is_one_sampled_run(monkeypatch, capsys, tokenizer, tmp_path):
     assert played == {(t, s): (t, s, 0) in SAMPLE_OK for t in (A, B) for s in (0, 1, 2)}  # B0 alone
     assert one_k == {k: [ok] for k, ok in played.items()}
     pooled = s1["online_sampled"]["pooled"]
-    assert pooled["pass_at_k"]["k"] == pooled["sampled_sr"]["k"] == pooled["flippable"]["k"] == 1
+    assert pooled["pass_at_k"]["successes"] == pooled["sampled_sr"]["successes"] == pooled["flippable"]["successes"] == 1
     _, _, three = sampled_success(3)
     assert {k: v[:1] for k, v in three.items()} == one_k
 
@@ -220,6 +220,6 @@ def test_real_browser_flip(monkeypatch, capsys, tokenizer):
                        "--online-seed-base", "100000", "--online-max-steps", "1", "--online-batch", "2",
                        "--samples", "2", "--temperature", "0.5", *SMALL])
     p = s["online_sampled"]["pooled"]
-    assert s["online_sr"] == 0.0 and p["greedy"]["k"] == 0
-    assert 1 <= p["flippable"]["k"] == p["pass_at_k"]["k"] == p["sampled_sr"]["k"]
+    assert s["online_sr"] == 0.0 and p["greedy"]["successes"] == 0
+    assert 1 <= p["flippable"]["successes"] == p["pass_at_k"]["successes"] == p["sampled_sr"]["successes"]
     assert s["online_sampled"]["per_task"][A]["flippable"]["n"] == 2
