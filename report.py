@@ -523,4 +523,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    cli.cli(main)
+    cli.run_script(main)
