@@ -3,7 +3,7 @@ OpenAI-compatible chat-completions endpoint (`vllm serve`, `transformers serve`,
 API), and the model-family adapters that translate between the evaluator's action format and each
 family's own (`--action-format`).
 
-The served policy is a sampler of the walker (rollout.semi_online_rollout), as sampler.Sampler is:
+The served policy is a sampler of the rollout driver (rollout.semi_online_rollout), as sampler.Sampler is:
 it gets the chat.Prompt the in-process model would get (the prompt contract, chat.PromptSpec) and
 sends its messages, each screenshot as a PNG data URL of the RESIZED image (smart_resize under the
 contract's pixel limits; a Qwen2.5-VL server leaves such an image as it is, so the model sees the
@@ -376,7 +376,7 @@ class ServerError(RuntimeError):
 
 @dataclass
 class ServedOutput:
-    """What the walker reads of a sample (sampler.SampleOutput's fields) plus the raw answer."""
+    """What the rollout driver reads of a sample (sampler.SampleOutput's fields) plus the raw answer."""
     ids: list
     text: str           # the answer as an evaluator response (Adapter.to_response)
     logprobs: object

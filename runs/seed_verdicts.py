@@ -157,4 +157,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    cli.cli(main)
+    cli.run_script(main)
