@@ -569,7 +569,7 @@ def add_served_args(p) -> None:
     g.add_argument("--concurrency", type=cli.positive_int, default=8, help="requests in flight at once")
     g.add_argument("--timeout", type=cli.positive_float, default=120.0, help="seconds per request")
     g.add_argument("--retries", type=cli.non_negative_int, default=3,
-                   help="retries of a request after a network error, HTTP 429 or 5xx (backoff 1, 2, 4 ... s); then "
+                   help="retries of a request after a network error, HTTP 429 or 5xx (backoff 1, 2, 4 ... s; 0: none); then "
                    "the step is a wrong step and its episode records the error")
 
 
