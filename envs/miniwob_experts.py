@@ -72,7 +72,9 @@ def short_thought(action: dict, target: Element | None, note: str | None = None)
     kind = action["action"]
     if kind == "terminate":
         return "Done."
-    if kind in ACTIONS and ACTIONS[kind].rule == "point" and target is not None:
+    if kind in ACTIONS and ACTIONS[kind].rule == "point":  # "Click." without a target
+        if target is None:
+            return f"{_verb(kind).capitalize()}."
         x, y = action["coordinate"]
         return f"{_verb(kind).capitalize()} {target.tag} '{_shown_text(target)}' at ({x},{y})."
     if kind == "type":

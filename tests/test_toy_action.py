@@ -139,7 +139,8 @@ def test_short_and_varied_thoughts_of_the_new_type(toy):
     # a generic phrasing from the spec where a type has no wording of its own; none raises
     a = {"action": KIND, "coordinate": [3, 4]}
     assert experts._gist("", a) == "double-click (3,4)"
-    assert experts.short_thought(a, None) == "Double-click (3,4)."
+    assert experts.short_thought(a, None) == "Double-click."
+    assert experts.short_thought({"action": "scroll_to", "text": "end"}, None) == "Scroll-to."  # not registered
     long_ = "I see the text field (empty) at (3,4). I double-click the text field to focus it before typing."
     assert experts._gist(long_, a) == "double-click the text field (empty)"
     steps = [{"action": a, "thought": long_}, {"action": a, "thought": "Something else."}]
