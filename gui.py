@@ -39,7 +39,9 @@ class ActionSpec:
     args / optional: (name, kind) of its required and optional arguments, kind "point" ([x, y]
     pixels), "str" or "num"; rule: the name of its strict match rule in reward.RULES ("point",
     "text", "direction", "button", "type"); prompt: its line of chat.FULL_SYSTEM_PROMPT's action list.
-    An executor in each environment (envs/miniwob_env.EXECUTORS) performs it."""
+    An executor in each environment (envs/miniwob_env.EXECUTORS) performs it, an expert there emits it
+    (README "How to fork"; tests/test_toy_action.py adds one). A point argument is named coordinate or
+    coordinate2: scale_action maps those two between pixel spaces."""
     args: tuple
     rule: str
     prompt: str
