@@ -46,6 +46,7 @@ import memory_probe  # noqa: E402
 import repro_ablations as ra  # noqa: E402
 import repro_common as rc  # noqa: E402
 import repro_main as rm  # noqa: E402
+from repro_report import fmt, fmt_ci  # noqa: E402
 import stats  # noqa: E402
 
 MEMORY = ["memory-code-1", "memory-name-2", "memory-code-3"]
@@ -249,9 +250,28 @@ def dose_table(test_rows: list[dict], tkeys, sets: dict, steps: list[int]) -> li
     return out
 
 
+def rl_training(curves: dict) -> dict:
+    """Per RL arm, from its runs' metrics.jsonl (seeds pooled, the second half of the steps): the share of
+    drawn tasks the std filter kept (tasks_kept / tasks_tried) and the mean training reward per task (the
+    filter keys on step-0 returns, which under gamma 0 barely vary on the memory tasks: protocol, §2)."""
+    out = {}
+    for arm, runs in curves.items():
+        rows = [r for rs in runs.values() for r in rs[len(rs) // 2:]]
+        tried = sum(r.get("tasks_tried") or 0 for r in rows)
+        per_task: dict = {}
+        for r in rows:
+            for t, v in (r.get("reward_by_task") or {}).items():
+                if v.get("reward") is not None:
+                    per_task.setdefault(t, []).append(v["reward"])
+        if rows:
+            out[arm] = {"kept_share": sum(r.get("tasks_kept") or 0 for r in rows) / tried if tried else None,
+                        "reward_by_task": {t: float(np.mean(v)) for t, v in per_task.items()}}
+    return out
+
+
 def memory_markdown(s: dict) -> str:
     """The sections of this experiment after rc.markdown's tables."""
-    f = rc.fmt
+    f = fmt
     L = ["", "## Claims on the task sets (primary test: paired t across seeds), with the test's simulated "
          "false-positive rate at this design", "",
          "| claim | test | episodes | diff [95%] | p | seeds | FPR at 0.05 (seed SD measured) | verdict |",
@@ -261,7 +281,7 @@ def memory_markdown(s: dict) -> str:
         sd = fp.get("seed_sd_measured")
         sd = "/".join(f(x) for x in sd) if isinstance(sd, list) else f(sd)
         L.append(f"| {c['claim']} | {c['test']} | {c.get('episodes', '')} | {f(c.get('diff'), '+.3f')} "
-                 f"{rc.fmt_ci(c.get('diff_ci95'))} | {f(c.get('p_value'), '.3g')} | {c.get('n_seeds') or ''} | "
+                 f"{fmt_ci(c.get('diff_ci95'))} | {f(c.get('p_value'), '.3g')} | {c.get('n_seeds') or ''} | "
                  f"{f(fp.get('fpr_primary_t'))} ({sd}) | **{c['verdict']}** |")
     if s.get("goal"):
         g = s["goal"]
@@ -271,9 +291,9 @@ def memory_markdown(s: dict) -> str:
           "| tasks | a | b | diff (a - b) [95%] | p | seeds | FPR at 0.05 | secondary: bootstrap [95%], p | McNemar p |",
           "|---|---|---|---|---|---|---|---|---|"]
     for c in s.get("set_comparisons") or []:
-        L.append(f"| {c['tasks']} | {c['a']} | {c['b']} | {f(c['diff'], '+.3f')} {rc.fmt_ci(c.get('diff_ci95'))} | "
+        L.append(f"| {c['tasks']} | {c['a']} | {c['b']} | {f(c['diff'], '+.3f')} {fmt_ci(c.get('diff_ci95'))} | "
                  f"{f(c['p_value'], '.3g')} | {c.get('n_seeds') or ''} | {f((c.get('fpr') or {}).get('fpr_primary_t'))} | "
-                 f"{rc.fmt_ci(c.get('diff_ci95_bootstrap'))}, {f(c.get('p_bootstrap'), '.3g')} | {f(c.get('p_mcnemar'), '.3g')} |")
+                 f"{fmt_ci(c.get('diff_ci95_bootstrap'))}, {f(c.get('p_bootstrap'), '.3g')} | {f(c.get('p_mcnemar'), '.3g')} |")
     probe = s.get("probe") or {}
     if probe.get("per_arm"):
         L += ["", "## The probe: does the step-0 note carry the fact? (memory tasks, greedy online play, seeds pooled)", "",
@@ -281,18 +301,26 @@ def memory_markdown(s: dict) -> str:
               "|---|---|---|---|---|---|"]
         for arm, a in probe["per_arm"].items():
             L.append(f"| {arm} | {len(a['seeds'])} | {a['note_right']}/{a['n']} = {f(a['note_rate'])} "
-                     f"{rc.fmt_ci(a['note_rate_ci95'])} | {', '.join(f(x, '.2f') for x in a['note_rate_per_seed'])} | "
+                     f"{fmt_ci(a['note_rate_ci95'])} | {', '.join(f(x, '.2f') for x in a['note_rate_per_seed'])} | "
                      f"{f(a['success_if_note_right'])} | {f(a['success_if_note_wrong'])} |")
         L += ["", "| a | b | note rate diff [95%] | p (primary) | seeds | verdict |", "|---|---|---|---|---|---|"]
         for c in probe.get("comparisons") or []:
-            L.append(f"| {c['a']} | {c['b']} | {f(c['diff'], '+.3f')} {rc.fmt_ci(c['diff_ci95'])} | "
+            L.append(f"| {c['a']} | {c['b']} | {f(c['diff'], '+.3f')} {fmt_ci(c['diff_ci95'])} | "
                      f"{f(c['p_value'], '.3g')} | {c['n_seeds']} | {c['verdict']} |")
     if s.get("dose"):
         L += ["", "## Dose points (each RL checkpoint against SFT, and semi-online against offline, per task set)", "",
               "| tasks | step | a | b | diff [95%] | p (primary) | seeds |", "|---|---|---|---|---|---|---|"]
         for d in s["dose"]:
             L.append(f"| {d['tasks']} | {d['step']} | {d['a']} | {d['b']} | {f(d['diff'], '+.3f')} "
-                     f"{rc.fmt_ci(d['diff_ci95'])} | {f(d['p_value'], '.3g')} | {d['n_seeds']} |")
+                     f"{fmt_ci(d['diff_ci95'])} | {f(d['p_value'], '.3g')} | {d['n_seeds']} |")
+    if s.get("rl_training"):
+        tasks = sorted({t for a in s["rl_training"].values() for t in a["reward_by_task"]})
+        L += ["", "RL training, second half of the steps, seeds pooled: share of drawn tasks the std filter kept, and the "
+              "mean training reward per task:", "", "| arm | kept | " + " | ".join(tasks) + " |",
+              "|---|---|" + "---|" * len(tasks)]
+        for arm, a in s["rl_training"].items():
+            L.append(f"| {arm} | {f(a['kept_share'], '.2f')} | "
+                     + " | ".join(f(a["reward_by_task"].get(t), ".2f") for t in tasks) + " |")
     if s.get("sft_plateau"):
         L += ["", "SFT's selection success by checkpoint (mean over seeds; the plateau check): "
               + ", ".join(f"step {k} {f(v)}" for k, v in s["sft_plateau"].items()) + "."]
@@ -350,8 +378,8 @@ def main(argv=None) -> dict:
     print(f"[plan] tasks {sets}, seeds {args.seeds}, arms sft + {list(ARMS)} + {CONTROL if args.control else 'no control'}; "
           f"{len(sel_evals)} SFT checkpoints x {len(keys)} selection episodes, {len(tests)} test checkpoints x "
           f"{len(tkeys)} test episodes (seeds {args.test_seed_base}+); estimated wall {est[False][0] / 60:.0f} min with "
-          f"{args.jobs} jobs for what is still to run (from scratch: {est[True][0] / 60:.0f} min; CPU minutes by unit "
-          f"from scratch: {parts}; costs s/unit: {costs})", flush=True)
+          f"{args.jobs} jobs for what is still to run (from scratch: {est[True][0] / 60:.0f} min; serial minutes by unit "
+          f"from scratch, before {args.jobs} jobs share the cores: {parts}; costs s/unit: {costs})", flush=True)
 
     rows, test_rows, curves = [], [], {}
     order = {a: i for i, a in enumerate(["sft", *ARMS, CONTROL])}
@@ -373,7 +401,8 @@ def main(argv=None) -> dict:
                 "rl_data": {"file": rc._rel(rl_path), "episodes_per_task": rc.episodes_per_task(rl_path)},
                 "online_episodes": [list(k) for k in keys], "checkpoints": ck, **r2f, "comparisons": [],
                 "sft_plateau": plateau, "test_episodes": [list(k) for k in tkeys], "test_checkpoints": tck,
-                "test_comparisons": [], "test_arms": rc.arm_summaries(tck, {}), "arms": rc.arm_summaries(ck, curves),
+                "test_comparisons": [], "test_arms": rc.arm_summaries(tck, curves), "arms": rc.arm_summaries(ck, {}),
+                "rl_training": rl_training(curves),
                 "set_comparisons": res["comparisons"], "claims": res["claims"], "goal": res["goal"],
                 "interaction": res["interaction"], "probe": res["probe"],
                 "dose": dose_table(tck, tkeys, sets, rl_steps),

@@ -81,6 +81,9 @@ def test_claims_on_task_subsets_by_hand():
     dose = rmem.dose_table(rows, keys, sets, [5, 10])
     assert {(d["tasks"], d["step"], d["a"], d["b"]) for d in dose} >= {("memory", 10, "semionline", "offline")}
     assert not [d for d in dose if d["step"] == 5 and d["a"] == "semionline" and d["b"] == "offline"]  # offline has no 5
+    md = rmem.memory_markdown(rc._nan_to_none({"claims": out["claims"], "goal": out["goal"], "dose": dose,
+                                               "set_comparisons": out["comparisons"], "probe": out["probe"]}))
+    assert "| 1b: semi-online RL > offline RL on the memory tasks |" in md and "Goal (" in md
 
 
 def test_probe_note_rule_and_counts(tmp_path):
