@@ -76,10 +76,11 @@ def recording_policy(base: type, record: dict) -> type:
 def main(argv=None) -> dict:
     import eval_sop
     argv = sys.argv[1:] if argv is None else list(argv)
-    out = argv[argv.index("--out") + 1] if "--out" in argv else None
-    if out is None or out.endswith(".jsonl") or "--online" not in argv:
+    given = eval_sop.sop_parser().parse_args(argv)  # eval_sop.py's flags, checked as it checks them
+    out = given.out
+    if not out or out.endswith(".jsonl") or not given.online:
         import cli
-        raise cli.UsageError("memory_probe.py: give --online and an --out folder (eval_sop.py's flags otherwise)")
+        raise cli.UsageError("give --online and an --out folder (eval_sop.py's flags otherwise)")
     record: dict = {}
     kept = eval_sop.OnlineModelPolicy
     eval_sop.OnlineModelPolicy = recording_policy(kept, record)
