@@ -92,6 +92,9 @@ def main(argv=None) -> dict:
     for line in (Path(out) / "online_episodes.jsonl").read_text().splitlines():
         if line.strip():
             e = json.loads(line)
+            if e.get("steps") and (e["task"], int(e["seed"])) not in record:  # played, yet never seen by the policy
+                raise RuntimeError(f"memory_probe: episode {e['task']} {e['seed']} took {e['steps']} steps but no "
+                                   "response was recorded: eval_sop.py no longer plays through eval_sop.OnlineModelPolicy")
             r = record.get((e["task"], int(e["seed"])), {"fact": None, "responses": []})
             rows.append({"task": e["task"], "seed": int(e["seed"]), "success": bool(e["success"]), "fact": r["fact"],
                          "responses": r["responses"],
