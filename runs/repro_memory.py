@@ -92,6 +92,7 @@ COSTS = rm.COSTS  # replaced by the usable unit_costs of this script's or the ma
 ARMS = {"semionline": rc.SEMIONLINE_REF, "offline": rm.ARMS["offline"], "gamma0": ra.ARMS["gamma0"]}
 CONTROL = rm.CONTROL
 SETS = ("memory", "markov")
+FPR_MAX = 0.07  # a simulated false-positive rate above this at nominal 0.05: a calibration failure (protocol, §4)
 
 
 # -----------------------------------------------------------------------------
@@ -146,8 +147,8 @@ def fpr_of(sub: list[dict], a: str, b: str, repeats: int) -> dict | None:
     sd = stats.seed_sd_of({a: [r["online_sr"] for r in ra_], b: [r["online_sr"] for r in rb_]}, n)
     p0 = float(np.mean([r["online_sr"] for r in ra_ + rb_]))
     sim = stats.null_fpr(len(ra_), n, 0.0 if math.isnan(sd) else sd, p0=p0, repeats=repeats, alpha=rc.ALPHA)
-    return {"fpr_primary_t": sim["primary_t"], "seed_sd_measured": sd, "p0": p0, "n_seeds": len(ra_), "n_episodes": n,
-            "repeats": repeats}
+    return {"fpr_primary_t": sim["primary_t"], "calibrated": sim["primary_t"] <= FPR_MAX, "seed_sd_measured": sd,
+            "p0": p0, "n_seeds": len(ra_), "n_episodes": n, "repeats": repeats}
 
 
 def claims(test_rows: list[dict], tkeys: list[tuple[str, int]], sets: dict, repeats: int = 4000) -> dict:
@@ -176,7 +177,7 @@ def claims(test_rows: list[dict], tkeys: list[tuple[str, int]], sets: dict, repe
             sim = stats.null_fpr_interaction(mem["n_seeds"], (mem["n_episodes"], mk["n_episodes"]),
                                              (mem["seed_sd_measured"] or 0.0, mk["seed_sd_measured"] or 0.0),
                                              (mem["p0"], mk["p0"]), repeats=repeats, alpha=rc.ALPHA)
-            inter["fpr"] = {"fpr_primary_t": sim["primary_t"], "n_seeds": mem["n_seeds"],
+            inter["fpr"] = {"fpr_primary_t": sim["primary_t"], "calibrated": sim["primary_t"] <= FPR_MAX, "n_seeds": mem["n_seeds"],
                             "n_episodes": sim["n_episodes"], "seed_sd_measured": sim["seed_sd"], "repeats": repeats}
     out.append({"claim": "interaction: 1b larger on the memory tasks than on the Markov tasks",
                 "test": "(semionline - offline) memory - (semionline - offline) markov", "episodes": "test, both sets",
@@ -188,7 +189,33 @@ def claims(test_rows: list[dict], tkeys: list[tuple[str, int]], sets: dict, repe
         "diff": c1b["diff"], "p_value": c1b["p_value"],
         "met": bool(c1b["diff"] >= 0.05 and c1b["p_value"] is not None and c1b["p_value"] < rc.ALPHA)}
     return {"comparisons": out_cmps, "claims": out, "interaction": inter, "goal": goal,
-            "probe": probe_comparisons(test_rows)}
+            "probe": probe_comparisons(test_rows), "checks": manipulation_checks(test_rows, tkeys, sets["memory"])}
+
+
+def manipulation_checks(test_rows: list[dict], tkeys, memory: list[str]) -> dict:
+    """The protocol's conditions (§5) under which the memory-task test is uninformative, from the final test
+    checkpoints: SFT's pooled memory-task success >= 0.90 (no room); every arm's <= 0.30 (chance 0.25:
+    nothing learnt); every arm's step-0 notes carry the fact in >= 95% of the memory episodes (history has
+    nothing to fix). informative: none of them holds."""
+    sr: dict = {}
+    for r in test_rows:
+        if r["final"]:
+            sub = subset_row(r, tkeys, memory)
+            acc = sr.setdefault(r["arm"], [0, 0])
+            acc[0] += sub["online_outcomes"].count("1")
+            acc[1] += sub["n_online_episodes"]
+    rate = {arm: k / n for arm, (k, n) in sr.items() if n}
+    notes: dict = {}
+    for r in test_rows:
+        if r["final"] and r.get("probe"):
+            acc = notes.setdefault(r["arm"], [0, 0])
+            acc[0] += r["probe"]["pooled"]["note_right"]
+            acc[1] += r["probe"]["pooled"]["n"]
+    note = {arm: k / n for arm, (k, n) in notes.items() if n}
+    checks = {"sft_at_ceiling": rate.get("sft") is not None and rate["sft"] >= 0.90,
+              "every_arm_near_chance": bool(rate) and all(v <= 0.30 for v in rate.values()),
+              "notes_already_right": bool(note) and all(v >= 0.95 for v in note.values())}
+    return {"memory_success": rate, "note_rate": note, **checks, "informative": not any(checks.values())}
 
 
 def interaction(mem: dict | None, markov: dict | None) -> dict | None:
@@ -283,6 +310,15 @@ def memory_markdown(s: dict) -> str:
         L.append(f"| {c['claim']} | {c['test']} | {c.get('episodes', '')} | {f(c.get('diff'), '+.3f')} "
                  f"{fmt_ci(c.get('diff_ci95'))} | {f(c.get('p_value'), '.3g')} | {c.get('n_seeds') or ''} | "
                  f"{f(fp.get('fpr_primary_t'))} ({sd}) | **{c['verdict']}** |")
+    if s.get("manipulation_checks"):
+        m = s["manipulation_checks"]
+        L += ["", "Manipulation checks (protocol §5; final checkpoints, memory tasks): SFT at ceiling (>= 0.90) "
+              f"{m['sft_at_ceiling']}, every arm near chance (<= 0.30) {m['every_arm_near_chance']}, every arm's notes "
+              f"already right (>= 0.95) {m['notes_already_right']}: the test is **"
+              f"{'informative' if m['informative'] else 'uninformative'}**. A simulated false-positive rate above "
+              f"{FPR_MAX} marks a calibration failure: "
+              + (", ".join(c["claim"].split(":")[0] for c in s.get("claims") or []
+                           if (c.get("fpr") or {}).get("calibrated") is False) or "none") + "."]
     if s.get("goal"):
         g = s["goal"]
         L += ["", f"Goal ({g['target']}): diff {f(g['diff'], '+.3f')}, p {f(g['p_value'], '.3g')}: "
@@ -404,7 +440,7 @@ def main(argv=None) -> dict:
                 "test_comparisons": [], "test_arms": rc.arm_summaries(tck, curves), "arms": rc.arm_summaries(ck, {}),
                 "rl_training": rl_training(curves),
                 "set_comparisons": res["comparisons"], "claims": res["claims"], "goal": res["goal"],
-                "interaction": res["interaction"], "probe": res["probe"],
+                "interaction": res["interaction"], "probe": res["probe"], "manipulation_checks": res["checks"],
                 "dose": dose_table(tck, tkeys, sets, rl_steps),
                 "unit_costs": rc.merged_costs(rc.unit_costs(stages.log, ck, args.sft_steps, args.rl_steps, args.base_steps),
                                               previous, args.online_batch),

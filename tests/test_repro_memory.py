@@ -78,12 +78,17 @@ def test_claims_on_task_subsets_by_hand():
     assert 0 <= inter["fpr"]["fpr_primary_t"] <= 1
     assert by["3"]["diff"] == pytest.approx(2 / 3) and by["1a"]["diff"] == pytest.approx(5 / 6)
     assert out["goal"]["diff"] == pytest.approx(2 / 3)
+    m = out["checks"]  # memory success: SFT 0, semi-online 5/6, offline and gamma 0 1/6; no probe files
+    assert m["memory_success"]["semionline"] == pytest.approx(5 / 6) and m["informative"]
+    assert not m["sft_at_ceiling"] and not m["every_arm_near_chance"] and not m["notes_already_right"]
     dose = rmem.dose_table(rows, keys, sets, [5, 10])
     assert {(d["tasks"], d["step"], d["a"], d["b"]) for d in dose} >= {("memory", 10, "semionline", "offline")}
     assert not [d for d in dose if d["step"] == 5 and d["a"] == "semionline" and d["b"] == "offline"]  # offline has no 5
     md = rmem.memory_markdown(rc._nan_to_none({"claims": out["claims"], "goal": out["goal"], "dose": dose,
                                                "set_comparisons": out["comparisons"], "probe": out["probe"]}))
     assert "| 1b: semi-online RL > offline RL on the memory tasks |" in md and "Goal (" in md
+    md = rmem.memory_markdown(rc._nan_to_none({"claims": out["claims"], "manipulation_checks": out["checks"]}))
+    assert "the test is **informative**" in md
 
 
 def test_interaction_test_keeps_its_level_under_no_effect():
