@@ -7,7 +7,7 @@ step, all live rollouts are sampled in one batched call (sampler.Sampler, or any
 (patch.py) or ends its rollout. One `StepRecord` per sampled response is what the trainer reads.
 `sop_progress` / `sop_metrics` / `static_metrics` turn the records of a walk into SOP progress,
 PG, TSR and static step accuracy (docs/method.md §8): training logs them and evaluation reports
-them, with one definition. The trainer's diagnostics built on the driver are diagnostics.py.
+them, with one definition. The trainer's diagnostics built on the driver are train_semionline.py's.
 """
 from __future__ import annotations
 
