@@ -85,7 +85,7 @@ def test_kernels_stand_alone_and_training_does_not_import_evaluation():
 def test_light_modules_load_no_model_code():
     """The prompt builder, the dataset, the action schema and the reward are read (and forked) without the
     model: importing them loads neither Triton, nor kernels/, nor the model file, nor transformers."""
-    code = ("import sys, chat, dataset, gui, reward, release\n"
+    code = ("import sys, chat, dataset, gui, reward\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'triton', 'kernels', 'vlm', 'transformers', 'peft'}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

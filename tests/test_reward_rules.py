@@ -191,7 +191,7 @@ def test_constant_the_matches_nothing_on_the_test_file(floors):
 
 
 # -----------------------------------------------------------------------------
-# --match-rules release: the release's parse and check, its exceptions included (release.release_check)
+# --match-rules release: the release's parse and check, its exceptions included (reward.release_check)
 
 R = gui.resized_size(SIZE)  # (1092, 2408): the expert point (540, 1200) is (546, 1204) there
 CLICK = {"action": "click", "coordinate": [540, 1200]}
