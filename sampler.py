@@ -66,9 +66,8 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import Cache
 
-from batching import image_runs
 from decode import CASCADE_LAYOUTS, CascadeDecode, EagerDecode, LeanStep, SlotLayer, StaticDecode, bucket
-from vlm import STOP_TOKENS, VISION_TOKENS, cache_attention_mask, pad_token_id
+from vlm import STOP_TOKENS, VISION_TOKENS, cache_attention_mask, image_runs, pad_token_id
 
 DECODE_MODES = ("auto", "eager", "static", "graph")  # Sampler(decode=...): engine design note 7
 

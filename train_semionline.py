@@ -58,12 +58,11 @@ import reward
 import utils
 import vlm
 from advantage import EPISODE_FORMS, NORMS, RETURNS_FORMS, TaskDraw, compute_advantages, dynamic_sampling_tasks, task_seed
-from batching import collate_sequences, to_device
 from kernels import LOSS_AGGS, aggregate_loss, loss_denominator, ppo_loss
 from patch import PATCH_MODES
 from rollout import HISTORY_MODES, StepRecord, semi_online_rollout, sop_progress
 from sampler import DECODE_MODES, Sampler
-from vlm import PolicyLogProb, apply_fsdp, checkpoint_activations, pad_token_id, sampling_mode
+from vlm import PolicyLogProb, apply_fsdp, checkpoint_activations, collate_sequences, pad_token_id, sampling_mode, to_device
 
 # -----------------------------------------------------------------------------
 # config

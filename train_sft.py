@@ -53,9 +53,8 @@ import lora
 import patch
 import utils
 import vlm
-from batching import collate_sequences, to_device
 from warmup import page_labels, synthetic_example
-from vlm import PolicyLogProb, apply_fsdp, checkpoint_activations, pad_token_id
+from vlm import PolicyLogProb, apply_fsdp, checkpoint_activations, collate_sequences, pad_token_id, to_device
 
 # -----------------------------------------------------------------------------
 # config

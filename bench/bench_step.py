@@ -64,12 +64,11 @@ import chat
 import dataset
 import utils
 import vlm
-from batching import collate_sequences, to_device  # noqa: E402
 from kernels import ppo_loss  # noqa: E402
 from rollout import semi_online_rollout  # noqa: E402
 from sampler import Sampler
 from hf_peer import generate_inputs  # noqa: E402  (bench/, the script's folder)
-from vlm import PolicyLogProb, pad_token_id, sampling_mode  # noqa: E402
+from vlm import PolicyLogProb, collate_sequences, pad_token_id, sampling_mode, to_device  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------
 # config

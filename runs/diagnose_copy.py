@@ -57,8 +57,7 @@ import dataset
 import gui  # noqa: E402
 import vlm
 import warmup  # noqa: E402
-from batching import collate_sequences  # noqa: E402
-from vlm import PolicyLogProb, pad_token_id  # noqa: E402
+from vlm import PolicyLogProb, collate_sequences, pad_token_id  # noqa: E402
 
 
 def digit_nll(model_name: str, data: str, max_episodes: int = 40, batch: int = 8) -> dict:
