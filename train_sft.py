@@ -41,6 +41,7 @@ import math
 import random
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from tqdm import tqdm
@@ -53,7 +54,6 @@ import lora
 import patch
 import utils
 import vlm
-from warmup import page_labels, synthetic_example
 from vlm import PolicyLogProb, apply_fsdp, checkpoint_activations, collate_sequences, pad_token_id, to_device
 
 # -----------------------------------------------------------------------------
@@ -100,7 +100,7 @@ parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
 
 
 # -----------------------------------------------------------------------------
-# the SFT examples (the copy warm-up's synthetic pages: warmup.py)
+# the SFT examples, and the copy warm-up's (its pages: dataset.synthetic_page)
 
 def sft_example(ep, t: int, tokenizer, image_processor, spec: chat.PromptSpec, *, image_root=None,
                 blank_screens=None) -> tuple:
@@ -124,6 +124,32 @@ def copy_warmup_default(model) -> int:
     """--copy-warmup-steps when not given: 1000 for a 'tiny' / 'tiny:HxL' model (random init), 0
     for a model folder (pretrained or a checkpoint: it has the skill or has been warmed up)."""
     return 1000 if vlm.parse_tiny(str(model)) is not None else 0
+
+
+def page_prompt(tokenizer, goal: str, elements: str, system: bool = True) -> list[int]:
+    """Token ids of chat.build_prompt's layout for a first step without the screenshot (and with
+    an empty system prompt when system is False)."""
+    messages = [{"role": "system", "content": [{"type": "text", "text": chat.SYSTEM_PROMPT if system else ""}]},
+                {"role": "user", "content": [{"type": "text", "text": f"Task goal: {goal}\n"},
+                                             {"type": "text", "text": "Step 1 screenshot:"},
+                                             {"type": "text", "text": f"\nUI elements on screen:\n{elements}"}]}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def synthetic_example(rng: random.Random, labels: list[str], tokenizer, *, max_elements: int = 1,
+                      system: bool = False, type_frac: float = 0.0) -> tuple[SimpleNamespace, list[int]]:
+    """(prompt with input_ids (T,) int64 and no image, target ids ending in <|im_end|>) of one
+    synthetic page, ready for collate_sequences: a type page (dataset.synthetic_type_page) with probability
+    type_frac, else a click page of 1..max_elements elements (dataset.synthetic_page)."""
+    if type_frac > 0 and rng.random() < type_frac:
+        goal, lines, action, thought = dataset.synthetic_type_page(rng, labels)
+    else:
+        goal, lines, action, thought = dataset.synthetic_page(rng, labels, max_elements)
+    target = tokenizer.encode(gui.format_response(thought, action), add_special_tokens=False)
+    prompt = SimpleNamespace(input_ids=torch.tensor(page_prompt(tokenizer, goal, lines, system)),
+                             pixel_values=None, image_grid_thw=None)
+    return prompt, target + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
 
 
 def main(argv=None):
@@ -240,7 +266,7 @@ def main(argv=None):
     # -------------------------------------------------------------------------
     # copy warm-up (module docstring), on a fresh run only
     warm_steps = args.copy_warmup_steps
-    labels = page_labels(train_eps) if warm_steps > 0 and start_step == 0 else []
+    labels = dataset.page_labels(train_eps) if warm_steps > 0 and start_step == 0 else []
     if warm_steps > 0 and start_step == 0 and not labels:
         utils.print0(f"copy warm-up skipped: no element labels in {args.data}")
     elif labels:

@@ -55,8 +55,8 @@ import chat
 import cli  # noqa: E402
 import dataset
 import gui  # noqa: E402
+import train_sft  # noqa: E402 -- the copy warm-up's synthetic examples
 import vlm
-import warmup  # noqa: E402
 from vlm import PolicyLogProb, collate_sequences, pad_token_id  # noqa: E402
 
 
@@ -195,13 +195,13 @@ def induction(model_name: str = "tiny:128x4", lr: float = 1e-3, steps: int = 300
 def pages(model_name: str = "tiny:128x4", lr: float = 1e-3, steps: int = 150, seed: int = 0, *,
           elements: int = 1, data: str = "data/miniwob_click/train.jsonl", untie: bool = False,
           system: bool = True, mix_induction: int = 0, save: str | None = None) -> dict:
-    """Train on synthetic pages (warmup.synthetic_example, as the SFT copy warm-up but with a
+    """Train on synthetic pages (train_sft.synthetic_example, as the SFT copy warm-up but with a
     choice of page size and system prompt; batch 8 + mix_induction repeated
     random-token rows). Returns {"curve": [[step, {"loss", "digits", "other"}]], "steps", "lr"}:
     digits / other = mean NLL of the page rows' coordinate-digit tokens / remaining response
     tokens over the 25 steps before each entry; save: write the model there."""
     rng = random.Random(seed)
-    labels = warmup.page_labels(dataset.load_episodes(data))
+    labels = dataset.page_labels(dataset.load_episodes(data))
     if not labels:
         raise ValueError(f"{data}: no element labels")
     model = _fresh(model_name, seed, untie)
@@ -211,7 +211,7 @@ def pages(model_name: str = "tiny:128x4", lr: float = 1e-3, steps: int = 150, se
     def make_batch():
         batch = []
         for _ in range(8):
-            prompt, target = warmup.synthetic_example(rng, labels, tokenizer, max_elements=elements, system=system)
+            prompt, target = train_sft.synthetic_example(rng, labels, tokenizer, max_elements=elements, system=system)
             batch.append((prompt.input_ids.tolist(), target))
         return batch + _induction_rows(rng, mix_induction)
 
