@@ -84,7 +84,6 @@ from collections import Counter, defaultdict
 import torch
 from tqdm import tqdm
 
-import baselines
 import chat
 import cli
 import dataset
@@ -93,7 +92,6 @@ import policies
 from policies import OnlineModelPolicy, play_seed  # noqa: F401 -- the model as an online MiniWob++ policy
 import report
 import reward
-import score
 import utils
 import vlm
 from rollout import (
@@ -386,7 +384,7 @@ def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], 
     wrapped = None
     if sampler is not None:
         wrapped = OnlineModelPolicy(sampler, make_prompt_online, {keys[i] for i in report.shown_indices(len(keys), k)},
-                                    stats if stats is not None else Counter())
+                                    stats if stats is not None else Counter(), view=report.step_view)
     with lent_to_sampler(sampler):
         res = miniwob_env.evaluate_online(wrapped or miniwob_experts.expert_policy, tasks, seeds,
                                           max_steps=args.online_max_steps,
@@ -438,10 +436,10 @@ def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], 
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] == "baselines":  # the trivial-policy floors: baselines.py
-        return baselines.main(argv[1:])  # prints its own table and JSON line
-    if argv and argv[0] == "score":  # recorded responses: score.py
-        return score.main(argv[1:], prog="eval_sop.py score")
+    if argv and argv[0] == "baselines":  # the trivial-policy floors: report.baselines_main
+        return report.baselines_main(argv[1:])  # prints its own table and JSON line
+    if argv and argv[0] == "score":  # recorded responses: report.score_main
+        return report.score_main(argv[1:])
 
     parser = sop_parser()
     args = parser.parse_args(argv)
@@ -517,8 +515,8 @@ def main(argv: list[str] | None = None) -> dict:
     sections, malformed = [], 0
     floor = None
     if episodes:  # the trivial-policy floor of these episodes, printed beside every figure
-        sizes = baselines.step_sizes(episodes, args.image_root, args.blank_screens)
-        floor = baselines.run_baselines(episodes, sizes, args.match_rules)["floor"]
+        sizes = policies.step_sizes(episodes, args.image_root, args.blank_screens)
+        floor = policies.run_baselines(episodes, sizes, args.match_rules)["floor"]
         summary.update({"floor_sop_pg": floor["sop_pg"], "floor_sop_tsr": floor["sop_tsr"],
                         "floor_step_sr": floor["step_sr"], "floor_type_acc": floor["type_acc"]})
     sop_records = static_records = online_res = None

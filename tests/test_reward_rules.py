@@ -10,8 +10,8 @@ from PIL import Image
 import dataset
 import eval_sop
 import gui
+import policies
 import reward
-import baselines
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "android_control")
 TEST = os.path.join(DATA, "android_control_test_uis1.jsonl")
@@ -21,8 +21,8 @@ SIZE = (1080, 2400)
 @pytest.fixture(scope="module")
 def floors():
     eps = dataset.load_episodes(TEST)
-    sizes = baselines.step_sizes(eps, blank_screens=SIZE)
-    return {r: baselines.run_baselines(eps, sizes, r)["rates"] for r in reward.MATCH_RULES}
+    sizes = policies.step_sizes(eps, blank_screens=SIZE)
+    return {r: policies.run_baselines(eps, sizes, r)["rates"] for r in reward.MATCH_RULES}
 
 
 def test_trivial_policies_score_near_zero(floors):
