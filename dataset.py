@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from PIL import Image
 
+import utils
 from gui import as_number, check_action, swipe_direction
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ class Episode:
 _NATIVE_IMAGE_RE = re.compile(r"episode_(\w+?)-screenshot_(\d+)\.\w+$")
 
 
-class DataError(ValueError):
+class DataError(utils.InputError, ValueError):
     """A data file that cannot be read as episodes, or a step whose recorded size disagrees with its
     screenshot: the message names file, line (or row) and field. Scripts report it in one line."""
 

@@ -85,7 +85,6 @@ import torch
 from tqdm import tqdm
 
 import chat
-import cli
 import dataset
 import gui
 import policies
@@ -102,6 +101,7 @@ from rollout import (
     static_metrics,
     history_gap,
 )
+from envs import miniwob_tasks  # the task names (no browser, not the miniwob package: only located)
 from runs.stats import wilson  # the 95% interval of every rate reported
 from sampler import DECODE_MODES, SampleOutput, Sampler
 from vlm import sampling_mode
@@ -110,18 +110,18 @@ from vlm import sampling_mode
 # Config
 
 
-size_arg = cli.arg_type(gui.parse_size)  # argparse type for 'WxH' -> (W, H)
-input_file = cli.arg_type(cli.input_file)  # argparse type: a readable file
+size_arg = utils.arg_type(gui.parse_size)  # argparse type for 'WxH' -> (W, H)
+input_file = utils.arg_type(utils.input_file)  # argparse type: a readable file
 # prompt options that must agree with training: read from a checkpoint's args.json unless given
 
 
 def sop_parser() -> argparse.ArgumentParser:
-    p = cli.make_parser(__doc__)
+    p = utils.make_parser(__doc__)
     # data
     p.add_argument("--data", nargs="*", default=[], type=input_file, help="episode files (UI-S1 JSONL or AndroidControl native JSON); "
                    "may be empty with --online")
-    p.add_argument("--limit", type=cli.positive_int, default=None, help="first N episodes of each file (default: all)")
-    p.add_argument("--per-task-limit", type=cli.positive_int, default=None,
+    p.add_argument("--limit", type=utils.positive_int, default=None, help="first N episodes of each file (default: all)")
+    p.add_argument("--per-task-limit", type=utils.positive_int, default=None,
                    help="first N episodes of each task (episode.meta['task'], else each file) (default: all)")
     p.add_argument("--swipe-convention", choices=dataset.SWIPE_CONVENTIONS, default=None,
                    help="how the data files store swipes (default: declared per episode, or known for the shipped "
@@ -132,7 +132,7 @@ def sop_parser() -> argparse.ArgumentParser:
                    "raised on gets progress 0; README 'Reward rules and trivial-policy floors'); androidcontrol, "
                    "aitw: published step protocols' rules (reward.androidcontrol_match, reward.aitw_match)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--image-root", default=None, type=cli.arg_type(cli.input_dir), help="folder holding the screenshots (default: paths as recorded)")
+    g.add_argument("--image-root", default=None, type=utils.arg_type(utils.input_dir), help="folder holding the screenshots (default: paths as recorded)")
     g.add_argument("--blank-screens", type=size_arg, default=None,
                    help="WxH: blank images stand in for missing screenshots "
                    "(dry runs; AndroidControl phones are 1080x2400)")
@@ -145,43 +145,43 @@ def sop_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", choices=["expert", "model", "openai"], default="expert",
                    help="who acts: expert = replay the expert actions; model = greedy responses of --model; openai = "
                    "a model served behind an OpenAI-compatible endpoint (--base-url, --served-model; policies.py)")
-    p.add_argument("--model", default="tiny", type=cli.arg_type(cli.model_path),
+    p.add_argument("--model", default="tiny", type=utils.arg_type(vlm.model_path),
                    help="'tiny' (random, seeded by --seed), a Hugging Face folder, a checkpoint folder, or a folder "
                    "with a `latest` pointer (e.g. out/sft/ckpt); the prompt contract's fields not given come from its args.json")
-    p.add_argument("--max-new-tokens", type=cli.positive_int, default=512,
+    p.add_argument("--max-new-tokens", type=utils.positive_int, default=512,
                    help="response length limit, as training's (docs/method.md §7); a response that hits it is cut: under the "
                    "strict rules a malformed, wrong step; result.json counts them (responses_at_cap, truncated_rate)")
-    p.add_argument("--batch-size", type=cli.positive_int, default=32,
+    p.add_argument("--batch-size", type=utils.positive_int, default=32,
                    help="episodes walked together: prompts per generate call (at most)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where the model runs")
     p.add_argument("--decode", default="auto", choices=DECODE_MODES,
                    help="sampler decode: auto (graph on CUDA, else eager), eager (the reference), static, graph (CUDA graphs)")
-    p.add_argument("--seed", type=cli.non_negative_int, default=0, help="seed of the tiny model's init")
+    p.add_argument("--seed", type=utils.non_negative_int, default=0, help="seed of the tiny model's init")
     policies.add_served_args(p)  # --base-url, --served-model, --action-format, --concurrency, --timeout, --retries
     # protocols
     p.add_argument("--protocol", nargs="+", choices=["sop", "static", *policies.NAMED_PROTOCOLS], default=["sop"],
                    help="offline protocols on --data: sop (own history) and/or static (expert history); or a published "
                    "step protocol by name, static under its rules: " + policies.PROTOCOL_HELP)
     p.add_argument("--online", action="store_true", help="also evaluate online in live MiniWob++ (chromium)")
-    p.add_argument("--online-tasks", nargs="+", type=cli.miniwob_task, default=None,
+    p.add_argument("--online-tasks", nargs="+", type=miniwob_tasks.miniwob_task, default=None,
                    help="MiniWob++ tasks (default: the tasks of --data, else every task with an expert)")
-    p.add_argument("--online-seeds", type=cli.positive_int, default=5, help="held-out episodes per task (from --online-seed-base)")
-    p.add_argument("--online-seed-base", type=cli.non_negative_int, default=None,
+    p.add_argument("--online-seeds", type=utils.positive_int, default=5, help="held-out episodes per task (from --online-seed-base)")
+    p.add_argument("--online-seed-base", type=utils.non_negative_int, default=None,
                    help="first online seed (default: 200000, fresh pages: the data files use 0+ (train) and 100000+ (test))")
-    p.add_argument("--online-max-steps", type=cli.positive_int, default=12, help="step limit of an online episode")
-    p.add_argument("--online-batch", type=cli.positive_int, default=8,
+    p.add_argument("--online-max-steps", type=utils.positive_int, default=12, help="step limit of an online episode")
+    p.add_argument("--online-batch", type=utils.positive_int, default=8,
                    help="online episodes played at once, one browser each; the model answers them in one "
                    "generate call (greedy answers do not depend on the batch)")
-    p.add_argument("--samples", type=cli.non_negative_int, default=0,
+    p.add_argument("--samples", type=utils.non_negative_int, default=0,
                    help="K (0: none): also play every online episode K times sampled (same seeds, same pages) and report "
                    "greedy success, pass@K and the flippable fraction (greedy fails, a sample succeeds); --policy model")
-    p.add_argument("--temperature", type=cli.temperature, default=1.0, help="sampling temperature of the --samples plays")
-    p.add_argument("--sample-seed", type=cli.non_negative_int, default=0, help="seed of the --samples plays (same seed and batch: same plays)")
+    p.add_argument("--temperature", type=utils.temperature, default=1.0, help="sampling temperature of the --samples plays")
+    p.add_argument("--sample-seed", type=utils.non_negative_int, default=0, help="seed of the --samples plays (same seed and batch: same plays)")
     # output
     p.add_argument("--out", default=None, help="output folder (result.json, episodes.jsonl, report.html, ...); "
                    "a path ending in .jsonl writes only the per-episode SOP lines there")
     p.add_argument("--report", default=None, help="HTML report path (default: OUT/report.html when --out is a folder)")
-    p.add_argument("--report-episodes", type=cli.non_negative_int, default=8, help="episodes shown per protocol in the report (0: none)")
+    p.add_argument("--report-episodes", type=utils.non_negative_int, default=8, help="episodes shown per protocol in the report (0: none)")
     p.add_argument("--json", action="store_true",
                    help="also print the full summary (result.json's, without the args) as one JSON line, last on stdout")
     p.add_argument("--log-level", default="WARNING", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level (budget warnings are WARNING)")
@@ -444,17 +444,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser = sop_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    if args.policy == "expert" and "model" in cli.explicit_flags(parser, argv):
-        raise cli.UsageError(f"--model {args.model} is given but --policy is expert (the default): add --policy model")
-    policies.check_args(args, cli.explicit_flags(parser, argv))  # served flags; a named protocol -> static + its rules
+    if args.policy == "expert" and "model" in utils.explicit_flags(parser, argv):
+        raise utils.UsageError(f"--model {args.model} is given but --policy is expert (the default): add --policy model")
+    policies.check_args(args, utils.explicit_flags(parser, argv))  # served flags; a named protocol -> static + its rules
     for flag, value, low in (("--max-new-tokens", args.max_new_tokens, 1), ("--batch-size", args.batch_size, 1),
                              ("--online-seeds", args.online_seeds, 1), ("--online-batch", args.online_batch, 1)):
         if value < low:
-            raise cli.UsageError(f"{flag} {value}: must be >= {low}")
+            raise utils.UsageError(f"{flag} {value}: must be >= {low}")
     if not args.data and not args.online:
-        raise cli.UsageError("nothing to evaluate: give --data and/or --online")
+        raise utils.UsageError("nothing to evaluate: give --data and/or --online")
     if args.samples < 0 or (args.samples and not (args.online and args.policy in ("model", "openai"))):
-        raise cli.UsageError(f"--samples {args.samples}: must be >= 0, and > 0 only with --online --policy model|openai")
+        raise utils.UsageError(f"--samples {args.samples}: must be >= 0, and > 0 only with --online --policy model|openai")
     t0 = time.time()
     out_dir = args.out if args.out and not args.out.endswith(".jsonl") else None
     report_path = args.report or (os.path.join(out_dir, "report.html") if out_dir else None)
@@ -619,18 +619,18 @@ def main(argv: list[str] | None = None) -> dict:
     if args.out and out_dir is None and sop_records is not None:  # the per-episode JSONL alone
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as f:
-            f.writelines(cli.dumps(r) + "\n" for r in sop_records)
+            f.writelines(utils.dumps(r) + "\n" for r in sop_records)
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
         for name, rows in (("episodes.jsonl", sop_records), ("static_steps.jsonl", static_records),
                            ("online_episodes.jsonl", online_res["episodes"] if online_res else None)):
             if rows is not None:
                 with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
-                    f.writelines(cli.dumps(r) + "\n" for r in rows)
+                    f.writelines(utils.dumps(r) + "\n" for r in rows)
         if args.policy == "openai":  # the raw answers, for `eval_sop.py score --action-format` offline
             policies.write_responses(os.path.join(out_dir, "responses.jsonl"), sop_records, static_records)
         with open(os.path.join(out_dir, "result.json"), "w", encoding="utf-8") as f:
-            f.write(cli.dumps({**summary, "args": vars(args)}, indent=1))
+            f.write(utils.dumps({**summary, "args": vars(args)}, indent=1))
     if report_path:
         title = f"eval_sop: {args.policy} " + {"model": args.model, "openai": f"{args.served_model} ({args.action_format})"
                                                }.get(args.policy, "")
@@ -642,9 +642,9 @@ def main(argv: list[str] | None = None) -> dict:
                  + (f"  report: {report_path} (open it in a browser)" if report_path else ""))
     print(report.summary_text(summary, paths), flush=True)
     if args.json:
-        print(cli.dumps(summary))
+        print(utils.dumps(summary))
     return summary
 
 
 if __name__ == "__main__":
-    cli.run_script(main)
+    utils.run_script(main)

@@ -54,7 +54,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
-import cli
+import utils
 import dataset
 import gui
 import reward
@@ -692,22 +692,22 @@ def add_served_args(p) -> None:
     g.add_argument("--action-format", choices=list(ADAPTERS), default="uis1",
                    help="the served model's family (system prompt, answer format, coordinates): " +
                    "; ".join(f"{k}: {a.about}" for k, a in ADAPTERS.items()))
-    g.add_argument("--concurrency", type=cli.positive_int, default=8, help="requests in flight at once")
-    g.add_argument("--timeout", type=cli.positive_float, default=120.0, help="seconds per request")
-    g.add_argument("--retries", type=cli.non_negative_int, default=3,
+    g.add_argument("--concurrency", type=utils.positive_int, default=8, help="requests in flight at once")
+    g.add_argument("--timeout", type=utils.positive_float, default=120.0, help="seconds per request")
+    g.add_argument("--retries", type=utils.non_negative_int, default=3,
                    help="retries of a request after a network error, HTTP 429 or 5xx (backoff 1, 2, 4 ... s); then "
                    "the step is a wrong step and its episode records the error")
 
 
 def check_args(args, given: set) -> None:
-    """eval_sop's served flags and named protocols: raises cli.UsageError on a bad combination; a named
+    """eval_sop's served flags and named protocols: raises utils.UsageError on a bad combination; a named
     --protocol becomes `static` with its match rules and step-instruction setting (args.named_protocol:
-    its name, else None). given: the flags on the command line (cli.explicit_flags)."""
+    its name, else None). given: the flags on the command line (utils.explicit_flags)."""
     served = args.policy == "openai"
     if served != bool(args.base_url and args.served_model) or (not served and (args.base_url or args.served_model)):
-        raise cli.UsageError("--policy openai needs --base-url and --served-model (and only it takes them)")
+        raise utils.UsageError("--policy openai needs --base-url and --served-model (and only it takes them)")
     if args.concurrency < 1 or args.retries < 0 or not args.timeout > 0:
-        raise cli.UsageError(f"--concurrency {args.concurrency} / --retries {args.retries} / --timeout {args.timeout}: "
+        raise utils.UsageError(f"--concurrency {args.concurrency} / --retries {args.retries} / --timeout {args.timeout}: "
                              "need >= 1 / >= 0 / > 0")
     named = [p for p in args.protocol if p in NAMED_PROTOCOLS]
     args.named_protocol = named[0] if named else None
@@ -716,7 +716,7 @@ def check_args(args, given: set) -> None:
     rules, instruction = NAMED_PROTOCOLS[named[0]]
     if len(named) > 1 or ("match_rules" in given and args.match_rules != rules) or \
             (instruction is not None and args.step_instruction not in (None, instruction)):
-        raise cli.UsageError(f"--protocol {' '.join(named)}: one named protocol a run; it sets --match-rules {rules}" +
+        raise utils.UsageError(f"--protocol {' '.join(named)}: one named protocol a run; it sets --match-rules {rules}" +
                              ("" if instruction is None else f" and --{'' if instruction else 'no-'}step-instruction"))
     args.match_rules = rules
     if instruction is not None:
@@ -754,8 +754,8 @@ def write_responses(path: str, sop_records, static_records) -> None:
     history ("expert": static, "own": SOP), truncated (static)} per line."""
     with open(path, "w", encoding="utf-8") as f:
         for r in static_records or []:
-            f.write(cli.dumps({"episode_id": r["episode_id"], "step": r["t"], "response": r.get("raw", ""),
+            f.write(utils.dumps({"episode_id": r["episode_id"], "step": r["t"], "response": r.get("raw", ""),
                                "truncated": r["truncated"], "history": "expert"}) + "\n")
         for r in sop_records or []:
             for t, raw in enumerate(r.get("raw_responses", [])):
-                f.write(cli.dumps({"episode_id": r["episode_id"], "step": t, "response": raw, "history": "own"}) + "\n")
+                f.write(utils.dumps({"episode_id": r["episode_id"], "step": t, "response": raw, "history": "own"}) + "\n")

@@ -30,7 +30,7 @@ from collections import Counter
 
 from PIL import Image, ImageDraw
 
-import cli
+import utils
 import dataset
 import gui
 import policies
@@ -255,7 +255,7 @@ def card_html(summary: dict) -> str:
 def raw_fields_html(summary: dict) -> str:
     """Every field of the summary (result.json), floats to 3 decimals, folded: the reference, not the headline."""
     e = html.escape
-    rows = "".join(f"<tr><th>{e(k)}</th><td><code>{e(cli.dumps(_round(v)))}</code></td></tr>"
+    rows = "".join(f"<tr><th>{e(k)}</th><td><code>{e(utils.dumps(_round(v)))}</code></td></tr>"
                    for k, v in summary.items() if k != "per_task")
     return f"<details id='fields'><summary><b>All fields</b> (result.json, floats to 3 decimals)</summary><table>{rows}</table></details>"
 
@@ -355,10 +355,10 @@ PAIRED = {
 def load_eval(folder: str) -> dict:
     """An eval_sop.py --out folder: {folder, summary (result.json), items: {metric: {key: value}}}
     for the PAIRED metrics whose file is there. A key seen twice in a file (the same episode given
-    twice) gets its occurrence number, so both stay. Raises cli.UsageError without result.json."""
+    twice) gets its occurrence number, so both stay. Raises utils.UsageError without result.json."""
     path = os.path.join(folder, "result.json")
     if not os.path.isfile(path):
-        raise cli.UsageError(f"{folder}: no result.json (expected an eval_sop.py --out folder)")
+        raise utils.UsageError(f"{folder}: no result.json (expected an eval_sop.py --out folder)")
     with open(path, encoding="utf-8") as f:
         summary = json.load(f)
     items: dict = {}
@@ -513,23 +513,23 @@ def write_compare(path: str, c: dict) -> None:
 # rule reward of recorded responses of any model beside the floor of the same steps (eval_sop.py score;
 # input lines {episode_id, step (0-based), response}, coordinates in pixels of the resized screenshot)
 
-input_file = cli.arg_type(cli.input_file)
-size_arg = cli.arg_type(gui.parse_size)
+input_file = utils.arg_type(utils.input_file)
+size_arg = utils.arg_type(gui.parse_size)
 
 
 def baselines_parser() -> argparse.ArgumentParser:
-    p = cli.make_parser("Match rates of trivial policies per action type (the floor to put next to every score). "
+    p = utils.make_parser("Match rates of trivial policies per action type (the floor to put next to every score). "
                           "Last stdout line: JSON.\n\n"
                           "    python eval_sop.py baselines --data data/android_control/android_control_test_uis1.jsonl",
                           prog="eval_sop.py baselines")
-    p.add_argument("--data", nargs="+", required=True, type=cli.arg_type(cli.input_file), help="episode files")
+    p.add_argument("--data", nargs="+", required=True, type=utils.arg_type(utils.input_file), help="episode files")
     p.add_argument("--match-rules", choices=reward.MATCH_RULES, default="strict", help="strict (ours) or release")
     p.add_argument("--swipe-convention", choices=dataset.SWIPE_CONVENTIONS, default=None,
                    help="how the data files store swipes (default: declared, or known for shipped files)")
     p.add_argument("--image-root", default=None, help="screenshots folder (sizes are read from file headers)")
-    p.add_argument("--image-size", type=cli.arg_type(gui.parse_size), default=dataset.ANDROID_CONTROL_SIZE,
+    p.add_argument("--image-size", type=utils.arg_type(gui.parse_size), default=dataset.ANDROID_CONTROL_SIZE,
                    help="WxH for steps with neither a recorded size nor a file (default 1080x2400, AndroidControl)")
-    p.add_argument("--seed", type=cli.non_negative_int, default=0, help="seed of the random-click policy")
+    p.add_argument("--seed", type=utils.non_negative_int, default=0, help="seed of the random-click policy")
     p.add_argument("--out", default=None, help="also write the JSON here")
     return p
 
@@ -544,13 +544,13 @@ def baselines_main(argv: list[str] | None = None) -> dict:
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as f:
-            f.write(cli.dumps(res, indent=1))
-    print(cli.dumps(res))
+            f.write(utils.dumps(res, indent=1))
+    print(utils.dumps(res))
     return res
 
 
 def score_parser(prog: str = "eval_sop.py score") -> argparse.ArgumentParser:
-    p = cli.make_parser("Score recorded responses with the rule reward (docs/method.md §4). Input lines: "
+    p = utils.make_parser("Score recorded responses with the rule reward (docs/method.md §4). Input lines: "
                           "{episode_id, step (0-based), response}, coordinates in pixels of the resized screenshot.\n\n"
                           "    python eval_sop.py score --data data/android_control/android_control_test_uis1.jsonl \\\n"
                           "        --responses responses.jsonl --out scores.jsonl --image-size 1080x2400",
@@ -572,8 +572,8 @@ def score_parser(prog: str = "eval_sop.py score") -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=size_arg, default=None,
                    help="WxH of the original screenshots, for steps that record no size")
     p.add_argument("--image-root", default=None, help="else read the size from the screenshot files here")
-    p.add_argument("--min-pixels", type=cli.positive_int, default=gui.MIN_PIXELS, help="smart_resize min pixels the model saw")
-    p.add_argument("--max-pixels", type=cli.positive_int, default=gui.MAX_PIXELS, help="smart_resize max pixels the model saw")
+    p.add_argument("--min-pixels", type=utils.positive_int, default=gui.MIN_PIXELS, help="smart_resize min pixels the model saw")
+    p.add_argument("--max-pixels", type=utils.positive_int, default=gui.MAX_PIXELS, help="smart_resize max pixels the model saw")
     return p
 
 
@@ -643,7 +643,7 @@ def score(argv: list[str], prog: str = "eval_sop.py score") -> dict:
                          f"(episode:step {shown}); pass --subset to score only the steps given")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as fout:
-        fout.writelines(cli.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        fout.writelines(utils.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     # the floor on the same steps, for the figure above
     eps = [ep for ep, _ in index.values()]
     sizes = policies.step_sizes(eps, args.image_root, args.image_size)
@@ -659,7 +659,7 @@ def score(argv: list[str], prog: str = "eval_sop.py score") -> dict:
 def score_main(argv: list[str] | None = None, prog: str = "eval_sop.py score") -> dict:
     """The `score` command: scores recorded responses, prints the summary as JSON; returns it."""
     summary = score(sys.argv[1:] if argv is None else list(argv), prog)
-    print(cli.dumps(summary))
+    print(utils.dumps(summary))
     return summary
 
 
@@ -668,25 +668,25 @@ def score_main(argv: list[str] | None = None, prog: str = "eval_sop.py score") -
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = cli.make_parser(__doc__)
-    p.add_argument("folders", nargs="+", type=cli.arg_type(cli.input_dir),
+    p = utils.make_parser(__doc__)
+    p.add_argument("folders", nargs="+", type=utils.arg_type(utils.input_dir),
                    help="eval_sop.py --out folders; the first is the one the others are compared with")
     p.add_argument("--names", nargs="+", default=None, help="a short name per folder (default: the folders' names)")
     p.add_argument("--out", default="compare.html", help="the HTML page; the comparison's JSON goes beside it (.json)")
     args = p.parse_args(argv)
     names = args.names or [os.path.basename(os.path.normpath(f)) for f in args.folders]
     if len(names) != len(args.folders) or len(set(names)) != len(names):
-        raise cli.UsageError(f"--names: {len(args.folders)} distinct names needed, one per folder (got {names}); "
+        raise utils.UsageError(f"--names: {len(args.folders)} distinct names needed, one per folder (got {names}); "
                              "folders with one name need --names")
     runs = [{**load_eval(f), "name": n} for f, n in zip(args.folders, names)]
     c = compare(runs)
     write_compare(args.out, c)
     with open(os.path.splitext(args.out)[0] + ".json", "w", encoding="utf-8") as f:
-        f.write(cli.dumps(c, indent=1))
+        f.write(utils.dumps(c, indent=1))
     print(compare_text(c))
     print(f"report: {args.out} (open it in a browser)  json: {os.path.splitext(args.out)[0] + '.json'}")
     return c
 
 
 if __name__ == "__main__":
-    cli.run_script(main)
+    utils.run_script(main)

@@ -50,7 +50,6 @@ import torch
 from tqdm import tqdm
 
 import chat
-import cli
 import dataset
 import gui
 import lora
@@ -69,46 +68,46 @@ from vlm import PolicyLogProb, apply_fsdp, checkpoint_activations, collate_seque
 
 MAX_TASKS_LOGGED = 32  # reward_by_task is logged when the data has at most this many tasks
 
-parser = cli.make_parser(__doc__)
+parser = utils.make_parser(__doc__)
 # data
-parser.add_argument("--data", default="data/miniwob_click/train.jsonl", type=cli.arg_type(cli.input_file), help="episodes (UI-S1 JSONL or AndroidControl native JSON)")
-parser.add_argument("--image-root", default=None, type=cli.arg_type(cli.input_dir), help="folder screenshots are resolved against (default: the data file's folder)")
-parser.add_argument("--blank-screens", default=None, type=cli.arg_type(gui.parse_size), help="WxH: use blank screenshots of this size when files are missing")
-parser.add_argument("--max-episodes", type=cli.positive_int, default=None, help="use only the first N episodes")
+parser.add_argument("--data", default="data/miniwob_click/train.jsonl", type=utils.arg_type(utils.input_file), help="episodes (UI-S1 JSONL or AndroidControl native JSON)")
+parser.add_argument("--image-root", default=None, type=utils.arg_type(utils.input_dir), help="folder screenshots are resolved against (default: the data file's folder)")
+parser.add_argument("--blank-screens", default=None, type=utils.arg_type(gui.parse_size), help="WxH: use blank screenshots of this size when files are missing")
+parser.add_argument("--max-episodes", type=utils.positive_int, default=None, help="use only the first N episodes")
 # model
-parser.add_argument("--model", default="auto", type=cli.arg_type(cli.model_path),
+parser.add_argument("--model", default="auto", type=utils.arg_type(vlm.model_path),
                     help="'tiny', a Hugging Face or checkpoint folder, or 'auto' (the latest --sft-dir checkpoint; an error without one); "
                     "prompt options not given (--num-images, --min/max-pixels, --max-prompt-tokens) come from its args.json")
 parser.add_argument("--sft-dir", default="out/sft/ckpt", help="where --model auto looks for an SFT checkpoint")
 lora.add_lora_args(parser)  # --lora-r (0: full fine-tuning; else the KL reference is the policy with adapters off), ...
 # rollout (docs/method.md §5)
-parser.add_argument("--tasks-per-step", type=cli.positive_int, default=4, help="tasks per training step, all ranks together (release: 8)")
-parser.add_argument("--n-rollouts", type=cli.positive_int, default=4, help="rollouts per task N (release: 8)")
-parser.add_argument("--max-new-tokens", type=cli.positive_int, default=48, help="response length limit (release: 512)")
-parser.add_argument("--temperature", type=cli.temperature, default=1.0, help="sampling temperature (release: 1.0)")
-parser.add_argument("--top-p", type=cli.finite_float(0.0, 1.0, low_open=True), default=1.0, help="nucleus sampling (release: 1.0)")
+parser.add_argument("--tasks-per-step", type=utils.positive_int, default=4, help="tasks per training step, all ranks together (release: 8)")
+parser.add_argument("--n-rollouts", type=utils.positive_int, default=4, help="rollouts per task N (release: 8)")
+parser.add_argument("--max-new-tokens", type=utils.positive_int, default=48, help="response length limit (release: 512)")
+parser.add_argument("--temperature", type=utils.temperature, default=1.0, help="sampling temperature (release: 1.0)")
+parser.add_argument("--top-p", type=utils.finite_float(0.0, 1.0, low_open=True), default=1.0, help="nucleus sampling (release: 1.0)")
 parser.add_argument("--history", choices=HISTORY_MODES, default="own", help="own = semi-online RL; expert = offline-RL baseline")
 parser.add_argument("--patch", dest="patch_mode", default="thought-free",
                     choices=PATCH_MODES, help="patch mode (docs/method.md §5)")
-parser.add_argument("--patch-threshold", type=cli.int_at_least(-1), default=2, help="patches per rollout: k at most k (0: none; -1: unlimited; release: 2)")
+parser.add_argument("--patch-threshold", type=utils.int_at_least(-1), default=2, help="patches per rollout: k at most k (0: none; -1: unlimited; release: 2)")
 parser.add_argument("--decode", choices=DECODE_MODES, default="auto",
                     help="sampler decode: auto (graph on CUDA, else eager), eager (the reference), static, graph (CUDA graphs)")
 # returns and advantages (docs/method.md §6)
-parser.add_argument("--gamma", type=cli.fraction, default=0.5, help="discount of step returns in [0, 1] (0: each step's own reward; paper: 0.5)")
+parser.add_argument("--gamma", type=utils.fraction, default=0.5, help="discount of step returns in [0, 1] (0: each step's own reward; paper: 0.5)")
 parser.add_argument("--returns-form", choices=RETURNS_FORMS, default="paper", help="release: reset the return chain at a wrong step")
 parser.add_argument("--episode-adv", choices=EPISODE_FORMS, default="paper", help="episode-level advantage form")
-parser.add_argument("--w-episode", type=cli.non_negative_float, default=1.0, help="weight of the episode-level advantage (0: off)")
-parser.add_argument("--omega", type=cli.non_negative_float, default=1.0, help="weight of the step-level advantage (0: off)")
+parser.add_argument("--w-episode", type=utils.non_negative_float, default=1.0, help="weight of the episode-level advantage (0: off)")
+parser.add_argument("--omega", type=utils.non_negative_float, default=1.0, help="weight of the step-level advantage (0: off)")
 parser.add_argument("--adv-norm", choices=NORMS, default="mean_std",
                     help="group normalisation of both advantage levels: mean_std (paper) or mean (Dr.GRPO: no std division)")
-parser.add_argument("--filter-std", type=cli.finite_float(), default=0.0,
+parser.add_argument("--filter-std", type=utils.finite_float(), default=0.0,
                     help="dynamic sampling: drop tasks whose step-0 return std <= this; <0 disables (release: 0.3; "
                          "0 keeps every task whose rollouts differ at all, which a tiny CPU model needs)")
-parser.add_argument("--overlong-buffer", type=cli.non_negative_int, default=0,
+parser.add_argument("--overlong-buffer", type=utils.non_negative_int, default=0,
                     help="DAPO's soft overlong penalty: a response within this many tokens of --max-new-tokens loses up to "
                          "1 of reward, linearly (reward.shaped_reward); 0 disables it. Off by default: under the strict rules "
                          "a response cut at the cap already scores 0")
-parser.add_argument("--max-resample", type=cli.non_negative_int, default=2,
+parser.add_argument("--max-resample", type=utils.non_negative_int, default=2,
                     help="refill rounds after the first (0: none) when dynamic sampling dropped tasks; a batch still short "
                          "is trained on as it is and flagged 'partial' (release: up to 10 batches, then an error)")
 parser.add_argument("--match-rules", choices=reward.MATCH_RULES, default="strict",
@@ -117,53 +116,53 @@ parser.add_argument("--match-rules", choices=reward.MATCH_RULES, default="strict
 parser.add_argument("--old-logp", choices=["auto", "recompute", "sampler"], default="auto",
                     help="pi_old of the ratio: a no-grad policy forward (recompute, the release's) or the sampler's log-probs "
                          "(same weights and temperature; needs --top-p 1); auto: sampler on CPU (fp32: gap ~1e-5), else recompute")
-parser.add_argument("--clip-low", type=cli.finite_float(0.0, 1.0, low_open=True, high_open=True), default=0.2, help="PPO clip epsilon below 1, in (0, 1)")
-parser.add_argument("--clip-high", type=cli.positive_float, default=0.2, help="PPO clip epsilon above 1")
-parser.add_argument("--clip-c", type=cli.finite_float(1.0, low_open=True), default=3.0, help="dual-clip constant for negative advantages (> 1)")
-parser.add_argument("--kl-coef", type=cli.non_negative_float, default=1e-4, help="k3 KL to the frozen reference; 0 disables the reference model")
-parser.add_argument("--ref-model", default=None, type=cli.arg_type(cli.model_path), help="reference model: 'tiny' or a folder (default: the policy's initialisation)")
-parser.add_argument("--ref-seed", type=cli.non_negative_int, default=None, help="init seed of a 'tiny' reference (default: --seed)")
+parser.add_argument("--clip-low", type=utils.finite_float(0.0, 1.0, low_open=True, high_open=True), default=0.2, help="PPO clip epsilon below 1, in (0, 1)")
+parser.add_argument("--clip-high", type=utils.positive_float, default=0.2, help="PPO clip epsilon above 1")
+parser.add_argument("--clip-c", type=utils.finite_float(1.0, low_open=True), default=3.0, help="dual-clip constant for negative advantages (> 1)")
+parser.add_argument("--kl-coef", type=utils.non_negative_float, default=1e-4, help="k3 KL to the frozen reference; 0 disables the reference model")
+parser.add_argument("--ref-model", default=None, type=utils.arg_type(vlm.model_path), help="reference model: 'tiny' or a folder (default: the policy's initialisation)")
+parser.add_argument("--ref-seed", type=utils.non_negative_int, default=None, help="init seed of a 'tiny' reference (default: --seed)")
 parser.add_argument("--loss-agg", choices=LOSS_AGGS, default="token-mean",
                     help="how per-token losses become the mini-batch loss (kernels.aggregate_loss; dr-grpo divides by "
                          "sequences x --max-new-tokens)")
 # optimisation
-parser.add_argument("--lr", type=cli.positive_float, default=2e-5, help="AdamW learning rate, constant (the default suits the tiny model; the paper's, 7B: 1e-6)")
-parser.add_argument("--weight-decay", type=cli.non_negative_float, default=0.01, help="AdamW weight decay (0: none)")
-parser.add_argument("--grad-clip", type=cli.positive_float, default=1.0, help="global grad-norm clip")
-parser.add_argument("--ppo-mini-batches", type=cli.positive_int, default=4, help="optimizer steps per rollout batch (1 PPO epoch)")
-parser.add_argument("--micro-batch-size", type=cli.positive_int, default=8, help="sequences per forward/backward")
+parser.add_argument("--lr", type=utils.positive_float, default=2e-5, help="AdamW learning rate, constant (the default suits the tiny model; the paper's, 7B: 1e-6)")
+parser.add_argument("--weight-decay", type=utils.non_negative_float, default=0.01, help="AdamW weight decay (0: none)")
+parser.add_argument("--grad-clip", type=utils.positive_float, default=1.0, help="global grad-norm clip")
+parser.add_argument("--ppo-mini-batches", type=utils.positive_int, default=4, help="optimizer steps per rollout batch (1 PPO epoch)")
+parser.add_argument("--micro-batch-size", type=utils.positive_int, default=8, help="sequences per forward/backward")
 parser.add_argument("--share-prompts", choices=["auto", "on", "off"], default="auto",
                     help="run the prompt head a micro-batch's rows share once in the log-prob forwards (vlm.PolicyLogProb; "
                          "same log-probs to ~1e-5); auto: on on CPU without --gradient-checkpointing (GPU: not measured, off)")
 parser.add_argument("--gradient-checkpointing", action="store_true",
                     help="recompute each decoder layer's and vision block's activations in the backward (less memory, ~1/3 more update compute)")
 # run
-parser.add_argument("--max-steps", type=cli.positive_int, default=12, help="training steps")
+parser.add_argument("--max-steps", type=utils.positive_int, default=12, help="training steps")
 parser.add_argument("--out", default="out/semionline", help="output folder (checkpoints, metrics.jsonl, args.json)")
-cli.add_report_to_arg(parser)  # --report-to none | tensorboard wandb trackio (cli.MetricsLogger)
-parser.add_argument("--save-every", type=cli.non_negative_int, default=0, help="checkpoint every N steps (0: at the end only)")
-parser.add_argument("--keep-checkpoints", type=cli.non_negative_int, default=2,
+utils.add_report_to_arg(parser)  # --report-to none | tensorboard wandb trackio (utils.MetricsLogger)
+parser.add_argument("--save-every", type=utils.non_negative_int, default=0, help="checkpoint every N steps (0: at the end only)")
+parser.add_argument("--keep-checkpoints", type=utils.non_negative_int, default=2,
                     help="keep the newest N checkpoints (0: every one, e.g. for a dose-response over the steps)")
 parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
-parser.add_argument("--seed", type=cli.non_negative_int, default=0, help="seed of task order, sampling and the tiny model's init")
+parser.add_argument("--seed", type=utils.non_negative_int, default=0, help="seed of task order, sampling and the tiny model's init")
 parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to run")
 # a test hook, kept out of --help: exit after this many steps without a final checkpoint, as a killed run
 # would (the resume test compares such a run resumed with an uninterrupted one)
-parser.add_argument("--stop-after", type=cli.positive_int, default=None, help=argparse.SUPPRESS)
+parser.add_argument("--stop-after", type=utils.positive_int, default=None, help=argparse.SUPPRESS)
 # held-out diagnostic: does the greedy policy (what evaluation runs) follow the sampled one (what the reward sees)?
-parser.add_argument("--eval-data", default=None, type=cli.arg_type(cli.input_file),
+parser.add_argument("--eval-data", default=None, type=utils.arg_type(utils.input_file),
                     help="held-out episodes for heldout_* metrics (greedy and sampled static step accuracy, greedy SOP) "
                          "every --eval-every steps and at the start; default: none")
-parser.add_argument("--eval-every", type=cli.non_negative_int, default=0, help="steps between held-out evaluations (0: only with --eval-data, at the start and end)")
-parser.add_argument("--eval-episodes", type=cli.positive_int, default=32, help="held-out episodes used (the first N of --eval-data)")
-parser.add_argument("--eval-samples", type=cli.positive_int, default=4, help="sampled responses per held-out step (at --temperature, --top-p)")
+parser.add_argument("--eval-every", type=utils.non_negative_int, default=0, help="steps between held-out evaluations (0: only with --eval-data, at the start and end)")
+parser.add_argument("--eval-episodes", type=utils.positive_int, default=32, help="held-out episodes used (the first N of --eval-data)")
+parser.add_argument("--eval-samples", type=utils.positive_int, default=4, help="sampled responses per held-out step (at --temperature, --top-p)")
 chat.add_prompt_args(parser)  # the prompt contract: adopted from the starting checkpoint unless given
 
 
 def check_args(args) -> None:
-    """Flag values that parse but cannot run raise cli.UsageError (one line, exit 2), before any
+    """Flag values that parse but cannot run raise utils.UsageError (one line, exit 2), before any
     model loads and before args.json or metrics.jsonl is written."""
-    # each flag's own range (the temperature: sampler.check_temperature) is its parser type's; here the rules
+    # each flag's own range (the temperature: utils.check_temperature) is its parser type's; here the rules
     # between flags
     rules = [
         (args.old_logp != "sampler" or args.top_p == 1.0,
@@ -185,7 +184,7 @@ def check_args(args) -> None:
     rules.append((lora.check_lora_args(args) is None, lora.check_lora_args(args)))
     for ok, message in rules:
         if not ok:
-            raise cli.UsageError(message)
+            raise utils.UsageError(message)
 
 
 # -----------------------------------------------------------------------------
@@ -236,7 +235,7 @@ def task_rewards(tasks: list[str], sums: list[float]) -> dict[str, dict]:
 def main(argv=None):
     args = parser.parse_args(argv)
     if args.model == "auto" and utils.latest_checkpoint(args.sft_dir) is None:
-        raise cli.UsageError(f"--model auto: no SFT checkpoint in {args.sft_dir} (run train_sft.py first, point --sft-dir "
+        raise utils.UsageError(f"--model auto: no SFT checkpoint in {args.sft_dir} (run train_sft.py first, point --sft-dir "
                              "at one, or give --model tiny to train the untrained model on purpose)")
     start = str(utils.latest_checkpoint(args.sft_dir)) if args.model == "auto" else args.model
     spec = chat.resolve_spec(args, start, say=utils.print0)  # the prompt the checkpoint was trained on
@@ -252,7 +251,7 @@ def main(argv=None):
     if args.share_prompts == "auto":
         args.share_prompts = "off" if gpu or args.gradient_checkpointing else "on"
     if args.tasks_per_step % proc.world_size:
-        raise cli.UsageError(f"--tasks-per-step {args.tasks_per_step} must be a multiple of the world size {proc.world_size}")
+        raise utils.UsageError(f"--tasks-per-step {args.tasks_per_step} must be a multiple of the world size {proc.world_size}")
     out = Path(args.out)  # written only once the flags, the data and a resume's checkpoint are checked
 
     # -------------------------------------------------------------------------
@@ -260,7 +259,7 @@ def main(argv=None):
     blank = gui.parse_size(args.blank_screens) if args.blank_screens else None
     episodes = dataset.load_episodes(args.data, limit=args.max_episodes)
     if not episodes:
-        raise cli.UsageError(f"{args.data}: no episodes")
+        raise utils.UsageError(f"{args.data}: no episodes")
     tokenizer, image_processor = vlm.load_processor(start, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
     utils.print0(f"{len(episodes)} episodes, {sum(len(e.steps) for e in episodes)} steps from {args.data}")
     task_names = sorted({e.task for e in episodes})  # the same on every rank
@@ -292,16 +291,16 @@ def main(argv=None):
     if args.resume:
         ckpt = utils.latest_checkpoint(out / "ckpt")
         if ckpt is not None:
-            state = utils.load_checkpoint_state(ckpt, policy, optimizer)  # model, optimizer, every RNG
+            state = vlm.load_checkpoint_state(ckpt, policy, optimizer)  # model, optimizer, every RNG
             start_step = int(state.get("step", 0))
             if state.get("schedule", schedule) != schedule:
-                raise cli.UsageError(f"{ckpt}/trainer_state.json: field 'schedule' {state['schedule']} differs from this "
+                raise utils.UsageError(f"{ckpt}/trainer_state.json: field 'schedule' {state['schedule']} differs from this "
                                      f"run's {schedule}; resume with the same --seed, --tasks-per-step and data")
             utils.print0(f"resumed from {ckpt} at step {start_step}")
     if proc.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "args.json").write_text(cli.dumps(vars(args), indent=2))
-    metrics = cli.MetricsLogger(out / "metrics.jsonl", append=args.resume, report_to=args.report_to,
+        (out / "args.json").write_text(utils.dumps(vars(args), indent=2))
+    metrics = utils.MetricsLogger(out / "metrics.jsonl", append=args.resume, report_to=args.report_to,
                                  config=vars(args))
     if args.resume:
         metrics.resume_at(start_step)  # the steps redone after the checkpoint are logged once
@@ -463,7 +462,7 @@ def main(argv=None):
             f"| rollout {t_rollout:.1f}s update {t_logp + t_update:.1f}s")
         stop = args.stop_after is not None and step + 1 - start_step >= args.stop_after
         if stop or step + 1 == args.max_steps or (args.save_every and (step + 1) % args.save_every == 0):
-            utils.save_checkpoint(out / "ckpt", policy, tokenizer, vars(args), optimizer=optimizer,
+            vlm.save_checkpoint(out / "ckpt", policy, tokenizer, vars(args), optimizer=optimizer,
                                   extra={"step": step + 1, "schedule": schedule}, adapter=adapter, keep=args.keep_checkpoints)
         if stop:
             break
@@ -478,8 +477,8 @@ def main(argv=None):
         test = Path(args.data).with_name("test.jsonl") if Path(args.data).name == "train.jsonl" else Path(args.data)
         print(f"checkpoint: {utils.latest_checkpoint(out / 'ckpt') or '(none written)'}  metrics: {out / 'metrics.jsonl'}\n"
               f"curves:     python tools/plot_metrics.py {out / 'metrics.jsonl'}\n"
-              f"evaluate:   {cli.eval_command(test, out / 'ckpt', 'out/eval/semionline')}", flush=True)
-        print(cli.dumps(last), flush=True)
+              f"evaluate:   {utils.eval_command(test, out / 'ckpt', 'out/eval/semionline')}", flush=True)
+        print(utils.dumps(last), flush=True)
     return last
 
 
@@ -608,4 +607,4 @@ def _fmt(x, spec: str) -> str:
 
 
 if __name__ == "__main__":
-    cli.run_script(main)
+    utils.run_script(main)

@@ -47,7 +47,6 @@ import torch
 from tqdm import tqdm
 
 import chat
-import cli
 import dataset
 import gui
 import lora
@@ -59,43 +58,43 @@ from vlm import PolicyLogProb, apply_fsdp, checkpoint_activations, collate_seque
 # -----------------------------------------------------------------------------
 # config
 
-parser = cli.make_parser(__doc__)
+parser = utils.make_parser(__doc__)
 # data
-parser.add_argument("--data", default="data/miniwob_click/train.jsonl", type=cli.arg_type(cli.input_file), help="expert episodes (UI-S1 JSONL or AndroidControl native JSON)")
-parser.add_argument("--image-root", default=None, type=cli.arg_type(cli.input_dir), help="folder screenshots are resolved against (default: the data file's folder)")
-parser.add_argument("--blank-screens", default=None, type=cli.arg_type(gui.parse_size), help="WxH: blank screenshots of this size when files are missing")
-parser.add_argument("--max-episodes", type=cli.positive_int, default=None, help="use only the first N episodes")
-parser.add_argument("--val-frac", type=cli.finite_float(0.0, 1.0, high_open=True), default=0.1, help="share of episodes held out for validation loss (0: none)")
+parser.add_argument("--data", default="data/miniwob_click/train.jsonl", type=utils.arg_type(utils.input_file), help="expert episodes (UI-S1 JSONL or AndroidControl native JSON)")
+parser.add_argument("--image-root", default=None, type=utils.arg_type(utils.input_dir), help="folder screenshots are resolved against (default: the data file's folder)")
+parser.add_argument("--blank-screens", default=None, type=utils.arg_type(gui.parse_size), help="WxH: blank screenshots of this size when files are missing")
+parser.add_argument("--max-episodes", type=utils.positive_int, default=None, help="use only the first N episodes")
+parser.add_argument("--val-frac", type=utils.finite_float(0.0, 1.0, high_open=True), default=0.1, help="share of episodes held out for validation loss (0: none)")
 # model
-parser.add_argument("--model", default="tiny:128x4", type=cli.arg_type(cli.model_path),
+parser.add_argument("--model", default="tiny:128x4", type=utils.arg_type(vlm.model_path),
                     help="'tiny', a local Hugging Face folder, or a checkpoint folder (a `latest` pointer is followed)")
 lora.add_lora_args(parser)  # --lora-r (0: full fine-tuning), --lora-alpha, --lora-dropout, --lora-targets, --lora-vision, --merge
 # optimisation
-parser.add_argument("--lr", type=cli.positive_float, default=1e-3, help="AdamW peak learning rate (the default suits the tiny model; the README's 7B command: 1e-5)")
-parser.add_argument("--min-lr-frac", type=cli.fraction, default=0.1, help="cosine decay floor, as a fraction of --lr (0: decay to 0)")
-parser.add_argument("--warmup-steps", type=cli.non_negative_int, default=20, help="linear warm-up steps (0: none)")
-parser.add_argument("--weight-decay", type=cli.non_negative_float, default=0.01, help="AdamW weight decay (0: none)")
-parser.add_argument("--grad-clip", type=cli.positive_float, default=1.0, help="global grad-norm clip")
-parser.add_argument("--batch-size", type=cli.positive_int, default=8, help="examples per optimizer step, all ranks together")
-parser.add_argument("--micro-batch-size", type=cli.positive_int, default=8, help="examples per forward/backward")
+parser.add_argument("--lr", type=utils.positive_float, default=1e-3, help="AdamW peak learning rate (the default suits the tiny model; the README's 7B command: 1e-5)")
+parser.add_argument("--min-lr-frac", type=utils.fraction, default=0.1, help="cosine decay floor, as a fraction of --lr (0: decay to 0)")
+parser.add_argument("--warmup-steps", type=utils.non_negative_int, default=20, help="linear warm-up steps (0: none)")
+parser.add_argument("--weight-decay", type=utils.non_negative_float, default=0.01, help="AdamW weight decay (0: none)")
+parser.add_argument("--grad-clip", type=utils.positive_float, default=1.0, help="global grad-norm clip")
+parser.add_argument("--batch-size", type=utils.positive_int, default=8, help="examples per optimizer step, all ranks together")
+parser.add_argument("--micro-batch-size", type=utils.positive_int, default=8, help="examples per forward/backward")
 parser.add_argument("--gradient-checkpointing", action="store_true",
                     help="recompute each decoder layer's and vision block's activations in the backward (less memory, ~1/3 more compute)")
-parser.add_argument("--copy-warmup-steps", type=cli.non_negative_int, default=None,
+parser.add_argument("--copy-warmup-steps", type=utils.non_negative_int, default=None,
                     help="steps on synthetic pages before SFT (module docstring; 0: none; default: 1000 for a 'tiny' model trained from scratch, else 0)")
-parser.add_argument("--copy-warmup-lr", type=cli.positive_float, default=1e-3, help="constant AdamW learning rate of the copy warm-up")
-parser.add_argument("--copy-warmup-elements", type=cli.positive_int, default=1, help="elements per synthetic click page, at most (the target looked up among them)")
-parser.add_argument("--copy-warmup-type-frac", type=cli.fraction, default=0.25, help="share of synthetic pages that ask to type a quoted text (0: click pages only)")
+parser.add_argument("--copy-warmup-lr", type=utils.positive_float, default=1e-3, help="constant AdamW learning rate of the copy warm-up")
+parser.add_argument("--copy-warmup-elements", type=utils.positive_int, default=1, help="elements per synthetic click page, at most (the target looked up among them)")
+parser.add_argument("--copy-warmup-type-frac", type=utils.fraction, default=0.25, help="share of synthetic pages that ask to type a quoted text (0: click pages only)")
 chat.add_prompt_args(parser)  # --num-images, --min/max-pixels, --max-prompt-tokens, --step-instruction, --elements, --system-prompt
 # run
-parser.add_argument("--max-steps", type=cli.non_negative_int, default=200, help="optimizer steps (0: the copy warm-up alone, saved as step 0: a shared base)")
-parser.add_argument("--eval-every", type=cli.non_negative_int, default=50, help="validation loss every N steps (0: at the end only)")
+parser.add_argument("--max-steps", type=utils.non_negative_int, default=200, help="optimizer steps (0: the copy warm-up alone, saved as step 0: a shared base)")
+parser.add_argument("--eval-every", type=utils.non_negative_int, default=50, help="validation loss every N steps (0: at the end only)")
 parser.add_argument("--out", default="out/sft", help="output folder (ckpt/, metrics.jsonl, args.json)")
-cli.add_report_to_arg(parser)  # --report-to none | tensorboard wandb trackio (cli.MetricsLogger)
-parser.add_argument("--save-every", type=cli.non_negative_int, default=0, help="checkpoint every N steps (0: at the end only)")
-parser.add_argument("--keep-checkpoints", type=cli.non_negative_int, default=2,
+utils.add_report_to_arg(parser)  # --report-to none | tensorboard wandb trackio (utils.MetricsLogger)
+parser.add_argument("--save-every", type=utils.non_negative_int, default=0, help="checkpoint every N steps (0: at the end only)")
+parser.add_argument("--keep-checkpoints", type=utils.non_negative_int, default=2,
                     help="keep the newest N checkpoints (0: every one, e.g. for a dose-response over the steps)")
 parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out/ckpt")
-parser.add_argument("--seed", type=cli.non_negative_int, default=0, help="seed of data order, split and the tiny model's init")
+parser.add_argument("--seed", type=utils.non_negative_int, default=0, help="seed of data order, split and the tiny model's init")
 parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to run")
 
 
@@ -158,14 +157,14 @@ def main(argv=None):
         args.copy_warmup_steps = copy_warmup_default(args.model)
     spec = chat.resolve_spec(args, args.model, say=utils.print0)
     if lora.check_lora_args(args):
-        raise cli.UsageError(lora.check_lora_args(args))
+        raise utils.UsageError(lora.check_lora_args(args))
 
     # -------------------------------------------------------------------------
     # setup
     proc = utils.init_distributed(args.device)
     utils.seed_everything(args.seed)
     if args.batch_size % (args.micro_batch_size * proc.world_size):
-        raise cli.UsageError(f"--batch-size {args.batch_size} must be a multiple of micro-batch-size x world size "
+        raise utils.UsageError(f"--batch-size {args.batch_size} must be a multiple of micro-batch-size x world size "
                          f"({args.micro_batch_size} x {proc.world_size})")
     out = Path(args.out)
 
@@ -183,7 +182,7 @@ def main(argv=None):
     val_ex = [(e, t) for e in val_eps for t in range(len(e.steps))]
     per_rank = len(train_ex) // proc.world_size
     if args.max_steps > 0 and per_rank < args.micro_batch_size:
-        raise cli.UsageError(f"the train split has {len(train_ex)} examples ({len(train_eps)} episodes of {args.data} after "
+        raise utils.UsageError(f"the train split has {len(train_ex)} examples ({len(train_eps)} episodes of {args.data} after "
                              f"--val-frac {args.val_frac:g} held out {len(val_eps)}): {per_rank} per rank on {proc.world_size} "
                              f"rank(s), fewer than --micro-batch-size {args.micro_batch_size}; lower it or --val-frac, or add data")
     tokenizer, image_processor = vlm.load_processor(args.model, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
@@ -195,10 +194,10 @@ def main(argv=None):
         return sft_example(ep, t, tokenizer, image_processor, spec, image_root=args.image_root, blank_screens=blank)
 
     def batches(examples, size, seed, split="train"):
-        """Endless shuffled micro-batches of this rank's share. Raises cli.UsageError naming the split
+        """Endless shuffled micro-batches of this rank's share. Raises utils.UsageError naming the split
         and the sizes when the share holds fewer than `size` examples (it would never yield)."""
         if len(examples[proc.rank::proc.world_size]) < size:
-            raise cli.UsageError(f"the {split} split: {len(examples)} examples, {len(examples[proc.rank::proc.world_size])} "
+            raise utils.UsageError(f"the {split} split: {len(examples)} examples, {len(examples[proc.rank::proc.world_size])} "
                                  f"on rank {proc.rank} of {proc.world_size}, fewer than a micro-batch of {size}")
         epoch = 0
         while True:
@@ -221,13 +220,13 @@ def main(argv=None):
     if args.resume:
         ckpt = utils.latest_checkpoint(out / "ckpt")
         if ckpt is not None:
-            start_step = int(utils.load_checkpoint_state(ckpt, policy, optimizer).get("step", 0))
+            start_step = int(vlm.load_checkpoint_state(ckpt, policy, optimizer).get("step", 0))
             utils.print0(f"resumed from {ckpt} at step {start_step}")
     # the first write to --out: the flags, the data and a resume's checkpoint are checked by now
     if proc.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "args.json").write_text(cli.dumps(vars(args), indent=2))
-    metrics = cli.MetricsLogger(out / "metrics.jsonl", append=args.resume, report_to=args.report_to,
+        (out / "args.json").write_text(utils.dumps(vars(args), indent=2))
+    metrics = utils.MetricsLogger(out / "metrics.jsonl", append=args.resume, report_to=args.report_to,
                                  config=vars(args))
     if args.resume:
         metrics.resume_at(start_step)  # the steps redone after the checkpoint are logged once
@@ -273,7 +272,7 @@ def main(argv=None):
         rng = random.Random(args.seed * 1_000_003 + proc.rank)
         digit_ids = set(tokenizer.convert_tokens_to_ids(list("0123456789")))
         warm_opt = utils.adamw(lora.trainable(policy), lr=args.copy_warmup_lr, weight_decay=args.weight_decay)
-        warm_log = cli.MetricsLogger(out / "copy_warmup.jsonl")
+        warm_log = utils.MetricsLogger(out / "copy_warmup.jsonl")
         per_rank = max(1, args.batch_size // proc.world_size)
         policy.train()
         bar = tqdm(range(warm_steps), desc="copy warm-up", disable=not proc.is_main)
@@ -296,7 +295,7 @@ def main(argv=None):
                      f"{row[1].item():.3f} nats/token (no copy: ~2.2; log {out / 'copy_warmup.jsonl'})")
         del warm_opt
         if args.max_steps == 0:  # the warm-up alone: a base model that SFT runs start from (--model BASE)
-            utils.save_checkpoint(out / "ckpt", policy, tokenizer, vars(args), extra={"step": 0}, adapter=adapter)
+            vlm.save_checkpoint(out / "ckpt", policy, tokenizer, vars(args), extra={"step": 0}, adapter=adapter)
 
     # -------------------------------------------------------------------------
     # training loop
@@ -342,7 +341,7 @@ def main(argv=None):
             utils.print0(f"step {step + 1:5d} | loss {last['loss']:.4f} | val {last['val_loss']:.4f} | lr {last['lr']:.2e} "
                          f"| gnorm {last['grad_norm']:.2f} | {last['tok_s']:.0f} tok/s")
         if step + 1 == args.max_steps or (args.save_every and (step + 1) % args.save_every == 0):
-            utils.save_checkpoint(out / "ckpt", policy, tokenizer, vars(args), optimizer=optimizer, extra={"step": step + 1},
+            vlm.save_checkpoint(out / "ckpt", policy, tokenizer, vars(args), optimizer=optimizer, extra={"step": step + 1},
                                   adapter=adapter, keep=args.keep_checkpoints)
 
     # -------------------------------------------------------------------------
@@ -355,11 +354,11 @@ def main(argv=None):
         test = Path(args.data).with_name("test.jsonl") if Path(args.data).name == "train.jsonl" else Path(args.data)
         print(f"checkpoint: {utils.latest_checkpoint(out / 'ckpt') or '(none written)'}  metrics: {out / 'metrics.jsonl'}\n"
               f"curves:     python tools/plot_metrics.py {out / 'metrics.jsonl'}\n"
-              f"evaluate:   {cli.eval_command(test, out / 'ckpt', 'out/eval/sft')}\n"
+              f"evaluate:   {utils.eval_command(test, out / 'ckpt', 'out/eval/sft')}\n"
               f"next stage: torchrun --nproc_per_node=2 train_semionline.py --sft-dir {out / 'ckpt'}", flush=True)
-        print(cli.dumps(last), flush=True)
+        print(utils.dumps(last), flush=True)
     return last
 
 
 if __name__ == "__main__":
-    cli.run_script(main)
+    utils.run_script(main)

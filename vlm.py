@@ -18,12 +18,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 import lora
+import utils
 from gui import MAX_PIXELS, MIN_PIXELS
 from kernels import fused_logprob
 
@@ -159,8 +163,6 @@ def merge_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Write the adapted model of LoRA checkpoint `ckpt` (lora.py) to `out` as a plain Hugging Face
     folder: config.json, model.safetensors, the tokenizer, args.json when the checkpoint has one;
     eval_sop.py, --model and --ref-model take it like any other. Returns `out`."""
-    import shutil
-
     ckpt, out = Path(ckpt), Path(out)
     out.mkdir(parents=True, exist_ok=True)
     load_model(ckpt).save_pretrained(str(out), safe_serialization=True)
@@ -168,6 +170,124 @@ def merge_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike) -> Path:
     if (ckpt / "args.json").is_file():
         shutil.copy(ckpt / "args.json", out / "args.json")
     return out
+
+
+def model_path(name: str) -> str:
+    """argparse type for --model: 'tiny', 'tiny:HxL' and 'auto' pass through; a Hugging Face folder
+    (config.json) as is; a run folder with a `latest` pointer (e.g. out/sft/ckpt) -> the checkpoint
+    it names. Raises UsageError for anything else, before a model is loaded."""
+    if name.startswith("tiny:"):
+        try:
+            parse_tiny(name)
+        except ValueError as e:
+            raise utils.UsageError(str(e)) from None
+        return name
+    if name in ("tiny", "auto") or (Path(name) / "config.json").is_file() or lora.is_adapter_dir(name):
+        return name
+    if not Path(name).exists():
+        raise utils.UsageError(f"{name!r}: no such folder (expected 'tiny', a Hugging Face model folder or a checkpoint folder)")
+    ckpt = utils.latest_checkpoint(name) if Path(name).is_dir() else None
+    if ckpt is None:
+        raise utils.UsageError(f"{name!r}: not a model folder (no config.json, no `latest` checkpoint pointer)")
+    return str(ckpt)
+
+
+# -----------------------------------------------------------------------------
+# checkpoints: Hugging Face layout + safetensors (a LoRA run's: the adapters in PEFT's), written atomically
+
+
+def save_checkpoint(out_dir: str | os.PathLike, model, tokenizer, args: dict, *, optimizer=None,
+                    extra: dict | None = None, keep: int = 2, adapter=None) -> Path | None:
+    """Write out_dir/step_XXXXXX/ (Hugging Face layout, args.json, trainer_state.json = extra with
+    "step"; with an optimizer also optimizer.pt and every rank's RNG state), atomically (a finished
+    temporary folder renamed into place, then os.replace of out_dir/latest); keep the newest `keep` (0: every one).
+    adapter: the PeftModel of a LoRA run (lora.apply_lora): the folder then holds the adapter in
+    PEFT's layout (lora.save_adapter) instead of the model's weights.
+    Collective (plain or FSDP2 model; rank 0 writes). Returns the folder on rank 0, else None."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)  # unsharded, on CPU
+    if adapter is not None:
+        msd = lora.adapter_state_dict(model)  # the adapters alone (gathered: collective)
+    else:
+        msd = get_model_state_dict(model, options=opts)
+    osd = get_optimizer_state_dict(model, optimizer, options=opts) if optimizer is not None else None
+    rngs = [utils.rng_state()]  # every rank's generators: ranks draw different numbers
+    if dist.is_initialized():
+        rngs = [None] * dist.get_world_size()
+        dist.all_gather_object(rngs, utils.rng_state())
+    if utils.get_rank() != 0:
+        return None
+    extra, out_dir = dict(extra or {}), Path(out_dir)
+    step = int(extra.get("step", 0))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    final, tmp = out_dir / f"step_{step:06d}", out_dir / f".tmp_step_{step:06d}_{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    inner = model if hasattr(model, "save_pretrained") else model.model  # an FSDP root (PolicyLogProb) wraps it
+    if adapter is not None:
+        lora.save_adapter(adapter, msd, tmp)
+    else:
+        msd = msd if inner is model else {k.removeprefix("model."): v for k, v in msd.items()}
+        if getattr(inner.config, "tie_word_embeddings", False):
+            msd.pop("lm_head.weight", None)  # tied to the input embedding (FSDP's state dict lists both)
+        inner.save_pretrained(str(tmp), state_dict=msd, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(tmp))
+    (tmp / "args.json").write_text(json.dumps(args, indent=2, default=str))
+    if osd is not None:
+        torch.save(osd, tmp / "optimizer.pt")
+        extra["rng"] = rngs  # one rng_state() per rank
+    (tmp / "trainer_state.json").write_text(json.dumps(extra, default=str))
+    shutil.rmtree(final, ignore_errors=True)  # an older checkpoint of the same step
+    os.replace(tmp, final)  # atomic on POSIX: the folder appears complete or not at all
+    (out_dir / f".latest.{os.getpid()}").write_text(final.name)
+    os.replace(out_dir / f".latest.{os.getpid()}", out_dir / "latest")
+    old = sorted(p for p in out_dir.glob("step_*") if p.is_dir() and p != final)
+    for p in [] if keep <= 0 else old[:-keep + 1] if keep > 1 else old:
+        shutil.rmtree(p, ignore_errors=True)
+    return final
+
+
+def load_checkpoint_state(ckpt: str | os.PathLike, model, optimizer=None) -> dict:
+    """Load a save_checkpoint folder into a (possibly FSDP2) model, optimizer and every RNG;
+    returns trainer_state.json. Collective. optimizer.pt is read weights_only (nothing unpickled).
+    A LoRA checkpoint (lora.is_adapter_dir) loads its adapters into the adapted `model`.
+    Raises FileNotFoundError (no config.json), ValueError (saved for another number of ranks)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+    ckpt = Path(ckpt)
+    opts = StateDictOptions(full_state_dict=True, strict=False)
+    if lora.is_adapter_dir(ckpt):  # a LoRA run's: the adapters into the (already adapted) model
+        lora.load_adapter_state(ckpt, model)
+    elif not (ckpt / "config.json").exists():
+        raise FileNotFoundError(f"{ckpt}: no config.json (not a checkpoint folder)")
+    else:
+        # read through the model class's own from_pretrained (on CPU): it maps the Hub's key names back
+        inner = model if hasattr(model, "save_pretrained") else model.model
+        msd = type(inner).from_pretrained(str(ckpt), dtype=torch.float32).state_dict()
+        msd = msd if inner is model else {"model." + k: v for k, v in msd.items()}
+        if getattr(inner.config, "tie_word_embeddings", False):
+            msd = {k: v for k, v in msd.items() if k not in ("lm_head.weight", "model.lm_head.weight")}
+        set_model_state_dict(model, msd, options=opts)
+    state = json.loads((ckpt / "trainer_state.json").read_text()) if (ckpt / "trainer_state.json").exists() else {}
+    if optimizer is not None and (ckpt / "optimizer.pt").exists():
+        osd = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)
+        set_optimizer_state_dict(model, optimizer, osd, options=opts)
+    if isinstance(state.get("rng"), list):  # (older checkpoints kept rank 0's only, in another layout)
+        rank, n = utils.get_rank(), len(state["rng"])
+        if n != (dist.get_world_size() if dist.is_initialized() else 1):
+            raise ValueError(f"{ckpt / 'trainer_state.json'}: field 'rng' holds {n} ranks' generators; "
+                             f"resume with that many processes")
+        utils.set_rng_state(state["rng"][rank])
+    return state
+
 
 
 # -----------------------------------------------------------------------------

@@ -360,5 +360,5 @@ def _pick(c: dict | None) -> dict:
 
 
 if __name__ == "__main__":
-    import cli
-    cli.run_script(main)
+    import utils
+    utils.run_script(main)

@@ -42,7 +42,7 @@ def make_checkpoint(out, n_episodes=2, steps=80, lr=5e-3, max_pixels=20000, seed
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-    utils.save_checkpoint(out, model, tok, {"made_by": "tests/rl_checkpoint.py"}, extra={"step": steps})
+    vlm.save_checkpoint(out, model, tok, {"made_by": "tests/rl_checkpoint.py"}, extra={"step": steps})
     return utils.latest_checkpoint(out), loss.item()
 
 

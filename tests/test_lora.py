@@ -121,7 +121,7 @@ def test_checkpoint_merge_and_resume_load(case, tmp_path):
     _, pad_id, batch, _ = case
     model, peft = adapted()
     tok = vlm.load_processor("tiny")[0]
-    ckpt = utils.save_checkpoint(tmp_path / "ckpt", model, tok, {"x": 1}, extra={"step": 3}, adapter=peft)
+    ckpt = vlm.save_checkpoint(tmp_path / "ckpt", model, tok, {"x": 1}, extra={"step": 3}, adapter=peft)
     names = {p.name for p in ckpt.iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors", "lora_base.json"} <= names
     assert "model.safetensors" not in names and utils.latest_checkpoint(tmp_path / "ckpt") == ckpt
@@ -141,11 +141,11 @@ def test_checkpoint_merge_and_resume_load(case, tmp_path):
         assert (got - want).abs().max().item() < 1e-5
     # resume: a fresh adapted model takes the saved adapters exactly
     fresh, _ = adapted(nonzero_b=False)
-    assert utils.load_checkpoint_state(ckpt, fresh)["step"] == 3
+    assert vlm.load_checkpoint_state(ckpt, fresh)["step"] == 3
     assert all(torch.equal(p, dict(model.named_parameters())[n]) for n, p in fresh.named_parameters())
     wrong, _ = adapted(argv=["--lora-r", "2"])
     with pytest.raises(ValueError, match="same --lora-r"):
-        utils.load_checkpoint_state(ckpt, wrong)
+        vlm.load_checkpoint_state(ckpt, wrong)
 
 
 @pytest.mark.parametrize("argv,msg", [(["--lora-targets", "q_proj,nope"], "nope not a linear layer"),

@@ -195,12 +195,12 @@ def test_overlong_penalty_by_hand():
     (["--old-logp", "sampler", "--top-p", "0.9"], "--old-logp sampler needs --top-p 1"),
 ])
 def test_bad_flags_stop_before_anything_is_written(tmp_path, flags, message, capsys):
-    import cli
+    import utils
     out = tmp_path / "run"
-    with pytest.raises((cli.UsageError, SystemExit)) as e:
+    with pytest.raises((utils.UsageError, SystemExit)) as e:
         ts.main(["--model", "tiny", "--out", str(out), *flags])
-    said = str(e.value) if isinstance(e.value, cli.UsageError) else capsys.readouterr().err
-    assert isinstance(e.value, cli.UsageError) or e.value.code == 2
+    said = str(e.value) if isinstance(e.value, utils.UsageError) else capsys.readouterr().err
+    assert isinstance(e.value, utils.UsageError) or e.value.code == 2
     assert message in said, said
     assert not out.exists()  # no args.json, no metrics.jsonl
 

@@ -226,8 +226,7 @@ def test_gradient_checkpointing_flag():
         assert parser.parse_args([]).gradient_checkpointing is False
         assert vars(parser.parse_args(["--gradient-checkpointing"]))["gradient_checkpointing"] is True
     # shared prompt heads need the KV cache that checkpointing drops: refused before anything runs
-    import cli
-    with pytest.raises(cli.UsageError, match="share-prompts"):
+    with pytest.raises(utils.UsageError, match="share-prompts"):
         ts.check_args(ts.parser.parse_args(["--share-prompts", "on", "--gradient-checkpointing"]))
     ts.check_args(ts.parser.parse_args(["--share-prompts", "auto", "--gradient-checkpointing"]))  # auto: off then
 

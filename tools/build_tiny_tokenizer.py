@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import chat
-import cli  # noqa: E402
+import utils  # noqa: E402
 import dataset
 import gui  # noqa: E402
 
@@ -46,8 +46,8 @@ EPISODE_FILES = ("data/miniwob/train.jsonl", "data/miniwob/test.jsonl", "data/mi
 ANDROID_SIZE = (1080, 2400)  # blank stand-ins: only the sizes matter for the prompt's text
 N_SYNTHETIC = 4000
 
-parser = cli.make_parser(__doc__)
-parser.add_argument("--vocab-size", type=cli.positive_int, default=8192, help="tokens in the new vocabulary, special and added tokens included (= the tiny model's vocab_size)")
+parser = utils.make_parser(__doc__)
+parser.add_argument("--vocab-size", type=utils.positive_int, default=8192, help="tokens in the new vocabulary, special and added tokens included (= the tiny model's vocab_size)")
 parser.add_argument("--out", default=str(ROOT / "assets" / "tiny_tokenizer"), help="output folder")
 parser.add_argument("--force", action="store_true", help="overwrite a build whose files differ")
 
@@ -121,13 +121,13 @@ def main(argv=None):
         same = old.get("files") == build["files"]
         print(f"{out}: the committed build is {'reproduced exactly' if same else 'DIFFERENT'}")
         if not same and not args.force:
-            raise cli.UsageError(f"{out}: differs from this build; --force overwrites it")
+            raise utils.UsageError(f"{out}: differs from this build; --force overwrites it")
         import shutil
         shutil.rmtree(out)
     tmp.rename(out)
-    print(cli.dumps({k: v for k, v in build.items() if k != "files"}))
+    print(utils.dumps({k: v for k, v in build.items() if k != "files"}))
     return build
 
 
 if __name__ == "__main__":
-    cli.run_script(main)
+    utils.run_script(main)
