@@ -2,7 +2,9 @@
 
 1. loading: `load_model` (the tiny presets built from a config, or any local Hugging Face folder),
    `load_processor` (the model's own tokenizer, transformers' PIL image processor), `tiny_config`
-   and the small tokenizer of the tiny presets (assets/tiny_tokenizer);
+   and the small tokenizer of the tiny presets (assets/tiny_tokenizer); `model_path`, the --model
+   flag's type; checkpoints: `save_checkpoint` / `load_checkpoint_state` (Hugging Face layout, or a
+   LoRA run's adapters, atomically; utils.latest_checkpoint finds the newest);
 2. the model's tokens: the vision tokens the sampler must never emit and the stop tokens;
 3. the policy as training runs it, the thin module beside the fused kernel (kernels/logprob.py):
    `PolicyLogProb`, the decoder then kernels.fused_logprob on the response positions only, on

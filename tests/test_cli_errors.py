@@ -115,7 +115,7 @@ import runpy  # noqa: E402
 
 
 SCRIPTS = sorted({str(p.relative_to(REPO)) for d in ("", "tools", "runs", "bench", "envs") for p in (REPO / d).glob("*.py")
-                  if re.search(r"parse_args\(|__main__", p.read_text(encoding="utf-8"))} - {"runs/repro_common.py", "cli.py"})
+                  if re.search(r"parse_args\(|__main__", p.read_text(encoding="utf-8"))} - {"runs/repro_common.py", "utils.py"})
 NAME_LIKE = re.compile(r"(^|_)(task|tasks|policy|protocol|mode|rules|workloads|sections|split|worker)$")
 
 
