@@ -49,6 +49,7 @@ from envs.miniwob_env import (  # noqa: E402
 )
 from envs import miniwob_tasks  # noqa: E402
 from envs.miniwob_tasks import MEMORY_TASKS, is_task  # noqa: E402
+import utils  # noqa: E402
 from gui import ACTIONS  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -540,8 +541,6 @@ def check_tasks(tasks, need_expert: bool = False) -> None:
 
 
 def main(argv=None):
-    import utils  # only the CLI needs it (it imports torch; the environment itself does not)
-
     ap = utils.make_parser(__doc__.split("\n")[0] + "\n\n" + __doc__[__doc__.index("CLI ("):])
     sub = ap.add_subparsers(dest="cmd", required=True)
     ev = sub.add_parser("eval", help="online evaluation of a built-in policy", formatter_class=utils.HelpFormatter,
@@ -603,6 +602,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    import utils
-
     utils.run_script(main)
