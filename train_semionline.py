@@ -1,19 +1,19 @@
 """Semi-online RL for GUI agents (UI-S1, docs/method.md §5-§7): one top-down training script.
 
-Each step:
+Each step (main, at the bottom; each phase a function above it):
   1. rollout  - `rollout.semi_online_rollout`: N rollouts per task walk through the
                 expert episode with their OWN history; wrong steps are patched
                 (patch.py) up to --patch-threshold times, else the rollout ends.
-  2. advantages - `advantage.compute_advantages`: discounted returns, step-level group
-                advantages + episode-level advantages (docs/method.md §6); dynamic
-                sampling drops tasks whose step-0 returns do not vary (DAPO) and refills.
-  3. old/ref log-probs - one no-grad forward of the policy (on CPU its sampler's own log-probs
+  2-3. rewards, advantages - the rule reward with the overlong penalty; `advantage.compute_advantages`:
+                discounted returns, step-level group + episode-level advantages (docs/method.md §6);
+                dynamic sampling drops tasks whose step-0 returns do not vary (DAPO) and refills (draw_batch).
+  4. old/ref log-probs - one no-grad forward of the policy (on CPU its sampler's own log-probs
                 serve: --old-logp) and of the frozen reference. A step's rollouts of one task
                 share a mini-batch, and rows with a common prompt run it once (--share-prompts).
-  4. update   - PPO clipped objective with dual clip + k3 KL (kernels.ppo_loss) on the
+  5. update   - PPO clipped objective with dual clip + k3 KL (kernels.ppo_loss) on the
                 fused lm_head log-prob (kernels.fused_logprob), token-mean over the
                 mini-batch across micro-batches and ranks, AdamW, grad clip; a
-                non-finite gradient norm skips the optimizer step (counted in metrics).
+                non-finite gradient norm skips the optimizer step (counted in metrics). 6. log.
 
 Task schedule (docs/method.md §6, last paragraph): the tasks of a step are a pure function of
 (--seed, step, slot) (step_tasks; slots count every task drawn in the step, refills included), each
