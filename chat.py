@@ -33,7 +33,9 @@ logger = logging.getLogger(__name__)
 # -----------------------------------------------------------------------------
 # system prompts (the full one's action list is generated from gui.ACTIONS)
 
-FULL_SYSTEM_PROMPT = """You are a GUI agent operating a device. You are given a task goal, the screenshots of the steps so far and your own earlier responses. Perform the next action to complete the task.
+def full_system_prompt() -> str:
+    """The full system prompt, its action list generated from gui.ACTIONS as it stands now."""
+    return """You are a GUI agent operating a device. You are given a task goal, the screenshots of the steps so far and your own earlier responses. Perform the next action to complete the task.
 
 ## Action space
 Write one action as a JSON object with the action and its arguments at the same level:
@@ -48,11 +50,19 @@ your reasoning
 {"action": "...", ...}
 </action>"""
 
+
+FULL_SYSTEM_PROMPT = full_system_prompt()  # the registry's at import; build_prompt calls the function
+
 # A model trained from scratch (the tiny presets) learns the format from its targets; the full action
 # list is 353 of its ~700 prompt tokens on MiniWob++, so it trains on this instead (--system-prompt short)
 SHORT_SYSTEM_PROMPT = """You are a GUI agent. Answer with <think>your reasoning</think> then <action>one JSON action</action>."""
 SYSTEM_PROMPTS = {"full": FULL_SYSTEM_PROMPT, "short": SHORT_SYSTEM_PROMPT}
 SYSTEM_PROMPT = FULL_SYSTEM_PROMPT  # the default, for readers of the text
+
+
+def system_prompt_text(name: str) -> str:
+    """The text of SYSTEM_PROMPTS[name]; "full" regenerated, so a type registered at run time shows."""
+    return full_system_prompt() if name == "full" else SYSTEM_PROMPTS[name]
 
 
 # -----------------------------------------------------------------------------
@@ -255,7 +265,7 @@ def build_prompt(tokenizer, image_processor, spec: "PromptSpec", *, goal: str, s
             lines = [_summary_line(i, history[i]) for i in range(drop - n_summary, drop)]
             shown = "actions only" if n_summary == drop else f"actions of the last {n_summary} only"
             first += f"\nEarlier steps: {drop} (screenshots not shown; {shown}):" + "".join("\n" + s for s in lines)
-        messages = [{"role": "system", "content": [{"type": "text", "text": SYSTEM_PROMPTS[spec.system_prompt]}]}]
+        messages = [{"role": "system", "content": [{"type": "text", "text": system_prompt_text(spec.system_prompt)}]}]
         steps_with_image = []
         for i in range(drop, t + 1):
             content = [{"type": "text", "text": first + "\n"}] if i == drop else []

@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,9 @@ class ActionSpec:
     args / optional: (name, kind) of its required and optional arguments, kind "point" ([x, y]
     pixels), "str" or "num"; rule: the name of its strict match rule in reward.RULES ("point",
     "text", "direction", "button", "type"); prompt: its line of chat.FULL_SYSTEM_PROMPT's action list.
-    An executor in each environment (envs/miniwob_env.EXECUTORS) performs it."""
+    An executor in each environment (envs/miniwob_env.EXECUTORS) performs it, an expert there emits it
+    (README "How to fork"; tests/test_toy_action.py adds one). A point argument is named coordinate or
+    coordinate2: scale_action maps those two between pixel spaces."""
     args: tuple
     rule: str
     prompt: str
@@ -63,9 +66,42 @@ ACTIONS = {  # docs/method.md §3: the release's action space, in its prompt's o
     "terminate": ActionSpec((), "type", '{"action": "terminate", "status": "success"}: end the task with status '
                             'success or failure.', optional=(("status", "str"),)),
 }
-ACTION_TYPES = tuple(ACTIONS)
-TEXT_ACTIONS = tuple(k for k, a in ACTIONS.items() if a.rule == "text")
-POINT_ACTIONS = tuple(k for k, a in ACTIONS.items() if a.rule == "point")  # grounding accuracy counts these
+
+
+class _Registered(Sequence):
+    """The registered action types (ACTIONS order) whose spec passes `keep`, read from ACTIONS at each use, so
+    a type registered at run time (tests/test_toy_action.py) counts at once; compares and adds as a tuple."""
+
+    def __init__(self, keep):
+        self._keep = keep
+
+    def _now(self) -> tuple:
+        return tuple(k for k, a in ACTIONS.items() if self._keep(a))
+
+    def __getitem__(self, i):
+        return self._now()[i]
+
+    def __len__(self):
+        return len(self._now())
+
+    def __add__(self, other):
+        return self._now() + tuple(other)
+
+    def __radd__(self, other):
+        return tuple(other) + self._now()
+
+    def __eq__(self, other):
+        return self._now() == (tuple(other) if isinstance(other, Sequence) and not isinstance(other, str) else other)
+
+    __hash__ = None
+
+    def __repr__(self):
+        return repr(self._now())
+
+
+ACTION_TYPES = _Registered(lambda a: True)
+TEXT_ACTIONS = _Registered(lambda a: a.rule == "text")
+POINT_ACTIONS = _Registered(lambda a: a.rule == "point")  # grounding accuracy counts these
 SYSTEM_BUTTONS = ("Back", "Home", "Menu", "Enter")
 MIN_PIXELS = 4 * 28 * 28        # release defaults for smart_resize
 MAX_PIXELS = 12800 * 28 * 28
@@ -96,8 +132,8 @@ def check_action(action, *, strict: bool = False) -> dict:
     if not isinstance(action, dict):
         raise ValueError(f"action: expected a JSON object, got {type(action).__name__}")
     kind = action.get("action")
-    if kind not in ACTION_TYPES:
-        raise ValueError(f"action: unknown action type {kind!r} (known: {', '.join(ACTION_TYPES)})")
+    if not isinstance(kind, str) or kind not in ACTIONS:
+        raise ValueError(f"action: unknown action type {kind!r} (known: {', '.join(ACTIONS)})")
     out = {"action": kind}
     spec = ACTIONS[kind]
     for name, typ in spec.args + spec.optional:

@@ -566,6 +566,7 @@ def trivial_policies(steps: list[tuple[dataset.Step, tuple[int, int]]], seed: in
     the strict rules, left out) and text; each swipe direction; each system button. "most frequent
     type" answers every step with the data's most frequent action type and trivial arguments."""
     rng = random.Random(seed)
+    by_rule = lambda rule: tuple(k for k, a in gui.ACTIONS.items() if a.rule == rule)  # noqa: E731 -- types a floor answers
     kinds = Counter(s.action["action"] for s, _ in steps)
     pts = Counter((round(s.action["coordinate"][0] / w / 0.04), round(s.action["coordinate"][1] / h / 0.04))
                   for s, (w, h) in steps if s.action["action"] in GROUNDING_TYPES)
@@ -591,11 +592,11 @@ def trivial_policies(steps: list[tuple[dataset.Step, tuple[int, int]]], seed: in
             pol[f"{kind} {label} {c!r}"] = ((kind,), lambda s, z, c=c: {"action": kind, "text": c})
     for d, (a, b) in {"up": ((0.5, 0.75), (0.5, 0.25)), "down": ((0.5, 0.25), (0.5, 0.75)),
                       "left": ((0.75, 0.5), (0.25, 0.5)), "right": ((0.25, 0.5), (0.75, 0.5))}.items():
-        pol[f"swipe {d}"] = (("swipe",), lambda s, z, a=a, b=b: {"action": "swipe", "coordinate": [a[0] * z[0], a[1] * z[1]],
-                                                                   "coordinate2": [b[0] * z[0], b[1] * z[1]]})
-    pol["type alone (wait, terminate)"] = (("wait", "terminate"), lambda s, z: {"action": s.action["action"]})
+        pol[f"swipe {d}"] = (by_rule("direction"), lambda s, z, a=a, b=b: {"action": s.action["action"], "coordinate":
+                             [a[0] * z[0], a[1] * z[1]], "coordinate2": [b[0] * z[0], b[1] * z[1]]})
+    pol["type alone (wait, terminate)"] = (by_rule("type"), lambda s, z: {"action": s.action["action"]})
     for btn in gui.SYSTEM_BUTTONS:
-        pol[f"button {btn}"] = (("system_button",), lambda s, z, btn=btn: {"action": "system_button", "button": btn})
+        pol[f"button {btn}"] = (by_rule("button"), lambda s, z, btn=btn: {"action": s.action["action"], "button": btn})
     top = kinds.most_common(1)[0][0] if kinds else "click"
     trivial_args = {"click": {"coordinate": None}, "long_press": {"coordinate": None}, "type": {"text": "the"},
                     "answer": {"text": "the"}, "key": {"text": "the"}, "open": {"text": "the"},
@@ -695,7 +696,7 @@ def add_served_args(p) -> None:
     g.add_argument("--concurrency", type=utils.positive_int, default=8, help="requests in flight at once")
     g.add_argument("--timeout", type=utils.positive_float, default=120.0, help="seconds per request")
     g.add_argument("--retries", type=utils.non_negative_int, default=3,
-                   help="retries of a request after a network error, HTTP 429 or 5xx (backoff 1, 2, 4 ... s); then "
+                   help="retries of a request after a network error, HTTP 429 or 5xx (backoff 1, 2, 4 ... s; 0: none); then "
                    "the step is a wrong step and its episode records the error")
 
 

@@ -307,7 +307,7 @@ def androidcontrol_match(pred: dict, expert: dict, candidate_bbox, image_size) -
         return _ac_click(pred["coordinate"], candidate_bbox, ((b[0] + b[2]) / 2, (b[1] + b[3]) / 2), image_size), True
     if pk != kind:
         return False, False
-    if kind in ("click", "long_press"):
+    if kind in POINT_ACTIONS:
         return _ac_click(pred["coordinate"], candidate_bbox, expert["coordinate"], image_size), True
     if kind in TEXT_ACTIONS:
         return _contains(pred["text"], expert["text"]), True

@@ -276,7 +276,7 @@ def sop_metrics(progress: list[tuple[int, int]]) -> dict:
 
 def static_metrics(steps: list[dict]) -> dict:
     """steps: {type_match, match, expert_type} per evaluated step -> type accuracy, grounding accuracy
-    (None when no click/long_press step had its type matched), step success rate."""
+    (None when no point step, GROUNDING_TYPES, had its type matched), step success rate."""
     grounded = [s for s in steps if s["expert_type"] in GROUNDING_TYPES and s["type_match"]]
     n = len(steps)
     return {"type_acc": sum(s["type_match"] for s in steps) / n if n else 0.0,

@@ -74,12 +74,15 @@ def short_thought(action: dict, target: Element | None, note: str | None = None)
     kind = action["action"]
     if kind == "terminate":
         return "Done."
-    if kind == "click" and target is not None:
+    if kind in ACTIONS and ACTIONS[kind].rule == "point":  # "Click." without a target
+        if target is None:
+            return f"{_verb(kind).capitalize()}."
         x, y = action["coordinate"]
-        return f"Click {target.tag} '{_shown_text(target)}' at ({x},{y})."
+        return f"{_verb(kind).capitalize()} {target.tag} '{_shown_text(target)}' at ({x},{y})."
     if kind == "type":
         return f"Type '{action['text']}'."
-    return f"{kind.capitalize()}."
+    gist = _gist("", action)  # any other registered type: its gist, "Swipe from (3,4) to (3,40)."
+    return f"{gist[:1].upper()}{gist[1:]}."
 
 
 _CLICK = re.compile(r"^I see (?P<what>.+) at \((?P<x>-?\d+),(?P<y>-?\d+)\)\. (?P<why>.+)$")
@@ -87,15 +90,19 @@ _TYPE = re.compile(r"^The (?P<field>.+) is focused and empty\. I type '(?P<text>
 DONE_THOUGHT = "The task is complete, so I finish with success."
 
 
+def _verb(kind: str) -> str:
+    """An action type as a verb: "click", "long-press", "double-click"."""
+    return str(kind).replace("_", "-")
+
+
 def _gist(thought: str, action: dict) -> str:
     """What a step did, in a few words, from its long thought: "click the button 'ONE'", "type 'abc'",
-    "press the key 'Enter'"; any registered action type has one (gui.ACTIONS)."""
+    "press the key 'Enter'"; any registered action type has one (gui.ACTIONS): a type without wording of
+    its own is its verb and its spec's required arguments, "double-click (3,4)", "scroll 'down'"."""
     kind = action.get("action")
-    if kind == "click" and (m := _CLICK.match(thought)):
-        return f"click {m['what']}"
-    if kind in ("click", "long_press") and "coordinate" in action:
-        x, y = action["coordinate"]
-        return f"{kind.replace('_', '-')} ({x},{y})"
+    spec = ACTIONS.get(kind)
+    if spec is not None and spec.rule == "point" and (m := _CLICK.match(thought)):
+        return f"{_verb(kind)} {m['what']}"
     if kind in ("type", "answer", "open", "key"):
         verb = {"type": "type", "answer": "answer", "open": "open", "key": "press the key"}[kind]
         return f"{verb} '{action.get('text', '')}'"
@@ -104,7 +111,16 @@ def _gist(thought: str, action: dict) -> str:
         return f"swipe from ({x1},{y1}) to ({x2},{y2})"
     if kind == "system_button":
         return f"press {action.get('button', '')}"
-    return "finish" if kind == "terminate" else str(kind)
+    if kind == "terminate":
+        return "finish"
+    words = [_verb(kind)]
+    for name, typ in spec.args if spec is not None else ():
+        v = action.get(name)
+        if typ == "point" and isinstance(v, (list, tuple)) and len(v) == 2:
+            words.append(f"({v[0]},{v[1]})")
+        elif typ in ("str", "num") and v is not None:
+            words.append(f"'{v}'" if typ == "str" else str(v))
+    return " ".join(words)
 
 
 def varied_thoughts(steps: list[dict], key: str) -> list[str]:
@@ -134,12 +150,12 @@ def varied_thoughts(steps: list[dict], key: str) -> list[str]:
             raise ValueError(f"step {k}: action {a!r} is not a registered action type")
         if not (t or "").strip():
             raise ValueError(f"step {k}: empty thought")
-        if (m := _CLICK.match(t)) is not None:
-            what, x, y, why = m["what"], m["x"], m["y"], m["why"]
+        if (m := _CLICK.match(t)) is not None and ACTIONS[a["action"]].rule == "point":
+            what, x, y, why, verb = m["what"], m["x"], m["y"], m["why"], _verb(a["action"])
             forms = [f"{why} The element is {what}, centred at ({x},{y}).",
-                     f"Done so far: {done}. Now I click {what} at ({x},{y}): {why[0].lower()}{why[1:]}",
+                     f"Done so far: {done}. Now I {verb} {what} at ({x},{y}): {why[0].lower()}{why[1:]}",
                      f"Looking at the page, {what} sits at ({x},{y}). {why}",
-                     f"Step {k + 1}. {why} So: click ({x},{y}), on {what}."]
+                     f"Step {k + 1}. {why} So: {verb} ({x},{y}), on {what}."]
         elif (m := _TYPE.match(t)) is not None:
             field, text = m["field"], m["text"]
             forms = [f"The {field} has the focus and holds nothing; typing '{text}'.",
@@ -180,11 +196,12 @@ def _describe(e: Element) -> str:
     return f"the {kind} '{e.label}'" if e.label else f"the {kind}"
 
 
-def _click(e: Element, why: str) -> ExpertStep:
+def _click(e: Element, why: str, kind: str = "click") -> ExpertStep:
+    """A step of a point action (click; kind: any type whose spec's rule is "point") on element e."""
     if e.point is None:
         raise ExpertError(f"target [{e.ref}] {e.tag} '{e.label}' is not clickable on screen")
     thought = f"I see {_describe(e)} at ({e.point[0]},{e.point[1]}). {why}"
-    return ExpertStep({"action": "click", "coordinate": list(e.point)}, thought, e)
+    return ExpertStep({"action": kind, "coordinate": list(e.point)}, thought, e)
 
 
 def _fill(field_el: Element, text: str, what: str) -> ExpertStep | None:

@@ -203,20 +203,21 @@ def episodes_per_task(path: Path) -> dict[str, int]:
     return counts
 
 
-def write_subset(src: Path, dst: Path, tasks: list[str] | None, per_task: int | None) -> Path:
+def write_subset(src: Path | list[Path], dst: Path, tasks: list[str] | None, per_task: int | None) -> Path:
     """Write the episodes of `tasks` (None: all), the first `per_task` of each (None: all), from
-    JSONL `src` to `dst` (skipped when dst exists with the same content). Screenshots stay where
-    they are: stages given this file need --image-root src's folder."""
+    JSONL `src` (or several files, read in turn: a mix) to `dst` (skipped when dst exists with the
+    same content). Screenshots stay where they are: stages given this file need --image-root src's folder."""
     seen: dict[str, int] = {}
     lines = []
-    for line, task in episode_tasks(src):
+    for line, task in (pair for one in (src if isinstance(src, list) else [src]) for pair in episode_tasks(one)):
         if tasks is not None and task not in tasks:
             continue
         seen[task] = seen.get(task, 0) + 1
         if per_task is None or seen[task] <= per_task:
             lines.append(line)
     if tasks is not None and set(tasks) - set(seen):
-        raise ValueError(f"{src}: no episodes of task(s) {sorted(set(tasks) - set(seen))}")
+        raise ValueError(f"{' + '.join(map(str, src)) if isinstance(src, list) else src}: no episodes of task(s) "
+                         f"{sorted(set(tasks) - set(seen))}")
     text = "\n".join(lines) + "\n"
     dst.parent.mkdir(parents=True, exist_ok=True)
     if not dst.exists() or dst.read_text() != text:
@@ -421,7 +422,7 @@ def make_parser(doc: str, setting: dict, quick: dict):
             p.add_argument(flag, type=shlex.split, default=list(v), help=k + " (one quoted string, e.g. \"--a 1 --b\")")
         elif isinstance(v, list):  # items typed like the default's, or QUICK's when the default is empty
             sample = v or quick.get(k) or [""]
-            p.add_argument(flag, nargs="*", type=miniwob_tasks.miniwob_task if k == "TASKS" else setting_type(k, sample[0]), default=v,
+            p.add_argument(flag, nargs="*", type=miniwob_tasks.miniwob_task if k.endswith("TASKS") else setting_type(k, sample[0]), default=v,
                            help=k + SETTING_HELP.get(k, ""))
         elif isinstance(v, bool):
             p.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=v, help=k)
@@ -469,30 +470,44 @@ def parse(doc: str, setting: dict, quick: dict, argv=None):
     return args
 
 
-def all_tasks(test_data: str) -> list[str]:
-    return list(episodes_per_task(REPO / test_data))
+def data_files(value: str | list[str]) -> list[Path]:
+    """A SETTING data value (one file, or a list of files that mix under one image folder) as paths."""
+    return [REPO / v for v in (value if isinstance(value, list) else [value]) if v]
+
+
+def all_tasks(test_data: str | list[str]) -> list[str]:
+    return list(dict.fromkeys(t for f in data_files(test_data) for t in episodes_per_task(f)))
 
 
 def prepare_data(args) -> dict:
     """The task subset's train/RL/test files under OUT/data (all tasks: the files as they are) and
-    the selection episode list [(task, seed)] (episode_keys: >= args.online_episodes in all)."""
+    the selection episode list [(task, seed)] (episode_keys: >= args.online_episodes in all). A data
+    setting may list several files (e.g. the memory tasks' and the MiniWob++ tasks'): they are mixed
+    into one file under OUT/data, and must share one folder (the stages' --image-root)."""
     tasks = args.tasks or all_tasks(args.test_data)
     root = args.out_root / "data"
-    src_train, src_test = REPO / args.train_data, REPO / args.test_data
-    def subset(src: Path, role: str) -> Path:  # named after the source file too: another file, another run hash
-        name = f"{role}_{len(tasks)}t.jsonl" if src.stem == role else f"{role}_{src.stem}_{len(tasks)}t.jsonl"
-        return write_subset(src, root / name, tasks, None) if args.tasks else src
+    src_train, src_test = data_files(args.train_data), data_files(args.test_data)
+
+    def subset(src: list[Path], role: str) -> Path:  # named after the source files too: another file, another run hash
+        stem = "+".join(p.stem for p in src)
+        name = f"{role}_{len(tasks)}t.jsonl" if stem == role else f"{role}_{stem}_{len(tasks)}t.jsonl"
+        return write_subset(src if len(src) > 1 else src[0], root / name, tasks if args.tasks else None, None) \
+            if args.tasks or len(src) > 1 else src[0]
+    folders = {p.parent for p in src_train + src_test}
+    if len(folders) > 1:
+        raise SystemExit(f"data files {[_rel(p) for p in src_train + src_test]}: must sit in one folder "
+                         "(the stages share one --image-root)")
     train, test = subset(src_train, "train"), subset(src_test, "test")
     rl = train
     if args.rl_data:  # RL on demonstrations SFT never saw (their own seeds), in the same image folder
-        src_rl = REPO / args.rl_data
-        if src_rl.parent != src_train.parent:
+        src_rl = data_files(args.rl_data)
+        if {p.parent for p in src_rl} != {src_train[0].parent}:
             raise SystemExit(f"--rl-data {args.rl_data}: must sit beside --train-data {args.train_data} "
                              "(the stages share one --image-root)")
         rl = subset(src_rl, "rl")
     keys = episode_keys(tasks, args.online_episodes, args.online_seed_base)
-    return {"tasks": tasks, "train": train, "rl": rl, "test": test, "image_root": str(src_train.parent.relative_to(REPO)),
-            "online_episodes": keys}
+    return {"tasks": tasks, "train": train, "rl": rl, "test": test,
+            "image_root": str(src_train[0].parent.relative_to(REPO)), "online_episodes": keys}
 
 
 def _rel(p: Path | str) -> str:
@@ -661,12 +676,14 @@ def episode_keys(tasks: list[str], n: int, seed_base: int) -> list[tuple[str, in
     return [(t, seed_base + i) for t in tasks for i in range(per)]
 
 
-def test_eval_job(args, data: dict, keys: list[tuple[str, int]], ck_eval: dict, extra: list[str] = ()) -> dict:
+def test_eval_job(args, data: dict, keys: list[tuple[str, int]], ck_eval: dict, extra: list[str] = (),
+                  script: str = "eval_sop.py", done: str = "result.json") -> dict:
     """Online-only eval_sop.py of the checkpoint that `ck_eval` (a checkpoint_eval job) scores, on the
-    test episodes `keys` (episode_keys), in OUT/eval_test; carries ck_eval's meta. extra: as eval_job."""
-    cmd = [python(), "eval_sop.py", "--policy", "model", "--model", _rel(ck_eval["checkpoint"]),
+    test episodes `keys` (episode_keys), in OUT/eval_test; carries ck_eval's meta. extra: as eval_job;
+    script: a script that takes eval_sop.py's flags (e.g. runs/memory_probe.py), done: the file it writes last."""
+    cmd = [python(), script, "--policy", "model", "--model", _rel(ck_eval["checkpoint"]),
            "--seed", str(ck_eval["meta"][2]), "--image-root", data["image_root"], *online_flags(args, keys), *extra]
-    return {**job(args.out_root / "eval_test", ck_eval["dir"].name, cmd, "result.json"), "meta": ck_eval["meta"]}
+    return {**job(args.out_root / "eval_test", ck_eval["dir"].name, cmd, done), "meta": ck_eval["meta"]}
 
 
 def test_plan(args, data: dict, keys, finals: list[dict], rows: list[dict] | None = None):

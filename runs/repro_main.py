@@ -112,8 +112,9 @@ def rl_data(args, data: dict, tasks: list[str] | None) -> Path:
     if not tasks:
         return args.out_root / "data" / "rl_chosen_tasks.jsonl"
     per = max(1, rl_steps_per_pass(args) * tasks_per_step(args) // len(tasks))
-    name = f"{Path(args.rl_data).stem}_{'+'.join(tasks)}_{per}.jsonl"       # the source file's name: no clash
-    return rc.write_subset(rc.REPO / args.rl_data, args.out_root / "data" / name, tasks, per)
+    src = rc.data_files(args.rl_data)                                       # one file, or several that mix
+    name = f"{'+'.join(p.stem for p in src)}_{'+'.join(tasks)}_{per}.jsonl"  # the source files' names: no clash
+    return rc.write_subset(src if len(src) > 1 else src[0], args.out_root / "data" / name, tasks, per)
 
 
 def tasks_per_step(args) -> int:

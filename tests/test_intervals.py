@@ -1,5 +1,5 @@
-"""Every interval the project reports lies inside [0, 1] and holds its estimate: eval_sop.wilson (the one
-Wilson function; runs/stats.py re-exports it) at k = 0 and k = n for every n up to 1,000, where rounding
+"""Every interval the project reports lies inside [0, 1] and holds its estimate: runs/stats.wilson (the one
+Wilson function; eval_sop.py and the figure scripts import it) at k = 0 and k = n for every n up to 1,000, where rounding
 once put a bound one ulp on the wrong side of k/n; and every figure script that draws intervals as error
 bars (runs/dose_response.py, runs/repro_report.py) draws 0/n and n/n, which matplotlib refuses as a
 negative bar if a bound crosses the rate."""
@@ -19,7 +19,12 @@ from eval_sop import wilson  # noqa: E402
 
 
 def test_one_wilson_function():
-    assert stats.wilson is wilson and dose_response.wilson is wilson and repro_report.wilson is wilson
+    # eval_sop imports runs.stats as a package module, the scripts in runs/ as `stats`: one file, one definition
+    for f in (stats.wilson, dose_response.wilson, repro_report.wilson, wilson):
+        assert Path(f.__code__.co_filename).resolve() == REPO / "runs" / "stats.py", f.__code__.co_filename
+    defs = [p for p in REPO.rglob("*.py") if ".venv" not in p.parts and "tests" not in p.parts
+            and "\ndef wilson(" in p.read_text(encoding="utf-8")]
+    assert defs == [REPO / "runs" / "stats.py"], defs
 
 
 def test_wilson_holds_the_rate_at_the_edges_for_every_n():

@@ -5,7 +5,7 @@ promises with the keys the README and results/ read. A refactor that breaks a sc
 Scripts with a test of their own elsewhere: bench/gpu_check.py (test_gpu_check), tools/plot_metrics.py
 (test_cli), tools/convert_android_control.py, tools/build_tiny_tokenizer.py, tools/make_miniwob_data.py,
 envs/miniwob_experts.py (test_miniwob), runs/compare_online.py, runs/diagnose_copy.py,
-runs/diagnose_reward.py. test_every_script_is_smoked keeps this list and the files in step.
+runs/diagnose_reward.py, runs/memory_probe.py (test_repro_memory). test_every_script_is_smoked keeps this list and the files in step.
 """
 import importlib.util
 import json
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 TESTED_ELSEWHERE = {"bench/gpu_check.py", "bench/gpu_sections.py", "tools/plot_metrics.py", "tools/convert_android_control.py",
                     "tools/build_tiny_tokenizer.py", "tools/make_miniwob_data.py", "runs/compare_online.py",
                     "runs/diagnose_copy.py", "runs/diagnose_reward.py", "runs/repro_common.py", "runs/stats.py",
-                    "tools/merge_lora.py", "runs/dose_response.py", "runs/seed_verdicts.py"}
+                    "tools/merge_lora.py", "runs/dose_response.py", "runs/seed_verdicts.py", "runs/memory_probe.py"}
 HAS_BROWSER = shutil.which("chromedriver") is not None
 TRL = importlib.util.find_spec("trl") is not None
 
@@ -54,6 +54,8 @@ CASES = [
      {"out", "rollouts", "steps", "patches", "ended_early"}, False, False),
     ("repro_main_dry", ["runs/repro_main.py", "--dry-run", "--out", "{tmp}/repro", "--results", "{tmp}/results"], None, False, False),
     ("repro_ablations_dry", ["runs/repro_ablations.py", "--dry-run", "--out", "{tmp}/repro", "--results", "{tmp}/results"],
+     None, False, False),
+    ("repro_memory_dry", ["runs/repro_memory.py", "--dry-run", "--out", "{tmp}/repro", "--results", "{tmp}/results"],
      None, False, False),
 ]
 

@@ -114,11 +114,8 @@ def test_varied_thoughts_are_causal_and_cover_every_action_type():
                    for w in ("Next", "Then", "Afterwards", "Cancel"))
     import gui
 
-    examples = {"click": {"coordinate": [3, 4]}, "long_press": {"coordinate": [3, 4], "time": 2},
-                "swipe": {"coordinate": [3, 4], "coordinate2": [3, 40]}, "type": {"text": "a"}, "answer": {"text": "a"},
-                "key": {"text": "Enter"}, "system_button": {"button": "Back"}, "open": {"text": "Mail"},
-                "wait": {"time": 1}, "terminate": {"status": "success"}}
-    assert set(examples) == set(gui.ACTIONS)  # a newly registered type must be added here
+    sample = {"point": [3, 4], "str": "a", "num": 1}  # an argument of each kind, from each type's ActionSpec
+    examples = {kind: {n: sample[t] for n, t in spec.args + spec.optional} for kind, spec in gui.ACTIONS.items()}
     for kind, args in examples.items():  # every registered action type gets a thought, none raises
         steps = [{"action": {"action": kind, **args}, "thought": f"I do a {kind}."}] * 2
         out = [t for j in range(8) for t in varied_thoughts(steps, f"x-{kind}-{j}")]

@@ -35,7 +35,7 @@ N_STEPS, GAMMA, PATCH_THRESHOLD = 3, 0.5, 1
 
 parser = utils.make_parser(__doc__)
 parser.add_argument("--out", default="docs/rollout.png", help="the PNG to write")
-parser.add_argument("--dpi", type=int, default=100, help="resolution of the PNG")
+parser.add_argument("--dpi", type=utils.positive_int, default=100, help="resolution of the PNG")
 
 
 def example_records() -> list[dict]:
