@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from PIL import Image
 
-import cli
+import utils
 import gui
 from gui import MAX_PIXELS, MIN_PIXELS, parse_response, resized_size
 
@@ -112,13 +112,13 @@ def add_prompt_args(parser: argparse.ArgumentParser) -> None:
         elif f.name == "system_prompt":
             g.add_argument(flag, choices=sorted(SYSTEM_PROMPTS), default=None, help=helptext)
         else:
-            g.add_argument(flag, type=cli.positive_int, default=None, help=helptext)
+            g.add_argument(flag, type=utils.positive_int, default=None, help=helptext)
 
 
 def checkpoint_spec(model) -> dict:
     """The prompt fields a checkpoint folder was trained with: args.json's "prompt" (or, for older
     checkpoints, the same names at its top level); {} for 'tiny', 'auto' or a folder without
-    args.json. Raises cli.UsageError naming the file when args.json is not JSON."""
+    args.json. Raises utils.UsageError naming the file when args.json is not JSON."""
     from pathlib import Path
 
     f = Path(str(model)) / "args.json"
@@ -127,7 +127,7 @@ def checkpoint_spec(model) -> dict:
     try:
         saved = json.loads(f.read_text())
     except json.JSONDecodeError as e:
-        raise cli.UsageError(f"{f}: line {e.lineno}: invalid JSON: {e.msg}") from None
+        raise utils.UsageError(f"{f}: line {e.lineno}: invalid JSON: {e.msg}") from None
     saved = saved.get("prompt") if isinstance(saved.get("prompt"), dict) else saved
     return {k: saved[k] for k in FIELDS if k in saved}
 
@@ -144,7 +144,7 @@ def resolve_spec(args, model, say=print) -> PromptSpec:
     (args.<field> not None), else from the checkpoint (checkpoint_spec), else fresh_defaults(model),
     else PromptSpec's default. A flag that disagrees with the checkpoint is kept, with a warning; what
     was taken from the checkpoint is said in one line. Sets args.prompt = the spec as a dict (so
-    args.json records it) and args.<field> = its value. Raises cli.UsageError on an invalid spec."""
+    args.json records it) and args.<field> = its value. Raises utils.UsageError on an invalid spec."""
     saved, chosen, taken, defaults = checkpoint_spec(model), {}, {}, fresh_defaults(model)
     for name in FIELDS:
         given = getattr(args, name, None)
@@ -160,7 +160,7 @@ def resolve_spec(args, model, say=print) -> PromptSpec:
     try:
         spec = PromptSpec(**chosen)
     except ValueError as e:  # a bad flag value, or a bad checkpoint file: one line, exit 2
-        raise cli.UsageError(str(e)) from None
+        raise utils.UsageError(str(e)) from None
     if taken:
         say(f"prompt contract from {model}/args.json: " + ", ".join(f"{k}={v}" for k, v in taken.items()))
     args.prompt = dataclasses.asdict(spec)

@@ -80,20 +80,18 @@ import os
 import sys
 import time
 from collections import Counter, defaultdict
+from types import SimpleNamespace
 
 import torch
 from tqdm import tqdm
 
-import baselines
 import chat
-import cli
 import dataset
 import gui
 import policies
 from policies import OnlineModelPolicy, play_seed  # noqa: F401 -- the model as an online MiniWob++ policy
 import report
 import reward
-import score
 import utils
 import vlm
 from rollout import (
@@ -104,6 +102,7 @@ from rollout import (
     static_metrics,
     history_gap,
 )
+from envs import miniwob_tasks  # the task names (no browser, not the miniwob package: only located)
 from runs.stats import wilson  # the 95% interval of every rate reported
 from sampler import DECODE_MODES, SampleOutput, Sampler
 from vlm import sampling_mode
@@ -112,18 +111,19 @@ from vlm import sampling_mode
 # Config
 
 
-size_arg = cli.arg_type(gui.parse_size)  # argparse type for 'WxH' -> (W, H)
-input_file = cli.arg_type(cli.input_file)  # argparse type: a readable file
+size_arg = utils.arg_type(gui.parse_size)  # argparse type for 'WxH' -> (W, H)
+input_file = utils.arg_type(utils.input_file)  # argparse type: a readable file
 # prompt options that must agree with training: read from a checkpoint's args.json unless given
 
 
 def sop_parser() -> argparse.ArgumentParser:
-    p = cli.make_parser(__doc__)
+    p = utils.make_parser(__doc__)
+    perf = p.add_argument_group("performance (not the method: same results, different speed/memory)")
     # data
     p.add_argument("--data", nargs="*", default=[], type=input_file, help="episode files (UI-S1 JSONL or AndroidControl native JSON); "
                    "may be empty with --online")
-    p.add_argument("--limit", type=cli.positive_int, default=None, help="first N episodes of each file (default: all)")
-    p.add_argument("--per-task-limit", type=cli.positive_int, default=None,
+    p.add_argument("--limit", type=utils.positive_int, default=None, help="first N episodes of each file (default: all)")
+    p.add_argument("--per-task-limit", type=utils.positive_int, default=None,
                    help="first N episodes of each task (episode.meta['task'], else each file) (default: all)")
     p.add_argument("--swipe-convention", choices=dataset.SWIPE_CONVENTIONS, default=None,
                    help="how the data files store swipes (default: declared per episode, or known for the shipped "
@@ -134,7 +134,7 @@ def sop_parser() -> argparse.ArgumentParser:
                    "raised on gets progress 0; README 'Reward rules and trivial-policy floors'); androidcontrol, "
                    "aitw: published step protocols' rules (reward.androidcontrol_match, reward.aitw_match)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--image-root", default=None, type=cli.arg_type(cli.input_dir), help="folder holding the screenshots (default: paths as recorded)")
+    g.add_argument("--image-root", default=None, type=utils.arg_type(utils.input_dir), help="folder holding the screenshots (default: paths as recorded)")
     g.add_argument("--blank-screens", type=size_arg, default=None,
                    help="WxH: blank images stand in for missing screenshots "
                    "(dry runs; AndroidControl phones are 1080x2400)")
@@ -147,43 +147,43 @@ def sop_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", choices=["expert", "model", "openai"], default="expert",
                    help="who acts: expert = replay the expert actions; model = greedy responses of --model; openai = "
                    "a model served behind an OpenAI-compatible endpoint (--base-url, --served-model; policies.py)")
-    p.add_argument("--model", default="tiny", type=cli.arg_type(cli.model_path),
+    p.add_argument("--model", default="tiny", type=utils.arg_type(vlm.model_path),
                    help="'tiny' (random, seeded by --seed), a Hugging Face folder, a checkpoint folder, or a folder "
                    "with a `latest` pointer (e.g. out/sft/ckpt); the prompt contract's fields not given come from its args.json")
-    p.add_argument("--max-new-tokens", type=cli.positive_int, default=512,
+    p.add_argument("--max-new-tokens", type=utils.positive_int, default=512,
                    help="response length limit, as training's (docs/method.md §7); a response that hits it is cut: under the "
                    "strict rules a malformed, wrong step; result.json counts them (responses_at_cap, truncated_rate)")
-    p.add_argument("--batch-size", type=cli.positive_int, default=32,
-                   help="episodes walked together: prompts per generate call (at most)")
+    perf.add_argument("--batch-size", type=utils.positive_int, default=32,
+                      help="episodes walked together: prompts per generate call (at most)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where the model runs")
-    p.add_argument("--decode", default="auto", choices=DECODE_MODES,
-                   help="sampler decode: auto (graph on CUDA, else eager), eager (the reference), static, graph (CUDA graphs)")
-    p.add_argument("--seed", type=cli.non_negative_int, default=0, help="seed of the tiny model's init")
+    perf.add_argument("--decode", default="auto", choices=DECODE_MODES,
+                      help="sampler decode: auto (graph on CUDA, else eager), eager (the reference), static, graph (CUDA graphs)")
+    p.add_argument("--seed", type=utils.non_negative_int, default=0, help="seed of the tiny model's init")
     policies.add_served_args(p)  # --base-url, --served-model, --action-format, --concurrency, --timeout, --retries
     # protocols
     p.add_argument("--protocol", nargs="+", choices=["sop", "static", *policies.NAMED_PROTOCOLS], default=["sop"],
                    help="offline protocols on --data: sop (own history) and/or static (expert history); or a published "
                    "step protocol by name, static under its rules: " + policies.PROTOCOL_HELP)
     p.add_argument("--online", action="store_true", help="also evaluate online in live MiniWob++ (chromium)")
-    p.add_argument("--online-tasks", nargs="+", type=cli.miniwob_task, default=None,
+    p.add_argument("--online-tasks", nargs="+", type=miniwob_tasks.miniwob_task, default=None,
                    help="MiniWob++ tasks (default: the tasks of --data, else every task with an expert)")
-    p.add_argument("--online-seeds", type=cli.positive_int, default=5, help="held-out episodes per task (from --online-seed-base)")
-    p.add_argument("--online-seed-base", type=cli.non_negative_int, default=None,
+    p.add_argument("--online-seeds", type=utils.positive_int, default=5, help="held-out episodes per task (from --online-seed-base)")
+    p.add_argument("--online-seed-base", type=utils.non_negative_int, default=None,
                    help="first online seed (default: 200000, fresh pages: the data files use 0+ (train) and 100000+ (test))")
-    p.add_argument("--online-max-steps", type=cli.positive_int, default=12, help="step limit of an online episode")
-    p.add_argument("--online-batch", type=cli.positive_int, default=8,
-                   help="online episodes played at once, one browser each; the model answers them in one "
-                   "generate call (greedy answers do not depend on the batch)")
-    p.add_argument("--samples", type=cli.non_negative_int, default=0,
+    p.add_argument("--online-max-steps", type=utils.positive_int, default=12, help="step limit of an online episode")
+    perf.add_argument("--online-batch", type=utils.positive_int, default=8,
+                      help="online episodes played at once, one browser each; the model answers them in one "
+                      "generate call (greedy answers do not depend on the batch)")
+    p.add_argument("--samples", type=utils.non_negative_int, default=0,
                    help="K (0: none): also play every online episode K times sampled (same seeds, same pages) and report "
                    "greedy success, pass@K and the flippable fraction (greedy fails, a sample succeeds); --policy model")
-    p.add_argument("--temperature", type=cli.temperature, default=1.0, help="sampling temperature of the --samples plays")
-    p.add_argument("--sample-seed", type=cli.non_negative_int, default=0, help="seed of the --samples plays (same seed and batch: same plays)")
+    p.add_argument("--temperature", type=utils.temperature, default=1.0, help="sampling temperature of the --samples plays")
+    p.add_argument("--sample-seed", type=utils.non_negative_int, default=0, help="seed of the --samples plays (same seed and batch: same plays)")
     # output
     p.add_argument("--out", default=None, help="output folder (result.json, episodes.jsonl, report.html, ...); "
                    "a path ending in .jsonl writes only the per-episode SOP lines there")
     p.add_argument("--report", default=None, help="HTML report path (default: OUT/report.html when --out is a folder)")
-    p.add_argument("--report-episodes", type=cli.non_negative_int, default=8, help="episodes shown per protocol in the report (0: none)")
+    p.add_argument("--report-episodes", type=utils.non_negative_int, default=8, help="episodes shown per protocol in the report (0: none)")
     p.add_argument("--json", action="store_true",
                    help="also print the full summary (result.json's, without the args) as one JSON line, last on stdout")
     p.add_argument("--log-level", default="WARNING", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level (budget warnings are WARNING)")
@@ -386,7 +386,7 @@ def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], 
     wrapped = None
     if sampler is not None:
         wrapped = OnlineModelPolicy(sampler, make_prompt_online, {keys[i] for i in report.shown_indices(len(keys), k)},
-                                    stats if stats is not None else Counter())
+                                    stats if stats is not None else Counter(), view=report.step_view)
     with lent_to_sampler(sampler):
         res = miniwob_env.evaluate_online(wrapped or miniwob_experts.expert_policy, tasks, seeds,
                                           max_steps=args.online_max_steps,
@@ -433,210 +433,181 @@ def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], 
 
 
 # -----------------------------------------------------------------------------
-# main
+# main: the checks, the policy, the data, then each protocol's section of the summary, then the outputs
 
 
-def main(argv: list[str] | None = None) -> dict:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] == "baselines":  # the trivial-policy floors: baselines.py
-        return baselines.main(argv[1:])  # prints its own table and JSON line
-    if argv and argv[0] == "score":  # recorded responses: score.py
-        return score.main(argv[1:], prog="eval_sop.py score")
-
-    parser = sop_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    if args.policy == "expert" and "model" in cli.explicit_flags(parser, argv):
-        raise cli.UsageError(f"--model {args.model} is given but --policy is expert (the default): add --policy model")
-    policies.check_args(args, cli.explicit_flags(parser, argv))  # served flags; a named protocol -> static + its rules
+def check_flags(parser, args, argv: list[str]) -> None:
+    """Flag combinations that parse but cannot run raise utils.UsageError (one line, exit 2)."""
+    if args.policy == "expert" and "model" in utils.explicit_flags(parser, argv):
+        raise utils.UsageError(f"--model {args.model} is given but --policy is expert (the default): add --policy model")
+    policies.check_args(args, utils.explicit_flags(parser, argv))  # served flags; a named protocol -> static + its rules
     for flag, value, low in (("--max-new-tokens", args.max_new_tokens, 1), ("--batch-size", args.batch_size, 1),
                              ("--online-seeds", args.online_seeds, 1), ("--online-batch", args.online_batch, 1)):
         if value < low:
-            raise cli.UsageError(f"{flag} {value}: must be >= {low}")
+            raise utils.UsageError(f"{flag} {value}: must be >= {low}")
     if not args.data and not args.online:
-        raise cli.UsageError("nothing to evaluate: give --data and/or --online")
+        raise utils.UsageError("nothing to evaluate: give --data and/or --online")
     if args.samples < 0 or (args.samples and not (args.online and args.policy in ("model", "openai"))):
-        raise cli.UsageError(f"--samples {args.samples}: must be >= 0, and > 0 only with --online --policy model|openai")
-    t0 = time.time()
-    out_dir = args.out if args.out and not args.out.endswith(".jsonl") else None
-    report_path = args.report or (os.path.join(out_dir, "report.html") if out_dir else None)
+        raise utils.UsageError(f"--samples {args.samples}: must be >= 0, and > 0 only with --online --policy model|openai")
 
-    # --- setup: the policy as a sampler of greedy_rollouts; for a model, its tokenizer and image processor
-    tokenizer = image_processor = None  # the expert reads no prompt: none is built
-    # the prompt the model was trained on (its checkpoint's contract; the expert reads no prompt)
+
+def setup(args) -> SimpleNamespace:
+    """The policy as a sampler of greedy_rollouts (for a model, its tokenizer and image processor; the
+    expert reads no prompt: none is built), the prompt contract it was trained on, capped by the model's
+    context (docs/method.md §10: a long history is summarised, never overflows), and the episodes."""
+    ev = SimpleNamespace(args=args, tokenizer=None, image_processor=None, sampler=ExpertSampler(),
+                         stats=Counter())  # prompts: max_tokens, budgeted, over; responses: responses, truncated, tokens
     spec = chat.resolve_spec(args, args.model if args.policy == "model" else "none", say=utils.print0)
-    budget = spec.max_prompt_tokens
-    sampler = ExpertSampler()
+    ev.budget = spec.max_prompt_tokens
     if args.policy == "model":
         tok_dir = args.tokenizer or args.model  # a model meets its own vocabulary (vlm.tokenizer_dir)
-        tokenizer, image_processor = vlm.load_processor(tok_dir, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
-        sampler = load_sampler(args, tokenizer)
-        # docs/method.md §10: a long history must be summarised, never overflow the context
-        cfg = getattr(sampler.model, "config", None)
+        ev.tokenizer, ev.image_processor = vlm.load_processor(tok_dir, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
+        ev.sampler = load_sampler(args, ev.tokenizer)
+        cfg = getattr(ev.sampler.model, "config", None)
         ctx = getattr(cfg.get_text_config(), "max_position_embeddings", None) if cfg is not None else None
         if ctx:
-            budget = min(budget or ctx, ctx - args.max_new_tokens)
+            ev.budget = min(ev.budget or ctx, ctx - args.max_new_tokens)
     if args.policy == "openai":  # a served model: the prompt is built here (the server's tokenizer by default)
-        tokenizer, image_processor = vlm.load_processor(args.tokenizer, min_pixels=spec.min_pixels,
-                                                        max_pixels=spec.max_pixels)
-        sampler = policies.served_sampler(args)
-    spec = dataclasses.replace(spec, max_prompt_tokens=budget)
-    stats = Counter()  # prompts: max_tokens, budgeted, over; responses: responses, truncated, tokens
-
-    def run_rollouts(history):
-        return greedy_rollouts(episodes, sampler, args, tokenizer, image_processor, spec, history, stats)
-
-    def make_prompt_online(obs, shots, history):
-        prompt = chat.build_prompt(tokenizer, image_processor, spec, goal=obs["goal"], screenshots=shots,
-                                   history=history, elements=obs["elements"] if spec.elements else None)
-        stats["max_tokens"] = max(stats["max_tokens"], len(prompt.input_ids))
-        stats["budgeted"] += prompt.n_dropped_turns > 0
-        stats["over"] += budget is not None and len(prompt.input_ids) > budget
-        return prompt
-
-    # --- data
-    episodes = []
+        ev.tokenizer, ev.image_processor = vlm.load_processor(args.tokenizer, min_pixels=spec.min_pixels,
+                                                              max_pixels=spec.max_pixels)
+        ev.sampler = policies.served_sampler(args)
+    ev.spec = dataclasses.replace(spec, max_prompt_tokens=ev.budget)
+    ev.episodes = []
     for path in args.data:
-        episodes += dataset.load_episodes(path, limit=args.limit, swipe_convention=args.swipe_convention)
+        ev.episodes += dataset.load_episodes(path, limit=args.limit, swipe_convention=args.swipe_convention)
     if args.per_task_limit is not None:
-        seen = defaultdict(int)
-        keep = []
-        for ep in episodes:
+        seen, keep = defaultdict(int), []
+        for ep in ev.episodes:
             seen[ep.task] += 1
             if seen[ep.task] <= args.per_task_limit:
                 keep.append(ep)
-        episodes = keep
-    show = report.shown_indices(len(episodes), max(args.report_episodes, 0))
+        ev.episodes = keep
+    ev.show = report.shown_indices(len(ev.episodes), max(args.report_episodes, 0))
+    ev.per_task, ev.sections, ev.malformed = defaultdict(dict), [], 0
+    ev.sop_records = ev.static_records = ev.online_res = ev.floor = None
+    return ev
 
-    # --- protocols
-    summary = {"policy": args.policy, "model": args.model if args.policy == "model" else None,
-               "match_rules": args.match_rules, "named_protocol": args.named_protocol,
-               "protocols": (list(args.protocol) if episodes else []) + (["online"] if args.online else []),
-               "episodes": len(episodes), "steps": sum(len(e.steps) for e in episodes)}
-    per_task: dict = defaultdict(dict)
-    sections, malformed = [], 0
-    floor = None
-    if episodes:  # the trivial-policy floor of these episodes, printed beside every figure
-        sizes = baselines.step_sizes(episodes, args.image_root, args.blank_screens)
-        floor = baselines.run_baselines(episodes, sizes, args.match_rules)["floor"]
-        summary.update({"floor_sop_pg": floor["sop_pg"], "floor_sop_tsr": floor["sop_tsr"],
-                        "floor_step_sr": floor["step_sr"], "floor_type_acc": floor["type_acc"]})
-    sop_records = static_records = online_res = None
-    if episodes and "sop" in args.protocol:
-        sop_records, shown = run_sop(episodes, run_rollouts, args, show)
-        m = sop_metrics([(r["correct"], r["steps"]) for r in sop_records])
-        steps_run = sum(len(r["rewards"]) for r in sop_records)
-        malformed += sum(r["malformed"] for r in sop_records)
-        summary.update(m)  # pg, tsr, episodes, steps (pg/tsr also as sop_pg/sop_tsr)
-        summary.update({"sop_pg": m["pg"], "sop_tsr": m["tsr"], "steps_run": steps_run,
-                        "sop_truncated_rate": sum(r["truncated"] for r in sop_records) / max(steps_run, 1),
-                        # --match-rules release: episodes whose progress the release's exception rule set to 0
-                        "sop_episodes_raised": sum(any(e is not None for e in r["errors"]) for r in sop_records)
-                        if args.match_rules == "release" else None,
-                        "step_reward_mean": sum(sum(r["rewards"]) for r in sop_records) / max(steps_run, 1),
-                        "sources": {path: sop_metrics([(r["correct"], r["steps"]) for r in sop_records
-                                                       if r["source"] == path]) for path in args.data}})
-        for task in dict.fromkeys(r["task"] for r in sop_records):
-            tm = sop_metrics([(r["correct"], r["steps"]) for r in sop_records if r["task"] == task])
-            per_task[task].update(sop_pg=tm["pg"], sop_tsr=tm["tsr"], episodes=tm["episodes"], steps=tm["steps"])
-        sections.append(("SOP: own history, greedy, the episode stops at its first wrong step",
-                         f"PG {m['pg']:.3f}, TSR {m['tsr']:.3f} over {m['episodes']} episodes (trivial-policy floor: "
-                         f"PG {floor['sop_pg']:.3f}, TSR {floor['sop_tsr']:.3f}); "
-                         f"{len(shown)} shown.", shown))
-    if episodes and "static" in args.protocol:
-        static_records, shown = run_static(episodes, run_rollouts, args, show)
-        m = static_metrics(static_records)
-        malformed += sum(r["malformed"] for r in static_records)
-        summary.update({"static_type_acc": m["type_acc"], "static_grounding_acc": m["grounding_acc"],
-                        "static_truncated_rate": sum(r["truncated"] for r in static_records) / max(m["steps"], 1),
-                        "static_step_sr": m["step_sr"], "static_steps": m["steps"],
-                        "static_grounding_steps": m["grounding_steps"],
-                        "static_variant": "low" if args.step_instruction else "high"})
-        for task in dict.fromkeys(r["task"] for r in static_records):
-            tm = static_metrics([r for r in static_records if r["task"] == task])
-            per_task[task].update(static_type_acc=tm["type_acc"], static_grounding_acc=tm["grounding_acc"],
-                                  static_step_sr=tm["step_sr"], static_steps=tm["steps"])
-        sections.append((f"Static ({'-Low: with step instructions' if args.step_instruction else '-High: goal only'}):"
-                         " expert history, every step evaluated",
-                         f"step SR {m['step_sr']:.3f}, type acc {m['type_acc']:.3f} over {m['steps']} steps (floor: step SR "
-                         f"{floor['step_sr']:.3f}, type acc {floor['type_acc']:.3f}); "
-                         f"{len(shown)} episodes shown.", shown))
-    if sop_records is not None and static_records is not None:  # own vs expert history on the steps SOP reached
-        expert = {(r["episode"], r["t"]): bool(r["match"]) for r in static_records}
-        summary["history_gap"] = history_gap([(r["task"], t, m, expert[(i, t)]) for i, r in enumerate(sop_records)
-                                              for t, m in enumerate(r["matches"])])
-    if args.online:
-        from envs import miniwob_env, miniwob_experts
-        tasks = args.online_tasks or [t for t in dict.fromkeys(e.task for e in episodes)
-                                      if t in miniwob_experts.EXPERTS] or sorted(miniwob_experts.EXPERTS)
-        base = miniwob_env.ONLINE_SEED_BASE if args.online_seed_base is None else args.online_seed_base
-        seeds = list(range(base, base + args.online_seeds))
-        online_res, shown = run_online(sampler if args.policy != "expert" else None, make_prompt_online, tasks,
-                                       seeds, args, stats)
-        o = online_res["overall"]
-        malformed += online_res["malformed"]
-        ci = lambda r: list(wilson(round(r["success_rate"] * r["episodes"]), r["episodes"]))  # noqa: E731
-        summary.update({"online_sr": o["success_rate"], "online_sr_ci95": ci(o), "n_online_episodes": o["episodes"],
-                        "online_failures": o["failures"], "online_mean_steps": o["mean_steps"],
-                        "online_tasks": tasks, "online_seeds": seeds})
-        for task, r in online_res["per_task"].items():
-            per_task[task].update(online_sr=r["success_rate"], online_sr_ci95=ci(r), n_online_episodes=r["episodes"])
-        lo, hi = summary["online_sr_ci95"]
-        sections.append(("Online MiniWob++: own history, live pages", f"success {o['success_rate']:.3f} "
-                         f"(95% Wilson interval {lo:.3f}-{hi:.3f}) over "
-                         f"{o['episodes']} episodes (held-out seeds {seeds[0]}..{seeds[-1]}); {len(shown)} shown.",
-                         shown))
-        if "sampled" in online_res:
-            sm = summary["online_sampled"] = online_res["sampled"]
-            for task, c in sm["per_task"].items():  # the report's per-task table
-                per_task[task].update(online_pass_at_k=c["pass_at_k"]["rate"], online_flippable=c["flippable"]["rate"])
-            fmt = lambda c: (f"greedy {c['greedy']['successes']}/{c['greedy']['n']}, pass@{args.samples} "  # noqa: E731
-                             f"{c['pass_at_k']['successes']}, flippable {c['flippable']['successes']} "
-                             f"({c['flippable']['rate']:.3f}, 95% {c['flippable']['lo']:.3f}-{c['flippable']['hi']:.3f})")
-            note = "; ".join([f"pooled: {fmt(sm['pooled'])}"] + [f"{t}: {fmt(c)}" for t, c in sm["per_task"].items()])
-            sections.append((f"Online, {args.samples} sampled plays per episode at temperature {args.temperature}",
-                             note, []))
-            print(f"online sampled (K {args.samples}, T {args.temperature}): {note}", file=sys.stderr)
 
-    # --- summary: result.json; stdout the readable part (report.summary_text)
-    built = args.policy != "expert"  # the expert reads no prompt: none was built, nothing to count
-    summary.update({"max_prompt_tokens_seen": stats["max_tokens"] if built else None,
-                    "prompts_budgeted": stats["budgeted"] if built else None,
-                    "prompts_over_budget": stats["over"] if built else None, "prompt_budget": budget,
-                    "malformed_responses": malformed, "max_new_tokens": args.max_new_tokens,
-                    "responses_at_cap": stats["truncated"] if built else 0,
-                    # responses cut at the token cap (strict rules: malformed, reward 0), of all responses
-                    "truncated_rate": stats["truncated"] / max(stats["responses"], 1)})
-    if built:
-        summary.update({"responses": stats["responses"], "truncated_responses": stats["truncated"],
-                        "response_tokens_mean": stats["tokens"] / max(stats["responses"], 1)})
-    if args.policy == "openai":  # requests, retries, failures, the SOP episodes a failure ended (said on stderr)
-        summary["served"] = policies.served_summary(args, sampler, stats["server_errors"], sop_records)
-    summary["per_task"] = dict(per_task)
-    summary["seconds"] = round(time.time() - t0, 1)
-    if report_path:
-        summary["report"] = report_path
+def run_rollouts(ev, history: str) -> list:
+    return greedy_rollouts(ev.episodes, ev.sampler, ev.args, ev.tokenizer, ev.image_processor, ev.spec, history, ev.stats)
 
-    # --- outputs
-    if args.out and out_dir is None and sop_records is not None:  # the per-episode JSONL alone
+
+def make_prompt_online(ev, obs, shots, history):
+    """The prompt of an online step (the page's elements too when the contract shows them), counted."""
+    prompt = chat.build_prompt(ev.tokenizer, ev.image_processor, ev.spec, goal=obs["goal"], screenshots=shots,
+                               history=history, elements=obs["elements"] if ev.spec.elements else None)
+    ev.stats["max_tokens"] = max(ev.stats["max_tokens"], len(prompt.input_ids))
+    ev.stats["budgeted"] += prompt.n_dropped_turns > 0
+    ev.stats["over"] += ev.budget is not None and len(prompt.input_ids) > ev.budget
+    return prompt
+
+
+def sop_section(ev, summary: dict) -> None:
+    """SOP (own history, greedy, stops at the first wrong step): PG, TSR, per source and per task."""
+    args, floor = ev.args, ev.floor
+    ev.sop_records, shown = run_sop(ev.episodes, lambda h: run_rollouts(ev, h), args, ev.show)
+    recs = ev.sop_records
+    m = sop_metrics([(r["correct"], r["steps"]) for r in recs])
+    steps_run = sum(len(r["rewards"]) for r in recs)
+    ev.malformed += sum(r["malformed"] for r in recs)
+    summary.update(m)  # pg, tsr, episodes, steps (pg/tsr also as sop_pg/sop_tsr)
+    summary.update({"sop_pg": m["pg"], "sop_tsr": m["tsr"], "steps_run": steps_run,
+                    "sop_truncated_rate": sum(r["truncated"] for r in recs) / max(steps_run, 1),
+                    # --match-rules release: episodes whose progress the release's exception rule set to 0
+                    "sop_episodes_raised": sum(any(e is not None for e in r["errors"]) for r in recs)
+                    if args.match_rules == "release" else None,
+                    "step_reward_mean": sum(sum(r["rewards"]) for r in recs) / max(steps_run, 1),
+                    "sources": {path: sop_metrics([(r["correct"], r["steps"]) for r in recs
+                                                   if r["source"] == path]) for path in args.data}})
+    for task in dict.fromkeys(r["task"] for r in recs):
+        tm = sop_metrics([(r["correct"], r["steps"]) for r in recs if r["task"] == task])
+        ev.per_task[task].update(sop_pg=tm["pg"], sop_tsr=tm["tsr"], episodes=tm["episodes"], steps=tm["steps"])
+    ev.sections.append(("SOP: own history, greedy, the episode stops at its first wrong step",
+                        f"PG {m['pg']:.3f}, TSR {m['tsr']:.3f} over {m['episodes']} episodes (trivial-policy floor: "
+                        f"PG {floor['sop_pg']:.3f}, TSR {floor['sop_tsr']:.3f}); {len(shown)} shown.", shown))
+
+
+def static_section(ev, summary: dict) -> None:
+    """Static (the expert's history, every step evaluated): step SR, type and grounding accuracy, per task."""
+    args, floor = ev.args, ev.floor
+    ev.static_records, shown = run_static(ev.episodes, lambda h: run_rollouts(ev, h), args, ev.show)
+    recs = ev.static_records
+    m = static_metrics(recs)
+    ev.malformed += sum(r["malformed"] for r in recs)
+    summary.update({"static_type_acc": m["type_acc"], "static_grounding_acc": m["grounding_acc"],
+                    "static_truncated_rate": sum(r["truncated"] for r in recs) / max(m["steps"], 1),
+                    "static_step_sr": m["step_sr"], "static_steps": m["steps"],
+                    "static_grounding_steps": m["grounding_steps"],
+                    "static_variant": "low" if args.step_instruction else "high"})
+    for task in dict.fromkeys(r["task"] for r in recs):
+        tm = static_metrics([r for r in recs if r["task"] == task])
+        ev.per_task[task].update(static_type_acc=tm["type_acc"], static_grounding_acc=tm["grounding_acc"],
+                                 static_step_sr=tm["step_sr"], static_steps=tm["steps"])
+    ev.sections.append((f"Static ({'-Low: with step instructions' if args.step_instruction else '-High: goal only'}):"
+                        " expert history, every step evaluated",
+                        f"step SR {m['step_sr']:.3f}, type acc {m['type_acc']:.3f} over {m['steps']} steps (floor: step SR "
+                        f"{floor['step_sr']:.3f}, type acc {floor['type_acc']:.3f}); {len(shown)} episodes shown.", shown))
+
+
+def online_section(ev, summary: dict) -> None:
+    """Online MiniWob++ (own history, live pages, held-out seeds): success with its Wilson interval, per
+    task; with --samples, the sampled plays' pass@K and flippable episodes."""
+    from envs import miniwob_env, miniwob_experts
+    args = ev.args
+    tasks = args.online_tasks or [t for t in dict.fromkeys(e.task for e in ev.episodes)
+                                  if t in miniwob_experts.EXPERTS] or sorted(miniwob_experts.EXPERTS)
+    base = miniwob_env.ONLINE_SEED_BASE if args.online_seed_base is None else args.online_seed_base
+    seeds = list(range(base, base + args.online_seeds))
+    ev.online_res, shown = run_online(ev.sampler if args.policy != "expert" else None,
+                                      lambda *a: make_prompt_online(ev, *a), tasks, seeds, args, ev.stats)
+    o = ev.online_res["overall"]
+    ev.malformed += ev.online_res["malformed"]
+    ci = lambda r: list(wilson(round(r["success_rate"] * r["episodes"]), r["episodes"]))  # noqa: E731
+    summary.update({"online_sr": o["success_rate"], "online_sr_ci95": ci(o), "n_online_episodes": o["episodes"],
+                    "online_failures": o["failures"], "online_mean_steps": o["mean_steps"],
+                    "online_tasks": tasks, "online_seeds": seeds})
+    for task, r in ev.online_res["per_task"].items():
+        ev.per_task[task].update(online_sr=r["success_rate"], online_sr_ci95=ci(r), n_online_episodes=r["episodes"])
+    lo, hi = summary["online_sr_ci95"]
+    ev.sections.append(("Online MiniWob++: own history, live pages", f"success {o['success_rate']:.3f} "
+                        f"(95% Wilson interval {lo:.3f}-{hi:.3f}) over "
+                        f"{o['episodes']} episodes (held-out seeds {seeds[0]}..{seeds[-1]}); {len(shown)} shown.", shown))
+    if "sampled" in ev.online_res:
+        sm = summary["online_sampled"] = ev.online_res["sampled"]
+        for task, c in sm["per_task"].items():  # the report's per-task table
+            ev.per_task[task].update(online_pass_at_k=c["pass_at_k"]["rate"], online_flippable=c["flippable"]["rate"])
+        fmt = lambda c: (f"greedy {c['greedy']['successes']}/{c['greedy']['n']}, pass@{args.samples} "  # noqa: E731
+                         f"{c['pass_at_k']['successes']}, flippable {c['flippable']['successes']} "
+                         f"({c['flippable']['rate']:.3f}, 95% {c['flippable']['lo']:.3f}-{c['flippable']['hi']:.3f})")
+        note = "; ".join([f"pooled: {fmt(sm['pooled'])}"] + [f"{t}: {fmt(c)}" for t, c in sm["per_task"].items()])
+        ev.sections.append((f"Online, {args.samples} sampled plays per episode at temperature {args.temperature}",
+                            note, []))
+        print(f"online sampled (K {args.samples}, T {args.temperature}): {note}", file=sys.stderr)
+
+
+def write_outputs(ev, summary: dict, out_dir: str | None, report_path: str | None) -> None:
+    """The per-episode JSONL files and result.json (--out), the raw answers of a served model, the HTML
+    report; stdout the readable part (report.summary_text), and with --json the summary."""
+    args = ev.args
+    if args.out and out_dir is None and ev.sop_records is not None:  # the per-episode JSONL alone
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as f:
-            f.writelines(cli.dumps(r) + "\n" for r in sop_records)
+            f.writelines(utils.dumps(r) + "\n" for r in ev.sop_records)
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
-        for name, rows in (("episodes.jsonl", sop_records), ("static_steps.jsonl", static_records),
-                           ("online_episodes.jsonl", online_res["episodes"] if online_res else None)):
+        for name, rows in (("episodes.jsonl", ev.sop_records), ("static_steps.jsonl", ev.static_records),
+                           ("online_episodes.jsonl", ev.online_res["episodes"] if ev.online_res else None)):
             if rows is not None:
                 with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
-                    f.writelines(cli.dumps(r) + "\n" for r in rows)
+                    f.writelines(utils.dumps(r) + "\n" for r in rows)
         if args.policy == "openai":  # the raw answers, for `eval_sop.py score --action-format` offline
-            policies.write_responses(os.path.join(out_dir, "responses.jsonl"), sop_records, static_records)
+            policies.write_responses(os.path.join(out_dir, "responses.jsonl"), ev.sop_records, ev.static_records)
         with open(os.path.join(out_dir, "result.json"), "w", encoding="utf-8") as f:
-            f.write(cli.dumps({**summary, "args": vars(args)}, indent=1))
+            f.write(utils.dumps({**summary, "args": vars(args)}, indent=1))
     if report_path:
         title = f"eval_sop: {args.policy} " + {"model": args.model, "openai": f"{args.served_model} ({args.action_format})"
                                                }.get(args.policy, "")
-        online_first = sorted(sections, key=lambda sec: not sec[0].startswith("Online"))  # the headline first
+        online_first = sorted(ev.sections, key=lambda sec: not sec[0].startswith("Online"))  # the headline first
         report.write_report(report_path, title, summary, online_first)
     paths = ""
     if out_dir or report_path:  # where the outputs are
@@ -644,9 +615,63 @@ def main(argv: list[str] | None = None) -> dict:
                  + (f"  report: {report_path} (open it in a browser)" if report_path else ""))
     print(report.summary_text(summary, paths), flush=True)
     if args.json:
-        print(cli.dumps(summary))
+        print(utils.dumps(summary))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "baselines":  # the trivial-policy floors: report.baselines_main
+        return report.baselines_main(argv[1:])  # prints its own table and JSON line
+    if argv and argv[0] == "score":  # recorded responses: report.score_main
+        return report.score_main(argv[1:])
+    parser = sop_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    check_flags(parser, args, argv)
+    t0 = time.time()
+    out_dir = args.out if args.out and not args.out.endswith(".jsonl") else None
+    report_path = args.report or (os.path.join(out_dir, "report.html") if out_dir else None)
+    ev = setup(args)
+    episodes, stats = ev.episodes, ev.stats
+    summary = {"policy": args.policy, "model": args.model if args.policy == "model" else None,
+               "match_rules": args.match_rules, "named_protocol": args.named_protocol,
+               "protocols": (list(args.protocol) if episodes else []) + (["online"] if args.online else []),
+               "episodes": len(episodes), "steps": sum(len(e.steps) for e in episodes)}
+    if episodes:  # the trivial-policy floor of these episodes, printed beside every figure
+        sizes = policies.step_sizes(episodes, args.image_root, args.blank_screens)
+        ev.floor = floor = policies.run_baselines(episodes, sizes, args.match_rules)["floor"]
+        summary.update({"floor_sop_pg": floor["sop_pg"], "floor_sop_tsr": floor["sop_tsr"],
+                        "floor_step_sr": floor["step_sr"], "floor_type_acc": floor["type_acc"]})
+    if episodes and "sop" in args.protocol:
+        sop_section(ev, summary)
+    if episodes and "static" in args.protocol:
+        static_section(ev, summary)
+    if ev.sop_records is not None and ev.static_records is not None:  # own vs expert history on the steps SOP reached
+        expert = {(r["episode"], r["t"]): bool(r["match"]) for r in ev.static_records}
+        summary["history_gap"] = history_gap([(r["task"], t, m, expert[(i, t)]) for i, r in enumerate(ev.sop_records)
+                                              for t, m in enumerate(r["matches"])])
+    if args.online:
+        online_section(ev, summary)
+    built = args.policy != "expert"  # the expert reads no prompt: none was built, nothing to count
+    summary.update({"max_prompt_tokens_seen": stats["max_tokens"] if built else None,
+                    "prompts_budgeted": stats["budgeted"] if built else None,
+                    "prompts_over_budget": stats["over"] if built else None, "prompt_budget": ev.budget,
+                    "malformed_responses": ev.malformed, "max_new_tokens": args.max_new_tokens,
+                    "responses_at_cap": stats["truncated"] if built else 0,
+                    # responses cut at the token cap (strict rules: malformed, reward 0), of all responses
+                    "truncated_rate": stats["truncated"] / max(stats["responses"], 1)})
+    if built:
+        summary.update({"responses": stats["responses"], "truncated_responses": stats["truncated"],
+                        "response_tokens_mean": stats["tokens"] / max(stats["responses"], 1)})
+    if args.policy == "openai":  # requests, retries, failures, the SOP episodes a failure ended (said on stderr)
+        summary["served"] = policies.served_summary(args, ev.sampler, stats["server_errors"], ev.sop_records)
+    summary["per_task"] = dict(ev.per_task)
+    summary["seconds"] = round(time.time() - t0, 1)
+    if report_path:
+        summary["report"] = report_path
+    write_outputs(ev, summary, out_dir, report_path)
     return summary
 
 
 if __name__ == "__main__":
-    cli.run_script(main)
+    utils.run_script(main)

@@ -3,7 +3,7 @@
 1. the action space and the response format of docs/method.md §3 (parse_response never raises);
 2. coordinates: Qwen2.5-VL smart_resize, mapping actions between original and resized pixels;
 3. the action registry (ACTIONS): each action type's arguments, match rule and prompt line, declared once.
-The reward and the match are reward.py (the release's rules: release.py); episodes and screenshots
+The reward and the match are reward.py (the release's rules too); episodes and screenshots
 are dataset.py; how a step becomes a prompt is chat.py.
 
 Conventions (read these before touching coordinates):

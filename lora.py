@@ -19,22 +19,22 @@ from pathlib import Path
 
 import torch
 
+import utils
+
 DECODER_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # every linear layer of a decoder layer
 VISION_TARGETS = ("qkv", "proj", "gate_proj", "up_proj", "down_proj")          # a vision block's (with --lora-vision)
 ADAPTER_FILE, BASE_FILE = "adapter_model.safetensors", "lora_base.json"
 
 
-class LoraError(ValueError):
-    """A LoRA flag that does not fit the model (cli.run_script reports it as one line, exit 2)."""
+class LoraError(utils.InputError, ValueError):
+    """A LoRA flag that does not fit the model (utils.run_script reports it as one line, exit 2)."""
 
 
 def add_lora_args(parser) -> None:
-    """--lora-r, --lora-alpha, --lora-dropout, --lora-targets, --lora-vision, --merge. The range types are
-    the parser's (cli.Parser.types: cli imports this module, so this one does not import cli)."""
-    types = parser.types
-    parser.add_argument("--lora-r", type=types.non_negative_int, default=0, help="LoRA rank (PEFT); 0: full fine-tuning")
-    parser.add_argument("--lora-alpha", type=types.positive_float, default=None, help="LoRA scale numerator (default: 2 x --lora-r)")
-    parser.add_argument("--lora-dropout", type=types.finite_float(0.0, 1.0, high_open=True), default=0.0, help="dropout on the adapters' input (0: none, PEFT's default)")
+    """--lora-r, --lora-alpha, --lora-dropout, --lora-targets, --lora-vision, --merge."""
+    parser.add_argument("--lora-r", type=utils.non_negative_int, default=0, help="LoRA rank (PEFT); 0: full fine-tuning")
+    parser.add_argument("--lora-alpha", type=utils.positive_float, default=None, help="LoRA scale numerator (default: 2 x --lora-r)")
+    parser.add_argument("--lora-dropout", type=utils.finite_float(0.0, 1.0, high_open=True), default=0.0, help="dropout on the adapters' input (0: none, PEFT's default)")
     parser.add_argument("--lora-targets", default=DECODER_TARGETS,
                         help="comma-separated linear-layer names adapted in every decoder layer")
     parser.add_argument("--lora-vision", action="store_true",
@@ -44,7 +44,7 @@ def add_lora_args(parser) -> None:
 
 
 def check_lora_args(args) -> str | None:
-    """The message of a LoRA flag that parses but cannot run, else None (the trainers raise it as cli.UsageError)."""
+    """The message of a LoRA flag that parses but cannot run, else None (the trainers raise it as utils.UsageError)."""
     if args.lora_r < 0:
         return f"--lora-r {args.lora_r}: must be >= 0 (0: no LoRA)"
     if not 0 <= args.lora_dropout < 1:

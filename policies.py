@@ -30,7 +30,8 @@ is passed on unparsed, a malformed and so wrong step. Every raw answer is kept (
 for `eval_sop.py score --action-format` to re-score offline.
 
 Also here: OnlineModelPolicy (a sampler, in process or served, as a batched online MiniWob++ policy),
-and eval_sop's flags of the served policy and its step protocols by name (NAMED_PROTOCOLS: the
+the trivial policies that never look at the screen (trivial_policies, run_baselines: the floor every
+figure of eval_sop.py is printed beside), and eval_sop's flags of the served policy and its step protocols by name (NAMED_PROTOCOLS: the
 static walk under reward.py's androidcontrol or aitw rules).
 """
 from __future__ import annotations
@@ -40,6 +41,7 @@ import io
 import json
 import math
 import os
+import random
 import re
 import sys
 import threading
@@ -47,13 +49,16 @@ import time
 import urllib.error
 import urllib.request
 import zlib
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
-import cli
+import utils
+import dataset
 import gui
-import report
+import reward
+from rollout import GROUNDING_TYPES, sop_metrics
 
 # -----------------------------------------------------------------------------
 # model-family adapters
@@ -489,14 +494,15 @@ class OnlineModelPolicy:
     in pixels of obs['screenshot']. Greedy when `sample` is None; else sampled play number `sample`
     at `temperature`, each prompt seeded with play_seed(sample_seed, task, seed, sample, t) (a rerun
     with the same batch size gives the same responses). Malformed output returns None (the env's
-    no-op that costs a step). Keeps report views of the (task, seed) episodes in `show`; stats gains
+    no-op that costs a step). Keeps report views (`view`) of the (task, seed) episodes in `show`; stats gains
     the response counts."""
 
     batched = True  # miniwob_env.evaluate_online: one call for every episode in flight
 
     def __init__(self, sampler, make_prompt_online, show: set, stats: dict, sample: int | None = None,
-                 temperature: float = 1.0, sample_seed: int = 0):
+                 temperature: float = 1.0, sample_seed: int = 0, view: Callable | None = None):
         self.sampler, self.make_prompt, self.show, self.stats = sampler, make_prompt_online, show, stats
+        self.view = view  # report.step_view: a shown episode's step as the HTML report draws it
         self.sample, self.temperature, self.sample_seed = sample, temperature, sample_seed
         self.views: dict = {}
         self.goals: dict = {}
@@ -539,12 +545,133 @@ class OnlineModelPolicy:
             self.n_malformed += action is None
             if action is not None:  # model pixels (resized screenshot) -> pixels of the screenshot we were given
                 action = gui.scale_action(action, prompt.resized_size, image.size)
-            if key in self.views:
+            if key in self.views and self.view is not None:
                 # no expert online: the action is drawn, "right" or "wrong" is the episode's outcome
-                self.views[key].append(report.step_view(t, image, image.size, None, out.text, action,
-                                                         action is not None, None))
+                self.views[key].append(self.view(t, image, image.size, None, out.text, action, action is not None, None))
             actions.append(action)
         return actions
+
+
+# -----------------------------------------------------------------------------
+# trivial policies: what a policy that never looks at the screen scores under the match rules
+# (docs/method.md §4); every figure of eval_sop.py is printed beside this floor (eval_sop.py baselines)
+
+
+def trivial_policies(steps: list[tuple[dataset.Step, tuple[int, int]]], seed: int = 0) -> dict:
+    """Trivial policies as {name: (action types it answers, fn(step, size) -> action in original
+    pixels)}. Each answers with the step's own action type (an oracle for the type, so its rate
+    isolates the arguments): clicks at the centre, uniformly at random, at the most frequent expert
+    point (0.04 grid, read off the data); the constant texts "", "a", "e", "the", and each text
+    type's most frequent content token (reward.content_tokens: stop words, which match nothing under
+    the strict rules, left out) and text; each swipe direction; each system button. "most frequent
+    type" answers every step with the data's most frequent action type and trivial arguments."""
+    rng = random.Random(seed)
+    by_rule = lambda rule: tuple(k for k, a in gui.ACTIONS.items() if a.rule == rule)  # noqa: E731 -- types a floor answers
+    kinds = Counter(s.action["action"] for s, _ in steps)
+    pts = Counter((round(s.action["coordinate"][0] / w / 0.04), round(s.action["coordinate"][1] / h / 0.04))
+                  for s, (w, h) in steps if s.action["action"] in GROUNDING_TYPES)
+    mode = pts.most_common(1)[0][0] if pts else (12, 12)
+    pol = {
+        "click centre": (GROUNDING_TYPES, lambda s, z: {"action": s.action["action"], "coordinate": [z[0] / 2, z[1] / 2]}),
+        "click uniform random": (GROUNDING_TYPES, lambda s, z: {"action": s.action["action"],
+                                                                 "coordinate": [rng.uniform(0, z[0]), rng.uniform(0, z[1])]}),
+        "click most frequent point": (GROUNDING_TYPES, lambda s, z: {"action": s.action["action"], "coordinate":
+                                                                      [mode[0] * 0.04 * z[0], mode[1] * 0.04 * z[1]]}),
+    }
+    texts = {}
+    for kind in gui.TEXT_ACTIONS:
+        vals = [s.action["text"] for s, _ in steps if s.action["action"] == kind]
+        if vals:
+            tok = Counter(t for v in vals for t in set(reward.content_tokens(v))).most_common(1)  # a stop word scores 0
+            full = Counter(reward.normalize_text(v) for v in vals).most_common(1)
+            texts[kind] = [c for c in (tok[0][0] if tok else None, full[0][0]) if c]
+    for c in ("", "a", "e", "the"):
+        pol[f"text {c!r}"] = (gui.TEXT_ACTIONS, lambda s, z, c=c: {"action": s.action["action"], "text": c})
+    for kind, cands in texts.items():
+        for label, c in zip(("most frequent token", "most frequent text"), cands):
+            pol[f"{kind} {label} {c!r}"] = ((kind,), lambda s, z, c=c: {"action": kind, "text": c})
+    for d, (a, b) in {"up": ((0.5, 0.75), (0.5, 0.25)), "down": ((0.5, 0.25), (0.5, 0.75)),
+                      "left": ((0.75, 0.5), (0.25, 0.5)), "right": ((0.25, 0.5), (0.75, 0.5))}.items():
+        pol[f"swipe {d}"] = (by_rule("direction"), lambda s, z, a=a, b=b: {"action": s.action["action"], "coordinate":
+                             [a[0] * z[0], a[1] * z[1]], "coordinate2": [b[0] * z[0], b[1] * z[1]]})
+    pol["type alone (wait, terminate)"] = (by_rule("type"), lambda s, z: {"action": s.action["action"]})
+    for btn in gui.SYSTEM_BUTTONS:
+        pol[f"button {btn}"] = (by_rule("button"), lambda s, z, btn=btn: {"action": s.action["action"], "button": btn})
+    top = kinds.most_common(1)[0][0] if kinds else "click"
+    trivial_args = {"click": {"coordinate": None}, "long_press": {"coordinate": None}, "type": {"text": "the"},
+                    "answer": {"text": "the"}, "key": {"text": "the"}, "open": {"text": "the"},
+                    "system_button": {"button": "Back"}, "swipe": {"coordinate": None, "coordinate2": None}}
+
+    def most_frequent(s, z):
+        a = {"action": top, **trivial_args.get(top, {})}
+        if "coordinate" in a:
+            a["coordinate"] = [z[0] / 2, z[1] * (0.75 if top == "swipe" else 0.5)]
+        if "coordinate2" in a:
+            a["coordinate2"] = [z[0] / 2, z[1] * 0.25]
+        return a
+    pol[f"most frequent type ({top})"] = (gui.ACTION_TYPES, most_frequent)
+    return pol
+
+
+def run_baselines(episodes: list[dataset.Episode], sizes: dict, rules: str = "strict", seed: int = 0) -> dict:
+    """Match rates of trivial_policies on `episodes` (sizes: id(step) -> original (W, H)).
+    Returns {"counts": steps per type, "rates": {policy: {type: rate}}, "floor": {...}} where floor
+    is the best trivial policy per action type ("floor_by_type", with its name), the step success
+    rate and SOP PG/TSR of the policy that uses that best one for every step of its type (a floor
+    tuned on the data itself: an upper bound on what ignoring the screen can get), and the type
+    accuracy of always answering the most frequent type."""
+    steps = [(s, sizes[id(s)]) for ep in episodes for s in ep.steps]
+    counts = Counter(s.action["action"] for s, _ in steps)
+    pol = trivial_policies(steps, seed)
+    hits = {name: Counter() for name in pol}
+    per_step = {}  # (policy, id(step)) -> match, only for the types a policy answers
+    for name, (types, fn) in pol.items():
+        for s, z in steps:
+            if s.action["action"] in types:
+                ok = reward.action_match(fn(s, z), s.action, s.candidate_bbox, z, rules=rules)[0]
+                hits[name][s.action["action"]] += ok
+                per_step[name, id(s)] = ok
+    rates = {name: {k: hits[name][k] / counts[k] for k in counts if k in types}
+             for name, (types, _) in pol.items()}
+    best = {}
+    for k in counts:
+        cands = [(r[k], name) for name, r in rates.items() if k in r and not name.startswith("most frequent type")]
+        best[k] = max(cands) if cands else (0.0, None)
+    best_ok = {id(s): per_step.get((best[s.action["action"]][1], id(s)), False) for s, _ in steps}
+    progress = []
+    for ep in episodes:
+        c = 0
+        while c < len(ep.steps) and best_ok[id(ep.steps[c])]:
+            c += 1
+        progress.append((c, len(ep.steps)))
+    sop = sop_metrics(progress)
+    top = next(name for name in pol if name.startswith("most frequent type"))
+    floor = {"floor_by_type": {k: {"rate": v[0], "policy": v[1]} for k, v in best.items()},
+             "step_sr": sum(best_ok.values()) / max(len(steps), 1), "sop_pg": sop["pg"], "sop_tsr": sop["tsr"],
+             "type_acc": counts.most_common(1)[0][1] / len(steps) if steps else 0.0,
+             "most_frequent_type_step_sr": sum(hits[top].values()) / max(len(steps), 1)}
+    return {"rules": rules, "steps": len(steps), "episodes": len(episodes), "counts": dict(counts),
+            "rates": rates, "floor": floor}
+
+
+def format_baselines(res: dict) -> str:
+    """The rates of run_baselines as a plain-text table (percent), one row per policy."""
+    kinds = list(res["counts"])
+    head = f"{'policy':<44}" + "".join(f"{k:>14}" for k in kinds)
+    lines = [f"trivial-policy match rates (%), rules={res['rules']}, {res['steps']} steps", head,
+             f"{'(steps)':<44}" + "".join(f"{res['counts'][k]:>14}" for k in kinds)]
+    for name, r in res["rates"].items():
+        lines.append(f"{name[:44]:<44}" + "".join(f"{100 * r[k]:>14.1f}" if k in r else f"{'':>14}" for k in kinds))
+    f = res["floor"]
+    lines.append(f"floor (best trivial per type): step SR {100 * f['step_sr']:.1f}%, SOP PG {100 * f['sop_pg']:.1f}%, "
+                 f"TSR {100 * f['sop_tsr']:.1f}%; most frequent type: type acc {100 * f['type_acc']:.1f}%")
+    return "\n".join(lines)
+
+
+def step_sizes(episodes: list[dataset.Episode], image_root=None, blank_screens=None) -> dict:
+    """id(step) -> original (W, H) by dataset.original_size (headers only)."""
+    return {id(s): dataset.original_size(s, image_root=image_root, blank_screens=blank_screens)
+            for ep in episodes for s in ep.steps}
 
 
 # -----------------------------------------------------------------------------
@@ -566,22 +693,22 @@ def add_served_args(p) -> None:
     g.add_argument("--action-format", choices=list(ADAPTERS), default="uis1",
                    help="the served model's family (system prompt, answer format, coordinates): " +
                    "; ".join(f"{k}: {a.about}" for k, a in ADAPTERS.items()))
-    g.add_argument("--concurrency", type=cli.positive_int, default=8, help="requests in flight at once")
-    g.add_argument("--timeout", type=cli.positive_float, default=120.0, help="seconds per request")
-    g.add_argument("--retries", type=cli.non_negative_int, default=3,
+    g.add_argument("--concurrency", type=utils.positive_int, default=8, help="requests in flight at once")
+    g.add_argument("--timeout", type=utils.positive_float, default=120.0, help="seconds per request")
+    g.add_argument("--retries", type=utils.non_negative_int, default=3,
                    help="retries of a request after a network error, HTTP 429 or 5xx (backoff 1, 2, 4 ... s; 0: none); then "
                    "the step is a wrong step and its episode records the error")
 
 
 def check_args(args, given: set) -> None:
-    """eval_sop's served flags and named protocols: raises cli.UsageError on a bad combination; a named
+    """eval_sop's served flags and named protocols: raises utils.UsageError on a bad combination; a named
     --protocol becomes `static` with its match rules and step-instruction setting (args.named_protocol:
-    its name, else None). given: the flags on the command line (cli.explicit_flags)."""
+    its name, else None). given: the flags on the command line (utils.explicit_flags)."""
     served = args.policy == "openai"
     if served != bool(args.base_url and args.served_model) or (not served and (args.base_url or args.served_model)):
-        raise cli.UsageError("--policy openai needs --base-url and --served-model (and only it takes them)")
+        raise utils.UsageError("--policy openai needs --base-url and --served-model (and only it takes them)")
     if args.concurrency < 1 or args.retries < 0 or not args.timeout > 0:
-        raise cli.UsageError(f"--concurrency {args.concurrency} / --retries {args.retries} / --timeout {args.timeout}: "
+        raise utils.UsageError(f"--concurrency {args.concurrency} / --retries {args.retries} / --timeout {args.timeout}: "
                              "need >= 1 / >= 0 / > 0")
     named = [p for p in args.protocol if p in NAMED_PROTOCOLS]
     args.named_protocol = named[0] if named else None
@@ -590,7 +717,7 @@ def check_args(args, given: set) -> None:
     rules, instruction = NAMED_PROTOCOLS[named[0]]
     if len(named) > 1 or ("match_rules" in given and args.match_rules != rules) or \
             (instruction is not None and args.step_instruction not in (None, instruction)):
-        raise cli.UsageError(f"--protocol {' '.join(named)}: one named protocol a run; it sets --match-rules {rules}" +
+        raise utils.UsageError(f"--protocol {' '.join(named)}: one named protocol a run; it sets --match-rules {rules}" +
                              ("" if instruction is None else f" and --{'' if instruction else 'no-'}step-instruction"))
     args.match_rules = rules
     if instruction is not None:
@@ -628,8 +755,8 @@ def write_responses(path: str, sop_records, static_records) -> None:
     history ("expert": static, "own": SOP), truncated (static)} per line."""
     with open(path, "w", encoding="utf-8") as f:
         for r in static_records or []:
-            f.write(cli.dumps({"episode_id": r["episode_id"], "step": r["t"], "response": r.get("raw", ""),
+            f.write(utils.dumps({"episode_id": r["episode_id"], "step": r["t"], "response": r.get("raw", ""),
                                "truncated": r["truncated"], "history": "expert"}) + "\n")
         for r in sop_records or []:
             for t, raw in enumerate(r.get("raw_responses", [])):
-                f.write(cli.dumps({"episode_id": r["episode_id"], "step": t, "response": raw, "history": "own"}) + "\n")
+                f.write(utils.dumps({"episode_id": r["episode_id"], "step": t, "response": raw, "history": "own"}) + "\n")

@@ -1,5 +1,7 @@
 """What a person reads of an evaluation: the HTML report of eval_sop.py, its short stdout summary, and
-two or more evaluations side by side with the paired difference of each metric.
+two or more evaluations side by side with the paired difference of each metric; and the figures that
+need no model: the trivial-policy floors of a data file (`eval_sop.py baselines`) and the rule reward of
+recorded responses of any model (`eval_sop.py score`).
 
     python report.py out/eval/sft out/eval/semionline             # compare.html, compare.json
     python report.py out/eval/sft_s0 out/eval/rl_s0 out/eval/rl2_s0 --names sft rl rl2 --out cmp/rl.html
@@ -17,17 +19,22 @@ action and the step that ended it; every raw field last, folded. Static HTML, im
 A section is (heading, note, episodes); an episode is {title, goal, success, outcome, steps,
 first_wrong}, each step a `step_view`.
 """
+import argparse
 import base64
 import html
 import io
 import json
 import os
+import sys
+from collections import Counter
 
 from PIL import Image, ImageDraw
 
-import cli
+import utils
 import dataset
 import gui
+import policies
+import reward
 from runs import stats  # Wilson intervals and paired differences (numpy only)
 
 REPORT_WIDTH = 300  # px of each screenshot in the HTML report
@@ -248,7 +255,7 @@ def card_html(summary: dict) -> str:
 def raw_fields_html(summary: dict) -> str:
     """Every field of the summary (result.json), floats to 3 decimals, folded: the reference, not the headline."""
     e = html.escape
-    rows = "".join(f"<tr><th>{e(k)}</th><td><code>{e(cli.dumps(_round(v)))}</code></td></tr>"
+    rows = "".join(f"<tr><th>{e(k)}</th><td><code>{e(utils.dumps(_round(v)))}</code></td></tr>"
                    for k, v in summary.items() if k != "per_task")
     return f"<details id='fields'><summary><b>All fields</b> (result.json, floats to 3 decimals)</summary><table>{rows}</table></details>"
 
@@ -348,10 +355,10 @@ PAIRED = {
 def load_eval(folder: str) -> dict:
     """An eval_sop.py --out folder: {folder, summary (result.json), items: {metric: {key: value}}}
     for the PAIRED metrics whose file is there. A key seen twice in a file (the same episode given
-    twice) gets its occurrence number, so both stay. Raises cli.UsageError without result.json."""
+    twice) gets its occurrence number, so both stay. Raises utils.UsageError without result.json."""
     path = os.path.join(folder, "result.json")
     if not os.path.isfile(path):
-        raise cli.UsageError(f"{folder}: no result.json (expected an eval_sop.py --out folder)")
+        raise utils.UsageError(f"{folder}: no result.json (expected an eval_sop.py --out folder)")
     with open(path, encoding="utf-8") as f:
         summary = json.load(f)
     items: dict = {}
@@ -501,26 +508,185 @@ def write_compare(path: str, c: dict) -> None:
         f.write("".join(out))
 
 
+# -----------------------------------------------------------------------------
+# figures without a model: the trivial-policy floors of a data file (eval_sop.py baselines) and the
+# rule reward of recorded responses of any model beside the floor of the same steps (eval_sop.py score;
+# input lines {episode_id, step (0-based), response}, coordinates in pixels of the resized screenshot)
+
+input_file = utils.arg_type(utils.input_file)
+size_arg = utils.arg_type(gui.parse_size)
+
+
+def baselines_parser() -> argparse.ArgumentParser:
+    p = utils.make_parser("Match rates of trivial policies per action type (the floor to put next to every score). "
+                          "Last stdout line: JSON.\n\n"
+                          "    python eval_sop.py baselines --data data/android_control/android_control_test_uis1.jsonl",
+                          prog="eval_sop.py baselines")
+    p.add_argument("--data", nargs="+", required=True, type=utils.arg_type(utils.input_file), help="episode files")
+    p.add_argument("--match-rules", choices=reward.MATCH_RULES, default="strict", help="strict (ours) or release")
+    p.add_argument("--swipe-convention", choices=dataset.SWIPE_CONVENTIONS, default=None,
+                   help="how the data files store swipes (default: declared, or known for shipped files)")
+    p.add_argument("--image-root", default=None, help="screenshots folder (sizes are read from file headers)")
+    p.add_argument("--image-size", type=utils.arg_type(gui.parse_size), default=dataset.ANDROID_CONTROL_SIZE,
+                   help="WxH for steps with neither a recorded size nor a file (default 1080x2400, AndroidControl)")
+    p.add_argument("--seed", type=utils.non_negative_int, default=0, help="seed of the random-click policy")
+    p.add_argument("--out", default=None, help="also write the JSON here")
+    return p
+
+
+def baselines_main(argv: list[str] | None = None) -> dict:
+    """The `baselines` command: prints the rates table, then the JSON result; returns the result."""
+    args = baselines_parser().parse_args(argv)
+    episodes = [ep for path in args.data for ep in dataset.load_episodes(path, swipe_convention=args.swipe_convention)]
+    res = policies.run_baselines(episodes, policies.step_sizes(episodes, args.image_root, args.image_size), args.match_rules, args.seed)
+    res["data"] = list(args.data)
+    print(policies.format_baselines(res))
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(utils.dumps(res, indent=1))
+    print(utils.dumps(res))
+    return res
+
+
+def score_parser(prog: str = "eval_sop.py score") -> argparse.ArgumentParser:
+    p = utils.make_parser("Score recorded responses with the rule reward (docs/method.md §4). Input lines: "
+                          "{episode_id, step (0-based), response}, coordinates in pixels of the resized screenshot.\n\n"
+                          "    python eval_sop.py score --data data/android_control/android_control_test_uis1.jsonl \\\n"
+                          "        --responses responses.jsonl --out scores.jsonl --image-size 1080x2400",
+                          prog=prog)
+    p.add_argument("--data", nargs="+", required=True, type=input_file, help="episode files the responses refer to")
+    p.add_argument("--responses", required=True, type=input_file, help="JSONL of responses; an optional field finish_reason ('length' "
+                   "= cut at the token cap) or truncated (bool) makes the response malformed under the strict rules and is "
+                   "counted into responses_at_cap; without it, text after </action> is what marks a malformed response")
+    p.add_argument("--subset", action="store_true",
+                   help="allow responses that cover only some steps (default: every step of --data must be scored)")
+    p.add_argument("--match-rules", choices=reward.MATCH_RULES, default="strict",
+                   help="strict (ours), release, or a published step protocol's (androidcontrol, aitw)")
+    p.add_argument("--action-format", choices=list(policies.ADAPTERS), default="uis1",
+                   help="the responses' model family (policies.py): each is translated into the evaluator's "
+                   "format first (eval_sop.py --policy openai records them raw in OUT/responses.jsonl)")
+    p.add_argument("--swipe-convention", choices=dataset.SWIPE_CONVENTIONS, default=None,
+                   help="how the data files store swipes (default: declared, or known for shipped files)")
+    p.add_argument("--out", required=True, help="JSONL of scores, one line per response")
+    p.add_argument("--image-size", type=size_arg, default=None,
+                   help="WxH of the original screenshots, for steps that record no size")
+    p.add_argument("--image-root", default=None, help="else read the size from the screenshot files here")
+    p.add_argument("--min-pixels", type=utils.positive_int, default=gui.MIN_PIXELS, help="smart_resize min pixels the model saw")
+    p.add_argument("--max-pixels", type=utils.positive_int, default=gui.MAX_PIXELS, help="smart_resize max pixels the model saw")
+    return p
+
+
+def score(argv: list[str], prog: str = "eval_sop.py score") -> dict:
+    """Score recorded responses. Every response must name a step of --data; unless --subset, every
+    step of --data must have at least one response (several per step are allowed). Raises
+    dataset.DataError (a ValueError) naming the responses file, line and field, or the unscored steps."""
+    args = score_parser(prog).parse_args(argv)
+    index: dict[str, tuple[dataset.Episode, str]] = {}
+    for path in args.data:
+        for ep in dataset.load_episodes(path, swipe_convention=args.swipe_convention):
+            if ep.episode_id in index:
+                raise dataset.DataError(f"episode id {ep.episode_id!r} is in both {index[ep.episode_id][1]} and {path}; "
+                                 "score one file at a time")
+            index[ep.episode_id] = (ep, path)
+    n = reward_sum = match = type_match = at_cap = malformed = 0
+    per_step = Counter()
+    rows = []
+    with open(args.responses, encoding="utf-8") as fin:
+        for lineno, line in enumerate(fin, start=1):
+            if not line.strip():
+                continue
+            where = f"{args.responses}: line {lineno}"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise dataset.DataError(f"{where}: invalid JSON: {e.msg}") from None
+            if not isinstance(rec, dict) or not {"episode_id", "step", "response"} <= rec.keys():
+                raise dataset.DataError(f"{where}: expected an object with episode_id, step, response")
+            ep_id, t = str(rec["episode_id"]), rec["step"]
+            if ep_id not in index:
+                raise dataset.DataError(f"{where}: field 'episode_id': unknown episode {ep_id!r} (not in {', '.join(args.data)})")
+            ep = index[ep_id][0]
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < len(ep.steps):
+                raise dataset.DataError(f"{where}: field 'step': episode {ep_id} has steps 0..{len(ep.steps) - 1}, got {t!r}")
+            if not isinstance(rec["response"], str):
+                raise dataset.DataError(f"{where}: field 'response': expected a string, got {type(rec['response']).__name__}")
+            step = ep.steps[t]
+            try:
+                orig = dataset.original_size(step, image_root=args.image_root, blank_screens=args.image_size)
+            except FileNotFoundError:
+                raise dataset.DataError(f"{where}: episode {ep_id} step {t} records no screenshot size; pass --image-size WxH "
+                                 "or --image-root DIR") from None
+            resized = gui.resized_size(orig, min_pixels=args.min_pixels, max_pixels=args.max_pixels)
+            # a recorded finish reason, where the file has one; without it, trailing text after the
+            # action is what marks a looping or overlong response (strict rules: malformed)
+            cut = rec.get("finish_reason") == "length" or rec.get("truncated") is True
+            text = policies.ADAPTERS[args.action_format].to_response(rec["response"], resized)
+            s = reward.score_response(text, step, resized_size=resized, orig_size=orig, rules=args.match_rules,
+                                   truncated=cut)
+            rows.append({"episode_id": rec["episode_id"], "step": t, "reward": s.reward, "match": s.match,
+                         "type_match": s.type_match, "format_ok": s.format_ok, "action": s.action, "error": s.error})
+            n += 1
+            reward_sum += s.reward
+            match += s.match
+            type_match += s.type_match
+            at_cap += cut
+            malformed += s.error is not None
+            per_step[ep_id, t] += 1
+    if n == 0:
+        raise dataset.DataError(f"{args.responses}: no responses to score")
+    total = sum(len(ep.steps) for ep, _ in index.values())
+    missing = [(i, t) for i, (ep, _) in index.items() for t in range(len(ep.steps)) if (i, t) not in per_step]
+    if missing and not args.subset:
+        shown = ", ".join(f"{i}:{t}" for i, t in missing[:10]) + (" ..." if len(missing) > 10 else "")
+        raise dataset.DataError(f"{args.responses}: {len(missing)} of {total} steps of {', '.join(args.data)} have no response "
+                         f"(episode:step {shown}); pass --subset to score only the steps given")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as fout:
+        fout.writelines(utils.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    # the floor on the same steps, for the figure above
+    eps = [ep for ep, _ in index.values()]
+    sizes = policies.step_sizes(eps, args.image_root, args.image_size)
+    base = policies.run_baselines(eps, sizes, args.match_rules)
+    return {"responses": n, "reward_mean": reward_sum / n, "match_rate": match / n, "type_match_rate": type_match / n,
+            "match_rules": args.match_rules, "steps_total": total, "steps_scored": len(per_step),
+            "steps_unscored": len(missing), "responses_per_step_mean": n / len(per_step),
+            "responses_per_step_max": max(per_step.values()), "responses_at_cap": at_cap,
+            "truncated_rate": at_cap / n, "malformed_responses": malformed,
+            "floor_step_sr": base["floor"]["step_sr"], "floor_type_acc": base["floor"]["type_acc"], "out": args.out}
+
+
+def score_main(argv: list[str] | None = None, prog: str = "eval_sop.py score") -> dict:
+    """The `score` command: scores recorded responses, prints the summary as JSON; returns it."""
+    summary = score(sys.argv[1:] if argv is None else list(argv), prog)
+    print(utils.dumps(summary))
+    return summary
+
+
+# -----------------------------------------------------------------------------
+# report.py A B: the comparison's command
+
+
 def main(argv: list[str] | None = None) -> dict:
-    p = cli.make_parser(__doc__)
-    p.add_argument("folders", nargs="+", type=cli.arg_type(cli.input_dir),
+    p = utils.make_parser(__doc__)
+    p.add_argument("folders", nargs="+", type=utils.arg_type(utils.input_dir),
                    help="eval_sop.py --out folders; the first is the one the others are compared with")
     p.add_argument("--names", nargs="+", default=None, help="a short name per folder (default: the folders' names)")
     p.add_argument("--out", default="compare.html", help="the HTML page; the comparison's JSON goes beside it (.json)")
     args = p.parse_args(argv)
     names = args.names or [os.path.basename(os.path.normpath(f)) for f in args.folders]
     if len(names) != len(args.folders) or len(set(names)) != len(names):
-        raise cli.UsageError(f"--names: {len(args.folders)} distinct names needed, one per folder (got {names}); "
+        raise utils.UsageError(f"--names: {len(args.folders)} distinct names needed, one per folder (got {names}); "
                              "folders with one name need --names")
     runs = [{**load_eval(f), "name": n} for f, n in zip(args.folders, names)]
     c = compare(runs)
     write_compare(args.out, c)
     with open(os.path.splitext(args.out)[0] + ".json", "w", encoding="utf-8") as f:
-        f.write(cli.dumps(c, indent=1))
+        f.write(utils.dumps(c, indent=1))
     print(compare_text(c))
     print(f"report: {args.out} (open it in a browser)  json: {os.path.splitext(args.out)[0] + '.json'}")
     return c
 
 
 if __name__ == "__main__":
-    cli.run_script(main)
+    utils.run_script(main)

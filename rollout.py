@@ -7,7 +7,7 @@ step, all live rollouts are sampled in one batched call (sampler.Sampler, or any
 (patch.py) or ends its rollout. One `StepRecord` per sampled response is what the trainer reads.
 `sop_progress` / `sop_metrics` / `static_metrics` turn the records of a walk into SOP progress,
 PG, TSR and static step accuracy (docs/method.md §8): training logs them and evaluation reports
-them, with one definition. The trainer's diagnostics built on the driver are diagnostics.py.
+them, with one definition. The trainer's diagnostics built on the driver are train_semionline.py's.
 """
 from __future__ import annotations
 
@@ -110,29 +110,9 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, spec: 
     if history_mode not in HISTORY_MODES:
         raise ValueError(f"history_mode must be one of {HISTORY_MODES}, got {history_mode!r}")
     patch.check_patch_data(patch_mode, episodes)
-    reads_prompt = getattr(sampler, "reads_prompt", True)
+    prompt_for = _Prompts(episodes, tokenizer, image_processor, spec, image_root, blank_screens,
+                          reads_prompt=getattr(sampler, "reads_prompt", True))
     task_seeds = [seed] * len(episodes) if isinstance(seed, int) else seed  # one per task, or None
-    shots = [[None] * len(ep.steps) for ep in episodes]  # loaded lazily, once per (task, step)
-
-    def screenshot(k, t):
-        if shots[k][t] is None:
-            shots[k][t] = dataset.load_screenshot(episodes[k].steps[t], image_root=image_root, blank_screens=blank_screens)
-        return shots[k][t]
-
-    def prompt_for(k, t, history, hint=None):
-        step = episodes[k].steps[t]
-        if not reads_prompt:
-            orig = dataset.original_size(step, image_root=image_root, blank_screens=blank_screens)
-            return StepPrompt(step, t, orig, gui.resized_size(orig, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels))
-        # the prompt reads the last num_images screenshots only; steps are walked in order,
-        # so older ones are never needed again: free them
-        k_img = spec.num_images
-        if t >= k_img:
-            shots[k][t - k_img] = None
-        return chat.step_prompt(tokenizer, image_processor, spec, goal=episodes[k].goal, step=step, history=history,
-                                screenshots=[screenshot(k, s) if s > t - k_img else None for s in range(t + 1)],
-                                hint=hint)
-
     states = [[_Rollout() for _ in range(n_rollouts)] for _ in episodes]
     records: list[StepRecord] = []
     T = max((len(ep.steps) for ep in episodes), default=0)
@@ -141,20 +121,7 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, spec: 
                 for i in range(n_rollouts) if states[k][i].alive]
         if not live:
             break
-        # identical (task, history) pairs share one prompt: build once, sample n of it
-        groups: dict[tuple, list[int]] = {}
-        for k, i in live:
-            groups.setdefault((k, tuple(states[k][i].history)), []).append(i)
-        keys = list(groups)
-        prompts = {key: prompt_for(key[0], t, list(key[1])) for key in keys}
-        # one sampler call a step: each prompt asks for as many samples as rollouts share it
-        outs: dict[tuple[int, int], Any] = {}
-        seeds = None if seed is None else [_seed(task_seeds[k], episodes[k].episode_id, t, h) for k, h in keys]
-        res = sampler.generate([prompts[key] for key in keys], n=[len(groups[key]) for key in keys], greedy=greedy,
-                               seeds=seeds)
-        for key, samples in zip(keys, res):
-            for i, s in zip(groups[key], samples):
-                outs[(key[0], i)] = (prompts[key], s)
+        outs = _sample_step(sampler, prompt_for, episodes, states, live, t, task_seeds, greedy)
         # score, then decide: keep, patch or end
         to_patch = []
         for k, i in live:
@@ -163,43 +130,105 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, spec: 
             orig = dataset.original_size(step, image_root=image_root, blank_screens=blank_screens)
             # a response cut at the token cap is malformed under the strict rules (reward 0, a wrong step)
             score = reward.score_response(s.text, step, resized_size=prompt.resized_size, orig_size=orig, rules=match_rules,
-                                    truncated=s.finish_reason != "stop")
+                                          truncated=s.finish_reason != "stop")
             state = states[k][i]
             rec = StepRecord(task_idx=k if task_ids is None else task_ids[k], rollout_idx=i, step_idx=t, prompt=prompt,
                              response_ids=list(s.ids), sampler_logp=s.logprobs, response=s.text,
                              finish_reason=s.finish_reason, reward=score.reward, match=score.match, type_match=score.type_match,
                              error=score.error, patched=False, ended=False, history=list(state.history))
             records.append(rec)
-            if history_mode == "expert":
-                state.history.append(gui.expert_response(step, orig, prompt.resized_size, patch.clean_thought(step.thought)))
-            elif score.match:
-                state.history.append(s.text)  # build_prompt strips special tokens
-            elif patch.should_patch(state.n_patches, patch_threshold):
-                rec.patched = True
-                state.n_patches += 1
-                if patch_mode == "on-policy":
-                    to_patch.append((k, i, rec, patch.expert_action_resized(step, orig, prompt.resized_size)))
-                    state.history.append(None)  # filled below, after one batched generation
-                else:
-                    state.history.append(patch.make_patch(patch_mode, response=s.text, step=step, orig_size=orig,
-                                                       resized_size=prompt.resized_size,
-                                                       episode_id=episodes[k].episode_id))
-            else:
-                state.alive = False
-                rec.ended = True
+            if _advance(state, rec, step, orig, history_mode, patch_mode, patch_threshold, episodes[k].episode_id):
+                to_patch.append((k, i, rec, patch.expert_action_resized(step, orig, prompt.resized_size)))
             if t == len(episodes[k].steps) - 1:
                 rec.ended = True
                 state.alive = False
-        if to_patch:  # on-policy thought: the policy explains the expert action, all at once
-            hint_prompts = [prompt_for(k, t, rec.history, hint=patch.on_policy_hint(a)) for k, _, rec, a in to_patch]
-            actions = [a for *_, a in to_patch]
-            # seeded per (task, rollout) like the samples, so patches do not depend on the batch or rank
-            hint_seeds = None if seed is None else [
-                _seed(task_seeds[k], episodes[k].episode_id, t, ("patch", i, *rec.history)) for k, i, rec, _ in to_patch]
-            gen = lambda ps: [o[0].text for o in sampler.generate(ps, n=1, greedy=greedy, seeds=hint_seeds)]  # noqa: E731
-            for (k, i, _, _), text in zip(to_patch, patch.on_policy_patches(hint_prompts, actions, gen)):
-                states[k][i].history[-1] = text
+        if to_patch:
+            _patch_on_policy(sampler, prompt_for, episodes, states, to_patch, t, task_seeds, greedy)
     return records
+
+
+class _Prompts:
+    """The driver's prompts: prompt_for(k, t, history, hint) is chat.step_prompt of task k at step t, the
+    screenshots loaded lazily, once per (task, step), and freed when no later prompt reads them; a
+    StepPrompt for a sampler that never reads its prompt (no tokens built, no screenshot decoded)."""
+
+    def __init__(self, episodes, tokenizer, image_processor, spec, image_root, blank_screens, reads_prompt: bool):
+        self.episodes, self.tokenizer, self.image_processor, self.spec = episodes, tokenizer, image_processor, spec
+        self.image_root, self.blank_screens, self.reads_prompt = image_root, blank_screens, reads_prompt
+        self.shots = [[None] * len(ep.steps) for ep in episodes]
+
+    def screenshot(self, k: int, t: int):
+        if self.shots[k][t] is None:
+            self.shots[k][t] = dataset.load_screenshot(self.episodes[k].steps[t], image_root=self.image_root,
+                                                       blank_screens=self.blank_screens)
+        return self.shots[k][t]
+
+    def __call__(self, k: int, t: int, history, hint=None):
+        step, spec = self.episodes[k].steps[t], self.spec
+        if not self.reads_prompt:
+            orig = dataset.original_size(step, image_root=self.image_root, blank_screens=self.blank_screens)
+            return StepPrompt(step, t, orig, gui.resized_size(orig, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels))
+        # the prompt reads the last num_images screenshots only; steps are walked in order,
+        # so older ones are never needed again: free them
+        k_img = spec.num_images
+        if t >= k_img:
+            self.shots[k][t - k_img] = None
+        return chat.step_prompt(self.tokenizer, self.image_processor, spec, goal=self.episodes[k].goal, step=step,
+                                history=history, hint=hint,
+                                screenshots=[self.screenshot(k, s) if s > t - k_img else None for s in range(t + 1)])
+
+
+def _sample_step(sampler, prompt_for, episodes, states, live, t: int, task_seeds, greedy: bool) -> dict:
+    """One sampler call for step t: identical (task, history) pairs share one prompt, built once, that asks
+    for as many samples as rollouts share it. Returns {(k, i): (prompt, sample)} of the live rollouts."""
+    groups: dict[tuple, list[int]] = {}
+    for k, i in live:
+        groups.setdefault((k, tuple(states[k][i].history)), []).append(i)
+    keys = list(groups)
+    prompts = {key: prompt_for(key[0], t, list(key[1])) for key in keys}
+    outs: dict[tuple[int, int], Any] = {}
+    seeds = None if task_seeds is None else [_seed(task_seeds[k], episodes[k].episode_id, t, h) for k, h in keys]
+    res = sampler.generate([prompts[key] for key in keys], n=[len(groups[key]) for key in keys], greedy=greedy,
+                           seeds=seeds)
+    for key, samples in zip(keys, res):
+        for i, s in zip(groups[key], samples):
+            outs[(key[0], i)] = (prompts[key], s)
+    return outs
+
+
+def _advance(state: _Rollout, rec: StepRecord, step, orig, history_mode: str, patch_mode: str, patch_threshold: int,
+             episode_id: str) -> bool:
+    """A rollout's next history entry after scored step `rec`: the expert's (history_mode "expert"), its
+    own response when right, a patch while the threshold allows, else the rollout ends. Returns True when
+    the patch is an on-policy thought, generated for all such rollouts at once (_patch_on_policy)."""
+    if history_mode == "expert":
+        state.history.append(gui.expert_response(step, orig, rec.prompt.resized_size, patch.clean_thought(step.thought)))
+    elif rec.match:
+        state.history.append(rec.response)  # build_prompt strips special tokens
+    elif patch.should_patch(state.n_patches, patch_threshold):
+        rec.patched = True
+        state.n_patches += 1
+        if patch_mode == "on-policy":
+            state.history.append(None)  # filled after one batched generation
+            return True
+        state.history.append(patch.make_patch(patch_mode, response=rec.response, step=step, orig_size=orig,
+                                              resized_size=rec.prompt.resized_size, episode_id=episode_id))
+    else:
+        state.alive = False
+        rec.ended = True
+    return False
+
+
+def _patch_on_policy(sampler, prompt_for, episodes, states, to_patch, t: int, task_seeds, greedy: bool) -> None:
+    """On-policy thought: the policy explains the expert action, all at once; each patch is seeded per
+    (task, rollout) like the samples, so patches do not depend on the batch or rank."""
+    hint_prompts = [prompt_for(k, t, rec.history, hint=patch.on_policy_hint(a)) for k, _, rec, a in to_patch]
+    actions = [a for *_, a in to_patch]
+    hint_seeds = None if task_seeds is None else [
+        _seed(task_seeds[k], episodes[k].episode_id, t, ("patch", i, *rec.history)) for k, i, rec, _ in to_patch]
+    gen = lambda ps: [o[0].text for o in sampler.generate(ps, n=1, greedy=greedy, seeds=hint_seeds)]  # noqa: E731
+    for (k, i, _, _), text in zip(to_patch, patch.on_policy_patches(hint_prompts, actions, gen)):
+        states[k][i].history[-1] = text
 
 
 def _seed(seed: int, episode_id: str, t: int, history: tuple) -> int:

@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -66,9 +65,9 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import Cache
 
-from batching import image_runs
 from decode import CASCADE_LAYOUTS, CascadeDecode, EagerDecode, LeanStep, SlotLayer, StaticDecode, bucket
-from vlm import STOP_TOKENS, VISION_TOKENS, cache_attention_mask, pad_token_id
+from utils import check_temperature  # the one temperature rule, the flags' too
+from vlm import STOP_TOKENS, VISION_TOKENS, cache_attention_mask, image_runs, pad_token_id
 
 DECODE_MODES = ("auto", "eager", "static", "graph")  # Sampler(decode=...): engine design note 7
 
@@ -546,19 +545,6 @@ class Sampler:
 
 # -----------------------------------------------------------------------------
 # the token draw: temperature, banned tokens, top-p; a two-level inverse CDF
-
-
-MIN_TEMPERATURE = 1e-3  # logits of |z| <= ~1e3 stay far inside fp32 (3.4e38) after z / T, exp() and sums
-
-
-def check_temperature(temperature: float) -> None:
-    """The one temperature rule of the sampler, the trainer's and the evaluator's flags (cli.temperature)
-    and the scorer: finite and >= MIN_TEMPERATURE (greedy decoding is greedy=True, not T -> 0).
-    Raises ValueError otherwise."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or \
-            not (math.isfinite(temperature) and temperature >= MIN_TEMPERATURE):
-        raise ValueError(f"temperature must be finite and >= {MIN_TEMPERATURE:g}, got {temperature} "
-                         "(below it logits / temperature leave fp32's range; use greedy=True for argmax)")
 
 
 def check_top_p(top_p: float) -> None:

@@ -1,21 +1,280 @@
-"""Plumbing shared by the stages: distributed set-up, seeding, checkpoint I/O. Nothing GUI-,
-model- or method-specific (gui.py, vlm.py, rollout.py, ...); what a script reads and writes at its
-edges (flags, input errors, strict-JSON output and the metrics file) is cli.py."""
+"""The one module the stages share: a script's edges and the plumbing under them. Nothing GUI-,
+model- or method-specific (gui.py, vlm.py, rollout.py, lora.py, ...), and no torch until a function
+needs it: the prompt builder and the dataset import it without the model.
+
+1. flags and errors: `make_parser` builds a parser whose --help shows defaults and the module
+   docstring's examples; the `arg_type` helpers check numbers, files and folders while the flags are
+   parsed (--model: vlm.model_path; MiniWob++ task names: envs.miniwob_tasks); `run_script(main)` runs
+   a script so that a mistake in its input (an InputError: UsageError, dataset.DataError,
+   lora.LoraError; a missing or unreadable file) is one line on stderr and exit code 2, never a traceback;
+2. distributed set-up, seeding, every generator's state, the trainers' optimizer;
+3. checkpoint folders (`latest_checkpoint`; their weights are written and read by vlm.save_checkpoint /
+   vlm.load_checkpoint_state);
+4. output: `dumps` (JSON with no NaN / Infinity, for every summary, data and args file) and
+   `MetricsLogger` (metrics.jsonl, plus the trackers of --report-to: TensorBoard, Weights & Biases, Trackio).
+"""
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
+import math
 import os
 import random
-import shutil
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-import torch.distributed as dist
+
+if TYPE_CHECKING:
+    import torch
 
 # -----------------------------------------------------------------------------
-# distributed
+# flags and one-line input errors
+
+
+class InputError(Exception):
+    """Bad input, never a bug: `run_script` reports it as one line, exit code 2, no traceback. Its kinds:
+    UsageError (a flag, a file, a folder), dataset.DataError and lora.LoraError (ValueErrors too)."""
+
+
+class UsageError(InputError):
+    """A mistake in what the user gave (a flag, a file, a folder): reported by `run_script` as one line,
+    exit code 2, no traceback. The message names the flag or file and what was expected."""
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """--help shows every flag's default (unless its help already says it) and keeps the
+    docstring's examples as written."""
+
+    def _get_help_string(self, action):
+        if "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error: `prog: error: message (see --help)`, exit code 2 (argparse
+    prints its whole usage block first, which hides the line that matters)."""
+
+    def error(self, message):
+        # under torchrun every rank parses the same argv: rank 0 alone says so
+        if get_rank() != 0:
+            _quiet_exit()
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n")
+
+
+def make_parser(doc: str, **kwargs) -> Parser:
+    """A Parser whose description is the first paragraph of the module docstring `doc` and whose
+    epilog is the rest of it (the commands to copy), with defaults shown."""
+    first, _, rest = (doc or "").strip().partition("\n\n")
+    return Parser(description=first, epilog=rest.strip("\n") or None, formatter_class=HelpFormatter, **kwargs)
+
+
+def arg_type(fn):
+    """Wrap a parser function (str -> value, raising ValueError/UsageError) as an argparse `type=`,
+    so argparse itself reports a bad value in one line: `argument --x: <message>`."""
+    def convert(text):
+        try:
+            return fn(text)
+        except (ValueError, UsageError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    convert.__name__ = fn.__name__
+    return convert
+
+
+def int_at_least(low: int, *, name: str | None = None):
+    """argparse type: an integer >= low (e.g. int_at_least(1) for counts and sizes, int_at_least(0)
+    where the help says what 0 means). Rejects '1.5', 'ten' and values below low with a message naming
+    the bound, so argparse reports `argument --x: ...` in one line."""
+    def convert(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"{v}: must be >= {low}")
+        return v
+    convert.__name__ = name or ("positive_int" if low == 1 else "non_negative_int" if low == 0 else f"int_at_least_{low}")
+    convert.kind, convert.low = "int", low
+    return convert
+
+
+positive_int = int_at_least(1)      # counts, sizes, steps: 0 has no meaning
+non_negative_int = int_at_least(0)  # seeds, limits and periods whose help says what 0 means
+
+
+def finite_float(low: float | None = None, high: float | None = None, *, low_open: bool = False,
+                 high_open: bool = False):
+    """argparse type: a finite float in [low, high] (an open end with low_open / high_open; None: no
+    bound). NaN and +-inf are always refused: no flag of ours means anything by them."""
+    def convert(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+        lo_ok = low is None or (v > low if low_open else v >= low)
+        hi_ok = high is None or (v < high if high_open else v <= high)
+        if not (math.isfinite(v) and lo_ok and hi_ok):
+            span = f"{'(' if low_open else '['}{'-inf' if low is None else f'{low:g}'}, " \
+                   f"{'inf' if high is None else f'{high:g}'}{')' if high_open or high is None else ']'}"
+            raise argparse.ArgumentTypeError(f"{text}: must be a finite number in {span}")
+        return v
+    convert.__name__ = "finite_float"
+    convert.kind, convert.low = "float", low
+    return convert
+
+
+positive_float = finite_float(0.0, low_open=True)   # learning rates, scales, timeouts
+non_negative_float = finite_float(0.0)              # weights and coefficients where 0 switches a term off
+fraction = finite_float(0.0, 1.0)                   # shares in [0, 1]
+
+
+MIN_TEMPERATURE = 1e-3  # logits of |z| <= ~1e3 stay far inside fp32 (3.4e38) after z / T, exp() and sums
+
+
+def check_temperature(temperature: float) -> None:
+    """The one temperature rule of the sampler (sampler.Sampler, sampler.process_logits), the trainer's
+    and the evaluator's flags (`temperature`) and the scorer: finite and >= MIN_TEMPERATURE (greedy
+    decoding is greedy=True, not T -> 0). Raises ValueError otherwise."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or \
+            not (math.isfinite(temperature) and temperature >= MIN_TEMPERATURE):
+        raise ValueError(f"temperature must be finite and >= {MIN_TEMPERATURE:g}, got {temperature} "
+                         "(below it logits / temperature leave fp32's range; use greedy=True for argmax)")
+
+
+def temperature(text: str) -> float:
+    """argparse type of every --temperature: the sampler's one rule (check_temperature), met at parse
+    time by the trainer, the evaluator and the benchmarks alike."""
+    try:
+        v = float(text)
+        check_temperature(v)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text}: {e}" if "temperature" in str(e) else f"invalid float value: {text!r}") from None
+    return v
+
+temperature.kind, temperature.low = "float", None
+
+
+def names(valid, what: str):
+    """argparse type: one name of `valid` (an iterable, or a callable returning one, read when the
+    flag is parsed), or 'all' when valid holds it. A misspelling is `argument --x: unknown <what>
+    'nmae' (known: ...)`, at parse time rather than after a model loaded."""
+    def convert(text: str) -> str:
+        known = list(valid() if callable(valid) else valid)
+        if text not in known:
+            shown = ", ".join(sorted(map(str, known))[:12]) + (", ..." if len(known) > 12 else "")
+            raise argparse.ArgumentTypeError(f"unknown {what} {text!r} (known: {shown})")
+        return text
+    convert.__name__ = "names"
+    convert.kind = "name"
+    return convert
+
+
+def name_list(valid, what: str):
+    """argparse type: a comma list of names of `valid` (as `names`), returned as the list."""
+    one = names(valid, what)
+
+    def convert(text: str) -> list[str]:
+        return [one(t.strip()) for t in text.split(",") if t.strip()] or one("")
+    convert.__name__ = "name_list"
+    convert.kind = "name"
+    return convert
+
+
+def int_list(low: int = 1):
+    """argparse type: a comma list of integers >= low, e.g. '4096,16384'."""
+    one = int_at_least(low)
+
+    def convert(text: str) -> list[int]:
+        return [one(t.strip()) for t in text.split(",")]
+    convert.__name__ = "int_list"
+    convert.kind, convert.low = "int", low
+    return convert
+
+
+def input_file(path: str) -> str:
+    """argparse type: a readable file. Raises UsageError naming the path otherwise."""
+    if not os.path.exists(path):
+        raise UsageError(f"no such file: {path!r}")
+    if not os.path.isfile(path):
+        raise UsageError(f"not a file: {path!r}")
+    if not os.access(path, os.R_OK):
+        raise UsageError(f"not readable: {path!r}")
+    return path
+
+
+def input_dir(path: str) -> str:
+    """argparse type: an existing folder. Raises UsageError naming the path otherwise."""
+    if not os.path.isdir(path):
+        raise UsageError(f"{'not a folder' if os.path.exists(path) else 'no such folder'}: {path!r}")
+    return path
+
+
+# the evaluation the README's quick start runs (and its table reports): both trainers print it
+EVAL_FLAGS = "--protocol sop static --online --online-seeds 13 --online-max-steps 4 --max-new-tokens 64"
+
+
+def eval_command(data, ckpt, out) -> str:
+    """The README's evaluation command for checkpoint folder `ckpt` on test file `data`, results in
+    `out`: the same seeds, step limit and token cap as the README's table, so the numbers compare."""
+    return f"python eval_sop.py --data {data} --policy model --model {ckpt} {EVAL_FLAGS} --out {out}"
+
+
+# the exception classes that mean bad input, never a bug: ours (InputError), the OS's
+INPUT_ERRORS = (InputError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError, UnicodeDecodeError)
+
+def error_line(e: BaseException) -> str:
+    """One line for an input error: OS errors as 'path: reason', the rest as their message."""
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        msg = f"{e.filename}: {e.strerror}"
+    elif isinstance(e, UnicodeDecodeError):
+        msg = f"not UTF-8 text ({e.reason} at byte {e.start})"
+    else:
+        msg = str(e) or type(e).__name__
+    return " ".join(msg.split())
+
+
+def run_script(main, argv=None):
+    """Run `main(argv)` as a script: an input error (UsageError, dataset.DataError, a missing or
+    unreadable file) prints `<script>: error: <one line>` to stderr and exits with code 2, like
+    argparse's own errors; anything else (a bug) keeps its traceback. Under torchrun every rank
+    meets the same error: rank 0 prints it, every rank exits 2."""
+    try:
+        return main(argv)
+    except INPUT_ERRORS as e:
+        if get_rank() != 0:
+            _quiet_exit()
+        print(f"{os.path.basename(sys.argv[0])}: error: {error_line(e)}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def _quiet_exit():
+    """A non-zero rank's exit on an input error: silent, and a moment late, so that torchrun (which
+    stops the other ranks when one exits) does not stop rank 0 before it has printed the line."""
+    time.sleep(2.0)
+    sys.exit(2)
+
+
+def explicit_flags(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:
+    """The dests the user set on the command line (argv), as opposed to defaults."""
+    seen = argparse.Namespace()
+    defaults = {a.dest: a.default for a in parser._actions}
+    for a in parser._actions:
+        a.default = argparse.SUPPRESS
+    try:
+        parser.parse_known_args(sys.argv[1:] if argv is None else argv, seen)
+    finally:
+        for a in parser._actions:
+            a.default = defaults[a.dest]
+    return set(vars(seen))
+
+
+# -----------------------------------------------------------------------------
+# distributed, seeding, the optimizer (torch imported where first needed: see the module docstring)
 
 
 @dataclass
@@ -32,6 +291,9 @@ def init_distributed(device: str = "auto") -> Dist:
     """Read torchrun's RANK / WORLD_SIZE / LOCAL_RANK; start a process group (nccl on CUDA, gloo
     on CPU) whenever torchrun launched us, `--nproc_per_node=1` included, so one GPU runs the same
     FSDP2 path as eight; a plain `python script.py` runs unsharded. device: "auto", "cpu", "cuda"."""
+    import torch
+    import torch.distributed as dist
+
     rank, world_size, local_rank = (int(os.environ.get(k, v)) for k, v in (("RANK", 0), ("WORLD_SIZE", 1),
                                                                           ("LOCAL_RANK", 0)))
     use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
@@ -45,14 +307,16 @@ def init_distributed(device: str = "auto") -> Dist:
 
 def cleanup_distributed() -> None:
     """Wait for every rank, then end the process group (if any)."""
-    if dist.is_initialized():
+    dist = sys.modules.get("torch.distributed")  # none started without torch
+    if dist is not None and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
 
 
 def get_rank() -> int:
     """This process's rank: the process group's, else torchrun's RANK (before init), else 0."""
-    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
+    dist = sys.modules.get("torch.distributed")  # none started without torch: the prompt builder's scripts
+    return dist.get_rank() if dist is not None and dist.is_initialized() else int(os.environ.get("RANK", 0))
 
 
 def print0(*args, **kwargs) -> None:
@@ -63,6 +327,8 @@ def print0(*args, **kwargs) -> None:
 
 def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
     """In-place sum over ranks; a no-op without a process group."""
+    import torch.distributed as dist
+
     if dist.is_initialized():
         dist.all_reduce(x, op=dist.ReduceOp.SUM)
     return x
@@ -71,6 +337,8 @@ def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
 def all_sum(values: list, proc) -> list[float]:
     """Element-wise sum over ranks of a list of numbers, as floats (fp64 on proc.device: nccl reduces no
     CPU tensors). One process: the values themselves. proc: Dist."""
+    import torch
+
     x = torch.tensor([float(v) for v in values], dtype=torch.float64, device=proc.device)
     all_reduce_sum(x)
     return x.tolist()
@@ -81,6 +349,7 @@ def peak_memory_bytes(device: torch.device) -> int:
     tensors since the last torch.cuda.reset_peak_memory_stats (the trainers reset it every step);
     on CPU the peak resident set since the process started (Linux ru_maxrss, in KiB)."""
     if device.type == "cuda":
+        import torch
         return torch.cuda.max_memory_allocated(device)
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -90,11 +359,15 @@ def adamw(params, lr: float, weight_decay: float = 0.0, betas: tuple[float, floa
     """The trainers' optimizer: AdamW with the fused kernel on every device. On CUDA the default
     (foreach) holds a model-sized temporary (sqrt of the second moment); on CPU it is a Python loop of
     ~10 elementwise passes per parameter (fused: ~8x faster a step for the tiny model)."""
+    import torch
+
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, fused=True)
 
 
 def seed_everything(seed: int) -> None:
     """Seed python, numpy and torch (CPU and every CUDA device)."""
+    import torch
+
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -102,6 +375,8 @@ def seed_everything(seed: int) -> None:
 
 def rng_state() -> dict:
     """Every generator's state (python, numpy, torch CPU, each CUDA device) as JSON-able lists."""
+    import torch
+
     py, np_state = random.getstate(), np.random.get_state()
     state = {"python": [py[0], list(py[1]), py[2]], "torch": torch.get_rng_state().tolist(),
              "numpy": [np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])]}
@@ -112,6 +387,8 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     """Restore what rng_state() returned (every generator it holds)."""
+    import torch
+
     random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
     torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
     n = state["numpy"]
@@ -121,64 +398,7 @@ def set_rng_state(state: dict) -> None:
 
 
 # -----------------------------------------------------------------------------
-# checkpoints: Hugging Face layout + safetensors, written atomically
-
-
-def save_checkpoint(out_dir: str | os.PathLike, model, tokenizer, args: dict, *, optimizer=None,
-                    extra: dict | None = None, keep: int = 2, adapter=None) -> Path | None:
-    """Write out_dir/step_XXXXXX/ (Hugging Face layout, args.json, trainer_state.json = extra with
-    "step"; with an optimizer also optimizer.pt and every rank's RNG state), atomically (a finished
-    temporary folder renamed into place, then os.replace of out_dir/latest); keep the newest `keep` (0: every one).
-    adapter: the PeftModel of a LoRA run (lora.apply_lora): the folder then holds the adapter in
-    PEFT's layout (lora.save_adapter) instead of the model's weights.
-    Collective (plain or FSDP2 model; rank 0 writes). Returns the folder on rank 0, else None."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
-
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)  # unsharded, on CPU
-    if adapter is not None:
-        import lora
-        msd = lora.adapter_state_dict(model)  # the adapters alone (gathered: collective)
-    else:
-        msd = get_model_state_dict(model, options=opts)
-    osd = get_optimizer_state_dict(model, optimizer, options=opts) if optimizer is not None else None
-    rngs = [rng_state()]  # every rank's generators: ranks draw different numbers
-    if dist.is_initialized():
-        rngs = [None] * dist.get_world_size()
-        dist.all_gather_object(rngs, rng_state())
-    if get_rank() != 0:
-        return None
-    extra, out_dir = dict(extra or {}), Path(out_dir)
-    step = int(extra.get("step", 0))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    final, tmp = out_dir / f"step_{step:06d}", out_dir / f".tmp_step_{step:06d}_{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    inner = model if hasattr(model, "save_pretrained") else model.model  # an FSDP root (PolicyLogProb) wraps it
-    if adapter is not None:
-        lora.save_adapter(adapter, msd, tmp)
-    else:
-        msd = msd if inner is model else {k.removeprefix("model."): v for k, v in msd.items()}
-        if getattr(inner.config, "tie_word_embeddings", False):
-            msd.pop("lm_head.weight", None)  # tied to the input embedding (FSDP's state dict lists both)
-        inner.save_pretrained(str(tmp), state_dict=msd, safe_serialization=True)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(str(tmp))
-    (tmp / "args.json").write_text(json.dumps(args, indent=2, default=str))
-    if osd is not None:
-        torch.save(osd, tmp / "optimizer.pt")
-        extra["rng"] = rngs  # one rng_state() per rank
-    (tmp / "trainer_state.json").write_text(json.dumps(extra, default=str))
-    shutil.rmtree(final, ignore_errors=True)  # an older checkpoint of the same step
-    os.replace(tmp, final)  # atomic on POSIX: the folder appears complete or not at all
-    (out_dir / f".latest.{os.getpid()}").write_text(final.name)
-    os.replace(out_dir / f".latest.{os.getpid()}", out_dir / "latest")
-    old = sorted(p for p in out_dir.glob("step_*") if p.is_dir() and p != final)
-    for p in [] if keep <= 0 else old[:-keep + 1] if keep > 1 else old:
-        shutil.rmtree(p, ignore_errors=True)
-    return final
+# checkpoint folders: out_dir/step_XXXXXX/ (vlm.save_checkpoint), out_dir/latest names the newest
 
 
 def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
@@ -189,39 +409,157 @@ def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
                                                               "adapter_model.safetensors")) else None
 
 
-def load_checkpoint_state(ckpt: str | os.PathLike, model, optimizer=None) -> dict:
-    """Load a save_checkpoint folder into a (possibly FSDP2) model, optimizer and every RNG;
-    returns trainer_state.json. Collective. optimizer.pt is read weights_only (nothing unpickled).
-    A LoRA checkpoint (lora.is_adapter_dir) loads its adapters into the adapted `model`.
-    Raises FileNotFoundError (no config.json), ValueError (saved for another number of ranks)."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-    import lora
-    ckpt = Path(ckpt)
-    opts = StateDictOptions(full_state_dict=True, strict=False)
-    if lora.is_adapter_dir(ckpt):  # a LoRA run's: the adapters into the (already adapted) model
-        lora.load_adapter_state(ckpt, model)
-    elif not (ckpt / "config.json").exists():
-        raise FileNotFoundError(f"{ckpt}: no config.json (not a checkpoint folder)")
+
+# -----------------------------------------------------------------------------
+# output, in strict JSON: no NaN / Infinity in any file or line we write (the metrics file too)
+
+
+def finite_json(obj, _path: str = "", _bad: dict | None = None):
+    """`obj` (dicts, lists, numbers, numpy/torch scalars) with every non-finite float replaced by
+    None (RFC 8259 parsers reject NaN); a top-level dict gains "nonfinite": {key path: "nan" |
+    "inf" | "-inf"}."""
+    top, bad = _bad is None, {} if _bad is None else _bad
+    if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "ndim", 0) == 0:
+        obj = obj.item()  # numpy / torch scalar
+    if isinstance(obj, float) and not math.isfinite(obj):
+        bad[_path or "value"] = "nan" if obj != obj else ("inf" if obj > 0 else "-inf")
+        return None
+    if isinstance(obj, dict):
+        out = {k: finite_json(v, f"{_path}.{k}" if _path else str(k), bad) for k, v in obj.items()}
+    elif isinstance(obj, (list, tuple)):
+        out = [finite_json(v, f"{_path}[{i}]", bad) for i, v in enumerate(obj)]
     else:
-        # read through the model class's own from_pretrained (on CPU): it maps the Hub's key names back
-        inner = model if hasattr(model, "save_pretrained") else model.model
-        msd = type(inner).from_pretrained(str(ckpt), dtype=torch.float32).state_dict()
-        msd = msd if inner is model else {"model." + k: v for k, v in msd.items()}
-        if getattr(inner.config, "tie_word_embeddings", False):
-            msd = {k: v for k, v in msd.items() if k not in ("lm_head.weight", "model.lm_head.weight")}
-        set_model_state_dict(model, msd, options=opts)
-    state = json.loads((ckpt / "trainer_state.json").read_text()) if (ckpt / "trainer_state.json").exists() else {}
-    if optimizer is not None and (ckpt / "optimizer.pt").exists():
-        osd = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)
-        set_optimizer_state_dict(model, optimizer, osd, options=opts)
-    if isinstance(state.get("rng"), list):  # (older checkpoints kept rank 0's only, in another layout)
-        rank, n = get_rank(), len(state["rng"])
-        if n != (dist.get_world_size() if dist.is_initialized() else 1):
-            raise ValueError(f"{ckpt / 'trainer_state.json'}: field 'rng' holds {n} ranks' generators; "
-                             f"resume with that many processes")
-        set_rng_state(state["rng"][rank])
-    return state
+        return obj
+    if top and bad and isinstance(out, dict):
+        out["nonfinite"] = bad
+    return out
+
+
+def dumps(obj, **kwargs) -> str:
+    """json.dumps that never writes NaN/Infinity (finite_json, then allow_nan=False); objects json
+    cannot encode become their str()."""
+    kwargs.setdefault("default", str)
+    return json.dumps(finite_json(obj), allow_nan=False, **kwargs)
+
+
+# --report-to: the experiment trackers, named as transformers' and TRL's `report_to` names them; the
+# module each one needs (torch.utils.tensorboard imports the tensorboard package)
+TRACKERS = {"tensorboard": "torch.utils.tensorboard", "wandb": "wandb", "trackio": "trackio"}
+
+
+class ReportTo(argparse.Action):
+    """argparse action of --report-to (nargs="+"): each name one of "none" and TRACKERS, "none" alone,
+    and every named tracker importable, checked while the flags are parsed, so a missing package is
+    the parser's one-line error (exit 2) before any work starts."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        names = list(dict.fromkeys(values))
+        for name in names:
+            if name != "none" and name not in TRACKERS:
+                parser.error(f"argument {option_string}: {name!r}: expected none or one or more of {', '.join(TRACKERS)}")
+        if "none" in names and len(names) > 1:
+            parser.error(f"argument {option_string}: 'none' cannot be combined with {', '.join(n for n in names if n != 'none')}")
+        for name in names:
+            if name != "none":
+                try:
+                    importlib.import_module(TRACKERS[name])
+                except ImportError:
+                    parser.error(f"argument {option_string}: {name} needs the {name} package: pip install {name}")
+        setattr(namespace, self.dest, names)
+
+
+def add_report_to_arg(parser: argparse.ArgumentParser) -> None:
+    """--report-to of a trainer: where its metrics go besides metrics.jsonl (MetricsLogger)."""
+    parser.add_argument("--report-to", nargs="+", default=["none"], action=ReportTo, metavar="TRACKER",
+                        help="also log the metrics to: none, or one or more of tensorboard (OUT/tensorboard), wandb, "
+                        "trackio (project: $WANDB_PROJECT / $TRACKIO_PROJECT, else ui-s1; run: the --out folder's name), "
+                        "as transformers' report_to names them; each needs its package installed")
+
+
+class MetricsLogger:
+    """One strict-JSON object per line (`dumps`) to `path`, rank 0 only, plus wall time `t`; a
+    new run starts the file afresh, append=True continues it.
+
+    report_to: trackers (TRACKERS keys; "none" or empty: none) that also get every finite number of
+    a row, bools and text left out, at x = row["step"] (else the row's index): tensorboard as
+    scalars in path's folder/tensorboard, wandb and trackio as one run named after path's folder,
+    in project $WANDB_PROJECT / $TRACKIO_PROJECT (else "ui-s1"; transformers reads the same
+    variables), with `config` (the run's args) attached. Raises UsageError when a tracker's package
+    is missing (the trainers' --report-to has already checked, while parsing). close() ends the
+    trackers' runs."""
+
+    def __init__(self, path: str | os.PathLike, append: bool = False, report_to=(), config: dict | None = None):
+        self.path, self.t0, self.n = Path(path), time.time(), 0
+        self.tb = self.wandb = self.trackio = None
+        if get_rank() == 0:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not append:
+                self.path.write_text("")
+        names = [n for n in report_to or () if n != "none"] if get_rank() == 0 else []
+        modules = {}
+        for name in names:
+            try:
+                modules[name] = importlib.import_module(TRACKERS[name])
+            except (ImportError, KeyError):
+                raise UsageError(f"--report-to {name} needs the {name} package: pip install {name}") from None
+        run_name, config = self.path.parent.name, finite_json(dict(config or {}))
+        if "tensorboard" in modules:
+            self.tb = modules["tensorboard"].SummaryWriter(str(self.path.parent / "tensorboard"))
+        if "wandb" in modules:
+            self.wandb = modules["wandb"].init(project=os.environ.get("WANDB_PROJECT", "ui-s1"), name=run_name,
+                                               config=config, dir=str(self.path.parent))
+        if "trackio" in modules:
+            self.trackio = modules["trackio"]
+            self.trackio.init(project=os.environ.get("TRACKIO_PROJECT", "ui-s1"), name=run_name, config=config)
+
+    def resume_at(self, step: int) -> int:
+        """A resumed run continues from the checkpoint of `step` and redoes the steps after it: keep the
+        rows of steps <= step (none when step == 0: the run starts over) and drop the later ones and a
+        line cut by a kill, so no step appears twice. Rewrites the file atomically (rank 0); returns the
+        number of rows dropped (0 elsewhere)."""
+        if get_rank() != 0 or not self.path.exists():
+            return 0
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        keep = []
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                break                      # a line cut mid-write: the run died here
+            if not isinstance(row, dict) or step == 0 or row.get("step", 0) > step:
+                break
+            keep.append(line)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(x + "\n" for x in keep), encoding="utf-8")
+        os.replace(tmp, self.path)
+        self.n = len(keep)
+        return len(lines) - len(keep)
+
+    def log(self, row: dict) -> None:
+        if get_rank() != 0:
+            return
+        row = {**row, "t": round(time.time() - self.t0, 3)}
+        with open(self.path, "a") as f:
+            f.write(dumps(row) + "\n")
+        x = row.get("step", self.n)
+        scalars = {k: v for k, v in finite_json(row).items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+        if self.tb is not None:
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, x)
+            self.tb.flush()
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=x)
+        if self.trackio is not None:
+            self.trackio.log(scalars, step=x)
+        self.n += 1
+
+    def close(self) -> None:
+        """End the trackers' runs (rank 0; a no-op without trackers or elsewhere)."""
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+        if self.trackio is not None:
+            self.trackio.finish()
+        self.tb = self.wandb = self.trackio = None

@@ -2,11 +2,13 @@
 
 1. loading: `load_model` (the tiny presets built from a config, or any local Hugging Face folder),
    `load_processor` (the model's own tokenizer, transformers' PIL image processor), `tiny_config`
-   and the small tokenizer of the tiny presets (assets/tiny_tokenizer);
+   and the small tokenizer of the tiny presets (assets/tiny_tokenizer); `model_path`, the --model
+   flag's type; checkpoints: `save_checkpoint` / `load_checkpoint_state` (Hugging Face layout, or a
+   LoRA run's adapters, atomically; utils.latest_checkpoint finds the newest);
 2. the model's tokens: the vision tokens the sampler must never emit and the stop tokens;
 3. the policy as training runs it, the thin module beside the fused kernel (kernels/logprob.py):
    `PolicyLogProb`, the decoder then kernels.fused_logprob on the response positions only, on
-   the batch batching.collate_sequences builds (with share_prompts, the heads its rows share);
+   the batch `collate_sequences` builds (with share_prompts, the heads its rows share: `prompt_heads`);
 4. FSDP2: `apply_fsdp` shards it (per decoder layer and vision block, then the root),
    `checkpoint_activations` recomputes activations in the backward, `sampling_mode` lends the
    policy, unsharded, to the sampler and gives it back.
@@ -17,12 +19,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 import lora
+import utils
 from gui import MAX_PIXELS, MIN_PIXELS
 from kernels import fused_logprob
 
@@ -158,8 +165,6 @@ def merge_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Write the adapted model of LoRA checkpoint `ckpt` (lora.py) to `out` as a plain Hugging Face
     folder: config.json, model.safetensors, the tokenizer, args.json when the checkpoint has one;
     eval_sop.py, --model and --ref-model take it like any other. Returns `out`."""
-    import shutil
-
     ckpt, out = Path(ckpt), Path(out)
     out.mkdir(parents=True, exist_ok=True)
     load_model(ckpt).save_pretrained(str(out), safe_serialization=True)
@@ -167,6 +172,272 @@ def merge_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike) -> Path:
     if (ckpt / "args.json").is_file():
         shutil.copy(ckpt / "args.json", out / "args.json")
     return out
+
+
+def model_path(name: str) -> str:
+    """argparse type for --model: 'tiny', 'tiny:HxL' and 'auto' pass through; a Hugging Face folder
+    (config.json) as is; a run folder with a `latest` pointer (e.g. out/sft/ckpt) -> the checkpoint
+    it names. Raises UsageError for anything else, before a model is loaded."""
+    if name.startswith("tiny:"):
+        try:
+            parse_tiny(name)
+        except ValueError as e:
+            raise utils.UsageError(str(e)) from None
+        return name
+    if name in ("tiny", "auto") or (Path(name) / "config.json").is_file() or lora.is_adapter_dir(name):
+        return name
+    if not Path(name).exists():
+        raise utils.UsageError(f"{name!r}: no such folder (expected 'tiny', a Hugging Face model folder or a checkpoint folder)")
+    ckpt = utils.latest_checkpoint(name) if Path(name).is_dir() else None
+    if ckpt is None:
+        raise utils.UsageError(f"{name!r}: not a model folder (no config.json, no `latest` checkpoint pointer)")
+    return str(ckpt)
+
+
+# -----------------------------------------------------------------------------
+# checkpoints: Hugging Face layout + safetensors (a LoRA run's: the adapters in PEFT's), written atomically
+
+
+def save_checkpoint(out_dir: str | os.PathLike, model, tokenizer, args: dict, *, optimizer=None,
+                    extra: dict | None = None, keep: int = 2, adapter=None) -> Path | None:
+    """Write out_dir/step_XXXXXX/ (Hugging Face layout, args.json, trainer_state.json = extra with
+    "step"; with an optimizer also optimizer.pt and every rank's RNG state), atomically (a finished
+    temporary folder renamed into place, then os.replace of out_dir/latest); keep the newest `keep` (0: every one).
+    adapter: the PeftModel of a LoRA run (lora.apply_lora): the folder then holds the adapter in
+    PEFT's layout (lora.save_adapter) instead of the model's weights.
+    Collective (plain or FSDP2 model; rank 0 writes). Returns the folder on rank 0, else None."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)  # unsharded, on CPU
+    if adapter is not None:
+        msd = lora.adapter_state_dict(model)  # the adapters alone (gathered: collective)
+    else:
+        msd = get_model_state_dict(model, options=opts)
+    osd = get_optimizer_state_dict(model, optimizer, options=opts) if optimizer is not None else None
+    rngs = [utils.rng_state()]  # every rank's generators: ranks draw different numbers
+    if dist.is_initialized():
+        rngs = [None] * dist.get_world_size()
+        dist.all_gather_object(rngs, utils.rng_state())
+    if utils.get_rank() != 0:
+        return None
+    extra, out_dir = dict(extra or {}), Path(out_dir)
+    step = int(extra.get("step", 0))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    final, tmp = out_dir / f"step_{step:06d}", out_dir / f".tmp_step_{step:06d}_{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    inner = model if hasattr(model, "save_pretrained") else model.model  # an FSDP root (PolicyLogProb) wraps it
+    if adapter is not None:
+        lora.save_adapter(adapter, msd, tmp)
+    else:
+        msd = msd if inner is model else {k.removeprefix("model."): v for k, v in msd.items()}
+        if getattr(inner.config, "tie_word_embeddings", False):
+            msd.pop("lm_head.weight", None)  # tied to the input embedding (FSDP's state dict lists both)
+        inner.save_pretrained(str(tmp), state_dict=msd, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(tmp))
+    (tmp / "args.json").write_text(json.dumps(args, indent=2, default=str))
+    if osd is not None:
+        torch.save(osd, tmp / "optimizer.pt")
+        extra["rng"] = rngs  # one rng_state() per rank
+    (tmp / "trainer_state.json").write_text(json.dumps(extra, default=str))
+    shutil.rmtree(final, ignore_errors=True)  # an older checkpoint of the same step
+    os.replace(tmp, final)  # atomic on POSIX: the folder appears complete or not at all
+    (out_dir / f".latest.{os.getpid()}").write_text(final.name)
+    os.replace(out_dir / f".latest.{os.getpid()}", out_dir / "latest")
+    old = sorted(p for p in out_dir.glob("step_*") if p.is_dir() and p != final)
+    for p in [] if keep <= 0 else old[:-keep + 1] if keep > 1 else old:
+        shutil.rmtree(p, ignore_errors=True)
+    return final
+
+
+def load_checkpoint_state(ckpt: str | os.PathLike, model, optimizer=None) -> dict:
+    """Load a save_checkpoint folder into a (possibly FSDP2) model, optimizer and every RNG;
+    returns trainer_state.json. Collective. optimizer.pt is read weights_only (nothing unpickled).
+    A LoRA checkpoint (lora.is_adapter_dir) loads its adapters into the adapted `model`.
+    Raises FileNotFoundError (no config.json), ValueError (saved for another number of ranks)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+    ckpt = Path(ckpt)
+    opts = StateDictOptions(full_state_dict=True, strict=False)
+    if lora.is_adapter_dir(ckpt):  # a LoRA run's: the adapters into the (already adapted) model
+        lora.load_adapter_state(ckpt, model)
+    elif not (ckpt / "config.json").exists():
+        raise FileNotFoundError(f"{ckpt}: no config.json (not a checkpoint folder)")
+    else:
+        # read through the model class's own from_pretrained (on CPU): it maps the Hub's key names back
+        inner = model if hasattr(model, "save_pretrained") else model.model
+        msd = type(inner).from_pretrained(str(ckpt), dtype=torch.float32).state_dict()
+        msd = msd if inner is model else {"model." + k: v for k, v in msd.items()}
+        if getattr(inner.config, "tie_word_embeddings", False):
+            msd = {k: v for k, v in msd.items() if k not in ("lm_head.weight", "model.lm_head.weight")}
+        set_model_state_dict(model, msd, options=opts)
+    state = json.loads((ckpt / "trainer_state.json").read_text()) if (ckpt / "trainer_state.json").exists() else {}
+    if optimizer is not None and (ckpt / "optimizer.pt").exists():
+        osd = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)
+        set_optimizer_state_dict(model, optimizer, osd, options=opts)
+    if isinstance(state.get("rng"), list):  # (older checkpoints kept rank 0's only, in another layout)
+        rank, n = utils.get_rank(), len(state["rng"])
+        if n != (dist.get_world_size() if dist.is_initialized() else 1):
+            raise ValueError(f"{ckpt / 'trainer_state.json'}: field 'rng' holds {n} ranks' generators; "
+                             f"resume with that many processes")
+        utils.set_rng_state(state["rng"][rank])
+    return state
+
+
+
+# -----------------------------------------------------------------------------
+# the trainer's batches: responses and their prompts right-padded into one batch (collate_sequences,
+# the one pad-id rule), and with share_prompts the prompt heads its rows share (prompt_heads, chosen by
+# a cost model of the CPU forward, KEY_COST), each run once by PolicyLogProb. Pure tensors.
+
+
+def image_runs(is_img: torch.Tensor) -> list[tuple[int, int]]:
+    """is_img (T,) bool: which tokens are image placeholders -> the runs [a, b) they form, in order
+    (one per image: each image's <|image_pad|> tokens are contiguous)."""
+    zero = torch.zeros(1, dtype=torch.int, device=is_img.device)
+    edges = torch.diff(is_img.int(), prepend=zero, append=zero)
+    return list(zip((edges == 1).nonzero().flatten().tolist(), (edges == -1).nonzero().flatten().tolist()))
+
+
+def collate_sequences(prompts: list, responses: list[list[int]], pad_id: int, share_prompts: bool = False,
+                      image_token_id: int | None = None) -> dict:
+    """Right-pad prompt+response sequences into one batch.
+
+    prompts: objects with input_ids (T_i,) int64, pixel_values (P_i, 1176) or None and
+    image_grid_thw (I_i, 3) or None (chat.Prompt). responses: the sampled token ids,
+    exactly as the sampler produced them (never re-tokenised text). Returns input_ids and
+    targets (B, T) int64 (targets = input_ids on response tokens, -100 elsewhere: padding
+    is masked by position, never by comparing with pad_id, which may equal EOS),
+    attention_mask (B, T) int64, the images concatenated in row order (pixel_values,
+    image_grid_thw) and image_index (I,) int64: the first image with the same pixels and grid
+    (PolicyLogProb encodes each distinct image once).
+
+    share_prompts: also group the rows into heads (`prompt_heads`): head_of_row (B,), head_rep (H,)
+    (the row whose tokens the head is), head_len (H,) int64, image_row and image_start (I,) int64
+    (each image's row and first token), pad_id; PolicyLogProb then runs each head once. Needs
+    image_token_id (<|image_pad|>) when a prompt has images; raises ValueError without it.
+    """
+    seqs = [torch.cat([p.input_ids.long(), torch.tensor(r, dtype=torch.long)]) for p, r in zip(prompts, responses)]
+    T = max(len(s) for s in seqs)
+    B = len(seqs)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    targets = torch.full((B, T), -100, dtype=torch.long)
+    attention_mask = torch.zeros((B, T), dtype=torch.long)
+    for b, (s, p) in enumerate(zip(seqs, prompts)):
+        input_ids[b, :len(s)] = s
+        attention_mask[b, :len(s)] = 1
+        targets[b, len(p.input_ids):len(s)] = s[len(p.input_ids):]
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "targets": targets}
+    pv = [p.pixel_values for p in prompts if p.pixel_values is not None]
+    digests = []  # per image: (grid, pixel digest)
+    if pv:
+        batch["pixel_values"] = torch.cat(pv)
+        batch["image_grid_thw"] = torch.cat([p.image_grid_thw for p in prompts if p.image_grid_thw is not None])
+        offs = [0] + batch["image_grid_thw"].prod(-1).cumsum(0).tolist()
+        first: dict[tuple, int] = {}
+        index = []
+        for i, g in enumerate(batch["image_grid_thw"].tolist()):
+            px = batch["pixel_values"][offs[i]:offs[i + 1]].detach().cpu().numpy().tobytes()
+            digests.append((tuple(g), hashlib.blake2b(px, digest_size=16).digest()))
+            index.append(first.setdefault(digests[-1], i))
+        batch["image_index"] = torch.tensor(index, dtype=torch.long)
+    if share_prompts:
+        if pv and image_token_id is None:
+            raise ValueError("collate_sequences(share_prompts=True): prompts with images need image_token_id")
+        batch.update(_share(prompts, [len(r) for r in responses], digests, pad_id, image_token_id))
+    return batch
+
+
+def _share(prompts: list, response_lens: list[int], digests: list[tuple], pad_id: int, image_token_id) -> dict:
+    """The head fields of collate_sequences(..., share_prompts=True): each prompt's key (its ids,
+    every image run replaced by its (grid, pixel digest), so same-size screenshots differ), its
+    image runs, then prompt_heads. digests: one per image, in row order."""
+    keys, runs, image_row, image_start = [], [], [], []
+    k = 0  # the next image's index in digests
+    for b, p in enumerate(prompts):
+        key = p.input_ids.tolist()
+        r = image_runs(p.input_ids == image_token_id) if image_token_id is not None else []
+        for i, j in r:
+            key[i:j] = [digests[k]] * (j - i)
+            image_row.append(b)
+            image_start.append(i)
+            k += 1
+        keys.append(key)
+        runs.append(r)
+    head_of_row, head_rep, head_len = prompt_heads(keys, runs, response_lens)
+    out = {"head_of_row": torch.tensor(head_of_row), "head_rep": torch.tensor(head_rep),
+           "head_len": torch.tensor(head_len), "pad_id": pad_id}
+    if image_row:
+        out.update(image_row=torch.tensor(image_row), image_start=torch.tensor(image_start))
+    return out
+
+
+KEY_COST = 1 / 256  # attention per key as a fraction of a token's other work (measured, tiny:128x4 on CPU)
+
+
+def prompt_heads(keys: list[list], runs: list[list[tuple[int, int]]], response_lens: list[int],
+                 key_cost: float = KEY_COST):
+    """Group B rows into heads: a head is a prefix that several rows' prompts share, run once.
+
+    keys[b]: row b's prompt as comparable tokens (equal keys = identical prompts, images included);
+    runs[b]: its image runs [a, c) (a head never ends inside one: each image lies wholly in a head
+    or a tail); response_lens[b]: its response length. Distinct prompts are sorted (prompts with
+    long common prefixes become neighbours) and joined greedily while the modelled cost falls: a
+    head of h tokens costs h (1 + key_cost h / 2) (causal kernel), a tail of t tokens after it
+    t (1 + key_cost (h + t)) (dense masked attention over the head and itself). A prompt alone is
+    its own head, whole, so its rows' tails are just their responses: identical prompts always share.
+    Returns (head_of_row (B,), head_rep (H,): a row holding each head, head_len (H,)) as lists."""
+    distinct: dict[tuple, list[int]] = {}
+    for b, k in enumerate(keys):
+        distinct.setdefault(tuple(k), []).append(b)
+    order = sorted(distinct, key=_sortable)
+
+    def cost(members, h):  # the modelled work of one head of length h over these distinct prompts
+        tails = [len(k) - h + response_lens[b] for k in members for b in distinct[k]]
+        return h * (1 + key_cost * h / 2) + sum(t * (1 + key_cost * (h + t)) for t in tails)
+
+    def cut(k, h):  # h moved back to the start of an image run it would split
+        for a, c in runs[distinct[k][0]]:
+            if a < h < c:
+                return a
+        return h
+
+    groups: list[tuple[list[tuple], int]] = []
+    for k in order:
+        if groups:
+            members, h = groups[-1]
+            lcp, first = 0, members[0]
+            while lcp < min(h, len(k)) and first[lcp] == k[lcp]:
+                lcp += 1
+            h2 = cut(k, lcp)
+            if h2 > 0 and cost(members + [k], h2) < cost(members, h) + cost([k], len(k)):
+                groups[-1] = (members + [k], h2)
+                continue
+        groups.append(([k], len(k)))
+    head_of_row, head_rep, head_len = [0] * len(keys), [], []
+    for g, (members, h) in enumerate(groups):
+        for k in members:
+            for b in distinct[k]:
+                head_of_row[b] = g
+        head_rep.append(distinct[members[0]][0])
+        head_len.append(h)
+    return head_of_row, head_rep, head_len
+
+
+def _sortable(key: tuple) -> tuple:
+    """A sort key for prompt keys mixing token ids (int) and image digests (tuple): images first."""
+    return tuple((0, t) if isinstance(t, tuple) else (1, (t,)) for t in key)
+
+
+def to_device(batch: dict, device) -> dict:
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
 # -----------------------------------------------------------------------------

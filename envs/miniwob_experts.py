@@ -47,7 +47,9 @@ from envs.miniwob_env import (  # noqa: E402
     evaluate_online,
     final_observation,
 )
+from envs import miniwob_tasks  # noqa: E402
 from envs.miniwob_tasks import MEMORY_TASKS, is_task  # noqa: E402
+import utils  # noqa: E402
 from gui import ACTIONS  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -556,34 +558,32 @@ def check_tasks(tasks, need_expert: bool = False) -> None:
 
 
 def main(argv=None):
-    import cli  # only the CLI needs it (it imports torch; the environment itself does not)
-
-    ap = cli.make_parser(__doc__.split("\n")[0] + "\n\n" + __doc__[__doc__.index("CLI ("):])
+    ap = utils.make_parser(__doc__.split("\n")[0] + "\n\n" + __doc__[__doc__.index("CLI ("):])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    ev = sub.add_parser("eval", help="online evaluation of a built-in policy", formatter_class=cli.HelpFormatter,
+    ev = sub.add_parser("eval", help="online evaluation of a built-in policy", formatter_class=utils.HelpFormatter,
                         epilog=ap.epilog)
     ev.add_argument("--policy", choices=sorted(POLICIES), default="expert", help="policy to run")
-    ev.add_argument("--tasks", nargs="+", type=cli.miniwob_task_or_all, default=["all"],
+    ev.add_argument("--tasks", nargs="+", type=miniwob_tasks.miniwob_task_or_all, default=["all"],
                     help="task names, 'all' (the 18 MiniWob++ tasks with an expert) or 'memory' (the memory tasks)")
-    ev.add_argument("--seeds", type=cli.positive_int, default=20, help="episodes per task")
-    ev.add_argument("--seed-base", type=cli.non_negative_int, default=TEST_SEED_BASE, help="first seed")
-    ev.add_argument("--max-steps", type=cli.positive_int, default=15, help="step limit per episode")
-    ev.add_argument("--step-timeout", type=cli.positive_float, default=20.0, help="seconds per env step")
+    ev.add_argument("--seeds", type=utils.positive_int, default=20, help="episodes per task")
+    ev.add_argument("--seed-base", type=utils.non_negative_int, default=TEST_SEED_BASE, help="first seed")
+    ev.add_argument("--max-steps", type=utils.positive_int, default=15, help="step limit per episode")
+    ev.add_argument("--step-timeout", type=utils.positive_float, default=20.0, help="seconds per env step")
     ev.add_argument("--no-screenshots", action="store_true",
                     help="skip screenshots (the built-in policies do not look at them)")
     ev.add_argument("--out", default=None, help="also write the full result JSON here")
     sh = sub.add_parser("show", help="print one episode: goal, element lists, expert actions",
-                        formatter_class=cli.HelpFormatter, epilog=ap.epilog)
-    sh.add_argument("--task", required=True, type=cli.miniwob_task, help="task name")
-    sh.add_argument("--seed", type=cli.non_negative_int, default=0, help="episode seed")
+                        formatter_class=utils.HelpFormatter, epilog=ap.epilog)
+    sh.add_argument("--task", required=True, type=miniwob_tasks.miniwob_task, help="task name")
+    sh.add_argument("--seed", type=utils.non_negative_int, default=0, help="episode seed")
     args = ap.parse_args(argv)
     try:
         check_tasks([args.task] if args.cmd == "show" else task_list(args.tasks),
                     need_expert=args.cmd == "show" or args.policy == "expert")
     except ValueError as e:
-        raise cli.UsageError(str(e)) from None
+        raise utils.UsageError(str(e)) from None
     if args.cmd == "eval" and args.seeds < 1:
-        raise cli.UsageError(f"--seeds {args.seeds}: need at least 1 episode per task")
+        raise utils.UsageError(f"--seeds {args.seeds}: need at least 1 episode per task")
 
     if args.cmd == "show":
         env = MiniWobEnv(args.task)
@@ -595,7 +595,7 @@ def main(argv=None):
         for k, st in enumerate(ep["steps"]):
             print(f"--- step {k}\n{st['elements']}\nthought: {st['thought']}\n"
                   f"action: {json.dumps(st['action'])}  candidate_bbox: {st['candidate_bbox']}")
-        print(cli.dumps({"task": args.task, "seed": args.seed, "success": ep["success"],
+        print(utils.dumps({"task": args.task, "seed": args.seed, "success": ep["success"],
                            "steps": len(ep["steps"])}))
         return
 
@@ -609,16 +609,14 @@ def main(argv=None):
         print(f"{task:24s} success {r['success_rate']:6.1%}  mean steps {r['mean_steps']:4.1f}  "
               f"{r['seconds_per_env_step'] * 1000:5.0f} ms/env step  {fails}")
     if args.out:
-        Path(args.out).write_text(cli.dumps(res, indent=1))
+        Path(args.out).write_text(utils.dumps(res, indent=1))
     out = {"policy": args.policy, "seeds": args.seeds, "seed_base": args.seed_base,
            "max_steps": args.max_steps, "seconds": round(time.time() - t0, 1),
            "overall": res["overall"],
            "per_task": {t: {"success_rate": r["success_rate"], "mean_steps": r["mean_steps"],
                             "failures": r["failures"]} for t, r in res["per_task"].items()}}
-    print(cli.dumps(out))
+    print(utils.dumps(out))
 
 
 if __name__ == "__main__":
-    import cli
-
-    cli.run_script(main)
+    utils.run_script(main)

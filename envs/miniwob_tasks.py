@@ -10,18 +10,22 @@ after it left the screen; only the agent's own earlier thought still holds it. D
 --num-images 1 to keep the fact out of the kept screenshots; from distance 2 on, the release's 2
 screenshots do not hold it either. Tune difficulty in OWN_TASKS (or add a name: the expert, the data tool
 and eval_sop --online take every memory-* row).
+
+The task names are checked while flags are parsed (`miniwob_task`, `miniwob_task_or_all`): importing this
+module needs no browser and not the `miniwob` package itself (it is only located).
 """
 
 import atexit
+import importlib.util
 import shutil
 import tempfile
 from pathlib import Path
 from urllib.parse import urlencode
 
-import miniwob
-from miniwob.fields import get_field_extractor
+import utils
 
-HTML_DIR = Path(miniwob.__file__).parent / "html" / "miniwob"  # the package's task pages
+_SPEC = importlib.util.find_spec("miniwob")  # located, not imported: the task names need no browser
+HTML_DIR = Path(_SPEC.origin if _SPEC and _SPEC.origin else ".").parent / "html" / "miniwob"  # the package's task pages
 PAGES_DIR = Path(__file__).resolve().parent / "miniwob_pages"  # the project's own
 OWN_TASKS = {
     "memory-code-1": ("memory.html", {"fact": "code", "len": 4, "options": 4, "gap": 0}),
@@ -65,4 +69,16 @@ def task_page(task: str) -> str:
 def field_extractor(task: str):
     """miniwob's goal-field parser of a package task (utterance -> [(key, value)]); our pages put no fields
     in the goal. Raises KeyError for a package task miniwob has no parser for."""
+    from miniwob.fields import get_field_extractor  # the package itself, where an online run needs it
+
     return (lambda utterance: []) if task in OWN_TASKS else get_field_extractor(task)
+
+
+def tasks() -> list[str]:
+    """The MiniWob++ tasks there is a page for: the installed package's html/miniwob/*.html and the
+    project's own (OWN_TASKS, the memory tasks)."""
+    return sorted({p.stem for p in HTML_DIR.glob("*.html")} | set(OWN_TASKS))
+
+
+miniwob_task = utils.names(tasks, "MiniWob++ task")                                        # --tasks, --online-tasks
+miniwob_task_or_all = utils.names(lambda: ["all", "memory", *tasks()], "MiniWob++ task")  # 'all', 'memory': task sets

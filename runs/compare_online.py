@@ -21,7 +21,8 @@ import numpy as np
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # runs/, the repo
 from stats import paired_binary  # noqa: E402
-import cli  # noqa: E402
+import utils  # noqa: E402
+from envs import miniwob_tasks  # noqa: E402
 
 
 def load_online(folder: Path) -> dict[tuple[str, int], bool]:
@@ -82,11 +83,11 @@ def markdown(res: dict, name_a: str, name_b: str) -> str:
 
 
 def main(argv=None) -> dict:
-    ap = cli.make_parser(__doc__)
+    ap = utils.make_parser(__doc__)
     ap.add_argument("--a", nargs="+", required=True, help="eval_sop.py --out folders of arm A (one per training seed)")
     ap.add_argument("--b", nargs="+", required=True, help="the same for arm B, in the same seed order")
     ap.add_argument("--names", nargs=2, default=["A", "B"], help="the two arms' names in the table")
-    ap.add_argument("--tasks", nargs="+", type=cli.miniwob_task, default=None, help="compare only these tasks (default: every task played)")
+    ap.add_argument("--tasks", nargs="+", type=miniwob_tasks.miniwob_task, default=None, help="compare only these tasks (default: every task played)")
     ap.add_argument("--out", default=None, help="write the result (JSON) here")
     args = ap.parse_args(argv)
     res = compare([load_online(Path(f)) for f in args.a], [load_online(Path(f)) for f in args.b], tasks=args.tasks)

@@ -32,17 +32,17 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import cli  # noqa: E402
+import utils  # noqa: E402
 from stats import paired_binary, seed_paired_t, wilson  # noqa: E402
 
 
 def read_episodes(folder: str) -> dict[tuple[str, int], dict]:
     """{(task, seed): row} of an eval_sop.py --online folder's online_episodes.jsonl. Raises
-    cli.UsageError (one line, exit 2) naming the file and line of a missing file, bad JSON or a row
+    utils.UsageError (one line, exit 2) naming the file and line of a missing file, bad JSON or a row
     that is not {task: str, seed: int, success: bool[, sampled_success: [bool, ...]]}."""
     path = Path(folder) / "online_episodes.jsonl"
     if not path.is_file():
-        raise cli.UsageError(f"{path}: no such file (run eval_sop.py --online --out {folder})")
+        raise utils.UsageError(f"{path}: no such file (run eval_sop.py --online --out {folder})")
     out = {}
     for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -50,7 +50,7 @@ def read_episodes(folder: str) -> dict[tuple[str, int], dict]:
         try:
             row = json.loads(line)
         except ValueError as e:
-            raise cli.UsageError(f"{path}: line {i}: invalid JSON ({e})") from None
+            raise utils.UsageError(f"{path}: line {i}: invalid JSON ({e})") from None
         bad = ("not an object" if not isinstance(row, dict) else
                next((f"missing {k!r}" for k in ("task", "seed", "success") if k not in row), None))
         if bad is None:
@@ -64,7 +64,7 @@ def read_episodes(folder: str) -> dict[tuple[str, int], dict]:
             elif sampled is not None and not (isinstance(sampled, list) and all(isinstance(x, bool) for x in sampled)):
                 bad = f"sampled_success {sampled!r} is not a list of true/false"
         if bad:
-            raise cli.UsageError(f"{path}: line {i}: {bad} (expected task, seed, success)")
+            raise utils.UsageError(f"{path}: line {i}: {bad} (expected task, seed, success)")
         out[(row["task"], row["seed"])] = row
     return out
 
@@ -72,10 +72,10 @@ def read_episodes(folder: str) -> dict[tuple[str, int], dict]:
 def summarize(start: dict, points: list[tuple[str, int, dict]]) -> dict:
     """The dose-response table (module docstring) on the (task, seed) keys every folder holds.
     start: read_episodes of the start; points: (arm, step, read_episodes) per checkpoint. The start is
-    each arm's step 0. Raises cli.UsageError when the folders share no episode."""
+    each arm's step 0. Raises utils.UsageError when the folders share no episode."""
     keys = sorted(set(start).intersection(*(set(p[2]) for p in points)))
     if not keys:
-        raise cli.UsageError("the folders share no (task, seed) episode")
+        raise utils.UsageError("the folders share no (task, seed) episode")
     g0 = [int(bool(start[k]["success"])) for k in keys]
     samples = [start[k].get("sampled_success") for k in keys]
     flippable = [i for i, k in enumerate(keys) if not g0[i] and any(samples[i] or [])]
@@ -152,15 +152,15 @@ def point_step(text: str) -> int:
     try:
         v = int(text)
     except ValueError:
-        raise cli.UsageError(f"STEP {text!r} is not an integer") from None
+        raise utils.UsageError(f"STEP {text!r} is not an integer") from None
     if v < 1:
-        raise cli.UsageError(f"STEP {v}: must be >= 1 (the start, --start, is step 0)")
+        raise utils.UsageError(f"STEP {v}: must be >= 1 (the start, --start, is step 0)")
     return v
 
 
 def main(argv=None) -> dict:
-    p = cli.make_parser(__doc__)
-    p.add_argument("--start", required=True, type=cli.arg_type(cli.input_dir),
+    p = utils.make_parser(__doc__)
+    p.add_argument("--start", required=True, type=utils.arg_type(utils.input_dir),
                    help="eval_sop.py --online folder of the starting checkpoint (with --samples)")
     p.add_argument("--point", nargs=3, action="append", required=True, metavar=("ARM", "STEP", "DIR"),
                    help="an RL checkpoint's eval_sop.py --online folder, its arm name and RL step >= 1 (repeatable)")
@@ -171,13 +171,13 @@ def main(argv=None) -> dict:
     for arm, step, folder in args.point:
         try:
             points.append((arm, point_step(step), read_episodes(folder)))
-        except cli.UsageError as e:
+        except utils.UsageError as e:
             p.error(f"--point {arm} {step} {folder}: {e}")
     summary = summarize(read_episodes(args.start), points)
     out = Path(args.out)
     parent = next((d for d in [out.parent, *out.parent.parents] if d.exists()), Path("."))
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise cli.UsageError(f"--out {args.out}: {parent} is not a writable folder")
+        raise utils.UsageError(f"--out {args.out}: {parent} is not a writable folder")
     out.parent.mkdir(parents=True, exist_ok=True)
     plot(out.with_suffix(".png"), summary)  # first: a figure that cannot be drawn leaves no half-written result
     out.with_suffix(".json").write_text(json.dumps(summary, indent=1))
@@ -188,4 +188,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    cli.run_script(main)
+    utils.run_script(main)

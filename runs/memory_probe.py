@@ -79,8 +79,8 @@ def main(argv=None) -> dict:
     given = eval_sop.sop_parser().parse_args(argv)  # eval_sop.py's flags, checked as it checks them
     out = given.out
     if not out or out.endswith(".jsonl") or not given.online:
-        import cli
-        raise cli.UsageError("give --online and an --out folder (eval_sop.py's flags otherwise)")
+        import utils
+        raise utils.UsageError("give --online and an --out folder (eval_sop.py's flags otherwise)")
     record: dict = {}
     kept = eval_sop.OnlineModelPolicy
     eval_sop.OnlineModelPolicy = recording_policy(kept, record)
@@ -124,5 +124,5 @@ def probe_counts(rows: list[dict]) -> dict:
 
 
 if __name__ == "__main__":
-    import cli
-    cli.run_script(main)
+    import utils
+    utils.run_script(main)

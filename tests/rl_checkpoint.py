@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 
-import batching
 import chat
 import dataset
 import gui
@@ -33,7 +32,7 @@ def make_checkpoint(out, n_episodes=2, steps=80, lr=5e-3, max_pixels=20000, seed
         action = gui.scale_action(ep.steps[0].action, shot.size, p.resized_size)
         prompts.append(p)
         responses.append(tok(gui.format_response("I click it.", action)).input_ids + [stop])
-    batch = batching.collate_sequences(prompts, responses, tok.pad_token_id)
+    batch = vlm.collate_sequences(prompts, responses, tok.pad_token_id)
     model = vlm.load_model("tiny", seed=seed)
     policy = vlm.PolicyLogProb(model)
     opt = torch.optim.Adam(policy.parameters(), lr=lr)
@@ -43,7 +42,7 @@ def make_checkpoint(out, n_episodes=2, steps=80, lr=5e-3, max_pixels=20000, seed
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-    utils.save_checkpoint(out, model, tok, {"made_by": "tests/rl_checkpoint.py"}, extra={"step": steps})
+    vlm.save_checkpoint(out, model, tok, {"made_by": "tests/rl_checkpoint.py"}, extra={"step": steps})
     return utils.latest_checkpoint(out), loss.item()
 
 

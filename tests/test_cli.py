@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import chat
-import cli
+import utils
 import dataset
 import eval_sop
 import gui
@@ -42,18 +42,18 @@ def test_dumps_replaces_nonfinite_with_null_and_reason():
 
     row = {"step": 3, "loss": float("nan"), "kl": np.float32("inf"), "ent": torch.tensor(-math.inf),
            "ok": 1.5, "per_task": {"a": [0.5, float("nan")]}, "flag": True}
-    text = cli.dumps(row)
+    text = utils.dumps(row)
     back = strict_loads(text)
     assert back["loss"] is None and back["kl"] is None and back["ent"] is None
     assert back["ok"] == 1.5 and back["step"] == 3 and back["flag"] is True and back["per_task"]["a"] == [0.5, None]
     assert back["nonfinite"] == {"loss": "nan", "kl": "inf", "ent": "-inf", "per_task.a[1]": "nan"}
-    assert "nonfinite" not in strict_loads(cli.dumps({"loss": 1.0}))  # nothing to report: no field
+    assert "nonfinite" not in strict_loads(utils.dumps({"loss": 1.0}))  # nothing to report: no field
     with pytest.raises(ValueError):  # the check itself can fail: the standard library writes NaN
         strict_loads(json.dumps({"loss": float("nan")}))
 
 
 def test_metrics_logger_writes_strict_lines(tmp_path):
-    m = cli.MetricsLogger(tmp_path / "metrics.jsonl")
+    m = utils.MetricsLogger(tmp_path / "metrics.jsonl")
     m.log({"step": 1, "loss": float("nan"), "reward_mean": 0.25})
     m.log({"step": 2, "loss": 0.5, "reward_mean": 0.5})
     rows = [strict_loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -65,16 +65,16 @@ def test_metrics_resume_drops_the_steps_it_redoes(tmp_path):
     """Killed after logging step 4 (and half of step 5) with its last checkpoint at step 2: the resumed
     run keeps steps 0-2 and logs 3, 4, ... once each; a resume from no checkpoint starts the file over."""
     path = tmp_path / "metrics.jsonl"
-    m = cli.MetricsLogger(path)
+    m = utils.MetricsLogger(path)
     for step in range(5):
         m.log({"step": step, "loss": 1.0 / (step + 1)})
     with open(path, "a") as f:
         f.write('{"step": 5, "lo')
-    r = cli.MetricsLogger(path, append=True)
+    r = utils.MetricsLogger(path, append=True)
     assert r.resume_at(2) == 3                          # steps 3, 4 and the torn line
     r.log({"step": 3, "loss": 0.0})
     assert [strict_loads(x)["step"] for x in path.read_text().splitlines()] == [0, 1, 2, 3]
-    assert cli.MetricsLogger(path, append=True).resume_at(0) == 4 and path.read_text() == ""
+    assert utils.MetricsLogger(path, append=True).resume_at(0) == 4 and path.read_text() == ""
 
 
 class Tracker:
@@ -107,11 +107,11 @@ class Tracker:
     finish = close
 
 
-def fake_trackers(monkeypatch, names=tuple(cli.TRACKERS)) -> list:
+def fake_trackers(monkeypatch, names=tuple(utils.TRACKERS)) -> list:
     """Tracker stand-ins as the modules of `names`; returns the list of their calls."""
     calls = []
     for name in names:
-        monkeypatch.setitem(sys.modules, cli.TRACKERS[name], Tracker(name, calls))
+        monkeypatch.setitem(sys.modules, utils.TRACKERS[name], Tracker(name, calls))
     return calls
 
 
@@ -123,7 +123,7 @@ def trackers(monkeypatch):
 def test_report_to_every_tracker_gets_the_same_scalars(tmp_path, trackers, monkeypatch):
     monkeypatch.delenv("WANDB_PROJECT", raising=False)
     monkeypatch.setenv("TRACKIO_PROJECT", "mine")
-    m = cli.MetricsLogger(tmp_path / "run7" / "m.jsonl", report_to=["tensorboard", "wandb", "trackio"],
+    m = utils.MetricsLogger(tmp_path / "run7" / "m.jsonl", report_to=["tensorboard", "wandb", "trackio"],
                           config={"lr": 1e-3, "bad": float("nan")})
     m.log({"step": 7, "loss": 0.25, "kl": float("nan"), "tasks_kept": 3, "note": "x", "flag": True})
     m.close()
@@ -132,7 +132,7 @@ def test_report_to_every_tracker_gets_the_same_scalars(tmp_path, trackers, monke
     assert inits["wandb"]["project"] == "ui-s1" and inits["trackio"]["project"] == "mine"
     assert inits["wandb"]["name"] == inits["trackio"]["name"] == "run7"
     assert inits["trackio"]["config"]["lr"] == 1e-3 and inits["trackio"]["config"]["bad"] is None  # strict JSON
-    for name in cli.TRACKERS:
+    for name in utils.TRACKERS:
         scalars = {c[1]: c[2:] for c in trackers if c[0] == name and len(c) == 4}
         # NaN, text, bools and the x axis are not curves; t is the logger's wall time
         assert scalars.pop("t")[1] == 7 and scalars == {"loss": (0.25, 7), "tasks_kept": (3, 7)}, name
@@ -140,7 +140,7 @@ def test_report_to_every_tracker_gets_the_same_scalars(tmp_path, trackers, monke
 
 
 def test_report_to_none_writes_the_metrics_file_alone(tmp_path, trackers):
-    m = cli.MetricsLogger(tmp_path / "m.jsonl", report_to=["none"])
+    m = utils.MetricsLogger(tmp_path / "m.jsonl", report_to=["none"])
     m.log({"step": 1, "loss": 0.5})
     m.close()
     assert trackers == [] and not (tmp_path / "tensorboard").exists()
@@ -149,8 +149,8 @@ def test_report_to_none_writes_the_metrics_file_alone(tmp_path, trackers):
 
 def test_report_to_missing_package_is_a_usage_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import raises ImportError
-    with pytest.raises(cli.UsageError, match="pip install tensorboard"):
-        cli.MetricsLogger(tmp_path / "m.jsonl", report_to=["tensorboard"])
+    with pytest.raises(utils.UsageError, match="pip install tensorboard"):
+        utils.MetricsLogger(tmp_path / "m.jsonl", report_to=["tensorboard"])
 
 
 @pytest.mark.parametrize("trainer", ["train_sft", "train_semionline"])
@@ -209,7 +209,7 @@ def test_plot_puts_the_method_first_draws_a_redone_step_once_and_titles_apart(tm
     rows = [{"step": s, "tok_s": 100.0 + s, "patch_rate": 0.1, "loss": 1.0 / s, "kl": 0.01 * s, "reward_mean": s / 10}
             for s in (1, 2, 3, 4, 3, 4, 5)]  # killed after step 4, resumed from the step-2 checkpoint
     rows[4]["reward_mean"] = 9.0
-    f.write_text("".join(cli.dumps(r) + "\n" for r in rows))
+    f.write_text("".join(utils.dumps(r) + "\n" for r in rows))
     series = plot_metrics.read_metrics(str(f))
     assert list(series)[:3] == ["reward_mean", "kl", "loss"] and list(series)[3:] == ["tok_s", "patch_rate"]
     assert series["reward_mean"] == ([1, 2, 3, 4, 5], [0.1, 0.2, 9.0, 0.4, 0.5])  # step 3: the resumed run's
@@ -229,14 +229,14 @@ def test_plot_writes_png(tmp_path, capsys):
     rows = [{"step": s, "loss": 1 / s, "reward_mean": s / 30, "note": "text"} for s in range(1, 31)]
     rows[4]["loss"] = float("nan")
     rows[9]["val_loss"] = 0.7
-    f.write_text("".join(cli.dumps(r) + "\n" for r in rows))
+    f.write_text("".join(utils.dumps(r) + "\n" for r in rows))
     series = plot_metrics.read_metrics(str(f))
     assert set(series) == {"loss", "reward_mean", "val_loss"}  # numbers only; step and t are the axes
     assert series["loss"][1][4] is None and series["val_loss"] == ([10], [0.7])
     written = plot_metrics.main([str(f), "--smooth", "3"])
     png = tmp_path / "metrics.png"
     assert written == [str(png)] and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
-    with pytest.raises(cli.UsageError, match="no numeric metric kl"):
+    with pytest.raises(utils.UsageError, match="no numeric metric kl"):
         plot_metrics.main([str(f), "--keys", "loss", "kl"])
 
 

@@ -115,7 +115,7 @@ import runpy  # noqa: E402
 
 
 SCRIPTS = sorted({str(p.relative_to(REPO)) for d in ("", "tools", "runs", "bench", "envs") for p in (REPO / d).glob("*.py")
-                  if re.search(r"parse_args\(|__main__", p.read_text(encoding="utf-8"))} - {"runs/repro_common.py", "cli.py"})
+                  if re.search(r"parse_args\(|__main__", p.read_text(encoding="utf-8"))} - {"runs/repro_common.py", "utils.py"})
 NAME_LIKE = re.compile(r"(^|_)(task|tasks|policy|protocol|mode|rules|workloads|sections|split|worker)$")
 
 
@@ -186,14 +186,14 @@ def test_flag_walk(script):
                 continue
             flag = a.option_strings[-1]
             if a.type in (int, float):
-                problems.append(f"{script} {prefix} {flag}: bare {a.type.__name__} (use a cli range type)")
+                problems.append(f"{script} {prefix} {flag}: bare {a.type.__name__} (use a utils range type)")
                 continue
             kind = getattr(a.type, "kind", None)
             values = {"int": ["-1", "0"], "float": ["-1", "0", "nan", "inf", "-inf"]}.get(kind, [])
             if a.choices is not None or kind == "name":
                 values.append("clikc-tset")
             elif kind is None and NAME_LIKE.search(a.dest):
-                problems.append(f"{script} {prefix} {flag}: a name-like flag without choices or cli.names")
+                problems.append(f"{script} {prefix} {flag}: a name-like flag without choices or utils.names")
             n = a.nargs if isinstance(a.nargs, int) else 1
             for v in values:
                 line = refused(p, [flag, *([v] * n)])

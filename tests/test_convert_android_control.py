@@ -458,14 +458,14 @@ def test_good_duplicate_after_a_bad_first_copy_is_kept(tmp_path):
 
 
 def test_usage_errors(tmp_path):
-    with pytest.raises(conv.cli.UsageError, match="no shards named"):
+    with pytest.raises(conv.utils.UsageError, match="no shards named"):
         conv.main(["--src", str(tmp_path), "--out", str(tmp_path / "o")])
     src = make_src(tmp_path)
     with pytest.raises(SystemExit):  # not a split name at all: refused while the flags are parsed
         conv.build_parser().parse_args(["--src", str(src), "--out", str(tmp_path / "o"), "--split", "dev"])
     (src / "splits.json").write_text(json.dumps({"train": [10], "test": [7, 8, 9]}))
-    with pytest.raises(conv.cli.UsageError, match=r"--split validation: not in splits.json \(it has: train, test\)"):
+    with pytest.raises(conv.utils.UsageError, match=r"--split validation: not in splits.json \(it has: train, test\)"):
         conv.main(["--src", str(src), "--out", str(tmp_path / "o"), "--split", "validation"])
     os.remove(src / "splits.json")
-    with pytest.raises(conv.cli.UsageError, match="--split test needs"):
+    with pytest.raises(conv.utils.UsageError, match="--split test needs"):
         conv.main(["--src", str(src), "--out", str(tmp_path / "o"), "--split", "test"])

@@ -46,11 +46,10 @@ def test_cli_error_is_one_line():
 def test_synthetic_page_is_a_consistent_click():
     import random
     rng = random.Random(3)
-    import warmup
-    labels = warmup.page_labels(dataset.load_episodes(str(REPO / "data" / "miniwob_click" / "train.jsonl")))
+    labels = dataset.page_labels(dataset.load_episodes(str(REPO / "data" / "miniwob_click" / "train.jsonl")))
     assert len(labels) > 50 and "" not in labels
     for _ in range(20):
-        goal, lines, action, thought = warmup.synthetic_page(rng, labels, 5)
+        goal, lines, action, thought = dataset.synthetic_page(rng, labels, 5)
         rows = lines.splitlines()
         assert 1 <= len(rows) <= 5
         x, y = action["coordinate"]

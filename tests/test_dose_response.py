@@ -59,7 +59,7 @@ def test_script_runs_and_refuses_bad_rows(case):
     assert last["flippable"] == 2 and [r["successes"] for r in last["rows"]] == [1, 2, 3]
     assert (tmp / "res" / "dose.png").stat().st_size > 0 and "| semi | 20 | 3/4" in (tmp / "res" / "dose.md").read_text()
     (Path(s20) / "online_episodes.jsonl").write_text('{"task": "t", "seed": 1, "success": true}\n{"task": "t"}\n')
-    with pytest.raises(dose_response.cli.UsageError, match="online_episodes.jsonl: line 2: missing 'seed'"):
+    with pytest.raises(dose_response.utils.UsageError, match="online_episodes.jsonl: line 2: missing 'seed'"):
         dose_response.read_episodes(s20)
 
 

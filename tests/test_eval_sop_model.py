@@ -18,6 +18,7 @@ import gui
 import rollout
 from rollout import semi_online_rollout
 import report
+import vlm
 from vlm import load_processor
 
 REPO = Path(__file__).resolve().parent.parent
@@ -295,19 +296,19 @@ def test_tiny_model_end_to_end(capsys, miniwob_file, tmp_path):
 
 
 def test_model_path(tmp_path):
-    """--model of every script (eval_sop.py included) goes through cli.model_path."""
-    import cli
+    """--model of every script (eval_sop.py included) goes through vlm.model_path."""
+    import utils
     ckpt = tmp_path / "ckpt" / "step_000300"
     ckpt.mkdir(parents=True)
     (ckpt / "config.json").write_text("{}")
     (tmp_path / "ckpt" / "latest").write_text("step_000300")
-    assert cli.model_path(str(tmp_path / "ckpt")) == str(ckpt)
-    assert cli.model_path(str(ckpt)) == str(ckpt) and cli.model_path("tiny") == "tiny"
-    assert cli.model_path("tiny:128x4") == "tiny:128x4"
-    with pytest.raises(cli.UsageError, match="latest"):
-        cli.model_path(str(tmp_path))
-    with pytest.raises(cli.UsageError, match="tiny:HxL"):
-        cli.model_path("tiny:12x")
+    assert vlm.model_path(str(tmp_path / "ckpt")) == str(ckpt)
+    assert vlm.model_path(str(ckpt)) == str(ckpt) and vlm.model_path("tiny") == "tiny"
+    assert vlm.model_path("tiny:128x4") == "tiny:128x4"
+    with pytest.raises(utils.UsageError, match="latest"):
+        vlm.model_path(str(tmp_path))
+    with pytest.raises(utils.UsageError, match="tiny:HxL"):
+        vlm.model_path("tiny:12x")
     assert eval_sop.sop_parser().parse_args(["--model", str(tmp_path / "ckpt")]).model == str(ckpt)
 
 

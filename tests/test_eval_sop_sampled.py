@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-import cli
+import utils
 import eval_sop
 import gui
 from envs import miniwob_env
@@ -163,9 +163,9 @@ def test_flip_counts_and_flags(capsys):
         eval_sop.flip_counts(g, [{(A, 0): True}], [A])
     for argv, msg in ((["--online", "--samples", "2"], "only with --online --policy model"),
                       (["--policy", "model", "--samples", "2", "--data", "README.md"], "only with --online")):
-        with pytest.raises(cli.UsageError, match=msg):
+        with pytest.raises(utils.UsageError, match=msg):
             eval_sop.main(argv)
-    # a flag's own range: refused while parsing, the trainer's temperature rule (sampler.check_temperature)
+    # a flag's own range: refused while parsing, the trainer's temperature rule (utils.check_temperature)
     for argv, msg in ((["--online", "--policy", "model", "--samples", "-1"], "argument --samples: -1: must be >= 0"),
                       (["--online", "--policy", "model", "--samples", "1", "--temperature", "0"], "argument --temperature: 0"),
                       (["--online", "--policy", "model", "--samples", "1", "--temperature", "1e-9"], "argument --temperature: 1e-9"),

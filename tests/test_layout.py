@@ -3,7 +3,9 @@ import circle among the product's modules, imports that flow one way (scripts ->
 standing alone; the prompt builder, the dataset and the reward free of model code and Triton;
 evaluation free of tools/; tools/ free of stage scripts), one action registry that every place
 agrees with, and a README whose fork section names things that exist. Parsed with ast, except where
-a module's imports or the registry are checked by importing them."""
+a module's imports or the registry are checked by importing them. And its size: at most 17 top-level modules,
+no function-level imports of project modules outside the stage scripts, no stage function over 80 lines,
+and a ceiling on the lines of the RL path (rl_path_lines: what train_semionline.py imports, kernels/ included)."""
 import ast
 import re
 import subprocess
@@ -84,9 +86,11 @@ def test_kernels_stand_alone_and_training_does_not_import_evaluation():
 
 def test_light_modules_load_no_model_code():
     """The prompt builder, the dataset, the action schema and the reward are read (and forked) without the
-    model: importing them loads neither Triton, nor kernels/, nor the model file, nor transformers."""
-    code = ("import sys, chat, dataset, gui, reward, release\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'triton', 'kernels', 'vlm', 'transformers', 'peft'}))")
+    model: importing them (and the shared utils.py) loads neither torch, nor Triton, nor kernels/, nor the model
+    file, nor LoRA, nor transformers."""
+    code = ("import sys, chat, dataset, gui, reward, utils\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'triton', 'kernels', 'vlm', 'lora', "
+            "'transformers', 'peft'}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
@@ -140,3 +144,95 @@ def test_readme_fork_section_names_exist():
         mod, _, attr = dotted.rpartition(".")
         m = importlib.import_module(mod)
         assert hasattr(m, attr), dotted
+
+
+# -----------------------------------------------------------------------------
+# the house's size: modules, functions, the RL path
+
+MODULE_BUDGET = 17  # top-level modules: stages own the logic only they use; utils.py is all they share
+FUNCTION_BUDGET = 80  # lines of a function in a stage file: main reads as the algorithm, each phase a named function
+RL_PATH_CEILING = 7073  # lines on the RL path today (rl_path_lines): a ratchet; the design card aims at 2,200
+
+
+def function_level_imports(path: Path, name: str) -> set[str]:
+    """Product modules imported inside a function (or a method) of `path`, rather than at its top."""
+    out = set()
+    for fn in ast.walk(ast.parse(path.read_text())):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    mod = ast.Module(body=[node], type_ignores=[])
+                    out |= imports_of_tree(mod, name)
+    return out
+
+
+def imports_of_tree(tree, name: str) -> set[str]:
+    """`imports` of an already parsed tree."""
+    out = set()
+    pkg = name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = f"{pkg}.{node.module}" if node.level and node.module else (pkg if node.level else node.module)
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        out |= {n for n in names if n and n.split(".")[0] in PRODUCT}
+    return out
+
+
+def rl_path_files() -> list[Path]:
+    """The files on the RL path: train_semionline.py and every project file it imports, directly or
+    through others, at the top or inside a function (a package's __init__.py included: kernels/)."""
+    def resolve(dotted: str) -> Path | None:
+        p = REPO.joinpath(*dotted.split("."))
+        return next((f for f in (p.with_suffix(".py"), p / "__init__.py") if f.is_file()), None)
+
+    seen, todo = set(), [REPO / "train_semionline.py"]
+    while todo:
+        f = todo.pop()
+        if f in seen:
+            continue
+        seen.add(f)
+        name = ".".join(f.relative_to(REPO).with_suffix("").parts)  # kernels/__init__.py -> kernels.__init__
+        todo += [r for r in map(resolve, imports(f, name)) if r is not None]
+    return sorted(seen)
+
+
+def rl_path_lines() -> int:
+    """The lines on the RL path: `wc -l` of rl_path_files() summed (the figure the README quotes)."""
+    return sum(len(f.read_text().splitlines()) for f in rl_path_files())
+
+
+def test_module_budget():
+    mods = sorted(p.name for p in REPO.glob("*.py"))
+    assert len(mods) <= MODULE_BUDGET, f"{len(mods)} top-level modules (budget {MODULE_BUDGET}): {mods}"
+
+
+def test_no_function_level_imports_outside_the_stage_scripts():
+    """The library imports what it needs at its top, where a reader sees it: only the stage scripts (and
+    the scripts of runs/, tools/, bench/) may import a project module inside a function."""
+    for m, p in module_files().items():
+        if m in STAGE_SCRIPTS or m.split(".")[0] in ("runs", "tools", "bench"):
+            continue
+        lazy = function_level_imports(p, m)
+        assert not lazy, f"{p.relative_to(REPO)} imports {sorted(lazy)} inside a function"
+
+
+def test_stage_functions_are_short():
+    """A stage's functions fit on a screen: main reads as the algorithm (rollout -> rewards -> advantages ->
+    old/ref log-probs -> update -> log), each phase a named function above it."""
+    for f in STAGES:
+        for fn in ast.walk(ast.parse((REPO / f).read_text())):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = fn.end_lineno - fn.lineno + 1
+                assert n <= FUNCTION_BUDGET, f"{f}: {fn.name}() is {n} lines (budget {FUNCTION_BUDGET})"
+
+
+def test_rl_path_lines():
+    files = {f.relative_to(REPO).as_posix() for f in rl_path_files()}
+    assert {"train_semionline.py", "rollout.py", "advantage.py", "kernels/__init__.py", "kernels/ppo_loss.py"} <= files
+    assert "eval_sop.py" not in files and not any(f.startswith(("tools/", "runs/", "envs/")) for f in files), files
+    n = rl_path_lines()
+    assert n <= RL_PATH_CEILING, f"{n} lines on the RL path (ceiling {RL_PATH_CEILING}): {sorted(files)}"

@@ -19,7 +19,6 @@ from safetensors.torch import load_file
 from test_train import ENV, PY, REPO, RL, SFT, assert_same_params, launch, rl_ckpt  # noqa: F401 (fixture)
 from update_case import ARGV, make_records, reference_grads
 
-import batching
 import lora
 import train_semionline as ts
 import utils
@@ -32,7 +31,7 @@ LORA = ["--lora-r", "4", "--lora-alpha", "8"]
 def case():
     base = vlm.load_model("tiny", seed=0)
     records, pad_id = make_records(base)
-    batch = batching.collate_sequences([r.prompt for r in records], [r.response_ids for r in records], pad_id)
+    batch = vlm.collate_sequences([r.prompt for r in records], [r.response_ids for r in records], pad_id)
     with torch.no_grad():
         base_logp = vlm.PolicyLogProb(base)(batch)[0]
     return records, pad_id, batch, base_logp
@@ -71,7 +70,7 @@ def test_update_gradient_reaches_only_adapters_and_equals_reference(case):
     opt = torch.optim.SGD(lora.trainable(policy), lr=0.0)
     mb = ts._micro_batches(records[::-1], 1, 2, utils.Dist(0, 1, 0, torch.device("cpu")),
                            length=lambda r: len(r.prompt.input_ids) + len(r.response_ids))[0]
-    st = ts.ppo_step(policy, opt, mb, lambda c: batching.collate_sequences([r.prompt for r in c], [r.response_ids for r in c],
+    st = ts.ppo_step(policy, opt, mb, lambda c: vlm.collate_sequences([r.prompt for r in c], [r.response_ids for r in c],
                                                                      pad_id), utils.Dist(0, 1, 0, torch.device("cpu")),
                      **ts.loss_config(args))
     assert st["clipped"] > 0 and st["kl"] > 0 and st["skipped"] == 0
@@ -97,7 +96,7 @@ def test_gradient_checkpointing_gives_the_same_adapter_gradient(case):
         one = utils.Dist(0, 1, 0, torch.device("cpu"))
         mb = ts._micro_batches(records, 1, 3, one)[0]
         ts.ppo_step(policy, torch.optim.SGD(lora.trainable(policy), lr=0.0), mb,
-                    lambda c: batching.collate_sequences([r.prompt for r in c], [r.response_ids for r in c], pad_id), one,
+                    lambda c: vlm.collate_sequences([r.prompt for r in c], [r.response_ids for r in c], pad_id), one,
                     **ts.loss_config(args))
         grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
     a, b = grads
@@ -122,7 +121,7 @@ def test_checkpoint_merge_and_resume_load(case, tmp_path):
     _, pad_id, batch, _ = case
     model, peft = adapted()
     tok = vlm.load_processor("tiny")[0]
-    ckpt = utils.save_checkpoint(tmp_path / "ckpt", model, tok, {"x": 1}, extra={"step": 3}, adapter=peft)
+    ckpt = vlm.save_checkpoint(tmp_path / "ckpt", model, tok, {"x": 1}, extra={"step": 3}, adapter=peft)
     names = {p.name for p in ckpt.iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors", "lora_base.json"} <= names
     assert "model.safetensors" not in names and utils.latest_checkpoint(tmp_path / "ckpt") == ckpt
@@ -142,11 +141,11 @@ def test_checkpoint_merge_and_resume_load(case, tmp_path):
         assert (got - want).abs().max().item() < 1e-5
     # resume: a fresh adapted model takes the saved adapters exactly
     fresh, _ = adapted(nonzero_b=False)
-    assert utils.load_checkpoint_state(ckpt, fresh)["step"] == 3
+    assert vlm.load_checkpoint_state(ckpt, fresh)["step"] == 3
     assert all(torch.equal(p, dict(model.named_parameters())[n]) for n, p in fresh.named_parameters())
     wrong, _ = adapted(argv=["--lora-r", "2"])
     with pytest.raises(ValueError, match="same --lora-r"):
-        utils.load_checkpoint_state(ckpt, wrong)
+        vlm.load_checkpoint_state(ckpt, wrong)
 
 
 @pytest.mark.parametrize("argv,msg", [(["--lora-targets", "q_proj,nope"], "nope not a linear layer"),

@@ -1,4 +1,4 @@
-"""The trainer's log-prob forward (vlm.PolicyLogProb + batching.collate_sequences) must score exactly
+"""The trainer's log-prob forward (vlm.PolicyLogProb + vlm.collate_sequences) must score exactly
 the positions the sampler generated with: Qwen2.5-VL's 3-D mrope positions, also for prompts
 with two screenshots and under right padding in a batch (docs/method.md §11). A regression test: without
 mm_token_type_ids transformers falls back to 1-D positions and the gap reached several nats."""
@@ -7,14 +7,12 @@ import pytest
 import torch
 from PIL import Image
 
-import batching
 import chat
 import dataset
 import gui
 import vlm
 from sampler import Sampler
-from vlm import PolicyLogProb, sampling_mode
-from batching import collate_sequences
+from vlm import PolicyLogProb, collate_sequences, sampling_mode
 
 
 def _logp_entropy_grads(policy, batch):
@@ -150,12 +148,12 @@ def test_prompt_heads_by_hand():
     their 3-token common head 3 + 2 x (1 + 2) + (2 + 2) = 13 < 15, so they join; Z shares nothing."""
     X, Y, Z = [1, 2, 3, 4], [1, 2, 3, 5, 6], [7, 8]
     keys, runs, lens = [X, Y, X, Z], [[], [], [], []], [2, 2, 2, 2]
-    assert batching.prompt_heads(keys, runs, lens, key_cost=0.0) == ([0, 0, 0, 1], [0, 3], [3, 2])
+    assert vlm.prompt_heads(keys, runs, lens, key_cost=0.0) == ([0, 0, 0, 1], [0, 3], [3, 2])
     # when attention is dear (key_cost 1: the tails' keys cost as much as tokens) X + Y = 81.5 > 40 + 33.5: apart
-    assert batching.prompt_heads(keys, runs, lens, key_cost=1.0) == ([0, 1, 0, 2], [0, 1, 3], [4, 5, 2])
+    assert vlm.prompt_heads(keys, runs, lens, key_cost=1.0) == ([0, 1, 0, 2], [0, 1, 3], [4, 5, 2])
     # a head never ends inside an image run: a common prefix of 4 inside the run [2, 6) is cut back to 2
     A, B = [1, 2, 9, 9, 9, 9, 3], [1, 2, 9, 9, 8, 8, 4]
-    assert batching.prompt_heads([A, B], [[(2, 6)], [(2, 6)]], [1, 1], key_cost=0.0)[2] == [2]
+    assert vlm.prompt_heads([A, B], [[(2, 6)], [(2, 6)]], [1, 1], key_cost=0.0)[2] == [2]
 
 
 def test_shared_prompt_heads_same_logp_entropy_and_grads():

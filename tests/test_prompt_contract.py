@@ -96,9 +96,9 @@ def test_fresh_defaults_and_bad_values():
     assert chat.resolve_spec(args, args.model, say=lambda s: None).system_prompt == "short"  # trained from scratch
     args = eval_sop.sop_parser().parse_args([])
     assert chat.resolve_spec(args, "/models/Qwen2.5-VL-7B-Instruct", say=lambda s: None) == chat.PromptSpec()
-    import cli
+    import utils
     args = train_sft.parser.parse_args(["--max-pixels", "10", "--min-pixels", "20"])
-    with pytest.raises(cli.UsageError, match="--min-pixels 20 / --max-pixels 10"):
+    with pytest.raises(utils.UsageError, match="--min-pixels 20 / --max-pixels 10"):
         chat.resolve_spec(args, "tiny", say=lambda s: None)
 
 

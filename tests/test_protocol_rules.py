@@ -125,6 +125,6 @@ def test_named_protocol_is_static_under_its_rules(name, rules, variant, capsys):
 def test_named_protocol_and_served_flag_conflicts_are_usage_errors(argv, capsys):
     import eval_sop
     with pytest.raises(SystemExit) as e:
-        import cli
-        cli.run_script(eval_sop.main, ["--data", ANDROID, "--blank-screens", "1080x2400", *argv])
+        import utils
+        utils.run_script(eval_sop.main, ["--data", ANDROID, "--blank-screens", "1080x2400", *argv])
     assert e.value.code == 2 and "error:" in capsys.readouterr().err

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import cli
+import utils
 import eval_sop
 import report
 from runs import stats
@@ -110,10 +110,10 @@ def test_side_by_side_paired_difference_by_hand(tmp_path, capsys):
 
 def test_compare_input_errors(tmp_path):
     (tmp_path / "A").mkdir()
-    with pytest.raises(cli.UsageError, match="no result.json"):
+    with pytest.raises(utils.UsageError, match="no result.json"):
         report.main([str(tmp_path / "A"), str(tmp_path)])
     write_eval(tmp_path / "x", [1], [], [(1, 1)], [[1]])
-    with pytest.raises(cli.UsageError, match="distinct names"):
+    with pytest.raises(utils.UsageError, match="distinct names"):
         report.main([str(tmp_path / "x"), str(tmp_path / "x")])
 
 

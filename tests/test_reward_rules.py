@@ -10,8 +10,8 @@ from PIL import Image
 import dataset
 import eval_sop
 import gui
+import policies
 import reward
-import baselines
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "android_control")
 TEST = os.path.join(DATA, "android_control_test_uis1.jsonl")
@@ -21,8 +21,8 @@ SIZE = (1080, 2400)
 @pytest.fixture(scope="module")
 def floors():
     eps = dataset.load_episodes(TEST)
-    sizes = baselines.step_sizes(eps, blank_screens=SIZE)
-    return {r: baselines.run_baselines(eps, sizes, r)["rates"] for r in reward.MATCH_RULES}
+    sizes = policies.step_sizes(eps, blank_screens=SIZE)
+    return {r: policies.run_baselines(eps, sizes, r)["rates"] for r in reward.MATCH_RULES}
 
 
 def test_trivial_policies_score_near_zero(floors):
@@ -191,7 +191,7 @@ def test_constant_the_matches_nothing_on_the_test_file(floors):
 
 
 # -----------------------------------------------------------------------------
-# --match-rules release: the release's parse and check, its exceptions included (release.release_check)
+# --match-rules release: the release's parse and check, its exceptions included (reward.release_check)
 
 R = gui.resized_size(SIZE)  # (1092, 2408): the expert point (540, 1200) is (546, 1204) there
 CLICK = {"action": "click", "coordinate": [540, 1200]}

@@ -13,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-import cli  # noqa: E402
+import utils  # noqa: E402
 
 PY = sys.executable
 ENV = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
@@ -64,12 +64,12 @@ def test_failing_run_leaves_the_finished_folder_as_it_was(finished, flags, says)
 def test_trainers_print_the_readmes_eval_command(finished):
     _, stdout = finished
     readme = (REPO / "README.md").read_text()
-    rl = cli.eval_command("data/miniwob_click/test.jsonl", "out/semionline/ckpt", "out/eval/semionline")
+    rl = utils.eval_command("data/miniwob_click/test.jsonl", "out/semionline/ckpt", "out/eval/semionline")
     assert rl in readme  # the quick start's command, as the RL trainer prints it for its defaults
     line = next(x for x in stdout.splitlines() if x.startswith("evaluate:"))
-    assert cli.EVAL_FLAGS in line and "--data data/miniwob_click/test.jsonl" in line
+    assert utils.EVAL_FLAGS in line and "--data data/miniwob_click/test.jsonl" in line
     src = (REPO / "train_semionline.py").read_text()
-    assert "cli.eval_command(test, out / 'ckpt', 'out/eval/semionline')" in src
+    assert "utils.eval_command(test, out / 'ckpt', 'out/eval/semionline')" in src
 
 
 def test_rl_without_sft_checkpoint_is_one_line(tmp_path):

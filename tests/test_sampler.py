@@ -20,6 +20,7 @@ from PIL import Image
 
 import decode
 import sampler as sampling_mod
+import utils
 import vlm
 from sampler import (
     SampleOutput,
@@ -290,13 +291,13 @@ def test_sampler_refuses_what_it_cannot_sample(model, proc):
     for m in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="max_new_tokens"):
             Sampler(model, proc[0], max_new_tokens=m)
-    tok, lp = sample_from_logits(torch.tensor([[0.0, 50.0, 49.0]]), temperature=sampling_mod.MIN_TEMPERATURE)
+    tok, lp = sample_from_logits(torch.tensor([[0.0, 50.0, 49.0]]), temperature=utils.MIN_TEMPERATURE)
     assert tok.item() == 1 and torch.isfinite(lp).all()
 
 
-@pytest.mark.parametrize("temperature,top_p,greedy", [(sampling_mod.MIN_TEMPERATURE, 1.0, False), (0.05, 1.0, False),
-                                                      (sampling_mod.MIN_TEMPERATURE, 0.9, False),
-                                                      (sampling_mod.MIN_TEMPERATURE, 1.0, True)])
+@pytest.mark.parametrize("temperature,top_p,greedy", [(utils.MIN_TEMPERATURE, 1.0, False), (0.05, 1.0, False),
+                                                      (utils.MIN_TEMPERATURE, 0.9, False),
+                                                      (utils.MIN_TEMPERATURE, 1.0, True)])
 def test_banned_id_far_ahead_draws_only_allowed_ids(model, proc, prompts, temperature, top_p, greedy):
     """A banned (vision) id leading every allowed one by ~100 x T nats at the lowest allowed temperature:
     a softmax taken before the ban puts every allowed id at 0 (the inverse CDF then returns the last id,

@@ -47,9 +47,9 @@ CASES = [
     ("bench_online", ["bench/bench_online.py", "--model", "tiny", "--tasks", "click-test", "--seeds", "2",
                       "--max-steps", "1", "--max-new-tokens", "4", "--batches", "1", "2"],
      {"episodes", "same_outcomes", "batch_1", "batch_2"}, True, False),
-    ("score", ["score.py", "--data", "data/miniwob_click/test.jsonl", "--responses", "{tmp}/responses.jsonl",
+    ("score", ["eval_sop.py", "score", "--data", "data/miniwob_click/test.jsonl", "--responses", "{tmp}/responses.jsonl",
                "--out", "{tmp}/scores.jsonl", "--image-root", "data/miniwob_click"], {"responses", "reward_mean", "match_rate", "malformed_responses", "floor_step_sr"}, False, False),
-    ("baselines", ["baselines.py", "--data", "data/miniwob_click/test.jsonl"], {"rules", "steps", "rates"}, False, False),
+    ("baselines", ["eval_sop.py", "baselines", "--data", "data/miniwob_click/test.jsonl"], {"rules", "steps", "rates"}, False, False),
     ("draw_rollout", ["tools/draw_rollout.py", "--out", "{tmp}/rollout.png", "--dpi", "40"],
      {"out", "rollouts", "steps", "patches", "ended_early"}, False, False),
     ("repro_main_dry", ["runs/repro_main.py", "--dry-run", "--out", "{tmp}/repro", "--results", "{tmp}/results"], None, False, False),
@@ -72,7 +72,7 @@ def test_script_runs_and_prints_its_json(argv, keys, browser, trl, tmp_path):
         pytest.skip("needs chromium + chromedriver (MiniWob++)")
     if trl and not TRL:
         pytest.skip("needs TRL: pip install --no-deps -r bench/requirements-bench.txt")
-    if "score.py" in argv:  # one malformed response a step: scored 0, never a crash
+    if "score" in argv:  # one malformed response a step: scored 0, never a crash
         import dataset
         eps = dataset.load_episodes(REPO / "data/miniwob_click/test.jsonl")
         (tmp_path / "responses.jsonl").write_text("".join(
@@ -87,7 +87,7 @@ def test_script_runs_and_prints_its_json(argv, keys, browser, trl, tmp_path):
         return
     out = json.loads(lines[-1])
     assert keys <= set(out), sorted(keys - set(out))
-    if "score.py" in argv:
+    if "score" in argv:
         assert out["responses"] == 64 and out["malformed_responses"] == 64 and out["reward_mean"] == 0.0
 
 

@@ -8,7 +8,7 @@ generated system prompt lists it, a response with it parses, the strict match sc
 performs it in a live MiniWob++ page, the expert emits it with a thought (long, short and varied), the
 data tool records the episode, and the expert replay through the rollout driver (eval_sop) gets SOP
 progress 1.0. A new kind of argument adds a rule in reward.RULES (checked with a second toy), and its
-trivial floor in baselines.trivial_policies. The bullet of README that counts these places is checked
+trivial floor in policies.trivial_policies. The bullet of README that counts these places is checked
 against what this file registers, so the count cannot drift. One enter-text episode in headless Chromium
 (a few seconds)."""
 
@@ -33,7 +33,7 @@ SPEC = gui.ActionSpec((("coordinate", "point"),), "point",
 # place a new kind of argument also needs that is code, not a registry: README's bullet must name exactly these.
 AGENT = {"gui.ACTIONS", "reward.RULES"}
 ENVIRONMENT = {"envs.miniwob_env.EXECUTORS", "envs.miniwob_experts.EXPERTS"}
-FLOOR = {"baselines.trivial_policies"}
+FLOOR = {"policies.trivial_policies"}
 
 
 def do_double_click(d, action, image_size):
@@ -126,11 +126,11 @@ def test_a_new_kind_of_argument_is_a_rule_in_reward_rules(toy, monkeypatch):
 
 def test_every_registered_type_has_a_trivial_floor(toy):
     # the floors answer by rule, so a type on an existing rule has one; a new rule needs its own (README)
-    import baselines
+    import policies
 
     import dataset
 
-    pol = baselines.trivial_policies([(dataset.Step(None, {"action": KIND, "coordinate": [5, 5]}), (168, 224))])
+    pol = policies.trivial_policies([(dataset.Step(None, {"action": KIND, "coordinate": [5, 5]}), (168, 224))])
     for kind, spec in gui.ACTIONS.items():
         assert any(kind in types for types, _ in pol.values() if types is not gui.ACTION_TYPES), (kind, spec.rule)
 

@@ -232,10 +232,10 @@ def test_rng_state_round_trip(tmp_path):
     utils.seed_everything(7)
     torch.rand(3), np.random.rand(2), random.random()  # advance some, not others (np's gauss cache)
     np.random.standard_normal()  # leaves a cached Gaussian in numpy's state
-    utils.save_checkpoint(tmp_path, model, None, {}, optimizer=opt, extra={"step": 1})
+    vlm.save_checkpoint(tmp_path, model, None, {}, optimizer=opt, extra={"step": 1})
     want = (torch.rand(4).tolist(), np.random.standard_normal(3).tolist(), random.random())
     utils.seed_everything(123)
-    utils.load_checkpoint_state(utils.latest_checkpoint(tmp_path), model, opt)
+    vlm.load_checkpoint_state(utils.latest_checkpoint(tmp_path), model, opt)
     got = (torch.rand(4).tolist(), np.random.standard_normal(3).tolist(), random.random())
     assert got == want
 
@@ -247,7 +247,7 @@ KILLER = textwrap.dedent("""
     import vlm
     model = vlm.load_model("tiny")
     opt = torch.optim.AdamW(model.parameters())
-    utils.save_checkpoint({out!r}, model, None, {{"a": 1}}, optimizer=opt, extra={{"step": 1}})
+    vlm.save_checkpoint({out!r}, model, None, {{"a": 1}}, optimizer=opt, extra={{"step": 1}})
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)
@@ -257,7 +257,7 @@ KILLER = textwrap.dedent("""
         print("WRITING", flush=True)
         time.sleep(60)
     type(model).save_pretrained = slow
-    utils.save_checkpoint({out!r}, model, None, {{"a": 2}}, optimizer=opt, extra={{"step": 2}})
+    vlm.save_checkpoint({out!r}, model, None, {{"a": 2}}, optimizer=opt, extra={{"step": 2}})
 """)
 
 
@@ -297,13 +297,12 @@ def test_keep_checkpoints(tmp_path):
     keep 0 keeps every one (a dose-response evaluates the intermediate steps)."""
     import train_semionline
     import train_sft
-    import utils
 
     model = vlm.load_model("tiny:32x1")
     for keep, want in ((2, ["step_000003", "step_000004"]), (0, ["step_000001", "step_000002", "step_000003", "step_000004"])):
         out = tmp_path / f"keep{keep}"
         for step in range(1, 5):
-            utils.save_checkpoint(out, model, None, {}, extra={"step": step}, keep=keep)
+            vlm.save_checkpoint(out, model, None, {}, extra={"step": step}, keep=keep)
         assert sorted(p.name for p in out.glob("step_*")) == want
         assert (out / "latest").read_text().strip() == "step_000004"
     for p in (train_sft.parser, train_semionline.parser):

@@ -20,7 +20,6 @@ import pytest
 import torch
 from update_case import ARGV, make_records, reference_grads
 
-import batching
 import train_semionline as ts
 import utils
 import vlm
@@ -59,7 +58,7 @@ def run_update(model, records, pad_id, args, micro_size=2, opt=None, share=False
     assert [id(r) for c in mb for r in c] != [id(r) for r in records]
 
     def collate(chunk):
-        return batching.collate_sequences([r.prompt for r in chunk], [r.response_ids for r in chunk], pad_id,
+        return vlm.collate_sequences([r.prompt for r in chunk], [r.response_ids for r in chunk], pad_id,
                                      share_prompts=share, image_token_id=model.config.image_token_id)
 
     return ts.ppo_step(policy, opt, mb, collate, ONE, **ts.loss_config(args)), mb
@@ -72,7 +71,7 @@ def test_update_gradient_equals_reference(case, agg, share):
     args = ts.parser.parse_args(ARGV + ["--loss-agg", agg])
     assert len(records) >= 5 and len({r.adv for r in records}) >= 4
     if share:  # the case holds rows that share a head, so the shared path runs
-        b = batching.collate_sequences([r.prompt for r in records], [r.response_ids for r in records], pad_id,
+        b = vlm.collate_sequences([r.prompt for r in records], [r.response_ids for r in records], pad_id,
                                   share_prompts=True, image_token_id=model.config.image_token_id)
         assert len(b["head_len"]) < len(records)
     st, mb = run_update(model, records, pad_id, args, share=share)
@@ -209,7 +208,7 @@ def test_gradient_checkpointing_under_fsdp2(case):
         mb = ts._micro_batches(records, 1, len(records), ONE)[0]
 
         def collate(chunk):
-            return batching.collate_sequences([r.prompt for r in chunk], [r.response_ids for r in chunk], pad_id)
+            return vlm.collate_sequences([r.prompt for r in chunk], [r.response_ids for r in chunk], pad_id)
 
         st = ts.ppo_step(policy, torch.optim.SGD(policy.parameters(), lr=0.0), mb, collate, ONE, **ts.loss_config(args))
         assert st["skipped"] == 0 and calls == {"text": 2, "vision": 2}
@@ -227,8 +226,7 @@ def test_gradient_checkpointing_flag():
         assert parser.parse_args([]).gradient_checkpointing is False
         assert vars(parser.parse_args(["--gradient-checkpointing"]))["gradient_checkpointing"] is True
     # shared prompt heads need the KV cache that checkpointing drops: refused before anything runs
-    import cli
-    with pytest.raises(cli.UsageError, match="share-prompts"):
+    with pytest.raises(utils.UsageError, match="share-prompts"):
         ts.check_args(ts.parser.parse_args(["--share-prompts", "on", "--gradient-checkpointing"]))
     ts.check_args(ts.parser.parse_args(["--share-prompts", "auto", "--gradient-checkpointing"]))  # auto: off then
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import torch
 
-import batching
 import chat
 import dataset
 import vlm
@@ -40,7 +39,7 @@ def make_records(model):
         r = TrainItem(rec, adv=(1.0 + j % 3) * (1.0 if j % 2 else -1.0))  # non-zero, both signs, several sizes
         items.append(r)
         with torch.no_grad():
-            logp, _ = pol(batching.collate_sequences([r.prompt], [r.response_ids], tok.pad_token_id))
+            logp, _ = pol(vlm.collate_sequences([r.prompt], [r.response_ids], tok.pad_token_id))
         # old: up to +-0.6 nats away, so ratios leave [1 - 0.2, 1 + 0.25] and the dual clip (ratio > 3) fires
         r.old_logp = logp + (torch.rand(len(logp), generator=g) * 2.4 - 1.2)
         r.ref_logp = logp + (torch.rand(len(logp), generator=g) - 0.5)

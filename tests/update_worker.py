@@ -11,7 +11,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from update_case import ARGV, make_records, reference_grads  # noqa: E402
 
-import batching  # noqa: E402
 import train_semionline as ts  # noqa: E402
 import utils  # noqa: E402
 import vlm
@@ -32,7 +31,7 @@ share = len(sys.argv) > 3 and sys.argv[3] == "on"
 
 def collate(chunk):
     rs = chunk if chunk is not None else fallback
-    return batching.collate_sequences([r.prompt for r in rs], [r.response_ids for r in rs], pad_id, share_prompts=share,
+    return vlm.collate_sequences([r.prompt for r in rs], [r.response_ids for r in rs], pad_id, share_prompts=share,
                                  image_token_id=model.config.image_token_id)
 
 

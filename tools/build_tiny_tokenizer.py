@@ -14,7 +14,7 @@ a byte-level BPE of `--vocab-size` tokens from the real Qwen2.5-VL tokenizer
 The corpus, in a fixed order (so the build is exact): the system prompt; for every shipped episode
 file (data/miniwob*, data/android_control/*) and every step, the text of the prompt the stages build
 (chat.build_prompt with the expert's history, special tokens cut out) and the expert's response; the
-synthetic pages of the SFT copy warm-up (warmup.synthetic_page, seed 0). Run it from the
+synthetic pages of the SFT copy warm-up (dataset.synthetic_page, seed 0). Run it from the
 repository root; it writes assets/tiny_tokenizer/ (the tokenizer files and BUILD.json with the
 corpus hash) and refuses to overwrite a different build unless --force:
 
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import chat
-import cli  # noqa: E402
+import utils  # noqa: E402
 import dataset
 import gui  # noqa: E402
 
@@ -46,16 +46,14 @@ EPISODE_FILES = ("data/miniwob/train.jsonl", "data/miniwob/test.jsonl", "data/mi
 ANDROID_SIZE = (1080, 2400)  # blank stand-ins: only the sizes matter for the prompt's text
 N_SYNTHETIC = 4000
 
-parser = cli.make_parser(__doc__)
-parser.add_argument("--vocab-size", type=cli.positive_int, default=8192, help="tokens in the new vocabulary, special and added tokens included (= the tiny model's vocab_size)")
+parser = utils.make_parser(__doc__)
+parser.add_argument("--vocab-size", type=utils.positive_int, default=8192, help="tokens in the new vocabulary, special and added tokens included (= the tiny model's vocab_size)")
 parser.add_argument("--out", default=str(ROOT / "assets" / "tiny_tokenizer"), help="output folder")
 parser.add_argument("--force", action="store_true", help="overwrite a build whose files differ")
 
 
 def corpus(tokenizer, image_processor) -> list[str]:
     """The training texts (module docstring), in build order, special tokens removed."""
-    from warmup import page_labels, synthetic_page
-
     specials = chat.special_tokens(tokenizer)
 
     def text_of(ids) -> str:
@@ -66,7 +64,7 @@ def corpus(tokenizer, image_processor) -> list[str]:
     for rel in EPISODE_FILES:
         episodes = dataset.load_episodes(str(ROOT / rel))
         if "miniwob" in rel and rel.endswith("train.jsonl"):
-            labels += page_labels(episodes)
+            labels += dataset.page_labels(episodes)
         for ep in episodes:
             history = []
             for t, step in enumerate(ep.steps):
@@ -83,7 +81,7 @@ def corpus(tokenizer, image_processor) -> list[str]:
     rng = random.Random(0)
     labels = sorted(set(labels))
     for _ in range(N_SYNTHETIC):
-        goal, lines, action, thought = synthetic_page(rng, labels, 4)
+        goal, lines, action, thought = dataset.synthetic_page(rng, labels, 4)
         texts += [f"Task goal: {goal}\nUI elements on screen:\n{lines}", gui.format_response(thought, action)]
     return texts
 
@@ -123,13 +121,13 @@ def main(argv=None):
         same = old.get("files") == build["files"]
         print(f"{out}: the committed build is {'reproduced exactly' if same else 'DIFFERENT'}")
         if not same and not args.force:
-            raise cli.UsageError(f"{out}: differs from this build; --force overwrites it")
+            raise utils.UsageError(f"{out}: differs from this build; --force overwrites it")
         import shutil
         shutil.rmtree(out)
     tmp.rename(out)
-    print(cli.dumps({k: v for k, v in build.items() if k != "files"}))
+    print(utils.dumps({k: v for k, v in build.items() if k != "files"}))
     return build
 
 
 if __name__ == "__main__":
-    cli.run_script(main)
+    utils.run_script(main)

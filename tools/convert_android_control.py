@@ -67,8 +67,8 @@ from pathlib import Path
 from PIL import Image
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: cli, gui
-import cli  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: utils, gui
+import utils  # noqa: E402
 import dataset
 
 # -----------------------------------------------------------------------------
@@ -84,8 +84,8 @@ PRESS_TIME = WAIT_TIME = 2   # seconds, as the release writes long_press and wai
 
 
 def build_parser():
-    p = cli.make_parser(__doc__)
-    p.add_argument("--src", required=True, type=cli.arg_type(cli.input_dir),
+    p = utils.make_parser(__doc__)
+    p.add_argument("--src", required=True, type=utils.arg_type(utils.input_dir),
                    help="folder with the shards android_control-000NN-of-00020 (and splits.json)")
     p.add_argument("--out", required=True, help="output folder: images/, {split}.jsonl, convert_summary.json")
     p.add_argument("--split", default=None, choices=["train", "validation", "test"], help="convert only this split of SRC/splits.json (train, validation "
@@ -93,7 +93,7 @@ def build_parser():
     p.add_argument("--terminate", action="store_true",
                    help="end every episode with {\"action\": \"terminate\", \"status\": \"success\"} on its last "
                    "observation, as the release's training file (its evaluation file has none)")
-    p.add_argument("--limit", type=cli.positive_int, default=None, help="stop after this many episodes written (default: all)")
+    p.add_argument("--limit", type=utils.positive_int, default=None, help="stop after this many episodes written (default: all)")
     p.add_argument("--skip-bad", action="store_true", help="skip a bad record (a broken shard: the rest of it) and "
                    "list it in the summary instead of stopping with an error")
     return p
@@ -568,18 +568,18 @@ def load_splits(src: str) -> tuple[dict[int, str] | None, list[str]]:
     try:
         obj = json.loads(Path(path).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise cli.UsageError(f"{path}: not JSON: {e}") from None
+        raise utils.UsageError(f"{path}: not JSON: {e}") from None
     if not isinstance(obj, dict) or not all(isinstance(v, list) for v in obj.values()):
-        raise cli.UsageError(f"{path}: expected {{split name: [episode ids]}}")
+        raise utils.UsageError(f"{path}: expected {{split name: [episode ids]}}")
     out = {}
     for split, ids in obj.items():
         for i in ids:
             try:
                 i = int(i)
             except (TypeError, ValueError):
-                raise cli.UsageError(f"{path}: split {split!r}: episode id {i!r} is not an integer") from None
+                raise utils.UsageError(f"{path}: split {split!r}: episode id {i!r} is not an integer") from None
             if out.setdefault(i, split) != split:
-                raise cli.UsageError(f"{path}: episode {i} is in both {out[i]!r} and {split!r}")
+                raise utils.UsageError(f"{path}: episode {i} is in both {out[i]!r} and {split!r}")
     return out, list(obj)
 
 
@@ -588,15 +588,15 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.time()
     shards = sorted(glob.glob(os.path.join(args.src, SHARD_GLOB)))
     if not shards:
-        raise cli.UsageError(f"--src {args.src}: no shards named {SHARD_GLOB} in it")
+        raise utils.UsageError(f"--src {args.src}: no shards named {SHARD_GLOB} in it")
     if args.limit is not None and args.limit < 1:
-        raise cli.UsageError(f"--limit {args.limit}: need at least 1")
+        raise utils.UsageError(f"--limit {args.limit}: need at least 1")
     split_of, split_names = load_splits(args.src)
     if args.split is not None:
         if split_of is None:
-            raise cli.UsageError(f"--split {args.split} needs {os.path.join(args.src, 'splits.json')}")
+            raise utils.UsageError(f"--split {args.split} needs {os.path.join(args.src, 'splits.json')}")
         if args.split not in split_names:
-            raise cli.UsageError(f"--split {args.split}: not in splits.json (it has: {', '.join(split_names)})")
+            raise utils.UsageError(f"--split {args.split}: not in splits.json (it has: {', '.join(split_names)})")
     os.makedirs(os.path.join(args.out, "images"), exist_ok=True)
     if CRC_IMPLEMENTATION != "google-crc32c":
         print(f"note: crc32c is {CRC_IMPLEMENTATION}", file=sys.stderr)
@@ -696,7 +696,7 @@ def main(argv: list[str] | None = None) -> dict:
                "terminate": args.terminate, "swipe_convention": SWIPE_CONVENTION, "crc32c": CRC_IMPLEMENTATION,
                "shards": len(shards), "seconds": round(time.time() - t0, 1)}
     with open(os.path.join(args.out, "convert_summary.json"), "w", encoding="utf-8") as f:
-        f.write(cli.dumps(summary, indent=1, ensure_ascii=False))
+        f.write(utils.dumps(summary, indent=1, ensure_ascii=False))
     print(f"{summary['episodes']} episodes ({', '.join(f'{k} {v}' for k, v in episodes.items()) or 'none'}), "
           f"{steps} steps, {images} images; actions: {', '.join(f'{k} {v}' for k, v in ours.most_common())}")
     print(f"no actions (not written): {len(no_actions)}; skipped: {len(skipped)}"
@@ -705,9 +705,9 @@ def main(argv: list[str] | None = None) -> dict:
           + (f"\n  ... {len(skipped) - 20} more in convert_summary.json" if len(skipped) > 20 else ""))
     if missing:
         print(f"listed in splits.json but in no shard: {dict(missing)}")
-    print(cli.dumps(summary, ensure_ascii=False))
+    print(utils.dumps(summary, ensure_ascii=False))
     return summary
 
 
 if __name__ == "__main__":
-    cli.run_script(main)
+    utils.run_script(main)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
 import advantage  # noqa: E402
-import cli  # noqa: E402
+import utils  # noqa: E402
 import patch  # noqa: E402
 
 # (rollout i, step t, rule reward r, match): the worked example of docs/method.md, in the same order.
@@ -33,9 +33,9 @@ EXAMPLE = [
 ]
 N_STEPS, GAMMA, PATCH_THRESHOLD = 3, 0.5, 1
 
-parser = cli.make_parser(__doc__)
+parser = utils.make_parser(__doc__)
 parser.add_argument("--out", default="docs/rollout.png", help="the PNG to write")
-parser.add_argument("--dpi", type=cli.positive_int, default=100, help="resolution of the PNG")
+parser.add_argument("--dpi", type=utils.positive_int, default=100, help="resolution of the PNG")
 
 
 def example_records() -> list[dict]:
@@ -142,8 +142,8 @@ def draw(path: str, dpi: int) -> dict:
 
 def main(argv=None):
     args = parser.parse_args(argv)
-    print(cli.dumps(draw(args.out, args.dpi)))
+    print(utils.dumps(draw(args.out, args.dpi)))
 
 
 if __name__ == "__main__":
-    cli.run_script(main)
+    utils.run_script(main)

@@ -44,29 +44,30 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: cli, envs
-import cli  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: utils, envs
+import utils  # noqa: E402
 from envs import miniwob_env as me  # noqa: E402
 from envs import miniwob_experts as experts  # noqa: E402
+from envs import miniwob_tasks  # noqa: E402
 from envs.miniwob_tasks import OWN_TASKS  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # config
 
-ap = cli.make_parser(__doc__)
+ap = utils.make_parser(__doc__)
 # data
 ap.add_argument("--out", default="data/miniwob", help="output folder")
-ap.add_argument("--tasks", nargs="+", type=cli.miniwob_task_or_all, default=["all"],
+ap.add_argument("--tasks", nargs="+", type=miniwob_tasks.miniwob_task_or_all, default=["all"],
                 help="task names, 'all' (the 18 MiniWob++ tasks with an expert) or 'memory' (the memory tasks)")
-ap.add_argument("--train-seeds", type=cli.positive_int, default=24, help="train episodes per task")
-ap.add_argument("--test-seeds", type=cli.positive_int, default=8, help="held-out test episodes per task")
-ap.add_argument("--train-seed-base", type=cli.non_negative_int, default=me.TRAIN_SEED_BASE, help="first train seed")
-ap.add_argument("--test-seed-base", type=cli.non_negative_int, default=me.TEST_SEED_BASE, help="first test seed")
+ap.add_argument("--train-seeds", type=utils.positive_int, default=24, help="train episodes per task")
+ap.add_argument("--test-seeds", type=utils.positive_int, default=8, help="held-out test episodes per task")
+ap.add_argument("--train-seed-base", type=utils.non_negative_int, default=me.TRAIN_SEED_BASE, help="first train seed")
+ap.add_argument("--test-seed-base", type=utils.non_negative_int, default=me.TEST_SEED_BASE, help="first test seed")
 ap.add_argument("--prefix", default="",
                 help="name the files PREFIX{train,test,rl}.jsonl and PREFIXmanifest.json, and replace only the images of "
                      "--tasks in OUT/images/ (the rest stay): a task family beside others in one folder, one image root")
-ap.add_argument("--rl-seeds", type=cli.non_negative_int, default=0, help="RL demonstration episodes per task (OUT/rl.jsonl; 0: none)")
-ap.add_argument("--rl-seed-base", type=cli.non_negative_int, default=300_000, help="first RL seed")
+ap.add_argument("--rl-seeds", type=utils.non_negative_int, default=0, help="RL demonstration episodes per task (OUT/rl.jsonl; 0: none)")
+ap.add_argument("--rl-seed-base", type=utils.non_negative_int, default=300_000, help="first RL seed")
 ap.add_argument("--thoughts", choices=["long", "short", "varied"], default="long",
                 help="long: the expert's reasoning; short: 'Click button 'okay' at (24,73).' (fewer target tokens); "
                      "varied: four rule-based phrasings per action with extra details (experts.varied_thoughts)")
@@ -74,10 +75,10 @@ ap.add_argument("--restyle", nargs=2, metavar=("IN", "OUT"), default=None,
                 help="no browser: copy the long-thought episodes of JSONL IN to OUT with --thoughts varied "
                      "(same screenshots and actions; OUT beside IN, so the image paths hold)")
 # environment
-ap.add_argument("--max-steps", type=cli.positive_int, default=experts.MAX_EXPERT_STEPS, help="expert step limit")
-ap.add_argument("--step-timeout", type=cli.positive_float, default=20.0, help="seconds per env step")
-ap.add_argument("--retries", type=cli.non_negative_int, default=1, help="retries of an episode after a browser fault (0: none)")
-ap.add_argument("--workers", type=cli.positive_int, default=2, help="parallel browsers (one task at a time each)")
+ap.add_argument("--max-steps", type=utils.positive_int, default=experts.MAX_EXPERT_STEPS, help="expert step limit")
+ap.add_argument("--step-timeout", type=utils.positive_float, default=20.0, help="seconds per env step")
+ap.add_argument("--retries", type=utils.non_negative_int, default=1, help="retries of an episode after a browser fault (0: none)")
+ap.add_argument("--workers", type=utils.positive_int, default=2, help="parallel browsers (one task at a time each)")
 
 
 # -----------------------------------------------------------------------------
@@ -146,7 +147,7 @@ LICENCE = ("the project's own page, built on MiniWob++'s core.js (MIT licence; C
 
 def restyle(src: Path, dst: Path) -> dict:
     """Write the episodes of `src` (long expert thoughts) to `dst` with varied thoughts (experts.varied_thoughts,
-    keyed by episode_id); everything else byte for byte. Raises cli.UsageError naming the file and line of an
+    keyed by episode_id); everything else byte for byte. Raises utils.UsageError naming the file and line of an
     episode whose thoughts are not long expert thoughts."""
     lines = []
     for i, line in enumerate(src.read_text().splitlines(), 1):
@@ -157,10 +158,10 @@ def restyle(src: Path, dst: Path) -> dict:
         try:
             new = experts.varied_thoughts(steps, ep.get("episode_id") or f"{ep.get('task')}-{ep.get('seed')}")
         except ValueError as e:
-            raise cli.UsageError(f"{src}:{i}: {e} (--restyle needs long expert thoughts)") from None
+            raise utils.UsageError(f"{src}:{i}: {e} (--restyle needs long expert thoughts)") from None
         for st, t in zip(ep["steps"], new):
             st["thought"] = t
-        lines.append(cli.dumps(ep))
+        lines.append(utils.dumps(ep))
     dst.write_text("\n".join(lines) + "\n")
     return {"in": str(src), "out": str(dst), "episodes": len(lines)}
 
@@ -170,22 +171,22 @@ def main(argv=None):
     if args.restyle:
         src, dst = (Path(p) for p in args.restyle)
         if not src.is_file():
-            raise cli.UsageError(f"--restyle {src}: no such file")
-        print(cli.dumps(restyle(src, dst)))
+            raise utils.UsageError(f"--restyle {src}: no such file")
+        print(utils.dumps(restyle(src, dst)))
         return
     tasks = sorted(experts.task_list(args.tasks))
     try:
         experts.check_tasks(tasks, need_expert=True)
     except ValueError as e:
-        raise cli.UsageError(str(e)) from None
+        raise utils.UsageError(str(e)) from None
     ranges = {"train": (args.train_seed_base, args.train_seeds), "test": (args.test_seed_base, args.test_seeds),
               "rl": (args.rl_seed_base, args.rl_seeds)}
     for a, b in (("train", "test"), ("train", "rl"), ("test", "rl")):
         (sa, na), (sb, nb) = ranges[a], ranges[b]
         if na > 0 and nb > 0 and sa + na > sb and sb + nb > sa:
-            raise cli.UsageError(f"{a} seeds {sa}+{na} and {b} seeds {sb}+{nb} overlap")
+            raise utils.UsageError(f"{a} seeds {sa}+{na} and {b} seeds {sb}+{nb} overlap")
     if args.workers < 1:
-        raise cli.UsageError(f"--workers {args.workers}: need at least 1")
+        raise utils.UsageError(f"--workers {args.workers}: need at least 1")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     pre = args.prefix
@@ -228,7 +229,7 @@ def main(argv=None):
         eps = [e for r in results for e in r["episodes"][split]]
         with open(out / f"{pre}{split}.jsonl", "w") as f:
             for e in eps:
-                f.write(cli.dumps(e) + "\n")
+                f.write(utils.dumps(e) + "\n")
         manifest_splits[split] = {
             "file": f"{pre}{split}.jsonl", "seed_base": seeds.start, "seeds_per_task": len(seeds),
             "episodes": len(eps), "steps": sum(len(e["steps"]) for e in eps),
@@ -259,7 +260,7 @@ def main(argv=None):
                    "seconds_per_env_step": round(env_seconds / max(env_steps, 1), 4)},
         "images": n_files,
     }
-    (out / f"{pre}manifest.json").write_text(cli.dumps(manifest, indent=1) + "\n")
+    (out / f"{pre}manifest.json").write_text(utils.dumps(manifest, indent=1) + "\n")
     summary = {"out": str(out), "seconds": round(seconds, 1), "env_steps": env_steps,
                "seconds_per_env_step": manifest["timing"]["seconds_per_env_step"],
                "images": n_files, "size_mb": round(size_mb, 2),
@@ -267,8 +268,8 @@ def main(argv=None):
                **{f"{s}_steps": m["steps"] for s, m in manifest_splits.items()},
                "skipped": sum(len(v) for m in manifest_splits.values() for v in m["skipped"].values())}
     print(f"next: python train_sft.py --data {out / f'{pre}train.jsonl'}", flush=True)
-    print(cli.dumps(summary))
+    print(utils.dumps(summary))
 
 
 if __name__ == "__main__":
-    cli.run_script(main)
+    utils.run_script(main)

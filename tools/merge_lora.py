@@ -12,24 +12,24 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: cli, lora
-import cli  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: utils, lora
+import utils  # noqa: E402
 import lora  # noqa: E402
 import vlm  # noqa: E402
 
-parser = cli.make_parser(__doc__)
-parser.add_argument("ckpt", type=cli.arg_type(cli.model_path), help="a LoRA checkpoint folder, or a run's ckpt/ (its `latest` is followed)")
+parser = utils.make_parser(__doc__)
+parser.add_argument("ckpt", type=utils.arg_type(vlm.model_path), help="a LoRA checkpoint folder, or a run's ckpt/ (its `latest` is followed)")
 parser.add_argument("--out", required=True, help="the folder to write (created; files in it are overwritten)")
 
 
 def main(argv=None):
     args = parser.parse_args(argv)
     if not lora.is_adapter_dir(args.ckpt):
-        raise cli.UsageError(f"{args.ckpt}: not a LoRA checkpoint (no {lora.ADAPTER_FILE})")
+        raise utils.UsageError(f"{args.ckpt}: not a LoRA checkpoint (no {lora.ADAPTER_FILE})")
     out = vlm.merge_checkpoint(args.ckpt, args.out)
     print(f"wrote {out}")
     return str(out)
 
 
 if __name__ == "__main__":
-    cli.run_script(main)
+    utils.run_script(main)

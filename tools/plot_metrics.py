@@ -19,19 +19,19 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: cli, dataset
-import cli  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: utils, dataset
+import utils  # noqa: E402
 import dataset  # noqa: E402
 
 SKIP = ("step", "t")  # the x axis and wall time are not curves
 FIRST = ("reward_mean", "match_rate", "progress", "kl", "entropy", "loss", "val_loss", "lr")
 
-parser = cli.make_parser(__doc__)
-parser.add_argument("metrics", nargs="+", type=cli.arg_type(cli.input_file), help="metrics.jsonl files, one PNG each")
+parser = utils.make_parser(__doc__)
+parser.add_argument("metrics", nargs="+", type=utils.arg_type(utils.input_file), help="metrics.jsonl files, one PNG each")
 parser.add_argument("--keys", nargs="+", default=None, help="metrics to draw (default: every numeric one)")
-parser.add_argument("--smooth", type=cli.non_negative_int, default=0, help="also draw a trailing rolling mean over this many points (0: off)")
+parser.add_argument("--smooth", type=utils.non_negative_int, default=0, help="also draw a trailing rolling mean over this many points (0: off)")
 parser.add_argument("--out", default=None, help="PNG path (one input only; default: beside the JSONL, same name .png)")
-parser.add_argument("--cols", type=cli.positive_int, default=3, help="panels per row")
+parser.add_argument("--cols", type=utils.positive_int, default=3, help="panels per row")
 
 
 def read_metrics(path: str) -> dict[str, tuple[list[float], list[float | None]]]:
@@ -115,19 +115,19 @@ def plot(series: dict, path: str | Path, title: str, smooth: int = 0, cols: int 
 def main(argv=None):
     args = parser.parse_args(argv)
     if args.out and len(args.metrics) > 1:
-        raise cli.UsageError(f"--out names one PNG but {len(args.metrics)} metrics files were given")
+        raise utils.UsageError(f"--out names one PNG but {len(args.metrics)} metrics files were given")
     if args.smooth < 0 or args.cols < 1:
-        raise cli.UsageError(f"--smooth {args.smooth} / --cols {args.cols}: need smooth >= 0 and cols >= 1")
+        raise utils.UsageError(f"--smooth {args.smooth} / --cols {args.cols}: need smooth >= 0 and cols >= 1")
     written = []
     for src in args.metrics:
         series = read_metrics(src)
         if args.keys:
             missing = [k for k in args.keys if k not in series]
             if missing:
-                raise cli.UsageError(f"{src}: no numeric metric {', '.join(missing)} (has: {', '.join(series)})")
+                raise utils.UsageError(f"{src}: no numeric metric {', '.join(missing)} (has: {', '.join(series)})")
             series = {k: series[k] for k in args.keys}
         if not series:
-            raise cli.UsageError(f"{src}: no numeric metrics to draw")
+            raise utils.UsageError(f"{src}: no numeric metrics to draw")
         out = Path(args.out) if args.out else Path(src).with_suffix(".png")
         written.append(str(plot(series, out, src, smooth=args.smooth, cols=args.cols)))
         print(f"wrote {out} ({len(series)} panels)")
@@ -135,4 +135,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    cli.run_script(main)
+    utils.run_script(main)
