@@ -236,3 +236,5 @@ def test_rl_path_lines():
     assert "eval_sop.py" not in files and not any(f.startswith(("tools/", "runs/", "envs/")) for f in files), files
     n = rl_path_lines()
     assert n <= RL_PATH_CEILING, f"{n} lines on the RL path (ceiling {RL_PATH_CEILING}): {sorted(files)}"
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert f"is {n:,} lines" in readme, f"the README's RL-path figure is not today's count ({n:,})"
