@@ -514,10 +514,7 @@ def finish(run, last: dict) -> None:
     if run.proc.is_main and args.merge:  # the adapted model as a plain Hugging Face folder
         utils.print0(f"merged: {vlm.merge_checkpoint(utils.latest_checkpoint(out / 'ckpt'), out / 'merged')}")
     if run.proc.is_main:
-        test = Path(args.data).with_name("test.jsonl") if Path(args.data).name == "train.jsonl" else Path(args.data)
-        print(f"checkpoint: {utils.latest_checkpoint(out / 'ckpt') or '(none written)'}  metrics: {out / 'metrics.jsonl'}\n"
-              f"curves:     python tools/plot_metrics.py {out / 'metrics.jsonl'}\n"
-              f"evaluate:   {utils.eval_command(test, out / 'ckpt', 'out/eval/semionline')}", flush=True)
+        utils.print_next_steps(out, args.data, "out/eval/semionline")
         print(utils.dumps(last), flush=True)
 
 

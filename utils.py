@@ -224,6 +224,16 @@ def eval_command(data, ckpt, out) -> str:
     return f"python eval_sop.py --data {data} --policy model --model {ckpt} {EVAL_FLAGS} --out {out}"
 
 
+def print_next_steps(out, data, eval_out: str, extra: str = "") -> None:
+    """What a trainer prints when it ends (rank 0): its checkpoint and metrics, and the commands to plot
+    and to evaluate them (eval_command, on the test file beside a train.jsonl `data`), then `extra` lines."""
+    out = Path(out)
+    test = Path(data).with_name("test.jsonl") if Path(data).name == "train.jsonl" else Path(data)
+    print(f"checkpoint: {latest_checkpoint(out / 'ckpt') or '(none written)'}  metrics: {out / 'metrics.jsonl'}\n"
+          f"curves:     python tools/plot_metrics.py {out / 'metrics.jsonl'}\n"
+          f"evaluate:   {eval_command(test, out / 'ckpt', eval_out)}" + (f"\n{extra}" if extra else ""), flush=True)
+
+
 # the exception classes that mean bad input, never a bug: ours (InputError), the OS's
 INPUT_ERRORS = (InputError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError, UnicodeDecodeError)
 
