@@ -3,7 +3,7 @@ two or more evaluations side by side with the paired difference of each metric; 
 need no model: the trivial-policy floors of a data file (`eval_sop.py baselines`) and the rule reward of
 recorded responses of any model (`eval_sop.py score`).
 
-    python report.py out/eval/sft out/eval/semionline             # compare.html, compare.json
+    python report.py out/eval/sft out/eval/semionline             # out/compare.html, out/compare.json
     python report.py out/eval/sft_s0 out/eval/rl_s0 out/eval/rl2_s0 --names sft rl rl2 --out cmp/rl.html
 
 Each folder is an eval_sop.py --out folder (result.json; the per-episode files where written). The
@@ -672,7 +672,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("folders", nargs="+", type=utils.arg_type(utils.input_dir),
                    help="eval_sop.py --out folders; the first is the one the others are compared with")
     p.add_argument("--names", nargs="+", default=None, help="a short name per folder (default: the folders' names)")
-    p.add_argument("--out", default="compare.html", help="the HTML page; the comparison's JSON goes beside it (.json)")
+    p.add_argument("--out", default="out/compare.html", help="the HTML page; the comparison's JSON goes beside it (.json)")
     args = p.parse_args(argv)
     names = args.names or [os.path.basename(os.path.normpath(f)) for f in args.folders]
     if len(names) != len(args.folders) or len(set(names)) != len(names):
@@ -680,6 +680,7 @@ def main(argv: list[str] | None = None) -> dict:
                              "folders with one name need --names")
     runs = [{**load_eval(f), "name": n} for f, n in zip(args.folders, names)]
     c = compare(runs)
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     write_compare(args.out, c)
     with open(os.path.splitext(args.out)[0] + ".json", "w", encoding="utf-8") as f:
         f.write(utils.dumps(c, indent=1))
