@@ -25,7 +25,6 @@ import json
 import logging
 import math
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
@@ -68,40 +67,13 @@ ACTIONS = {  # docs/method.md §3: the release's action space, in its prompt's o
 }
 
 
-class _Registered(Sequence):
-    """The registered action types (ACTIONS order) whose spec passes `keep`, read from ACTIONS at each use, so
-    a type registered at run time (tests/test_toy_action.py) counts at once; compares and adds as a tuple."""
-
-    def __init__(self, keep):
-        self._keep = keep
-
-    def _now(self) -> tuple:
-        return tuple(k for k, a in ACTIONS.items() if self._keep(a))
-
-    def __getitem__(self, i):
-        return self._now()[i]
-
-    def __len__(self):
-        return len(self._now())
-
-    def __add__(self, other):
-        return self._now() + tuple(other)
-
-    def __radd__(self, other):
-        return tuple(other) + self._now()
-
-    def __eq__(self, other):
-        return self._now() == (tuple(other) if isinstance(other, Sequence) and not isinstance(other, str) else other)
-
-    __hash__ = None
-
-    def __repr__(self):
-        return repr(self._now())
+def action_types(rule: str | None = None) -> tuple[str, ...]:
+    """The registered action types in ACTIONS order, or those whose match rule is `rule` ("point": the
+    types grounding accuracy counts; "text": the typed ones). Read from ACTIONS at each call, so a type
+    registered at run time (tests/test_toy_action.py) counts at once."""
+    return tuple(k for k, a in ACTIONS.items() if rule is None or a.rule == rule)
 
 
-ACTION_TYPES = _Registered(lambda a: True)
-TEXT_ACTIONS = _Registered(lambda a: a.rule == "text")
-POINT_ACTIONS = _Registered(lambda a: a.rule == "point")  # grounding accuracy counts these
 SYSTEM_BUTTONS = ("Back", "Home", "Menu", "Enter")
 MIN_PIXELS = 4 * 28 * 28        # release defaults for smart_resize
 MAX_PIXELS = 12800 * 28 * 28

@@ -58,7 +58,7 @@ import utils
 import dataset
 import gui
 import reward
-from rollout import GROUNDING_TYPES, sop_metrics
+from rollout import sop_metrics
 
 # -----------------------------------------------------------------------------
 # model-family adapters
@@ -566,37 +566,37 @@ def trivial_policies(steps: list[tuple[dataset.Step, tuple[int, int]]], seed: in
     the strict rules, left out) and text; each swipe direction; each system button. "most frequent
     type" answers every step with the data's most frequent action type and trivial arguments."""
     rng = random.Random(seed)
-    by_rule = lambda rule: tuple(k for k, a in gui.ACTIONS.items() if a.rule == rule)  # noqa: E731 -- types a floor answers
+    point = gui.action_types("point")  # the types grounding accuracy counts: the click floors answer them
     kinds = Counter(s.action["action"] for s, _ in steps)
     pts = Counter((round(s.action["coordinate"][0] / w / 0.04), round(s.action["coordinate"][1] / h / 0.04))
-                  for s, (w, h) in steps if s.action["action"] in GROUNDING_TYPES)
+                  for s, (w, h) in steps if s.action["action"] in point)
     mode = pts.most_common(1)[0][0] if pts else (12, 12)
     pol = {
-        "click centre": (GROUNDING_TYPES, lambda s, z: {"action": s.action["action"], "coordinate": [z[0] / 2, z[1] / 2]}),
-        "click uniform random": (GROUNDING_TYPES, lambda s, z: {"action": s.action["action"],
+        "click centre": (point, lambda s, z: {"action": s.action["action"], "coordinate": [z[0] / 2, z[1] / 2]}),
+        "click uniform random": (point, lambda s, z: {"action": s.action["action"],
                                                                  "coordinate": [rng.uniform(0, z[0]), rng.uniform(0, z[1])]}),
-        "click most frequent point": (GROUNDING_TYPES, lambda s, z: {"action": s.action["action"], "coordinate":
+        "click most frequent point": (point, lambda s, z: {"action": s.action["action"], "coordinate":
                                                                       [mode[0] * 0.04 * z[0], mode[1] * 0.04 * z[1]]}),
     }
     texts = {}
-    for kind in gui.TEXT_ACTIONS:
+    for kind in gui.action_types("text"):
         vals = [s.action["text"] for s, _ in steps if s.action["action"] == kind]
         if vals:
             tok = Counter(t for v in vals for t in set(reward.content_tokens(v))).most_common(1)  # a stop word scores 0
             full = Counter(reward.normalize_text(v) for v in vals).most_common(1)
             texts[kind] = [c for c in (tok[0][0] if tok else None, full[0][0]) if c]
     for c in ("", "a", "e", "the"):
-        pol[f"text {c!r}"] = (gui.TEXT_ACTIONS, lambda s, z, c=c: {"action": s.action["action"], "text": c})
+        pol[f"text {c!r}"] = (gui.action_types("text"), lambda s, z, c=c: {"action": s.action["action"], "text": c})
     for kind, cands in texts.items():
         for label, c in zip(("most frequent token", "most frequent text"), cands):
             pol[f"{kind} {label} {c!r}"] = ((kind,), lambda s, z, c=c: {"action": kind, "text": c})
     for d, (a, b) in {"up": ((0.5, 0.75), (0.5, 0.25)), "down": ((0.5, 0.25), (0.5, 0.75)),
                       "left": ((0.75, 0.5), (0.25, 0.5)), "right": ((0.25, 0.5), (0.75, 0.5))}.items():
-        pol[f"swipe {d}"] = (by_rule("direction"), lambda s, z, a=a, b=b: {"action": s.action["action"], "coordinate":
+        pol[f"swipe {d}"] = (gui.action_types("direction"), lambda s, z, a=a, b=b: {"action": s.action["action"], "coordinate":
                              [a[0] * z[0], a[1] * z[1]], "coordinate2": [b[0] * z[0], b[1] * z[1]]})
-    pol["type alone (wait, terminate)"] = (by_rule("type"), lambda s, z: {"action": s.action["action"]})
+    pol["type alone (wait, terminate)"] = (gui.action_types("type"), lambda s, z: {"action": s.action["action"]})
     for btn in gui.SYSTEM_BUTTONS:
-        pol[f"button {btn}"] = (by_rule("button"), lambda s, z, btn=btn: {"action": s.action["action"], "button": btn})
+        pol[f"button {btn}"] = (gui.action_types("button"), lambda s, z, btn=btn: {"action": s.action["action"], "button": btn})
     top = kinds.most_common(1)[0][0] if kinds else "click"
     trivial_args = {"click": {"coordinate": None}, "long_press": {"coordinate": None}, "type": {"text": "the"},
                     "answer": {"text": "the"}, "key": {"text": "the"}, "open": {"text": "the"},
@@ -609,7 +609,7 @@ def trivial_policies(steps: list[tuple[dataset.Step, tuple[int, int]]], seed: in
         if "coordinate2" in a:
             a["coordinate2"] = [z[0] / 2, z[1] * 0.25]
         return a
-    pol[f"most frequent type ({top})"] = (gui.ACTION_TYPES, most_frequent)
+    pol[f"most frequent type ({top})"] = (gui.action_types(), most_frequent)
     return pol
 
 

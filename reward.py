@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gui import _ACTION_RE, _THINK_RE  # the tags' patterns; the release searches them anywhere in the text
-from gui import ACTIONS, POINT_ACTIONS, TEXT_ACTIONS, check_action, parse_response, scale_action, swipe_direction
+from gui import ACTIONS, action_types, check_action, parse_response, scale_action, swipe_direction
 
 # eq. 4.1: r = FORMAT_WEIGHT * s_format + ACTION_WEIGHT * s_action (paper and release: 0.1, 0.9)
 FORMAT_WEIGHT = 0.1
@@ -307,9 +307,9 @@ def androidcontrol_match(pred: dict, expert: dict, candidate_bbox, image_size) -
         return _ac_click(pred["coordinate"], candidate_bbox, ((b[0] + b[2]) / 2, (b[1] + b[3]) / 2), image_size), True
     if pk != kind:
         return False, False
-    if kind in POINT_ACTIONS:
+    if kind in action_types("point"):
         return _ac_click(pred["coordinate"], candidate_bbox, expert["coordinate"], image_size), True
-    if kind in TEXT_ACTIONS:
+    if kind in action_types("text"):
         return _contains(pred["text"], expert["text"]), True
     if kind == "system_button":
         return pred["button"].lower().strip() == expert["button"].lower().strip(), True
@@ -322,7 +322,7 @@ def androidcontrol_match(pred: dict, expert: dict, candidate_bbox, image_size) -
 def _aitw_kind(action: dict, image_size) -> str:
     """AITW's action kind: click, long_press and a swipe of at most AITW_SWIPE_DISTANCE are taps (one
     dual-point kind: touch = lift), a longer swipe is a swipe; other types are their own kind."""
-    if action["action"] in POINT_ACTIONS:
+    if action["action"] in action_types("point"):
         return "tap"
     if action["action"] == "swipe":
         (x1, y1), (x2, y2), (w, h) = action["coordinate"], action["coordinate2"], image_size

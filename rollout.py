@@ -241,9 +241,6 @@ def _seed(seed: int, episode_id: str, t: int, history: tuple) -> int:
 # -----------------------------------------------------------------------------
 # SOP progress and static metrics of a walk (docs/method.md §8)
 
-GROUNDING_TYPES = gui.POINT_ACTIONS  # steps that count for grounding accuracy: those with a point to hit
-
-
 def sop_progress(records: list[StepRecord], episode_len: dict, *,
                  zero_on_error: bool = False) -> dict[tuple[int, int], tuple[int, int]]:
     """SOP progress of each rollout (docs/method.md §8), the one definition that evaluation (PG, TSR)
@@ -276,8 +273,9 @@ def sop_metrics(progress: list[tuple[int, int]]) -> dict:
 
 def static_metrics(steps: list[dict]) -> dict:
     """steps: {type_match, match, expert_type} per evaluated step -> type accuracy, grounding accuracy
-    (None when no point step, GROUNDING_TYPES, had its type matched), step success rate."""
-    grounded = [s for s in steps if s["expert_type"] in GROUNDING_TYPES and s["type_match"]]
+    (None when no point step, gui.action_types("point"), had its type matched), step success rate."""
+    point = gui.action_types("point")  # steps with a point to hit
+    grounded = [s for s in steps if s["expert_type"] in point and s["type_match"]]
     n = len(steps)
     return {"type_acc": sum(s["type_match"] for s in steps) / n if n else 0.0,
             "grounding_acc": sum(s["match"] for s in grounded) / len(grounded) if grounded else None,

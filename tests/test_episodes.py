@@ -41,7 +41,7 @@ def test_real_files_load_completely(real, name, episodes, steps, longest):
     for e in eps:
         assert isinstance(e.goal, str) and e.episode_id and e.source.endswith(name)
         for s in e.steps:
-            assert s.action["action"] in gui.ACTION_TYPES
+            assert s.action["action"] in gui.action_types()
             for k in ("coordinate", "coordinate2"):
                 if k in s.action:
                     assert all(type(c) is int for c in s.action[k])

@@ -294,7 +294,7 @@ def test_expert_response_replays_to_full_match_for_every_type():
                {"action": "key", "text": "Enter"}, {"action": "system_button", "button": "Home"},
                {"action": "open", "text": "Maps"}, {"action": "wait", "time": 2},
                {"action": "terminate", "status": "success"}]
-    assert {a["action"] for a in actions} == set(gui.ACTION_TYPES)
+    assert {a["action"] for a in actions} == set(gui.action_types())
     for a in actions:
         step = Step(screenshot=None, action=a)
         s = score_response(gui.expert_response(step, ORIG, RESIZED, thought="because"), step,
@@ -310,7 +310,7 @@ _values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() |
                        max_leaves=8)
 _action_json = st.builds(
     lambda kind, extra: json.dumps({"action": kind, **extra}, allow_nan=True),
-    st.sampled_from(gui.ACTION_TYPES + ("fly", "")),
+    st.sampled_from(gui.action_types() + ("fly", "")),
     st.dictionaries(st.sampled_from(["coordinate", "coordinate2", "text", "button", "time", "status"]),
                     _values | st.lists(st.integers(-10**30, 10**30) | st.floats(), min_size=2, max_size=2), max_size=4))
 _texts = st.one_of(

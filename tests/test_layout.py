@@ -106,14 +106,14 @@ def test_every_registered_action_has_rule_prompt_line_and_executor():
     import reward
     from envs import miniwob_env
 
-    assert set(gui.ACTION_TYPES) == set(gui.ACTIONS) and gui.ACTION_TYPES
+    assert set(gui.action_types()) == set(gui.ACTIONS) and gui.action_types()
     for kind, spec in gui.ACTIONS.items():
         assert spec.rule in reward.RULES, (kind, spec.rule)
         assert spec.prompt and f"- {spec.prompt}\n" in chat.FULL_SYSTEM_PROMPT, kind
         assert spec.prompt.startswith(f'{{"action": "{kind}"'), kind
         assert kind in miniwob_env.EXECUTORS, kind
     assert set(miniwob_env.EXECUTORS) == set(gui.ACTIONS)
-    assert set(gui.POINT_ACTIONS) == {k for k, a in gui.ACTIONS.items() if a.rule == "point"}
+    assert set(gui.action_types("point")) == {k for k, a in gui.ACTIONS.items() if a.rule == "point"}
     assert chat.FULL_SYSTEM_PROMPT.count('\n- {"action": ') == len(gui.ACTIONS)
 
 
@@ -140,7 +140,7 @@ def test_readme_fork_section_names_exist():
 
 MODULE_BUDGET = 17  # top-level modules: stages own the logic only they use; utils.py is all they share
 FUNCTION_BUDGET = 80  # lines of a function in a stage file: main reads as the algorithm, each phase a named function
-RL_PATH_CEILING = 7080  # lines on the RL path today (rl_path_lines): a ratchet; the design card aims at 2,200
+RL_PATH_CEILING = 7050  # lines on the RL path today (rl_path_lines): a ratchet; the design card aims at 2,200
 
 
 def function_level_imports(path: Path, name: str) -> set[str]:

@@ -85,8 +85,9 @@ def test_prompt_parse_and_match(toy):
     # the derived type lists follow the registry: grounding accuracy counts it, the type lists know it
     import rollout
 
-    assert KIND in gui.ACTION_TYPES and KIND in gui.POINT_ACTIONS and KIND in rollout.GROUNDING_TYPES
-    assert KIND not in gui.TEXT_ACTIONS
+    assert KIND in gui.action_types() and KIND in gui.action_types("point")
+    assert rollout.static_metrics([{"expert_type": KIND, "type_match": True, "match": True}])["grounding_steps"] == 1
+    assert KIND not in gui.action_types("text")
 
     # a response in the project's format parses; strict match: right point -> match, wrong -> type only
     text = gui.format_response("I double-click the field.", {"action": KIND, "coordinate": [80, 120]})
@@ -121,7 +122,7 @@ def test_a_new_kind_of_argument_is_a_rule_in_reward_rules(toy, monkeypatch):
     assert reward.action_match({"action": KIND, "coordinate": [80, 120]}, exp, [], (168, 224)) == (True, True)
     assert reward.action_match({"action": KIND, "coordinate": [81, 120]}, exp, [[0, 0, 168, 224]], (168, 224)) == \
         (False, True)
-    assert KIND not in gui.POINT_ACTIONS  # not a "point" rule: no grounding step, no click floor
+    assert KIND not in gui.action_types("point")  # not a "point" rule: no grounding step, no click floor
 
 
 def test_every_registered_type_has_a_trivial_floor(toy):
@@ -132,7 +133,7 @@ def test_every_registered_type_has_a_trivial_floor(toy):
 
     pol = policies.trivial_policies([(dataset.Step(None, {"action": KIND, "coordinate": [5, 5]}), (168, 224))])
     for kind, spec in gui.ACTIONS.items():
-        assert any(kind in types for types, _ in pol.values() if types is not gui.ACTION_TYPES), (kind, spec.rule)
+        assert any(kind in types for types, _ in pol.values() if types != gui.action_types()), (kind, spec.rule)
 
 
 def test_short_and_varied_thoughts_of_the_new_type(toy):
@@ -149,7 +150,7 @@ def test_short_and_varied_thoughts_of_the_new_type(toy):
 
 
 def test_the_registries_are_restored():
-    assert KIND not in gui.ACTIONS and KIND not in me.EXECUTORS and KIND not in gui.ACTION_TYPES
+    assert KIND not in gui.ACTIONS and KIND not in me.EXECUTORS and KIND not in gui.action_types()
     assert experts.EXPERTS["enter-text"] is experts.expert_enter_text
     assert KIND not in chat.system_prompt_text("full")
 

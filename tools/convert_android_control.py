@@ -391,7 +391,7 @@ def finger_swipe(direction: str, size: tuple[int, int]) -> tuple[list[int], list
 
 
 def convert_action(act, size: tuple[int, int]) -> dict:
-    """One native action (the decoded JSON of `actions[k]`) -> our action dict (gui.ACTION_TYPES),
+    """One native action (the decoded JSON of `actions[k]`) -> our action dict (gui.action_types()),
     coordinates in pixels of screenshot k, whose (W, H) is `size`. Raises Bad naming the key."""
     if not isinstance(act, dict):
         raise Bad("action", f"expected a JSON object, got {type(act).__name__}")
