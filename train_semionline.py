@@ -170,16 +170,8 @@ def check_args(args) -> None:
         (args.old_logp != "sampler" or args.top_p == 1.0,
          f"--old-logp sampler needs --top-p 1: its log-probs (the whole vocabulary's, as recompute's) are checked against "
          f"the trainer's forward at --top-p 1 only (sampler_logp_gap); at --top-p {args.top_p:g} use --old-logp recompute"),
-        (args.tasks_per_step >= 1, f"--tasks-per-step {args.tasks_per_step}: must be >= 1"),
-        (args.n_rollouts >= 1, f"--n-rollouts {args.n_rollouts}: must be >= 1"),
-        (args.patch_threshold >= -1, f"--patch-threshold {args.patch_threshold}: must be >= -1 (-1: no limit)"),
-        (args.max_resample >= 0, f"--max-resample {args.max_resample}: must be >= 0"),
-        (args.ppo_mini_batches >= 1, f"--ppo-mini-batches {args.ppo_mini_batches}: must be >= 1"),
-        (args.micro_batch_size >= 1, f"--micro-batch-size {args.micro_batch_size}: must be >= 1"),
         (args.share_prompts != "on" or not args.gradient_checkpointing,
          "--share-prompts on needs the KV cache, which --gradient-checkpointing drops: use --share-prompts off"),
-        (args.eval_every >= 0 and args.eval_episodes >= 1 and args.eval_samples >= 1,
-         "--eval-every must be >= 0, --eval-episodes and --eval-samples >= 1"),
         (0 <= args.overlong_buffer <= args.max_new_tokens,
          f"--overlong-buffer {args.overlong_buffer}: must be in [0, --max-new-tokens {args.max_new_tokens}]"),
     ]

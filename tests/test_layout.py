@@ -140,7 +140,7 @@ def test_readme_fork_section_names_exist():
 
 MODULE_BUDGET = 17  # top-level modules: stages own the logic only they use; utils.py is all they share
 FUNCTION_BUDGET = 80  # lines of a function in a stage file: main reads as the algorithm, each phase a named function
-RL_PATH_CEILING = 5931  # lines on the RL path today (rl_path_reached_lines): a ratchet; the design card aims at 2,200
+RL_PATH_CEILING = 5923  # lines on the RL path today (rl_path_reached_lines): a ratchet; the design card aims at 2,200
 
 
 def function_level_imports(path: Path, name: str) -> set[str]:
