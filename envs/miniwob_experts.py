@@ -18,7 +18,7 @@ click-the-field, then type. expert_episode rolls an expert through one episode a
 
 The memory tasks (the project's own pages, envs/miniwob_tasks.OWN_TASKS: memory-code-1, memory-name-2,
 memory-code-3; 2, 4 and 4 steps) show a fact at step 0 that a later screen no longer holds. Their expert
-notes it when it is on screen (ExpertStep.note, said in the thought: "The code is K7Q2; I note it ...")
+notes it when it is on screen (ExpertStep.note, said in the thought: "The code is 'K7Q2' and I note it ...")
 and acts on its note at the choosing step, so it is not stateless there: expert_episode and expert_policy
 hand it the notes of its earlier steps in the episode (obs["notes"]), as an agent has its own thoughts.
 
@@ -68,9 +68,9 @@ def short_thought(action: dict, target: Element | None, note: str | None = None)
     """A one-sentence thought naming what the action does: "Click button 'okay' at (24,73).",
     "Type 'abc'.", "Done." (terminate). The click's words and point are those of the target's
     line in elements_text, so a model can copy them; tools/make_miniwob_data.py --thoughts short.
-    A step that notes a fact for later (memory tasks) says so first: "Noted: K7Q2. Click ..."."""
+    A step that notes a fact for later (memory tasks) says so first: "Noted: 'K7Q2'. Click ..."."""
     if note is not None:
-        return f"Noted: {note}. " + short_thought(action, target)
+        return f"Noted: '{note}'. " + short_thought(action, target)
     kind = action["action"]
     if kind == "terminate":
         return "Done."
@@ -319,7 +319,7 @@ def expert_memory(obs):
     what = "name" if "name" in obs["goal"] else "code"
     fact = next((e for e in dom if e.id == "fact"), None)
     if fact is not None:
-        st = _click(_by_id(dom, "next"), f"The {what} is {fact.label}; I note it and click Next to go on.")
+        st = _click(_by_id(dom, "next"), f"The {what} is '{fact.label}' and I note it; I click Next to go on.")
         st.note = fact.label
         return st
     go = next((e for e in dom if e.id == "go"), None)

@@ -92,7 +92,7 @@ def test_expert_succeeds_online_on_every_memory_task():
 
 def test_own_tasks_are_registered_everywhere():
     assert mt.MEMORY_TASKS == TASKS and experts.task_list(["memory"]) == TASKS
-    assert experts.short_thought({"action": "click", "coordinate": [1, 2]}, None, "K7Q2") == "Noted: K7Q2. Click."
+    assert experts.short_thought({"action": "click", "coordinate": [1, 2]}, None, "K7Q2") == "Noted: 'K7Q2'. Click."
     assert len(experts.task_list(["all"])) == 18 and not set(experts.task_list(["all"])) & set(TASKS)  # data/miniwob's set
     for task in TASKS:
         assert mt.is_task(task) and task in experts.EXPERTS
@@ -116,7 +116,7 @@ def test_shipped_memory_data_matches_its_manifest():
         assert len(eps) == m["episodes"] == 3 * m["seeds_per_task"] and not m["skipped"]
         assert all(bases[split] <= e["seed"] < bases[split] + m["seeds_per_task"] for e in eps)
         for e in eps:  # step 0 notes the fact it shows; the steps in between do not show it; the choice names it
-            fact = re.match(r"I see the button 'Next' at \(\d+,\d+\)\. The (code|name) is (\S+); I note it",
+            fact = re.match(r"I see the button 'Next' at \(\d+,\d+\)\. The (code|name) is '(\S+)' and I note it",
                             e["steps"][0]["thought"])[2]
             gap = mt.OWN_TASKS[e["task"]][1]["gap"]
             assert f"'{fact}'" in e["steps"][0]["elements"]
