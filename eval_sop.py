@@ -378,7 +378,8 @@ def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], 
     evaluate_online gains `malformed` (responses that parsed to no action). With --samples K (a
     model) every episode is then played K more times, sampled at --temperature on the same seeds
     (the same pages), play j seeded by play_seed: each episode gains `sampled_success` (K bools) and
-    the result `sampled` (flip_counts, with the plays' response counts)."""
+    the result `sampled` (flip_counts, with the plays' response counts). A model's episodes also carry
+    the greedy play's transcript: `elements` and `responses`, one per step (online_episodes.jsonl)."""
     from envs import miniwob_env, miniwob_experts
 
     k = max(args.report_episodes, 0)
@@ -412,6 +413,8 @@ def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], 
                               "success": e["success"], "outcome": outcome,
                               "steps": wrapped.views[key], "first_wrong": end})
     res["malformed"] = wrapped.n_malformed if wrapped is not None else 0
+    for e in res["episodes"] if wrapped is not None else ():  # the greedy play's element lists and responses
+        e.update(wrapped.transcripts.get((e["task"], e["seed"]), {"elements": [], "responses": []}))
     if sampler is not None and getattr(args, "samples", 0):
         t0, sstats, plays, malformed = time.time(), Counter(), [], 0
         for j in range(args.samples):

@@ -495,7 +495,8 @@ class OnlineModelPolicy:
     at `temperature`, each prompt seeded with play_seed(sample_seed, task, seed, sample, t) (a rerun
     with the same batch size gives the same responses). Malformed output returns None (the env's
     no-op that costs a step). Keeps report views (`view`) of the (task, seed) episodes in `show`; stats gains
-    the response counts."""
+    the response counts. `transcripts[(task, seed)]`: every step's element list (obs["elements"], as the
+    prompt showed it) and response text, of the episode's last attempt (a retry starts it over)."""
 
     batched = True  # miniwob_env.evaluate_online: one call for every episode in flight
 
@@ -507,6 +508,7 @@ class OnlineModelPolicy:
         self.views: dict = {}
         self.goals: dict = {}
         self.state: dict = {}  # (task, seed) -> (screenshots, responses) of the episode in flight
+        self.transcripts: dict = {}  # (task, seed) -> {"elements": [...], "responses": [...]}, every step
         self.n_malformed = 0
 
     def __call__(self, obs_list: list[dict], steps: list[int]) -> list:
@@ -515,10 +517,12 @@ class OnlineModelPolicy:
             key = (obs["task"], obs["seed"])
             if t == 0:  # a new episode (or a retry after a browser fault)
                 self.state[key] = ([], [])
+                self.transcripts[key] = {"elements": [], "responses": self.state[key][1]}
                 if key in self.show:
                     self.views[key], self.goals[key] = [], obs["goal"]
             shots, history = self.state[key]
             shots.append(obs["screenshot"])
+            self.transcripts[key]["elements"].append(obs.get("elements"))
             keys.append(key)
             prompts.append(self.make_prompt(obs, shots, history))
         if self.sample is None:

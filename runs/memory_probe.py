@@ -6,21 +6,16 @@ it is on no screen, so the agent can only take it from its own step-0 response (
 'K7Q2' and I note it ..."). The probe asks, per test episode, whether that step-0 response of the greedy online
 play carries the fact (the code or name the page showed), beside the episode's success.
 
-eval_sop.py keeps a response only for the few episodes its HTML report shows, so this script runs
-eval_sop.main itself, in this process, with the same flags, and swaps eval_sop's online policy class for a
-subclass that also records, for every greedy episode, the text of each response and, at step 0, the fact
-as the scripted expert notes it off the same page (miniwob_experts.EXPERTS[task](obs).note: the element
-list of the page the model saw). Nothing is played twice: the evaluation is the test evaluation. It
-writes eval_sop.py's outputs and then OUT/online_responses.jsonl, one line per online episode in
-online_episodes.jsonl's order: {task, seed, success, fact (None off the memory tasks), responses [step
-0, 1, ...], note_carries_fact (None off the memory tasks)}. The file is written last: its presence
-means the evaluation finished.
+This script runs eval_sop.main in this process, with the same flags (the evaluation is the test
+evaluation: nothing is played twice), then reads back online_episodes.jsonl, where each of a model's
+episodes carries its greedy play's transcript (every step's element list and response), and writes
+OUT/online_responses.jsonl, one line per online episode in that file's order: {task, seed, success, fact
+(None off the memory tasks), responses [step 0, 1, ...], note_carries_fact (None off the memory tasks)}. The
+fact is read off the step-0 element list (fact_shown). The file is written last: its presence means the
+evaluation finished.
 
     python runs/memory_probe.py --policy model --model CKPT --online --online-tasks memory-code-1 \\
         --online-seeds 4 --online-seed-base 900000 --out out/probe      # any eval_sop.py flags
-
-What eval_sop.py would need to record this itself: each online episode's greedy responses in
-online_episodes.jsonl (a `responses` list), and for the memory tasks the step-0 fact (`fact`).
 """
 from __future__ import annotations
 
@@ -42,35 +37,16 @@ def note_carries(fact: str | None, response: str | None) -> bool | None:
     return re.search(rf"(?<![A-Za-z0-9]){re.escape(fact)}(?![A-Za-z0-9])", response or "") is not None
 
 
-def expert_fact(obs: dict) -> str | None:
-    """The fact the scripted expert notes on this screen (a memory task's step 0), else None."""
-    from envs.miniwob_experts import EXPERTS, ExpertError
+def fact_shown(task: str, elements: str | None) -> str | None:
+    """The fact a memory task's step-0 page shows, read off its element list (envs/miniwob_pages/memory.html
+    shows it as the page's one bold element: a line "[k] b 'K7Q2' at ..."); None off the memory tasks or
+    when no such line is there (tests/test_repro_memory.py checks it against the scripted expert's note
+    on every shipped memory episode)."""
     from envs.miniwob_tasks import MEMORY_TASKS
-    if obs.get("task") not in MEMORY_TASKS:
+    if task not in MEMORY_TASKS or not elements:
         return None
-    try:
-        return EXPERTS[obs["task"]]({**obs, "notes": []}).note
-    except ExpertError:
-        return None
-
-
-def recording_policy(base: type, record: dict) -> type:
-    """A subclass of eval_sop's online policy class `base` (policies.OnlineModelPolicy) whose greedy plays
-    append each response's text to record[(task, seed)]["responses"] and note the step-0 fact; a retried
-    episode (step 0 again) starts over. Sampled plays (--samples) are not recorded."""
-
-    class Recording(base):
-        def __call__(self, obs_list, steps):
-            actions = super().__call__(obs_list, steps)
-            if self.sample is None:
-                for obs, t in zip(obs_list, steps):
-                    key = (obs["task"], int(obs["seed"]))
-                    if t == 0:
-                        record[key] = {"fact": expert_fact(obs), "responses": []}
-                    record[key]["responses"].append(self.state[key][1][-1])
-            return actions
-
-    return Recording
+    m = re.search(r"^\[-?\d+\] b '([^']*)' at ", elements, re.M)
+    return m[1] if m else None
 
 
 def main(argv=None) -> dict:
@@ -81,24 +57,19 @@ def main(argv=None) -> dict:
     if not out or out.endswith(".jsonl") or not given.online:
         import utils
         raise utils.UsageError("give --online and an --out folder (eval_sop.py's flags otherwise)")
-    record: dict = {}
-    kept = eval_sop.OnlineModelPolicy
-    eval_sop.OnlineModelPolicy = recording_policy(kept, record)
-    try:
-        summary = eval_sop.main(argv)
-    finally:
-        eval_sop.OnlineModelPolicy = kept
+    summary = eval_sop.main(argv)
     rows = []
     for line in (Path(out) / "online_episodes.jsonl").read_text().splitlines():
         if line.strip():
             e = json.loads(line)
-            if e.get("steps") and (e["task"], int(e["seed"])) not in record:  # played, yet never seen by the policy
-                raise RuntimeError(f"memory_probe: episode {e['task']} {e['seed']} took {e['steps']} steps but no "
-                                   "response was recorded: eval_sop.py no longer plays through eval_sop.OnlineModelPolicy")
-            r = record.get((e["task"], int(e["seed"])), {"fact": None, "responses": []})
-            rows.append({"task": e["task"], "seed": int(e["seed"]), "success": bool(e["success"]), "fact": r["fact"],
-                         "responses": r["responses"],
-                         "note_carries_fact": note_carries(r["fact"], r["responses"][0] if r["responses"] else None)})
+            if e.get("steps") and "responses" not in e:  # played, yet no transcript
+                raise RuntimeError(f"memory_probe: episode {e['task']} {e['seed']} took {e['steps']} steps but "
+                                   "online_episodes.jsonl holds no responses for it (eval_sop.run_online writes them)")
+            fact = fact_shown(e["task"], (e.get("elements") or [None])[0])
+            responses = e.get("responses", [])
+            rows.append({"task": e["task"], "seed": int(e["seed"]), "success": bool(e["success"]), "fact": fact,
+                         "responses": responses,
+                         "note_carries_fact": note_carries(fact, responses[0] if responses else None)})
     (Path(out) / RESPONSES_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
     probe = probe_counts(rows)
     print(json.dumps({"probe": probe}))

@@ -118,6 +118,21 @@ def test_probe_note_rule_and_counts(tmp_path):
     assert rmem.probe_fields(tmp_path / "none") == {}
 
 
+def test_fact_shown_is_the_experts_note():
+    """The probe reads the fact off the step-0 element list; on every shipped memory episode that is the
+    fact the scripted expert noted (its thought quotes it), and nothing off the memory tasks."""
+    n = 0
+    for f in sorted((REPO / "data" / "miniwob").glob("memory_*.jsonl")):
+        for line in f.read_text().splitlines():
+            e = json.loads(line)
+            noted = re.search(r"the (?:code|name) is '([^']+)'", e["steps"][0]["thought"], re.I)[1]
+            assert memory_probe.fact_shown(e["task"], e["steps"][0]["elements"]) == noted, (f.name, e["episode_id"])
+            assert not any(memory_probe.fact_shown(e["task"], s["elements"]) for s in e["steps"][1:])
+            n += 1
+    assert n == 2 * (192 + 48 + 144)
+    assert memory_probe.fact_shown("click-option", "[5] b 'X' at (1,2) (0,0,2,4)") is None
+
+
 @pytest.mark.skipif(shutil.which("chromedriver") is None, reason="needs chromium + chromedriver (MiniWob++)")
 def test_probe_keeps_every_greedy_response_and_the_fact(tmp_path):
     """memory_probe.py with eval_sop.py's flags: the evaluation's own outputs, plus one line per online episode
