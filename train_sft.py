@@ -31,7 +31,8 @@ target tokens are digits (their NLL stays at ~2.2 nats, a uniform guess is 2.30:
 So it first trains on synthetic text-only pages in the product's layout (no system prompt, no
 screenshot): 1..--copy-warmup-elements element lines `[k] kind 'label' at (x,y) (box)` with labels
 from the training data, the expert-style thought and click on the target, and, one page in four
-(--copy-warmup-type-frac), an input box to type a quoted label into; fresh pages every step, own
+(--copy-warmup-type-frac), an input box to type a quoted label into; a share of the pages
+(--copy-warmup-code-frac) with fresh random codes as labels; fresh pages every step, own
 AdamW at --copy-warmup-lr; then SFT proper starts with a fresh optimizer. `--max-steps 0` saves the
 warm-up alone: a base every SFT run can start from (runs/repro_main.py trains it once).
 """
@@ -85,6 +86,7 @@ parser.add_argument("--copy-warmup-steps", type=utils.non_negative_int, default=
 parser.add_argument("--copy-warmup-lr", type=utils.positive_float, default=1e-3, help="constant AdamW learning rate of the copy warm-up")
 parser.add_argument("--copy-warmup-elements", type=utils.positive_int, default=1, help="elements per synthetic click page, at most (the target looked up among them)")
 parser.add_argument("--copy-warmup-type-frac", type=utils.fraction, default=0.25, help="share of synthetic pages that ask to type a quoted text (0: click pages only)")
+parser.add_argument("--copy-warmup-code-frac", type=utils.fraction, default=0.0, help="share of synthetic pages whose labels are fresh random codes (3-8 of A-Z, 0-9) instead of the training data's labels, so the copy learnt holds for strings never seen (0: training labels only)")
 chat.add_prompt_args(parser)  # --num-images, --min/max-pixels, --max-prompt-tokens, --step-instruction, --elements, --system-prompt
 # run
 parser.add_argument("--max-steps", type=utils.non_negative_int, default=200, help="optimizer steps (0: the copy warm-up alone, saved as step 0: a shared base)")
@@ -137,11 +139,23 @@ def page_prompt(tokenizer, goal: str, elements: str, system: bool = True) -> lis
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+CODE_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+
 def synthetic_example(rng: random.Random, labels: list[str], tokenizer, *, max_elements: int = 1,
-                      system: bool = False, type_frac: float = 0.0) -> tuple[SimpleNamespace, list[int]]:
+                      system: bool = False, type_frac: float = 0.0,
+                      code_frac: float = 0.0) -> tuple[SimpleNamespace, list[int]]:
     """(prompt with input_ids (T,) int64 and no image, target ids ending in <|im_end|>) of one
     synthetic page, ready for collate_sequences: a type page (dataset.synthetic_type_page) with probability
-    type_frac, else a click page of 1..max_elements elements (dataset.synthetic_page)."""
+    type_frac, else a click page of 1..max_elements elements (dataset.synthetic_page). With probability
+    code_frac the page's labels are fresh random codes (3-8 characters of CODE_CHARS) instead of `labels`:
+    a model warmed up on the training labels alone recalls those labels instead of copying a new one
+    (the memory tasks' codes, results/LOG.md 2026-12-05)."""
+    if code_frac > 0 and rng.random() < code_frac:
+        codes: set[str] = set()
+        while len(codes) < max(max_elements, 1):
+            codes.add("".join(rng.choices(CODE_CHARS, k=rng.randint(3, 8))))
+        labels = sorted(codes)
     if type_frac > 0 and rng.random() < type_frac:
         goal, lines, action, thought = dataset.synthetic_type_page(rng, labels)
     else:
@@ -296,7 +310,8 @@ def copy_warmup(run) -> None:
     bar = tqdm(range(warm_steps), desc="copy warm-up", disable=not proc.is_main)
     for step in bar:
         built = [synthetic_example(rng, labels, run.tokenizer, max_elements=args.copy_warmup_elements,
-                                   type_frac=args.copy_warmup_type_frac) for _ in range(per_rank)]
+                                   type_frac=args.copy_warmup_type_frac, code_frac=args.copy_warmup_code_frac)
+                 for _ in range(per_rank)]
         batch = to_device(collate_sequences([p for p, _ in built], [y for _, y in built], run.pad_id), proc.device)
         logp, _ = policy(batch)
         loss = -logp.mean()

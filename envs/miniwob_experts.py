@@ -17,7 +17,7 @@ click-the-field, then type. expert_episode rolls an expert through one episode a
 (tools/make_miniwob_data.py writes those records as episode files).
 
 The memory tasks (the project's own pages, envs/miniwob_tasks.OWN_TASKS: memory-code-1, memory-name-2,
-memory-code-3; 2, 4 and 4 steps) show a fact at step 0 that a later screen no longer holds. Their expert
+memory-code-3, memory-type-1, memory-type-3; 2, 4, 4, 3 and 5 steps) show a fact at step 0 that a later screen no longer holds. Their expert
 notes it when it is on screen (ExpertStep.note, said in the thought: "The code is 'K7Q2' and I note it ...")
 and acts on its note at the choosing step, so it is not stateless there: expert_episode and expert_policy
 hand it the notes of its earlier steps in the episode (obs["notes"]), as an agent has its own thoughts.
@@ -312,7 +312,8 @@ def expert_click_tab_2(obs):
 
 def expert_memory(obs):
     """The memory tasks (envs/miniwob_pages/memory.html): note the fact while it is on screen, press the one
-    button of each page in between, then pick the noted fact among the choices. The fact is on no later
+    button of each page in between, then pick the noted fact among the choices (or type it into the field
+    and click Submit). The fact is on no later
     screen, so the expert takes it from obs["notes"] (the notes of its own earlier steps, as the agent has
     its earlier thoughts) and raises ExpertError without one."""
     dom, notes = obs["dom"], obs.get("notes") or []
@@ -328,6 +329,10 @@ def expert_memory(obs):
     if not notes:
         raise ExpertError(f"the {what} must be chosen, but no note holds it")
     noted = notes[-1]
+    field = next((e for e in dom if e.id == "tt"), None)
+    if field is not None:  # typed recall: click the field (unless it opened focused), type the note, Submit
+        step = _fill(field, noted, f"{what} field")
+        return step or _click(_by_id(dom, "subbtn"), f"The field holds '{noted}', the {what} I noted; I click Submit.")
     texts = {e.parent: (e.text or "").strip() for e in dom if e.tag == "t"}
     radios = [e for e in dom if e.tag == "input_radio"]
     if radios:

@@ -5,8 +5,9 @@ The project's pages are written on MiniWob++'s core.js (MIT licence; Copyright 2
 University, 2022 Farama Foundation): the same episode, seed and reward semantics, the utterance in #query.
 OWN_TASKS names each variant: (page, URL query = the task's knobs, read by the page with core.getOpt).
 
-Memory tasks (memory.html's header): a fact shown at step 0 is chosen among distractors at step gap + 1,
-after it left the screen; only the agent's own earlier thought still holds it. Distance 1 needs
+Memory tasks (memory.html's header): a fact shown at step 0 is chosen among distractors at step gap + 1
+(memory-code-*, memory-name-*), or typed into a field (memory-type-*: at step gap + 1 when the field opens
+focused, else gap + 2), after it left the screen; only the agent's own earlier thought still holds it. Distance 1 needs
 --num-images 1 to keep the fact out of the kept screenshots; from distance 2 on, the release's 2
 screenshots do not hold it either. Tune difficulty in OWN_TASKS (or add a name: the expert, the data tool
 and eval_sop --online take every memory-* row).
@@ -31,6 +32,9 @@ OWN_TASKS = {
     "memory-code-1": ("memory.html", {"fact": "code", "len": 4, "options": 4, "gap": 0}),
     "memory-name-2": ("memory.html", {"fact": "name", "options": 4, "gap": 1, "widget": "radio"}),
     "memory-code-3": ("memory.html", {"fact": "code", "len": 4, "options": 4, "gap": 2}),
+    # typed recall: no choices to look up, the code itself is typed (read at step 0, typed at step 1 / 3)
+    "memory-type-1": ("memory.html", {"fact": "code", "len": 5, "gap": 0, "widget": "type", "focus": 1}),
+    "memory-type-3": ("memory.html", {"fact": "code", "len": 5, "gap": 1, "widget": "type"}),
 }
 MEMORY_TASKS = [t for t in OWN_TASKS if t.startswith("memory-")]
 _serve_root: Path | None = None

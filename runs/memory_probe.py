@@ -1,8 +1,8 @@
 """eval_sop.py with every online episode's greedy responses kept, and the memory tasks' fact beside them:
 the mechanism probe of runs/repro_memory.py.
 
-On a memory task (envs/miniwob_tasks.MEMORY_TASKS) the fact is shown at step 0 only; at the choosing step
-it is on no screen, so the agent can only take it from its own step-0 response (its thought: "The code is
+On a memory task (envs/miniwob_tasks.MEMORY_TASKS) the fact is shown at step 0 only; at the using step
+(the choice, or the typed code) it is on no screen, so the agent can only take it from its own step-0 response (its thought: "The code is
 'K7Q2' and I note it ..."). The probe asks, per test episode, whether that step-0 response of the greedy online
 play carries the fact (the code or name the page showed), beside the episode's success.
 
@@ -14,7 +14,7 @@ OUT/online_responses.jsonl, one line per online episode in that file's order: {t
 fact is read off the step-0 element list (fact_shown). The file is written last: its presence means the
 evaluation finished.
 
-    python runs/memory_probe.py --policy model --model CKPT --online --online-tasks memory-code-1 \\
+    python runs/memory_probe.py --policy model --model CKPT --online --online-tasks memory-type-1 \\
         --online-seeds 4 --online-seed-base 900000 --out out/probe      # any eval_sop.py flags
 """
 from __future__ import annotations

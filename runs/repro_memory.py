@@ -1,10 +1,10 @@
 """Claim 1b where history matters: on tasks that need the agent's own history (the memory tasks: a fact
-shown at step 0 is chosen 1-3 steps later, after it left the screen; data/miniwob/README.md), does
+shown at step 0 is typed 1 or 3 steps later, after it left the screen; data/miniwob/README.md), does
 semi-online RL beat offline RL, and by more than on Markov MiniWob++ tasks (the interaction)? The
 protocol, as a pre-registration draft, is docs/protocol_memory.md; every stage runs at one commit, from scratch:
   1. a shared base (the copy warm-up on the mixed demonstrations' page labels), SFT per seed on the
      memory tasks' and the Markov tasks' demonstrations mixed, with --num-images 1 (only the current
-     screenshot: at the choosing step no kept screenshot shows the fact), SFT_POINTS checkpoints kept;
+     screenshot: at the using step no kept screenshot shows the fact), SFT_POINTS checkpoints kept;
   2. from each SFT checkpoint: semi-online RL (gamma 0.5), offline RL (--history expert) and
      semi-online RL with gamma 0, repro_main.py's recipe, on RL demonstrations SFT never saw (both task
      sets), RL_POINTS checkpoints each (the dose points); and the control: SFT continued on the same
@@ -49,7 +49,7 @@ import repro_main as rm  # noqa: E402
 from repro_report import fmt, fmt_ci  # noqa: E402
 import stats  # noqa: E402
 
-MEMORY = ["memory-code-1", "memory-name-2", "memory-code-3"]
+MEMORY = ["memory-type-1", "memory-type-3"]
 # Markov MiniWob++ tasks (the screen holds all an action needs) where SFT left headroom in the main
 # table's run (results/repro_main.json, SFT selection success 0.28, 0.74, 0.21) and samples flip failures
 MARKOV = ["click-option", "click-button-sequence", "enter-text"]
@@ -75,16 +75,16 @@ SETTING = dict(
     RL_EXTRA=rm.SETTING["RL_EXTRA"],             # the release's recipe, as the main table
     CONTROL=True,                                # SFT continued on the RL demonstrations, as many demonstration steps
     EVAL_PER_TASK=4,                             # SOP/static test-file episodes per task (selection evaluations)
-    ONLINE_EPISODES=60,                          # selection episodes per SFT checkpoint (10 per task)
+    ONLINE_EPISODES=50,                          # selection episodes per SFT checkpoint (10 per task)
     ONLINE_SEED_BASE=810000,                     # fresh: no data or results file uses 810000+ (a pilot: 800000+)
     ONLINE_MAX_STEPS=10,
     ONLINE_BATCH=2,
     EVAL_EXTRA=["--max-new-tokens", "80"],
-    TEST_EPISODES=360,                           # per test checkpoint: 60 per task, 180 memory + 180 Markov
+    TEST_EPISODES=300,                           # per test checkpoint: 60 per task, 120 memory + 180 Markov
     TEST_SEED_BASE=900000,                       # fresh: tests/test_repro_memory.py checks results/ and data/
 )
 QUICK = dict(SEEDS=[0, 1], BASE_STEPS=20, SFT_STEPS=20, SFT_POINTS=2, RL_STEPS=2, RL_POINTS=2, RL_PASSES=1,
-             EVAL_PER_TASK=1, ONLINE_EPISODES=4, MEMORY_TASKS=["memory-code-1"], MARKOV_TASKS=["click-option"],
+             EVAL_PER_TASK=1, ONLINE_EPISODES=4, MEMORY_TASKS=["memory-type-1"], MARKOV_TASKS=["click-option"],
              TEST_EPISODES=4, EVAL_EXTRA=["--max-new-tokens", "48"],
              RL_EXTRA=["--tasks-per-step", "2", "--n-rollouts", "2", "--max-new-tokens", "48", "--filter-std", "0.3",
                        "--returns-form", "release", "--max-resample", "1", "--kl-coef", "1e-4"])

@@ -105,9 +105,9 @@ def test_probe_note_rule_and_counts(tmp_path):
     assert memory_probe.note_carries("K7Q2", "<think>The code is K7Q2; I note it.</think>")
     assert not memory_probe.note_carries("K7Q2", "The code is K7Q2X") and not memory_probe.note_carries("Ann", "Anna")
     assert memory_probe.note_carries(None, "anything") is None
-    rows = [{"task": "memory-code-1", "seed": 1, "success": True, "fact": "AB12", "responses": ["AB12"],
+    rows = [{"task": "memory-type-1", "seed": 1, "success": True, "fact": "AB12", "responses": ["AB12"],
              "note_carries_fact": True},
-            {"task": "memory-code-1", "seed": 2, "success": True, "fact": "CD34", "responses": ["x"],
+            {"task": "memory-type-1", "seed": 2, "success": True, "fact": "CD34", "responses": ["x"],
              "note_carries_fact": False},
             {"task": "click-option", "seed": 1, "success": True, "fact": None, "responses": ["x"],
              "note_carries_fact": None}]
@@ -129,7 +129,7 @@ def test_fact_shown_is_the_experts_note():
             assert memory_probe.fact_shown(e["task"], e["steps"][0]["elements"]) == noted, (f.name, e["episode_id"])
             assert not any(memory_probe.fact_shown(e["task"], s["elements"]) for s in e["steps"][1:])
             n += 1
-    assert n == 2 * (192 + 48 + 144)
+    assert n == 2 * (128 + 32 + 96)
     assert memory_probe.fact_shown("click-option", "[5] b 'X' at (1,2) (0,0,2,4)") is None
 
 
@@ -139,7 +139,7 @@ def test_probe_keeps_every_greedy_response_and_the_fact(tmp_path):
     with its responses (one per step played) and, on a memory task, the code the page showed."""
     out = tmp_path / "probe"
     proc = subprocess.run([sys.executable, "runs/memory_probe.py", "--policy", "model", "--model", "tiny", "--online",
-                           "--online-tasks", "memory-code-1", "click-option", "--online-seeds", "1",
+                           "--online-tasks", "memory-type-1", "click-option", "--online-seeds", "1",
                            "--online-seed-base", "990000", "--online-max-steps", "2", "--max-new-tokens", "4",
                            "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -147,6 +147,6 @@ def test_probe_keeps_every_greedy_response_and_the_fact(tmp_path):
     eps = [json.loads(line) for line in (out / "online_episodes.jsonl").read_text().splitlines()]
     assert [(r["task"], r["seed"]) for r in rows] == [(e["task"], e["seed"]) for e in eps]
     mem, click = rows
-    assert re.fullmatch(r"[A-Z0-9]{4}", mem["fact"]) and mem["note_carries_fact"] is False  # an untrained model
+    assert re.fullmatch(r"[A-Z0-9]{6}", mem["fact"]) and mem["note_carries_fact"] is False  # an untrained model
     assert click["fact"] is None and click["note_carries_fact"] is None
     assert all(len(r["responses"]) == e["steps"] for r, e in zip(rows, eps))

@@ -98,6 +98,29 @@ def test_sft_copy_warmup_runs_logs_and_records(tmp_path):
     assert len(m) == 1 and m[0]["step"] == 1 and last["loss"] < 10.0
 
 
+def test_copy_warmup_code_pages_use_fresh_codes():
+    # --copy-warmup-code-frac 1: every page's labels are fresh random codes (3-8 of A-Z, 0-9), none of the
+    # training labels; the target copies the code (click: its point and label; type: the code itself)
+    import random
+    import train_sft
+    from vlm import load_processor
+
+    tok, _ = load_processor()
+    rng, seen = random.Random(0), set()
+    for i in range(40):
+        prompt, target = train_sft.synthetic_example(rng, ["TRAINLABEL"], tok, max_elements=4, type_frac=0.5,
+                                                     code_frac=1.0)
+        text, answer = tok.decode(prompt.input_ids.tolist()), tok.decode(target)
+        assert "TRAINLABEL" not in text + answer
+        code = answer.split("'")[1]
+        assert 3 <= len(code) <= 8 and set(code) <= set(train_sft.CODE_CHARS)
+        assert f"'{code}'" in text or f'"{code}"' in text  # a click page's element line, a type page's goal
+        seen.add(code)
+    assert len(seen) == 40  # fresh every page
+    _, target = train_sft.synthetic_example(random.Random(0), ["TRAINLABEL"], tok, code_frac=0.0)
+    assert "TRAINLABEL" in tok.decode(target)
+
+
 def assert_refilled(m):
     """Dynamic sampling did something: a task dropped, a refill round run, some task trained on."""
     assert sum(r["tasks_tried"] for r in m) > sum(r["tasks_kept"] for r in m) > 0

@@ -17,7 +17,7 @@ and listed in the manifest. Train and test splits use disjoint seed ranges
     python tools/make_miniwob_data.py --tasks click-test focus-text click-dialog click-button \
         --train-seeds 150 --thoughts short --out /tmp/miniwob_click   # a set a tiny model learns
     python tools/make_miniwob_data.py --restyle data/miniwob/rl.jsonl data/miniwob/rl_varied.jsonl  # no browser
-    python tools/make_miniwob_data.py --tasks memory-code-1 memory-name-2 memory-code-3 --out data/miniwob \
+    python tools/make_miniwob_data.py --tasks memory-type-1 memory-type-3 --out data/miniwob \
         --prefix memory_ --train-seeds 64 --train-seed-base 400000 --test-seeds 16 --test-seed-base 500000 \
         --rl-seeds 48 --rl-seed-base 600000      # the memory tasks beside the others (data/miniwob/README.md)
 
