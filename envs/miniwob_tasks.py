@@ -33,8 +33,8 @@ OWN_TASKS = {
     "memory-name-2": ("memory.html", {"fact": "name", "options": 4, "gap": 1, "widget": "radio"}),
     "memory-code-3": ("memory.html", {"fact": "code", "len": 4, "options": 4, "gap": 2}),
     # typed recall: no choices to look up, the code itself is typed (read at step 0, typed at step 1 / 3)
-    "memory-type-1": ("memory.html", {"fact": "code", "len": 5, "gap": 0, "widget": "type", "focus": 1}),
-    "memory-type-3": ("memory.html", {"fact": "code", "len": 5, "gap": 1, "widget": "type"}),
+    "memory-type-1": ("memory.html", {"fact": "code", "len": 8, "gap": 0, "widget": "type", "focus": 1}),
+    "memory-type-3": ("memory.html", {"fact": "code", "len": 8, "gap": 1, "widget": "type"}),
 }
 MEMORY_TASKS = [t for t in OWN_TASKS if t.startswith("memory-")]
 _serve_root: Path | None = None

@@ -63,7 +63,7 @@ SETTING = dict(
     MODEL_ARGS=[],
     SEEDS=[0, 1, 2, 3, 4],                       # training seeds per arm (>= 5)
     BASE_STEPS=3000,
-    BASE_EXTRA=rm.SETTING["BASE_EXTRA"],
+    BASE_EXTRA=rm.SETTING["BASE_EXTRA"] + ["--copy-warmup-code-frac", "0.5"],  # copies codes it never saw (results/LOG.md, pilot 16)
     SFT_STEPS=600,                               # TO BE SET FROM THE PILOT: SFT until its selection success plateaus
     SFT_LR=1e-3,
     SFT_EXTRA=["--num-images", "1"],             # the prompt contract of every later stage (from the checkpoint)

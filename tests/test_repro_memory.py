@@ -147,6 +147,6 @@ def test_probe_keeps_every_greedy_response_and_the_fact(tmp_path):
     eps = [json.loads(line) for line in (out / "online_episodes.jsonl").read_text().splitlines()]
     assert [(r["task"], r["seed"]) for r in rows] == [(e["task"], e["seed"]) for e in eps]
     mem, click = rows
-    assert re.fullmatch(r"[A-Z0-9]{6}", mem["fact"]) and mem["note_carries_fact"] is False  # an untrained model
+    assert re.fullmatch(r"[A-Z0-9]{8}", mem["fact"]) and mem["note_carries_fact"] is False  # an untrained model
     assert click["fact"] is None and click["note_carries_fact"] is None
     assert all(len(r["responses"]) == e["steps"] for r, e in zip(rows, eps))
