@@ -150,7 +150,7 @@ def synthetic_example(rng: random.Random, labels: list[str], tokenizer, *, max_e
     type_frac, else a click page of 1..max_elements elements (dataset.synthetic_page). With probability
     code_frac the page's labels are fresh random codes (3-8 characters of CODE_CHARS) instead of `labels`:
     a model warmed up on the training labels alone recalls those labels instead of copying a new one
-    (the memory tasks' codes, results/LOG.md 2026-12-05)."""
+    (the memory tasks' codes, results/LOG.md 2026-12-06)."""
     if code_frac > 0 and rng.random() < code_frac:
         codes: set[str] = set()
         while len(codes) < max(max_elements, 1):

@@ -7,9 +7,9 @@ OWN_TASKS names each variant: (page, URL query = the task's knobs, read by the p
 
 Memory tasks (memory.html's header): a fact shown at step 0 is chosen among distractors at step gap + 1
 (memory-code-*, memory-name-*), or typed into a field (memory-type-*: at step gap + 1 when the field opens
-focused, else gap + 2), after it left the screen; only the agent's own earlier thought still holds it. Distance 1 needs
---num-images 1 to keep the fact out of the kept screenshots; from distance 2 on, the release's 2
-screenshots do not hold it either. Tune difficulty in OWN_TASKS (or add a name: the expert, the data tool
+focused, else gap + 2), after it left the screen; only the agent's own earlier thought still holds it.
+Distance 1 needs --num-images 1 to keep the fact out of the kept screenshots; from distance 2 on, the
+release's 2 screenshots do not hold it either. Tune difficulty in OWN_TASKS (or add a name: the expert, the data tool
 and eval_sop --online take every memory-* row).
 
 The task names are checked while flags are parsed (`miniwob_task`, `miniwob_task_or_all`): importing this

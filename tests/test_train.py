@@ -107,7 +107,7 @@ def test_copy_warmup_code_pages_use_fresh_codes():
 
     tok, _ = load_processor()
     rng, seen = random.Random(0), set()
-    for i in range(40):
+    for _ in range(40):
         prompt, target = train_sft.synthetic_example(rng, ["TRAINLABEL"], tok, max_elements=4, type_frac=0.5,
                                                      code_frac=1.0)
         text, answer = tok.decode(prompt.input_ids.tolist()), tok.decode(target)
