@@ -513,8 +513,8 @@ def finish(run, last: dict) -> None:
 def main(argv=None):
     args = parser.parse_args(argv)
     if args.model == "auto" and utils.latest_checkpoint(args.sft_dir) is None:
-        raise utils.UsageError(f"--model auto: no SFT checkpoint in {args.sft_dir} (run train_sft.py first, point --sft-dir "
-                               "at one, or give --model tiny to train the untrained model on purpose)")
+        raise utils.UsageError(f"--model auto: no SFT checkpoint in {args.sft_dir} (run train_sft.py first, point --sft-dir at "
+                               "its ckpt/, give one step's folder as --model PATH, or --model tiny to train the untrained model)")
     start = str(utils.latest_checkpoint(args.sft_dir)) if args.model == "auto" else args.model
     spec = chat.resolve_spec(args, start, say=utils.print0)  # the prompt the checkpoint was trained on
     check_args(args)
