@@ -96,6 +96,15 @@ def test_sft_copy_warmup_runs_logs_and_records(tmp_path):
     assert all(7.0 < r["loss"] < 11.5 and 7.0 < r["digit_nll"] < 11.5 for r in rows), rows
     assert json.loads((tmp_path / "w" / "args.json").read_text())["copy_warmup_steps"] == 3
     assert len(m) == 1 and m[0]["step"] == 1 and last["loss"] < 10.0
+    # --copy-warmup-code-frac reaches the warm-up loop: the same seed, every page's labels fresh codes, other pages
+    # (the same flags without it repeat the losses above to the digit: the warm-up is seeded)
+    for name, extra in (("same", []), ("codes", ["--copy-warmup-code-frac", "1"])):
+        launch(args + ["--max-steps", "1", "--copy-warmup-steps", "3", *extra], tmp_path / name)
+    losses = {name: [json.loads(l)["loss"] for l in (tmp_path / name / "copy_warmup.jsonl").read_text().splitlines()]
+              for name in ("same", "codes")}
+    assert losses["same"] == [r["loss"] for r in rows]
+    assert losses["codes"] != losses["same"]
+    assert json.loads((tmp_path / "codes" / "args.json").read_text())["copy_warmup_code_frac"] == 1.0
 
 
 def test_copy_warmup_code_pages_use_fresh_codes():
