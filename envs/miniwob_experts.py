@@ -19,8 +19,9 @@ click-the-field, then type. expert_episode rolls an expert through one episode a
 The memory tasks (the project's own pages, envs/miniwob_tasks.OWN_TASKS: memory-code-1, memory-name-2,
 memory-code-3, memory-type-1, memory-type-3; 2, 4, 4, 3 and 5 steps) show a fact at step 0 that a later
 screen no longer holds. Their expert notes it when it is on screen (ExpertStep.note, said in the thought:
-"The code is 'K7Q2' and I note it ...") and acts on its note at the using step, so it is not stateless there: expert_episode and expert_policy
-hand it the notes of its earlier steps in the episode (obs["notes"]), as an agent has its own thoughts.
+"The code is 'K7Q2' and I note it ...") and acts on its note at the using step, so it is not stateless
+there: expert_episode and expert_policy hand it the notes of its earlier steps in the episode
+(obs["notes"]), as an agent has its own thoughts.
 
 CLI (last stdout line is a JSON object):
     python envs/miniwob_experts.py eval --policy expert --tasks all --seeds 100
@@ -313,8 +314,8 @@ def expert_click_tab_2(obs):
 def expert_memory(obs):
     """The memory tasks (envs/miniwob_pages/memory.html): note the fact while it is on screen, press the one
     button of each page in between, then pick the noted fact among the choices (or type it into the field
-    and click Submit). The fact is on no later screen, so the expert takes it from obs["notes"] (the notes of its own earlier steps, as the agent has
-    its earlier thoughts) and raises ExpertError without one."""
+    and click Submit). The fact is on no later screen, so the expert takes it from obs["notes"] (the notes of
+    its own earlier steps, as the agent has its earlier thoughts) and raises ExpertError without one."""
     dom, notes = obs["dom"], obs.get("notes") or []
     what = "name" if "name" in obs["goal"] else "code"
     fact = next((e for e in dom if e.id == "fact"), None)

@@ -3,8 +3,9 @@ the mechanism probe of runs/repro_memory.py.
 
 On a memory task (envs/miniwob_tasks.MEMORY_TASKS) the fact is shown at step 0 only; at the using step
 (the choice, or the typed code) it is on no screen, so the agent can only take it from its own step-0
-response (its thought: "The code is 'K7Q2' and I note it ..."). The probe asks, per test episode, whether that step-0 response of the greedy online
-play carries the fact (the code or name the page showed), beside the episode's success.
+response (its thought: "The code is 'K7Q2' and I note it ..."). The probe asks, per test episode, whether
+that step-0 response of the greedy online play carries the fact (the code or name the page showed), beside
+the episode's success.
 
 This script runs eval_sop.main in this process, with the same flags (the evaluation is the test
 evaluation: nothing is played twice), then reads back online_episodes.jsonl, where each of a model's
