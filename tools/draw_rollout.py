@@ -65,6 +65,17 @@ def fates() -> dict[tuple[int, int], str]:
     return out
 
 
+def why_negative(adv) -> str:
+    """The caption line that explains a right step with a negative advantage (eq. 6.4 adds the rollout's
+    episode-level A^E to the step's A^S, so a right step of a rollout that failed overall can sit below 0)."""
+    for k, (i, t, _, m) in enumerate(EXAMPLE):
+        if m and float(adv.adv[k]) < 0:
+            return (f"Why is the right step y_{i},{t} negative? Its step credit A^S = {float(adv.adv_step[k]):+.3f} is "
+                    f"outweighed by its rollout's episode-level A^E = {float(adv.adv_episode[k]):+.3f} (rollout {i} "
+                    "ended with a low return), and eq. 6.4 adds the two.")
+    return ""
+
+
 def draw(path: str, dpi: int) -> dict:
     import matplotlib
 
@@ -129,8 +140,8 @@ def draw(path: str, dpi: int) -> dict:
             "green: matched, the response joins the rollout's own history.  red: wrong; yellow hatched: the patch "
             "(expert action) that replaces it in the history, at most 1 per rollout (--patch-threshold 1).\n"
             f"r: rule reward (eq. 4.1).  R: discounted return, gamma {GAMMA} (eq. 6.1).  A = A^E + A^S "
-            "(eq. 6.2-6.4), normalised over the 4 rollouts; numbers: docs/method.md, \"A worked example\".",
-            fontsize=8.5, va="top")
+            "(eq. 6.2-6.4), normalised over the 4 rollouts; numbers: docs/method.md, \"A worked example\".\n"
+            + why_negative(adv), fontsize=8.5, va="top")
     ax.set_title("One semi-online rollout group: N = 4 rollouts walk one expert episode, each with its own history",
                  fontsize=11)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
