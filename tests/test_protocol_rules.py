@@ -1,18 +1,21 @@
-"""The published step protocols' match rules (reward.androidcontrol_match, reward.aitw_match) at
-each rule's edges, computed by hand on a 1000 x 2000 (W x H) screen."""
+"""The published step protocols' match rules (evaluation.protocols.androidcontrol_match, aitw_match), passed
+to reward.action_match as the evaluator passes them, at each rule's edges, computed by hand on a 1000 x 2000
+(W x H) screen; AITW's every pair of action types against google-research android_in_the_wild
+action_matching.py (non-dual-point types compare the type alone; taps never match swipes; swipes by main axis)."""
 import pytest
 
 import reward
+from evaluation import protocols
 
 SIZE = (1000, 2000)  # W, H: 0.04 x max(W, H) = 80 px; 0.14 of the screen = 140 px across, 280 px down
 
 
 def ac(pred, expert, boxes=()):
-    return reward.action_match(pred, expert, list(boxes), SIZE, rules="androidcontrol")
+    return reward.action_match(pred, expert, list(boxes), SIZE, rules=protocols.androidcontrol_match)
 
 
 def aitw(pred, expert, boxes=()):
-    return reward.action_match(pred, expert, list(boxes), SIZE, rules="aitw")
+    return reward.action_match(pred, expert, list(boxes), SIZE, rules=protocols.aitw_match)
 
 
 def click(x, y, kind="click"):
@@ -89,13 +92,13 @@ def test_aitw_short_swipe_is_a_tap_and_swipes_by_axis():
     up = swipe(500, 1500, 500, 500)
     assert aitw(swipe(500, 1500, 300, 1100), up) == (True, True)   # dy -.2, dx -.2: tie -> y axis, up
     assert aitw(swipe(500, 1500, 299, 1100), up) == (False, True)  # x axis
-    assert aitw(swipe(500, 500, 500, 1500), up) == (False, True)   # down
+    assert aitw(swipe(500, 500, 500, 1500), up) == (True, True)    # down: the source compares the main axis only
     # no text check in AITW's matcher: the type alone
     assert aitw({"action": "type", "text": "a"}, {"action": "type", "text": "hello"}) == (True, True)
     assert aitw({"action": "open", "text": "a"}, {"action": "type", "text": "a"}) == (False, False)
 
 
-@pytest.mark.parametrize("rules", ["androidcontrol", "aitw"])
+@pytest.mark.parametrize("rules", [protocols.androidcontrol_match, protocols.aitw_match])
 def test_protocol_rules_never_raise_on_a_bad_prediction(rules):
     assert reward.action_match({"action": "click"}, click(1, 1), [], SIZE, rules=rules) == (False, True)
     assert reward.action_match(None, click(1, 1), [], SIZE, rules=rules) == (False, False)
