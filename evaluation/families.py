@@ -103,21 +103,23 @@ Think first, then return the call as a JSON object with the function name and ar
 </tool_call>"""  # noqa: E501
 
 _TOOL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+_THINKING_RE = re.compile(r"<think(?:ing)?>(.*?)</think(?:ing)?>", re.S)
 
 
 def qwen_parse(text: str, size) -> tuple[str, dict | None]:
-    """(thought, action in pixels of the resized image) of a Qwen2.5-VL tool-call answer; the thought
-    is the text before <tool_call> (a <think> block's content where there is one)."""
+    """(thought, action in pixels of the resized image) of a Qwen2.5-VL tool-call answer (the first
+    <tool_call> block); the thought is the text before it (a <think> or <thinking> block's content where
+    there is one)."""
     m = _TOOL_RE.search(text)
     if m is None:
         return text.strip(), None
-    thought = text[:m.start()]
-    t = gui.parse_response(thought).thought
+    head = _THINKING_RE.search(text[:m.start()])  # <think> or <thinking> (the cookbook's history prompt)
+    thought = head.group(1).strip() if head else text[:m.start()].strip()
     try:
         call = json.loads(m.group(1).strip())
-        return (t if t is not None else thought.strip()), gui.check_action(call["arguments"])
-    except (ValueError, KeyError, TypeError):
-        return thought.strip(), None
+        return thought, gui.check_action(call["arguments"])
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return thought, None
 
 
 def qwen_write(thought: str, action: dict, size) -> str:
