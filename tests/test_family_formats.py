@@ -195,3 +195,24 @@ def test_history_written_in_the_family_format_reads_back(fmt, action):
         assert gui.swipe_direction(back["coordinate"], back["coordinate2"]) == "up"
     if action["action"] in ("system_button", "terminate"):
         assert (back.get("button"), back.get("status")) == (action.get("button"), action.get("status"))
+
+
+@pytest.mark.parametrize("rules", ["strict", "androidcontrol", "aitw"])
+def test_score_reads_a_family_s_raw_answers_under_a_protocol(tmp_path, rules):
+    """`eval_sop.py score --action-format uitars15 --match-rules R`: UI-TARS-1.5's answers for step 2 of
+    line-1 (expert click at original (540, 390) = resized (546, 391.3)) are read in resized pixels and judged
+    by the named rule set (a protocol's by its function); the point below the screen scores 0 under all."""
+    import json
+    from pathlib import Path
+
+    import eval_sop
+    data = Path(__file__).resolve().parent.parent / "data" / "android_control" / "android_control_train_example_uis1.jsonl"
+    lines = [{"episode_id": "line-1", "step": 2, "response": "Thought: the post\nAction: click(point='<point>546 391</point>')"},
+             {"episode_id": "line-1", "step": 2, "response": "Thought: off\nAction: click(point='<point>546 2890</point>')"}]
+    rfile, ofile = tmp_path / "r.jsonl", tmp_path / "s.jsonl"
+    rfile.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    s = eval_sop.main(["score", "--data", str(data), "--responses", str(rfile), "--out", str(ofile), "--image-size",
+                       "1080x2400", "--subset", "--action-format", "uitars15", "--match-rules", rules])
+    rows = [json.loads(x) for x in ofile.read_text().splitlines()]
+    assert [r["match"] for r in rows] == [True, False] and rows[1]["reward"] == 0.0 and rows[1]["error"]
+    assert rows[0]["action"] == {"action": "click", "coordinate": [540, 390]} and s["match_rate"] == 0.5
