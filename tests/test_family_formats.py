@@ -22,6 +22,16 @@ def swipe(x1, y1, x2, y2):
     return {"action": "swipe", "coordinate": [x1, y1], "coordinate2": [x2, y2]}
 
 
+def tool(arguments: str) -> str:
+    """A Qwen2.5-VL mobile_use tool call around its JSON arguments."""
+    return '<tool_call>\n{"name": "mobile_use", "arguments": ' + arguments + '}\n</tool_call>'
+
+
+def box(x, y) -> str:
+    """A UI-TARS v1 box argument's value, box tokens included."""
+    return f"<|box_start|>({x},{y})<|box_end|>"
+
+
 def button(b):
     return {"action": "system_button", "button": b}
 
@@ -45,18 +55,21 @@ OURS = "chat.FULL_SYSTEM_PROMPT (this repository)"
 # (source, raw answer, expected action in pixels of SIZE or None)
 FORMS = {
     "uitars": [
-        (TARS_V1_COORD, "Thought: open the menu\nAction: click(start_box='(235,512)')", click(235 * W / 1000, 512 * H / 1000)),
+        (TARS_V1_COORD, "Thought: open the menu\nAction: click(start_box='(235,512)')",
+         click(235 * W / 1000, 512 * H / 1000)),
         (TARS_TEST, "Thought: test\nAction: click(start_box='<|box_start|>(112,224)<|box_end|>')",
          click(122.304, 539.392)),
         (UIS1_TARS, "Action: click(start_box='<|box_start|>(558,925)<|box_end|>')", click(609.336, 2227.4)),
         (TARS_V1, "Action: long_press(start_box='<|box_start|>(100,200)<|box_end|>', time='')",
          click(109.2, 481.6, "long_press")),
-        (TARS_V1, "Action: scroll(start_box='<|box_start|>(500,700)<|box_end|>', end_box='<|box_start|>(500,300)<|box_end|>')",
+        (TARS_V1, f"Action: scroll(start_box='{box(500, 700)}', end_box='{box(500, 300)}')",
          swipe(546, 1685.6, 546, 722.4)),  # the finger's path
-        (UIS1_TARS, "Action: scroll(direction='down')", swipe(546, 1204, 546, 481.6)),  # centre; content down = finger up
+        # no box: the centre; content down = finger up
+        (UIS1_TARS, "Action: scroll(direction='down')", swipe(546, 1204, 546, 481.6)),
         (UIS1_TARS, "Action: scroll(direction='left')", swipe(546, 1204, 873.6, 1204)),
         (TARS_V1, "Action: type(content='I\\'m home')", {"action": "type", "text": "I'm home"}),
-        (TARS_V1, "Action: type(content='I'm home')", {"action": "type", "text": "I'm home"}),  # unescaped, as UI-TARS reads it
+        # unescaped, read as UI-TARS's own parser reads it
+        (TARS_V1, "Action: type(content='I'm home')", {"action": "type", "text": "I'm home"}),
         (TARS_V1, "Action: type(content='say \\\"hi\\\"\\n')", {"action": "type", "text": 'say "hi"\n'}),
         (TARS_V1, "Action: press_home()", button("Home")),
         (TARS_V1, "Action: press_back()", button("Back")),
@@ -65,7 +78,7 @@ FORMS = {
         # 1.5's absolute pixels read as 0-1000: y 1200 -> 2,889.6 px on a 2,408-px screen: outside, malformed
         (TARS_15, "Action: click(start_box='(500,1200)')", None),
         (TARS_V1, "Action: click(start_box='(-5,100)')", None),
-        (TARS_V1, "Action: scroll(start_box='<|box_start|>(500,700)<|box_end|>', end_box='<|box_start|>(500,1300)<|box_end|>')",
+        (TARS_V1, f"Action: scroll(start_box='{box(500, 700)}', end_box='{box(500, 1300)}')",
          None),
     ],
     "uitars15": [
@@ -75,7 +88,8 @@ FORMS = {
         (TARS_15, "Action: drag(start_point='<point>546 1800</point>', end_point='<point>546 600</point>')",
          swipe(546, 1800, 546, 600)),
         (TARS_15, "Action: scroll(point='<point>546 1204</point>', direction='up')", swipe(546, 1204, 546, 1926.4)),
-        (TARS_15, "Action: scroll(point='<point>546 2300</point>', direction='up')", swipe(546, 2300, 546, 2408)),  # kept on
+        # our end point stays on the screen
+        (TARS_15, "Action: scroll(point='<point>546 2300</point>', direction='up')", swipe(546, 2300, 546, 2408)),
         (TARS_15, "Action: type(content='I\\'m home\\n')", {"action": "type", "text": "I'm home\n"}),
         (TARS_15, "Action: open_app(app_name='Settings')", {"action": "open", "text": "Settings"}),
         (TARS_15, "Action: press_home()", button("Home")),
@@ -88,7 +102,8 @@ FORMS = {
         (TARS_15, "Action: click(point='<point>546</point>')", None),
     ],
     "agentcpm": [
-        (CPM_README, '{"thought":"任务目标是点击屏幕上的‘会员’按钮。","POINT":[729,69]}', click(796.068, 166.152)),
+        (CPM_README, '{"thought":"任务目标是点击屏幕上的‘会员’按钮。","POINT":[729,69]}',
+         click(796.068, 166.152)),
         (UIS1_CPM, '{"thought":"click on the Add to Cart button","POINT":[501,952]}', click(547.092, 2292.416)),
         (CPM_SCHEMA, '{"POINT":[500,500],"duration":200}', click(546, 1204)),  # 200 ms is the default: a tap
         (CPM_SCHEMA, '{"POINT":[500,500],"duration":100}', click(546, 1204)),
@@ -108,22 +123,24 @@ FORMS = {
         (CPM_SCHEMA, '{"POINT":[500,500],"to":"sideways"}', None),
     ],
     "qwen25vl": [
-        (QWEN, '<tool_call>\n{"name": "mobile_use", "arguments": {"action": "click", "coordinate": [540, 1200]}}\n</tool_call>',
+        (QWEN, tool('{"action": "click", "coordinate": [540, 1200]}'),
          click(540, 1200)),
-        (QWEN, '<thinking>open the menu</thinking>\n<tool_call>\n{"name": "mobile_use", "arguments": {"action": "long_press", '
-         '"coordinate": [540, 1200], "time": 2}}\n</tool_call>\n<conclusion>pressed</conclusion>',
+        # the history prompt there asks for <thinking> before the call and <conclusion> after it
+        (QWEN, '<thinking>open the menu</thinking>\n' + tool('{"action": "long_press", "coordinate": [540, 1200], '
+                                                            '"time": 2}') + '\n<conclusion>pressed</conclusion>',
          {"action": "long_press", "coordinate": [540, 1200], "time": 2}),
         (QWEN, '<tool_call>\n{"name": "mobile_use", "arguments": {"action": "swipe", "coordinate": [546, 1504], '
          '"coordinate2": [546, 904]}}\n</tool_call>', swipe(546, 1504, 546, 904)),
-        (QWEN, '<tool_call>\n{"name":"mobile_use","arguments":{"action":"type","text":"I\'m \\"home\\"\\n"}}\n</tool_call>',
+        (QWEN, '<tool_call>\n{"name":"mobile_use","arguments":{"action":"type","text":"I\'m \\"home\\"\\n"}}'
+               '\n</tool_call>',
          {"action": "type", "text": 'I\'m "home"\n'}),
-        (QWEN, '<tool_call>\n{"name": "mobile_use", "arguments": {"action": "system_button", "button": "Enter"}}\n</tool_call>',
+        (QWEN, tool('{"action": "system_button", "button": "Enter"}'),
          button("Enter")),
-        (QWEN, '<tool_call>\n{"name": "mobile_use", "arguments": {"action": "terminate", "status": "failure"}}\n</tool_call>',
+        (QWEN, tool('{"action": "terminate", "status": "failure"}'),
          end("failure")),
         (QWEN, '<tool_call>\n{"name": "mobile_use", "arguments": {"action": "wait", "time": 2}}\n</tool_call>',
          {"action": "wait", "time": 2}),
-        (QWEN, '<tool_call>\n{"name": "mobile_use", "arguments": {"action": "click", "coordinate": [1200, 500]}}\n</tool_call>',
+        (QWEN, tool('{"action": "click", "coordinate": [1200, 500]}'),
          None),
     ],
     "uis1": [
@@ -154,7 +171,8 @@ def test_published_forms_read_as_written(fmt, source, raw, expected):
 
 def test_every_family_has_its_table_and_its_malformed_rows():
     assert set(FORMS) == set(ADAPTERS)
-    assert all(any(e is None for *_, e in rows) and sum(e is not None for *_, e in rows) >= 2 for rows in FORMS.values())
+    for rows in FORMS.values():
+        assert any(e is None for *_, e in rows) and sum(e is not None for *_, e in rows) >= 2
 
 
 @pytest.mark.parametrize("fmt,raw", [("uitars", "Action: click(start_box='(500,1200)')"),
@@ -162,7 +180,8 @@ def test_every_family_has_its_table_and_its_malformed_rows():
                                      ("agentcpm", '{"POINT":[500,1001]}'),
                                      ("qwen25vl", '<tool_call>{"name": "mobile_use", "arguments": {"action": "click", '
                                                   '"coordinate": [546, -1]}}</tool_call>'),
-                                     ("uis1", '<think>x</think>\n<action>{"action": "click", "coordinate": [-1, 5]}</action>')])
+                                     ("uis1", '<think>x</think>\n<action>{"action": "click", "coordinate": [-1, 5]}'
+                                              '</action>')])
 def test_a_point_outside_the_image_scores_zero_even_beside_the_expert(fmt, raw):
     """The issue's case: a point off the screen is no click at its edge, whatever the rule set; the expert
     here sits at the bottom-centre edge and its box covers the whole screen (AndroidControl's rule would
@@ -178,7 +197,8 @@ def test_a_point_outside_the_image_scores_zero_even_beside_the_expert(fmt, raw):
 
 @pytest.mark.parametrize("fmt", ["uitars", "uitars15", "agentcpm", "qwen25vl"])
 @pytest.mark.parametrize("action", [click(546, 1204), click(100, 2000, "long_press"), swipe(546, 1800, 546, 600),
-                                    {"action": "type", "text": "I'm \"home\"\nnow \\ ok"}, button("Home"), button("Back"),
+                                    {"action": "type", "text": "I'm \"home\"\nnow \\ ok"},
+                                    button("Home"), button("Back"),
                                     end(), end("failure"), {"action": "wait"}])
 def test_history_written_in_the_family_format_reads_back(fmt, action):
     """Writer then parser: the same action (points within a 0-1000 rounding), quotes and newlines kept."""
@@ -206,9 +226,9 @@ def test_score_reads_a_family_s_raw_answers_under_a_protocol(tmp_path, rules):
     from pathlib import Path
 
     import eval_sop
-    data = Path(__file__).resolve().parent.parent / "data" / "android_control" / "android_control_train_example_uis1.jsonl"
-    lines = [{"episode_id": "line-1", "step": 2, "response": "Thought: the post\nAction: click(point='<point>546 391</point>')"},
-             {"episode_id": "line-1", "step": 2, "response": "Thought: off\nAction: click(point='<point>546 2890</point>')"}]
+    data = Path(__file__).resolve().parents[1] / "data" / "android_control" / "android_control_train_example_uis1.jsonl"
+    lines = [{"episode_id": "line-1", "step": 2, "response": f"Thought: {t}\nAction: click(point='<point>{p}</point>')"}
+             for t, p in (("the post", "546 391"), ("off", "546 2890"))]
     rfile, ofile = tmp_path / "r.jsonl", tmp_path / "s.jsonl"
     rfile.write_text("".join(json.dumps(x) + "\n" for x in lines))
     s = eval_sop.main(["score", "--data", str(data), "--responses", str(rfile), "--out", str(ofile), "--image-size",
