@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 
 from gui import _ACTION_RE, _THINK_RE  # the tags' patterns; the release searches them anywhere in the text
-from gui import ACTIONS, action_types, check_action, parse_response, scale_action, swipe_direction
+from gui import ACTIONS, check_action, parse_response, scale_action, swipe_direction
 
 # eq. 4.1: r = FORMAT_WEIGHT * s_format + ACTION_WEIGHT * s_action (paper and release: 0.1, 0.9)
 FORMAT_WEIGHT = 0.1
