@@ -102,6 +102,7 @@ from rollout import (
     static_metrics,
     history_gap,
 )
+from evaluation import protocols  # the published step protocols' rules (--match-rules)
 from envs import miniwob_tasks  # the task names (no browser, not the miniwob package: only located)
 from runs.stats import wilson  # the 95% interval of every rate reported
 from sampler import DECODE_MODES, SampleOutput, Sampler
@@ -128,11 +129,11 @@ def sop_parser() -> argparse.ArgumentParser:
     p.add_argument("--swipe-convention", choices=dataset.SWIPE_CONVENTIONS, default=None,
                    help="how the data files store swipes (default: declared per episode, or known for the shipped "
                    "files; a file with swipes and neither is an error)")
-    p.add_argument("--match-rules", choices=reward.MATCH_RULES, default="strict",
+    p.add_argument("--match-rules", choices=protocols.MATCH_RULES, default="strict",
                    help="strict (ours; the reward's rules) or release (the UI-S1 release's SOP scoring as it ran, "
                    "for comparison with the paper: its parse and check, and an episode with a response its code "
                    "raised on gets progress 0; README 'Reward rules and trivial-policy floors'); androidcontrol, "
-                   "aitw: published step protocols' rules (reward.androidcontrol_match, reward.aitw_match)")
+                   "aitw: published step protocols' rules (evaluation/protocols.py)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--image-root", default=None, type=utils.arg_type(utils.input_dir), help="folder holding the screenshots (default: paths as recorded)")
     g.add_argument("--blank-screens", type=size_arg, default=None,
@@ -252,7 +253,7 @@ def greedy_rollouts(episodes: list[dataset.Episode], sampler, args, tokenizer, i
             chunk = episodes[lo:lo + args.batch_size]
             records = semi_online_rollout(
                 sampler, chunk, tokenizer, image_processor, n_rollouts=1, patch_threshold=0, history_mode=history,
-                image_root=args.image_root, blank_screens=args.blank_screens, spec=spec, match_rules=args.match_rules,
+                image_root=args.image_root, blank_screens=args.blank_screens, spec=spec, match_rules=protocols.rules_of(args.match_rules),
                 greedy=True)
             lens = {k: len(ep.steps) for k, ep in enumerate(chunk)}
             for (k, _), p in sop_progress(records, lens, zero_on_error=args.match_rules == "release").items():
@@ -289,7 +290,7 @@ def episode_views(ep: dataset.Episode, rows: list[dict], args) -> list[dict]:
         orig = dataset.original_size(step, image_root=args.image_root, blank_screens=args.blank_screens)
         image = dataset.load_screenshot(step, image_root=args.image_root, blank_screens=args.blank_screens)
         pred = reward.score_response(row["response"], step, resized_size=row["resized_size"], orig_size=orig,
-                                  rules=args.match_rules).action
+                                  rules=protocols.rules_of(args.match_rules)).action
         views.append(report.step_view(row["t"], image, orig, step, row["response"], pred, row["match"], row["reward"]))
     return views
 
@@ -478,6 +479,7 @@ def setup(args) -> SimpleNamespace:
     ev.episodes = []
     for path in args.data:
         ev.episodes += dataset.load_episodes(path, limit=args.limit, swipe_convention=args.swipe_convention)
+    protocols.check_protocol_data(args.named_protocol, ev.episodes, args.data)  # -Low without step instructions
     if args.per_task_limit is not None:
         seen, keep = defaultdict(int), []
         for ep in ev.episodes:

@@ -11,17 +11,9 @@ pixels and the coordinate frame an in-process model sees). The answer is transla
 into the evaluator's response format (`<think>..</think><action>{json}</action>`, pixels of the
 resized screenshot), which reward.score_response then judges like any response.
 
-Adapters (ADAPTERS; coordinates in the family's frame -> pixels of the resized screenshot):
-- uis1: the project's own format (chat.FULL_SYSTEM_PROMPT), absolute resized pixels; the answer as is.
-- qwen25vl: Qwen2.5-VL's native mobile tool call, `<tool_call>{"name": "mobile_use", "arguments":
-  {"action": "click", "coordinate": [x, y]}}</tool_call>`, absolute pixels of the resized image,
-  the same action names as ours (the release's action space is Qwen2.5-VL's).
-- uitars: UI-TARS, `Thought: ...\nAction: click(start_box='(x,y)')`, 0-1000 relative (x/1000 of the
-  width); scroll(direction='down') scrolls the content down: the finger moves up.
-- agentcpm: AgentCPM-GUI, one JSON object `{"thought": ..., "POINT": [x, y], ...}`, 0-1000 relative;
-  "to" is the direction the finger moves (or an end point); PRESS, TYPE, STATUS, duration.
-Each adapter has its system prompt, a parser and a writer: earlier turns of the history (the
-evaluator's format) are rewritten into the family's, in the current screenshot's frame.
+The families' adapters (ADAPTERS: system prompt, parser, writer; qwen25vl, uitars, uitars15, agentcpm,
+uis1) are evaluation/families.py: earlier turns of the history (the evaluator's format) are rewritten into
+the family's, in the current screenshot's frame.
 
 Failure is per step, never fatal: a network error or an HTTP 5xx/429 is retried --retries times with
 exponential backoff, then the step is answered with finish_reason "error: ..." (a wrong step: SOP
@@ -32,17 +24,15 @@ for `eval_sop.py score --action-format` to re-score offline.
 Also here: OnlineModelPolicy (a sampler, in process or served, as a batched online MiniWob++ policy),
 the trivial policies that never look at the screen (trivial_policies, run_baselines: the floor every
 figure of eval_sop.py is printed beside), and eval_sop's flags of the served policy and its step protocols by name (NAMED_PROTOCOLS: the
-static walk under reward.py's androidcontrol or aitw rules).
+static walk under evaluation/protocols.py's androidcontrol or aitw rules).
 """
 from __future__ import annotations
 
 import base64
 import io
 import json
-import math
 import os
 import random
-import re
 import sys
 import threading
 import time
@@ -58,283 +48,9 @@ import utils
 import dataset
 import gui
 import reward
+from evaluation import protocols
+from evaluation.families import ADAPTERS, Adapter
 from rollout import sop_metrics
-
-# -----------------------------------------------------------------------------
-# model-family adapters
-
-
-def _num(v) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
-
-
-def _rel_to_px(x, y, size) -> list[float]:
-    """0-1000 relative (x, y) -> pixels of an image of size (W, H)."""
-    return [x * size[0] / 1000, y * size[1] / 1000]
-
-
-def _px_to_rel(pt, size) -> list[int]:
-    """Pixels of an image of size (W, H) -> 0-1000 relative, rounded."""
-    return [round(pt[0] * 1000 / size[0]), round(pt[1] * 1000 / size[1])]
-
-
-def _finger(direction: str, start, size, frac: float = 0.3) -> list[float]:
-    """The end of a finger move of `frac` of the screen from `start` towards `direction`."""
-    dx, dy = {"up": (0, -1), "down": (0, 1), "left": (-1, 0), "right": (1, 0)}[direction]
-    return [start[0] + dx * frac * size[0], start[1] + dy * frac * size[1]]
-
-
-_OPPOSITE = {"up": "down", "down": "up", "left": "right", "right": "left"}
-
-
-# --- Qwen2.5-VL native tool call
-
-QWEN_SYSTEM_PROMPT = """You are a helpful assistant.
-
-# Tools
-
-You may call one function to assist with the user query. The function is described here:
-<tools>
-{"type": "function", "function": {"name": "mobile_use", "description": "Use a touchscreen to interact with a mobile device. Coordinates are pixels of the latest screenshot.", "parameters": {"properties": {"action": {"description": "key, click, long_press, swipe, type, system_button, open, wait, terminate", "enum": ["key", "click", "long_press", "swipe", "type", "system_button", "open", "wait", "terminate"], "type": "string"}, "coordinate": {"description": "(x, y): the point to click, press or start a swipe from", "type": "array"}, "coordinate2": {"description": "(x, y): where a swipe ends", "type": "array"}, "text": {"description": "for key, type and open", "type": "string"}, "time": {"description": "seconds, for long_press and wait", "type": "number"}, "button": {"description": "Back, Home, Menu or Enter", "enum": ["Back", "Home", "Menu", "Enter"], "type": "string"}, "status": {"description": "success or failure", "enum": ["success", "failure"], "type": "string"}}, "required": ["action"], "type": "object"}}}
-</tools>
-
-Think first, then return the call as a JSON object with the function name and arguments within <tool_call></tool_call> XML tags:
-<tool_call>
-{"name": "mobile_use", "arguments": {"action": "click", "coordinate": [x, y]}}
-</tool_call>"""
-
-_TOOL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
-
-
-def qwen_parse(text: str, size) -> tuple[str, dict | None]:
-    """(thought, action in pixels of the resized image) of a Qwen2.5-VL tool-call answer; the thought
-    is the text before <tool_call> (a <think> block's content where there is one)."""
-    m = _TOOL_RE.search(text)
-    if m is None:
-        return text.strip(), None
-    thought = text[:m.start()]
-    t = gui.parse_response(thought).thought
-    try:
-        call = json.loads(m.group(1).strip())
-        return (t if t is not None else thought.strip()), gui.check_action(call["arguments"])
-    except (ValueError, KeyError, TypeError):
-        return thought.strip(), None
-
-
-def qwen_write(thought: str, action: dict, size) -> str:
-    return f"{thought}\n<tool_call>\n" + json.dumps({"name": "mobile_use", "arguments": action}, ensure_ascii=False) + \
-        "\n</tool_call>"
-
-
-# --- UI-TARS
-
-UITARS_SYSTEM_PROMPT = """You are a GUI agent. You are given a task and your action history, with screenshots. You need to perform the next action to complete the task.
-
-## Output Format
-```
-Thought: ...
-Action: ...
-```
-
-## Action Space
-click(start_box='(x1,y1)')
-long_press(start_box='(x1,y1)')
-type(content='')
-scroll(start_box='(x1,y1)', direction='down or up or right or left')
-drag(start_box='(x1,y1)', end_box='(x3,y3)')
-open_app(app_name='')
-press_home()
-press_back()
-press_enter()
-wait()
-finished(content='xxx')
-
-Coordinates are relative, 0-1000 across the width and down the height of the screenshot.
-
-## Note
-- Write a small plan and finally summarize your next action (with its target element) in one sentence in `Thought` part."""
-
-_CALL_RE = re.compile(r"Action:\s*([a-z_]+)\((.*)\)\s*$", re.S)
-_KWARG_RE = re.compile(r"(\w+)\s*=\s*(['\"])(.*?)\2", re.S)
-
-
-def _box_point(v: str, size) -> list[float] | None:
-    """'(x,y)', '<|box_start|>(x,y)<|box_end|>', '[x1, y1, x2, y2]' (its centre), 0-1000 -> pixels."""
-    nums = [_num(n) for n in re.findall(r"-?\d+(?:\.\d+)?", v)]
-    if len(nums) not in (2, 4) or None in nums:
-        return None
-    x, y = (nums[0], nums[1]) if len(nums) == 2 else ((nums[0] + nums[2]) / 2, (nums[1] + nums[3]) / 2)
-    return _rel_to_px(x, y, size)
-
-
-def uitars_parse(text: str, size) -> tuple[str, dict | None]:
-    """(thought, action in pixels) of a UI-TARS answer `Thought: ...\\nAction: name(k='v', ...)`."""
-    m = _CALL_RE.search(text)
-    thought = text[:m.start()] if m else text
-    thought = re.sub(r"^\s*Thought:\s*", "", thought).strip()
-    if m is None:
-        return thought, None
-    name, kw = m.group(1), {k: v for k, _, v in _KWARG_RE.findall(m.group(2))}
-    start = _box_point(kw.get("start_box", ""), size)
-    if name in ("click", "long_press") and start:
-        return thought, {"action": name, "coordinate": start}
-    if name == "scroll" and start and kw.get("direction") in _OPPOSITE:  # content down = finger up
-        return thought, {"action": "swipe", "coordinate": start,
-                         "coordinate2": _finger(_OPPOSITE[kw["direction"]], start, size)}
-    if name == "drag" and start and _box_point(kw.get("end_box", ""), size):
-        return thought, {"action": "swipe", "coordinate": start, "coordinate2": _box_point(kw["end_box"], size)}
-    simple = {"type": ("type", "content"), "open_app": ("open", "app_name"), "finished": ("terminate", None),
-              "press_home": ("system_button", "Home"), "press_back": ("system_button", "Back"),
-              "press_enter": ("system_button", "Enter"), "wait": ("wait", None)}
-    if name not in simple:
-        return thought, None
-    kind, arg = simple[name]
-    if kind == "system_button":
-        return thought, {"action": kind, "button": arg}
-    if kind in ("type", "open"):
-        return (thought, {"action": kind, "text": kw[arg]}) if arg in kw else (thought, None)
-    return thought, {"action": kind, **({"status": "success"} if kind == "terminate" else {})}
-
-
-def uitars_write(thought: str, action: dict, size) -> str | None:
-    a, kind = action, action["action"]
-    box = lambda pt: "(%d,%d)" % tuple(_px_to_rel(pt, size))  # noqa: E731
-    if kind in ("click", "long_press"):
-        call = f"{kind}(start_box='{box(a['coordinate'])}')"
-    elif kind == "swipe":
-        d = gui.swipe_direction(a["coordinate"], a["coordinate2"]) or "up"
-        call = f"scroll(start_box='{box(a['coordinate'])}', direction='{_OPPOSITE[d]}')"
-    elif kind in ("type", "open"):
-        call = f"{'type' if kind == 'type' else 'open_app'}({'content' if kind == 'type' else 'app_name'}='{a['text']}')"
-    elif kind == "system_button" and a["button"].lower() in ("home", "back", "enter"):
-        call = f"press_{a['button'].lower()}()"
-    elif kind in ("wait", "terminate"):
-        call = "wait()" if kind == "wait" else "finished(content='')"
-    else:
-        return None
-    return f"Thought: {thought}\nAction: {call}"
-
-
-# --- AgentCPM-GUI
-
-AGENTCPM_SYSTEM_PROMPT = """# Role
-You are an agent operating a smartphone. Given the task and the screenshot, output the next action as ONE JSON object.
-
-# Actions (coordinates are relative, 0-1000 across the width and down the height)
-{"thought": "...", "POINT": [x, y]}                      tap
-{"thought": "...", "POINT": [x, y], "duration": 1000}    long press (milliseconds)
-{"thought": "...", "POINT": [x, y], "to": "up"}          swipe: the finger moves up, down, left or right (or "to": [x, y])
-{"thought": "...", "TYPE": "text"}                       type into the focused box
-{"thought": "...", "PRESS": "HOME"}                      press HOME, BACK or ENTER
-{"thought": "...", "duration": 1000}                     wait
-{"thought": "...", "STATUS": "finish"}                   the task is done"""
-
-
-def agentcpm_parse(text: str, size) -> tuple[str, dict | None]:
-    """(thought, action in pixels) of an AgentCPM-GUI answer: the first JSON object in the text."""
-    i = text.find("{")
-    try:
-        obj, _ = json.JSONDecoder().raw_decode(text[i:]) if i >= 0 else (None, 0)
-    except ValueError:
-        obj = None
-    if not isinstance(obj, dict):
-        return text.strip(), None
-    thought = str(obj.get("thought", "")).strip()
-    pt = obj.get("POINT")
-    if isinstance(pt, list) and len(pt) == 2 and None not in (_num(pt[0]), _num(pt[1])):
-        start = _rel_to_px(_num(pt[0]), _num(pt[1]), size)
-        to = obj.get("to")
-        if isinstance(to, str) and to in _OPPOSITE:
-            return thought, {"action": "swipe", "coordinate": start, "coordinate2": _finger(to, start, size)}
-        if isinstance(to, list) and len(to) == 2 and None not in (_num(to[0]), _num(to[1])):
-            return thought, {"action": "swipe", "coordinate": start, "coordinate2": _rel_to_px(_num(to[0]), _num(to[1]), size)}
-        if "duration" in obj:
-            return thought, {"action": "long_press", "coordinate": start}
-        return thought, {"action": "click", "coordinate": start}
-    if isinstance(obj.get("TYPE"), str):
-        return thought, {"action": "type", "text": obj["TYPE"]}
-    if isinstance(obj.get("PRESS"), str) and obj["PRESS"].upper() in ("HOME", "BACK", "ENTER"):
-        return thought, {"action": "system_button", "button": obj["PRESS"].capitalize()}
-    if isinstance(obj.get("STATUS"), str):
-        return thought, {"action": "terminate", "status": "success" if obj["STATUS"] in ("finish", "satisfied") else "failure"}
-    if "duration" in obj:
-        return thought, {"action": "wait"}
-    return thought, None
-
-
-def agentcpm_write(thought: str, action: dict, size) -> str | None:
-    a, kind, out = action, action["action"], {"thought": thought}
-    if kind in ("click", "long_press", "swipe"):
-        out["POINT"] = _px_to_rel(a["coordinate"], size)
-        if kind == "long_press":
-            out["duration"] = 1000
-        if kind == "swipe":
-            out["to"] = _px_to_rel(a["coordinate2"], size)
-    elif kind == "type":
-        out["TYPE"] = a["text"]
-    elif kind == "system_button" and a["button"].upper() in ("HOME", "BACK", "ENTER"):
-        out["PRESS"] = a["button"].upper()
-    elif kind == "wait":
-        out["duration"] = 1000
-    elif kind == "terminate":
-        out["STATUS"] = "finish"
-    else:
-        return None  # open: AgentCPM-GUI opens an app by tapping its icon
-    return json.dumps(out, ensure_ascii=False)
-
-
-# --- the table
-
-
-@dataclass(frozen=True)
-class Adapter:
-    """One model family's conventions. system_prompt: replaces the contract's (None: keep it);
-    parse(text, (W, H)) -> (thought, action dict in pixels of the resized image, or None when the
-    answer is malformed); write(thought, action, (W, H)) -> the family's text of an action given in
-    pixels (None: the family has no such action; the history turn is then left as it is)."""
-    name: str
-    about: str
-    system_prompt: str | None
-    parse: Callable | None
-    write: Callable | None
-
-    def to_response(self, raw: str, size: tuple[int, int]) -> str:
-        """The family's answer `raw` as an evaluator response (gui.format_response, pixels of the
-        resized image of `size`); a malformed answer comes back unchanged, and so scores as malformed."""
-        if self.parse is None:
-            return raw
-        try:  # a parser's slip on an odd answer is a malformed answer, never a crash
-            thought, action = self.parse(raw, size)
-            action = gui.check_action(action) if action is not None else None
-        except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError):
-            thought, action = None, None
-        return raw if action is None else gui.format_response(thought or "", action)
-
-    def from_response(self, text: str, size: tuple[int, int]) -> str:
-        """An evaluator response (a history turn) in the family's format; left as is where it has no
-        parsable action or the family no such action."""
-        if self.write is None:
-            return text
-        p = gui.parse_response(text)
-        out = self.write(p.thought or "", p.action, size) if p.action is not None else None
-        return text if out is None else out
-
-
-ADAPTERS = {
-    "uis1": Adapter("uis1", "the project's own: <think>..</think><action>{json}</action>, resized pixels",
-                    None, None, None),
-    "qwen25vl": Adapter("qwen25vl", "Qwen2.5-VL native: <tool_call>{mobile_use ...}</tool_call>, resized pixels",
-                        QWEN_SYSTEM_PROMPT, qwen_parse, qwen_write),
-    "uitars": Adapter("uitars", "UI-TARS: Thought: ... Action: click(start_box='(x,y)'), 0-1000 relative",
-                      UITARS_SYSTEM_PROMPT, uitars_parse, uitars_write),
-    "agentcpm": Adapter("agentcpm", "AgentCPM-GUI: {\"thought\", \"POINT\": [x, y], ...} JSON, 0-1000 relative",
-                        AGENTCPM_SYSTEM_PROMPT, agentcpm_parse, agentcpm_write),
-}
-
 
 # -----------------------------------------------------------------------------
 # the served policy
@@ -632,7 +348,7 @@ def run_baselines(episodes: list[dataset.Episode], sizes: dict, rules: str = "st
     for name, (types, fn) in pol.items():
         for s, z in steps:
             if s.action["action"] in types:
-                ok = reward.action_match(fn(s, z), s.action, s.candidate_bbox, z, rules=rules)[0]
+                ok = reward.action_match(fn(s, z), s.action, s.candidate_bbox, z, rules=protocols.rules_of(rules))[0]
                 hits[name][s.action["action"]] += ok
                 per_step[name, id(s)] = ok
     rates = {name: {k: hits[name][k] / counts[k] for k in counts if k in types}

@@ -35,6 +35,7 @@ import dataset
 import gui
 import policies
 import reward
+from evaluation import protocols
 from runs import stats  # Wilson intervals and paired differences (numpy only)
 
 REPORT_WIDTH = 300  # px of each screenshot in the HTML report
@@ -523,7 +524,8 @@ def baselines_parser() -> argparse.ArgumentParser:
                           "    python eval_sop.py baselines --data data/android_control/android_control_test_uis1.jsonl",
                           prog="eval_sop.py baselines")
     p.add_argument("--data", nargs="+", required=True, type=utils.arg_type(utils.input_file), help="episode files")
-    p.add_argument("--match-rules", choices=reward.MATCH_RULES, default="strict", help="strict (ours) or release")
+    p.add_argument("--match-rules", choices=protocols.MATCH_RULES, default="strict",
+                   help="strict (ours), release, or a published step protocol's (androidcontrol, aitw)")
     p.add_argument("--swipe-convention", choices=dataset.SWIPE_CONVENTIONS, default=None,
                    help="how the data files store swipes (default: declared, or known for shipped files)")
     p.add_argument("--image-root", default=None, help="screenshots folder (sizes are read from file headers)")
@@ -561,7 +563,7 @@ def score_parser(prog: str = "eval_sop.py score") -> argparse.ArgumentParser:
                    "counted into responses_at_cap; without it, text after </action> is what marks a malformed response")
     p.add_argument("--subset", action="store_true",
                    help="allow responses that cover only some steps (default: every step of --data must be scored)")
-    p.add_argument("--match-rules", choices=reward.MATCH_RULES, default="strict",
+    p.add_argument("--match-rules", choices=protocols.MATCH_RULES, default="strict",
                    help="strict (ours), release, or a published step protocol's (androidcontrol, aitw)")
     p.add_argument("--action-format", choices=list(policies.ADAPTERS), default="uis1",
                    help="the responses' model family (policies.py): each is translated into the evaluator's "
@@ -582,6 +584,7 @@ def score(argv: list[str], prog: str = "eval_sop.py score") -> dict:
     step of --data must have at least one response (several per step are allowed). Raises
     dataset.DataError (a ValueError) naming the responses file, line and field, or the unscored steps."""
     args = score_parser(prog).parse_args(argv)
+    rules = protocols.rules_of(args.match_rules)  # a published protocol's name -> its rule function
     index: dict[str, tuple[dataset.Episode, str]] = {}
     for path in args.data:
         for ep in dataset.load_episodes(path, swipe_convention=args.swipe_convention):
@@ -622,7 +625,7 @@ def score(argv: list[str], prog: str = "eval_sop.py score") -> dict:
             # action is what marks a looping or overlong response (strict rules: malformed)
             cut = rec.get("finish_reason") == "length" or rec.get("truncated") is True
             text = policies.ADAPTERS[args.action_format].to_response(rec["response"], resized)
-            s = reward.score_response(text, step, resized_size=resized, orig_size=orig, rules=args.match_rules,
+            s = reward.score_response(text, step, resized_size=resized, orig_size=orig, rules=rules,
                                    truncated=cut)
             rows.append({"episode_id": rec["episode_id"], "step": t, "reward": s.reward, "match": s.match,
                          "type_match": s.type_match, "format_ok": s.format_ok, "action": s.action, "error": s.error})

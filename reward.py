@@ -3,7 +3,8 @@
 1. score_response: the reward of one response, eq. 4.1-4.2 (its weights are the named constants below);
 2. action_match: "is the step right" (a bool), THE match of patching, returns and SOP, one rule per
    action type (RULES; each registered action in gui.ACTIONS names its rule), under the strict rules
-   or the release's (its parse and check close the file, kept apart so neither rule set bends the other);
+   or the release's (its parse and check close the file, kept apart so neither rule set bends the other),
+   or a rule function the caller passes in (the evaluator's published protocols: evaluation/protocols.py);
    action_score: the action term of the reward (a float, eq. 4.2) given that match; the match and the
    reward are separate, so partial credit (a click that misses by a little earns something) is a
    change to action_score alone and leaves the match, hence patching, returns and SOP, as they are;
@@ -20,11 +21,12 @@ import math
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from gui import _ACTION_RE, _THINK_RE  # the tags' patterns; the release searches them anywhere in the text
-from gui import ACTIONS, action_types, check_action, parse_response, scale_action, swipe_direction
+from gui import ACTIONS, check_action, parse_response, scale_action, swipe_direction
 
 # eq. 4.1: r = FORMAT_WEIGHT * s_format + ACTION_WEIGHT * s_action (paper and release: 0.1, 0.9)
 FORMAT_WEIGHT = 0.1
@@ -58,7 +60,7 @@ POINT_DISTANCE = 0.04       # release: normalised distance threshold for clicks 
 # The floors these rules give on the shipped test files: `python eval_sop.py baselines --data FILE`
 # (README "Reward rules and floors"; how the rules came about, with figures: results/LOG.md).
 
-MATCH_RULES = ("strict", "release", "androidcontrol", "aitw")  # the last two: published step protocols, below
+MATCH_RULES = ("strict", "release")  # by name; the published step protocols' rules: evaluation/protocols.py
 MAX_BOX_FRACTION = 0.10     # strict: a target box covering more of the screen than this is not used
 TEXT_F1 = 0.5               # strict: token F1 threshold for type/answer/key/open
 
@@ -170,7 +172,7 @@ def _point_match(pt, expert_pt, candidate_bbox, image_size) -> bool:
 
 
 def action_match(pred: dict | None, expert: dict, candidate_bbox, image_size: tuple[int, int], *,
-                 rules: str = "strict") -> tuple[bool, bool]:
+                 rules: str | Callable = "strict") -> tuple[bool, bool]:
     """(match, type_match) of a predicted action against the expert's: THE match function of reward,
     patching, returns, SOP and static metrics. Both actions, the candidate boxes (x1, y1, x2, y2) and
     image_size (W, H) are in the SAME pixel space; swipes are finger paths.
@@ -186,17 +188,20 @@ def action_match(pred: dict | None, expert: dict, candidate_bbox, image_size: tu
     clicks by distance alone, texts by containment, any swipe; `pred` is its raw JSON (any dict),
     and a prediction on which the release's code raises is (False, False) here (score_response
     reports it as Score.error, the SOP walk zeroes the episode's progress).
-    rules="androidcontrol" / "aitw": the published step protocols (androidcontrol_match, aitw_match).
+    rules=a function (pred, expert, candidate_bbox, image_size) -> (match, type_match): a rule set the
+    caller brings, e.g. a published step protocol's (evaluation/protocols.py: the evaluator passes it
+    in, so the trainer's reward never carries it); a pred without an "action" is (False, False), and
+    one on which the rule raises (a hand-made pred missing its fields) a mismatch.
     Raises ValueError on unknown rules."""
-    if rules not in MATCH_RULES:
-        raise ValueError(f"rules: expected one of {MATCH_RULES}, got {rules!r}")
-    if rules in PROTOCOL_RULES:
+    if callable(rules):
         if not isinstance(pred, dict) or "action" not in pred:
             return False, False
         try:
-            return PROTOCOL_RULES[rules](pred, expert, candidate_bbox or [], image_size)
+            return rules(pred, expert, candidate_bbox or [], image_size)
         except (KeyError, TypeError, ValueError, IndexError, AttributeError):  # a hand-made pred missing its fields
             return False, pred.get("action") == expert["action"]
+    if rules not in MATCH_RULES:
+        raise ValueError(f"rules: expected one of {MATCH_RULES} or a rule function, got {rules!r}")
     if rules == "release":
         if not isinstance(pred, dict):
             return False, False
@@ -262,121 +267,6 @@ def action_score(pred: dict | None, expert: dict, candidate_bbox, image_size: tu
     return SCORE_MATCH if match else (SCORE_TYPE_ONLY if type_match else SCORE_WRONG_TYPE)
 
 
-# -----------------------------------------------------------------------------
-# Published step protocols (`--match-rules androidcontrol | aitw`, or eval_sop's named --protocol
-# values): the rules other papers' tables were scored under, so a served model's figure can be set
-# beside them. Both return (match, type_match) like action_match; actions, boxes and size in one pixel space.
-
-AC_BBOX_ENLARGE = 1.2     # AndroidControl: candidate boxes enlarged 1.2x about their centre
-AC_POINT_DISTANCE = 0.04  # AndroidControl: pixel distance <= 0.04 x the image's LONGER side
-AITW_TAP_DISTANCE = 0.14  # AITW: taps within 0.14 of the screen (normalised (y, x) Euclidean)
-AITW_BOX_AUGMENT = 1.4    # AITW: each element box grows by 1.4x its height and width (to 2.4x), centred
-AITW_SWIPE_DISTANCE = 0.04  # AITW: a touch-to-lift move of at most 0.04 is a tap
-
-
-def _contains(pred: str, expert: str) -> bool:
-    """The AndroidControl text check: lower-cased, stripped, one contained in the other ("" in all)."""
-    p, e = pred.lower().strip(), expert.lower().strip()
-    return p in e or e in p
-
-
-def _ac_click(pt, boxes, expert_pt, image_size) -> bool:
-    """Inside ANY candidate box enlarged AC_BBOX_ENLARGE, or within AC_POINT_DISTANCE x max(W, H) pixels."""
-    if any(_in_box(pt[0], pt[1], b, AC_BBOX_ENLARGE) for b in boxes):
-        return True
-    return expert_pt is not None and math.hypot(pt[0] - expert_pt[0], pt[1] - expert_pt[1]) <= \
-        AC_POINT_DISTANCE * max(image_size)
-
-
-def androidcontrol_match(pred: dict, expert: dict, candidate_bbox, image_size) -> tuple[bool, bool]:
-    """(match, type_match) under the AndroidControl step rules of the UI-S1 release's static
-    evaluator (its `evaluate_android_control_action`, the check AgentCPM-GUI's evaluator and the
-    Qwen2.5-VL report use for AndroidControl-High/-Low; docs/method.md §8):
-    - click, long_press: same type; the point inside any of the step's candidate boxes enlarged 1.2x
-      about its centre, or within 0.04 x max(W, H) pixels of the expert point;
-    - open: `open` with the texts one contained in the other (lower-cased, stripped), or a click on
-      the first candidate box (the app icon) under the click rule, its centre as the point;
-    - type (and answer, key, which the source has not): containment;  system_button: same button;
-    - swipe: same dominant finger direction (ties vertical; a zero-length swipe is "up", as there);
-    - wait, terminate: the type alone."""
-    kind, pk = expert["action"], pred["action"]
-    if kind == "open" and pk == "click":
-        if not candidate_bbox:
-            return False, False
-        b = candidate_bbox[0]
-        return _ac_click(pred["coordinate"], candidate_bbox, ((b[0] + b[2]) / 2, (b[1] + b[3]) / 2), image_size), True
-    if pk != kind:
-        return False, False
-    if kind in action_types("point"):
-        return _ac_click(pred["coordinate"], candidate_bbox, expert["coordinate"], image_size), True
-    if kind in action_types("text"):
-        return _contains(pred["text"], expert["text"]), True
-    if kind == "system_button":
-        return pred["button"].lower().strip() == expert["button"].lower().strip(), True
-    if kind == "swipe":
-        d = lambda a: swipe_direction(a["coordinate"], a["coordinate2"]) or "up"  # noqa: E731
-        return d(pred) == d(expert), True
-    return True, True  # wait, terminate
-
-
-def _aitw_kind(action: dict, image_size) -> str:
-    """AITW's action kind: click, long_press and a swipe of at most AITW_SWIPE_DISTANCE are taps (one
-    dual-point kind: touch = lift), a longer swipe is a swipe; other types are their own kind."""
-    if action["action"] in action_types("point"):
-        return "tap"
-    if action["action"] == "swipe":
-        (x1, y1), (x2, y2), (w, h) = action["coordinate"], action["coordinate2"], image_size
-        return "tap" if math.hypot((x2 - x1) / w, (y2 - y1) / h) <= AITW_SWIPE_DISTANCE else "swipe"
-    return action["action"]
-
-
-def _aitw_box(box, image_size):
-    """A candidate box (x1, y1, x2, y2) in pixels -> AITW's enlarged box (top, left, height, width),
-    normalised: grown by AITW_BOX_AUGMENT x its height and width about its centre, the top-left
-    clipped at 0 and the height and width capped at 1, as the source does."""
-    w, h = image_size
-    top, left, bh, bw = box[1] / h, box[0] / w, (box[3] - box[1]) / h, (box[2] - box[0]) / w
-    dh, dw = AITW_BOX_AUGMENT * bh, AITW_BOX_AUGMENT * bw
-    return max(0.0, top - dh / 2), max(0.0, left - dw / 2), min(1.0, bh + dh), min(1.0, bw + dw)
-
-
-def aitw_match(pred: dict, expert: dict, candidate_bbox, image_size) -> tuple[bool, bool]:
-    """(match, type_match) under the AITW "14% rule" (google-research android_in_the_wild,
-    action_matching.check_actions_match; docs/method.md §8), in normalised (y, x):
-    - kinds (_aitw_kind): click, long_press and swipes of <= 0.04 are taps; type_match = same kind;
-    - tap vs tap: both points inside one of the step's element boxes enlarged by 1.4x its size
-      (_aitw_box), or within 0.14 of each other;
-    - swipe vs swipe: same main axis (|dy| >= |dx| is vertical, ties vertical) and the same sign
-      along it;
-    - any other kind: the kind alone (the source compares no typed text)."""
-    kp, ke = _aitw_kind(pred, image_size), _aitw_kind(expert, image_size)
-    if kp != ke:
-        return False, False
-    w, h = image_size
-    if kp == "tap":
-        (px, py), (ex, ey) = pred["coordinate"], expert["coordinate"]
-        py, px, ey, ex = py / h, px / w, ey / h, ex / w
-        if math.hypot(py - ey, px - ex) <= AITW_TAP_DISTANCE:
-            return True, True
-        for top, left, bh, bw in (_aitw_box(b, image_size) for b in candidate_bbox):
-            inside = lambda y, x: top <= y <= top + bh and left <= x <= left + bw  # noqa: E731
-            if inside(py, px) and inside(ey, ex):
-                return True, True
-        return False, True
-    if kp == "swipe":
-        def axis_sign(a):
-            dy = (a["coordinate2"][1] - a["coordinate"][1]) / h
-            dx = (a["coordinate2"][0] - a["coordinate"][0]) / w
-            axis = 0 if abs(dy) >= abs(dx) else 1  # argmax over (|dy|, |dx|): ties go to y
-            d = (dy, dx)[axis]
-            return axis, (d > 0) - (d < 0)
-        return axis_sign(pred) == axis_sign(expert), True
-    return True, True
-
-
-PROTOCOL_RULES = {"androidcontrol": androidcontrol_match, "aitw": aitw_match}
-
-
 @dataclass
 class Score:
     reward: float       # 0.1 * format + 0.9 * action score; 0 when the response is malformed
@@ -388,7 +278,7 @@ class Score:
 
 
 def score_response(text: str, step, *, resized_size: tuple[int, int], orig_size: tuple[int, int],
-                   rules: str = "strict", truncated: bool = False) -> Score:
+                   rules: str | Callable = "strict", truncated: bool = False) -> Score:
     """The rule reward of one step (docs/method.md §4), the one function used everywhere.
     `text` is a model response with coordinates in pixels of the resized screenshot (W, H) =
     resized_size; the step's expert action and boxes are in original pixels, orig_size = (W, H)
@@ -401,7 +291,9 @@ def score_response(text: str, step, *, resized_size: tuple[int, int], orig_size:
     the first, earns nothing. rules="release": the release's parse and check (release_parse,
     release_check); truncation is not looked at (the release read the first action whatever
     followed); a response on which the release's code raises scores 0 with error = what it trips
-    on (eval_sop then sets the episode's SOP progress to 0, as the release did). Never raises."""
+    on (eval_sop then sets the episode's SOP progress to 0, as the release did). A rule function
+    (action_match's) parses as "strict" does, then matches by the function. Raises ValueError on an
+    unknown rules name only; never on a response."""
     if rules == "release":
         format_ok = bool(think_block(text))  # the release: the first think block anywhere
         try:
@@ -414,8 +306,8 @@ def score_response(text: str, step, *, resized_size: tuple[int, int], orig_size:
         except (ValueError, TypeError):
             pred = None
     else:
-        if rules not in MATCH_RULES:
-            raise ValueError(f"rules: expected one of {MATCH_RULES}, got {rules!r}")
+        if not callable(rules) and rules not in MATCH_RULES:
+            raise ValueError(f"rules: expected one of {MATCH_RULES} or a rule function, got {rules!r}")
         p = parse_response(text)
         format_ok = bool(p.thought)
         pred = None if p.action is None else scale_action(p.action, resized_size, orig_size)

@@ -104,7 +104,7 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, spec: 
     task's rollouts do not depend on which other tasks share the batch or which rank runs it.
     task_ids: each episode's task_idx in the records (the trainer's global task slots; default: its
     index). spec: the prompt contract (chat.step_prompt renders every prompt, as SFT's); match_rules:
-    reward.action_match's rules ("strict" or "release").
+    reward.action_match's rules ("strict", "release" or a rule function, as the evaluator passes one).
     Returns the records in (step, task, rollout) order. Raises ValueError on a bad history_mode.
     """
     if history_mode not in HISTORY_MODES:

@@ -1,18 +1,21 @@
-"""The published step protocols' match rules (reward.androidcontrol_match, reward.aitw_match) at
-each rule's edges, computed by hand on a 1000 x 2000 (W x H) screen."""
+"""The published step protocols' match rules (evaluation.protocols.androidcontrol_match, aitw_match), passed
+to reward.action_match as the evaluator passes them, at each rule's edges, computed by hand on a 1000 x 2000
+(W x H) screen; AITW's every pair of action types against google-research android_in_the_wild
+action_matching.py (non-dual-point types compare the type alone; taps never match swipes; swipes by main axis)."""
 import pytest
 
 import reward
+from evaluation import protocols
 
 SIZE = (1000, 2000)  # W, H: 0.04 x max(W, H) = 80 px; 0.14 of the screen = 140 px across, 280 px down
 
 
 def ac(pred, expert, boxes=()):
-    return reward.action_match(pred, expert, list(boxes), SIZE, rules="androidcontrol")
+    return reward.action_match(pred, expert, list(boxes), SIZE, rules=protocols.androidcontrol_match)
 
 
 def aitw(pred, expert, boxes=()):
-    return reward.action_match(pred, expert, list(boxes), SIZE, rules="aitw")
+    return reward.action_match(pred, expert, list(boxes), SIZE, rules=protocols.aitw_match)
 
 
 def click(x, y, kind="click"):
@@ -89,13 +92,13 @@ def test_aitw_short_swipe_is_a_tap_and_swipes_by_axis():
     up = swipe(500, 1500, 500, 500)
     assert aitw(swipe(500, 1500, 300, 1100), up) == (True, True)   # dy -.2, dx -.2: tie -> y axis, up
     assert aitw(swipe(500, 1500, 299, 1100), up) == (False, True)  # x axis
-    assert aitw(swipe(500, 500, 500, 1500), up) == (False, True)   # down
+    assert aitw(swipe(500, 500, 500, 1500), up) == (True, True)    # down: the source compares the main axis only
     # no text check in AITW's matcher: the type alone
     assert aitw({"action": "type", "text": "a"}, {"action": "type", "text": "hello"}) == (True, True)
     assert aitw({"action": "open", "text": "a"}, {"action": "type", "text": "a"}) == (False, False)
 
 
-@pytest.mark.parametrize("rules", ["androidcontrol", "aitw"])
+@pytest.mark.parametrize("rules", [protocols.androidcontrol_match, protocols.aitw_match])
 def test_protocol_rules_never_raise_on_a_bad_prediction(rules):
     assert reward.action_match({"action": "click"}, click(1, 1), [], SIZE, rules=rules) == (False, True)
     assert reward.action_match(None, click(1, 1), [], SIZE, rules=rules) == (False, False)
@@ -128,3 +131,65 @@ def test_named_protocol_and_served_flag_conflicts_are_usage_errors(argv, capsys)
         import utils
         utils.run_script(eval_sop.main, ["--data", ANDROID, "--blank-screens", "1080x2400", *argv])
     assert e.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+# --- AITW against its source, every pair of action types (android_in_the_wild/action_matching.py)
+
+AITW_ACTIONS = {  # name -> our action on the 1000 x 2000 screen; all points at or near (500, 1000)
+    "click": click(500, 1000), "long_press": click(500, 1000, "long_press"),
+    "short swipe": swipe(500, 1000, 500, 1079),   # 0.0395 of the screen: a tap there
+    "swipe up": swipe(500, 1500, 500, 500), "swipe down": swipe(500, 500, 500, 1500),
+    "swipe left": swipe(800, 1000, 200, 1000),
+    "type": {"action": "type", "text": "hello"}, "Back": {"action": "system_button", "button": "Back"},
+    "Home": {"action": "system_button", "button": "Home"}, "Enter": {"action": "system_button", "button": "Enter"},
+    "Menu": {"action": "system_button", "button": "Menu"},
+    "done": {"action": "terminate", "status": "success"}, "infeasible": {"action": "terminate", "status": "failure"},
+    "wait": {"action": "wait"}, "open": {"action": "open", "text": "Maps"},
+}
+# AITW's types, by hand: DUAL_POINT taps (one group: the same point), DUAL_POINT drags by main axis, and
+# the non-dual-point types (TYPE, PRESS_BACK, PRESS_HOME, PRESS_ENTER, STATUS_TASK_COMPLETE,
+# STATUS_TASK_IMPOSSIBLE; Menu, wait and open have none there: each only itself)
+AITW_GROUPS = [{"click", "long_press", "short swipe"}, {"swipe up", "swipe down"}, {"swipe left"}, {"type"}, {"Back"},
+               {"Home"}, {"Enter"}, {"Menu"}, {"done"}, {"infeasible"}, {"wait"}, {"open"}]
+DRAGS = {"swipe up", "swipe down", "swipe left"}
+
+
+@pytest.mark.parametrize("a", list(AITW_ACTIONS))
+@pytest.mark.parametrize("b", list(AITW_ACTIONS))
+def test_aitw_every_action_type_pair_as_the_source(a, b):
+    same = any(a in g and b in g for g in AITW_GROUPS)
+    both_drags = a in DRAGS and b in DRAGS  # AITW's type is the same (DUAL_POINT, not a tap); the axis differs
+    assert aitw(AITW_ACTIONS[a], AITW_ACTIONS[b]) == (same, same or both_drags)
+
+
+def test_aitw_swipe_main_axis_only_with_ties_on_y():
+    up = swipe(500, 1500, 500, 500)
+    assert aitw(swipe(500, 500, 500, 1500), up) == (True, True)        # opposite along y: the source has no sign
+    assert aitw(swipe(200, 1000, 800, 1000), swipe(800, 1000, 200, 1000)) == (True, True)  # right vs left
+    assert aitw(swipe(500, 1000, 700, 1400), up) == (True, True)      # dx .2, dy .2: a tie is y (argmax's first)
+    assert aitw(swipe(500, 1000, 701, 1400), up) == (False, True)     # dx .201 > dy .2: x
+
+
+# --- androidcontrol-low needs the step instructions it is named after
+
+def test_androidcontrol_low_without_step_instructions_is_a_usage_error(tmp_path, capsys):
+    import json
+
+    import eval_sop
+    import utils
+    lines = open(ANDROID, encoding="utf-8").read().splitlines()[:3]
+    rows = [json.loads(x) for x in lines]
+    for r in rows:
+        for s in r["steps"]:
+            s.pop("step_instruction", None)
+    data = tmp_path / "no_instructions.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with pytest.raises(SystemExit) as e:
+        utils.run_script(eval_sop.main, ["--data", str(data), "--blank-screens", "1080x2400", "--protocol",
+                                         "androidcontrol-low", "--out", str(tmp_path / "low")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "androidcontrol-low" in err and "no step instructions" in err and str(data) in err
+    assert len(err.strip().splitlines()) == 1
+    res = eval_sop.main(["--data", str(data), "--blank-screens", "1080x2400", "--protocol", "androidcontrol-high",
+                         "--out", str(tmp_path / "high")])
+    assert res["static_variant"] == "high" and res["static_step_sr"] == 1.0

@@ -23,6 +23,7 @@ import chat
 import gui
 import reward
 from envs import miniwob_env as me
+from evaluation import protocols
 from envs import miniwob_experts as experts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,7 +108,7 @@ def test_prompt_parse_and_match(toy):
                                   resized_size=(168, 224), orig_size=(168, 224))
     assert not click.match and not click.type_match  # another type is another type
     # the published step protocols score it as the point action it is
-    for rules in ("androidcontrol", "aitw"):
+    for rules in protocols.PROTOCOL_RULES.values():
         assert reward.action_match(parsed.action, step.action, step.candidate_bbox, (168, 224), rules=rules) == \
             (True, True), rules
         assert not reward.action_match({"action": KIND, "coordinate": [160, 10]}, step.action, step.candidate_bbox,
