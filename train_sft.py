@@ -393,7 +393,8 @@ def finish(run, last: dict) -> None:
         utils.print0(f"merged: {vlm.merge_checkpoint(utils.latest_checkpoint(out / 'ckpt'), out / 'merged')}")
     if run.proc.is_main:
         utils.print_next_steps(out, args.data, "out/eval/sft",
-                               f"next stage: torchrun --nproc_per_node=2 train_semionline.py --sft-dir {out / 'ckpt'}")
+                               f"next stage: torchrun --nproc_per_node=2 train_semionline.py --sft-dir {out / 'ckpt'}"
+                               + lora.next_stage_flags(args))  # after a LoRA SFT: RL with adapters too
         print(utils.dumps(last), flush=True)
 
 
@@ -404,6 +405,8 @@ def main(argv=None):
     spec = chat.resolve_spec(args, args.model, say=utils.print0)
     if lora.check_lora_args(args):
         raise utils.UsageError(lora.check_lora_args(args))
+    if args.resume:  # the checkpoint's adapters must be this run's, checked before --out is written to
+        lora.check_resume(args, utils.latest_checkpoint(Path(args.out) / "ckpt"))
     run = setup(args, spec)
     copy_warmup(run)  # models trained from scratch: copy a point (or a string) first
     last = sft(run)
