@@ -486,6 +486,9 @@ def add_report_to_arg(parser: argparse.ArgumentParser) -> None:
                         "as transformers' report_to names them; each needs its package installed")
 
 
+TRACKER_RUNS = "trackers.json"  # beside metrics.jsonl: the W&B run id and trackio run name a --resume continues
+
+
 class MetricsLogger:
     """One strict-JSON object per line (`dumps`) to `path`, rank 0 only, plus wall time `t`; a
     new run starts the file afresh, append=True continues it.
@@ -496,14 +499,28 @@ class MetricsLogger:
     in project $WANDB_PROJECT / $TRACKIO_PROJECT (else "ui-s1"; transformers reads the same
     variables), with `config` (the run's args) attached. Raises UsageError when a tracker's package
     is missing (the trainers' --report-to has already checked, while parsing). close() ends the
-    trackers' runs."""
+    trackers' runs.
 
-    def __init__(self, path: str | os.PathLike, append: bool = False, report_to=(), config: dict | None = None):
+    resume_step: a trainer's --resume from the checkpoint of that step (0: none found, the run starts
+    over, as a new one). The file keeps the rows up to it (`resume_at`); TensorBoard's SummaryWriter
+    gets purge_step = resume_step + 1, so the steps redone after the checkpoint, already in its event
+    files from the killed run, are hidden and shown once (a new run: purge_step 0, the folder's old
+    events hidden as the file's rows are dropped); W&B and trackio continue the run recorded in
+    path's folder/trackers.json (W&B: the same id with resume="allow"; trackio: the same name with
+    resume="allow"), a new run records its own there. W&B's steps only grow: it keeps the values it
+    already has for the redone steps (rewinding a run is a W&B preview feature, not used)."""
+
+    def __init__(self, path: str | os.PathLike, append: bool = False, report_to=(), config: dict | None = None,
+                 resume_step: int | None = None):
         self.path, self.t0, self.n = Path(path), time.time(), 0
         self.tb = self.wandb = self.trackio = None
+        resuming = bool(resume_step)                                   # from a checkpoint's step
+        fresh = resume_step == 0 or (resume_step is None and not append)  # a new run (0: no checkpoint found)
         if get_rank() == 0:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            if not append:
+            if resume_step is not None:
+                self.resume_at(resume_step)
+            elif not append:
                 self.path.write_text("")
         names = [n for n in report_to or () if n != "none"] if get_rank() == 0 else []
         modules = {}
@@ -513,14 +530,26 @@ class MetricsLogger:
             except (ImportError, KeyError):
                 raise UsageError(f"--report-to {name} needs the {name} package: pip install {name}") from None
         run_name, config = self.path.parent.name, finite_json(dict(config or {}))
+        runs_file = self.path.parent / TRACKER_RUNS
+        runs = json.loads(runs_file.read_text()) if resuming and runs_file.is_file() else {}
         if "tensorboard" in modules:
-            self.tb = modules["tensorboard"].SummaryWriter(str(self.path.parent / "tensorboard"))
+            purge = resume_step + 1 if resuming else 0 if fresh else None   # hide the redone / the old steps
+            self.tb = modules["tensorboard"].SummaryWriter(str(self.path.parent / "tensorboard"), purge_step=purge)
         if "wandb" in modules:
-            self.wandb = modules["wandb"].init(project=os.environ.get("WANDB_PROJECT", "ui-s1"), name=run_name,
-                                               config=config, dir=str(self.path.parent))
+            prev = runs.get("wandb") or {}
+            kw = dict(project=prev.get("project", os.environ.get("WANDB_PROJECT", "ui-s1")), name=run_name,
+                      config=config, dir=str(self.path.parent))
+            self.wandb = modules["wandb"].init(**kw, **({"id": prev["id"], "resume": "allow"} if prev else {}))
+            runs["wandb"] = {"project": kw["project"], "id": self.wandb.id}
         if "trackio" in modules:
+            prev = runs.get("trackio") or {}
             self.trackio = modules["trackio"]
-            self.trackio.init(project=os.environ.get("TRACKIO_PROJECT", "ui-s1"), name=run_name, config=config)
+            project = prev.get("project", os.environ.get("TRACKIO_PROJECT", "ui-s1"))
+            run = self.trackio.init(project=project, name=prev.get("name", run_name), config=config,
+                                    **({"resume": "allow"} if prev else {}))
+            runs["trackio"] = {"project": project, "name": getattr(run, "name", None) or prev.get("name", run_name)}
+        if runs:
+            runs_file.write_text(json.dumps(runs, indent=2))
 
     def resume_at(self, step: int) -> int:
         """A resumed run continues from the checkpoint of `step` and redoes the steps after it: keep the
