@@ -58,49 +58,28 @@ def check_lora_args(args) -> str | None:
     return None
 
 
-RESUME_FLAGS = ("lora_r", "lora_alpha", "lora_targets", "lora_vision")  # what the adapters' shapes and scale depend on
-
-
-def lora_settings(flags: dict) -> dict:
-    """The adapters a run's flags (vars(args), or a checkpoint's args.json) build, as comparable values:
-    {"lora_r": int, and with a rank "lora_alpha": float (default 2 x rank, as apply_lora), "lora_targets":
-    the sorted names, "lora_vision": bool}. Missing keys take the flags' defaults (older args.json)."""
+def adapter_flags(flags: dict) -> list[tuple[str, object]]:
+    """[(flag, value)] the adapters' shapes and scale depend on, from vars(args) or an args.json (missing
+    keys: the defaults): --lora-r, and with a rank --lora-alpha (2 x rank by default), the target set, --lora-vision."""
     r = int(flags.get("lora_r") or 0)
-    if not r:
-        return {"lora_r": 0}
-    targets = str(flags.get("lora_targets") or DECODER_TARGETS)
-    return {"lora_r": r, "lora_alpha": float(flags.get("lora_alpha") or 2 * r),
-            "lora_targets": ",".join(sorted(t.strip() for t in targets.split(",") if t.strip())),
-            "lora_vision": bool(flags.get("lora_vision", False))}
+    targets = sorted(t.strip() for t in str(flags.get("lora_targets") or DECODER_TARGETS).split(",") if t.strip())
+    return [("--lora-r", r)] + ([("--lora-alpha", f"{float(flags.get('lora_alpha') or 2 * r):g}"),
+                                 ("--lora-targets", ",".join(targets)),
+                                 ("--lora-vision", bool(flags.get("lora_vision")))] if r else [])
 
 
 def check_resume(args, ckpt) -> None:
-    """--resume from checkpoint folder `ckpt` (None: nothing to resume) must rebuild its adapters: this
-    run's --lora-r, --lora-alpha, --lora-targets and --lora-vision (`lora_settings`) must be those of the
-    checkpoint's args.json (a LoRA checkpoint without one: its adapter_config.json's rank and alpha).
-    Another alpha would silently rescale the trained adapters, another rank or target set cannot load.
-    Called before anything is written to --out. Raises LoraError (one line: the flag, the checkpoint's
-    value, this run's)."""
-    if ckpt is None:
+    """--resume from checkpoint folder `ckpt` (None: nothing to resume) rebuilds its adapters only with the
+    flags of its args.json (`adapter_flags`): another alpha would silently rescale the trained adapters,
+    another rank or target set cannot load. The trainers call it before --out is written. Raises LoraError
+    (one line: the flag, this run's value, the checkpoint's)."""
+    saved = Path(ckpt or "") / "args.json"
+    if ckpt is None or not saved.is_file():
         return
-    ckpt = Path(ckpt)
-    if (ckpt / "args.json").is_file():
-        saved, source = json.loads((ckpt / "args.json").read_text()), ckpt / "args.json"
-    elif (ckpt / "adapter_config.json").is_file():   # the adapter's own record of its rank and scale
-        cfg = json.loads((ckpt / "adapter_config.json").read_text())
-        saved, source = {"lora_r": cfg.get("r"), "lora_alpha": cfg.get("lora_alpha")}, ckpt / "adapter_config.json"
-    else:
-        saved, source = {"lora_r": 0}, ckpt                 # a full model's checkpoint without its flags
-    old, new = lora_settings(saved), lora_settings(vars(args))
-    if "lora_targets" not in saved and "lora_targets" in new and old.get("lora_r"):
-        old = {**old, "lora_targets": new["lora_targets"], "lora_vision": new["lora_vision"]}  # not recorded
-    for key in RESUME_FLAGS:
-        if key in old or key in new:
-            if old.get(key) != new.get(key):
-                flag = "--" + key.replace("_", "-")
-                raise LoraError(f"--resume: {flag} {_shown(new.get(key, 0))} differs from the checkpoint's "
-                                f"{_shown(old.get(key, 0))} ({source}); resume with the checkpoint's LoRA flags, "
-                                "or start a new run in another --out")
+    for (flag, old), (_, new) in zip(adapter_flags(json.loads(saved.read_text())), adapter_flags(vars(args))):
+        if old != new:
+            raise LoraError(f"--resume: {flag} {new} differs from the checkpoint's {old} ({saved}); resume "
+                            "with the checkpoint's LoRA flags, or start a new run in another --out")
 
 
 def next_stage_flags(args) -> str:
@@ -111,16 +90,13 @@ def next_stage_flags(args) -> str:
     model is what the LoRA SFT avoided."""
     if not args.lora_r:
         return ""
-    flags = f" --lora-r {args.lora_r} --lora-alpha {_shown(float(args.lora_alpha or 2 * args.lora_r))}"
-    if lora_settings(vars(args))["lora_targets"] != lora_settings({"lora_r": 1})["lora_targets"]:
-        flags += f" --lora-targets {args.lora_targets.replace(' ', '')}"
+    (_, r), (_, alpha), (_, targets), _ = adapter_flags(vars(args))
+    flags = f" --lora-r {r} --lora-alpha {alpha}"
+    if targets != ",".join(sorted(DECODER_TARGETS.split(","))):
+        flags += f" --lora-targets {targets}"
     if args.lora_dropout:
         flags += f" --lora-dropout {args.lora_dropout:g}"
     return flags + (" --lora-vision" if args.lora_vision else "")
-
-
-def _shown(value) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def apply_lora(model, args, base: str, seed: int = 0):
@@ -216,14 +192,13 @@ def load_adapter_state(folder, module) -> None:
 
     saved = load_file(str(Path(folder) / ADAPTER_FILE))
     params = {_file_key(n): p for n, p in module.named_parameters() if p.requires_grad}
-    if saved.keys() != params.keys():
-        raise LoraError(f"{folder}: its adapters ({len(saved)} tensors) are not this run's ({len(params)}): "
-                         "resume with the same --lora-r, --lora-targets and --lora-vision")
+    theirs, ours = {k: tuple(v.shape) for k, v in saved.items()}, {k: tuple(p.shape) for k, p in params.items()}
+    if theirs != ours:
+        k = next(k for k in sorted(theirs.keys() | ours.keys()) if theirs.get(k) != ours.get(k))
+        raise LoraError(f"{folder}: its adapter {k} has shape {theirs.get(k)}, this run's {ours.get(k)} (None: "
+                        "absent): resume with the same --lora-r, --lora-targets and --lora-vision")
     with torch.no_grad():
         for k, p in params.items():
-            if tuple(saved[k].shape) != tuple(p.shape):
-                raise LoraError(f"{folder}: {k} has shape {tuple(saved[k].shape)}, this run's {tuple(p.shape)}: "
-                                 "resume with the same --lora-r, --lora-targets and --lora-vision")
             if hasattr(p, "full_tensor"):  # a DTensor shard: distribute the full tensor the same way
                 from torch.distributed.tensor import distribute_tensor
                 p.copy_(distribute_tensor(saved[k].to(p.dtype), p.device_mesh, p.placements))

@@ -558,25 +558,7 @@ def check_top_p(top_p: float) -> None:
 
 
 class LogitsError(ValueError):
-    """Logits no token can be drawn from: a NaN or +inf logit, or a row without a finite allowed logit.
-    A broken forward (diverged weights, an overflow), never the model's answer: raised before any id is
-    drawn, naming the decode step and the row (prompt, sample) where it was found."""
-
-
-def check_logits(hi: torch.Tensor, m: torch.Tensor, where: Callable[[int], str]) -> None:
-    """hi (B,): each row's largest logit over the whole vocabulary, banned ids included (amax propagates
-    NaN, so hi is NaN for a row holding one and +inf for a row holding +inf); m (B, 1): its largest
-    ALLOWED logit (-inf when every finite logit is banned or the row is all -inf). A row of -inf logits
-    with some finite allowed ones is masking, not an error. Raises LogitsError naming where(i) of the
-    first bad row i; one (B,) reduction and one host sync per call."""
-    ok = hi.isfinite() & m.squeeze(-1).isfinite()                             # (B,)
-    if bool(ok.all()):
-        return
-    i = int((~ok).nonzero()[0, 0])
-    what = ("a NaN logit" if hi[i].isnan() else "a +inf logit" if hi[i] > 0 and hi[i].isinf()
-            else "no finite logit among the allowed ids (all -inf or banned)")
-    raise LogitsError(f"{where(i)}: {what}; no token can be drawn (the model's forward is broken: "
-                      "NaN/inf in its weights or activations)")
+    """Logits no token can be drawn from (NaN, +inf, no finite allowed one): a broken forward, not an answer."""
 
 
 def allowed_weights(x: torch.Tensor, banned_ids: torch.Tensor | None, top_p: float,
@@ -591,14 +573,20 @@ def allowed_weights(x: torch.Tensor, banned_ids: torch.Tensor | None, top_p: flo
     when a banned id leads by ~100 nats). top_p < 1 then keeps the nucleus of the allowed
     distribution: the smallest set of most likely ids whose mass reaches top_p (Holtzman et al.
     2020; the most likely id always kept); the ids it drops get weight 0 (x is left as is there).
-    Raises LogitsError (`check_logits`, naming where(i) of row i) for a NaN or +inf anywhere in x,
-    banned ids included (they enter the log-probs' normaliser), or a row without a finite allowed logit:
-    one extra (B, V) max per call, before the ban."""
-    hi = x.amax(dim=-1)                                                        # (B,) NaN / +inf if x holds one
+    Raises LogitsError naming where(i) of the first bad row i: a NaN or +inf anywhere in it, banned ids
+    included (they enter the log-probs' normaliser), or no finite allowed logit (-inf but for a few allowed
+    ids is masking, not an error); one more (B, V) max and one host sync per call, before any id is drawn."""
+    hi = x.amax(dim=-1)                                # (B,) NaN / +inf when the row holds one (amax keeps NaN)
     if banned_ids is not None and banned_ids.numel():
         x.index_fill_(-1, banned_ids.to(x.device), float("-inf"))
     m = x.amax(dim=-1, keepdim=True)                                           # (B, 1)
-    check_logits(hi, m, where)
+    bad = ~(hi.isfinite() & m.squeeze(-1).isfinite())                         # (B,)
+    if bad.any():
+        i = int(bad.nonzero()[0, 0])
+        what = "a NaN logit" if hi[i].isnan() else "a +inf logit" if hi[i] > 0 else \
+            "no finite logit among the allowed ids"
+        raise LogitsError(f"{where(i)}: {what}; no token can be drawn (the model's forward is broken: NaN/inf in its "
+                          "weights or activations)")
     w = (x - m).exp_()                                                         # (B, V) in [0, 1]
     if top_p < 1.0:
         sorted_w, order = w.sort(dim=-1, descending=True)                     # (B, V)

@@ -179,8 +179,7 @@ def check_args(args) -> None:
     for ok, message in rules:
         if not ok:
             raise utils.UsageError(message)
-    if args.resume:  # the checkpoint's adapters must be this run's (lora.LoraError, one line)
-        lora.check_resume(args, utils.latest_checkpoint(Path(args.out) / "ckpt"))
+    lora.check_resume(args, utils.latest_checkpoint(Path(args.out) / "ckpt") if args.resume else None)  # its adapters
 
 
 # -----------------------------------------------------------------------------

@@ -486,9 +486,6 @@ def add_report_to_arg(parser: argparse.ArgumentParser) -> None:
                         "as transformers' report_to names them; each needs its package installed")
 
 
-TRACKER_RUNS = "trackers.json"  # beside metrics.jsonl: the W&B run id and trackio run name a --resume continues
-
-
 class MetricsLogger:
     """One strict-JSON object per line (`dumps`) to `path`, rank 0 only, plus wall time `t`; a
     new run starts the file afresh, append=True continues it.
@@ -501,21 +498,16 @@ class MetricsLogger:
     is missing (the trainers' --report-to has already checked, while parsing). close() ends the
     trackers' runs.
 
-    resume_step: a trainer's --resume from the checkpoint of that step (0: none found, the run starts
-    over, as a new one). The file keeps the rows up to it (`resume_at`); TensorBoard's SummaryWriter
-    gets purge_step = resume_step + 1, so the steps redone after the checkpoint, already in its event
-    files from the killed run, are hidden and shown once (a new run: purge_step 0, the folder's old
-    events hidden as the file's rows are dropped); W&B and trackio continue the run recorded in
-    path's folder/trackers.json (W&B: the same id with resume="allow"; trackio: the same name with
-    resume="allow"), a new run records its own there. W&B's steps only grow: it keeps the values it
-    already has for the redone steps (rewinding a run is a W&B preview feature, not used)."""
+    resume_step: a --resume from the checkpoint of that step (0: none found, a new run). The file keeps
+    its rows up to it (`resume_at`); TensorBoard gets purge_step = resume_step + 1 (a new run: 0), so the
+    steps redone after the checkpoint show once; W&B (same id) and trackio (same name) continue, with
+    resume="allow", the run of path's folder/trackers.json, where a new run records its own. W&B's steps
+    only grow: it keeps the values it has for the redone steps (its run rewind is a preview feature)."""
 
     def __init__(self, path: str | os.PathLike, append: bool = False, report_to=(), config: dict | None = None,
                  resume_step: int | None = None):
         self.path, self.t0, self.n = Path(path), time.time(), 0
         self.tb = self.wandb = self.trackio = None
-        resuming = bool(resume_step)                                   # from a checkpoint's step
-        fresh = resume_step == 0 or (resume_step is None and not append)  # a new run (0: no checkpoint found)
         if get_rank() == 0:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if resume_step is not None:
@@ -529,27 +521,24 @@ class MetricsLogger:
                 modules[name] = importlib.import_module(TRACKERS[name])
             except (ImportError, KeyError):
                 raise UsageError(f"--report-to {name} needs the {name} package: pip install {name}") from None
-        run_name, config = self.path.parent.name, finite_json(dict(config or {}))
-        runs_file = self.path.parent / TRACKER_RUNS
-        runs = json.loads(runs_file.read_text()) if resuming and runs_file.is_file() else {}
+        folder, config, record = self.path.parent, finite_json(dict(config or {})), self.path.parent / "trackers.json"
+        runs = json.loads(record.read_text()) if resume_step and record.is_file() else {}
+        again = {"resume": "allow"}  # the run a resume continues: W&B by its id, trackio by its name
         if "tensorboard" in modules:
-            purge = resume_step + 1 if resuming else 0 if fresh else None   # hide the redone / the old steps
-            self.tb = modules["tensorboard"].SummaryWriter(str(self.path.parent / "tensorboard"), purge_step=purge)
+            purge = None if append and resume_step is None else resume_step + 1 if resume_step else 0
+            self.tb = modules["tensorboard"].SummaryWriter(str(folder / "tensorboard"), purge_step=purge)
         if "wandb" in modules:
-            prev = runs.get("wandb") or {}
-            kw = dict(project=prev.get("project", os.environ.get("WANDB_PROJECT", "ui-s1")), name=run_name,
-                      config=config, dir=str(self.path.parent))
-            self.wandb = modules["wandb"].init(**kw, **({"id": prev["id"], "resume": "allow"} if prev else {}))
-            runs["wandb"] = {"project": kw["project"], "id": self.wandb.id}
+            w = runs.get("wandb") or {"project": os.environ.get("WANDB_PROJECT", "ui-s1")}
+            self.wandb = modules["wandb"].init(project=w["project"], name=folder.name, config=config, dir=str(folder),
+                                               **({"id": w["id"], **again} if "id" in w else {}))
+            runs["wandb"] = {"project": w["project"], "id": self.wandb.id}
         if "trackio" in modules:
-            prev = runs.get("trackio") or {}
-            self.trackio = modules["trackio"]
-            project = prev.get("project", os.environ.get("TRACKIO_PROJECT", "ui-s1"))
-            run = self.trackio.init(project=project, name=prev.get("name", run_name), config=config,
-                                    **({"resume": "allow"} if prev else {}))
-            runs["trackio"] = {"project": project, "name": getattr(run, "name", None) or prev.get("name", run_name)}
+            t = runs.get("trackio") or {"project": os.environ.get("TRACKIO_PROJECT", "ui-s1"), "name": folder.name}
+            self.trackio, resumed = modules["trackio"], again if "trackio" in runs else {}
+            self.trackio.init(project=t["project"], name=t["name"], config=config, **resumed)
+            runs["trackio"] = t
         if runs:
-            runs_file.write_text(json.dumps(runs, indent=2))
+            record.write_text(json.dumps(runs, indent=2))
 
     def resume_at(self, step: int) -> int:
         """A resumed run continues from the checkpoint of `step` and redoes the steps after it: keep the
@@ -587,18 +576,16 @@ class MetricsLogger:
             for k, v in scalars.items():
                 self.tb.add_scalar(k, v, x)
             self.tb.flush()
-        if self.wandb is not None:
-            self.wandb.log(scalars, step=x)
-        if self.trackio is not None:
-            self.trackio.log(scalars, step=x)
+        for run in (self.wandb, self.trackio):
+            if run is not None:
+                run.log(scalars, step=x)
         self.n += 1
 
     def close(self) -> None:
         """End the trackers' runs (rank 0; a no-op without trackers or elsewhere)."""
         if self.tb is not None:
             self.tb.close()
-        if self.wandb is not None:
-            self.wandb.finish()
-        if self.trackio is not None:
-            self.trackio.finish()
+        for run in (self.wandb, self.trackio):
+            if run is not None:
+                run.finish()
         self.tb = self.wandb = self.trackio = None

@@ -154,7 +154,7 @@ def test_trackers_on_resume_show_each_step_once_in_the_same_run(tmp_path, tracke
     for step in range(1, 5):
         m.log({"step": step, "loss": 1.0 / step})
     m.close()
-    first = json.loads((tmp_path / "run3" / utils.TRACKER_RUNS).read_text())
+    first = json.loads((tmp_path / "run3" / "trackers.json").read_text())
     assert ("tensorboard", "purge_step", 0) in trackers
     inits = [c[2] for c in trackers if c[1] == "init"]
     assert all("resume" not in kw and "id" not in kw for kw in inits)
@@ -171,7 +171,7 @@ def test_trackers_on_resume_show_each_step_once_in_the_same_run(tmp_path, tracke
     assert inits["wandb"]["project"] == "ui-s1"
     assert inits["trackio"]["name"] == "run3" and inits["trackio"]["resume"] == "allow"
     assert [strict_loads(x)["step"] for x in path.read_text().splitlines()] == [1, 2, 3]
-    assert json.loads((tmp_path / "run3" / utils.TRACKER_RUNS).read_text()) == first
+    assert json.loads((tmp_path / "run3" / "trackers.json").read_text()) == first
     trackers.clear()
     utils.MetricsLogger(path, report_to=every, resume_step=0).close()   # no checkpoint found: starts over
     inits = {c[0]: c[2] for c in trackers if c[1] == "init"}

@@ -243,6 +243,7 @@ def test_check_resume_names_the_flag_and_both_values(tmp_path, new, message):
     (full / "args.json").write_text(json.dumps({"lr": 1e-3}))       # a full fine-tune's (older: no lora_r)
     with pytest.raises(lora.LoraError, match="--lora-r 4 differs from the checkpoint's 0 "):
         lora.check_resume(flags(), full)
+    lora.check_resume(flags(lora_r=0), full)
 
 
 # the rl_ckpt model (rollouts of varying reward), SFT-ed with LoRA for a step at a small lr, in the
