@@ -58,6 +58,47 @@ def check_lora_args(args) -> str | None:
     return None
 
 
+def adapter_flags(flags: dict) -> list[tuple[str, object]]:
+    """[(flag, value)] the adapters' shapes and scale depend on, from vars(args) or an args.json (missing
+    keys: the defaults): --lora-r, and with a rank --lora-alpha (2 x rank by default), the target set, --lora-vision."""
+    r = int(flags.get("lora_r") or 0)
+    targets = sorted(t.strip() for t in str(flags.get("lora_targets") or DECODER_TARGETS).split(",") if t.strip())
+    return [("--lora-r", r)] + ([("--lora-alpha", f"{float(flags.get('lora_alpha') or 2 * r):g}"),
+                                 ("--lora-targets", ",".join(targets)),
+                                 ("--lora-vision", bool(flags.get("lora_vision")))] if r else [])
+
+
+def check_resume(args, ckpt) -> None:
+    """--resume from checkpoint folder `ckpt` (None: nothing to resume) rebuilds its adapters only with the
+    flags of its args.json (`adapter_flags`): another alpha would silently rescale the trained adapters,
+    another rank or target set cannot load. The trainers call it before --out is written. Raises LoraError
+    (one line: the flag, this run's value, the checkpoint's)."""
+    saved = Path(ckpt or "") / "args.json"
+    if ckpt is None or not saved.is_file():
+        return
+    for (flag, old), (_, new) in zip(adapter_flags(json.loads(saved.read_text())), adapter_flags(vars(args))):
+        if old != new:
+            raise LoraError(f"--resume: {flag} {new} differs from the checkpoint's {old} ({saved}); resume "
+                            "with the checkpoint's LoRA flags, or start a new run in another --out")
+
+
+def next_stage_flags(args) -> str:
+    """The LoRA flags of the RL command train_sft.py prints after a LoRA SFT (" --lora-r R --lora-alpha A"
+    [--lora-targets, --lora-dropout, --lora-vision when not the defaults]; "" without LoRA). RL then loads
+    the SFT checkpoint merged (vlm.load_model) and trains fresh adapters on it, so its KL reference (the
+    adapters off) is the SFT policy, and it fits where the SFT did: a full fine-tune of the merged
+    model is what the LoRA SFT avoided."""
+    if not args.lora_r:
+        return ""
+    (_, r), (_, alpha), (_, targets), _ = adapter_flags(vars(args))
+    flags = f" --lora-r {r} --lora-alpha {alpha}"
+    if targets != ",".join(sorted(DECODER_TARGETS.split(","))):
+        flags += f" --lora-targets {targets}"
+    if args.lora_dropout:
+        flags += f" --lora-dropout {args.lora_dropout:g}"
+    return flags + (" --lora-vision" if args.lora_vision else "")
+
+
 def apply_lora(model, args, base: str, seed: int = 0):
     """Inject LoRA adapters (args: --lora-* flags) into `model` (Qwen2_5_VLForConditionalGeneration)
     in place and freeze everything else; returns the PeftModel around it (None when --lora-r is 0:
@@ -145,20 +186,19 @@ def is_adapter_dir(path) -> bool:
 
 def load_adapter_state(folder, module) -> None:
     """Copy adapter_model.safetensors of `folder` into the trainable parameters of `module` (plain or
-    FSDP2: each rank keeps its shard). Raises ValueError when the adapters differ (names or shapes:
-    another --lora-r or --lora-targets)."""
+    FSDP2: each rank keeps its shard). Raises LoraError (a ValueError; one line from the trainers) when
+    the adapters differ (names or shapes: another --lora-r or --lora-targets; check_resume says which first)."""
     from safetensors.torch import load_file
 
     saved = load_file(str(Path(folder) / ADAPTER_FILE))
     params = {_file_key(n): p for n, p in module.named_parameters() if p.requires_grad}
-    if saved.keys() != params.keys():
-        raise ValueError(f"{folder}: its adapters ({len(saved)} tensors) are not this run's ({len(params)}): "
-                         "resume with the same --lora-r, --lora-targets and --lora-vision")
+    theirs, ours = {k: tuple(v.shape) for k, v in saved.items()}, {k: tuple(p.shape) for k, p in params.items()}
+    if theirs != ours:
+        k = next(k for k in sorted(theirs.keys() | ours.keys()) if theirs.get(k) != ours.get(k))
+        raise LoraError(f"{folder}: its adapter {k} has shape {theirs.get(k)}, this run's {ours.get(k)} (None: "
+                        "absent): resume with the same --lora-r, --lora-targets and --lora-vision")
     with torch.no_grad():
         for k, p in params.items():
-            if tuple(saved[k].shape) != tuple(p.shape):
-                raise ValueError(f"{folder}: {k} has shape {tuple(saved[k].shape)}, this run's {tuple(p.shape)}: "
-                                 "resume with the same --lora-r, --lora-targets and --lora-vision")
             if hasattr(p, "full_tensor"):  # a DTensor shard: distribute the full tensor the same way
                 from torch.distributed.tensor import distribute_tensor
                 p.copy_(distribute_tensor(saved[k].to(p.dtype), p.device_mesh, p.placements))

@@ -57,7 +57,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -388,14 +388,16 @@ class Sampler:
         return (Cache(layers=[SlotLayer(F.pad(l.keys[rows], pad), F.pad(l.values[rows], pad), slot)
                               for l in cache.layers]), F.pad(valid[rows], (0, self.max_new_tokens)))
 
-    def _draw(self, logits: torch.Tensor, greedy: bool, gen, u: torch.Tensor | None):
+    def _draw(self, logits: torch.Tensor, greedy: bool, gen, u: torch.Tensor | None,
+              where: Callable[[int], str] = lambda i: f"row {i}"):
         """One token per row from logits (R, V) (ours: edited in place) and its log-probability under
         the policy the trainer scores, log_softmax(logits / T) over the whole vocabulary (engine design
         note 4). The draw is from the allowed set only (`allowed_weights`: banned ids removed and the
         top-p nucleus kept BEFORE anything is normalised, so a banned id far ahead cannot underflow the
         allowed ones to 0); the score is x[tok] - logsumexp(x) over the whole vocabulary, taken from
         the same pass (the allowed mass and the banned logits), finite for every allowed id.
-        -> (tok (R,) long, lp (R,) fp32)."""
+        -> (tok (R,) long, lp (R,) fp32). Raises LogitsError (where(i) naming row i) before any id is
+        drawn, greedy or sampled, for a NaN or +inf logit or a row without a finite allowed one."""
         x = logits.float()
         if self.temperature != 1.0:
             x = x.div_(self.temperature)                                       # (R, V) x = z / T
@@ -404,7 +406,7 @@ class Sampler:
             lse = torch.logsumexp(x, dim=-1)                                   # (R,)
         else:                    # the allowed mass below + the few banned logits give it without a pass
             xb = x.index_select(-1, banned)                                    # (R, n_banned)
-        w, m = allowed_weights(x, banned, self.top_p)                          # (R, V) exp(x - m), 0 if not allowed
+        w, m = allowed_weights(x, banned, self.top_p, where)                   # (R, V) exp(x - m), 0 if not allowed
         if greedy:
             tok = x.argmax(dim=-1)                                             # banned ids are -inf in x
             total = w.sum(dim=-1, dtype=torch.float64) if self.top_p == 1.0 else None
@@ -500,9 +502,11 @@ class Sampler:
                     raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
                 row_gens = [torch.Generator().manual_seed((int(seeds[i]) * 1_000_003 + j) % (1 << 63))
                             for i in range(len(prompts)) for j in range(ns[i])]
+            owner = [f"prompt {i}, sample {j}" for i in range(len(prompts)) for j in range(ns[i])]  # by row
             for step in range(self.max_new_tokens):
                 u = None if row_gens is None else torch.cat([torch.rand(1, generator=row_gens[r]) for r in active])
-                tok, lp = self._draw(logits, greedy, gen, u)
+                tok, lp = self._draw(logits, greedy, gen, u,   # an error names the step and the row's prompt
+                                     where=lambda i: f"decode step {step}, row {active[i]} ({owner[active[i]]})")
                 keep = []
                 for i, (t, l) in enumerate(zip(tok.tolist(), lp.tolist())):
                     r = active[i]
@@ -553,7 +557,12 @@ def check_top_p(top_p: float) -> None:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
 
 
-def allowed_weights(x: torch.Tensor, banned_ids: torch.Tensor | None, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+class LogitsError(ValueError):
+    """Logits no token can be drawn from (NaN, +inf, no finite allowed one): a broken forward, not an answer."""
+
+
+def allowed_weights(x: torch.Tensor, banned_ids: torch.Tensor | None, top_p: float,
+                    where: Callable[[int], str] = lambda i: f"row {i}") -> tuple[torch.Tensor, torch.Tensor]:
     """The allowed set of a draw, formed before anything is normalised; the one place every path of
     the draw (Sampler._draw greedy / top-p / inverse CDF, process_logits, sample_from_logits) forms it.
 
@@ -563,10 +572,21 @@ def allowed_weights(x: torch.Tensor, banned_ids: torch.Tensor | None, top_p: flo
     underflows because a banned one leads (a softmax taken first would put every allowed id at 0
     when a banned id leads by ~100 nats). top_p < 1 then keeps the nucleus of the allowed
     distribution: the smallest set of most likely ids whose mass reaches top_p (Holtzman et al.
-    2020; the most likely id always kept); the ids it drops get weight 0 (x is left as is there)."""
+    2020; the most likely id always kept); the ids it drops get weight 0 (x is left as is there).
+    Raises LogitsError naming where(i) of the first bad row i: a NaN or +inf anywhere in it, banned ids
+    included (they enter the log-probs' normaliser), or no finite allowed logit (-inf but for a few allowed
+    ids is masking, not an error); one more (B, V) max and one host sync per call, before any id is drawn."""
+    hi = x.amax(dim=-1)                                # (B,) NaN / +inf when the row holds one (amax keeps NaN)
     if banned_ids is not None and banned_ids.numel():
         x.index_fill_(-1, banned_ids.to(x.device), float("-inf"))
     m = x.amax(dim=-1, keepdim=True)                                           # (B, 1)
+    bad = ~(hi.isfinite() & m.squeeze(-1).isfinite())                         # (B,)
+    if bad.any():
+        i = int(bad.nonzero()[0, 0])
+        what = "a NaN logit" if hi[i].isnan() else "a +inf logit" if hi[i] > 0 else \
+            "no finite logit among the allowed ids"
+        raise LogitsError(f"{where(i)}: {what}; no token can be drawn (the model's forward is broken: NaN/inf in its "
+                          "weights or activations)")
     w = (x - m).exp_()                                                         # (B, V) in [0, 1]
     if top_p < 1.0:
         sorted_w, order = w.sort(dim=-1, descending=True)                     # (B, V)
@@ -577,19 +597,21 @@ def allowed_weights(x: torch.Tensor, banned_ids: torch.Tensor | None, top_p: flo
 
 
 def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0,
-                   banned_ids: torch.Tensor | None = None, *, normalise: bool = True) -> torch.Tensor:
+                   banned_ids: torch.Tensor | None = None, *, normalise: bool = True,
+                   where: Callable[[int], str] = lambda i: f"row {i}") -> torch.Tensor:
     """logits (B, V) -> (B, V) fp32 probabilities of the sampling distribution.
     p(v) is proportional to exp(logit_v / temperature) over the allowed tokens (`allowed_weights`:
     not banned, inside the top-p nucleus). The only place temperature is applied to a draw's logits
     (rollout.py, engine design note 4). normalise=False skips the final division (sampling
     normalises through the CDF; the weights are then exp(x - max allowed x)). Raises ValueError:
-    temperature not finite or below MIN_TEMPERATURE, top_p outside (0, 1]."""
+    temperature not finite or below MIN_TEMPERATURE, top_p outside (0, 1]; LogitsError (where(i)
+    names row i): a NaN or +inf logit, or a row without a finite allowed logit (`allowed_weights`)."""
     check_temperature(temperature)
     check_top_p(top_p)
     x = logits.float().clone() if logits.dtype == torch.float32 else logits.float()
     if temperature != 1.0:
         x = x.div_(temperature)
-    w, _ = allowed_weights(x, banned_ids, top_p)                             # (B, V)
+    w, _ = allowed_weights(x, banned_ids, top_p, where)                      # (B, V)
     return w / w.sum(dim=-1, keepdim=True) if normalise else w
 
 
@@ -628,8 +650,8 @@ def _inverse_cdf(w: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 def sample_from_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0,
                        generator: torch.Generator | None = None, *,
-                       banned_ids: torch.Tensor | None = None,
-                       greedy: bool = False, u: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       banned_ids: torch.Tensor | None = None, greedy: bool = False,
+                       u: torch.Tensor | None = None, step: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row. logits (B, V) -> (tokens (B,) long, logp (B,) fp32).
     logp is the token's log-probability under process_logits(...), also when greedy. Sampling is
     by inverse CDF with one uniform per row (u (B,) in [0, 1), drawn from `generator` when not
@@ -637,12 +659,16 @@ def sample_from_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: fl
     `_inverse_cdf`; a token of zero probability (banned, outside the nucleus) can never be drawn.
     Greedy takes the argmax of the logits with banned ids removed, as generate(do_sample=False,
     suppress_tokens=..) does (not of the probabilities, whose rounding could create ties). The
-    Sampler bans in place on its own logits and passes banned_ids=None, saving a (B, V) copy per
-    step. Raises ValueError as process_logits."""
-    if banned_ids is not None and banned_ids.numel():
-        logits = logits.index_fill(-1, banned_ids.to(logits.device), float("-inf"))
-    w = process_logits(logits, temperature, top_p, normalise=False)         # (B, V) p up to a factor
+    Sampler draws through its own _draw (the same allowed set, banned in place, no (B, V) copy).
+    Raises ValueError as process_logits; LogitsError (naming `step`, when given, and the row) for a
+    NaN or +inf logit, banned ids included, or a row without a finite allowed logit, before any id
+    is drawn (greedy and sampled alike)."""
+    at = "" if step is None else f"step {step}, "
+    w = process_logits(logits, temperature, top_p, banned_ids, normalise=False,
+                       where=lambda i: f"{at}row {i}")                       # (B, V) p up to a factor
     if greedy:
+        if banned_ids is not None and banned_ids.numel():
+            logits = logits.index_fill(-1, banned_ids.to(logits.device), float("-inf"))
         tok = logits.argmax(dim=-1)
         total = w.sum(dim=-1).double()                                        # (B,)
     else:

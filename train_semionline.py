@@ -179,6 +179,7 @@ def check_args(args) -> None:
     for ok, message in rules:
         if not ok:
             raise utils.UsageError(message)
+    lora.check_resume(args, utils.latest_checkpoint(Path(args.out) / "ckpt") if args.resume else None)  # its adapters
 
 
 # -----------------------------------------------------------------------------
@@ -302,10 +303,9 @@ def resume(run) -> None:
     if run.proc.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "args.json").write_text(utils.dumps(vars(args), indent=2))
-    run.metrics = utils.MetricsLogger(out / "metrics.jsonl", append=args.resume, report_to=args.report_to,
-                                      config=vars(args))
-    if args.resume:
-        run.metrics.resume_at(run.start_step)  # the steps redone after the checkpoint are logged once
+    # a resume keeps the rows up to its checkpoint: the steps it redoes are logged once (trackers too)
+    run.metrics = utils.MetricsLogger(out / "metrics.jsonl", report_to=args.report_to, config=vars(args),
+                                      resume_step=run.start_step if args.resume else None)
 
 
 def evaluate_heldout(run, step: int) -> dict:

@@ -222,10 +222,9 @@ def build_model(run) -> None:
     if proc.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "args.json").write_text(utils.dumps(vars(args), indent=2))
-    run.metrics = utils.MetricsLogger(out / "metrics.jsonl", append=args.resume, report_to=args.report_to,
-                                      config=vars(args))
-    if args.resume:
-        run.metrics.resume_at(run.start_step)  # the steps redone after the checkpoint are logged once
+    # a resume keeps the rows up to its checkpoint: the steps it redoes are logged once (trackers too)
+    run.metrics = utils.MetricsLogger(out / "metrics.jsonl", report_to=args.report_to, config=vars(args),
+                                      resume_step=run.start_step if args.resume else None)
 
 
 def example(run, ep, t: int) -> tuple:
@@ -393,7 +392,8 @@ def finish(run, last: dict) -> None:
         utils.print0(f"merged: {vlm.merge_checkpoint(utils.latest_checkpoint(out / 'ckpt'), out / 'merged')}")
     if run.proc.is_main:
         utils.print_next_steps(out, args.data, "out/eval/sft",
-                               f"next stage: torchrun --nproc_per_node=2 train_semionline.py --sft-dir {out / 'ckpt'}")
+                               f"next stage: torchrun --nproc_per_node=2 train_semionline.py --sft-dir {out / 'ckpt'}"
+                               + lora.next_stage_flags(args))  # after a LoRA SFT: RL with adapters too
         print(utils.dumps(last), flush=True)
 
 
@@ -404,6 +404,8 @@ def main(argv=None):
     spec = chat.resolve_spec(args, args.model, say=utils.print0)
     if lora.check_lora_args(args):
         raise utils.UsageError(lora.check_lora_args(args))
+    if args.resume:  # the checkpoint's adapters must be this run's, checked before --out is written to
+        lora.check_resume(args, utils.latest_checkpoint(Path(args.out) / "ckpt"))
     run = setup(args, spec)
     copy_warmup(run)  # models trained from scratch: copy a point (or a string) first
     last = sft(run)

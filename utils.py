@@ -496,14 +496,23 @@ class MetricsLogger:
     in project $WANDB_PROJECT / $TRACKIO_PROJECT (else "ui-s1"; transformers reads the same
     variables), with `config` (the run's args) attached. Raises UsageError when a tracker's package
     is missing (the trainers' --report-to has already checked, while parsing). close() ends the
-    trackers' runs."""
+    trackers' runs.
 
-    def __init__(self, path: str | os.PathLike, append: bool = False, report_to=(), config: dict | None = None):
+    resume_step: a --resume from the checkpoint of that step (0: none found, a new run). The file keeps
+    its rows up to it (`resume_at`); TensorBoard gets purge_step = resume_step + 1 (a new run: 0), so the
+    steps redone after the checkpoint show once; W&B (same id) and trackio (same name) continue, with
+    resume="allow", the run of path's folder/trackers.json, where a new run records its own. W&B's steps
+    only grow: it keeps the values it has for the redone steps (its run rewind is a preview feature)."""
+
+    def __init__(self, path: str | os.PathLike, append: bool = False, report_to=(), config: dict | None = None,
+                 resume_step: int | None = None):
         self.path, self.t0, self.n = Path(path), time.time(), 0
         self.tb = self.wandb = self.trackio = None
         if get_rank() == 0:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            if not append:
+            if resume_step is not None:
+                self.resume_at(resume_step)
+            elif not append:
                 self.path.write_text("")
         names = [n for n in report_to or () if n != "none"] if get_rank() == 0 else []
         modules = {}
@@ -512,15 +521,24 @@ class MetricsLogger:
                 modules[name] = importlib.import_module(TRACKERS[name])
             except (ImportError, KeyError):
                 raise UsageError(f"--report-to {name} needs the {name} package: pip install {name}") from None
-        run_name, config = self.path.parent.name, finite_json(dict(config or {}))
+        folder, config, record = self.path.parent, finite_json(dict(config or {})), self.path.parent / "trackers.json"
+        runs = json.loads(record.read_text()) if resume_step and record.is_file() else {}
+        again = {"resume": "allow"}  # the run a resume continues: W&B by its id, trackio by its name
         if "tensorboard" in modules:
-            self.tb = modules["tensorboard"].SummaryWriter(str(self.path.parent / "tensorboard"))
+            purge = None if append and resume_step is None else resume_step + 1 if resume_step else 0
+            self.tb = modules["tensorboard"].SummaryWriter(str(folder / "tensorboard"), purge_step=purge)
         if "wandb" in modules:
-            self.wandb = modules["wandb"].init(project=os.environ.get("WANDB_PROJECT", "ui-s1"), name=run_name,
-                                               config=config, dir=str(self.path.parent))
+            w = runs.get("wandb") or {"project": os.environ.get("WANDB_PROJECT", "ui-s1")}
+            self.wandb = modules["wandb"].init(project=w["project"], name=folder.name, config=config, dir=str(folder),
+                                               **({"id": w["id"], **again} if "id" in w else {}))
+            runs["wandb"] = {"project": w["project"], "id": self.wandb.id}
         if "trackio" in modules:
-            self.trackio = modules["trackio"]
-            self.trackio.init(project=os.environ.get("TRACKIO_PROJECT", "ui-s1"), name=run_name, config=config)
+            t = runs.get("trackio") or {"project": os.environ.get("TRACKIO_PROJECT", "ui-s1"), "name": folder.name}
+            self.trackio, resumed = modules["trackio"], again if "trackio" in runs else {}
+            self.trackio.init(project=t["project"], name=t["name"], config=config, **resumed)
+            runs["trackio"] = t
+        if runs:
+            record.write_text(json.dumps(runs, indent=2))
 
     def resume_at(self, step: int) -> int:
         """A resumed run continues from the checkpoint of `step` and redoes the steps after it: keep the
@@ -558,18 +576,16 @@ class MetricsLogger:
             for k, v in scalars.items():
                 self.tb.add_scalar(k, v, x)
             self.tb.flush()
-        if self.wandb is not None:
-            self.wandb.log(scalars, step=x)
-        if self.trackio is not None:
-            self.trackio.log(scalars, step=x)
+        for run in (self.wandb, self.trackio):
+            if run is not None:
+                run.log(scalars, step=x)
         self.n += 1
 
     def close(self) -> None:
         """End the trackers' runs (rank 0; a no-op without trackers or elsewhere)."""
         if self.tb is not None:
             self.tb.close()
-        if self.wandb is not None:
-            self.wandb.finish()
-        if self.trackio is not None:
-            self.trackio.finish()
+        for run in (self.wandb, self.trackio):
+            if run is not None:
+                run.finish()
         self.tb = self.wandb = self.trackio = None

@@ -155,7 +155,8 @@ def load_model(name: str | os.PathLike = "tiny", *, dtype: torch.dtype = torch.f
     if lora.is_adapter_dir(name):  # a LoRA checkpoint: its base with the adapters merged in (fp32, CPU)
         base = lora.read_base(name)
         merged = lora.merge_adapter(load_model(base["model"], seed=base["seed"]), name)
-        return merged.to(dtype).to(device)
+        # PEFT had frozen the base; merged, it is trainable like from_pretrained's (RL's full fine-tune of it)
+        return merged.requires_grad_(True).to(dtype).to(device)
     if not (Path(name) / "config.json").exists():
         raise FileNotFoundError(f"--model {name}: not 'tiny' and no config.json in that directory")
     return Qwen2_5_VLForConditionalGeneration.from_pretrained(str(name), dtype=dtype, attn_implementation=attn).to(device)

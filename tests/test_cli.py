@@ -79,30 +79,33 @@ def test_metrics_resume_drops_the_steps_it_redoes(tmp_path):
 
 class Tracker:
     """A stand-in for the three trackers' modules (their packages are not installed here): records
-    what MetricsLogger hands each one."""
+    what MetricsLogger hands each one. init gives a run (itself) with W&B's id and trackio's name."""
 
-    def __init__(self, name, calls):
-        self.name, self.calls = name, calls
+    def __init__(self, kind, calls):
+        self.kind, self.calls = kind, calls
 
-    def SummaryWriter(self, logdir):  # torch.utils.tensorboard
-        self.calls.append((self.name, "dir", logdir))
+    def SummaryWriter(self, logdir, purge_step=None):  # torch.utils.tensorboard
+        self.calls.append((self.kind, "dir", logdir))
+        self.calls.append((self.kind, "purge_step", purge_step))
         return self
 
     def add_scalar(self, k, v, x):
-        self.calls.append((self.name, k, v, x))
+        self.calls.append((self.kind, k, v, x))
 
     def init(self, **kw):  # wandb.init / trackio.init
-        self.calls.append((self.name, "init", kw))
+        self.calls.append((self.kind, "init", kw))
+        self.id = kw.get("id", f"{self.kind}-new-{len(self.calls)}")  # W&B draws a fresh id per new run
+        self.name = kw["name"]
         return self
 
     def log(self, scalars, step):  # wandb's run.log / trackio.log
-        self.calls.extend((self.name, k, v, step) for k, v in scalars.items())
+        self.calls.extend((self.kind, k, v, step) for k, v in scalars.items())
 
     def flush(self):
         pass
 
     def close(self):
-        self.calls.append((self.name, "end"))
+        self.calls.append((self.kind, "end"))
 
     finish = close
 
@@ -137,6 +140,43 @@ def test_report_to_every_tracker_gets_the_same_scalars(tmp_path, trackers, monke
         # NaN, text, bools and the x axis are not curves; t is the logger's wall time
         assert scalars.pop("t")[1] == 7 and scalars == {"loss": (0.25, 7), "tasks_kept": (3, 7)}, name
         assert (name, "end") in trackers
+
+
+def test_trackers_on_resume_show_each_step_once_in_the_same_run(tmp_path, trackers, monkeypatch):
+    """Killed after step 4 with its checkpoint at step 2: the resumed logger gives TensorBoard purge_step 3
+    (the killed run's steps 3, 4 hidden, redone once; before: shown twice), and W&B and trackio the run
+    of trackers.json with resume="allow". A new run (and a resume that found no checkpoint) is a new run:
+    purge_step 0 (the folder's old events hidden, as the file starts over), new W&B id, no resume."""
+    monkeypatch.delenv("WANDB_PROJECT", raising=False)
+    monkeypatch.delenv("TRACKIO_PROJECT", raising=False)
+    path, every = tmp_path / "run3" / "metrics.jsonl", list(utils.TRACKERS)
+    m = utils.MetricsLogger(path, report_to=every, config={"lr": 1.0})
+    for step in range(1, 5):
+        m.log({"step": step, "loss": 1.0 / step})
+    m.close()
+    first = json.loads((tmp_path / "run3" / "trackers.json").read_text())
+    assert ("tensorboard", "purge_step", 0) in trackers
+    inits = [c[2] for c in trackers if c[1] == "init"]
+    assert all("resume" not in kw and "id" not in kw for kw in inits)
+    assert first == {"wandb": {"project": "ui-s1", "id": first["wandb"]["id"]},
+                     "trackio": {"project": "ui-s1", "name": "run3"}}
+    trackers.clear()
+    monkeypatch.setenv("WANDB_PROJECT", "elsewhere")   # the run goes on where it began
+    r = utils.MetricsLogger(path, report_to=every, config={"lr": 1.0}, resume_step=2)
+    r.log({"step": 3, "loss": 0.25})
+    r.close()
+    assert ("tensorboard", "purge_step", 3) in trackers
+    inits = {c[0]: c[2] for c in trackers if c[1] == "init"}
+    assert inits["wandb"]["id"] == first["wandb"]["id"] and inits["wandb"]["resume"] == "allow"
+    assert inits["wandb"]["project"] == "ui-s1"
+    assert inits["trackio"]["name"] == "run3" and inits["trackio"]["resume"] == "allow"
+    assert [strict_loads(x)["step"] for x in path.read_text().splitlines()] == [1, 2, 3]
+    assert json.loads((tmp_path / "run3" / "trackers.json").read_text()) == first
+    trackers.clear()
+    utils.MetricsLogger(path, report_to=every, resume_step=0).close()   # no checkpoint found: starts over
+    inits = {c[0]: c[2] for c in trackers if c[1] == "init"}
+    assert ("tensorboard", "purge_step", 0) in trackers and path.read_text() == ""
+    assert "id" not in inits["wandb"] and "resume" not in inits["trackio"]
 
 
 def test_report_to_none_writes_the_metrics_file_alone(tmp_path, trackers):

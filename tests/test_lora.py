@@ -8,10 +8,15 @@
 - a checkpoint holds the adapter in PEFT's layout; merged (tools/merge_lora.py, --merge, or
   vlm.load_model of the adapter folder) it gives the adapted model's log-probs (fp32 merge: 1e-5);
 - the trainers: 1 vs 2 FSDP2 processes give the same update (SFT, RL), and an RL stop-and-resume
-  equals the uninterrupted run (adapters, optimizer, RNG), with the KL to the adapters-off reference on.
+  equals the uninterrupted run (adapters, optimizer, RNG), with the KL to the adapters-off reference on;
+- --resume with other LoRA flags (rank, alpha, targets, vision) is one line naming the flag and both
+  values, before the run's folder is touched (args.json, metrics.jsonl as they were), in both trainers;
+- the RL command train_sft.py prints after a LoRA SFT runs as printed and trains.
 """
 import json
+import shutil
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -136,15 +141,19 @@ def test_checkpoint_merge_and_resume_load(case, tmp_path):
     merged_names = {p.name for p in (tmp_path / "merged").iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= merged_names and "adapter_config.json" not in merged_names
     for folder in (tmp_path / "merged", ckpt):  # the merged folder; the adapter folder merged on load
+        loaded = vlm.load_model(str(folder))
         with torch.no_grad():
-            got = vlm.PolicyLogProb(vlm.load_model(str(folder)))(batch)[0]
+            got = vlm.PolicyLogProb(loaded)(batch)[0]
         assert (got - want).abs().max().item() < 1e-5
+        # trainable like any loaded model (PEFT had frozen the base: RL's full fine-tune of the merged
+        # SFT then met 'optimizer got an empty parameter list')
+        assert all(p.requires_grad for p in loaded.parameters())
     # resume: a fresh adapted model takes the saved adapters exactly
     fresh, _ = adapted(nonzero_b=False)
     assert vlm.load_checkpoint_state(ckpt, fresh)["step"] == 3
     assert all(torch.equal(p, dict(model.named_parameters())[n]) for n, p in fresh.named_parameters())
     wrong, _ = adapted(argv=["--lora-r", "2"])
-    with pytest.raises(ValueError, match="same --lora-r"):
+    with pytest.raises(lora.LoraError, match="same --lora-r"):  # an input error: one line from the trainers
         vlm.load_checkpoint_state(ckpt, wrong)
 
 
@@ -200,3 +209,113 @@ def test_semionline_lora_resume_matches_uninterrupted(tmp_path, rl_ckpt):  # noq
             assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-8)
     assert_same_params(adapter_params(tmp_path / "full"), adapter_params(tmp_path / "cut"), atol=1e-6)
     assert (tmp_path / "cut" / "merged" / "model.safetensors").is_file()  # --merge: a plain folder
+
+
+# -----------------------------------------------------------------------------
+# --resume with other LoRA flags; the next stage after a LoRA SFT
+
+
+def flags(**kw):
+    return SimpleNamespace(**{"lora_r": 4, "lora_alpha": 8.0, "lora_targets": lora.DECODER_TARGETS,
+                              "lora_vision": False, **kw})
+
+
+@pytest.mark.parametrize("new,message", [
+    (dict(lora_alpha=16.0), "--lora-alpha 16 differs from the checkpoint's 8 "),
+    (dict(lora_alpha=None), None),                                   # the default, 2 x rank, is 8
+    (dict(lora_r=2, lora_alpha=None), "--lora-r 2 differs from the checkpoint's 4 "),
+    (dict(lora_r=0), "--lora-r 0 differs from the checkpoint's 4 "),
+    (dict(lora_targets="v_proj, q_proj"), "--lora-targets q_proj,v_proj differs from the checkpoint's "
+                                          "down_proj,gate_proj,k_proj,o_proj,q_proj,up_proj,v_proj "),
+    (dict(lora_targets="v_proj,up_proj,q_proj,o_proj,k_proj,gate_proj,down_proj"), None),  # the same set
+    (dict(lora_vision=True), "--lora-vision True differs from the checkpoint's False "),
+])
+def test_check_resume_names_the_flag_and_both_values(tmp_path, new, message):
+    (tmp_path / "args.json").write_text(json.dumps({**vars(flags()), "lora_alpha": None, "lr": 1e-3}))
+    if message is None:
+        lora.check_resume(flags(**new), tmp_path)
+    else:
+        with pytest.raises(lora.LoraError, match="^--resume: " + message.replace("(", r"\(")):
+            lora.check_resume(flags(**new), tmp_path)
+    lora.check_resume(flags(**new), None)                           # nothing to resume: nothing to check
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "args.json").write_text(json.dumps({"lr": 1e-3}))       # a full fine-tune's (older: no lora_r)
+    with pytest.raises(lora.LoraError, match="--lora-r 4 differs from the checkpoint's 0 "):
+        lora.check_resume(flags(), full)
+    lora.check_resume(flags(lora_r=0), full)
+
+
+# the rl_ckpt model (rollouts of varying reward), SFT-ed with LoRA for a step at a small lr, in the
+# prompt it was fitted in: the RL step after it keeps tasks, so its update is not empty
+SFT_BASE = [a for a in SFT if a not in ("--model", "tiny")] + [
+    "--max-steps", "1", "--lr", "1e-5", "--max-pixels", "20000", "--system-prompt", "full"]
+SFT_LORA = SFT_BASE + LORA
+RL_BASE = RL_LORA[:-len(LORA)]                                      # the tests' RL flags, without LoRA
+
+
+@pytest.fixture(scope="module")
+def lora_sft(tmp_path_factory, rl_ckpt):  # noqa: F811
+    out = tmp_path_factory.mktemp("lora_sft") / "sft"
+    res = subprocess.run([PY] + SFT_LORA + rl_ckpt + ["--out", str(out)], cwd=REPO, env=ENV, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return out, res.stdout
+
+
+def run_resume(script_args, out):
+    """A resume of `out` (its files' bytes before and after): exit 2 and one line, nothing rewritten."""
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    res = subprocess.run([PY] + script_args + ["--resume", "--out", str(out)], cwd=REPO, env=ENV,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr[-3000:]
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    return res.stderr
+
+
+def test_sft_resume_with_other_lora_flags_is_refused_before_writing(lora_sft, rl_ckpt, tmp_path):  # noqa: F811
+    """The report's case: --lora-alpha changed on resume silently rescaled the adapters (grad norm 0.21 ->
+    1.59) and rewrote args.json; another rank was a traceback."""
+    out = tmp_path / "sft"
+    shutil.copytree(lora_sft[0], out)
+    ckpt = utils.latest_checkpoint(out / "ckpt")
+    base = SFT_BASE + rl_ckpt
+    err = run_resume(base + ["--lora-r", "4", "--lora-alpha", "16"], out)
+    assert f"--resume: --lora-alpha 16 differs from the checkpoint's 8 ({ckpt}/args.json)" in err
+    err = run_resume(base + ["--lora-r", "2"], out)
+    assert "--resume: --lora-r 2 differs from the checkpoint's 4" in err and "Traceback" not in err
+
+
+def test_semionline_resume_with_other_lora_flags_is_refused_before_writing(tmp_path, case):
+    out = tmp_path / "rl"
+    model, peft = adapted()
+    args = ts.parser.parse_args(ARGV + LORA)
+    vlm.save_checkpoint(out / "ckpt", model, vlm.load_processor("tiny")[0], vars(args), extra={"step": 1},
+                        adapter=peft)
+    (out / "args.json").write_text(json.dumps(vars(args)))
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    rl = RL_BASE + ["--model", "tiny"]
+    err = run_resume(rl + ["--lora-r", "4", "--lora-vision"], out)
+    assert "--resume: --lora-vision True differs from the checkpoint's False" in err
+    err = run_resume(rl, out)                                        # LoRA dropped: --lora-r 0
+    assert "--resume: --lora-r 0 differs from the checkpoint's 4" in err
+
+
+def test_printed_next_stage_after_lora_sft_runs_and_trains(lora_sft, tmp_path):
+    """train_sft.py --lora-r prints the RL command; its flags (one process, 1 step, the tests' small
+    rollout settings) train: the RL checkpoint's adapters moved from B = 0. Before: the printed command
+    (no LoRA flags) loaded the merged SFT model frozen: 'optimizer got an empty parameter list'."""
+    out, stdout = lora_sft
+    line = next(ln for ln in stdout.splitlines() if ln.startswith("next stage: "))
+    cmd = line.removeprefix("next stage: ").split()
+    assert cmd[:3] == ["torchrun", "--nproc_per_node=2", "train_semionline.py"]
+    printed = cmd[3:]
+    assert printed == ["--sft-dir", str(out / "ckpt"), "--lora-r", "4", "--lora-alpha", "8"]
+    small = RL_BASE                                                 # data and rollout sizes, no --model
+    assert "--model" not in small and RL_LORA[-len(LORA):] == LORA
+    last, rows = launch(small + printed + ["--max-steps", "1"], tmp_path / "rl")
+    assert rows[-1]["step"] == 1 and rows[-1]["train_tokens"] > 0
+    moved = [v.abs().max().item() for k, v in adapter_params(tmp_path / "rl").items() if "lora_B" in k]
+    assert len(moved) == 14 and min(moved) > 0                       # 7 linear layers x 2 decoder layers, all moved
+    assert lora.read_base(utils.latest_checkpoint(tmp_path / "rl" / "ckpt"))["model"] == \
+        str(utils.latest_checkpoint(out / "ckpt"))                  # RL started from the SFT checkpoint

@@ -23,6 +23,7 @@ import sampler as sampling_mod
 import utils
 import vlm
 from sampler import (
+    LogitsError,
     SampleOutput,
     Sampler,
     _inverse_cdf,
@@ -159,6 +160,48 @@ def test_sample_from_logits_frequencies_and_logp():
     greedy_tok, greedy_logp = sample_from_logits(logits[:2], temperature=3.0, greedy=True)
     assert greedy_tok.tolist() == [1, 1]
     torch.testing.assert_close(greedy_logp, torch.full((2,), math.log(0.5)))
+
+
+BAD_ROWS = {"nan": (float("nan"), "a NaN logit"), "+inf": (float("inf"), "a \\+inf logit"),
+            "-inf": (float("-inf"), "no finite logit among the allowed ids")}
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+@pytest.mark.parametrize("kind", list(BAD_ROWS))
+def test_sample_from_logits_refuses_nonfinite_rows_before_drawing(kind, greedy):
+    """A NaN or +inf anywhere in a row (one entry; a banned id's too: it enters the normaliser), or a
+    row with no finite logit, is a LogitsError naming the step and the row, raised before any uniform is
+    drawn (the generator has not moved). Without the check: greedy returned the NaN's index and
+    sampling `index 2047 is out of bounds` (inverse CDF over a NaN total)."""
+    value, message = BAD_ROWS[kind]
+    logits = torch.randn(4, 2500, generator=torch.Generator().manual_seed(0))
+    for entry in (7, 3) if kind != "-inf" else (slice(None),):   # (7, 3): one entry; -inf: the whole row
+        bad = logits.clone()
+        bad[2, entry] = value
+        for banned in (None, torch.tensor([3])):     # entry 3 banned: NaN / +inf there still refused
+            g = torch.Generator().manual_seed(5)
+            before = g.get_state()
+            with pytest.raises(LogitsError, match=rf"^step 4, row 2: {message}"):
+                sample_from_logits(bad, generator=g, banned_ids=banned, greedy=greedy, step=4)
+            assert torch.equal(g.get_state(), before)
+    # every finite logit banned: nothing left to draw from
+    only = torch.full((2, 10), float("-inf"))
+    only[0, 0] = only[1, 4] = 0.0                # row 0 keeps id 0; row 1's one finite id is banned
+    with pytest.raises(LogitsError, match="^row 1: no finite logit among the allowed ids"):
+        sample_from_logits(only, banned_ids=torch.tensor([4]), greedy=greedy)
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_masked_rows_are_legitimate(greedy):
+    """-inf everywhere but a few allowed ids is masking, not an error: the draw stays among them."""
+    logits = torch.full((3, 3000), float("-inf"))
+    logits[0, 2999] = 1.0                        # one allowed id: drawn with probability 1
+    logits[1, [5, 2050]] = torch.tensor([0.0, 0.0])
+    logits[2, [10, 11]] = torch.tensor([2.0, 1.0])
+    tok, lp = sample_from_logits(logits, greedy=greedy, generator=torch.Generator().manual_seed(0))
+    assert tok[0] == 2999 and tok[1].item() in (5, 2050) and tok[2].item() in (10, 11)
+    assert lp[0] == 0.0 and lp[1] == pytest.approx(math.log(0.5))
+    assert tok[2] == 10 if greedy else True
 
 
 def test_inverse_cdf_by_hand(monkeypatch):
@@ -537,6 +580,39 @@ def test_vision_tokens_never_sampled(model, proc, prompts):
         assert s.generate(prompts[:1], greedy=True)[0][0].ids == [image_pad] * 4
     finally:
         hook.remove()
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+@pytest.mark.parametrize("kind", list(BAD_ROWS))
+def test_sampler_names_the_step_and_row_of_nonfinite_logits(model, proc, prompts, monkeypatch, kind, greedy):
+    """The engine's own draw (rollouts, eval_sop): logits poisoned at decode step 2 in row 3 (prompt 1,
+    sample 1 of 2 prompts x 2 samples) -> LogitsError naming them, greedy and sampled. A row of -inf but
+    for one allowed id at that step draws that id (masking)."""
+    value, message = BAD_ROWS[kind]
+    draw, calls = Sampler._draw, []
+
+    def poisoned(self, logits, *args, **kw):
+        calls.append(1)
+        if len(calls) == 3:                     # decode step 2: one bad entry, or a whole row of -inf
+            logits[3, slice(None) if kind == "-inf" else 17] = value
+        return draw(self, logits, *args, **kw)
+
+    monkeypatch.setattr(Sampler, "_draw", poisoned)
+    s = Sampler(model, proc[0], max_new_tokens=5, stop_token_ids=[])
+    with pytest.raises(LogitsError, match=rf"^decode step 2, row 3 \(prompt 1, sample 1\): {message}"):
+        s.generate(prompts[:2], n=2, greedy=greedy)
+
+    def masked(self, logits, *args, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            logits[3] = float("-inf")
+            logits[3, 17] = 0.0
+        return draw(self, logits, *args, **kw)
+
+    calls.clear()
+    monkeypatch.setattr(Sampler, "_draw", masked)
+    outs = s.generate(prompts[:2], n=2, greedy=greedy)
+    assert outs[1][1].ids[2] == 17 and outs[1][1].logprobs[2] == 0.0
 
 
 def test_bad_prompts_raise(model, proc, prompts):
