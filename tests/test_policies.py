@@ -16,6 +16,7 @@ import pytest
 import eval_sop
 import gui
 import policies
+from evaluation import served
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # openai_server, rl_checkpoint
 
@@ -223,7 +224,7 @@ def test_served_sampler_retries_a_503_sends_the_key_and_the_family_prompt(monkey
     out = s.generate([prompt], n=1, greedy=True)[0][0]
     httpd.shutdown()
     assert out.finish_reason == "stop" and close(gui.parse_response(out.text).action["coordinate"], (490, 525))
-    assert s.stats == {"requests": 2, "retries": 1, "failed": 0}
+    assert s.stats == {"requests": 2, "retries": 1, "failed": 0, "content_filter": 0, "lone_surrogates": 0}
     assert Flaky.seen == [("Bearer sk-test", 0.0, "You are a G")] * 2  # UI-TARS's system prompt, greedy
     assert s.raw[id(prompt)] == ("Thought: t\nAction: click(start_box='(500,250)')", None)
 
@@ -263,7 +264,7 @@ def test_sent_messages_rebuild_the_very_prompt(budget):
             gui.format_response("b", {"action": "type", "text": "hi"})]
     p = chat.build_prompt(tok, ip, spec, goal="do it", screenshots=shots, history=hist)
     assert budget is None or p.n_dropped_turns > 0
-    q = encode(tok, ip, json.loads(json.dumps(policies.openai_messages(p.messages, policies.ADAPTERS["uis1"],
+    q = encode(tok, ip, json.loads(json.dumps(served.openai_messages(p.messages, policies.ADAPTERS["uis1"],
                                                                        p.resized_size))))
     assert torch.equal(q.input_ids, p.input_ids) and torch.equal(q.pixel_values, p.pixel_values)
     assert q.resized_size == p.resized_size
