@@ -302,7 +302,7 @@ def run_sop(episodes: list[dataset.Episode], run_rollouts, args, show: set[int])
     rows, progress = run_rollouts("own")
     records, shown = [], []
     for i, (ep, steps, (correct, n)) in enumerate(zip(episodes, rows, progress)):
-        malformed = [s["error"] is not None for s in steps]  # scored 0 as malformed (truncated included)
+        malformed = [s["error"] is not None and not s["server_error"] for s in steps]  # truncated included
         records.append({"source": ep.source, "task": ep.task, "episode_id": ep.episode_id, "steps": n,
                         "correct": correct, "success": correct == n, "rewards": [s["reward"] for s in steps],
                         "matches": [bool(s["match"]) for s in steps],
@@ -332,7 +332,8 @@ def run_static(episodes: list[dataset.Episode], run_rollouts, args, show: set[in
         for s in steps:
             records.append({"episode": i, "episode_id": ep.episode_id, "task": ep.task, "t": s["t"],
                             "expert_type": ep.steps[s["t"]].action["action"], "type_match": s["type_match"],
-                            "match": s["match"], "reward": s["reward"], "malformed": s["error"] is not None,
+                            "match": s["match"], "reward": s["reward"],
+                            "malformed": s["error"] is not None and not s["server_error"],  # not the server's
                             "truncated": s["truncated"], "error": s["error"], "response": s["response"],
                             "server_error": s["server_error"], **{k: s[k] for k in ("raw", "message") if k in s}})
         if i in show:

@@ -400,7 +400,7 @@ class OnlineModelPolicy:
             parsed = gui.parse_response(out.text)
             # the reward's strict rules: a response cut at the cap, or with text after its action, is a no-op
             action = parsed.action if parsed.error is None and out.finish_reason == "stop" else None
-            self.n_malformed += action is None
+            self.n_malformed += action is None and not out.finish_reason.startswith("error")  # not the server's
             if action is not None:  # model pixels (resized screenshot) -> pixels of the screenshot we were given
                 action = gui.scale_action(action, prompt.resized_size, image.size)
             if key in self.views and self.view is not None:
@@ -555,11 +555,12 @@ def add_served_args(p) -> None:
     g.add_argument("--timeout", type=utils.positive_float, default=120.0,
                    help="seconds a request may take in all (connect, wait, every byte of the answer)")
     g.add_argument("--retries", type=utils.non_negative_int, default=3,
-                   help="retries of a request after a network error, --timeout, HTTP 429 or 5xx (backoff 1, 2, 4 ... s or "
-                   "the server's Retry-After, at most 60 s; 0: none); then the step is a wrong step and its episode "
-                   "records the server's error")
-    g.add_argument("--prompt-from", default=None, help="the checkpoint (or run folder) whose prompt contract the served "
-                   "model was trained with (args.json; default: --served-model's, when it names such a local folder)")
+                   help="retries of a request after a network error, --timeout, HTTP 429 or 5xx (backoff 1, 2, 4 "
+                   "... s or the server's Retry-After, at most 60 s; 0: none); then the step is a wrong step and its "
+                   "episode records the server's error")
+    g.add_argument("--prompt-from", default=None,
+                   help="the checkpoint (or run folder) whose prompt contract the served model was trained with "
+                   "(args.json; default: --served-model's, when it names such a local folder)")
 
 
 def check_args(args, given: set) -> None:
@@ -569,7 +570,8 @@ def check_args(args, given: set) -> None:
     served = args.policy == "openai"
     if served != bool(args.base_url and args.served_model) or (not served and (args.base_url or args.served_model
                                                                                or args.prompt_from)):
-        raise utils.UsageError("--policy openai needs --base-url and --served-model; only it takes them and --prompt-from")
+        raise utils.UsageError("--policy openai needs --base-url and --served-model; only it takes them and "
+                               "--prompt-from")
     if args.concurrency < 1 or args.retries < 0 or not args.timeout > 0:
         raise utils.UsageError(f"--concurrency {args.concurrency} / --retries {args.retries} / --timeout {args.timeout}: "
                              "need >= 1 / >= 0 / > 0")

@@ -118,9 +118,10 @@ def answer_text(message: dict) -> str:
     optionally `reasoning_content` or `reasoning` (str) and `tool_calls` (a list of {"type": "function",
     "function": {"name": str, "arguments": a JSON string or an object}}), or `refusal` (str, read as
     content when there is none). Returns `<think>\\n{reasoning}\\n</think>\\n` + content + the tool calls
-    (each on its own line, `<tool_call>\\n{json}\\n</tool_call>`); a reasoning with nothing after it stays
-    an open block, `<think>\\n{reasoning}`, as the model wrote it (the server found no `</think>`: cut,
-    or, with vLLM's parsers, an answer that never thinks). Whitespace around each part is the servers'
+    (each on its own line, `<tool_call>\\n{json}\\n</tool_call>`). A reasoning with nothing after it (the
+    server found no `</think>`) is an open block `<think>\\n{reasoning}` where content is "" (transformers:
+    a cut thought), the reasoning as it came where content is null (vLLM: an answer that never closed or
+    never wrote a think block, whether a `<think>` was written is lost). Whitespace around each part is the servers'
     to change (transformers strips it): the parts are stripped and joined on one newline, as the
     project's and Qwen's own formats write them. A plain `content` comes back unchanged.
     Raises ServerError (not transient) for a message of the wrong shape: the server's fault."""
@@ -136,7 +137,12 @@ def answer_text(message: dict) -> str:
     tail = "\n".join([content.strip()] * bool(content.strip()) + [_tool_call_text(c) for c in calls])
     if not reasoning.strip():
         return tail
-    return f"<think>\n{reasoning.strip()}\n</think>\n{tail}" if tail else f"<think>\n{reasoning.strip()}"
+    if tail:
+        return f"<think>\n{reasoning.strip()}\n</think>\n{tail}"
+    # reasoning alone: the server found no </think>. transformers (content "") opens its reasoning region
+    # only at a written <think>: the block was left open (cut). vLLM's parsers (content null) put a whole
+    # answer without </think> there, a <think> removed: the answer as it came.
+    return reasoning if message.get("content") is None else f"<think>\n{reasoning.strip()}"
 
 
 # finish_reason -> what the step was: a complete answer, one cut at the token cap, or the server's
@@ -292,7 +298,8 @@ class ServedSampler:
                 payload = r.read()
         except urllib.error.HTTPError as e:
             if watch.fired:
-                raise ServerError(f"no complete answer from {self.url} within --timeout {self.timeout:g} s", True) from None
+                raise ServerError(f"no complete answer from {self.url} within --timeout {self.timeout:g} s",
+                                  True) from None
             detail = e.read()[:200].decode("utf-8", "replace")
             err = ServerError(f"HTTP {e.code} from {self.url}: {detail}", e.code == 429 or e.code >= 500)
             err.retry_after = retry_after(e.headers)
@@ -391,7 +398,8 @@ def prompt_spec(args, say=print) -> chat.PromptSpec:
         src = contract_folder(args.prompt_from)
         if src is None:
             raise utils.UsageError(f"--prompt-from {args.prompt_from}: no args.json there (nor in the checkpoint its "
-                                   "`latest` names): expected a checkpoint or run folder of train_sft.py / train_semionline.py")
+                                   "`latest` names): expected a checkpoint or run folder of train_sft.py or "
+                                   "train_semionline.py")
     elif args.served_model and Path(args.served_model).is_dir():
         src = contract_folder(args.served_model)
     saved = chat.checkpoint_spec(src) if src is not None else {}
