@@ -30,7 +30,7 @@ Policies (each a sampler of the driver: .generate(prompts, n, greedy, seeds)):
   folder with a `latest` pointer) through sampler.Sampler. The driver walks --batch-size episodes
   at a time and sends the current step of every live one in ONE generate call (greedy ids do not
   depend on the batch's make-up).
-- openai: a model served behind any OpenAI-compatible endpoint (policies.ServedSampler: --base-url,
+- openai: a model served behind any OpenAI-compatible endpoint (evaluation.served.ServedSampler: --base-url,
   --served-model, $OPENAI_API_KEY), sent the same prompts as `model`, its answers translated from its
   family's format (--action-format); a request that fails after --retries is a wrong step whose episode
   records why (server_error), and OUT/responses.jsonl keeps the raw answers.
@@ -102,6 +102,7 @@ from rollout import (
     static_metrics,
     history_gap,
 )
+from evaluation.served import prompt_spec as served_prompt_spec  # the served model's contract (--prompt-from)
 from envs import miniwob_tasks  # the task names (no browser, not the miniwob package: only located)
 from runs.stats import wilson  # the 95% interval of every rate reported
 from sampler import DECODE_MODES, SampleOutput, Sampler
@@ -301,14 +302,15 @@ def run_sop(episodes: list[dataset.Episode], run_rollouts, args, show: set[int])
     rows, progress = run_rollouts("own")
     records, shown = [], []
     for i, (ep, steps, (correct, n)) in enumerate(zip(episodes, rows, progress)):
-        malformed = [s["error"] is not None for s in steps]  # scored 0 as malformed (truncated included)
+        malformed = [s["error"] is not None and not s["server_error"] for s in steps]  # truncated included
         records.append({"source": ep.source, "task": ep.task, "episode_id": ep.episode_id, "steps": n,
                         "correct": correct, "success": correct == n, "rewards": [s["reward"] for s in steps],
                         "matches": [bool(s["match"]) for s in steps],
                         "malformed": sum(malformed), "truncated": sum(s["truncated"] for s in steps),
                         "errors": [s["error"] for s in steps], "responses": [s["response"] for s in steps],
                         "server_error": next((s["error"] for s in steps if s["server_error"]), None),
-                        **({"raw_responses": [s["raw"] for s in steps]} if steps and "raw" in steps[0] else {})})
+                        **({"raw_responses": [s["raw"] for s in steps], "raw_messages": [s["message"] for s in steps]}
+                           if steps and "raw" in steps[0] else {})})
         if i in show:
             wrong = next((s["t"] for s in steps if not s["match"]), None)
             outcome = report.sop_outcome(correct, n, malformed[-1])
@@ -330,9 +332,10 @@ def run_static(episodes: list[dataset.Episode], run_rollouts, args, show: set[in
         for s in steps:
             records.append({"episode": i, "episode_id": ep.episode_id, "task": ep.task, "t": s["t"],
                             "expert_type": ep.steps[s["t"]].action["action"], "type_match": s["type_match"],
-                            "match": s["match"], "reward": s["reward"], "malformed": s["error"] is not None,
+                            "match": s["match"], "reward": s["reward"],
+                            "malformed": s["error"] is not None and not s["server_error"],  # not the server's
                             "truncated": s["truncated"], "error": s["error"], "response": s["response"],
-                            "server_error": s["server_error"], **({"raw": s["raw"]} if "raw" in s else {})})
+                            "server_error": s["server_error"], **{k: s[k] for k in ("raw", "message") if k in s}})
         if i in show:
             wrong = [s["t"] for s in steps if not s["match"]]
             shown.append({"title": f"{ep.episode_id} ({ep.task})", "goal": ep.goal, "success": not wrong,
@@ -460,7 +463,8 @@ def setup(args) -> SimpleNamespace:
     context (docs/method.md §10: a long history is summarised, never overflows), and the episodes."""
     ev = SimpleNamespace(args=args, tokenizer=None, image_processor=None, sampler=ExpertSampler(),
                          stats=Counter())  # prompts: max_tokens, budgeted, over; responses: responses, truncated, tokens
-    spec = chat.resolve_spec(args, args.model if args.policy == "model" else "none", say=utils.print0)
+    spec = served_prompt_spec(args, say=utils.print0) if args.policy == "openai" else \
+        chat.resolve_spec(args, args.model if args.policy == "model" else "none", say=utils.print0)
     ev.budget = spec.max_prompt_tokens
     if args.policy == "model":
         tok_dir = args.tokenizer or args.model  # a model meets its own vocabulary (vlm.tokenizer_dir)

@@ -23,11 +23,13 @@ Adapters (ADAPTERS; coordinates in the family's frame -> pixels of the resized s
 Each adapter has its system prompt, a parser and a writer: earlier turns of the history (the
 evaluator's format) are rewritten into the family's, in the current screenshot's frame.
 
-Failure is per step, never fatal: a network error or an HTTP 5xx/429 is retried --retries times with
-exponential backoff, then the step is answered with finish_reason "error: ..." (a wrong step: SOP
-ends the episode there, eval_sop reports the error per episode); an answer the adapter cannot parse
-is passed on unparsed, a malformed and so wrong step. Every raw answer is kept (ServedSampler.raw)
-for `eval_sop.py score --action-format` to re-score offline.
+The client (evaluation/served.py: ServedSampler, answer_text): the answer is read back from the
+server's message as the model wrote it (a think block a server moved to `reasoning_content`, tool calls
+moved to `tool_calls`), each request is bounded by --timeout in all and retried on a network error or
+HTTP 429/5xx with capped backoff; a request that fails after its retries, or an answer the server's
+filter withheld, is a wrong step whose episode records the server's error (never a malformed answer); an
+answer the adapter cannot parse is passed on unparsed, a malformed and so wrong step. Every raw answer and
+the server's message are kept for `eval_sop.py score --action-format` to re-score offline.
 
 Also here: OnlineModelPolicy (a sampler, in process or served, as a batched online MiniWob++ policy),
 the trivial policies that never look at the screen (trivial_policies, run_baselines: the floor every
@@ -36,21 +38,14 @@ static walk under reward.py's androidcontrol or aitw rules).
 """
 from __future__ import annotations
 
-import base64
-import io
 import json
 import math
 import os
 import random
 import re
 import sys
-import threading
-import time
-import urllib.error
-import urllib.request
 import zlib
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -59,6 +54,7 @@ import dataset
 import gui
 import reward
 from rollout import sop_metrics
+from evaluation.served import ServedSampler
 
 # -----------------------------------------------------------------------------
 # model-family adapters
@@ -337,148 +333,6 @@ ADAPTERS = {
 
 
 # -----------------------------------------------------------------------------
-# the served policy
-
-
-def image_url(im) -> str:
-    """A PIL image as a PNG data URL (lossless: the server decodes the very pixels)."""
-    buf = io.BytesIO()
-    im.save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-
-
-def openai_messages(messages: list, adapter: Adapter, size: tuple[int, int]) -> list:
-    """chat.Prompt.messages -> OpenAI chat messages: images as data URLs, the system prompt and the
-    history turns in the adapter's family format (in the frame of the current screenshot's `size`)."""
-    out = []
-    for m in messages:
-        if m["role"] == "system" and adapter.system_prompt is not None:
-            out.append({"role": "system", "content": adapter.system_prompt})
-            continue
-        if m["role"] == "assistant":
-            text = "".join(c["text"] for c in m["content"] if c["type"] == "text")
-            out.append({"role": "assistant", "content": adapter.from_response(text, size)})
-            continue
-        parts = []
-        for c in m["content"]:
-            if c["type"] == "image":
-                if "image" not in c:
-                    raise ValueError("a served model needs the prompt's pixels (chat.build_prompt with pixels=True)")
-                parts.append({"type": "image_url", "image_url": {"url": image_url(c["image"])}})
-            else:
-                parts.append({"type": "text", "text": c["text"]})
-        out.append({"role": m["role"], "content": parts})
-    return out
-
-
-class ServerError(RuntimeError):
-    """An answer that is no chat completion (HTTP error, bad JSON, no choices): retried when transient."""
-
-    def __init__(self, msg: str, transient: bool):
-        super().__init__(msg)
-        self.transient = transient
-
-
-@dataclass
-class ServedOutput:
-    """What the rollout driver reads of a sample (sampler.SampleOutput's fields) plus the raw answer."""
-    ids: list
-    text: str           # the answer as an evaluator response (Adapter.to_response)
-    logprobs: object
-    finish_reason: str  # "stop" | "length" | "error: <why>" (the request failed after its retries)
-    prompt_index: int
-    raw: str = ""
-
-
-class ServedSampler:
-    """A sampler (rollout.semi_online_rollout's `generate`) backed by an OpenAI-compatible server.
-
-    base_url: up to /v1 (".../v1/chat/completions" is posted to); model: the served model's name;
-    api_key: sent as a Bearer token (eval_sop reads it from $OPENAI_API_KEY); concurrency: requests
-    in flight at once (threads); timeout: seconds per request; retries: further tries after a network
-    error, HTTP 429 or 5xx, waiting backoff * 2**k seconds before try k + 1. Greedy: temperature 0;
-    sampled: `temperature` and the prompt's seed. Keeps raw[id(prompt)] = (raw answer, error) for the
-    caller to record, and counts requests, retries and failures in `stats`."""
-
-    def __init__(self, base_url: str, model: str, adapter: Adapter, *, api_key: str | None = None,
-                 max_new_tokens: int = 512, concurrency: int = 8, timeout: float = 120.0, retries: int = 3,
-                 backoff: float = 1.0, temperature: float = 1.0):
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model, self.adapter, self.api_key = model, adapter, api_key
-        self.max_new_tokens, self.concurrency, self.timeout = max_new_tokens, concurrency, timeout
-        self.retries, self.backoff, self.temperature = retries, backoff, temperature
-        self.raw: dict = {}
-        self.stats = {"requests": 0, "retries": 0, "failed": 0}
-        self._lock = threading.Lock()  # the counters are shared by the request threads
-
-    def _count(self, key: str) -> None:
-        with self._lock:
-            self.stats[key] += 1
-
-    def _post(self, body: dict) -> dict:
-        req = urllib.request.Request(self.url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json",
-                                              **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                payload = r.read()
-        except urllib.error.HTTPError as e:
-            detail = e.read()[:200].decode("utf-8", "replace")
-            raise ServerError(f"HTTP {e.code} from {self.url}: {detail}", e.code == 429 or e.code >= 500) from None
-        except (urllib.error.URLError, OSError) as e:  # refused, unreachable, timed out, reset
-            raise ServerError(f"no answer from {self.url}: {getattr(e, 'reason', e)}", True) from None
-        try:
-            reply = json.loads(payload)
-            choice = reply["choices"][0]
-            text = choice["message"]["content"]
-            if not isinstance(text, str):
-                raise TypeError("content is not a string")
-        except (ValueError, KeyError, IndexError, TypeError) as e:
-            raise ServerError(f"{self.url} answered no chat completion ({type(e).__name__}: {e}): "
-                              f"{payload[:120]!r}", False) from None
-        return {"text": text, "finish_reason": choice.get("finish_reason") or "stop"}
-
-    def _one(self, prompt, greedy: bool, seed) -> tuple[str, str]:
-        body = {"model": self.model, "max_tokens": self.max_new_tokens,
-                "messages": openai_messages(prompt.messages, self.adapter, prompt.resized_size),
-                "temperature": 0.0 if greedy else self.temperature}
-        if seed is not None:
-            body["seed"] = int(seed) % (2**31)
-        for k in range(self.retries + 1):
-            self._count("requests")
-            try:
-                r = self._post(body)
-                return r["text"], ("length" if r["finish_reason"] == "length" else "stop")
-            except ServerError as e:
-                if not e.transient or k == self.retries:
-                    self._count("failed")
-                    return "", f"error: {e}"
-                self._count("retries")
-                time.sleep(self.backoff * 2**k)
-        raise AssertionError("unreachable")
-
-    def generate(self, prompts: list, n: int | list[int] = 1, greedy: bool = True, seeds=None):
-        """outs[i][j] for j < n[i]: the answers to prompts[i] (chat.Prompt with messages), as
-        ServedOutput. Never raises on a server fault (finish_reason says it)."""
-        ns = [n] * len(prompts) if isinstance(n, int) else list(n)
-        jobs = [(i, j) for i, k in enumerate(ns) for j in range(k)]
-
-        def run(job):
-            i, j = job
-            seed = None if seeds is None else seeds[i] + j
-            return self._one(prompts[i], greedy, seed)
-
-        with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
-            answers = list(pool.map(run, jobs))
-        outs = [[] for _ in prompts]
-        for (i, _), (raw, finish) in zip(jobs, answers):
-            text = self.adapter.to_response(raw, prompts[i].resized_size) if not finish.startswith("error") else ""
-            outs[i].append(ServedOutput([], text, None, finish, i, raw))
-            self.raw[id(prompts[i])] = (raw, finish[len("error: "):] if finish.startswith("error") else None)
-        return outs
-
-
-# -----------------------------------------------------------------------------
 # the model (in process or served) as a batched online MiniWob++ policy (eval_sop --online)
 
 
@@ -546,7 +400,7 @@ class OnlineModelPolicy:
             parsed = gui.parse_response(out.text)
             # the reward's strict rules: a response cut at the cap, or with text after its action, is a no-op
             action = parsed.action if parsed.error is None and out.finish_reason == "stop" else None
-            self.n_malformed += action is None
+            self.n_malformed += action is None and not out.finish_reason.startswith("error")  # not the server's
             if action is not None:  # model pixels (resized screenshot) -> pixels of the screenshot we were given
                 action = gui.scale_action(action, prompt.resized_size, image.size)
             if key in self.views and self.view is not None:
@@ -698,10 +552,15 @@ def add_served_args(p) -> None:
                    help="the served model's family (system prompt, answer format, coordinates): " +
                    "; ".join(f"{k}: {a.about}" for k, a in ADAPTERS.items()))
     g.add_argument("--concurrency", type=utils.positive_int, default=8, help="requests in flight at once")
-    g.add_argument("--timeout", type=utils.positive_float, default=120.0, help="seconds per request")
+    g.add_argument("--timeout", type=utils.positive_float, default=120.0,
+                   help="seconds a request may take in all (connect, wait, every byte of the answer)")
     g.add_argument("--retries", type=utils.non_negative_int, default=3,
-                   help="retries of a request after a network error, HTTP 429 or 5xx (backoff 1, 2, 4 ... s; 0: none); then "
-                   "the step is a wrong step and its episode records the error")
+                   help="retries of a request after a network error, --timeout, HTTP 429 or 5xx (backoff 1, 2, 4 "
+                   "... s or the server's Retry-After, at most 60 s; 0: none); then the step is a wrong step and its "
+                   "episode records the server's error")
+    g.add_argument("--prompt-from", default=None,
+                   help="the checkpoint (or run folder) whose prompt contract the served model was trained with "
+                   "(args.json; default: --served-model's, when it names such a local folder)")
 
 
 def check_args(args, given: set) -> None:
@@ -709,8 +568,10 @@ def check_args(args, given: set) -> None:
     --protocol becomes `static` with its match rules and step-instruction setting (args.named_protocol:
     its name, else None). given: the flags on the command line (utils.explicit_flags)."""
     served = args.policy == "openai"
-    if served != bool(args.base_url and args.served_model) or (not served and (args.base_url or args.served_model)):
-        raise utils.UsageError("--policy openai needs --base-url and --served-model (and only it takes them)")
+    if served != bool(args.base_url and args.served_model) or (not served and (args.base_url or args.served_model
+                                                                               or args.prompt_from)):
+        raise utils.UsageError("--policy openai needs --base-url and --served-model; only it takes them and "
+                               "--prompt-from")
     if args.concurrency < 1 or args.retries < 0 or not args.timeout > 0:
         raise utils.UsageError(f"--concurrency {args.concurrency} / --retries {args.retries} / --timeout {args.timeout}: "
                              "need >= 1 / >= 0 / > 0")
@@ -738,8 +599,11 @@ def served_sampler(args) -> ServedSampler:
 
 
 def raw_answer(sampler, prompt) -> dict:
-    """{"raw": the served answer to `prompt`} for a walk's row (and forgets it); {} for other samplers."""
-    return {"raw": sampler.raw.pop(id(prompt), ("", None))[0]} if isinstance(sampler, ServedSampler) else {}
+    """{"raw": the served answer to `prompt`, "message": the server's message object} for a walk's row (and
+    forgets them); {} for other samplers."""
+    if not isinstance(sampler, ServedSampler):
+        return {}
+    return {"raw": sampler.raw.pop(id(prompt), ("", None))[0], "message": sampler.messages.pop(id(prompt), None)}
 
 
 def served_summary(args, sampler: ServedSampler, steps_failed: int, sop_records) -> dict:
@@ -751,16 +615,19 @@ def served_summary(args, sampler: ServedSampler, steps_failed: int, sop_records)
               f"(wrong steps; {len(failed)} SOP episodes ended by one): {failed[0]['server_error'] if failed else ''}",
               file=sys.stderr)
     return {"base_url": args.base_url, "served_model": args.served_model, "action_format": args.action_format,
-            **sampler.stats, "steps_server_error": steps_failed, "episodes_server_error": len(failed)}
+            **sampler.stats, "steps_server_error": steps_failed, "episodes_server_error": len(failed),
+            "prompt_from": args.prompt_from, "prompt_contract": args.prompt}
 
 
 def write_responses(path: str, sop_records, static_records) -> None:
     """The raw answers as `eval_sop.py score --action-format` reads them: {episode_id, step, response,
-    history ("expert": static, "own": SOP), truncated (static)} per line."""
+    history ("expert": static, "own": SOP), truncated (static), message (the server's message object as it
+    came, null when none did)} per line."""
     with open(path, "w", encoding="utf-8") as f:
         for r in static_records or []:
             f.write(utils.dumps({"episode_id": r["episode_id"], "step": r["t"], "response": r.get("raw", ""),
-                               "truncated": r["truncated"], "history": "expert"}) + "\n")
+                               "truncated": r["truncated"], "history": "expert", "message": r.get("message")}) + "\n")
         for r in sop_records or []:
-            for t, raw in enumerate(r.get("raw_responses", [])):
-                f.write(utils.dumps({"episode_id": r["episode_id"], "step": t, "response": raw, "history": "own"}) + "\n")
+            for t, (raw, msg) in enumerate(zip(r.get("raw_responses", []), r.get("raw_messages", []))):
+                f.write(utils.dumps({"episode_id": r["episode_id"], "step": t, "response": raw, "history": "own",
+                                     "message": msg}) + "\n")

@@ -35,6 +35,7 @@ import dataset
 import gui
 import policies
 import reward
+from evaluation.served import clean_text
 from runs import stats  # Wilson intervals and paired differences (numpy only)
 
 REPORT_WIDTH = 300  # px of each screenshot in the HTML report
@@ -580,7 +581,8 @@ def score_parser(prog: str = "eval_sop.py score") -> argparse.ArgumentParser:
 def score(argv: list[str], prog: str = "eval_sop.py score") -> dict:
     """Score recorded responses. Every response must name a step of --data; unless --subset, every
     step of --data must have at least one response (several per step are allowed). Raises
-    dataset.DataError (a ValueError) naming the responses file, line and field, or the unscored steps."""
+    dataset.DataError (a ValueError) naming the responses file, line and field, or the unscored steps. A lone
+    UTF-16 surrogate in a response becomes U+FFFD before scoring (counted: lone_surrogates)."""
     args = score_parser(prog).parse_args(argv)
     index: dict[str, tuple[dataset.Episode, str]] = {}
     for path in args.data:
@@ -589,7 +591,7 @@ def score(argv: list[str], prog: str = "eval_sop.py score") -> dict:
                 raise dataset.DataError(f"episode id {ep.episode_id!r} is in both {index[ep.episode_id][1]} and {path}; "
                                  "score one file at a time")
             index[ep.episode_id] = (ep, path)
-    n = reward_sum = match = type_match = at_cap = malformed = 0
+    n = reward_sum = match = type_match = at_cap = malformed = lone = 0
     per_step = Counter()
     rows = []
     with open(args.responses, encoding="utf-8") as fin:
@@ -621,7 +623,9 @@ def score(argv: list[str], prog: str = "eval_sop.py score") -> dict:
             # a recorded finish reason, where the file has one; without it, trailing text after the
             # action is what marks a looping or overlong response (strict rules: malformed)
             cut = rec.get("finish_reason") == "length" or rec.get("truncated") is True
-            text = policies.ADAPTERS[args.action_format].to_response(rec["response"], resized)
+            raw, bad = clean_text(rec["response"])  # a lone surrogate (JSON "\ud83d") -> U+FFFD: no UTF-8 has it
+            lone += bad
+            text = policies.ADAPTERS[args.action_format].to_response(raw, resized)
             s = reward.score_response(text, step, resized_size=resized, orig_size=orig, rules=args.match_rules,
                                    truncated=cut)
             rows.append({"episode_id": rec["episode_id"], "step": t, "reward": s.reward, "match": s.match,
@@ -652,7 +656,7 @@ def score(argv: list[str], prog: str = "eval_sop.py score") -> dict:
             "match_rules": args.match_rules, "steps_total": total, "steps_scored": len(per_step),
             "steps_unscored": len(missing), "responses_per_step_mean": n / len(per_step),
             "responses_per_step_max": max(per_step.values()), "responses_at_cap": at_cap,
-            "truncated_rate": at_cap / n, "malformed_responses": malformed,
+            "truncated_rate": at_cap / n, "malformed_responses": malformed, "lone_surrogates": lone,
             "floor_step_sr": base["floor"]["step_sr"], "floor_type_acc": base["floor"]["type_acc"], "out": args.out}
 
 

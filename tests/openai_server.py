@@ -11,13 +11,22 @@ video processor needs torchvision, and the registry's torchvision wheels (0.28.0
 are CUDA builds that fail to load against the CPU torch (2026-12-05: "operator torchvision::nms does
 not exist"); on a GPU machine `transformers serve` or `vllm serve` is the server to use.
 
+The request's "model" names how the answer comes back (SHAPES; any other name: "plain"), as the servers
+people run shape it: `transformers serve` (its own Qwen response template, run here: the think block in
+`reasoning_content`, tool calls in `tool_calls`, content "" when nothing is left), vLLM with a reasoning
+parser (`reasoning_content`, or `reasoning` in newer releases; content null), with the hermes tool parser
+(content null before a call), both, and content as a list of text parts. "rotate" answers the n-th
+request in the n-th shape, so one run meets them all.
+
     python tests/openai_server.py --model DIR [--port 0]   # prints "listening on PORT", then serves
 """
 import argparse
 import base64
 import io
+import itertools
 import json
 import os
+import re
 import sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -61,6 +70,68 @@ def encode(tokenizer, image_processor, messages: list) -> chat.Prompt:
     return chat.Prompt(torch.tensor(out, dtype=torch.long), pixels, grid, size, 0)
 
 
+def transformers_message(text: str, tokenizer) -> dict | None:
+    """The message `transformers serve` sends for `text` from a Qwen2.5-VL-family model: its own response
+    template (cli/serving/utils.py) and tool-call normaliser, run; None where its parser raises (a tool call
+    that is not JSON: the server answers HTTP 500)."""
+    from transformers.cli.serving.utils import _RESPONSE_TEMPLATE_FALLBACKS, _normalize_tool_call
+    template = next(v for types, v in _RESPONSE_TEMPLATE_FALLBACKS.items() if "qwen2_5_vl" in types)
+    try:
+        parsed = tokenizer.parse_response(text, template, prefix="<|im_start|>assistant\n")  # the prompt's end
+    except ValueError:
+        return None
+    calls = [_normalize_tool_call(c) for c in parsed.get("tool_calls") or []]
+    calls = [{"id": f"call_{i}", "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+             for i, c in enumerate(calls)]
+    return {"role": "assistant", "content": parsed.get("content", ""),
+            "reasoning_content": parsed.get("reasoning_content"), "tool_calls": calls or None}
+
+
+def vllm_reasoning(text: str) -> tuple[str | None, str | None]:
+    """(reasoning, content) as vLLM's qwen3 reasoning parser splits an answer: a <think> dropped, the text
+    before </think> and after it (null when empty), unstripped; no </think>: all of it is reasoning."""
+    text = text.partition("<think>")[2] if "<think>" in text else text
+    if "</think>" not in text:
+        return text, None
+    reasoning, _, content = text.partition("</think>")
+    return reasoning or None, content or None
+
+
+def vllm_tools(content: str | None) -> tuple[str | None, list | None]:
+    """(content, tool_calls) as vLLM's hermes tool parser splits an answer: the text before the first
+    <tool_call> (null when empty) and each call, arguments as a JSON string; unchanged where a call is not JSON."""
+    if content is None or "<tool_call>" not in content:
+        return content, None
+    try:
+        found = re.findall(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", content, re.S)
+        calls = [json.loads(a or b) for a, b in found]
+        calls = [{"id": f"call_{i}", "type": "function", "function": {"name": c["name"], "arguments":
+                  json.dumps(c["arguments"], ensure_ascii=False)}} for i, c in enumerate(calls)]
+    except (ValueError, KeyError, TypeError):
+        return content, None
+    return content[:content.find("<tool_call>")] or None, calls
+
+
+def shape_message(text: str, finish_reason: str, shape: str, tokenizer) -> tuple[dict | None, str]:
+    """(message, finish_reason) of an answer `text` in `shape` (SHAPES); message None: an HTTP 500."""
+    if shape == "transformers":
+        m = transformers_message(text, tokenizer)
+        return m, ("tool_calls" if m and m["tool_calls"] else finish_reason)
+    if shape == "parts":
+        parts = [{"type": "text", "text": text[:5]}, {"type": "text", "text": text[5:]}]
+        return {"role": "assistant", "content": parts}, finish_reason
+    if shape not in ("vllm-reasoning", "vllm-reasoning-new", "vllm-tools", "vllm-both"):
+        return {"role": "assistant", "content": text}, finish_reason
+    reasoning, content = vllm_reasoning(text) if shape != "vllm-tools" else (None, text)
+    content, calls = vllm_tools(content) if shape in ("vllm-tools", "vllm-both") else (content, None)
+    m = {"role": "assistant", "content": content, "tool_calls": calls or []}
+    m["reasoning" if shape == "vllm-reasoning-new" else "reasoning_content"] = reasoning
+    return m, ("tool_calls" if calls else finish_reason)
+
+
+SHAPES = ("plain", "transformers", "vllm-reasoning", "vllm-reasoning-new", "vllm-tools", "vllm-both", "parts")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model", required=True)
@@ -68,6 +139,7 @@ def main():
     args = p.parse_args()
     tokenizer, image_processor = vlm.load_processor(args.model)
     model = vlm.load_model(args.model).eval()
+    rotation = itertools.cycle(SHAPES)  # "rotate": the n-th request in the n-th shape
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):
@@ -81,9 +153,12 @@ def main():
             sampler = Sampler(model, tokenizer, max_new_tokens=int(req.get("max_tokens", 512)), decode="eager")
             with torch.no_grad():
                 out = sampler.generate([prompt], n=1, greedy=float(req.get("temperature", 1.0)) == 0.0)[0][0]
+            shape = next(rotation) if req.get("model") == "rotate" else req.get("model")
+            message, finish = shape_message(out.text, out.finish_reason, shape, tokenizer)
+            if message is None:
+                return self.reply(500, {"error": {"message": "the response parser raised"}})
             self.reply(200, {"object": "chat.completion", "model": req.get("model"),
-                             "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text},
-                                          "finish_reason": out.finish_reason}],
+                             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
                              "usage": {"prompt_tokens": len(prompt.input_ids), "completion_tokens": len(out.ids)}})
 
         def reply(self, code, obj):

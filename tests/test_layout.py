@@ -14,14 +14,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ["train_sft.py", "train_semionline.py", "rollout.py", "patch.py", "advantage.py", "eval_sop.py"]
-PRODUCT = sorted(p.stem for p in REPO.glob("*.py")) + ["kernels", "envs", "tools"]
+PRODUCT = sorted(p.stem for p in REPO.glob("*.py")) + ["kernels", "envs", "tools", "evaluation"]
 STAGE_SCRIPTS = {"train_sft", "train_semionline", "eval_sop"}
 
 
 def module_files():
     """{module name: path} of the product: top-level modules and the packages' modules."""
     files = {p.stem: p for p in REPO.glob("*.py")}
-    for pkg in ("kernels", "envs", "tools", "runs", "bench"):
+    for pkg in ("kernels", "envs", "tools", "runs", "bench", "evaluation"):
         files.update({f"{pkg}.{p.stem}": p for p in (REPO / pkg).glob("*.py") if p.stem != "__init__"})
     return files
 
@@ -209,7 +209,7 @@ def rl_path_reached() -> dict[tuple[str, str], int]:
     blank lines and comments between definitions, and calls by string (getattr, importlib), which do not
     reach anything; a local variable that shadows a module-level name reaches that name (an over-count)."""
     mods = {m: p for m, p in module_files().items() if m.split(".")[0] not in ("tools", "runs", "bench")}
-    mods.update({pkg: REPO / pkg / "__init__.py" for pkg in ("kernels", "envs")})
+    mods.update({pkg: REPO / pkg / "__init__.py" for pkg in ("kernels", "envs", "evaluation")})
     trees = {m: ast.parse(p.read_text()) for m, p in mods.items()}
     is_def = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
     defs = {m: {n.name: n for n in t.body if isinstance(n, is_def)} for m, t in trees.items()}
@@ -217,7 +217,7 @@ def rl_path_reached() -> dict[tuple[str, str], int]:
                     if isinstance(x, ast.Name) and isinstance(x.ctx, ast.Store)} for m, t in trees.items()}
     alias = {m: {} for m in mods}  # {module: {local name: (module, name or None)}}
     for m, t in trees.items():
-        pkg = m.rpartition(".")[0] if m not in ("kernels", "envs") else m
+        pkg = m.rpartition(".")[0] if m not in ("kernels", "envs", "evaluation") else m
         for n in ast.walk(t):
             if isinstance(n, ast.Import):
                 alias[m].update({a.asname or a.name.split(".")[0]: ((a.name if a.asname else a.name.split(".")[0]), None)

@@ -16,6 +16,7 @@ import pytest
 import eval_sop
 import gui
 import policies
+from evaluation import served
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # openai_server, rl_checkpoint
 
@@ -121,9 +122,19 @@ def server(checkpoint):
     proc.wait(timeout=30)
 
 
+def same_answer(local: str, answer: str, message: dict) -> bool:
+    """The served answer is the in-process one; where vLLM's reasoning parser put an answer without </think>
+    all in `reasoning` (content null), the <think> it drops (and what came before it) is lost."""
+    whole = message.get("content") is None and not message.get("tool_calls") and \
+        bool(message.get("reasoning") or message.get("reasoning_content"))
+    return answer == (local.partition("<think>")[2] if whole and "<think>" in local else local)
+
+
 def test_served_policy_equals_the_in_process_policy(checkpoint, server, tmp_path, capsys):
+    """Served in every shape in turn ("rotate": plain content, transformers serve's reasoning_content, vLLM's
+    reasoning / tool parsers, text parts): the same figures, rewards and answers as in process."""
     local = eval_sop.main(COMMON + ["--policy", "model", "--model", checkpoint, "--out", str(tmp_path / "local")])
-    served = eval_sop.main(COMMON + ["--policy", "openai", "--base-url", server, "--served-model", "tiny",
+    served = eval_sop.main(COMMON + ["--policy", "openai", "--base-url", server, "--served-model", "rotate",
                                      "--tokenizer", checkpoint, "--concurrency", "2", "--out", str(tmp_path / "served")])
     with capsys.disabled():  # the figures, for the log (pytest -s)
         print("\nin-process vs served:", json.dumps({k: (local[k], served[k]) for k in
@@ -133,10 +144,16 @@ def test_served_policy_equals_the_in_process_policy(checkpoint, server, tmp_path
     for k in ("sop_pg", "sop_tsr", "static_step_sr", "static_type_acc", "static_steps", "steps_run"):
         assert served[k] == local[k], k
     read = lambda d, f: [json.loads(x) for x in (tmp_path / d / f).read_text().splitlines()]  # noqa: E731
-    assert [r["responses"] for r in read("served", "episodes.jsonl")] == \
-        [r["responses"] for r in read("local", "episodes.jsonl")]
-    assert [r["response"] for r in read("served", "static_steps.jsonl")] == \
-        [r["response"] for r in read("local", "static_steps.jsonl")]
+    for f in ("episodes.jsonl", "static_steps.jsonl"):
+        got, want = read("served", f), read("local", f)
+        rewards = lambda rows: [r["rewards"] if "rewards" in r else r["reward"] for r in rows]  # noqa: E731
+        assert rewards(got) == rewards(want), f
+        pairs = [(a, b, m) for g, w in zip(got, want) for a, b, m in zip(w.get("responses", [w["response"]]), g.get(
+            "responses", [g["response"]]), g.get("raw_messages", [g.get("message")]))]
+        assert pairs and all(same_answer(*p) for p in pairs), f
+    msgs = [r["message"] for r in read("served", "responses.jsonl")]
+    assert len({json.dumps(sorted(k for k, v in m.items() if v is not None)) for m in msgs}) >= 4  # the shapes met
+    assert any(m.get("reasoning_content") and m["content"] == "" for m in msgs)  # transformers serve's split
     assert served["served"]["failed"] == 0 and served["served"]["requests"] == served["steps_run"] + served["static_steps"]
     assert (tmp_path / "served" / "report.html").is_file()
     # the raw answers re-score offline to the same static matches
@@ -223,7 +240,7 @@ def test_served_sampler_retries_a_503_sends_the_key_and_the_family_prompt(monkey
     out = s.generate([prompt], n=1, greedy=True)[0][0]
     httpd.shutdown()
     assert out.finish_reason == "stop" and close(gui.parse_response(out.text).action["coordinate"], (490, 525))
-    assert s.stats == {"requests": 2, "retries": 1, "failed": 0}
+    assert s.stats == {"requests": 2, "retries": 1, "failed": 0, "content_filter": 0, "lone_surrogates": 0}
     assert Flaky.seen == [("Bearer sk-test", 0.0, "You are a G")] * 2  # UI-TARS's system prompt, greedy
     assert s.raw[id(prompt)] == ("Thought: t\nAction: click(start_box='(500,250)')", None)
 
@@ -234,8 +251,8 @@ def test_served_policy_online_equals_the_in_process_policy(checkpoint, server, c
     online = ["--online", "--online-tasks", "click-test", "click-button", "--online-seeds", "2", "--online-max-steps", "2",
               "--max-new-tokens", "48", "--max-pixels", "20000", "--system-prompt", "full", "--report-episodes", "0"]
     local = eval_sop.main(online + ["--policy", "model", "--model", checkpoint])
-    served = eval_sop.main(online + ["--policy", "openai", "--base-url", server, "--served-model", "tiny",
-                                     "--tokenizer", checkpoint])
+    served = eval_sop.main(online + ["--policy", "openai", "--base-url", server, "--served-model", "transformers",
+                                     "--tokenizer", checkpoint])  # the think block in reasoning_content
     with capsys.disabled():
         print("\nonline in-process vs served:", local["online_sr"], served["online_sr"], local["online_mean_steps"],
               served["online_mean_steps"])
@@ -263,7 +280,7 @@ def test_sent_messages_rebuild_the_very_prompt(budget):
             gui.format_response("b", {"action": "type", "text": "hi"})]
     p = chat.build_prompt(tok, ip, spec, goal="do it", screenshots=shots, history=hist)
     assert budget is None or p.n_dropped_turns > 0
-    q = encode(tok, ip, json.loads(json.dumps(policies.openai_messages(p.messages, policies.ADAPTERS["uis1"],
+    q = encode(tok, ip, json.loads(json.dumps(served.openai_messages(p.messages, policies.ADAPTERS["uis1"],
                                                                        p.resized_size))))
     assert torch.equal(q.input_ids, p.input_ids) and torch.equal(q.pixel_values, p.pixel_values)
     assert q.resized_size == p.resized_size
