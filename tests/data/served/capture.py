@@ -2,9 +2,9 @@
 
 Walks the first --limit episodes of --data with the expert's history (eval_sop's static walk: every
 step is prompted) and, for each prompt, asks both the in-process checkpoint (sampler.Sampler, greedy)
-and the server (the body policies.ServedSampler posts, --action-format uis1, temperature 0). Writes
-one JSON file per prompt: the request's shape (messages with images shortened to their size), the
-server's whole JSON answer as it came, and the in-process text. The walk follows the in-process text.
+and the server (the body evaluation.served.ServedSampler posts, --action-format uis1, temperature 0).
+Writes one JSON file per prompt: the request's shape (messages with images shortened to their size),
+the server's whole JSON answer as it came, and the in-process text. The walk follows the in-process text.
 
     python tests/data/served/capture.py --base-url http://127.0.0.1:PORT/v1 --served-model NAME \
         --model out/sft/ckpt --data data/miniwob_click/test.jsonl --limit 4 --tag auto --out tests/data/served
@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirna
 import chat  # noqa: E402
 import dataset  # noqa: E402
 import policies  # noqa: E402
+from evaluation.served import openai_messages  # noqa: E402
 import vlm  # noqa: E402
 from rollout import semi_online_rollout  # noqa: E402
 from sampler import Sampler  # noqa: E402
@@ -32,7 +33,8 @@ def shorten(messages: list) -> list:
     for m in messages:
         content = m["content"]
         if isinstance(content, list):
-            content = [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,... ({len(c['image_url']['url'])} chars)"}}
+            content = [{"type": "image_url",
+                        "image_url": {"url": f"data:image/png;base64,... ({len(c['image_url']['url'])} chars)"}}
                        if c["type"] == "image_url" else c for c in content]
         out.append({**m, "content": content})
     return out
@@ -42,12 +44,13 @@ class Recorder:
     """A sampler for the rollout driver: the in-process answer drives the walk, the server's is recorded."""
 
     def __init__(self, inproc, base_url: str, model: str, max_new_tokens: int):
-        self.inproc, self.url, self.model, self.max_new_tokens = inproc, base_url.rstrip("/") + "/chat/completions", model, max_new_tokens
+        self.inproc, self.url = inproc, base_url.rstrip("/") + "/chat/completions"
+        self.model, self.max_new_tokens = model, max_new_tokens
         self.pairs = []
 
     def post(self, prompt) -> dict:
         body = {"model": self.model, "max_tokens": self.max_new_tokens, "temperature": 0.0,
-                "messages": policies.openai_messages(prompt.messages, policies.ADAPTERS["uis1"], prompt.resized_size)}
+                "messages": openai_messages(prompt.messages, policies.ADAPTERS["uis1"], prompt.resized_size)}
         req = urllib.request.Request(self.url, data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=300) as r:
@@ -64,7 +67,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base-url", required=True)
     ap.add_argument("--served-model", required=True)
-    ap.add_argument("--model", required=True, help="the checkpoint the server serves (its args.json: the prompt contract)")
+    ap.add_argument("--model", required=True,
+                    help="the checkpoint the server serves (its args.json: the prompt contract)")
     ap.add_argument("--data", required=True)
     ap.add_argument("--limit", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=64)
