@@ -111,6 +111,10 @@ def _tool_call_text(call) -> str:
     return f"<tool_call>\n{body}\n</tool_call>"
 
 
+# the end tokens transformers serve's Qwen response template closes `content` at (cli/serving/utils.py, 5.24)
+_END_MARKER_RE = re.compile(r"\s*(?:<\|im_end\|>|<\|endoftext\|>|<\|eot_id\|>)")
+
+
 def answer_text(message: dict) -> str:
     """The answer a chat-completion `message` carries, as the model wrote it (module docstring: Reading).
 
@@ -121,9 +125,10 @@ def answer_text(message: dict) -> str:
     (each on its own line, `<tool_call>\\n{json}\\n</tool_call>`). A reasoning with nothing after it (the
     server found no `</think>`) is an open block `<think>\\n{reasoning}` where content is "" (transformers:
     a cut thought), the reasoning as it came where content is null (vLLM: an answer that never closed or
-    never wrote a think block, whether a `<think>` was written is lost). Whitespace around each part is the servers'
-    to change (transformers strips it): the parts are stripped and joined on one newline, as the
-    project's and Qwen's own formats write them. A plain `content` comes back unchanged.
+    never wrote a think block, whether a `<think>` was written is lost), cut at an end token left in it
+    (`<|im_end|>`: transformers keeps the one the model stopped on in an open block). Whitespace around
+    each part is the servers' to change (transformers strips it): the parts are stripped and joined on
+    one newline, as the project's and Qwen's own formats write them. A plain `content` comes back unchanged.
     Raises ServerError (not transient) for a message of the wrong shape: the server's fault."""
     if not isinstance(message, dict):
         raise ServerError(f"message is {type(message).__name__}, not an object", False)
@@ -141,7 +146,10 @@ def answer_text(message: dict) -> str:
         return f"<think>\n{reasoning.strip()}\n</think>\n{tail}"
     # reasoning alone: the server found no </think>. transformers (content "") opens its reasoning region
     # only at a written <think>: the block was left open (cut). vLLM's parsers (content null) put a whole
-    # answer without </think> there, a <think> removed: the answer as it came.
+    # answer without </think> there, a <think> removed: the answer as it came. Either way the region never
+    # closed, so the end token the model stopped on (transformers parses the decode with special tokens)
+    # is still in it: cut there, as the template's content region would have been.
+    reasoning = _END_MARKER_RE.split(reasoning, maxsplit=1)[0]
     return reasoning if message.get("content") is None else f"<think>\n{reasoning.strip()}"
 
 

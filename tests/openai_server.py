@@ -70,10 +70,13 @@ def encode(tokenizer, image_processor, messages: list) -> chat.Prompt:
     return chat.Prompt(torch.tensor(out, dtype=torch.long), pixels, grid, size, 0)
 
 
-def transformers_message(text: str, tokenizer) -> dict | None:
+def transformers_message(text: str, tokenizer, finish_reason: str = "stop") -> dict | None:
     """The message `transformers serve` sends for `text` from a Qwen2.5-VL-family model: its own response
     template (cli/serving/utils.py) and tool-call normaliser, run; None where its parser raises (a tool call
-    that is not JSON: the server answers HTTP 500)."""
+    that is not JSON: the server answers HTTP 500). The server parses the decode WITH special tokens: an
+    answer that stopped ("stop") ends with the end token, which an open think block keeps
+    (tests/data/served/open_think_00.json)."""
+    text = text + tokenizer.eos_token if finish_reason == "stop" else text
     from transformers.cli.serving.utils import _RESPONSE_TEMPLATE_FALLBACKS, _normalize_tool_call
     template = next(v for types, v in _RESPONSE_TEMPLATE_FALLBACKS.items() if "qwen2_5_vl" in types)
     try:
@@ -115,7 +118,7 @@ def vllm_tools(content: str | None) -> tuple[str | None, list | None]:
 def shape_message(text: str, finish_reason: str, shape: str, tokenizer) -> tuple[dict | None, str]:
     """(message, finish_reason) of an answer `text` in `shape` (SHAPES); message None: an HTTP 500."""
     if shape == "transformers":
-        m = transformers_message(text, tokenizer)
+        m = transformers_message(text, tokenizer, finish_reason)
         return m, ("tool_calls" if m and m["tool_calls"] else finish_reason)
     if shape == "parts":
         parts = [{"type": "text", "text": text[:5]}, {"type": "text", "text": text[5:]}]
