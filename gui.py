@@ -215,6 +215,18 @@ def resized_size(size: tuple[int, int], *, factor: int = 28, min_pixels: int = M
     return w, h
 
 
+def outside_point(action: dict, size: tuple[int, int]) -> list | None:
+    """The first of the action's points (coordinate, coordinate2) outside the image of size (W, H), both in
+    pixels of the same image (the resized screenshot for a model's action): 0 <= x <= W and 0 <= y <= H
+    lie on it. None when every point does (or the action has none). A point off the screenshot is no click
+    at its edge: reward.score_response (strict rules) and every family's parser make it a malformed answer."""
+    for key in ("coordinate", "coordinate2"):
+        pt = action.get(key)
+        if pt is not None and not (0 <= pt[0] <= size[0] and 0 <= pt[1] <= size[1]):
+            return list(pt)
+    return None
+
+
 def scale_action(action: dict, src_size: tuple[int, int], dst_size: tuple[int, int]) -> dict:
     """Map coordinate/coordinate2 from an image of src_size (W, H) to one of dst_size (W, H),
     rounding to int pixels. Other keys are copied."""

@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 
 from gui import _ACTION_RE, _THINK_RE  # the tags' patterns; the release searches them anywhere in the text
-from gui import ACTIONS, check_action, parse_response, scale_action, swipe_direction
+from gui import ACTIONS, check_action, outside_point, parse_response, scale_action, swipe_direction
 
 # eq. 4.1: r = FORMAT_WEIGHT * s_format + ACTION_WEIGHT * s_action (paper and release: 0.1, 0.9)
 FORMAT_WEIGHT = 0.1
@@ -288,7 +288,7 @@ def score_response(text: str, step, *, resized_size: tuple[int, int], orig_size:
     rules="strict": a response is well-formed only if it ENDS after its action: not truncated, and
     nothing but whitespace after the first </action> (parse_response's error). A malformed response
     scores 0 with match False, error saying why; so looping to the cap, or a second action after
-    the first, earns nothing. rules="release": the release's parse and check (release_parse,
+    the first, earns nothing; so does a point off the resized screenshot (gui.outside_point). rules="release": the release's parse and check (release_parse,
     release_check); truncation is not looked at (the release read the first action whatever
     followed); a response on which the release's code raises scores 0 with error = what it trips
     on (eval_sop then sets the episode's SOP progress to 0, as the release did). A rule function
@@ -312,6 +312,9 @@ def score_response(text: str, step, *, resized_size: tuple[int, int], orig_size:
         format_ok = bool(p.thought)
         pred = None if p.action is None else scale_action(p.action, resized_size, orig_size)
         error = "cut at the token cap" if truncated else p.error
+        off = None if error is not None or p.action is None else outside_point(p.action, resized_size)
+        if off is not None:  # no click at the screen's edge: a point the device cannot touch is malformed
+            error = f"a point off the screenshot: {off} outside {resized_size[0]}x{resized_size[1]} (resized pixels)"
         if error is not None:
             return Score(0.0, False, False, format_ok, pred, error)
         match, type_match = action_match(pred, step.action, step.candidate_bbox, orig_size, rules=rules)

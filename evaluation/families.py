@@ -68,16 +68,6 @@ def _finger(direction: str, start, size, frac: float = 0.3) -> list[float]:
 _OPPOSITE = {"up": "down", "down": "up", "left": "right", "right": "left"}
 
 
-def outside_point(action: dict, size) -> list | None:
-    """The first of the action's points (coordinate, coordinate2; pixels) outside the image of size (W, H)
-    (0 <= x <= W, 0 <= y <= H), or None when every point lies on it."""
-    for key in ("coordinate", "coordinate2"):
-        pt = action.get(key)
-        if pt is not None and not (0 <= pt[0] <= size[0] and 0 <= pt[1] <= size[1]):
-            return pt
-    return None
-
-
 def outside_response(thought: str | None, pt, size) -> str:
     """A malformed evaluator response that says why: its action type `outside_image` is no registered type,
     so gui.parse_response rejects it (reward 0) and the report shows the point and the image size."""
@@ -402,10 +392,8 @@ class Adapter:
         """The family's answer `raw` as an evaluator response (gui.format_response, pixels of the resized
         image of `size` (W, H)); a malformed answer comes back unchanged, and so scores as malformed; an
         answer with a point outside the image comes back as outside_response (malformed, saying why)."""
-        if self.parse is None:  # the evaluator's own format: kept as written (the strict rules read its end)
-            p = gui.parse_response(raw)
-            pt = outside_point(p.action, size) if p.action is not None else None
-            return raw if pt is None else outside_response(p.thought, pt, size)
+        if self.parse is None:  # the evaluator's own format: kept as written, so served == in process (the
+            return raw          # strict rules read its end, and reward.score_response refuses a point off the image)
         try:  # a parser's slip on an odd answer is a malformed answer, never a crash
             thought, action = self.parse(raw, size)
             action = gui.check_action(action) if action is not None else None
@@ -413,7 +401,7 @@ class Adapter:
             thought, action = None, None
         if action is None:
             return raw
-        pt = outside_point(action, size)
+        pt = gui.outside_point(action, size)
         return gui.format_response(thought or "", action) if pt is None else outside_response(thought, pt, size)
 
     def from_response(self, text: str, size: tuple[int, int]) -> str:

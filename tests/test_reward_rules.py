@@ -294,3 +294,21 @@ def test_partial_credit_is_one_function_and_leaves_the_match(monkeypatch):
     assert forked.reward == pytest.approx(0.1 + 0.9 * 0.75)
     assert (forked.match, forked.type_match) == (False, True)
     assert reward.action_match(forked.action, step.action, [], SIZE) == (False, True)
+
+
+def test_a_point_off_the_screenshot_is_malformed_even_within_the_click_distance():
+    """A click 2 px below a 1092x2408 screenshot, 2 px from an expert point on its bottom edge, would pass the
+    0.04 distance rule; it is no touch the device can make, so it scores 0 as a malformed answer (and a point
+    on the edge itself still matches)."""
+    from gui import format_response
+
+    size = (1092, 2408)
+    step = dataset.Step(None, {"action": "click", "coordinate": [546, 2408]}, candidate_bbox=[], image_size=size)
+    off = reward.score_response(format_response("t", {"action": "click", "coordinate": [546, 2410]}), step,
+                                resized_size=size, orig_size=size)
+    assert (off.reward, off.match) == (0.0, False) and "off the screenshot" in off.error
+    edge = reward.score_response(format_response("t", {"action": "click", "coordinate": [546, 2408]}), step,
+                                 resized_size=size, orig_size=size)
+    assert edge.match and edge.reward == 1.0
+    swipe = {"action": "swipe", "coordinate": [546, 1200], "coordinate2": [546, -5]}
+    assert reward.score_response(format_response("t", swipe), step, resized_size=size, orig_size=size).error
