@@ -41,6 +41,7 @@ or --lora-r 16: adapters only, the KL reference is the policy with them disabled
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,117 +66,179 @@ from sampler import DECODE_MODES, Sampler
 from vlm import PolicyLogProb, apply_fsdp, checkpoint_activations, collate_sequences, pad_token_id, sampling_mode, to_device
 
 # -----------------------------------------------------------------------------
-# config
+# config: one typed field per flag (utils.flag: default, help, --help group); the presets below
 
 MAX_TASKS_LOGGED = 32  # reward_by_task is logged when the data has at most this many tasks
+flag, pos_int, nonneg_int, nonneg_float = utils.flag, utils.positive_int, utils.non_negative_int, \
+    utils.non_negative_float
+DATA, ROLL, ADV = "data and models", "rollout (docs/method.md §5)", "returns and advantages (docs/method.md §6)"
+LOSS, RUN = "loss and optimisation (docs/method.md §7)", "run: checkpoints, logs, held-out evaluation"
+PERF = "performance (not the method: same results, different speed/memory)"
+GROUPS = [DATA, ROLL, ADV, LOSS, RUN, PERF]
 
-parser = utils.make_parser(__doc__)
-perf = parser.add_argument_group("performance (not the method: same results, different speed/memory)")
-# data
-parser.add_argument("--data", default="data/miniwob_click/train.jsonl", type=utils.arg_type(utils.input_file), help="episodes (UI-S1 JSONL or AndroidControl native JSON)")
-parser.add_argument("--image-root", default=None, type=utils.arg_type(utils.input_dir), help="folder screenshots are resolved against (default: the data file's folder)")
-parser.add_argument("--blank-screens", default=None, type=utils.arg_type(gui.parse_size), help="WxH: use blank screenshots of this size when files are missing")
-parser.add_argument("--max-episodes", type=utils.positive_int, default=None, help="use only the first N episodes")
-# model
-parser.add_argument("--model", default="auto", type=utils.arg_type(vlm.model_path),
-                    help="'tiny', a Hugging Face or checkpoint folder, or 'auto' (the latest --sft-dir checkpoint; an error without one); "
-                    "prompt options not given (--num-images, --min/max-pixels, --max-prompt-tokens) come from its args.json")
-parser.add_argument("--sft-dir", default="out/sft/ckpt", help="where --model auto looks for an SFT checkpoint")
-lora.add_lora_args(parser)  # --lora-r (0: full fine-tuning; else the KL reference is the policy with adapters off), ...
-# rollout (docs/method.md §5)
-parser.add_argument("--tasks-per-step", type=utils.positive_int, default=4, help="tasks per training step, all ranks together (release: 8)")
-parser.add_argument("--n-rollouts", type=utils.positive_int, default=4, help="rollouts per task N (release: 8)")
-parser.add_argument("--max-new-tokens", type=utils.positive_int, default=48, help="response length limit (release: 512)")
-parser.add_argument("--temperature", type=utils.temperature, default=1.0, help="sampling temperature (release: 1.0)")
-parser.add_argument("--top-p", type=utils.finite_float(0.0, 1.0, low_open=True), default=1.0, help="nucleus sampling (release: 1.0)")
-parser.add_argument("--history", choices=HISTORY_MODES, default="own", help="own = semi-online RL; expert = offline-RL baseline")
-parser.add_argument("--patch", dest="patch_mode", default="thought-free",
-                    choices=PATCH_MODES, help="patch mode (docs/method.md §5)")
-parser.add_argument("--patch-threshold", type=utils.int_at_least(-1), default=2, help="patches per rollout: k at most k (0: none; -1: unlimited; release: 2)")
-perf.add_argument("--decode", choices=DECODE_MODES, default="auto",
-                  help="sampler decode: auto (graph on CUDA, else eager), eager (the reference), static, graph (CUDA graphs)")
-# returns and advantages (docs/method.md §6)
-parser.add_argument("--gamma", type=utils.fraction, default=0.5, help="discount of step returns in [0, 1] (0: each step's own reward; paper: 0.5)")
-parser.add_argument("--returns-form", choices=RETURNS_FORMS, default="paper", help="release: reset the return chain at a wrong step")
-parser.add_argument("--episode-adv", choices=EPISODE_FORMS, default="paper", help="episode-level advantage form")
-parser.add_argument("--w-episode", type=utils.non_negative_float, default=1.0, help="weight of the episode-level advantage (0: off)")
-parser.add_argument("--omega", type=utils.non_negative_float, default=1.0, help="weight of the step-level advantage (0: off)")
-parser.add_argument("--adv-norm", choices=NORMS, default="mean_std",
-                    help="group normalisation of both advantage levels: mean_std (paper) or mean (Dr.GRPO: no std division)")
-parser.add_argument("--filter-std", type=utils.finite_float(), default=0.0,
-                    help="dynamic sampling: drop tasks whose step-0 return std <= this; <0 disables (release: 0.3; "
-                         "0 keeps every task whose rollouts differ at all, which a tiny CPU model needs)")
-parser.add_argument("--overlong-buffer", type=utils.non_negative_int, default=0,
-                    help="DAPO's soft overlong penalty: a response within this many tokens of --max-new-tokens loses up to "
-                         "1 of reward, linearly (reward.shaped_reward); 0 disables it. Off by default: under the strict rules "
-                         "a response cut at the cap already scores 0")
-parser.add_argument("--max-resample", type=utils.non_negative_int, default=2,
-                    help="refill rounds after the first (0: none) when dynamic sampling dropped tasks; a batch still short "
-                         "is trained on as it is and flagged 'partial' (release: up to 10 batches, then an error)")
-parser.add_argument("--match-rules", choices=reward.MATCH_RULES, default="strict",
-                    help="the match of the reward, patching and returns (reward.action_match): strict, or the release's")
-# loss (docs/method.md §7)
-perf.add_argument("--old-logp", choices=["auto", "recompute", "sampler"], default="auto",
-                  help="pi_old of the ratio: a no-grad policy forward (recompute, the release's) or the sampler's log-probs "
-                       "(same weights and temperature; needs --top-p 1); auto: sampler on CPU (fp32: gap ~1e-5), else recompute")
-parser.add_argument("--clip-low", type=utils.finite_float(0.0, 1.0, low_open=True, high_open=True), default=0.2, help="PPO clip epsilon below 1, in (0, 1)")
-parser.add_argument("--clip-high", type=utils.positive_float, default=0.2, help="PPO clip epsilon above 1")
-parser.add_argument("--clip-c", type=utils.finite_float(1.0, low_open=True), default=3.0, help="dual-clip constant for negative advantages (> 1)")
-parser.add_argument("--kl-coef", type=utils.non_negative_float, default=1e-4, help="k3 KL to the frozen reference; 0 disables the reference model")
-parser.add_argument("--ref-model", default=None, type=utils.arg_type(vlm.model_path), help="reference model: 'tiny' or a folder (default: the policy's initialisation)")
-parser.add_argument("--ref-seed", type=utils.non_negative_int, default=None, help="init seed of a 'tiny' reference (default: --seed)")
-parser.add_argument("--loss-agg", choices=LOSS_AGGS, default="token-mean",
-                    help="how per-token losses become the mini-batch loss (kernels.aggregate_loss; dr-grpo divides by "
-                         "sequences x --max-new-tokens)")
-# optimisation
-parser.add_argument("--lr", type=utils.positive_float, default=2e-5, help="AdamW learning rate, constant (the default suits the tiny model; the paper's, 7B: 1e-6)")
-parser.add_argument("--weight-decay", type=utils.non_negative_float, default=0.01, help="AdamW weight decay (0: none)")
-parser.add_argument("--grad-clip", type=utils.positive_float, default=1.0, help="global grad-norm clip")
-parser.add_argument("--ppo-mini-batches", type=utils.positive_int, default=4, help="optimizer steps per rollout batch (1 PPO epoch)")
-parser.add_argument("--micro-batch-size", type=utils.positive_int, default=8, help="sequences per forward/backward")
-perf.add_argument("--share-prompts", choices=["auto", "on", "off"], default="auto",
-                  help="run the prompt head a micro-batch's rows share once in the log-prob forwards (vlm.PolicyLogProb; "
-                       "same log-probs to ~1e-5); auto: on on CPU without --gradient-checkpointing (GPU: not measured, off)")
-perf.add_argument("--gradient-checkpointing", action="store_true",
-                  help="recompute each decoder layer's and vision block's activations in the backward (less memory, ~1/3 more update compute)")
-# run
-parser.add_argument("--max-steps", type=utils.positive_int, default=12, help="training steps")
-parser.add_argument("--out", default="out/semionline", help="output folder (checkpoints, metrics.jsonl, args.json)")
-utils.add_report_to_arg(parser)  # --report-to none | tensorboard wandb trackio (utils.MetricsLogger)
-parser.add_argument("--save-every", type=utils.non_negative_int, default=0, help="checkpoint every N steps (0: at the end only)")
-parser.add_argument("--keep-checkpoints", type=utils.non_negative_int, default=2,
-                    help="keep the newest N checkpoints (0: every one, e.g. for a dose-response over the steps)")
-parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
-parser.add_argument("--seed", type=utils.non_negative_int, default=0, help="seed of task order, sampling and the tiny model's init")
-parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to run")
-# a test hook, kept out of --help: exit after this many steps without a final checkpoint, as a killed run
-# would (the resume test compares such a run resumed with an uninterrupted one)
-parser.add_argument("--stop-after", type=utils.positive_int, default=None, help=argparse.SUPPRESS)
-# held-out diagnostic: does the greedy policy (what evaluation runs) follow the sampled one (what the reward sees)?
-parser.add_argument("--eval-data", default=None, type=utils.arg_type(utils.input_file),
-                    help="held-out episodes for heldout_* metrics (greedy and sampled static step accuracy, greedy SOP) "
-                         "every --eval-every steps and at the start; default: none")
-parser.add_argument("--eval-every", type=utils.non_negative_int, default=0, help="steps between held-out evaluations (0: only with --eval-data, at the start and end)")
-parser.add_argument("--eval-episodes", type=utils.positive_int, default=32, help="held-out episodes used (the first N of --eval-data)")
-parser.add_argument("--eval-samples", type=utils.positive_int, default=4, help="sampled responses per held-out step (at --temperature, --top-p)")
+
+@dataclass
+class RLConfig:
+    """Every flag of this script but LoRA's (lora.add_lora_args), the prompt contract's
+    (chat.add_prompt_args) and --report-to: its type, default and help. The fields without a group
+    are the ones a user sets first (--help lists them first)."""
+    preset: str | None = flag(None, "PRESETS' name: sets its fields; a flag given overrides it",
+                              choices=["quickstart", "paper", "release"])
+    data: str = flag("data/miniwob_click/train.jsonl", "episodes (UI-S1 JSONL or AndroidControl native JSON)",
+                     type=utils.arg_type(utils.input_file))
+    image_root: str | None = flag(None, "folder screenshots are resolved against (default: the data "
+                                  "file's folder)", type=utils.arg_type(utils.input_dir))
+    model: str = flag("auto", "'tiny', a Hugging Face or checkpoint folder, or 'auto' (the latest --sft-dir "
+                      "checkpoint; an error without one); prompt options not given (--num-images, "
+                      "--min/max-pixels, --max-prompt-tokens) come from its args.json",
+                      type=utils.arg_type(vlm.model_path))
+    tasks_per_step: int = flag(4, "tasks per training step, all ranks together (release: 8)", type=pos_int)
+    n_rollouts: int = flag(4, "rollouts per task N (release: 8)", type=pos_int)
+    max_new_tokens: int = flag(48, "response length limit (release: 512)", type=pos_int)
+    temperature: float = flag(1.0, "sampling temperature (release: 1.0)", type=utils.temperature)
+    history: str = flag("own", "own = semi-online RL; expert = offline-RL baseline", choices=HISTORY_MODES)
+    patch_threshold: int = flag(2, "patches per rollout: k at most k (0: none; -1: unlimited; release: 2)",
+                                type=utils.int_at_least(-1))
+    gamma: float = flag(0.5, "discount of step returns in [0, 1] (0: each step's own reward; paper: 0.5)",
+                        type=utils.fraction)
+    returns_form: str = flag("paper", "release: reset the return chain at a wrong step (eq. 6.1')",
+                             choices=RETURNS_FORMS)
+    filter_std: float = flag(0.0, "dynamic sampling: drop tasks whose step-0 return std <= this; <0 "
+                             "disables (release: 0.3 with --returns-form release; 0 keeps every task whose "
+                             "rollouts differ at all, which a tiny CPU model needs)", type=utils.finite_float())
+    kl_coef: float = flag(1e-4, "k3 KL to the frozen reference; 0 disables the reference model",
+                          type=nonneg_float)
+    lr: float = flag(2e-5, "AdamW learning rate, constant (the default suits the tiny model; the paper's, "
+                     "7B: 1e-6)", type=utils.positive_float)
+    micro_batch_size: int = flag(8, "sequences per forward/backward", type=pos_int)
+    max_steps: int = flag(12, "training steps", type=pos_int)
+    out: str = flag("out/semionline", "output folder (checkpoints, metrics.jsonl, args.json)")
+    resume: bool = flag(False, "continue from the latest checkpoint in --out", action="store_true")
+    seed: int = flag(0, "seed of task order, sampling and the tiny model's init", type=nonneg_int)
+    device: str = flag("auto", "where to run", choices=["auto", "cpu", "cuda"])
+    # data and models
+    blank_screens: str | None = flag(None, "WxH: use blank screenshots of this size when files are missing",
+                                     DATA, type=utils.arg_type(gui.parse_size))
+    max_episodes: int | None = flag(None, "use only the first N episodes", DATA, type=pos_int)
+    sft_dir: str = flag("out/sft/ckpt", "where --model auto looks for an SFT checkpoint", DATA)
+    ref_model: str | None = flag(None, "reference model: 'tiny' or a folder (default: the policy's "
+                                 "initialisation)", DATA, type=utils.arg_type(vlm.model_path))
+    ref_seed: int | None = flag(None, "init seed of a 'tiny' reference (default: --seed)", DATA, type=nonneg_int)
+    # rollout (docs/method.md §5)
+    top_p: float = flag(1.0, "nucleus sampling (release: 1.0)", ROLL,
+                        type=utils.finite_float(0.0, 1.0, low_open=True))
+    patch_mode: str = flag("thought-free", "patch mode (docs/method.md §5)", ROLL, flag="--patch",
+                           choices=PATCH_MODES)
+    match_rules: str = flag("strict", "the match of the reward, patching and returns (reward.action_match): "
+                            "strict, or the release's", ROLL, choices=reward.MATCH_RULES)
+    # returns and advantages (docs/method.md §6)
+    episode_adv: str = flag("paper", "episode-level advantage form (eq. 6.3; release: 6.3')", ADV,
+                            choices=EPISODE_FORMS)
+    w_episode: float = flag(1.0, "weight of the episode-level advantage (0: off)", ADV, type=nonneg_float)
+    omega: float = flag(1.0, "weight of the step-level advantage (0: off)", ADV, type=nonneg_float)
+    adv_norm: str = flag("mean_std", "group normalisation of both advantage levels: mean_std (paper) or mean "
+                         "(Dr.GRPO: no std division)", ADV, choices=NORMS)
+    overlong_buffer: int = flag(0, "DAPO's soft overlong penalty: a response within this many tokens of "
+                                "--max-new-tokens loses up to 1 of reward, linearly (reward.shaped_reward); 0 "
+                                "disables it. Off by default: under the strict rules a response cut at the cap "
+                                "already scores 0", ADV, type=nonneg_int)
+    max_resample: int = flag(2, "refill rounds after the first (0: none) when dynamic sampling dropped tasks; "
+                             "a batch still short is trained on as it is and flagged 'partial' (release: up to "
+                             "10 batches, then an error)", ADV, type=nonneg_int)
+    # loss and optimisation (docs/method.md §7)
+    clip_low: float = flag(0.2, "PPO clip epsilon below 1, in (0, 1)", LOSS,
+                           type=utils.finite_float(0.0, 1.0, low_open=True, high_open=True))
+    clip_high: float = flag(0.2, "PPO clip epsilon above 1", LOSS, type=utils.positive_float)
+    clip_c: float = flag(3.0, "dual-clip constant for negative advantages (> 1)", LOSS,
+                         type=utils.finite_float(1.0, low_open=True))
+    loss_agg: str = flag("token-mean", "how per-token losses become the mini-batch loss "
+                         "(kernels.aggregate_loss; dr-grpo divides by sequences x --max-new-tokens)", LOSS,
+                         choices=LOSS_AGGS)
+    weight_decay: float = flag(0.01, "AdamW weight decay (0: none)", LOSS, type=nonneg_float)
+    grad_clip: float = flag(1.0, "global grad-norm clip", LOSS, type=utils.positive_float)
+    ppo_mini_batches: int = flag(4, "optimizer steps per rollout batch (1 PPO epoch)", LOSS, type=pos_int)
+    # run
+    save_every: int = flag(0, "checkpoint every N steps (0: at the end only)", RUN, type=nonneg_int)
+    keep_checkpoints: int = flag(2, "keep the newest N checkpoints (0: every one, e.g. for a dose-response "
+                                 "over the steps)", RUN, type=nonneg_int)
+    eval_data: str | None = flag(None, "held-out episodes for heldout_* metrics (greedy and sampled static "
+                                 "step accuracy, greedy SOP) every --eval-every steps and at the start; "
+                                 "default: none", RUN, type=utils.arg_type(utils.input_file))
+    eval_every: int = flag(0, "steps between held-out evaluations (0: only with --eval-data, at the start "
+                           "and end)", RUN, type=nonneg_int)
+    eval_episodes: int = flag(32, "held-out episodes used (the first N of --eval-data)", RUN, type=pos_int)
+    eval_samples: int = flag(4, "sampled responses per held-out step (at --temperature, --top-p)", RUN,
+                             type=pos_int)
+    # a test hook, kept out of --help: exit after this many steps without a final checkpoint, as a
+    # killed run would (the resume test compares such a run resumed with an uninterrupted one)
+    stop_after: int | None = flag(None, argparse.SUPPRESS, RUN, type=pos_int)
+    # performance
+    decode: str = flag("auto", "sampler decode: auto (graph on CUDA, else eager), eager (the reference), "
+                       "static, graph (CUDA graphs)", PERF, choices=DECODE_MODES)
+    old_logp: str = flag("auto", "pi_old of the ratio: a no-grad policy forward (recompute, the release's) "
+                         "or the sampler's log-probs (same weights and temperature; needs --top-p 1); auto: "
+                         "sampler on CPU (fp32: gap ~1e-5), else recompute", PERF,
+                         choices=["auto", "recompute", "sampler"])
+    share_prompts: str = flag("auto", "run the prompt head a micro-batch's rows share once in the log-prob "
+                              "forwards (vlm.PolicyLogProb; same log-probs to ~1e-5); auto: on on CPU without "
+                              "--gradient-checkpointing (GPU: not measured, off)", PERF,
+                              choices=["auto", "on", "off"])
+    gradient_checkpointing: bool = flag(False, "recompute each decoder layer's and vision block's "
+                                        "activations in the backward (less memory, ~1/3 more update "
+                                        "compute)", PERF, action="store_true")
+
+
+# Named settings: plain dicts of fields (any flag's dest), recorded in args.json as "preset". A flag
+# given on the command line overrides a preset's value. docs/method.md §6 ties the filter to the
+# returns: tau = 0.3 is on the scale of the release's returns (6.1'); under the paper's (6.1) it drops
+# exactly the groups split by the step-0 decision. So each preset is one consistent combination, at
+# the scale of the paper's 8-GPU 7B run (docs/method.md §7: 8 tasks x 8 rollouts, 512 new tokens,
+# lr 1e-6, KL 1e-4, 4 PPO mini-batches, patch threshold 2, gamma 0.5). The prompt contract (e.g.
+# --max-pixels) is not a preset's: it comes from the SFT checkpoint (train_sft.py's presets).
+SCALE_7B = dict(tasks_per_step=8, n_rollouts=8, max_new_tokens=512, lr=1e-6, kl_coef=1e-4, ppo_mini_batches=4,
+                patch_threshold=2, gamma=0.5)
+PRESETS = {
+    # the README's quick start: the defaults, sized for the tiny CPU model
+    "quickstart": {},
+    # the paper's text: discounted returns (6.1) and dynamic sampling as DAPO states it, dropping only
+    # the groups whose rollouts all agree (tau = 0), the one threshold (6.1) can carry
+    "paper": {**SCALE_7B, "returns_form": "paper", "filter_std": 0.0},
+    # the release's training script: returns cut at a wrong step (6.1') with its filter tau = 0.3, which
+    # belongs to them; the reproduction's combination (runs/repro_main.py)
+    "release": {**SCALE_7B, "returns_form": "release", "filter_std": 0.3},
+}
+
+parser = utils.make_parser(__doc__, usage="%(prog)s [-h] [--preset {quickstart,paper,release}] [--FLAG VALUE ...]")
+groups = utils.add_config_flags(parser, RLConfig, GROUPS)
+parser._option_string_actions["--preset"].help = "named settings (a flag given overrides them): " + \
+    utils.preset_help(PRESETS)
+lora.add_lora_args(parser.add_argument_group("LoRA (lora.py; 0: full fine-tuning)"))
+utils.add_report_to_arg(groups[RUN])
 chat.add_prompt_args(parser)  # the prompt contract: adopted from the starting checkpoint unless given
 
 
-def check_args(args) -> None:
+def parse(argv=None) -> tuple[RLConfig, argparse.Namespace]:
+    """The flags: (the typed config with --preset applied, the Namespace of LoRA's, the prompt's and
+    --report-to's flags, as lora.py and chat.resolve_spec read them). Bad flags: one line, exit 2."""
+    return utils.parse_config(parser, RLConfig, PRESETS, argv)
+
+
+def check_args(cfg: RLConfig, other: argparse.Namespace) -> None:
     """Flag values that parse but cannot run raise utils.UsageError (one line, exit 2), before any
     model loads and before args.json or metrics.jsonl is written."""
-    # each flag's own range (the temperature: utils.check_temperature) is its parser type's; here the rules
-    # between flags
+    # each flag's own range (the temperature: utils.check_temperature) is its parser type's; here the
+    # rules between flags
     rules = [
-        (args.old_logp != "sampler" or args.top_p == 1.0,
-         f"--old-logp sampler needs --top-p 1: its log-probs (the whole vocabulary's, as recompute's) are checked against "
-         f"the trainer's forward at --top-p 1 only (sampler_logp_gap); at --top-p {args.top_p:g} use --old-logp recompute"),
-        (args.share_prompts != "on" or not args.gradient_checkpointing,
+        (cfg.old_logp != "sampler" or cfg.top_p == 1.0,
+         f"--old-logp sampler needs --top-p 1: its log-probs (the whole vocabulary's, as recompute's) are "
+         f"checked against the trainer's forward at --top-p 1 only (sampler_logp_gap); at --top-p "
+         f"{cfg.top_p:g} use --old-logp recompute"),
+        (cfg.share_prompts != "on" or not cfg.gradient_checkpointing,
          "--share-prompts on needs the KV cache, which --gradient-checkpointing drops: use --share-prompts off"),
-        (0 <= args.overlong_buffer <= args.max_new_tokens,
-         f"--overlong-buffer {args.overlong_buffer}: must be in [0, --max-new-tokens {args.max_new_tokens}]"),
+        (0 <= cfg.overlong_buffer <= cfg.max_new_tokens,
+         f"--overlong-buffer {cfg.overlong_buffer}: must be in [0, --max-new-tokens {cfg.max_new_tokens}]"),
     ]
-    rules.append((lora.check_lora_args(args) is None, lora.check_lora_args(args)))
+    rules.append((lora.check_lora_args(other) is None, lora.check_lora_args(other)))
     for ok, message in rules:
         if not ok:
             raise utils.UsageError(message)
@@ -230,91 +293,105 @@ def task_rewards(tasks: list[str], sums: list[float]) -> dict[str, dict]:
 # the run: processes, data, models, a resume (main, at the bottom, runs the phases below in order)
 
 
-def setup(args, start: str, spec: chat.PromptSpec) -> SimpleNamespace:
-    """Processes, seeds, the data and the prompt's processor, then the models (build_models) and a resumed
-    run's checkpoint and metrics file (resume). Returns the run's state, which the phases below read."""
-    proc = utils.init_distributed(args.device)
-    utils.seed_everything(args.seed)
+def setup(cfg: RLConfig, other: argparse.Namespace, start: str, spec: chat.PromptSpec) -> SimpleNamespace:
+    """Processes, seeds, the data and the prompt's processor, then the models (build_models) and a
+    resumed run's checkpoint and metrics file (resume). `other`: LoRA's, the prompt's and --report-to's
+    flags (parse). Returns the run's state, which the phases below read."""
+    proc = utils.init_distributed(cfg.device)
+    utils.seed_everything(cfg.seed)
     gpu = proc.device.type == "cuda"
-    if args.old_logp == "auto":  # recorded resolved in args.json
-        args.old_logp = "recompute" if gpu or args.top_p < 1.0 else "sampler"
-    if args.share_prompts == "auto":
-        args.share_prompts = "off" if gpu or args.gradient_checkpointing else "on"
-    if args.tasks_per_step % proc.world_size:
-        raise utils.UsageError(f"--tasks-per-step {args.tasks_per_step} must be a multiple of the world size {proc.world_size}")
+    if cfg.old_logp == "auto":  # recorded resolved in args.json
+        cfg.old_logp = "recompute" if gpu or cfg.top_p < 1.0 else "sampler"
+    if cfg.share_prompts == "auto":
+        cfg.share_prompts = "off" if gpu or cfg.gradient_checkpointing else "on"
+    if cfg.tasks_per_step % proc.world_size:
+        raise utils.UsageError(f"--tasks-per-step {cfg.tasks_per_step} must be a multiple of the world size "
+                               f"{proc.world_size}")
     # data
-    blank = gui.parse_size(args.blank_screens) if args.blank_screens else None
-    episodes = dataset.load_episodes(args.data, limit=args.max_episodes)
+    blank = gui.parse_size(cfg.blank_screens) if cfg.blank_screens else None
+    episodes = dataset.load_episodes(cfg.data, limit=cfg.max_episodes)
     if not episodes:
-        raise utils.UsageError(f"{args.data}: no episodes")
-    tokenizer, image_processor = vlm.load_processor(start, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
-    utils.print0(f"{len(episodes)} episodes, {sum(len(e.steps) for e in episodes)} steps from {args.data}")
+        raise utils.UsageError(f"{cfg.data}: no episodes")
+    tokenizer, image_processor = vlm.load_processor(start, min_pixels=spec.min_pixels,
+                                                    max_pixels=spec.max_pixels)
+    utils.print0(f"{len(episodes)} episodes, {sum(len(e.steps) for e in episodes)} steps from {cfg.data}")
     run = SimpleNamespace(
-        args=args, proc=proc, gpu=gpu, spec=spec, blank=blank, episodes=episodes, tokenizer=tokenizer,
-        image_processor=image_processor, pad_id=pad_token_id(tokenizer),
-        out=Path(args.out),  # written only once the flags, the data and a resume's checkpoint are checked
+        cfg=cfg, other=other, proc=proc, gpu=gpu, spec=spec, blank=blank, episodes=episodes,
+        tokenizer=tokenizer, image_processor=image_processor, pad_id=pad_token_id(tokenizer),
+        out=Path(cfg.out),  # written only once the flags, the data and a resume's checkpoint are checked
         task_names=sorted({e.task for e in episodes}),  # the same on every rank
-        heldout=dataset.load_episodes(args.eval_data, limit=args.eval_episodes) if args.eval_data else [])
+        heldout=dataset.load_episodes(cfg.eval_data, limit=cfg.eval_episodes) if cfg.eval_data else [])
     build_models(run, init=start)  # --model auto: the latest SFT checkpoint
     resume(run)
     return run
 
 
 def build_models(run, init: str) -> None:
-    """The policy (FSDP2; LoRA adapters with --lora-r), its frozen reference (KL term on), the optimizer and
-    the sampler, into `run`."""
-    args, proc = run.args, run.proc
+    """The policy (FSDP2; LoRA adapters with --lora-r), its frozen reference (KL term on), the
+    optimizer and the sampler, into `run`. The sampler holds --temperature and --max-new-tokens: the
+    trainer's log-probs and the reward's length limit read them from it (one route each)."""
+    cfg, proc = run.cfg, run.proc
     utils.print0(f"policy initialised from: {init}")
     dtype = torch.float32  # master weights; bf16 compute comes from FSDP's mixed precision on GPU
-    run.model = model = vlm.load_model(init, dtype=dtype, device=proc.device, seed=args.seed)
-    run.adapter = lora.apply_lora(model, args, base=init, seed=args.seed)  # None without --lora-r
-    if args.gradient_checkpointing:
+    run.model = model = vlm.load_model(init, dtype=dtype, device=proc.device, seed=cfg.seed)
+    run.adapter = lora.apply_lora(model, run.other, base=init, seed=cfg.seed)  # None without --lora-r
+    if cfg.gradient_checkpointing:
         checkpoint_activations(model)
     run.policy = apply_fsdp(model, PolicyLogProb(model), proc, mixed_precision=run.gpu)
     # under LoRA the reference is the policy with its adapters disabled (no second model), unless --ref-model
-    run.ref = lora.AdaptersOff(run.policy, run.adapter) if args.kl_coef > 0 and run.adapter and args.ref_model is None else None
-    if args.kl_coef > 0 and run.ref is None:
-        ref_model = vlm.load_model(args.ref_model or init, dtype=torch.bfloat16 if run.gpu else dtype, device=proc.device,
-                                   seed=args.seed if args.ref_seed is None else args.ref_seed)
+    lora_ref = cfg.kl_coef > 0 and run.adapter and cfg.ref_model is None
+    run.ref = lora.AdaptersOff(run.policy, run.adapter) if lora_ref else None
+    if cfg.kl_coef > 0 and run.ref is None:
+        ref_model = vlm.load_model(cfg.ref_model or init, dtype=torch.bfloat16 if run.gpu else dtype,
+                                   device=proc.device, seed=cfg.seed if cfg.ref_seed is None else cfg.ref_seed)
         ref_model.requires_grad_(False).eval()
         run.ref = apply_fsdp(ref_model, PolicyLogProb(ref_model), proc, mixed_precision=False)
-    run.optimizer = utils.adamw(lora.trainable(run.policy), lr=args.lr, weight_decay=args.weight_decay)
-    run.sampler = Sampler(model, run.tokenizer, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                          top_p=args.top_p, decode=args.decode)
+    run.optimizer = utils.adamw(lora.trainable(run.policy), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    run.sampler = Sampler(model, run.tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                          top_p=cfg.top_p, decode=cfg.decode)
+
+
+def run_record(cfg: RLConfig, other: argparse.Namespace) -> dict:
+    """args.json's content: every flag's value as the run used it (--preset applied, auto resolved),
+    the prompt contract (field "prompt", chat.resolve_spec) and the preset's name."""
+    return {**dataclasses.asdict(cfg), **vars(other)}
 
 
 def resume(run) -> None:
-    """With --resume, the latest checkpoint in --out (model, optimizer, every RNG; its task schedule must be
-    this run's); then args.json and the metrics file (a resumed run's steps after the checkpoint logged once)."""
-    args, out = run.args, run.out
+    """With --resume, the latest checkpoint in --out (model, optimizer, every RNG; its task schedule must
+    be this run's); then args.json and the metrics file (a resumed run's steps after the checkpoint
+    logged once)."""
+    cfg, out = run.cfg, run.out
     run.start_step = 0
     # what the task schedule depends on: a resume must continue the same schedule
-    run.schedule = {"seed": args.seed, "tasks_per_step": args.tasks_per_step, "n_episodes": len(run.episodes)}
-    if args.resume:
+    run.schedule = {"seed": cfg.seed, "tasks_per_step": cfg.tasks_per_step, "n_episodes": len(run.episodes)}
+    if cfg.resume:
         ckpt = utils.latest_checkpoint(out / "ckpt")
         if ckpt is not None:
             state = vlm.load_checkpoint_state(ckpt, run.policy, run.optimizer)  # model, optimizer, every RNG
             run.start_step = int(state.get("step", 0))
             if state.get("schedule", run.schedule) != run.schedule:
-                raise utils.UsageError(f"{ckpt}/trainer_state.json: field 'schedule' {state['schedule']} differs from this "
-                                       f"run's {run.schedule}; resume with the same --seed, --tasks-per-step and data")
+                raise utils.UsageError(f"{ckpt}/trainer_state.json: field 'schedule' {state['schedule']} differs "
+                                       f"from this run's {run.schedule}; resume with the same --seed, "
+                                       "--tasks-per-step and data")
             utils.print0(f"resumed from {ckpt} at step {run.start_step}")
+    run.record = run_record(cfg, run.other)
     if run.proc.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "args.json").write_text(utils.dumps(vars(args), indent=2))
-    run.metrics = utils.MetricsLogger(out / "metrics.jsonl", append=args.resume, report_to=args.report_to,
-                                      config=vars(args))
-    if args.resume:
+        (out / "args.json").write_text(utils.dumps(run.record, indent=2))
+    run.metrics = utils.MetricsLogger(out / "metrics.jsonl", append=cfg.resume, report_to=run.other.report_to,
+                                      config=run.record)
+    if cfg.resume:
         run.metrics.resume_at(run.start_step)  # the steps redone after the checkpoint are logged once
 
 
 def evaluate_heldout(run, step: int) -> dict:
     """Greedy vs sampled accuracy on this rank's share of the held-out episodes, summed over ranks."""
-    args, proc = run.args, run.proc
+    cfg, proc = run.cfg, run.proc
     with sampling_mode(run.policy):
         counts = greedy_vs_sampled(run.sampler, run.heldout[proc.rank::proc.world_size], run.tokenizer,
-                                   run.image_processor, run.spec, samples=args.eval_samples, seed=args.seed + step,
-                                   image_root=args.image_root, blank_screens=run.blank)
+                                   run.image_processor, run.spec, samples=cfg.eval_samples, seed=cfg.seed + step,
+                                   image_root=cfg.image_root, blank_screens=run.blank)
     total = dict(zip(counts, utils.all_sum(list(counts.values()), proc)))
     return {"heldout_greedy_step_acc": total["greedy_match"] / max(total["greedy_steps"], 1),
             "heldout_sampled_step_acc": total["sampled_match"] / max(total["sampled_steps"], 1),
@@ -330,28 +407,32 @@ def evaluate_heldout(run, step: int) -> dict:
 def rollout(run, step: int, slots: list[int], episode_ids: list[int]) -> list[StepRecord]:
     """1. rollout (docs/method.md §5): N rollouts of each drawn task (this rank's share of a round), each
     seeded by (seed, step, slot); task_idx = the global slot, the same on every world size."""
-    args = run.args
+    cfg = run.cfg
     return semi_online_rollout(
         run.sampler, [run.episodes[i] for i in episode_ids], run.tokenizer, run.image_processor, spec=run.spec,
-        n_rollouts=args.n_rollouts, patch_mode=args.patch_mode, patch_threshold=args.patch_threshold,
-        history_mode=args.history, image_root=args.image_root, blank_screens=run.blank,
-        match_rules=args.match_rules, seed=[task_seed(args.seed, step, s) for s in slots], progress=run.proc.is_main,
+        n_rollouts=cfg.n_rollouts, patch_mode=cfg.patch_mode, patch_threshold=cfg.patch_threshold,
+        history_mode=cfg.history, image_root=cfg.image_root, blank_screens=run.blank,
+        match_rules=cfg.match_rules, seed=[task_seed(cfg.seed, step, s) for s in slots], progress=run.proc.is_main,
         task_ids=slots)
 
 
-def rewards(args, records: list[StepRecord]) -> list[float]:
-    """2. rewards: each response's rule reward (the rollout's), shaped by the overlong penalty (DAPO)."""
-    return [reward.shaped_reward(r.reward, len(r.response_ids), max_new_tokens=args.max_new_tokens,
-                                 overlong_buffer=args.overlong_buffer) for r in records]
+def rewards(records: list[StepRecord], *, max_new_tokens: int, overlong_buffer: int) -> list[float]:
+    """2. rewards: each response's rule reward (the rollout's), shaped by the overlong penalty (DAPO;
+    max_new_tokens: the sampler's length limit)."""
+    return [reward.shaped_reward(r.reward, len(r.response_ids), max_new_tokens=max_new_tokens,
+                                 overlong_buffer=overlong_buffer) for r in records]
 
 
-def advantages(args, records: list[StepRecord], shaped: list[float], slots: list[int]) -> tuple[list[float], set[int]]:
-    """3. returns and advantages (docs/method.md §6; groups never cross tasks, so per round), and the slots
-    dynamic sampling keeps (step-0 returns that vary; all with a negative --filter-std)."""
-    adv = compute_advantages(records, rewards=shaped, gamma=args.gamma, returns_form=args.returns_form,
-                             episode_form=args.episode_adv, w_episode=args.w_episode, omega=args.omega,
-                             norm=args.adv_norm)
-    keep = set(slots) if args.filter_std < 0 else dynamic_sampling_tasks(records, adv.returns, threshold=args.filter_std)
+def advantages(cfg: RLConfig, records: list[StepRecord], shaped: list[float],
+               slots: list[int]) -> tuple[list[float], set[int]]:
+    """3. returns and advantages (docs/method.md §6; groups never cross tasks, so per round), and the
+    slots dynamic sampling keeps (step-0 returns that vary; all with a negative --filter-std). Reads
+    --gamma, --returns-form, --episode-adv, --w-episode, --omega, --adv-norm and --filter-std."""
+    adv = compute_advantages(records, rewards=shaped, gamma=cfg.gamma, returns_form=cfg.returns_form,
+                             episode_form=cfg.episode_adv, w_episode=cfg.w_episode, omega=cfg.omega,
+                             norm=cfg.adv_norm)
+    keep = set(slots) if cfg.filter_std < 0 else dynamic_sampling_tasks(records, adv.returns,
+                                                                        threshold=cfg.filter_std)
     return adv.adv.tolist(), keep
 
 
@@ -359,14 +440,16 @@ def draw_batch(run, step: int) -> tuple[TaskDraw, list, list[StepRecord]]:
     """Phases 1-3 round by round: draw tasks, roll them out, reward them, keep those whose rollouts differ
     (dynamic sampling), draw the missing number again (refills; docs/method.md §6, last paragraph).
     Returns the draw, the kept responses (TrainItems) and every record this rank rolled out, kept or not."""
-    args = run.args
-    draw = TaskDraw(args.seed, step, len(run.episodes), args.tasks_per_step, 1 + args.max_resample, run.proc)
+    cfg = run.cfg
+    draw = TaskDraw(cfg.seed, step, len(run.episodes), cfg.tasks_per_step, 1 + cfg.max_resample, run.proc)
     batch, rolled = [], []
     with sampling_mode(run.policy):
         while (drawn := draw.next_round()) is not None:
             slots, episode_ids = drawn  # this rank's share: every world_size-th slot of the round
             records = rollout(run, step, slots, episode_ids)
-            adv, keep = advantages(args, records, rewards(args, records), slots)
+            shaped = rewards(records, max_new_tokens=run.sampler.max_new_tokens,
+                             overlong_buffer=cfg.overlong_buffer)
+            adv, keep = advantages(cfg, records, shaped, slots)
             kept = draw.keep(keep)  # the global decision: every rank draws the same next round
             batch += [TrainItem(r, a) for r, a in zip(records, adv) if r.task_idx in kept]
             rolled += records
@@ -395,15 +478,15 @@ def rollout_stats(run, draw: TaskDraw, batch: list, rolled: list[StepRecord]) ->
 def micro_batches(run, batch: list, rolled: list[StepRecord]):
     """The step's mini-batches of micro-batches (_micro_batches), and collate(chunk) -> the model's batch on
     the device (a dummy micro-batch, None, runs the first item: the FSDP collectives)."""
-    args = run.args
-    micro = _micro_batches(batch, args.ppo_mini_batches, args.micro_batch_size, run.proc,
+    cfg = run.cfg
+    micro = _micro_batches(batch, cfg.ppo_mini_batches, cfg.micro_batch_size, run.proc,
                            length=lambda it: len(it.prompt.input_ids) + len(it.response_ids))
     filler = batch[:1] or [TrainItem(rolled[0], 0.0)]
 
     def collate(chunk):
         items = chunk if chunk is not None else filler
         return to_device(collate_sequences([it.prompt for it in items], [it.response_ids for it in items], run.pad_id,
-                                           share_prompts=args.share_prompts == "on",
+                                           share_prompts=cfg.share_prompts == "on",
                                            image_token_id=run.model.config.image_token_id), run.proc.device)
     return micro, collate
 
@@ -412,9 +495,9 @@ def old_ref_logprobs(run, batch: list, micro: list, collate, n_train: float) -> 
     """4. old (unless the sampler's: --old-logp) and reference log-probs (no grad), on exactly the sampled
     ids, into each TrainItem. Returns the max |trainer - sampler| log-prob gap of each recomputed item
     (at --top-p 1, the setting where --old-logp sampler may stand in for this forward)."""
-    args, ref = run.args, run.ref
+    cfg, ref = run.cfg, run.ref
     gap = []
-    recompute = args.old_logp == "recompute"
+    recompute = cfg.old_logp == "recompute"
     for it in batch if not recompute else ():
         it.old_logp = it.record.sampler_logp.float()  # (L,)
     if n_train > 0 and (recompute or ref is not None):  # global: every rank takes the same branch
@@ -422,15 +505,15 @@ def old_ref_logprobs(run, batch: list, micro: list, collate, n_train: float) -> 
             for mini in micro:
                 for chunk in mini:
                     inputs = collate(chunk)
-                    old = run.policy(inputs, temperature=args.temperature)[0] if recompute else None  # (N,) fp32
-                    ref_lp = ref(inputs, temperature=args.temperature)[0] if ref is not None else None  # (N,)
+                    old = run.policy(inputs, temperature=run.sampler.temperature)[0] if recompute else None  # (N,) fp32
+                    ref_lp = ref(inputs, temperature=run.sampler.temperature)[0] if ref is not None else None  # (N,)
                     if chunk is None:
                         continue
                     for it, lp in zip(chunk, _per_item(chunk, old) if recompute else ()):
                         it.old_logp = lp  # (L,)
                     for it, lp in zip(chunk, _per_item(chunk, ref_lp) if ref_lp is not None else ()):
                         it.ref_logp = lp  # (L,)
-                    for it in chunk if recompute and args.top_p == 1.0 else ():  # both score the whole vocabulary
+                    for it in chunk if recompute and cfg.top_p == 1.0 else ():  # both score the whole vocabulary
                         if len(it.response_ids):
                             gap.append((it.old_logp - it.record.sampler_logp.to(it.old_logp)).abs().max().item())
     return gap
@@ -443,7 +526,7 @@ def update(run, micro: list, collate, n_train: float) -> dict:
     totals = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0, "grad_norm": None,
               "skipped": 0, "ratio_dev": None, "logp_gap": None}
     for mini in micro if n_train > 0 else ():
-        sums = ppo_step(run.policy, run.optimizer, mini, collate, run.proc, **loss_config(run.args))
+        sums = ppo_step(run.policy, run.optimizer, mini, collate, run.proc, **loss_config(run.cfg, run.sampler))
         for k in ("loss", "kl", "entropy", "clipped", "tokens", "skipped"):
             totals[k] += sums[k]
         totals["grad_norm"] = sums["grad_norm"]
@@ -456,7 +539,7 @@ def log_step(run, step: int, draw: TaskDraw, st: dict, totals: dict, gap: list[f
              times: dict) -> dict:
     """6. log: the step's metrics row (metrics.jsonl and --report-to; rank 0), after this step's held-out
     evaluation when one is due, and its line on stdout. Returns the row."""
-    args, proc = run.args, run.proc
+    cfg, proc = run.cfg, run.proc
     loss_all, kl_all, ent_all, clip_all, tok_all = utils.all_sum(
         [totals["loss"], totals["kl"], totals["entropy"], totals["clipped"], totals["tokens"]], proc)
     per_tok = (lambda x: x / tok_all) if tok_all > 0 else (lambda x: None)  # noqa: E731
@@ -474,15 +557,15 @@ def log_step(run, step: int, draw: TaskDraw, st: dict, totals: dict, gap: list[f
         "time_update_s": times["update"], "time_s": time.time() - times["t0"],
         # max |trainer - sampler| log-prob over rank 0's tokens (--old-logp sampler: the first micro-batch's), a
         # numerics check; null at --top-p < 1, where --old-logp sampler is not offered
-        "sampler_logp_gap": None if args.top_p < 1.0 else max(gap, default=0.0) if args.old_logp == "recompute"
+        "sampler_logp_gap": None if cfg.top_p < 1.0 else max(gap, default=0.0) if cfg.old_logp == "recompute"
         else totals["logp_gap"],
         "first_ratio_dev": totals["ratio_dev"],  # the first (on-policy) micro-batch's: 0 exactly under recompute
-        "old_logp": args.old_logp,
+        "old_logp": cfg.old_logp,
         "fsdp": torch.distributed.is_initialized(),  # sharded by FSDP2 (always under torchrun)
         "decode": run.sampler.decode,  # the sampler's decode path ("static" if a CUDA graph capture failed)
         "peak_mem_bytes": utils.peak_memory_bytes(proc.device),  # this rank: the step's (CUDA) or the run's (CPU)
     }
-    if run.heldout and ((args.eval_every and (step + 1) % args.eval_every == 0) or step + 1 == args.max_steps):
+    if run.heldout and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.max_steps):
         last.update(evaluate_heldout(run, step + 1))  # after this step's update
     run.metrics.log(last)
     utils.print0(
@@ -500,29 +583,31 @@ def log_step(run, step: int, draw: TaskDraw, st: dict, totals: dict, gap: list[f
 def finish(run, last: dict) -> None:
     """Close the metrics and the process group; rank 0 merges LoRA adapters (--merge) and prints where the
     checkpoint is, the commands to plot and evaluate it, and the last row as JSON."""
-    args, out = run.args, run.out
+    cfg, out = run.cfg, run.out
     run.metrics.close()
     utils.cleanup_distributed()
-    if run.proc.is_main and args.merge:  # the adapted model as a plain Hugging Face folder
+    if run.proc.is_main and run.other.merge:  # the adapted model as a plain Hugging Face folder
         utils.print0(f"merged: {vlm.merge_checkpoint(utils.latest_checkpoint(out / 'ckpt'), out / 'merged')}")
     if run.proc.is_main:
-        utils.print_next_steps(out, args.data, "out/eval/semionline")
+        utils.print_next_steps(out, cfg.data, "out/eval/semionline")
         print(utils.dumps(last), flush=True)
 
 
 def main(argv=None):
-    args = parser.parse_args(argv)
-    if args.model == "auto" and utils.latest_checkpoint(args.sft_dir) is None:
-        raise utils.UsageError(f"--model auto: no SFT checkpoint in {args.sft_dir} (run train_sft.py first, point --sft-dir at "
-                               "its ckpt/, give one step's folder as --model PATH, or --model tiny to train the untrained model)")
-    start = str(utils.latest_checkpoint(args.sft_dir)) if args.model == "auto" else args.model
-    spec = chat.resolve_spec(args, start, say=utils.print0)  # the prompt the checkpoint was trained on
-    check_args(args)
-    run = setup(args, start, spec)
+    cfg, other = parse(argv)  # the typed config (--preset applied); LoRA's, the prompt's, --report-to
+    if cfg.model == "auto" and utils.latest_checkpoint(cfg.sft_dir) is None:
+        raise utils.UsageError(f"--model auto: no SFT checkpoint in {cfg.sft_dir} (run train_sft.py first, "
+                               "point --sft-dir at its ckpt/, give one step's folder as --model PATH, or "
+                               "--model tiny to train the untrained model)")
+    start = str(utils.latest_checkpoint(cfg.sft_dir)) if cfg.model == "auto" else cfg.model
+    spec = chat.resolve_spec(other, start, say=utils.print0)  # the prompt the checkpoint was trained on
+    check_args(cfg, other)
+    run = setup(cfg, other, start, spec)
     last = {}
     if run.heldout and run.start_step == 0:  # the starting point (the SFT model), as row "step 0"
         run.metrics.log({"step": 0, **evaluate_heldout(run, 0)})
-    for step in tqdm(range(run.start_step, args.max_steps), desc="semi-online RL", disable=not run.proc.is_main):
+    for step in tqdm(range(run.start_step, cfg.max_steps), desc="semi-online RL",
+                     disable=not run.proc.is_main):
         t0 = time.time()
         if run.gpu:
             torch.cuda.reset_peak_memory_stats(run.proc.device)
@@ -538,11 +623,11 @@ def main(argv=None):
             utils.print0(f"step {step + 1}: dynamic sampling kept no task in {draw.rounds} rounds; no update")
         times = {"t0": t0, "rollout": t_rollout, "logp": t2 - t1, "update": time.time() - t2}
         last = log_step(run, step, draw, stats, totals, gap, len(micro), times)  # 6. log
-        stop = args.stop_after is not None and step + 1 - run.start_step >= args.stop_after
-        if stop or step + 1 == args.max_steps or (args.save_every and (step + 1) % args.save_every == 0):
-            vlm.save_checkpoint(run.out / "ckpt", run.policy, run.tokenizer, vars(args), optimizer=run.optimizer,
+        stop = cfg.stop_after is not None and step + 1 - run.start_step >= cfg.stop_after
+        if stop or step + 1 == cfg.max_steps or (cfg.save_every and (step + 1) % cfg.save_every == 0):
+            vlm.save_checkpoint(run.out / "ckpt", run.policy, run.tokenizer, run.record, optimizer=run.optimizer,
                                 extra={"step": step + 1, "schedule": run.schedule}, adapter=run.adapter,
-                                keep=args.keep_checkpoints)
+                                keep=cfg.keep_checkpoints)
         if stop:
             break
     finish(run, last)
@@ -569,10 +654,13 @@ class TrainItem:
 # the update (docs/method.md §7)
 
 
-def loss_config(args) -> dict:
-    """The values ppo_step reads, from the trainer's flags (the generation budget is Dr.GRPO's max_len)."""
-    return dict(temperature=args.temperature, clip_low=args.clip_low, clip_high=args.clip_high, clip_c=args.clip_c,
-                kl_coef=args.kl_coef, loss_agg=args.loss_agg, max_len=args.max_new_tokens, grad_clip=args.grad_clip)
+def loss_config(cfg: RLConfig, sampler) -> dict:
+    """The values ppo_step reads: the loss flags of cfg, and the sampler's temperature (the log-probs
+    are of pi at the temperature the responses were drawn at) and length limit (Dr.GRPO's max_len).
+    sampler: the run's sampler.Sampler, or anything with .temperature and .max_new_tokens."""
+    return dict(temperature=sampler.temperature, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                clip_c=cfg.clip_c, kl_coef=cfg.kl_coef, loss_agg=cfg.loss_agg, max_len=sampler.max_new_tokens,
+                grad_clip=cfg.grad_clip)
 
 
 def ppo_step(policy, optimizer, mb, collate, proc, *, temperature: float, clip_low: float, clip_high: float,

@@ -38,9 +38,12 @@ warm-up alone: a base every SFT run can start from (runs/repro_main.py trains it
 """
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import math
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -57,48 +60,97 @@ import vlm
 from vlm import PolicyLogProb, apply_fsdp, checkpoint_activations, collate_sequences, pad_token_id, to_device
 
 # -----------------------------------------------------------------------------
-# config
+# config: one typed field per flag (utils.flag: default, help, --help group); the presets below
 
-parser = utils.make_parser(__doc__)
-perf = parser.add_argument_group("performance (not the method: same results, different speed/memory)")
-# data
-parser.add_argument("--data", default="data/miniwob_click/train.jsonl", type=utils.arg_type(utils.input_file), help="expert episodes (UI-S1 JSONL or AndroidControl native JSON)")
-parser.add_argument("--image-root", default=None, type=utils.arg_type(utils.input_dir), help="folder screenshots are resolved against (default: the data file's folder)")
-parser.add_argument("--blank-screens", default=None, type=utils.arg_type(gui.parse_size), help="WxH: blank screenshots of this size when files are missing")
-parser.add_argument("--max-episodes", type=utils.positive_int, default=None, help="use only the first N episodes")
-parser.add_argument("--val-frac", type=utils.finite_float(0.0, 1.0, high_open=True), default=0.1, help="share of episodes held out for validation loss (0: none)")
-# model
-parser.add_argument("--model", default="tiny:128x4", type=utils.arg_type(vlm.model_path),
-                    help="'tiny', a local Hugging Face folder, or a checkpoint folder (a `latest` pointer is followed)")
-lora.add_lora_args(parser)  # --lora-r (0: full fine-tuning), --lora-alpha, --lora-dropout, --lora-targets, --lora-vision, --merge
-# optimisation
-parser.add_argument("--lr", type=utils.positive_float, default=1e-3, help="AdamW peak learning rate (the default suits the tiny model; the README's 7B command: 1e-5)")
-parser.add_argument("--min-lr-frac", type=utils.fraction, default=0.1, help="cosine decay floor, as a fraction of --lr (0: decay to 0)")
-parser.add_argument("--warmup-steps", type=utils.non_negative_int, default=20, help="linear warm-up steps (0: none)")
-parser.add_argument("--weight-decay", type=utils.non_negative_float, default=0.01, help="AdamW weight decay (0: none)")
-parser.add_argument("--grad-clip", type=utils.positive_float, default=1.0, help="global grad-norm clip")
-parser.add_argument("--batch-size", type=utils.positive_int, default=8, help="examples per optimizer step, all ranks together")
-parser.add_argument("--micro-batch-size", type=utils.positive_int, default=8, help="examples per forward/backward")
-perf.add_argument("--gradient-checkpointing", action="store_true",
-                  help="recompute each decoder layer's and vision block's activations in the backward (less memory, ~1/3 more compute)")
-parser.add_argument("--copy-warmup-steps", type=utils.non_negative_int, default=None,
-                    help="steps on synthetic pages before SFT (module docstring; 0: none; default: 1000 for a 'tiny' model trained from scratch, else 0)")
-parser.add_argument("--copy-warmup-lr", type=utils.positive_float, default=1e-3, help="constant AdamW learning rate of the copy warm-up")
-parser.add_argument("--copy-warmup-elements", type=utils.positive_int, default=1, help="elements per synthetic click page, at most (the target looked up among them)")
-parser.add_argument("--copy-warmup-type-frac", type=utils.fraction, default=0.25, help="share of synthetic pages that ask to type a quoted text (0: click pages only)")
-parser.add_argument("--copy-warmup-code-frac", type=utils.fraction, default=0.0, help="share of synthetic pages whose labels are fresh random codes (3-8 of A-Z, 0-9) instead of the training data's labels, so the copy learnt holds for strings never seen (0: training labels only)")
-chat.add_prompt_args(parser)  # --num-images, --min/max-pixels, --max-prompt-tokens, --step-instruction, --elements, --system-prompt
-# run
-parser.add_argument("--max-steps", type=utils.non_negative_int, default=200, help="optimizer steps (0: the copy warm-up alone, saved as step 0: a shared base)")
-parser.add_argument("--eval-every", type=utils.non_negative_int, default=50, help="validation loss every N steps (0: at the end only)")
-parser.add_argument("--out", default="out/sft", help="output folder (ckpt/, metrics.jsonl, args.json)")
-utils.add_report_to_arg(parser)  # --report-to none | tensorboard wandb trackio (utils.MetricsLogger)
-parser.add_argument("--save-every", type=utils.non_negative_int, default=0, help="checkpoint every N steps (0: at the end only)")
-parser.add_argument("--keep-checkpoints", type=utils.non_negative_int, default=2,
-                    help="keep the newest N checkpoints (0: every one, e.g. for a dose-response over the steps)")
-parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out/ckpt")
-parser.add_argument("--seed", type=utils.non_negative_int, default=0, help="seed of data order, split and the tiny model's init")
-parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to run")
+flag, pos_int, nonneg_int, nonneg_float = utils.flag, utils.positive_int, utils.non_negative_int, \
+    utils.non_negative_float
+DATA, OPT = "data", "optimisation"
+WARM, RUN = "copy warm-up (models trained from scratch; the module docstring)", "run: checkpoints, logs"
+PERF = "performance (not the method: same results, different speed/memory)"
+GROUPS = [DATA, OPT, WARM, RUN, PERF]
+
+
+@dataclass
+class SFTConfig:
+    """Every flag of this script but LoRA's (lora.add_lora_args), the prompt contract's
+    (chat.add_prompt_args) and --report-to: its type, default and help. The fields without a group
+    are the ones a user sets first (--help lists them first)."""
+    preset: str | None = flag(None, "PRESETS' name: sets its fields; a flag given overrides it",
+                              choices=["quickstart", "paper", "release"])
+    data: str = flag("data/miniwob_click/train.jsonl", "expert episodes (UI-S1 JSONL or AndroidControl "
+                     "native JSON)", type=utils.arg_type(utils.input_file))
+    image_root: str | None = flag(None, "folder screenshots are resolved against (default: the data "
+                                  "file's folder)", type=utils.arg_type(utils.input_dir))
+    model: str = flag("tiny:128x4", "'tiny', a local Hugging Face folder, or a checkpoint folder (a "
+                      "`latest` pointer is followed)", type=utils.arg_type(vlm.model_path))
+    lr: float = flag(1e-3, "AdamW peak learning rate (the default suits the tiny model; the paper "
+                     "preset's, 7B: 1e-5)", type=utils.positive_float)
+    batch_size: int = flag(8, "examples per optimizer step, all ranks together", type=pos_int)
+    micro_batch_size: int = flag(8, "examples per forward/backward", type=pos_int)
+    max_steps: int = flag(200, "optimizer steps (0: the copy warm-up alone, saved as step 0: a shared "
+                          "base)", type=nonneg_int)
+    copy_warmup_steps: int | None = flag(None, "steps on synthetic pages before SFT (module docstring; 0: "
+                                         "none; default: 1000 for a 'tiny' model trained from scratch, else "
+                                         "0)", type=nonneg_int)
+    out: str = flag("out/sft", "output folder (ckpt/, metrics.jsonl, args.json)")
+    resume: bool = flag(False, "continue from the latest checkpoint in --out/ckpt", action="store_true")
+    seed: int = flag(0, "seed of data order, split and the tiny model's init", type=nonneg_int)
+    device: str = flag("auto", "where to run", choices=["auto", "cpu", "cuda"])
+    # data
+    blank_screens: str | None = flag(None, "WxH: blank screenshots of this size when files are missing",
+                                     DATA, type=utils.arg_type(gui.parse_size))
+    max_episodes: int | None = flag(None, "use only the first N episodes", DATA, type=pos_int)
+    val_frac: float = flag(0.1, "share of episodes held out for validation loss (0: none)", DATA,
+                           type=utils.finite_float(0.0, 1.0, high_open=True))
+    # optimisation
+    min_lr_frac: float = flag(0.1, "cosine decay floor, as a fraction of --lr (0: decay to 0)", OPT,
+                              type=utils.fraction)
+    warmup_steps: int = flag(20, "linear warm-up steps (0: none)", OPT, type=nonneg_int)
+    weight_decay: float = flag(0.01, "AdamW weight decay (0: none)", OPT, type=nonneg_float)
+    grad_clip: float = flag(1.0, "global grad-norm clip", OPT, type=utils.positive_float)
+    # the copy warm-up
+    copy_warmup_lr: float = flag(1e-3, "constant AdamW learning rate of the copy warm-up", WARM,
+                                 type=utils.positive_float)
+    copy_warmup_elements: int = flag(1, "elements per synthetic click page, at most (the target looked up "
+                                     "among them)", WARM, type=pos_int)
+    copy_warmup_type_frac: float = flag(0.25, "share of synthetic pages that ask to type a quoted text (0: "
+                                        "click pages only)", WARM, type=utils.fraction)
+    copy_warmup_code_frac: float = flag(0.0, "share of synthetic pages whose labels are fresh random codes "
+                                        "(3-8 of A-Z, 0-9) instead of the training data's labels, so the copy "
+                                        "learnt holds for strings never seen (0: training labels only)", WARM,
+                                        type=utils.fraction)
+    # run
+    eval_every: int = flag(50, "validation loss every N steps (0: at the end only)", RUN, type=nonneg_int)
+    save_every: int = flag(0, "checkpoint every N steps (0: at the end only)", RUN, type=nonneg_int)
+    keep_checkpoints: int = flag(2, "keep the newest N checkpoints (0: every one, e.g. for a dose-response "
+                                 "over the steps)", RUN, type=nonneg_int)
+    # performance
+    gradient_checkpointing: bool = flag(False, "recompute each decoder layer's and vision block's "
+                                        "activations in the backward (less memory, ~1/3 more compute)", PERF,
+                                        action="store_true")
+
+
+# Named settings: plain dicts of fields (any flag's dest), recorded in args.json as "preset"; a flag
+# given on the command line overrides a preset's value. SFT has no returns or filter, so the paper's
+# and the release's SFT are one setting: the 7B run of the README (lr 1e-5, 64 examples per step) and
+# the prompt contract the RL stage adopts from its checkpoint (--max-pixels 1003520, docs/method.md §3).
+PAPER = dict(lr=1e-5, batch_size=64, max_pixels=1003520)
+PRESETS = {"quickstart": {},  # the README's quick start: the defaults, sized for the tiny CPU model
+           "paper": PAPER, "release": PAPER}
+
+parser = utils.make_parser(__doc__, usage="%(prog)s [-h] [--preset {quickstart,paper,release}] [--FLAG VALUE ...]")
+groups = utils.add_config_flags(parser, SFTConfig, GROUPS)
+parser._option_string_actions["--preset"].help = "named settings (a flag given overrides them): " + \
+    utils.preset_help(PRESETS)
+lora.add_lora_args(parser.add_argument_group("LoRA (lora.py; 0: full fine-tuning)"))
+utils.add_report_to_arg(groups[RUN])  # --report-to none | tensorboard wandb trackio (utils.MetricsLogger)
+chat.add_prompt_args(parser)  # --num-images, --min/max-pixels, --max-prompt-tokens, --step-instruction, ...
+
+
+def parse(argv=None) -> tuple[SFTConfig, argparse.Namespace]:
+    """The flags: (the typed config with --preset applied, the Namespace of LoRA's, the prompt's and
+    --report-to's flags, as lora.py and chat.resolve_spec read them). Bad flags: one line, exit 2."""
+    return utils.parse_config(parser, SFTConfig, PRESETS, argv)
 
 
 # -----------------------------------------------------------------------------
@@ -170,34 +222,38 @@ def synthetic_example(rng: random.Random, labels: list[str], tokenizer, *, max_e
 # the run: processes, data, the model, a resume (main, at the bottom, runs the two training loops)
 
 
-def setup(args, spec: chat.PromptSpec) -> SimpleNamespace:
-    """Processes, seeds and the data: one example per (episode, step), split into train and validation
-    episodes; prompts are built lazily (images are big). Read and checked before anything is written to
-    --out: a run that fails here leaves a finished run's records as they were. Then the model (build_model).
-    Returns the run's state, which the loops below read."""
-    proc = utils.init_distributed(args.device)
-    utils.seed_everything(args.seed)
-    if args.batch_size % (args.micro_batch_size * proc.world_size):
-        raise utils.UsageError(f"--batch-size {args.batch_size} must be a multiple of micro-batch-size x world size "
-                               f"({args.micro_batch_size} x {proc.world_size})")
-    blank = gui.parse_size(args.blank_screens) if args.blank_screens else None
-    episodes = dataset.load_episodes(args.data, limit=args.max_episodes)
+def setup(cfg: SFTConfig, other: argparse.Namespace, spec: chat.PromptSpec) -> SimpleNamespace:
+    """Processes, seeds and the data: one example per (episode, step), split into train and
+    validation episodes; prompts are built lazily (images are big). Read and checked before anything
+    is written to --out: a run that fails here leaves a finished run's records as they were. Then the
+    model (build_model). `other`: LoRA's, the prompt's and --report-to's flags (parse). Returns the
+    run's state, which the loops below read."""
+    proc = utils.init_distributed(cfg.device)
+    utils.seed_everything(cfg.seed)
+    if cfg.batch_size % (cfg.micro_batch_size * proc.world_size):
+        raise utils.UsageError(f"--batch-size {cfg.batch_size} must be a multiple of micro-batch-size x "
+                               f"world size ({cfg.micro_batch_size} x {proc.world_size})")
+    blank = gui.parse_size(cfg.blank_screens) if cfg.blank_screens else None
+    episodes = dataset.load_episodes(cfg.data, limit=cfg.max_episodes)
     order = list(range(len(episodes)))
-    random.Random(args.seed).shuffle(order)
-    n_val = int(round(len(episodes) * args.val_frac)) if len(episodes) > 1 else 0
+    random.Random(cfg.seed).shuffle(order)
+    n_val = int(round(len(episodes) * cfg.val_frac)) if len(episodes) > 1 else 0
     val_eps, train_eps = [episodes[i] for i in order[:n_val]], [episodes[i] for i in order[n_val:]]
     train_ex = [(e, t) for e in train_eps for t in range(len(e.steps))]
     val_ex = [(e, t) for e in val_eps for t in range(len(e.steps))]
     per_rank = len(train_ex) // proc.world_size
-    if args.max_steps > 0 and per_rank < args.micro_batch_size:
-        raise utils.UsageError(f"the train split has {len(train_ex)} examples ({len(train_eps)} episodes of {args.data} after "
-                               f"--val-frac {args.val_frac:g} held out {len(val_eps)}): {per_rank} per rank on {proc.world_size} "
-                               f"rank(s), fewer than --micro-batch-size {args.micro_batch_size}; lower it or --val-frac, or add data")
-    tokenizer, image_processor = vlm.load_processor(args.model, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
-    utils.print0(f"{len(train_eps)} train / {len(val_eps)} val episodes, {len(train_ex)} / {len(val_ex)} examples")
-    run = SimpleNamespace(args=args, proc=proc, gpu=proc.device.type == "cuda", out=Path(args.out), spec=spec,
-                          blank=blank, train_eps=train_eps, train_ex=train_ex, val_ex=val_ex, tokenizer=tokenizer,
-                          image_processor=image_processor, pad_id=pad_token_id(tokenizer))
+    if cfg.max_steps > 0 and per_rank < cfg.micro_batch_size:
+        raise utils.UsageError(f"the train split has {len(train_ex)} examples ({len(train_eps)} episodes of "
+                               f"{cfg.data} after --val-frac {cfg.val_frac:g} held out {len(val_eps)}): "
+                               f"{per_rank} per rank on {proc.world_size} rank(s), fewer than "
+                               f"--micro-batch-size {cfg.micro_batch_size}; lower it or --val-frac, or add data")
+    tokenizer, image_processor = vlm.load_processor(cfg.model, min_pixels=spec.min_pixels,
+                                                    max_pixels=spec.max_pixels)
+    utils.print0(f"{len(train_eps)} train / {len(val_eps)} val episodes, {len(train_ex)} / {len(val_ex)} "
+                 "examples")
+    run = SimpleNamespace(cfg=cfg, other=other, proc=proc, gpu=proc.device.type == "cuda", out=Path(cfg.out),
+                          spec=spec, blank=blank, train_eps=train_eps, train_ex=train_ex, val_ex=val_ex,
+                          tokenizer=tokenizer, image_processor=image_processor, pad_id=pad_token_id(tokenizer))
     build_model(run)
     return run
 
@@ -205,32 +261,34 @@ def setup(args, spec: chat.PromptSpec) -> SimpleNamespace:
 def build_model(run) -> None:
     """The policy (FSDP2; LoRA adapters with --lora-r) and its optimizer, into `run`; with --resume the
     latest checkpoint in --out; then the first write to --out (args.json) and the metrics file."""
-    args, proc, out = run.args, run.proc, run.out
-    run.model = model = vlm.load_model(args.model, dtype=torch.float32, device=proc.device, seed=args.seed)
-    run.adapter = lora.apply_lora(model, args, base=args.model, seed=args.seed)  # None without --lora-r
-    if args.gradient_checkpointing:
+    cfg, proc, out = run.cfg, run.proc, run.out
+    run.model = model = vlm.load_model(cfg.model, dtype=torch.float32, device=proc.device, seed=cfg.seed)
+    run.adapter = lora.apply_lora(model, run.other, base=cfg.model, seed=cfg.seed)  # None without --lora-r
+    if cfg.gradient_checkpointing:
         checkpoint_activations(model)
     run.policy = apply_fsdp(model, PolicyLogProb(model), proc, mixed_precision=run.gpu)
-    run.optimizer = utils.adamw(lora.trainable(run.policy), lr=args.lr, weight_decay=args.weight_decay)
+    run.optimizer = utils.adamw(lora.trainable(run.policy), lr=cfg.lr, weight_decay=cfg.weight_decay)
     run.start_step = 0
-    if args.resume:
+    if cfg.resume:
         ckpt = utils.latest_checkpoint(out / "ckpt")
         if ckpt is not None:
             run.start_step = int(vlm.load_checkpoint_state(ckpt, run.policy, run.optimizer).get("step", 0))
             utils.print0(f"resumed from {ckpt} at step {run.start_step}")
     # the first write to --out: the flags, the data and a resume's checkpoint are checked by now
+    # args.json: every flag's value as the run used it (--preset applied), the prompt contract ("prompt")
+    run.record = {**dataclasses.asdict(cfg), **vars(run.other)}
     if proc.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "args.json").write_text(utils.dumps(vars(args), indent=2))
-    run.metrics = utils.MetricsLogger(out / "metrics.jsonl", append=args.resume, report_to=args.report_to,
-                                      config=vars(args))
-    if args.resume:
+        (out / "args.json").write_text(utils.dumps(run.record, indent=2))
+    run.metrics = utils.MetricsLogger(out / "metrics.jsonl", append=cfg.resume, report_to=run.other.report_to,
+                                      config=run.record)
+    if cfg.resume:
         run.metrics.resume_at(run.start_step)  # the steps redone after the checkpoint are logged once
 
 
 def example(run, ep, t: int) -> tuple:
     """sft_example of step t of `ep` under the run's prompt contract."""
-    return sft_example(ep, t, run.tokenizer, run.image_processor, run.spec, image_root=run.args.image_root,
+    return sft_example(ep, t, run.tokenizer, run.image_processor, run.spec, image_root=run.cfg.image_root,
                        blank_screens=run.blank)
 
 
@@ -251,12 +309,12 @@ def batches(run, examples, size, seed, split="train"):
         epoch += 1
 
 
-def lr_at(args, step: int) -> float:
+def lr_at(cfg, step: int) -> float:
     """The learning rate of `step`: linear warm-up over --warmup-steps, then cosine down to --min-lr-frac."""
-    if step < args.warmup_steps:
-        return args.lr * (step + 1) / args.warmup_steps
-    frac = (step - args.warmup_steps) / max(1, args.max_steps - args.warmup_steps)
-    return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    frac = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
+    return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
 
 
 def nll(run, built):
@@ -270,15 +328,15 @@ def nll(run, built):
 @torch.no_grad()
 def val_loss(run) -> float:
     """Token-mean validation NLL over all ranks (every rank runs the same number of chunks)."""
-    args, proc, val_ex = run.args, run.proc, run.val_ex
+    cfg, proc, val_ex = run.cfg, run.proc, run.val_ex
     run.policy.eval()
     mine = val_ex[proc.rank::proc.world_size]
-    n_chunks = torch.tensor([math.ceil(len(mine) / args.micro_batch_size)], dtype=torch.float64)
+    n_chunks = torch.tensor([math.ceil(len(mine) / cfg.micro_batch_size)], dtype=torch.float64)
     if proc.world_size > 1:
         torch.distributed.all_reduce(n_chunks, op=torch.distributed.ReduceOp.MAX)
     tot = torch.zeros(2, dtype=torch.float64)
     for c in range(int(n_chunks.item())):
-        chunk = mine[c * args.micro_batch_size:(c + 1) * args.micro_batch_size]
+        chunk = mine[c * cfg.micro_batch_size:(c + 1) * cfg.micro_batch_size]
         loss, n = nll(run, [example(run, e, t) for e, t in (chunk or val_ex[:1])])
         if chunk:
             tot += torch.tensor([loss.item(), n], dtype=torch.float64)
@@ -294,30 +352,30 @@ def val_loss(run) -> float:
 def copy_warmup(run) -> None:
     """The copy warm-up (module docstring), on a fresh run only: --copy-warmup-steps steps on synthetic
     pages with their own AdamW; with --max-steps 0 its model is the run's checkpoint (a base to start from)."""
-    args, proc, out, policy = run.args, run.proc, run.out, run.policy
-    warm_steps = args.copy_warmup_steps
+    cfg, proc, out, policy = run.cfg, run.proc, run.out, run.policy
+    warm_steps = cfg.copy_warmup_steps
     labels = dataset.page_labels(run.train_eps) if warm_steps > 0 and run.start_step == 0 else []
     if warm_steps > 0 and run.start_step == 0 and not labels:
-        utils.print0(f"copy warm-up skipped: no element labels in {args.data}")
+        utils.print0(f"copy warm-up skipped: no element labels in {cfg.data}")
     if not labels:
         return
-    rng = random.Random(args.seed * 1_000_003 + proc.rank)
+    rng = random.Random(cfg.seed * 1_000_003 + proc.rank)
     digit_ids = set(run.tokenizer.convert_tokens_to_ids(list("0123456789")))
-    warm_opt = utils.adamw(lora.trainable(policy), lr=args.copy_warmup_lr, weight_decay=args.weight_decay)
+    warm_opt = utils.adamw(lora.trainable(policy), lr=cfg.copy_warmup_lr, weight_decay=cfg.weight_decay)
     warm_log = utils.MetricsLogger(out / "copy_warmup.jsonl")
-    per_rank = max(1, args.batch_size // proc.world_size)
+    per_rank = max(1, cfg.batch_size // proc.world_size)
     policy.train()
     bar = tqdm(range(warm_steps), desc="copy warm-up", disable=not proc.is_main)
     for step in bar:
-        built = [synthetic_example(rng, labels, run.tokenizer, max_elements=args.copy_warmup_elements,
-                                   type_frac=args.copy_warmup_type_frac, code_frac=args.copy_warmup_code_frac)
+        built = [synthetic_example(rng, labels, run.tokenizer, max_elements=cfg.copy_warmup_elements,
+                                   type_frac=cfg.copy_warmup_type_frac, code_frac=cfg.copy_warmup_code_frac)
                  for _ in range(per_rank)]
         batch = to_device(collate_sequences([p for p, _ in built], [y for _, y in built], run.pad_id), proc.device)
         logp, _ = policy(batch)
         loss = -logp.mean()
         warm_opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
         warm_opt.step()
         is_digit = torch.tensor([t in digit_ids for _, y in built for t in y])
         row = torch.tensor([loss.item(), -logp.detach().cpu()[is_digit].mean().item()], dtype=torch.float64) / proc.world_size
@@ -327,28 +385,29 @@ def copy_warmup(run) -> None:
     utils.print0(f"copy warm-up: {warm_steps} steps, last loss {row[0].item():.3f}, coordinate digits "
                  f"{row[1].item():.3f} nats/token (no copy: ~2.2; log {out / 'copy_warmup.jsonl'})")
     del warm_opt
-    if args.max_steps == 0:  # the warm-up alone: a base model that SFT runs start from (--model BASE)
-        vlm.save_checkpoint(out / "ckpt", policy, run.tokenizer, vars(args), extra={"step": 0}, adapter=run.adapter)
+    if cfg.max_steps == 0:  # the warm-up alone: a base model that SFT runs start from (--model BASE)
+        vlm.save_checkpoint(out / "ckpt", policy, run.tokenizer, run.record, extra={"step": 0},
+                            adapter=run.adapter)
 
 
 def sft(run) -> dict:
     """SFT proper: --max-steps optimizer steps of --batch-size examples (token-mean NLL over the global
     batch, gradient accumulation over micro-batches), a resumed run continuing the same data order;
     validation every --eval-every steps and at the end; checkpoints. Returns the last step's metrics."""
-    args, proc, policy, optimizer = run.args, run.proc, run.policy, run.optimizer
-    accum = args.batch_size // (args.micro_batch_size * proc.world_size)
-    stream = batches(run, run.train_ex, args.micro_batch_size, args.seed)
+    cfg, proc, policy, optimizer = run.cfg, run.proc, run.policy, run.optimizer
+    accum = cfg.batch_size // (cfg.micro_batch_size * proc.world_size)
+    stream = batches(run, run.train_ex, cfg.micro_batch_size, cfg.seed)
     for _ in range(run.start_step * accum):  # a resumed run continues the same data order
         next(stream)
     last = {}
     policy.train()
-    bar = tqdm(range(run.start_step, args.max_steps), desc="SFT", disable=not proc.is_main)
+    bar = tqdm(range(run.start_step, cfg.max_steps), desc="SFT", disable=not proc.is_main)
     for step in bar:
         t0 = time.time()
         if run.gpu:
             torch.cuda.reset_peak_memory_stats(proc.device)
         for g in optimizer.param_groups:
-            g["lr"] = lr_at(args, step)
+            g["lr"] = lr_at(cfg, step)
         # build the micro-batches first: the token-mean needs the global target token count
         built = [[example(run, e, t) for e, t in next(stream)] for _ in range(accum)]
         n_tok = torch.tensor([float(sum(len(y) for mb in built for _, y in mb))], dtype=torch.float64)
@@ -361,50 +420,50 @@ def sft(run) -> dict:
             (loss / n_tok.item() * proc.world_size).backward()
             loss_sum += loss.item()
             tok_local += n
-        gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
+        gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
         optimizer.step()
         tot = torch.tensor([loss_sum, tok_local], dtype=torch.float64)
         utils.all_reduce_sum(tot)
         dt = time.time() - t0
-        last = {"step": step + 1, "loss": (tot[0] / tot[1]).item(), "lr": lr_at(args, step),
+        last = {"step": step + 1, "loss": (tot[0] / tot[1]).item(), "lr": lr_at(cfg, step),
                 "grad_norm": float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn),
                 "tokens": int(tot[1].item()), "tok_s": tot[1].item() / dt, "time_s": dt,
                 "peak_mem_bytes": utils.peak_memory_bytes(proc.device)}  # this rank: the step's (CUDA) or the run's (CPU)
-        if (args.eval_every and (step + 1) % args.eval_every == 0) or step + 1 == args.max_steps:
+        if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.max_steps:
             last["val_loss"] = val_loss(run)
         run.metrics.log(last)
         bar.set_postfix(loss=f"{last['loss']:.3f}", **({"val": f"{last['val_loss']:.3f}"} if "val_loss" in last else {}))
         if "val_loss" in last:
             utils.print0(f"step {step + 1:5d} | loss {last['loss']:.4f} | val {last['val_loss']:.4f} | lr {last['lr']:.2e} "
                          f"| gnorm {last['grad_norm']:.2f} | {last['tok_s']:.0f} tok/s")
-        if step + 1 == args.max_steps or (args.save_every and (step + 1) % args.save_every == 0):
-            vlm.save_checkpoint(run.out / "ckpt", policy, run.tokenizer, vars(args), optimizer=optimizer,
-                                extra={"step": step + 1}, adapter=run.adapter, keep=args.keep_checkpoints)
+        if step + 1 == cfg.max_steps or (cfg.save_every and (step + 1) % cfg.save_every == 0):
+            vlm.save_checkpoint(run.out / "ckpt", policy, run.tokenizer, run.record, optimizer=optimizer,
+                                extra={"step": step + 1}, adapter=run.adapter, keep=cfg.keep_checkpoints)
     return last
 
 
 def finish(run, last: dict) -> None:
     """Close the metrics and the process group; rank 0 merges LoRA adapters (--merge) and prints where the
     checkpoint is, the commands to plot, evaluate and go on with it, and the last row as JSON."""
-    args, out = run.args, run.out
+    cfg, out = run.cfg, run.out
     run.metrics.close()
     utils.cleanup_distributed()
-    if run.proc.is_main and args.merge:  # the adapted model as a plain Hugging Face folder
+    if run.proc.is_main and run.other.merge:  # the adapted model as a plain Hugging Face folder
         utils.print0(f"merged: {vlm.merge_checkpoint(utils.latest_checkpoint(out / 'ckpt'), out / 'merged')}")
     if run.proc.is_main:
-        utils.print_next_steps(out, args.data, "out/eval/sft",
+        utils.print_next_steps(out, cfg.data, "out/eval/sft",
                                f"next stage: torchrun --nproc_per_node=2 train_semionline.py --sft-dir {out / 'ckpt'}")
         print(utils.dumps(last), flush=True)
 
 
 def main(argv=None):
-    args = parser.parse_args(argv)
-    if args.copy_warmup_steps is None:   # resolved here so that args.json records the number
-        args.copy_warmup_steps = copy_warmup_default(args.model)
-    spec = chat.resolve_spec(args, args.model, say=utils.print0)
-    if lora.check_lora_args(args):
-        raise utils.UsageError(lora.check_lora_args(args))
-    run = setup(args, spec)
+    cfg, other = parse(argv)  # the typed config (--preset applied); LoRA's, the prompt's, --report-to
+    if cfg.copy_warmup_steps is None:   # resolved here so that args.json records the number
+        cfg.copy_warmup_steps = copy_warmup_default(cfg.model)
+    spec = chat.resolve_spec(other, cfg.model, say=utils.print0)
+    if lora.check_lora_args(other):
+        raise utils.UsageError(lora.check_lora_args(other))
+    run = setup(cfg, other, spec)
     copy_warmup(run)  # models trained from scratch: copy a point (or a string) first
     last = sft(run)
     finish(run, last)
