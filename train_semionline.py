@@ -4,9 +4,10 @@ Each step (main, at the bottom; each phase a function above it):
   1. rollout  - `rollout.semi_online_rollout`: N rollouts per task walk through the
                 expert episode with their OWN history; wrong steps are patched
                 (patch.py) up to --patch-threshold times, else the rollout ends.
-  2-3. rewards, advantages - the rule reward with the overlong penalty; `advantage.compute_advantages`:
-                discounted returns, step-level group + episode-level advantages (docs/method.md §6);
-                dynamic sampling drops tasks whose step-0 returns do not vary (DAPO) and refills (draw_batch).
+  2-3. rewards, advantages - the rule reward with the overlong penalty;
+                `advantage.compute_advantages`: discounted returns, step-level group +
+                episode-level advantages (docs/method.md §6); dynamic sampling drops tasks
+                whose step-0 returns do not vary (DAPO) and refills (draw_batch).
   4. old/ref log-probs - one no-grad forward of the policy (on CPU its sampler's own log-probs
                 serve: --old-logp) and of the frozen reference. A step's rollouts of one task
                 share a mini-batch, and rows with a common prompt run it once (--share-prompts).
@@ -24,16 +25,17 @@ flagged `partial`. The release (verl's DAPO loop) draws a full batch per round, 
 then stops with an error; --max-resample 9 gives the same number of rounds.
 
 Single process (CPU or one GPU), after `python train_sft.py --max-steps 150` (--model auto starts
-from its checkpoint and is an error without one; `--model tiny` trains a random tiny model on purpose,
-which earns no reward, so dynamic sampling keeps no task and its steps log and checkpoint without an update):
+from its checkpoint and is an error without one; `--model tiny` trains a random tiny model on
+purpose, which earns no reward, so dynamic sampling keeps no task and its steps log and checkpoint
+without an update):
     python train_semionline.py --max-steps 4
-Several processes (FSDP2; gloo on CPU, nccl on GPU):
+Several processes (FSDP2; gloo on CPU, nccl on GPU); the README's main job, `--preset quickstart`:
     torchrun --nproc_per_node=2 train_semionline.py
-The paper's setting (8 GPUs, Qwen2.5-VL-7B-Instruct, AndroidControl with screenshots):
-    torchrun --nproc_per_node=8 train_semionline.py --model /models/Qwen2.5-VL-7B-Instruct \\
-        --data data/android_control/android_control_train_example_uis1.jsonl --image-root /data/ac \\
-        --tasks-per-step 8 --n-rollouts 8 --max-new-tokens 512 --lr 1e-6 --gamma 0.5 \\
-        --patch-threshold 2 --filter-std 0.3 --max-pixels 1003520
+The paper's scale (8 GPUs, Qwen2.5-VL-7B-Instruct, AndroidControl with screenshots) with the
+release's returns and filter; `--preset paper` for the paper's returns (docs/method.md §6):
+    torchrun --nproc_per_node=8 train_semionline.py --preset release \\
+        --model /models/Qwen2.5-VL-7B-Instruct --max-pixels 1003520 --image-root /data/ac \\
+        --data data/android_control/android_control_train_example_uis1.jsonl
 Offline-RL baseline on the same code: add --history expert. Short of memory: add
 --gradient-checkpointing (bench/gpu_check.py's full_depth runs the 28-layer 7B on one GPU with it),
 or --lora-r 16: adapters only, the KL reference is the policy with them disabled (lora.py).
@@ -226,8 +228,8 @@ def parse(argv=None) -> tuple[RLConfig, argparse.Namespace]:
 def check_args(cfg: RLConfig, other: argparse.Namespace) -> None:
     """Flag values that parse but cannot run raise utils.UsageError (one line, exit 2), before any
     model loads and before args.json or metrics.jsonl is written."""
-    # each flag's own range (the temperature: utils.check_temperature) is its parser type's; here the
-    # rules between flags
+    # each flag's own range (the temperature: utils.check_temperature) is its parser type's;
+    # here the rules between flags
     rules = [
         (cfg.old_logp != "sampler" or cfg.top_p == 1.0,
          f"--old-logp sampler needs --top-p 1: its log-probs (the whole vocabulary's, as recompute's) are "
@@ -248,7 +250,8 @@ def check_args(cfg: RLConfig, other: argparse.Namespace) -> None:
 # diagnostics: greedy vs sampled on held-out episodes, reward by task
 
 
-def greedy_vs_sampled(sampler, episodes, tokenizer, image_processor, spec: chat.PromptSpec = chat.PromptSpec(), *,
+def greedy_vs_sampled(sampler, episodes, tokenizer, image_processor,
+                      spec: chat.PromptSpec = chat.PromptSpec(), *,
                       samples: int = 4, seed: int = 0, image_root=None, blank_screens=None) -> dict:
     """The RL run's held-out diagnostic: the reward sees sampled responses (the sampler's
     temperature and top-p), evaluation runs the greedy policy, and the two can move apart (RL that
@@ -258,18 +261,21 @@ def greedy_vs_sampled(sampler, episodes, tokenizer, image_processor, spec: chat.
     (floats, to be summed over ranks): greedy_match / greedy_steps, sampled_match / sampled_steps,
     sop_pg_sum (sum of per-episode progress), sop_solved, episodes."""
     def walk(**kw):
-        return semi_online_rollout(sampler, episodes, tokenizer, image_processor, spec=spec, patch_threshold=0,
+        return semi_online_rollout(sampler, episodes, tokenizer, image_processor, spec=spec,
+                                   patch_threshold=0,
                                    image_root=image_root, blank_screens=blank_screens, **kw) if episodes else []
     greedy = walk(n_rollouts=1, greedy=True, history_mode="expert")
     sampled = walk(n_rollouts=samples, greedy=False, history_mode="expert", seed=seed)
-    sop = sop_progress(walk(n_rollouts=1, greedy=True, history_mode="own"), {k: len(e.steps) for k, e in enumerate(episodes)})
+    sop = sop_progress(walk(n_rollouts=1, greedy=True, history_mode="own"),
+                       {k: len(e.steps) for k, e in enumerate(episodes)})
     return {"greedy_match": float(sum(r.match for r in greedy)), "greedy_steps": float(len(greedy)),
             "sampled_match": float(sum(r.match for r in sampled)), "sampled_steps": float(len(sampled)),
             "sop_pg_sum": float(sum(c / n for c, n in sop.values())), "sop_solved": float(sum(c == n for c, n in sop.values())),
             "episodes": float(len(sop))}
 
 
-def task_reward_sums(records: list[StepRecord], slot_task: dict[int, str], tasks: list[str]) -> list[float]:
+def task_reward_sums(records: list[StepRecord], slot_task: dict[int, str],
+                     tasks: list[str]) -> list[float]:
     """Per task of `tasks`, the reward sum of `records` (a record's task: slot_task[record.task_idx]),
     then per task the response count: 2 * len(tasks) floats, to be summed over ranks and read by
     task_rewards (the trainer's reward_by_task)."""
@@ -293,7 +299,8 @@ def task_rewards(tasks: list[str], sums: list[float]) -> dict[str, dict]:
 # the run: processes, data, models, a resume (main, at the bottom, runs the phases below in order)
 
 
-def setup(cfg: RLConfig, other: argparse.Namespace, start: str, spec: chat.PromptSpec) -> SimpleNamespace:
+def setup(cfg: RLConfig, other: argparse.Namespace, start: str,
+          spec: chat.PromptSpec) -> SimpleNamespace:
     """Processes, seeds, the data and the prompt's processor, then the models (build_models) and a
     resumed run's checkpoint and metrics file (resume). `other`: LoRA's, the prompt's and --report-to's
     flags (parse). Returns the run's state, which the phases below read."""
@@ -318,7 +325,8 @@ def setup(cfg: RLConfig, other: argparse.Namespace, start: str, spec: chat.Promp
     run = SimpleNamespace(
         cfg=cfg, other=other, proc=proc, gpu=gpu, spec=spec, blank=blank, episodes=episodes,
         tokenizer=tokenizer, image_processor=image_processor, pad_id=pad_token_id(tokenizer),
-        out=Path(cfg.out),  # written only once the flags, the data and a resume's checkpoint are checked
+        # written only once the flags, the data and a resume's checkpoint are checked
+        out=Path(cfg.out),
         task_names=sorted({e.task for e in episodes}),  # the same on every rank
         heldout=dataset.load_episodes(cfg.eval_data, limit=cfg.eval_episodes) if cfg.eval_data else [])
     build_models(run, init=start)  # --model auto: the latest SFT checkpoint
@@ -338,16 +346,19 @@ def build_models(run, init: str) -> None:
     if cfg.gradient_checkpointing:
         checkpoint_activations(model)
     run.policy = apply_fsdp(model, PolicyLogProb(model), proc, mixed_precision=run.gpu)
-    # under LoRA the reference is the policy with its adapters disabled (no second model), unless --ref-model
+    # under LoRA the reference is the policy with its adapters off (no second model), unless --ref-model
     lora_ref = cfg.kl_coef > 0 and run.adapter and cfg.ref_model is None
     run.ref = lora.AdaptersOff(run.policy, run.adapter) if lora_ref else None
     if cfg.kl_coef > 0 and run.ref is None:
-        ref_model = vlm.load_model(cfg.ref_model or init, dtype=torch.bfloat16 if run.gpu else dtype,
+        ref_model = vlm.load_model(cfg.ref_model or init,
+                                   dtype=torch.bfloat16 if run.gpu else dtype,
                                    device=proc.device, seed=cfg.seed if cfg.ref_seed is None else cfg.ref_seed)
         ref_model.requires_grad_(False).eval()
         run.ref = apply_fsdp(ref_model, PolicyLogProb(ref_model), proc, mixed_precision=False)
-    run.optimizer = utils.adamw(lora.trainable(run.policy), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    run.sampler = Sampler(model, run.tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+    run.optimizer = utils.adamw(lora.trainable(run.policy), lr=cfg.lr,
+                                weight_decay=cfg.weight_decay)
+    run.sampler = Sampler(model, run.tokenizer, max_new_tokens=cfg.max_new_tokens,
+                          temperature=cfg.temperature,
                           top_p=cfg.top_p, decode=cfg.decode)
 
 
@@ -364,11 +375,13 @@ def resume(run) -> None:
     cfg, out = run.cfg, run.out
     run.start_step = 0
     # what the task schedule depends on: a resume must continue the same schedule
-    run.schedule = {"seed": cfg.seed, "tasks_per_step": cfg.tasks_per_step, "n_episodes": len(run.episodes)}
+    run.schedule = {"seed": cfg.seed, "tasks_per_step": cfg.tasks_per_step,
+                    "n_episodes": len(run.episodes)}
     if cfg.resume:
         ckpt = utils.latest_checkpoint(out / "ckpt")
         if ckpt is not None:
-            state = vlm.load_checkpoint_state(ckpt, run.policy, run.optimizer)  # model, optimizer, every RNG
+            # model, optimizer, every RNG
+            state = vlm.load_checkpoint_state(ckpt, run.policy, run.optimizer)
             run.start_step = int(state.get("step", 0))
             if state.get("schedule", run.schedule) != run.schedule:
                 raise utils.UsageError(f"{ckpt}/trainer_state.json: field 'schedule' {state['schedule']} differs "
@@ -379,24 +392,28 @@ def resume(run) -> None:
     if run.proc.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "args.json").write_text(utils.dumps(run.record, indent=2))
-    run.metrics = utils.MetricsLogger(out / "metrics.jsonl", append=cfg.resume, report_to=run.other.report_to,
+    run.metrics = utils.MetricsLogger(out / "metrics.jsonl", append=cfg.resume,
+                                      report_to=run.other.report_to,
                                       config=run.record)
     if cfg.resume:
-        run.metrics.resume_at(run.start_step)  # the steps redone after the checkpoint are logged once
+        # the steps redone after the checkpoint are logged once
+        run.metrics.resume_at(run.start_step)
 
 
 def evaluate_heldout(run, step: int) -> dict:
     """Greedy vs sampled accuracy on this rank's share of the held-out episodes, summed over ranks."""
     cfg, proc = run.cfg, run.proc
     with sampling_mode(run.policy):
-        counts = greedy_vs_sampled(run.sampler, run.heldout[proc.rank::proc.world_size], run.tokenizer,
+        counts = greedy_vs_sampled(run.sampler, run.heldout[proc.rank::proc.world_size],
+                                   run.tokenizer,
                                    run.image_processor, run.spec, samples=cfg.eval_samples, seed=cfg.seed + step,
                                    image_root=cfg.image_root, blank_screens=run.blank)
     total = dict(zip(counts, utils.all_sum(list(counts.values()), proc)))
     return {"heldout_greedy_step_acc": total["greedy_match"] / max(total["greedy_steps"], 1),
             "heldout_sampled_step_acc": total["sampled_match"] / max(total["sampled_steps"], 1),
             "heldout_sop_pg": total["sop_pg_sum"] / max(total["episodes"], 1),
-            "heldout_sop_tsr": total["sop_solved"] / max(total["episodes"], 1), "heldout_episodes": int(total["episodes"])}
+            "heldout_sop_tsr": total["sop_solved"] / max(total["episodes"], 1),
+            "heldout_episodes": int(total["episodes"])}
 
 
 # -----------------------------------------------------------------------------
@@ -428,7 +445,8 @@ def advantages(cfg: RLConfig, records: list[StepRecord], shaped: list[float],
     """3. returns and advantages (docs/method.md §6; groups never cross tasks, so per round), and the
     slots dynamic sampling keeps (step-0 returns that vary; all with a negative --filter-std). Reads
     --gamma, --returns-form, --episode-adv, --w-episode, --omega, --adv-norm and --filter-std."""
-    adv = compute_advantages(records, rewards=shaped, gamma=cfg.gamma, returns_form=cfg.returns_form,
+    adv = compute_advantages(records, rewards=shaped, gamma=cfg.gamma,
+                             returns_form=cfg.returns_form,
                              episode_form=cfg.episode_adv, w_episode=cfg.w_episode, omega=cfg.omega,
                              norm=cfg.adv_norm)
     keep = set(slots) if cfg.filter_std < 0 else dynamic_sampling_tasks(records, adv.returns,
@@ -441,7 +459,8 @@ def draw_batch(run, step: int) -> tuple[TaskDraw, list, list[StepRecord]]:
     (dynamic sampling), draw the missing number again (refills; docs/method.md §6, last paragraph).
     Returns the draw, the kept responses (TrainItems) and every record this rank rolled out, kept or not."""
     cfg = run.cfg
-    draw = TaskDraw(cfg.seed, step, len(run.episodes), cfg.tasks_per_step, 1 + cfg.max_resample, run.proc)
+    draw = TaskDraw(cfg.seed, step, len(run.episodes), cfg.tasks_per_step, 1 + cfg.max_resample,
+                    run.proc)
     batch, rolled = [], []
     with sampling_mode(run.policy):
         while (drawn := draw.next_round()) is not None:
@@ -460,7 +479,8 @@ def rollout_stats(run, draw: TaskDraw, batch: list, rolled: list[StepRecord]) ->
     """Rollout statistics over every sampled response (kept or not), summed over ranks; by_task: the
     per-task reward, for data of few tasks (MiniWob's), not per-goal data."""
     ep_len = {s: len(run.episodes[e].steps) for s, e in draw.slot_episode.items()}
-    names = ("reward_sum", "match_sum", "n_resp", "n_patched", "resp_tok", "prog_sum", "n_roll", "n_train", "n_cut")
+    names = ("reward_sum", "match_sum", "n_resp", "n_patched", "resp_tok", "prog_sum", "n_roll",
+             "n_train", "n_cut")
     stats = dict(zip(names, utils.all_sum([
         sum(r.reward for r in rolled), sum(r.match for r in rolled), len(rolled),
         sum(r.patched for r in rolled), sum(len(r.response_ids) for r in rolled),
@@ -470,7 +490,8 @@ def rollout_stats(run, draw: TaskDraw, batch: list, rolled: list[StepRecord]) ->
     stats["by_task"] = None
     if len(run.task_names) <= MAX_TASKS_LOGGED:
         slot_task = {s: run.episodes[e].task for s, e in draw.slot_episode.items()}
-        stats["by_task"] = task_rewards(run.task_names, utils.all_sum(task_reward_sums(rolled, slot_task, run.task_names),
+        stats["by_task"] = task_rewards(run.task_names,
+                                        utils.all_sum(task_reward_sums(rolled, slot_task, run.task_names),
                                                                       run.proc))
     return stats
 
@@ -505,15 +526,18 @@ def old_ref_logprobs(run, batch: list, micro: list, collate, n_train: float) -> 
             for mini in micro:
                 for chunk in mini:
                     inputs = collate(chunk)
-                    old = run.policy(inputs, temperature=run.sampler.temperature)[0] if recompute else None  # (N,) fp32
-                    ref_lp = ref(inputs, temperature=run.sampler.temperature)[0] if ref is not None else None  # (N,)
+                    t = run.sampler.temperature  # the log-probs of pi at the temperature sampled at
+                    old = run.policy(inputs, temperature=t)[0] if recompute else None  # (N,) fp32
+                    ref_lp = ref(inputs, temperature=t)[0] if ref is not None else None  # (N,)
                     if chunk is None:
                         continue
                     for it, lp in zip(chunk, _per_item(chunk, old) if recompute else ()):
                         it.old_logp = lp  # (L,)
-                    for it, lp in zip(chunk, _per_item(chunk, ref_lp) if ref_lp is not None else ()):
+                    for it, lp in zip(chunk,
+                                      _per_item(chunk, ref_lp) if ref_lp is not None else ()):
                         it.ref_logp = lp  # (L,)
-                    for it in chunk if recompute and cfg.top_p == 1.0 else ():  # both score the whole vocabulary
+                    # both score the whole vocabulary
+                    for it in chunk if recompute and cfg.top_p == 1.0 else ():
                         if len(it.response_ids):
                             gap.append((it.old_logp - it.record.sampler_logp.to(it.old_logp)).abs().max().item())
     return gap
@@ -523,10 +547,12 @@ def update(run, micro: list, collate, n_train: float) -> dict:
     """5. update (docs/method.md §7): --ppo-mini-batches optimizer steps over one pass of the data (1 PPO
     epoch, ppo_step). Returns this rank's sums over them (loss, kl, entropy, clipped, tokens, skipped), the
     last grad_norm and the first micro-batch's ratio_dev and logp_gap."""
-    totals = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0, "grad_norm": None,
+    totals = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0,
+              "grad_norm": None,
               "skipped": 0, "ratio_dev": None, "logp_gap": None}
     for mini in micro if n_train > 0 else ():
-        sums = ppo_step(run.policy, run.optimizer, mini, collate, run.proc, **loss_config(run.cfg, run.sampler))
+        sums = ppo_step(run.policy, run.optimizer, mini, collate, run.proc,
+                        **loss_config(run.cfg, run.sampler))
         for k in ("loss", "kl", "entropy", "clipped", "tokens", "skipped"):
             totals[k] += sums[k]
         totals["grad_norm"] = sums["grad_norm"]
@@ -547,23 +573,31 @@ def log_step(run, step: int, draw: TaskDraw, st: dict, totals: dict, gap: list[f
     last = {
         "step": step + 1, "loss": loss_all / n_micro if st["n_train"] > 0 else None,
         "reward_mean": st["reward_sum"] / n_resp, "match_rate": st["match_sum"] / n_resp,
-        "reward_by_task": st["by_task"],  # {task: {reward (mean), responses}} of the tasks drawn; None: > 32 tasks
-        "truncated_rate": st["n_cut"] / n_resp,  # responses cut at --max-new-tokens (strict rules: reward 0)
+        # {task: {reward (mean), responses}} of the tasks drawn; None: > 32 tasks
+        "reward_by_task": st["by_task"],
+        # responses cut at --max-new-tokens (strict rules: reward 0)
+        "truncated_rate": st["n_cut"] / n_resp,
         "progress": st["prog_sum"] / max(st["n_roll"], 1), "patch_rate": st["n_patched"] / n_resp,
         **draw.info(), "updates_skipped": totals["skipped"],
         "kl": per_tok(kl_all), "entropy": per_tok(ent_all), "clipfrac": per_tok(clip_all),
         "grad_norm": totals["grad_norm"], "response_len": st["resp_tok"] / n_resp, "train_tokens": int(tok_all),
-        "tok_s": st["resp_tok"] / max(t_rollout, 1e-9), "time_rollout_s": t_rollout, "time_logp_s": times["logp"],
+        "tok_s": st["resp_tok"] / max(t_rollout, 1e-9), "time_rollout_s": t_rollout,
+        "time_logp_s": times["logp"],
         "time_update_s": times["update"], "time_s": time.time() - times["t0"],
-        # max |trainer - sampler| log-prob over rank 0's tokens (--old-logp sampler: the first micro-batch's), a
-        # numerics check; null at --top-p < 1, where --old-logp sampler is not offered
-        "sampler_logp_gap": None if cfg.top_p < 1.0 else max(gap, default=0.0) if cfg.old_logp == "recompute"
+        # max |trainer - sampler| log-prob over rank 0's tokens (--old-logp sampler: the
+        # first micro-batch's), a numerics check; null at --top-p < 1, where --old-logp
+        # sampler is not offered
+        "sampler_logp_gap": None if cfg.top_p < 1.0
+        else max(gap, default=0.0) if cfg.old_logp == "recompute"
         else totals["logp_gap"],
-        "first_ratio_dev": totals["ratio_dev"],  # the first (on-policy) micro-batch's: 0 exactly under recompute
+        # the first (on-policy) micro-batch's: 0 exactly under recompute
+        "first_ratio_dev": totals["ratio_dev"],
         "old_logp": cfg.old_logp,
         "fsdp": torch.distributed.is_initialized(),  # sharded by FSDP2 (always under torchrun)
-        "decode": run.sampler.decode,  # the sampler's decode path ("static" if a CUDA graph capture failed)
-        "peak_mem_bytes": utils.peak_memory_bytes(proc.device),  # this rank: the step's (CUDA) or the run's (CPU)
+        # the sampler's decode path ("static" if a CUDA graph capture failed)
+        "decode": run.sampler.decode,
+        # this rank: the step's (CUDA) or the run's (CPU)
+        "peak_mem_bytes": utils.peak_memory_bytes(proc.device),
     }
     if run.heldout and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.max_steps):
         last.update(evaluate_heldout(run, step + 1))  # after this step's update
@@ -594,13 +628,15 @@ def finish(run, last: dict) -> None:
 
 
 def main(argv=None):
-    cfg, other = parse(argv)  # the typed config (--preset applied); LoRA's, the prompt's, --report-to
+    # the typed config (--preset applied); LoRA's, the prompt's, --report-to
+    cfg, other = parse(argv)
     if cfg.model == "auto" and utils.latest_checkpoint(cfg.sft_dir) is None:
         raise utils.UsageError(f"--model auto: no SFT checkpoint in {cfg.sft_dir} (run train_sft.py first, "
                                "point --sft-dir at its ckpt/, give one step's folder as --model PATH, or "
                                "--model tiny to train the untrained model)")
     start = str(utils.latest_checkpoint(cfg.sft_dir)) if cfg.model == "auto" else cfg.model
-    spec = chat.resolve_spec(other, start, say=utils.print0)  # the prompt the checkpoint was trained on
+    # the prompt the checkpoint was trained on
+    spec = chat.resolve_spec(other, start, say=utils.print0)
     check_args(cfg, other)
     run = setup(cfg, other, start, spec)
     last = {}
@@ -611,12 +647,14 @@ def main(argv=None):
         t0 = time.time()
         if run.gpu:
             torch.cuda.reset_peak_memory_stats(run.proc.device)
-        draw, batch, rolled = draw_batch(run, step)  # 1-3. rollout -> rewards -> advantages, refilled
+        # 1-3. rollout -> rewards -> advantages, refilled
+        draw, batch, rolled = draw_batch(run, step)
         t_rollout = time.time() - t0
         stats = rollout_stats(run, draw, batch, rolled)
         t1 = time.time()
         micro, collate = micro_batches(run, batch, rolled) if stats["n_train"] > 0 else ([], None)
-        gap = old_ref_logprobs(run, batch, micro, collate, stats["n_train"])  # 4. old / ref log-probs
+        # 4. old / ref log-probs
+        gap = old_ref_logprobs(run, batch, micro, collate, stats["n_train"])
         t2 = time.time()
         totals = update(run, micro, collate, stats["n_train"])  # 5. the PPO update
         if stats["n_train"] == 0:
@@ -625,8 +663,9 @@ def main(argv=None):
         last = log_step(run, step, draw, stats, totals, gap, len(micro), times)  # 6. log
         stop = cfg.stop_after is not None and step + 1 - run.start_step >= cfg.stop_after
         if stop or step + 1 == cfg.max_steps or (cfg.save_every and (step + 1) % cfg.save_every == 0):
-            vlm.save_checkpoint(run.out / "ckpt", run.policy, run.tokenizer, run.record, optimizer=run.optimizer,
-                                extra={"step": step + 1, "schedule": run.schedule}, adapter=run.adapter,
+            vlm.save_checkpoint(run.out / "ckpt", run.policy, run.tokenizer, run.record,
+                                optimizer=run.optimizer, extra={"step": step + 1, "schedule": run.schedule},
+                                adapter=run.adapter,
                                 keep=cfg.keep_checkpoints)
         if stop:
             break
@@ -663,7 +702,8 @@ def loss_config(cfg: RLConfig, sampler) -> dict:
                 grad_clip=cfg.grad_clip)
 
 
-def ppo_step(policy, optimizer, mb, collate, proc, *, temperature: float, clip_low: float, clip_high: float,
+def ppo_step(policy, optimizer, mb, collate, proc, *, temperature: float, clip_low: float,
+             clip_high: float,
              clip_c: float, kl_coef: float, loss_agg: str, max_len: int, grad_clip: float) -> dict:
     """One optimizer step on one mini-batch: per-token PPO clip + dual clip + k3 KL
     (kernels.ppo_loss), aggregated by loss_agg over the WHOLE mini-batch (kernels.aggregate_loss;
@@ -681,24 +721,29 @@ def ppo_step(policy, optimizer, mb, collate, proc, *, temperature: float, clip_l
     """
     real = [len(r.response_ids) for chunk in mb if chunk is not None for r in chunk]
     denom = max(utils.all_sum([loss_denominator(real, loss_agg, max_len)], proc)[0], 1.0)  # global
-    out = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0, "ratio_dev": None, "logp_gap": None}
+    out = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0,
+           "ratio_dev": None, "logp_gap": None}
     policy.train()
     optimizer.zero_grad(set_to_none=True)
     for chunk in mb:
-        logp, ent = policy(collate(chunk), temperature=temperature, return_entropy=True)  # (N,), (N,) fp32
+        logp, ent = policy(collate(chunk), temperature=temperature,
+                           return_entropy=True)  # (N,), (N,) fp32
         if chunk is None:  # dummy: same collectives, zero gradient
             (logp.sum() * 0.0).backward()
             continue
         old = torch.cat([r.old_logp for r in chunk]).to(logp)  # (N,)
         ref_lp = torch.cat([r.ref_logp for r in chunk]).to(logp) if kl_coef > 0 else None  # (N,)
-        adv = torch.cat([torch.full((len(r.response_ids),), float(r.adv)) for r in chunk]).to(logp)  # (N,)
+        adv = torch.cat([torch.full((len(r.response_ids),), float(r.adv)) for r in chunk])
+        adv = adv.to(logp)  # (N,)
         mask = torch.ones_like(logp)  # (N,): every target is a response token
         per_tok, parts = ppo_loss(logp, old, adv, mask, ref_logp=ref_lp, clip_low=clip_low,
                                   clip_high=clip_high, clip_c=clip_c, kl_coef=kl_coef)  # (N,)
-        share = aggregate_loss(per_tok, [len(r.response_ids) for r in chunk], loss_agg, denom)  # scalar
+        share = aggregate_loss(per_tok, [len(r.response_ids) for r in chunk], loss_agg,
+                               denom)  # scalar
         # FSDP averages gradients over ranks; * world_size turns that back into a global sum
         (share * proc.world_size).backward()
-        if out["ratio_dev"] is None:  # on the first mini-batch this is on-policy: ratio 1 (recomputed: exactly)
+        # on the first mini-batch this is on-policy: ratio 1 (recomputed: exactly)
+        if out["ratio_dev"] is None:
             out["ratio_dev"] = (parts["ratio"] - 1).abs().max().item()
             out["logp_gap"] = (logp.detach() - old).abs().max().item() if logp.numel() else 0.0
         out["loss"] += share.item()
@@ -740,7 +785,8 @@ def _micro_batches(records, n_mini, micro_size, proc, length=None):
             for r in m:
                 g = (r.task_idx, r.step_idx)
                 longest[g] = max(longest.get(g, 0), length(r))
-            m = sorted(m, key=lambda r: (longest[(r.task_idx, r.step_idx)], r.task_idx, r.step_idx, length(r)))
+            m = sorted(m, key=lambda r: (longest[(r.task_idx, r.step_idx)], r.task_idx, r.step_idx,
+                                         length(r)))
         chunks = [m[i:i + micro_size] for i in range(0, len(m), micro_size)]
         n = torch.tensor([len(chunks)], dtype=torch.long, device=proc.device)
         if proc.world_size > 1:

@@ -14,6 +14,9 @@ Single process:
     python train_sft.py --max-steps 50
 Several processes (FSDP2; gloo on CPU, nccl on GPU):
     torchrun --nproc_per_node=2 train_sft.py
+The paper's scale (8 GPUs, Qwen2.5-VL-7B-Instruct; docs/method.md §6 lists the presets' flags):
+    torchrun --nproc_per_node=8 train_sft.py --preset paper --model /models/Qwen2.5-VL-7B-Instruct \\
+        --data data/android_control/android_control_train_example_uis1.jsonl --image-root /data/ac
 AndroidControl without screenshots (dry run on blank 1080x2400 phones):
     python train_sft.py --data data/android_control/android_control_train_example_uis1.jsonl \\
         --blank-screens 1080x2400 --max-pixels 200704
@@ -166,12 +169,15 @@ def sft_example(ep, t: int, tokenizer, image_processor, spec: chat.PromptSpec, *
     responses, specials = [], chat.special_tokens(tokenizer)
     for s in ep.steps[:t + 1]:
         orig = dataset.original_size(s, image_root=image_root, blank_screens=blank_screens)
-        thought = patch.clean_thought(chat.strip_special(s.thought or "", specials))  # the target is tokenized as is
+        # the target is tokenized as is
+        thought = patch.clean_thought(chat.strip_special(s.thought or "", specials))
         responses.append(gui.expert_response(s, orig, thought=thought, min_pixels=spec.min_pixels,
                                              max_pixels=spec.max_pixels))
-    prompt = chat.step_prompt(tokenizer, image_processor, spec, goal=ep.goal, step=ep.steps[t], screenshots=shots,
+    prompt = chat.step_prompt(tokenizer, image_processor, spec, goal=ep.goal, step=ep.steps[t],
+                              screenshots=shots,
                               history=responses[:t])
-    return prompt, tokenizer(responses[t], add_special_tokens=False)["input_ids"] + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    return prompt, tokenizer(responses[t],
+                             add_special_tokens=False)["input_ids"] + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
 
 
 def copy_warmup_default(model) -> int:
@@ -186,7 +192,8 @@ def page_prompt(tokenizer, goal: str, elements: str, system: bool = True) -> lis
     messages = [{"role": "system", "content": [{"type": "text", "text": chat.SYSTEM_PROMPT if system else ""}]},
                 {"role": "user", "content": [{"type": "text", "text": f"Task goal: {goal}\n"},
                                              {"type": "text", "text": "Step 1 screenshot:"},
-                                             {"type": "text", "text": f"\nUI elements on screen:\n{elements}"}]}]
+                                             {"type": "text",
+                                              "text": f"\nUI elements on screen:\n{elements}"}]}]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return tokenizer.encode(text, add_special_tokens=False)
 
@@ -251,7 +258,8 @@ def setup(cfg: SFTConfig, other: argparse.Namespace, spec: chat.PromptSpec) -> S
                                                     max_pixels=spec.max_pixels)
     utils.print0(f"{len(train_eps)} train / {len(val_eps)} val episodes, {len(train_ex)} / {len(val_ex)} "
                  "examples")
-    run = SimpleNamespace(cfg=cfg, other=other, proc=proc, gpu=proc.device.type == "cuda", out=Path(cfg.out),
+    run = SimpleNamespace(cfg=cfg, other=other, proc=proc, gpu=proc.device.type == "cuda",
+                          out=Path(cfg.out),
                           spec=spec, blank=blank, train_eps=train_eps, train_ex=train_ex, val_ex=val_ex,
                           tokenizer=tokenizer, image_processor=image_processor, pad_id=pad_token_id(tokenizer))
     build_model(run)
@@ -262,12 +270,15 @@ def build_model(run) -> None:
     """The policy (FSDP2; LoRA adapters with --lora-r) and its optimizer, into `run`; with --resume the
     latest checkpoint in --out; then the first write to --out (args.json) and the metrics file."""
     cfg, proc, out = run.cfg, run.proc, run.out
-    run.model = model = vlm.load_model(cfg.model, dtype=torch.float32, device=proc.device, seed=cfg.seed)
-    run.adapter = lora.apply_lora(model, run.other, base=cfg.model, seed=cfg.seed)  # None without --lora-r
+    run.model = model = vlm.load_model(cfg.model, dtype=torch.float32, device=proc.device,
+                                       seed=cfg.seed)
+    # None without --lora-r
+    run.adapter = lora.apply_lora(model, run.other, base=cfg.model, seed=cfg.seed)
     if cfg.gradient_checkpointing:
         checkpoint_activations(model)
     run.policy = apply_fsdp(model, PolicyLogProb(model), proc, mixed_precision=run.gpu)
-    run.optimizer = utils.adamw(lora.trainable(run.policy), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    run.optimizer = utils.adamw(lora.trainable(run.policy), lr=cfg.lr,
+                                weight_decay=cfg.weight_decay)
     run.start_step = 0
     if cfg.resume:
         ckpt = utils.latest_checkpoint(out / "ckpt")
@@ -275,20 +286,24 @@ def build_model(run) -> None:
             run.start_step = int(vlm.load_checkpoint_state(ckpt, run.policy, run.optimizer).get("step", 0))
             utils.print0(f"resumed from {ckpt} at step {run.start_step}")
     # the first write to --out: the flags, the data and a resume's checkpoint are checked by now
-    # args.json: every flag's value as the run used it (--preset applied), the prompt contract ("prompt")
+    # args.json: every flag's value as the run used it (--preset applied), the prompt contract
+    # ("prompt")
     run.record = {**dataclasses.asdict(cfg), **vars(run.other)}
     if proc.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "args.json").write_text(utils.dumps(run.record, indent=2))
-    run.metrics = utils.MetricsLogger(out / "metrics.jsonl", append=cfg.resume, report_to=run.other.report_to,
+    run.metrics = utils.MetricsLogger(out / "metrics.jsonl", append=cfg.resume,
+                                      report_to=run.other.report_to,
                                       config=run.record)
     if cfg.resume:
-        run.metrics.resume_at(run.start_step)  # the steps redone after the checkpoint are logged once
+        # the steps redone after the checkpoint are logged once
+        run.metrics.resume_at(run.start_step)
 
 
 def example(run, ep, t: int) -> tuple:
     """sft_example of step t of `ep` under the run's prompt contract."""
-    return sft_example(ep, t, run.tokenizer, run.image_processor, run.spec, image_root=run.cfg.image_root,
+    return sft_example(ep, t, run.tokenizer, run.image_processor, run.spec,
+                       image_root=run.cfg.image_root,
                        blank_screens=run.blank)
 
 
@@ -361,7 +376,8 @@ def copy_warmup(run) -> None:
         return
     rng = random.Random(cfg.seed * 1_000_003 + proc.rank)
     digit_ids = set(run.tokenizer.convert_tokens_to_ids(list("0123456789")))
-    warm_opt = utils.adamw(lora.trainable(policy), lr=cfg.copy_warmup_lr, weight_decay=cfg.weight_decay)
+    warm_opt = utils.adamw(lora.trainable(policy), lr=cfg.copy_warmup_lr,
+                           weight_decay=cfg.weight_decay)
     warm_log = utils.MetricsLogger(out / "copy_warmup.jsonl")
     per_rank = max(1, cfg.batch_size // proc.world_size)
     policy.train()
@@ -378,14 +394,16 @@ def copy_warmup(run) -> None:
         torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
         warm_opt.step()
         is_digit = torch.tensor([t in digit_ids for _, y in built for t in y])
-        row = torch.tensor([loss.item(), -logp.detach().cpu()[is_digit].mean().item()], dtype=torch.float64) / proc.world_size
+        row = torch.tensor([loss.item(), -logp.detach().cpu()[is_digit].mean().item()],
+                           dtype=torch.float64) / proc.world_size
         utils.all_reduce_sum(row)
         warm_log.log({"step": step + 1, "loss": row[0].item(), "digit_nll": row[1].item()})
         bar.set_postfix(loss=f"{row[0].item():.3f}", digits=f"{row[1].item():.3f}")
     utils.print0(f"copy warm-up: {warm_steps} steps, last loss {row[0].item():.3f}, coordinate digits "
                  f"{row[1].item():.3f} nats/token (no copy: ~2.2; log {out / 'copy_warmup.jsonl'})")
     del warm_opt
-    if cfg.max_steps == 0:  # the warm-up alone: a base model that SFT runs start from (--model BASE)
+    # the warm-up alone: a base model that SFT runs start from (--model BASE)
+    if cfg.max_steps == 0:
         vlm.save_checkpoint(out / "ckpt", policy, run.tokenizer, run.record, extra={"step": 0},
                             adapter=run.adapter)
 
@@ -410,7 +428,8 @@ def sft(run) -> dict:
             g["lr"] = lr_at(cfg, step)
         # build the micro-batches first: the token-mean needs the global target token count
         built = [[example(run, e, t) for e, t in next(stream)] for _ in range(accum)]
-        n_tok = torch.tensor([float(sum(len(y) for mb in built for _, y in mb))], dtype=torch.float64)
+        n_tok = torch.tensor([float(sum(len(y) for mb in built for _, y in mb))],
+                             dtype=torch.float64)
         utils.all_reduce_sum(n_tok)
         loss_sum, tok_local = 0.0, 0
         optimizer.zero_grad(set_to_none=True)
@@ -428,16 +447,19 @@ def sft(run) -> dict:
         last = {"step": step + 1, "loss": (tot[0] / tot[1]).item(), "lr": lr_at(cfg, step),
                 "grad_norm": float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn),
                 "tokens": int(tot[1].item()), "tok_s": tot[1].item() / dt, "time_s": dt,
-                "peak_mem_bytes": utils.peak_memory_bytes(proc.device)}  # this rank: the step's (CUDA) or the run's (CPU)
+                # this rank: the step's (CUDA) or the run's (CPU)
+                "peak_mem_bytes": utils.peak_memory_bytes(proc.device)}
         if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.max_steps:
             last["val_loss"] = val_loss(run)
         run.metrics.log(last)
-        bar.set_postfix(loss=f"{last['loss']:.3f}", **({"val": f"{last['val_loss']:.3f}"} if "val_loss" in last else {}))
+        bar.set_postfix(loss=f"{last['loss']:.3f}",
+                        **({"val": f"{last['val_loss']:.3f}"} if "val_loss" in last else {}))
         if "val_loss" in last:
             utils.print0(f"step {step + 1:5d} | loss {last['loss']:.4f} | val {last['val_loss']:.4f} | lr {last['lr']:.2e} "
                          f"| gnorm {last['grad_norm']:.2f} | {last['tok_s']:.0f} tok/s")
         if step + 1 == cfg.max_steps or (cfg.save_every and (step + 1) % cfg.save_every == 0):
-            vlm.save_checkpoint(run.out / "ckpt", policy, run.tokenizer, run.record, optimizer=optimizer,
+            vlm.save_checkpoint(run.out / "ckpt", policy, run.tokenizer, run.record,
+                                optimizer=optimizer,
                                 extra={"step": step + 1}, adapter=run.adapter, keep=cfg.keep_checkpoints)
     return last
 
@@ -457,7 +479,8 @@ def finish(run, last: dict) -> None:
 
 
 def main(argv=None):
-    cfg, other = parse(argv)  # the typed config (--preset applied); LoRA's, the prompt's, --report-to
+    # the typed config (--preset applied); LoRA's, the prompt's, --report-to
+    cfg, other = parse(argv)
     if cfg.copy_warmup_steps is None:   # resolved here so that args.json records the number
         cfg.copy_warmup_steps = copy_warmup_default(cfg.model)
     spec = chat.resolve_spec(other, cfg.model, say=utils.print0)
