@@ -16,18 +16,14 @@ Each step (main, at the bottom; each phase a function above it):
                 mini-batch across micro-batches and ranks, AdamW, grad clip; a
                 non-finite gradient norm skips the optimizer step (counted in metrics). 6. log.
 
-Task schedule (docs/method.md §6, last paragraph): the tasks of a step are a pure function of
-(--seed, step, slot) (step_tasks; slots count every task drawn in the step, refills included), each
-task's rollouts are seeded by (seed, step, slot) (task_seed), and the keep decision of dynamic
-sampling is global (TaskDraw): so a run does not depend on the world size and --resume needs only
-the step number. At most 1 + --max-resample rounds; a batch still short is trained on as it is and
-flagged `partial`. The release (verl's DAPO loop) draws a full batch per round, up to 10 batches,
-then stops with an error; --max-resample 9 gives the same number of rounds.
+Task schedule (docs/method.md §6, last paragraph): a step's tasks are a pure function of (--seed,
+step, slot), each task's rollouts are seeded by them, and dynamic sampling's keep decision is global
+(TaskDraw): a run does not depend on the world size and --resume needs only the step number. At
+most 1 + --max-resample rounds; a batch still short is trained on as it is, flagged `partial`.
 
 Single process (CPU or one GPU), after `python train_sft.py --max-steps 150` (--model auto starts
-from its checkpoint and is an error without one; `--model tiny` trains a random tiny model on
-purpose, which earns no reward, so dynamic sampling keeps no task and its steps log and checkpoint
-without an update):
+from its checkpoint; `--model tiny` trains a random tiny model, which earns no reward: its steps
+log and checkpoint without an update):
     python train_semionline.py --max-steps 4
 Several processes (FSDP2; gloo on CPU, nccl on GPU); the README's main job, `--preset quickstart`:
     torchrun --nproc_per_node=2 train_semionline.py
@@ -60,168 +56,31 @@ import lora
 import reward
 import utils
 import vlm
-from advantage import EPISODE_FORMS, NORMS, RETURNS_FORMS, TaskDraw, compute_advantages, dynamic_sampling_tasks, task_seed
-from kernels import LOSS_AGGS, aggregate_loss, loss_denominator, ppo_loss
-from patch import PATCH_MODES
-from rollout import HISTORY_MODES, StepRecord, semi_online_rollout, sop_progress
-from sampler import DECODE_MODES, Sampler
-from vlm import PolicyLogProb, apply_fsdp, checkpoint_activations, collate_sequences, pad_token_id, sampling_mode, to_device
+from advantage import TaskDraw, compute_advantages, dynamic_sampling_tasks, task_seed
+from configs.semionline import GROUPS, PRESETS, RUN, RLConfig
+from kernels import aggregate_loss, loss_denominator, ppo_loss
+from rollout import StepRecord, semi_online_rollout, sop_progress
+from sampler import Sampler
+from vlm import (PolicyLogProb, apply_fsdp, checkpoint_activations, collate_sequences, pad_token_id,
+                 sampling_mode, to_device)
 
 # -----------------------------------------------------------------------------
-# config: one typed field per flag (utils.flag: default, help, --help group); the presets below
+# config: the flags made from configs.semionline.RLConfig (typed fields) and its PRESETS
 
 MAX_TASKS_LOGGED = 32  # reward_by_task is logged when the data has at most this many tasks
-flag, pos_int, nonneg_int, nonneg_float = utils.flag, utils.positive_int, utils.non_negative_int, \
-    utils.non_negative_float
-DATA, ROLL, ADV = "data and models", "rollout (docs/method.md §5)", "returns and advantages (docs/method.md §6)"
-LOSS, RUN = "loss and optimisation (docs/method.md §7)", "run: checkpoints, logs, held-out evaluation"
-PERF = "performance (not the method: same results, different speed/memory)"
-GROUPS = [DATA, ROLL, ADV, LOSS, RUN, PERF]
-
-
-@dataclass
-class RLConfig:
-    """Every flag of this script but LoRA's (lora.add_lora_args), the prompt contract's
-    (chat.add_prompt_args) and --report-to: its type, default and help. The fields without a group
-    are the ones a user sets first (--help lists them first)."""
-    preset: str | None = flag(None, "PRESETS' name: sets its fields; a flag given overrides it",
-                              choices=["quickstart", "paper", "release"])
-    data: str = flag("data/miniwob_click/train.jsonl", "episodes (UI-S1 JSONL or AndroidControl native JSON)",
-                     type=utils.arg_type(utils.input_file))
-    image_root: str | None = flag(None, "folder screenshots are resolved against (default: the data "
-                                  "file's folder)", type=utils.arg_type(utils.input_dir))
-    model: str = flag("auto", "'tiny', a Hugging Face or checkpoint folder, or 'auto' (the latest --sft-dir "
-                      "checkpoint; an error without one); prompt options not given (--num-images, "
-                      "--min/max-pixels, --max-prompt-tokens) come from its args.json",
-                      type=utils.arg_type(vlm.model_path))
-    tasks_per_step: int = flag(4, "tasks per training step, all ranks together (release: 8)", type=pos_int)
-    n_rollouts: int = flag(4, "rollouts per task N (release: 8)", type=pos_int)
-    max_new_tokens: int = flag(48, "response length limit (release: 512)", type=pos_int)
-    temperature: float = flag(1.0, "sampling temperature (release: 1.0)", type=utils.temperature)
-    history: str = flag("own", "own = semi-online RL; expert = offline-RL baseline", choices=HISTORY_MODES)
-    patch_threshold: int = flag(2, "patches per rollout: k at most k (0: none; -1: unlimited; release: 2)",
-                                type=utils.int_at_least(-1))
-    gamma: float = flag(0.5, "discount of step returns in [0, 1] (0: each step's own reward; paper: 0.5)",
-                        type=utils.fraction)
-    returns_form: str = flag("paper", "release: reset the return chain at a wrong step (eq. 6.1')",
-                             choices=RETURNS_FORMS)
-    filter_std: float = flag(0.0, "dynamic sampling: drop tasks whose step-0 return std <= this; <0 "
-                             "disables (release: 0.3 with --returns-form release; 0 keeps every task whose "
-                             "rollouts differ at all, which a tiny CPU model needs)", type=utils.finite_float())
-    kl_coef: float = flag(1e-4, "k3 KL to the frozen reference; 0 disables the reference model",
-                          type=nonneg_float)
-    lr: float = flag(2e-5, "AdamW learning rate, constant (the default suits the tiny model; the paper's, "
-                     "7B: 1e-6)", type=utils.positive_float)
-    micro_batch_size: int = flag(8, "sequences per forward/backward", type=pos_int)
-    max_steps: int = flag(12, "training steps", type=pos_int)
-    out: str = flag("out/semionline", "output folder (checkpoints, metrics.jsonl, args.json)")
-    resume: bool = flag(False, "continue from the latest checkpoint in --out", action="store_true")
-    seed: int = flag(0, "seed of task order, sampling and the tiny model's init", type=nonneg_int)
-    device: str = flag("auto", "where to run", choices=["auto", "cpu", "cuda"])
-    # data and models
-    blank_screens: str | None = flag(None, "WxH: use blank screenshots of this size when files are missing",
-                                     DATA, type=utils.arg_type(gui.parse_size))
-    max_episodes: int | None = flag(None, "use only the first N episodes", DATA, type=pos_int)
-    sft_dir: str = flag("out/sft/ckpt", "where --model auto looks for an SFT checkpoint", DATA)
-    ref_model: str | None = flag(None, "reference model: 'tiny' or a folder (default: the policy's "
-                                 "initialisation)", DATA, type=utils.arg_type(vlm.model_path))
-    ref_seed: int | None = flag(None, "init seed of a 'tiny' reference (default: --seed)", DATA, type=nonneg_int)
-    # rollout (docs/method.md §5)
-    top_p: float = flag(1.0, "nucleus sampling (release: 1.0)", ROLL,
-                        type=utils.finite_float(0.0, 1.0, low_open=True))
-    patch_mode: str = flag("thought-free", "patch mode (docs/method.md §5)", ROLL, flag="--patch",
-                           choices=PATCH_MODES)
-    match_rules: str = flag("strict", "the match of the reward, patching and returns (reward.action_match): "
-                            "strict, or the release's", ROLL, choices=reward.MATCH_RULES)
-    # returns and advantages (docs/method.md §6)
-    episode_adv: str = flag("paper", "episode-level advantage form (eq. 6.3; release: 6.3')", ADV,
-                            choices=EPISODE_FORMS)
-    w_episode: float = flag(1.0, "weight of the episode-level advantage (0: off)", ADV, type=nonneg_float)
-    omega: float = flag(1.0, "weight of the step-level advantage (0: off)", ADV, type=nonneg_float)
-    adv_norm: str = flag("mean_std", "group normalisation of both advantage levels: mean_std (paper) or mean "
-                         "(Dr.GRPO: no std division)", ADV, choices=NORMS)
-    overlong_buffer: int = flag(0, "DAPO's soft overlong penalty: a response within this many tokens of "
-                                "--max-new-tokens loses up to 1 of reward, linearly (reward.shaped_reward); 0 "
-                                "disables it. Off by default: under the strict rules a response cut at the cap "
-                                "already scores 0", ADV, type=nonneg_int)
-    max_resample: int = flag(2, "refill rounds after the first (0: none) when dynamic sampling dropped tasks; "
-                             "a batch still short is trained on as it is and flagged 'partial' (release: up to "
-                             "10 batches, then an error)", ADV, type=nonneg_int)
-    # loss and optimisation (docs/method.md §7)
-    clip_low: float = flag(0.2, "PPO clip epsilon below 1, in (0, 1)", LOSS,
-                           type=utils.finite_float(0.0, 1.0, low_open=True, high_open=True))
-    clip_high: float = flag(0.2, "PPO clip epsilon above 1", LOSS, type=utils.positive_float)
-    clip_c: float = flag(3.0, "dual-clip constant for negative advantages (> 1)", LOSS,
-                         type=utils.finite_float(1.0, low_open=True))
-    loss_agg: str = flag("token-mean", "how per-token losses become the mini-batch loss "
-                         "(kernels.aggregate_loss; dr-grpo divides by sequences x --max-new-tokens)", LOSS,
-                         choices=LOSS_AGGS)
-    weight_decay: float = flag(0.01, "AdamW weight decay (0: none)", LOSS, type=nonneg_float)
-    grad_clip: float = flag(1.0, "global grad-norm clip", LOSS, type=utils.positive_float)
-    ppo_mini_batches: int = flag(4, "optimizer steps per rollout batch (1 PPO epoch)", LOSS, type=pos_int)
-    # run
-    save_every: int = flag(0, "checkpoint every N steps (0: at the end only)", RUN, type=nonneg_int)
-    keep_checkpoints: int = flag(2, "keep the newest N checkpoints (0: every one, e.g. for a dose-response "
-                                 "over the steps)", RUN, type=nonneg_int)
-    eval_data: str | None = flag(None, "held-out episodes for heldout_* metrics (greedy and sampled static "
-                                 "step accuracy, greedy SOP) every --eval-every steps and at the start; "
-                                 "default: none", RUN, type=utils.arg_type(utils.input_file))
-    eval_every: int = flag(0, "steps between held-out evaluations (0: only with --eval-data, at the start "
-                           "and end)", RUN, type=nonneg_int)
-    eval_episodes: int = flag(32, "held-out episodes used (the first N of --eval-data)", RUN, type=pos_int)
-    eval_samples: int = flag(4, "sampled responses per held-out step (at --temperature, --top-p)", RUN,
-                             type=pos_int)
-    # a test hook, kept out of --help: exit after this many steps without a final checkpoint, as a
-    # killed run would (the resume test compares such a run resumed with an uninterrupted one)
-    stop_after: int | None = flag(None, argparse.SUPPRESS, RUN, type=pos_int)
-    # performance
-    decode: str = flag("auto", "sampler decode: auto (graph on CUDA, else eager), eager (the reference), "
-                       "static, graph (CUDA graphs)", PERF, choices=DECODE_MODES)
-    old_logp: str = flag("auto", "pi_old of the ratio: a no-grad policy forward (recompute, the release's) "
-                         "or the sampler's log-probs (same weights and temperature; needs --top-p 1); auto: "
-                         "sampler on CPU (fp32: gap ~1e-5), else recompute", PERF,
-                         choices=["auto", "recompute", "sampler"])
-    share_prompts: str = flag("auto", "run the prompt head a micro-batch's rows share once in the log-prob "
-                              "forwards (vlm.PolicyLogProb; same log-probs to ~1e-5); auto: on on CPU without "
-                              "--gradient-checkpointing (GPU: not measured, off)", PERF,
-                              choices=["auto", "on", "off"])
-    gradient_checkpointing: bool = flag(False, "recompute each decoder layer's and vision block's "
-                                        "activations in the backward (less memory, ~1/3 more update "
-                                        "compute)", PERF, action="store_true")
-
-
-# Named settings: plain dicts of fields (any flag's dest), recorded in args.json as "preset". A flag
-# given on the command line overrides a preset's value. docs/method.md §6 ties the filter to the
-# returns: tau = 0.3 is on the scale of the release's returns (6.1'); under the paper's (6.1) it drops
-# exactly the groups split by the step-0 decision. So each preset is one consistent combination, at
-# the scale of the paper's 8-GPU 7B run (docs/method.md §7: 8 tasks x 8 rollouts, 512 new tokens,
-# lr 1e-6, KL 1e-4, 4 PPO mini-batches, patch threshold 2, gamma 0.5). The prompt contract (e.g.
-# --max-pixels) is not a preset's: it comes from the SFT checkpoint (train_sft.py's presets).
-SCALE_7B = dict(tasks_per_step=8, n_rollouts=8, max_new_tokens=512, lr=1e-6, kl_coef=1e-4, ppo_mini_batches=4,
-                patch_threshold=2, gamma=0.5)
-PRESETS = {
-    # the README's quick start: the defaults, sized for the tiny CPU model
-    "quickstart": {},
-    # the paper's text: discounted returns (6.1) and dynamic sampling as DAPO states it, dropping only
-    # the groups whose rollouts all agree (tau = 0), the one threshold (6.1) can carry
-    "paper": {**SCALE_7B, "returns_form": "paper", "filter_std": 0.0},
-    # the release's training script: returns cut at a wrong step (6.1') with its filter tau = 0.3, which
-    # belongs to them; the reproduction's combination (runs/repro_main.py)
-    "release": {**SCALE_7B, "returns_form": "release", "filter_std": 0.3},
-}
-
-parser = utils.make_parser(__doc__, usage="%(prog)s [-h] [--preset {quickstart,paper,release}] [--FLAG VALUE ...]")
+USAGE = "%(prog)s [-h] [--preset {quickstart,paper,release}] [--FLAG VALUE ...]"
+parser = utils.make_parser(__doc__, usage=USAGE)
 groups = utils.add_config_flags(parser, RLConfig, GROUPS)
-parser._option_string_actions["--preset"].help = "named settings (a flag given overrides them): " + \
-    utils.preset_help(PRESETS)
+parser._option_string_actions["--preset"].help = ("named settings (a flag given overrides them): "
+                                                  + utils.preset_help(PRESETS))
 lora.add_lora_args(parser.add_argument_group("LoRA (lora.py; 0: full fine-tuning)"))
 utils.add_report_to_arg(groups[RUN])
-chat.add_prompt_args(parser)  # the prompt contract: adopted from the starting checkpoint unless given
+chat.add_prompt_args(parser)  # the prompt contract: from the starting checkpoint unless given
 
 
 def parse(argv=None) -> tuple[RLConfig, argparse.Namespace]:
-    """The flags: (the typed config with --preset applied, the Namespace of LoRA's, the prompt's and
-    --report-to's flags, as lora.py and chat.resolve_spec read them). Bad flags: one line, exit 2."""
+    """The flags: (the typed config with --preset applied, the Namespace of LoRA's, the prompt's
+    and --report-to's flags, as lora.py and chat.resolve_spec read them). Bad flags: exit 2."""
     return utils.parse_config(parser, RLConfig, PRESETS, argv)
 
 
@@ -232,13 +91,15 @@ def check_args(cfg: RLConfig, other: argparse.Namespace) -> None:
     # here the rules between flags
     rules = [
         (cfg.old_logp != "sampler" or cfg.top_p == 1.0,
-         f"--old-logp sampler needs --top-p 1: its log-probs (the whole vocabulary's, as recompute's) are "
-         f"checked against the trainer's forward at --top-p 1 only (sampler_logp_gap); at --top-p "
-         f"{cfg.top_p:g} use --old-logp recompute"),
+         f"--old-logp sampler needs --top-p 1: its log-probs (the whole vocabulary's, as "
+         f"recompute's) are checked against the trainer's forward at --top-p 1 only "
+         f"(sampler_logp_gap); at --top-p {cfg.top_p:g} use --old-logp recompute"),
         (cfg.share_prompts != "on" or not cfg.gradient_checkpointing,
-         "--share-prompts on needs the KV cache, which --gradient-checkpointing drops: use --share-prompts off"),
+         "--share-prompts on needs the KV cache, which --gradient-checkpointing drops: use "
+         "--share-prompts off"),
         (0 <= cfg.overlong_buffer <= cfg.max_new_tokens,
-         f"--overlong-buffer {cfg.overlong_buffer}: must be in [0, --max-new-tokens {cfg.max_new_tokens}]"),
+         f"--overlong-buffer {cfg.overlong_buffer}: must be in [0, --max-new-tokens "
+         f"{cfg.max_new_tokens}]"),
     ]
     rules.append((lora.check_lora_args(other) is None, lora.check_lora_args(other)))
     for ok, message in rules:
@@ -263,22 +124,25 @@ def greedy_vs_sampled(sampler, episodes, tokenizer, image_processor,
     def walk(**kw):
         return semi_online_rollout(sampler, episodes, tokenizer, image_processor, spec=spec,
                                    patch_threshold=0,
-                                   image_root=image_root, blank_screens=blank_screens, **kw) if episodes else []
+                                   image_root=image_root, blank_screens=blank_screens,
+                                   **kw) if episodes else []
     greedy = walk(n_rollouts=1, greedy=True, history_mode="expert")
     sampled = walk(n_rollouts=samples, greedy=False, history_mode="expert", seed=seed)
     sop = sop_progress(walk(n_rollouts=1, greedy=True, history_mode="own"),
                        {k: len(e.steps) for k, e in enumerate(episodes)})
     return {"greedy_match": float(sum(r.match for r in greedy)), "greedy_steps": float(len(greedy)),
-            "sampled_match": float(sum(r.match for r in sampled)), "sampled_steps": float(len(sampled)),
-            "sop_pg_sum": float(sum(c / n for c, n in sop.values())), "sop_solved": float(sum(c == n for c, n in sop.values())),
+            "sampled_match": float(sum(r.match for r in sampled)),
+            "sampled_steps": float(len(sampled)),
+            "sop_pg_sum": float(sum(c / n for c, n in sop.values())),
+            "sop_solved": float(sum(c == n for c, n in sop.values())),
             "episodes": float(len(sop))}
 
 
 def task_reward_sums(records: list[StepRecord], slot_task: dict[int, str],
                      tasks: list[str]) -> list[float]:
-    """Per task of `tasks`, the reward sum of `records` (a record's task: slot_task[record.task_idx]),
-    then per task the response count: 2 * len(tasks) floats, to be summed over ranks and read by
-    task_rewards (the trainer's reward_by_task)."""
+    """Per task of `tasks`, the reward sum of `records` (a record's task:
+    slot_task[record.task_idx]), then per task the response count: 2 * len(tasks) floats, to be
+    summed over ranks and read by task_rewards (the trainer's reward_by_task)."""
     ix, n = {t: i for i, t in enumerate(tasks)}, len(tasks)
     sums = [0.0] * (2 * n)
     for r in records:
@@ -289,9 +153,11 @@ def task_reward_sums(records: list[StepRecord], slot_task: dict[int, str],
 
 
 def task_rewards(tasks: list[str], sums: list[float]) -> dict[str, dict]:
-    """{task: {"reward": mean reward, "responses": count}} from task_reward_sums (tasks with responses)."""
+    """{task: {"reward": mean reward, "responses": count}} from task_reward_sums (tasks with
+    responses)."""
     n = len(tasks)
-    return {t: {"reward": sums[k] / sums[n + k], "responses": int(sums[n + k])} for k, t in enumerate(tasks) if sums[n + k] > 0}
+    return {t: {"reward": sums[k] / sums[n + k], "responses": int(sums[n + k])}
+            for k, t in enumerate(tasks) if sums[n + k] > 0}
 
 
 
@@ -302,8 +168,8 @@ def task_rewards(tasks: list[str], sums: list[float]) -> dict[str, dict]:
 def setup(cfg: RLConfig, other: argparse.Namespace, start: str,
           spec: chat.PromptSpec) -> SimpleNamespace:
     """Processes, seeds, the data and the prompt's processor, then the models (build_models) and a
-    resumed run's checkpoint and metrics file (resume). `other`: LoRA's, the prompt's and --report-to's
-    flags (parse). Returns the run's state, which the phases below read."""
+    resumed run's checkpoint and metrics file (resume). `other`: LoRA's, the prompt's and
+    --report-to's flags (parse). Returns the run's state, which the phases below read."""
     proc = utils.init_distributed(cfg.device)
     utils.seed_everything(cfg.seed)
     gpu = proc.device.type == "cuda"
@@ -312,8 +178,8 @@ def setup(cfg: RLConfig, other: argparse.Namespace, start: str,
     if cfg.share_prompts == "auto":
         cfg.share_prompts = "off" if gpu or cfg.gradient_checkpointing else "on"
     if cfg.tasks_per_step % proc.world_size:
-        raise utils.UsageError(f"--tasks-per-step {cfg.tasks_per_step} must be a multiple of the world size "
-                               f"{proc.world_size}")
+        raise utils.UsageError(f"--tasks-per-step {cfg.tasks_per_step} must be a multiple of the "
+                               f"world size {proc.world_size}")
     # data
     blank = gui.parse_size(cfg.blank_screens) if cfg.blank_screens else None
     episodes = dataset.load_episodes(cfg.data, limit=cfg.max_episodes)
@@ -321,14 +187,16 @@ def setup(cfg: RLConfig, other: argparse.Namespace, start: str,
         raise utils.UsageError(f"{cfg.data}: no episodes")
     tokenizer, image_processor = vlm.load_processor(start, min_pixels=spec.min_pixels,
                                                     max_pixels=spec.max_pixels)
-    utils.print0(f"{len(episodes)} episodes, {sum(len(e.steps) for e in episodes)} steps from {cfg.data}")
+    utils.print0(f"{len(episodes)} episodes, {sum(len(e.steps) for e in episodes)} steps from "
+                 f"{cfg.data}")
     run = SimpleNamespace(
         cfg=cfg, other=other, proc=proc, gpu=gpu, spec=spec, blank=blank, episodes=episodes,
         tokenizer=tokenizer, image_processor=image_processor, pad_id=pad_token_id(tokenizer),
         # written only once the flags, the data and a resume's checkpoint are checked
         out=Path(cfg.out),
         task_names=sorted({e.task for e in episodes}),  # the same on every rank
-        heldout=dataset.load_episodes(cfg.eval_data, limit=cfg.eval_episodes) if cfg.eval_data else [])
+        heldout=dataset.load_episodes(cfg.eval_data, limit=cfg.eval_episodes)
+        if cfg.eval_data else [])
     build_models(run, init=start)  # --model auto: the latest SFT checkpoint
     resume(run)
     return run
@@ -342,17 +210,19 @@ def build_models(run, init: str) -> None:
     utils.print0(f"policy initialised from: {init}")
     dtype = torch.float32  # master weights; bf16 compute comes from FSDP's mixed precision on GPU
     run.model = model = vlm.load_model(init, dtype=dtype, device=proc.device, seed=cfg.seed)
-    run.adapter = lora.apply_lora(model, run.other, base=init, seed=cfg.seed)  # None without --lora-r
+    # None without --lora-r
+    run.adapter = lora.apply_lora(model, run.other, base=init, seed=cfg.seed)
     if cfg.gradient_checkpointing:
         checkpoint_activations(model)
     run.policy = apply_fsdp(model, PolicyLogProb(model), proc, mixed_precision=run.gpu)
-    # under LoRA the reference is the policy with its adapters off (no second model), unless --ref-model
+    # under LoRA the reference is the policy with adapters off (no second model), unless --ref-model
     lora_ref = cfg.kl_coef > 0 and run.adapter and cfg.ref_model is None
     run.ref = lora.AdaptersOff(run.policy, run.adapter) if lora_ref else None
     if cfg.kl_coef > 0 and run.ref is None:
         ref_model = vlm.load_model(cfg.ref_model or init,
                                    dtype=torch.bfloat16 if run.gpu else dtype,
-                                   device=proc.device, seed=cfg.seed if cfg.ref_seed is None else cfg.ref_seed)
+                                   device=proc.device,
+                                   seed=cfg.seed if cfg.ref_seed is None else cfg.ref_seed)
         ref_model.requires_grad_(False).eval()
         run.ref = apply_fsdp(ref_model, PolicyLogProb(ref_model), proc, mixed_precision=False)
     run.optimizer = utils.adamw(lora.trainable(run.policy), lr=cfg.lr,
@@ -369,9 +239,9 @@ def run_record(cfg: RLConfig, other: argparse.Namespace) -> dict:
 
 
 def resume(run) -> None:
-    """With --resume, the latest checkpoint in --out (model, optimizer, every RNG; its task schedule must
-    be this run's); then args.json and the metrics file (a resumed run's steps after the checkpoint
-    logged once)."""
+    """With --resume, the latest checkpoint in --out (model, optimizer, every RNG; its task schedule
+    must be this run's); then args.json and the metrics file (a resumed run's steps after the
+    checkpoint logged once)."""
     cfg, out = run.cfg, run.out
     run.start_step = 0
     # what the task schedule depends on: a resume must continue the same schedule
@@ -384,8 +254,9 @@ def resume(run) -> None:
             state = vlm.load_checkpoint_state(ckpt, run.policy, run.optimizer)
             run.start_step = int(state.get("step", 0))
             if state.get("schedule", run.schedule) != run.schedule:
-                raise utils.UsageError(f"{ckpt}/trainer_state.json: field 'schedule' {state['schedule']} differs "
-                                       f"from this run's {run.schedule}; resume with the same --seed, "
+                raise utils.UsageError(f"{ckpt}/trainer_state.json: field 'schedule' "
+                                       f"{state['schedule']} differs from this run's "
+                                       f"{run.schedule}; resume with the same --seed, "
                                        "--tasks-per-step and data")
             utils.print0(f"resumed from {ckpt} at step {run.start_step}")
     run.record = run_record(cfg, run.other)
@@ -401,12 +272,13 @@ def resume(run) -> None:
 
 
 def evaluate_heldout(run, step: int) -> dict:
-    """Greedy vs sampled accuracy on this rank's share of the held-out episodes, summed over ranks."""
+    """Greedy vs sampled accuracy on this rank's share of held-out episodes, summed over ranks."""
     cfg, proc = run.cfg, run.proc
     with sampling_mode(run.policy):
         counts = greedy_vs_sampled(run.sampler, run.heldout[proc.rank::proc.world_size],
                                    run.tokenizer,
-                                   run.image_processor, run.spec, samples=cfg.eval_samples, seed=cfg.seed + step,
+                                   run.image_processor, run.spec, samples=cfg.eval_samples,
+                                   seed=cfg.seed + step,
                                    image_root=cfg.image_root, blank_screens=run.blank)
     total = dict(zip(counts, utils.all_sum(list(counts.values()), proc)))
     return {"heldout_greedy_step_acc": total["greedy_match"] / max(total["greedy_steps"], 1),
@@ -422,29 +294,31 @@ def evaluate_heldout(run, step: int) -> dict:
 
 
 def rollout(run, step: int, slots: list[int], episode_ids: list[int]) -> list[StepRecord]:
-    """1. rollout (docs/method.md §5): N rollouts of each drawn task (this rank's share of a round), each
-    seeded by (seed, step, slot); task_idx = the global slot, the same on every world size."""
+    """1. rollout (docs/method.md §5): N rollouts of each drawn task (this rank's share of a round),
+    each seeded by (seed, step, slot); task_idx = the global slot, the same on every world size."""
     cfg = run.cfg
     return semi_online_rollout(
-        run.sampler, [run.episodes[i] for i in episode_ids], run.tokenizer, run.image_processor, spec=run.spec,
+        run.sampler, [run.episodes[i] for i in episode_ids], run.tokenizer, run.image_processor,
+        spec=run.spec,
         n_rollouts=cfg.n_rollouts, patch_mode=cfg.patch_mode, patch_threshold=cfg.patch_threshold,
         history_mode=cfg.history, image_root=cfg.image_root, blank_screens=run.blank,
-        match_rules=cfg.match_rules, seed=[task_seed(cfg.seed, step, s) for s in slots], progress=run.proc.is_main,
+        match_rules=cfg.match_rules, seed=[task_seed(cfg.seed, step, s) for s in slots],
+        progress=run.proc.is_main,
         task_ids=slots)
 
 
 def rewards(records: list[StepRecord], *, max_new_tokens: int, overlong_buffer: int) -> list[float]:
-    """2. rewards: each response's rule reward (the rollout's), shaped by the overlong penalty (DAPO;
-    max_new_tokens: the sampler's length limit)."""
+    """2. rewards: each response's rule reward (the rollout's), shaped by the overlong penalty
+    (DAPO; max_new_tokens: the sampler's length limit)."""
     return [reward.shaped_reward(r.reward, len(r.response_ids), max_new_tokens=max_new_tokens,
                                  overlong_buffer=overlong_buffer) for r in records]
 
 
 def advantages(cfg: RLConfig, records: list[StepRecord], shaped: list[float],
                slots: list[int]) -> tuple[list[float], set[int]]:
-    """3. returns and advantages (docs/method.md §6; groups never cross tasks, so per round), and the
-    slots dynamic sampling keeps (step-0 returns that vary; all with a negative --filter-std). Reads
-    --gamma, --returns-form, --episode-adv, --w-episode, --omega, --adv-norm and --filter-std."""
+    """3. returns and advantages (docs/method.md §6; groups never cross tasks, so per round), and
+    the slots dynamic sampling keeps (step-0 returns that vary; all with a negative --filter-std).
+    Reads --gamma, --returns-form, --episode-adv, --w-episode, --omega, --adv-norm, --filter-std."""
     adv = compute_advantages(records, rewards=shaped, gamma=cfg.gamma,
                              returns_form=cfg.returns_form,
                              episode_form=cfg.episode_adv, w_episode=cfg.w_episode, omega=cfg.omega,
@@ -455,9 +329,10 @@ def advantages(cfg: RLConfig, records: list[StepRecord], shaped: list[float],
 
 
 def draw_batch(run, step: int) -> tuple[TaskDraw, list, list[StepRecord]]:
-    """Phases 1-3 round by round: draw tasks, roll them out, reward them, keep those whose rollouts differ
-    (dynamic sampling), draw the missing number again (refills; docs/method.md §6, last paragraph).
-    Returns the draw, the kept responses (TrainItems) and every record this rank rolled out, kept or not."""
+    """Phases 1-3 round by round: draw tasks, roll them out, reward them, keep those whose rollouts
+    differ (dynamic sampling), draw the missing number again (refills; docs/method.md §6, last
+    paragraph). Returns the draw, the kept responses (TrainItems) and every record this rank rolled
+    out, kept or not."""
     cfg = run.cfg
     draw = TaskDraw(cfg.seed, step, len(run.episodes), cfg.tasks_per_step, 1 + cfg.max_resample,
                     run.proc)
@@ -491,14 +366,15 @@ def rollout_stats(run, draw: TaskDraw, batch: list, rolled: list[StepRecord]) ->
     if len(run.task_names) <= MAX_TASKS_LOGGED:
         slot_task = {s: run.episodes[e].task for s, e in draw.slot_episode.items()}
         stats["by_task"] = task_rewards(run.task_names,
-                                        utils.all_sum(task_reward_sums(rolled, slot_task, run.task_names),
+                                        utils.all_sum(task_reward_sums(rolled, slot_task,
+                                                                       run.task_names),
                                                                       run.proc))
     return stats
 
 
 def micro_batches(run, batch: list, rolled: list[StepRecord]):
-    """The step's mini-batches of micro-batches (_micro_batches), and collate(chunk) -> the model's batch on
-    the device (a dummy micro-batch, None, runs the first item: the FSDP collectives)."""
+    """The step's mini-batches of micro-batches (_micro_batches), and collate(chunk) -> the model's
+    batch on the device (a dummy micro-batch, None, runs the first item: the FSDP collectives)."""
     cfg = run.cfg
     micro = _micro_batches(batch, cfg.ppo_mini_batches, cfg.micro_batch_size, run.proc,
                            length=lambda it: len(it.prompt.input_ids) + len(it.response_ids))
@@ -506,16 +382,19 @@ def micro_batches(run, batch: list, rolled: list[StepRecord]):
 
     def collate(chunk):
         items = chunk if chunk is not None else filler
-        return to_device(collate_sequences([it.prompt for it in items], [it.response_ids for it in items], run.pad_id,
+        return to_device(collate_sequences([it.prompt for it in items],
+                                           [it.response_ids for it in items], run.pad_id,
                                            share_prompts=cfg.share_prompts == "on",
-                                           image_token_id=run.model.config.image_token_id), run.proc.device)
+                                           image_token_id=run.model.config.image_token_id),
+                         run.proc.device)
     return micro, collate
 
 
 def old_ref_logprobs(run, batch: list, micro: list, collate, n_train: float) -> list[float]:
-    """4. old (unless the sampler's: --old-logp) and reference log-probs (no grad), on exactly the sampled
-    ids, into each TrainItem. Returns the max |trainer - sampler| log-prob gap of each recomputed item
-    (at --top-p 1, the setting where --old-logp sampler may stand in for this forward)."""
+    """4. old (unless the sampler's: --old-logp) and reference log-probs (no grad), on exactly the
+    sampled ids, into each TrainItem. Returns the max |trainer - sampler| log-prob gap of each
+    recomputed item (at --top-p 1, the setting where --old-logp sampler may stand in for this
+    forward)."""
     cfg, ref = run.cfg, run.ref
     gap = []
     recompute = cfg.old_logp == "recompute"
@@ -539,14 +418,15 @@ def old_ref_logprobs(run, batch: list, micro: list, collate, n_train: float) -> 
                     # both score the whole vocabulary
                     for it in chunk if recompute and cfg.top_p == 1.0 else ():
                         if len(it.response_ids):
-                            gap.append((it.old_logp - it.record.sampler_logp.to(it.old_logp)).abs().max().item())
+                            diff = it.old_logp - it.record.sampler_logp.to(it.old_logp)
+                            gap.append(diff.abs().max().item())
     return gap
 
 
 def update(run, micro: list, collate, n_train: float) -> dict:
-    """5. update (docs/method.md §7): --ppo-mini-batches optimizer steps over one pass of the data (1 PPO
-    epoch, ppo_step). Returns this rank's sums over them (loss, kl, entropy, clipped, tokens, skipped), the
-    last grad_norm and the first micro-batch's ratio_dev and logp_gap."""
+    """5. update (docs/method.md §7): --ppo-mini-batches optimizer steps over one pass of the data
+    (1 PPO epoch, ppo_step). Returns this rank's sums over them (loss, kl, entropy, clipped, tokens,
+    skipped), the last grad_norm and the first micro-batch's ratio_dev and logp_gap."""
     totals = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0,
               "grad_norm": None,
               "skipped": 0, "ratio_dev": None, "logp_gap": None}
@@ -563,11 +443,11 @@ def update(run, micro: list, collate, n_train: float) -> dict:
 
 def log_step(run, step: int, draw: TaskDraw, st: dict, totals: dict, gap: list[float], n_micro: int,
              times: dict) -> dict:
-    """6. log: the step's metrics row (metrics.jsonl and --report-to; rank 0), after this step's held-out
-    evaluation when one is due, and its line on stdout. Returns the row."""
+    """6. log: the step's metrics row (metrics.jsonl and --report-to; rank 0), after this step's
+    held-out evaluation when one is due, and its line on stdout. Returns the row."""
     cfg, proc = run.cfg, run.proc
     loss_all, kl_all, ent_all, clip_all, tok_all = utils.all_sum(
-        [totals["loss"], totals["kl"], totals["entropy"], totals["clipped"], totals["tokens"]], proc)
+        [totals[k] for k in ("loss", "kl", "entropy", "clipped", "tokens")], proc)
     per_tok = (lambda x: x / tok_all) if tok_all > 0 else (lambda x: None)  # noqa: E731
     n_resp, t_rollout = max(st["n_resp"], 1), times["rollout"]
     last = {
@@ -580,7 +460,8 @@ def log_step(run, step: int, draw: TaskDraw, st: dict, totals: dict, gap: list[f
         "progress": st["prog_sum"] / max(st["n_roll"], 1), "patch_rate": st["n_patched"] / n_resp,
         **draw.info(), "updates_skipped": totals["skipped"],
         "kl": per_tok(kl_all), "entropy": per_tok(ent_all), "clipfrac": per_tok(clip_all),
-        "grad_norm": totals["grad_norm"], "response_len": st["resp_tok"] / n_resp, "train_tokens": int(tok_all),
+        "grad_norm": totals["grad_norm"], "response_len": st["resp_tok"] / n_resp,
+        "train_tokens": int(tok_all),
         "tok_s": st["resp_tok"] / max(t_rollout, 1e-9), "time_rollout_s": t_rollout,
         "time_logp_s": times["logp"],
         "time_update_s": times["update"], "time_s": time.time() - times["t0"],
@@ -599,29 +480,33 @@ def log_step(run, step: int, draw: TaskDraw, st: dict, totals: dict, gap: list[f
         # this rank: the step's (CUDA) or the run's (CPU)
         "peak_mem_bytes": utils.peak_memory_bytes(proc.device),
     }
-    if run.heldout and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.max_steps):
+    due = (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.max_steps
+    if run.heldout and due:
         last.update(evaluate_heldout(run, step + 1))  # after this step's update
     run.metrics.log(last)
     utils.print0(
-        f"step {step + 1:4d} | loss {_fmt(last['loss'], '+.4f')} | reward {last['reward_mean']:.3f} "
-        f"| match {last['match_rate']:.3f} | prog {last['progress']:.3f} | patch {last['patch_rate']:.2f} "
+        f"step {step + 1:4d} | loss {_fmt(last['loss'], '+.4f')} "
+        f"| reward {last['reward_mean']:.3f} | match {last['match_rate']:.3f} "
+        f"| prog {last['progress']:.3f} | patch {last['patch_rate']:.2f} "
         f"| cut {last['truncated_rate']:.2f} "
         f"| kept {last['tasks_kept']}/{last['tasks_tried']} in {last['rounds']} rounds"
         f"{' (PARTIAL)' if last['partial'] else ''} | kl {_fmt(last['kl'], '.2e')} "
         f"| ent {_fmt(last['entropy'], '.2f')} | clip {_fmt(last['clipfrac'], '.3f')} "
-        f"| skipped {totals['skipped']} | len {last['response_len']:.0f} | {last['tok_s']:.0f} tok/s "
+        f"| skipped {totals['skipped']} | len {last['response_len']:.0f} "
+        f"| {last['tok_s']:.0f} tok/s "
         f"| rollout {t_rollout:.1f}s update {times['logp'] + times['update']:.1f}s")
     return last
 
 
 def finish(run, last: dict) -> None:
-    """Close the metrics and the process group; rank 0 merges LoRA adapters (--merge) and prints where the
-    checkpoint is, the commands to plot and evaluate it, and the last row as JSON."""
+    """Close the metrics and the process group; rank 0 merges LoRA adapters (--merge) and prints
+    where the checkpoint is, the commands to plot and evaluate it, and the last row as JSON."""
     cfg, out = run.cfg, run.out
     run.metrics.close()
     utils.cleanup_distributed()
     if run.proc.is_main and run.other.merge:  # the adapted model as a plain Hugging Face folder
-        utils.print0(f"merged: {vlm.merge_checkpoint(utils.latest_checkpoint(out / 'ckpt'), out / 'merged')}")
+        merged = vlm.merge_checkpoint(utils.latest_checkpoint(out / "ckpt"), out / "merged")
+        utils.print0(f"merged: {merged}")
     if run.proc.is_main:
         utils.print_next_steps(out, cfg.data, "out/eval/semionline")
         print(utils.dumps(last), flush=True)
@@ -631,9 +516,10 @@ def main(argv=None):
     # the typed config (--preset applied); LoRA's, the prompt's, --report-to
     cfg, other = parse(argv)
     if cfg.model == "auto" and utils.latest_checkpoint(cfg.sft_dir) is None:
-        raise utils.UsageError(f"--model auto: no SFT checkpoint in {cfg.sft_dir} (run train_sft.py first, "
-                               "point --sft-dir at its ckpt/, give one step's folder as --model PATH, or "
-                               "--model tiny to train the untrained model)")
+        raise utils.UsageError(f"--model auto: no SFT checkpoint in {cfg.sft_dir} (run "
+                               "train_sft.py first, point --sft-dir at its ckpt/, give one step's "
+                               "folder as --model PATH, or --model tiny to train the untrained "
+                               "model)")
     start = str(utils.latest_checkpoint(cfg.sft_dir)) if cfg.model == "auto" else cfg.model
     # the prompt the checkpoint was trained on
     spec = chat.resolve_spec(other, start, say=utils.print0)
@@ -658,13 +544,16 @@ def main(argv=None):
         t2 = time.time()
         totals = update(run, micro, collate, stats["n_train"])  # 5. the PPO update
         if stats["n_train"] == 0:
-            utils.print0(f"step {step + 1}: dynamic sampling kept no task in {draw.rounds} rounds; no update")
+            utils.print0(f"step {step + 1}: dynamic sampling kept no task in {draw.rounds} rounds; "
+                         "no update")
         times = {"t0": t0, "rollout": t_rollout, "logp": t2 - t1, "update": time.time() - t2}
         last = log_step(run, step, draw, stats, totals, gap, len(micro), times)  # 6. log
         stop = cfg.stop_after is not None and step + 1 - run.start_step >= cfg.stop_after
-        if stop or step + 1 == cfg.max_steps or (cfg.save_every and (step + 1) % cfg.save_every == 0):
+        every = cfg.save_every and (step + 1) % cfg.save_every == 0
+        if stop or step + 1 == cfg.max_steps or every:
             vlm.save_checkpoint(run.out / "ckpt", run.policy, run.tokenizer, run.record,
-                                optimizer=run.optimizer, extra={"step": step + 1, "schedule": run.schedule},
+                                optimizer=run.optimizer,
+                                extra={"step": step + 1, "schedule": run.schedule},
                                 adapter=run.adapter,
                                 keep=cfg.keep_checkpoints)
         if stop:
@@ -694,12 +583,12 @@ class TrainItem:
 
 
 def loss_config(cfg: RLConfig, sampler) -> dict:
-    """The values ppo_step reads: the loss flags of cfg, and the sampler's temperature (the log-probs
-    are of pi at the temperature the responses were drawn at) and length limit (Dr.GRPO's max_len).
-    sampler: the run's sampler.Sampler, or anything with .temperature and .max_new_tokens."""
+    """The values ppo_step reads: the loss flags of cfg, and the sampler's temperature (the
+    log-probs are of pi at the temperature the responses were drawn at) and length limit (Dr.GRPO's
+    max_len). sampler: the run's sampler.Sampler (or anything with temperature, max_new_tokens)."""
     return dict(temperature=sampler.temperature, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                clip_c=cfg.clip_c, kl_coef=cfg.kl_coef, loss_agg=cfg.loss_agg, max_len=sampler.max_new_tokens,
-                grad_clip=cfg.grad_clip)
+                clip_c=cfg.clip_c, kl_coef=cfg.kl_coef, loss_agg=cfg.loss_agg,
+                max_len=sampler.max_new_tokens, grad_clip=cfg.grad_clip)
 
 
 def ppo_step(policy, optimizer, mb, collate, proc, *, temperature: float, clip_low: float,
@@ -766,15 +655,14 @@ def _micro_batches(records, n_mini, micro_size, proc, length=None):
     each a list of micro-batches.
 
     The records of one task at one step (its rollouts there: one group of docs/method.md §6, with
-    identical prompts wherever their histories agree) go together to mini-batch
-    (task_idx + step_idx) % n_mini, in record order. So the union of a mini-batch over ranks does not
-    depend on the world size (the 1- vs 2-process test), and a micro-batch can run the prompt its
-    rows share once (--share-prompts); verl keeps a prompt's responses in one mini-batch the same way.
+    identical prompts wherever their histories agree) go together to mini-batch (task_idx +
+    step_idx) % n_mini, in record order. So the union of a mini-batch over ranks does not depend on
+    the world size (the 1- vs 2-process test), and a micro-batch can run the prompt its rows share
+    once (--share-prompts); verl keeps a prompt's responses in one mini-batch the same way.
     length(record) -> tokens: each mini-batch is sorted (stable) by its groups' longest length, then
     by length within a group, before it is cut, so a micro-batch pads less; only the summation order
     changes. Every rank runs the same number of micro-batches (None = a zero-weight dummy); a
-    mini-batch empty on every rank is dropped.
-    """
+    mini-batch empty on every rank is dropped."""
     minis = [[] for _ in range(n_mini)]
     for r in records:
         minis[(r.task_idx + r.step_idx) % n_mini].append(r)

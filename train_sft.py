@@ -15,8 +15,9 @@ Single process:
 Several processes (FSDP2; gloo on CPU, nccl on GPU):
     torchrun --nproc_per_node=2 train_sft.py
 The paper's scale (8 GPUs, Qwen2.5-VL-7B-Instruct; docs/method.md §6 lists the presets' flags):
-    torchrun --nproc_per_node=8 train_sft.py --preset paper --model /models/Qwen2.5-VL-7B-Instruct \\
-        --data data/android_control/android_control_train_example_uis1.jsonl --image-root /data/ac
+    torchrun --nproc_per_node=8 train_sft.py --preset paper \\
+        --model /models/Qwen2.5-VL-7B-Instruct --image-root /data/ac \\
+        --data data/android_control/android_control_train_example_uis1.jsonl
 AndroidControl without screenshots (dry run on blank 1080x2400 phones):
     python train_sft.py --data data/android_control/android_control_train_example_uis1.jsonl \\
         --blank-screens 1080x2400 --max-pixels 200704
@@ -46,7 +47,6 @@ import dataclasses
 import math
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -60,99 +60,26 @@ import lora
 import patch
 import utils
 import vlm
-from vlm import PolicyLogProb, apply_fsdp, checkpoint_activations, collate_sequences, pad_token_id, to_device
+from configs.sft import GROUPS, PRESETS, RUN, SFTConfig
+from vlm import (PolicyLogProb, apply_fsdp, checkpoint_activations, collate_sequences, pad_token_id,
+                 to_device)
 
 # -----------------------------------------------------------------------------
-# config: one typed field per flag (utils.flag: default, help, --help group); the presets below
+# config: the flags made from configs.sft.SFTConfig (typed fields) and its PRESETS
 
-flag, pos_int, nonneg_int, nonneg_float = utils.flag, utils.positive_int, utils.non_negative_int, \
-    utils.non_negative_float
-DATA, OPT = "data", "optimisation"
-WARM, RUN = "copy warm-up (models trained from scratch; the module docstring)", "run: checkpoints, logs"
-PERF = "performance (not the method: same results, different speed/memory)"
-GROUPS = [DATA, OPT, WARM, RUN, PERF]
-
-
-@dataclass
-class SFTConfig:
-    """Every flag of this script but LoRA's (lora.add_lora_args), the prompt contract's
-    (chat.add_prompt_args) and --report-to: its type, default and help. The fields without a group
-    are the ones a user sets first (--help lists them first)."""
-    preset: str | None = flag(None, "PRESETS' name: sets its fields; a flag given overrides it",
-                              choices=["quickstart", "paper", "release"])
-    data: str = flag("data/miniwob_click/train.jsonl", "expert episodes (UI-S1 JSONL or AndroidControl "
-                     "native JSON)", type=utils.arg_type(utils.input_file))
-    image_root: str | None = flag(None, "folder screenshots are resolved against (default: the data "
-                                  "file's folder)", type=utils.arg_type(utils.input_dir))
-    model: str = flag("tiny:128x4", "'tiny', a local Hugging Face folder, or a checkpoint folder (a "
-                      "`latest` pointer is followed)", type=utils.arg_type(vlm.model_path))
-    lr: float = flag(1e-3, "AdamW peak learning rate (the default suits the tiny model; the paper "
-                     "preset's, 7B: 1e-5)", type=utils.positive_float)
-    batch_size: int = flag(8, "examples per optimizer step, all ranks together", type=pos_int)
-    micro_batch_size: int = flag(8, "examples per forward/backward", type=pos_int)
-    max_steps: int = flag(200, "optimizer steps (0: the copy warm-up alone, saved as step 0: a shared "
-                          "base)", type=nonneg_int)
-    copy_warmup_steps: int | None = flag(None, "steps on synthetic pages before SFT (module docstring; 0: "
-                                         "none; default: 1000 for a 'tiny' model trained from scratch, else "
-                                         "0)", type=nonneg_int)
-    out: str = flag("out/sft", "output folder (ckpt/, metrics.jsonl, args.json)")
-    resume: bool = flag(False, "continue from the latest checkpoint in --out/ckpt", action="store_true")
-    seed: int = flag(0, "seed of data order, split and the tiny model's init", type=nonneg_int)
-    device: str = flag("auto", "where to run", choices=["auto", "cpu", "cuda"])
-    # data
-    blank_screens: str | None = flag(None, "WxH: blank screenshots of this size when files are missing",
-                                     DATA, type=utils.arg_type(gui.parse_size))
-    max_episodes: int | None = flag(None, "use only the first N episodes", DATA, type=pos_int)
-    val_frac: float = flag(0.1, "share of episodes held out for validation loss (0: none)", DATA,
-                           type=utils.finite_float(0.0, 1.0, high_open=True))
-    # optimisation
-    min_lr_frac: float = flag(0.1, "cosine decay floor, as a fraction of --lr (0: decay to 0)", OPT,
-                              type=utils.fraction)
-    warmup_steps: int = flag(20, "linear warm-up steps (0: none)", OPT, type=nonneg_int)
-    weight_decay: float = flag(0.01, "AdamW weight decay (0: none)", OPT, type=nonneg_float)
-    grad_clip: float = flag(1.0, "global grad-norm clip", OPT, type=utils.positive_float)
-    # the copy warm-up
-    copy_warmup_lr: float = flag(1e-3, "constant AdamW learning rate of the copy warm-up", WARM,
-                                 type=utils.positive_float)
-    copy_warmup_elements: int = flag(1, "elements per synthetic click page, at most (the target looked up "
-                                     "among them)", WARM, type=pos_int)
-    copy_warmup_type_frac: float = flag(0.25, "share of synthetic pages that ask to type a quoted text (0: "
-                                        "click pages only)", WARM, type=utils.fraction)
-    copy_warmup_code_frac: float = flag(0.0, "share of synthetic pages whose labels are fresh random codes "
-                                        "(3-8 of A-Z, 0-9) instead of the training data's labels, so the copy "
-                                        "learnt holds for strings never seen (0: training labels only)", WARM,
-                                        type=utils.fraction)
-    # run
-    eval_every: int = flag(50, "validation loss every N steps (0: at the end only)", RUN, type=nonneg_int)
-    save_every: int = flag(0, "checkpoint every N steps (0: at the end only)", RUN, type=nonneg_int)
-    keep_checkpoints: int = flag(2, "keep the newest N checkpoints (0: every one, e.g. for a dose-response "
-                                 "over the steps)", RUN, type=nonneg_int)
-    # performance
-    gradient_checkpointing: bool = flag(False, "recompute each decoder layer's and vision block's "
-                                        "activations in the backward (less memory, ~1/3 more compute)", PERF,
-                                        action="store_true")
-
-
-# Named settings: plain dicts of fields (any flag's dest), recorded in args.json as "preset"; a flag
-# given on the command line overrides a preset's value. SFT has no returns or filter, so the paper's
-# and the release's SFT are one setting: the 7B run of the README (lr 1e-5, 64 examples per step) and
-# the prompt contract the RL stage adopts from its checkpoint (--max-pixels 1003520, docs/method.md §3).
-PAPER = dict(lr=1e-5, batch_size=64, max_pixels=1003520)
-PRESETS = {"quickstart": {},  # the README's quick start: the defaults, sized for the tiny CPU model
-           "paper": PAPER, "release": PAPER}
-
-parser = utils.make_parser(__doc__, usage="%(prog)s [-h] [--preset {quickstart,paper,release}] [--FLAG VALUE ...]")
+USAGE = "%(prog)s [-h] [--preset {quickstart,paper,release}] [--FLAG VALUE ...]"
+parser = utils.make_parser(__doc__, usage=USAGE)
 groups = utils.add_config_flags(parser, SFTConfig, GROUPS)
-parser._option_string_actions["--preset"].help = "named settings (a flag given overrides them): " + \
-    utils.preset_help(PRESETS)
+parser._option_string_actions["--preset"].help = ("named settings (a flag given overrides them): "
+                                                  + utils.preset_help(PRESETS))
 lora.add_lora_args(parser.add_argument_group("LoRA (lora.py; 0: full fine-tuning)"))
-utils.add_report_to_arg(groups[RUN])  # --report-to none | tensorboard wandb trackio (utils.MetricsLogger)
-chat.add_prompt_args(parser)  # --num-images, --min/max-pixels, --max-prompt-tokens, --step-instruction, ...
+utils.add_report_to_arg(groups[RUN])  # --report-to none | tensorboard wandb trackio
+chat.add_prompt_args(parser)  # --num-images, --min/max-pixels, --max-prompt-tokens, ...
 
 
 def parse(argv=None) -> tuple[SFTConfig, argparse.Namespace]:
-    """The flags: (the typed config with --preset applied, the Namespace of LoRA's, the prompt's and
-    --report-to's flags, as lora.py and chat.resolve_spec read them). Bad flags: one line, exit 2."""
+    """The flags: (the typed config with --preset applied, the Namespace of LoRA's, the prompt's
+    and --report-to's flags, as lora.py and chat.resolve_spec read them). Bad flags: exit 2."""
     return utils.parse_config(parser, SFTConfig, PRESETS, argv)
 
 
@@ -165,7 +92,8 @@ def sft_example(ep, t: int, tokenizer, image_processor, spec: chat.PromptSpec, *
     contract `spec` (chat.step_prompt, as the rollout builds it) with the EXPERT's earlier responses
     as history, the target the expert's response at t (coordinates in pixels of the resized
     screenshot) followed by <|im_end|> (docs/method.md §2-§3)."""
-    shots = [dataset.load_screenshot(s, image_root=image_root, blank_screens=blank_screens) for s in ep.steps[:t + 1]]
+    shots = [dataset.load_screenshot(s, image_root=image_root, blank_screens=blank_screens)
+             for s in ep.steps[:t + 1]]
     responses, specials = [], chat.special_tokens(tokenizer)
     for s in ep.steps[:t + 1]:
         orig = dataset.original_size(s, image_root=image_root, blank_screens=blank_screens)
@@ -174,10 +102,9 @@ def sft_example(ep, t: int, tokenizer, image_processor, spec: chat.PromptSpec, *
         responses.append(gui.expert_response(s, orig, thought=thought, min_pixels=spec.min_pixels,
                                              max_pixels=spec.max_pixels))
     prompt = chat.step_prompt(tokenizer, image_processor, spec, goal=ep.goal, step=ep.steps[t],
-                              screenshots=shots,
-                              history=responses[:t])
-    return prompt, tokenizer(responses[t],
-                             add_special_tokens=False)["input_ids"] + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+                              screenshots=shots, history=responses[:t])
+    target = tokenizer(responses[t], add_special_tokens=False)["input_ids"]
+    return prompt, target + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
 
 
 def copy_warmup_default(model) -> int:
@@ -189,7 +116,8 @@ def copy_warmup_default(model) -> int:
 def page_prompt(tokenizer, goal: str, elements: str, system: bool = True) -> list[int]:
     """Token ids of chat.build_prompt's layout for a first step without the screenshot (and with
     an empty system prompt when system is False)."""
-    messages = [{"role": "system", "content": [{"type": "text", "text": chat.SYSTEM_PROMPT if system else ""}]},
+    messages = [{"role": "system",
+                 "content": [{"type": "text", "text": chat.SYSTEM_PROMPT if system else ""}]},
                 {"role": "user", "content": [{"type": "text", "text": f"Task goal: {goal}\n"},
                                              {"type": "text", "text": "Step 1 screenshot:"},
                                              {"type": "text",
@@ -205,11 +133,11 @@ def synthetic_example(rng: random.Random, labels: list[str], tokenizer, *, max_e
                       system: bool = False, type_frac: float = 0.0,
                       code_frac: float = 0.0) -> tuple[SimpleNamespace, list[int]]:
     """(prompt with input_ids (T,) int64 and no image, target ids ending in <|im_end|>) of one
-    synthetic page, ready for collate_sequences: a type page (dataset.synthetic_type_page) with probability
-    type_frac, else a click page of 1..max_elements elements (dataset.synthetic_page). With probability
-    code_frac the page's labels are fresh random codes (3-8 characters of CODE_CHARS) instead of `labels`:
-    a model warmed up on the training labels alone recalls those labels instead of copying a new one
-    (the memory tasks' codes, results/LOG.md 2026-12-06)."""
+    synthetic page, ready for collate_sequences: a type page (dataset.synthetic_type_page) with
+    probability type_frac, else a click page of 1..max_elements elements (dataset.synthetic_page).
+    With probability code_frac the page's labels are fresh random codes (3-8 characters of
+    CODE_CHARS) instead of `labels`: a model warmed up on the training labels alone recalls those
+    labels instead of copying a new one (the memory tasks' codes, results/LOG.md 2026-12-06)."""
     if code_frac > 0 and rng.random() < code_frac:
         codes: set[str] = set()
         while len(codes) < max(max_elements, 1):
@@ -232,14 +160,15 @@ def synthetic_example(rng: random.Random, labels: list[str], tokenizer, *, max_e
 def setup(cfg: SFTConfig, other: argparse.Namespace, spec: chat.PromptSpec) -> SimpleNamespace:
     """Processes, seeds and the data: one example per (episode, step), split into train and
     validation episodes; prompts are built lazily (images are big). Read and checked before anything
-    is written to --out: a run that fails here leaves a finished run's records as they were. Then the
-    model (build_model). `other`: LoRA's, the prompt's and --report-to's flags (parse). Returns the
-    run's state, which the loops below read."""
+    is written to --out: a run that fails here leaves a finished run's records as they were. Then
+    the model (build_model). `other`: LoRA's, the prompt's and --report-to's flags (parse). Returns
+    the run's state, which the loops below read."""
     proc = utils.init_distributed(cfg.device)
     utils.seed_everything(cfg.seed)
     if cfg.batch_size % (cfg.micro_batch_size * proc.world_size):
-        raise utils.UsageError(f"--batch-size {cfg.batch_size} must be a multiple of micro-batch-size x "
-                               f"world size ({cfg.micro_batch_size} x {proc.world_size})")
+        raise utils.UsageError(f"--batch-size {cfg.batch_size} must be a multiple of "
+                               f"micro-batch-size x world size ({cfg.micro_batch_size} x "
+                               f"{proc.world_size})")
     blank = gui.parse_size(cfg.blank_screens) if cfg.blank_screens else None
     episodes = dataset.load_episodes(cfg.data, limit=cfg.max_episodes)
     order = list(range(len(episodes)))
@@ -250,25 +179,27 @@ def setup(cfg: SFTConfig, other: argparse.Namespace, spec: chat.PromptSpec) -> S
     val_ex = [(e, t) for e in val_eps for t in range(len(e.steps))]
     per_rank = len(train_ex) // proc.world_size
     if cfg.max_steps > 0 and per_rank < cfg.micro_batch_size:
-        raise utils.UsageError(f"the train split has {len(train_ex)} examples ({len(train_eps)} episodes of "
-                               f"{cfg.data} after --val-frac {cfg.val_frac:g} held out {len(val_eps)}): "
-                               f"{per_rank} per rank on {proc.world_size} rank(s), fewer than "
-                               f"--micro-batch-size {cfg.micro_batch_size}; lower it or --val-frac, or add data")
+        raise utils.UsageError(f"the train split has {len(train_ex)} examples ({len(train_eps)} "
+                               f"episodes of {cfg.data} after --val-frac {cfg.val_frac:g} held out "
+                               f"{len(val_eps)}): {per_rank} per rank on {proc.world_size} "
+                               f"rank(s), fewer than --micro-batch-size {cfg.micro_batch_size}; "
+                               "lower it or --val-frac, or add data")
     tokenizer, image_processor = vlm.load_processor(cfg.model, min_pixels=spec.min_pixels,
                                                     max_pixels=spec.max_pixels)
-    utils.print0(f"{len(train_eps)} train / {len(val_eps)} val episodes, {len(train_ex)} / {len(val_ex)} "
-                 "examples")
+    utils.print0(f"{len(train_eps)} train / {len(val_eps)} val episodes, {len(train_ex)} / "
+                 f"{len(val_ex)} examples")
     run = SimpleNamespace(cfg=cfg, other=other, proc=proc, gpu=proc.device.type == "cuda",
-                          out=Path(cfg.out),
-                          spec=spec, blank=blank, train_eps=train_eps, train_ex=train_ex, val_ex=val_ex,
-                          tokenizer=tokenizer, image_processor=image_processor, pad_id=pad_token_id(tokenizer))
+                          out=Path(cfg.out), spec=spec, blank=blank, train_eps=train_eps,
+                          train_ex=train_ex, val_ex=val_ex, tokenizer=tokenizer,
+                          image_processor=image_processor, pad_id=pad_token_id(tokenizer))
     build_model(run)
     return run
 
 
 def build_model(run) -> None:
-    """The policy (FSDP2; LoRA adapters with --lora-r) and its optimizer, into `run`; with --resume the
-    latest checkpoint in --out; then the first write to --out (args.json) and the metrics file."""
+    """The policy (FSDP2; LoRA adapters with --lora-r) and its optimizer, into `run`; with --resume
+    the latest checkpoint in --out; then the first write to --out (args.json) and the metrics file.
+    """
     cfg, proc, out = run.cfg, run.proc, run.out
     run.model = model = vlm.load_model(cfg.model, dtype=torch.float32, device=proc.device,
                                        seed=cfg.seed)
@@ -283,7 +214,8 @@ def build_model(run) -> None:
     if cfg.resume:
         ckpt = utils.latest_checkpoint(out / "ckpt")
         if ckpt is not None:
-            run.start_step = int(vlm.load_checkpoint_state(ckpt, run.policy, run.optimizer).get("step", 0))
+            state = vlm.load_checkpoint_state(ckpt, run.policy, run.optimizer)
+            run.start_step = int(state.get("step", 0))
             utils.print0(f"resumed from {ckpt} at step {run.start_step}")
     # the first write to --out: the flags, the data and a resume's checkpoint are checked by now
     # args.json: every flag's value as the run used it (--preset applied), the prompt contract
@@ -312,8 +244,9 @@ def batches(run, examples, size, seed, split="train"):
     and the sizes when the share holds fewer than `size` examples (it would never yield)."""
     proc = run.proc
     if len(examples[proc.rank::proc.world_size]) < size:
-        raise utils.UsageError(f"the {split} split: {len(examples)} examples, {len(examples[proc.rank::proc.world_size])} "
-                               f"on rank {proc.rank} of {proc.world_size}, fewer than a micro-batch of {size}")
+        raise utils.UsageError(f"the {split} split: {len(examples)} examples, "
+                               f"{len(examples[proc.rank::proc.world_size])} on rank {proc.rank} "
+                               f"of {proc.world_size}, fewer than a micro-batch of {size}")
     epoch = 0
     while True:
         idx = list(range(len(examples)))
@@ -325,11 +258,13 @@ def batches(run, examples, size, seed, split="train"):
 
 
 def lr_at(cfg, step: int) -> float:
-    """The learning rate of `step`: linear warm-up over --warmup-steps, then cosine down to --min-lr-frac."""
+    """The learning rate of `step`: linear warm-up over --warmup-steps, then cosine down to
+    --min-lr-frac."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     frac = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
-    return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+    cosine = 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
+    return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * cosine)
 
 
 def nll(run, built):
@@ -365,8 +300,9 @@ def val_loss(run) -> float:
 
 
 def copy_warmup(run) -> None:
-    """The copy warm-up (module docstring), on a fresh run only: --copy-warmup-steps steps on synthetic
-    pages with their own AdamW; with --max-steps 0 its model is the run's checkpoint (a base to start from)."""
+    """The copy warm-up (module docstring), on a fresh run only: --copy-warmup-steps steps on
+    synthetic pages with their own AdamW; with --max-steps 0 its model is the run's checkpoint (a
+    base to start from)."""
     cfg, proc, out, policy = run.cfg, run.proc, run.out, run.policy
     warm_steps = cfg.copy_warmup_steps
     labels = dataset.page_labels(run.train_eps) if warm_steps > 0 and run.start_step == 0 else []
@@ -383,10 +319,13 @@ def copy_warmup(run) -> None:
     policy.train()
     bar = tqdm(range(warm_steps), desc="copy warm-up", disable=not proc.is_main)
     for step in bar:
-        built = [synthetic_example(rng, labels, run.tokenizer, max_elements=cfg.copy_warmup_elements,
-                                   type_frac=cfg.copy_warmup_type_frac, code_frac=cfg.copy_warmup_code_frac)
+        built = [synthetic_example(rng, labels, run.tokenizer,
+                                   max_elements=cfg.copy_warmup_elements,
+                                   type_frac=cfg.copy_warmup_type_frac,
+                                   code_frac=cfg.copy_warmup_code_frac)
                  for _ in range(per_rank)]
-        batch = to_device(collate_sequences([p for p, _ in built], [y for _, y in built], run.pad_id), proc.device)
+        batch = to_device(collate_sequences([p for p, _ in built], [y for _, y in built],
+                                            run.pad_id), proc.device)
         logp, _ = policy(batch)
         loss = -logp.mean()
         warm_opt.zero_grad(set_to_none=True)
@@ -399,8 +338,9 @@ def copy_warmup(run) -> None:
         utils.all_reduce_sum(row)
         warm_log.log({"step": step + 1, "loss": row[0].item(), "digit_nll": row[1].item()})
         bar.set_postfix(loss=f"{row[0].item():.3f}", digits=f"{row[1].item():.3f}")
-    utils.print0(f"copy warm-up: {warm_steps} steps, last loss {row[0].item():.3f}, coordinate digits "
-                 f"{row[1].item():.3f} nats/token (no copy: ~2.2; log {out / 'copy_warmup.jsonl'})")
+    utils.print0(f"copy warm-up: {warm_steps} steps, last loss {row[0].item():.3f}, coordinate "
+                 f"digits {row[1].item():.3f} nats/token (no copy: ~2.2; log "
+                 f"{out / 'copy_warmup.jsonl'})")
     del warm_opt
     # the warm-up alone: a base model that SFT runs start from (--model BASE)
     if cfg.max_steps == 0:
@@ -409,9 +349,10 @@ def copy_warmup(run) -> None:
 
 
 def sft(run) -> dict:
-    """SFT proper: --max-steps optimizer steps of --batch-size examples (token-mean NLL over the global
-    batch, gradient accumulation over micro-batches), a resumed run continuing the same data order;
-    validation every --eval-every steps and at the end; checkpoints. Returns the last step's metrics."""
+    """SFT proper: --max-steps optimizer steps of --batch-size examples (token-mean NLL over the
+    global batch, gradient accumulation over micro-batches), a resumed run continuing the same data
+    order; validation every --eval-every steps and at the end; checkpoints. Returns the last step's
+    metrics."""
     cfg, proc, policy, optimizer = run.cfg, run.proc, run.policy, run.optimizer
     accum = cfg.batch_size // (cfg.micro_batch_size * proc.world_size)
     stream = batches(run, run.train_ex, cfg.micro_batch_size, cfg.seed)
@@ -455,26 +396,31 @@ def sft(run) -> dict:
         bar.set_postfix(loss=f"{last['loss']:.3f}",
                         **({"val": f"{last['val_loss']:.3f}"} if "val_loss" in last else {}))
         if "val_loss" in last:
-            utils.print0(f"step {step + 1:5d} | loss {last['loss']:.4f} | val {last['val_loss']:.4f} | lr {last['lr']:.2e} "
-                         f"| gnorm {last['grad_norm']:.2f} | {last['tok_s']:.0f} tok/s")
+            utils.print0(f"step {step + 1:5d} | loss {last['loss']:.4f} "
+                         f"| val {last['val_loss']:.4f} "
+                         f"| lr {last['lr']:.2e} | gnorm {last['grad_norm']:.2f} "
+                         f"| {last['tok_s']:.0f} tok/s")
         if step + 1 == cfg.max_steps or (cfg.save_every and (step + 1) % cfg.save_every == 0):
             vlm.save_checkpoint(run.out / "ckpt", policy, run.tokenizer, run.record,
-                                optimizer=optimizer,
-                                extra={"step": step + 1}, adapter=run.adapter, keep=cfg.keep_checkpoints)
+                                optimizer=optimizer, extra={"step": step + 1}, adapter=run.adapter,
+                                keep=cfg.keep_checkpoints)
     return last
 
 
 def finish(run, last: dict) -> None:
-    """Close the metrics and the process group; rank 0 merges LoRA adapters (--merge) and prints where the
-    checkpoint is, the commands to plot, evaluate and go on with it, and the last row as JSON."""
+    """Close the metrics and the process group; rank 0 merges LoRA adapters (--merge) and prints
+    where the checkpoint is, the commands to plot, evaluate and go on with it, and the last row as
+    JSON."""
     cfg, out = run.cfg, run.out
     run.metrics.close()
     utils.cleanup_distributed()
     if run.proc.is_main and run.other.merge:  # the adapted model as a plain Hugging Face folder
-        utils.print0(f"merged: {vlm.merge_checkpoint(utils.latest_checkpoint(out / 'ckpt'), out / 'merged')}")
+        merged = vlm.merge_checkpoint(utils.latest_checkpoint(out / "ckpt"), out / "merged")
+        utils.print0(f"merged: {merged}")
     if run.proc.is_main:
         utils.print_next_steps(out, cfg.data, "out/eval/sft",
-                               f"next stage: torchrun --nproc_per_node=2 train_semionline.py --sft-dir {out / 'ckpt'}")
+                               "next stage: torchrun --nproc_per_node=2 train_semionline.py "
+                               f"--sft-dir {out / 'ckpt'}")
         print(utils.dumps(last), flush=True)
 
 
