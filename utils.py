@@ -320,9 +320,7 @@ def parse_config(parser: argparse.ArgumentParser, config, presets: dict[str, dic
 
 def preset_help(presets: dict[str, dict]) -> str:
     """--preset's help: each preset's name and its fields as the flags they stand for."""
-    def show(v):
-        return " ".join(map(str, v)) if isinstance(v, (list, tuple)) else v
-    return "; ".join(f"{name}: " + (" ".join(f"--{k.replace('_', '-')} {show(v)}" for k, v in fields.items())
+    return "; ".join(f"{name}: " + (" ".join(f"--{k.replace('_', '-')} {v}" for k, v in fields.items())
                                     or "the defaults") for name, fields in presets.items())
 
 
