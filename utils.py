@@ -16,6 +16,7 @@ needs it: the prompt builder and the dataset import it without the model.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import math
@@ -281,6 +282,46 @@ def explicit_flags(parser: argparse.ArgumentParser, argv: list[str] | None) -> s
         for a in parser._actions:
             a.default = defaults[a.dest]
     return set(vars(seen))
+
+
+def flag(default, help: str, group: str | None = None, **argparse_kw):
+    """A field of a stage's typed config (a dataclass) that `add_config_flags` turns into its flag
+    --name-with-dashes: the default, one line of help, the labelled --help group it is listed in (None:
+    the first, the flags a user sets first) and add_argument's other keywords (type, choices, action;
+    flag="--name" where the flag's name is not the field's)."""
+    return dataclasses.field(default=default, metadata={"help": help, "group": group, **argparse_kw})
+
+
+def add_config_flags(parser: argparse.ArgumentParser, config, groups: list[str]) -> dict:
+    """One flag per field of the dataclass `config` (fields made by `flag`), in field order; a field
+    with a group goes under that title. The titles of `groups` are created in that order, after the
+    first group (argparse lists groups as created). Returns {title: the argparse group}."""
+    made = {title: parser.add_argument_group(title) for title in groups}
+    for f in dataclasses.fields(config):
+        kw = dict(f.metadata)
+        title, name = kw.pop("group"), kw.pop("flag", "--" + f.name.replace("_", "-"))
+        (parser if title is None else made[title]).add_argument(name, dest=f.name, default=f.default, **kw)
+    return made
+
+
+def parse_config(parser: argparse.ArgumentParser, config, presets: dict[str, dict], argv=None):
+    """Parse argv into (the typed config, a Namespace of the flags other modules define: LoRA's, the
+    prompt's, --report-to). --preset NAME first sets its fields (any flag's dest); a flag given on
+    the command line overrides it. Errors as the parser's: one line, exit 2."""
+    ns = parser.parse_args(argv)
+    given = explicit_flags(parser, argv) if ns.preset else set()
+    for name, value in presets.get(ns.preset, {}).items():
+        if name not in given:
+            setattr(ns, name, value)
+    own = {f.name for f in dataclasses.fields(config)}
+    return (config(**{k: v for k, v in vars(ns).items() if k in own}),
+            argparse.Namespace(**{k: v for k, v in vars(ns).items() if k not in own}))
+
+
+def preset_help(presets: dict[str, dict]) -> str:
+    """--preset's help: each preset's name and its fields as the flags they stand for."""
+    return "; ".join(f"{name}: " + (" ".join(f"--{k.replace('_', '-')} {v}" for k, v in fields.items())
+                                    or "the defaults") for name, fields in presets.items())
 
 
 # -----------------------------------------------------------------------------

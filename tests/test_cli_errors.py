@@ -28,6 +28,8 @@ CASES = [
     (["train_sft.py", "--min-pixels", "9000", "--max-pixels", "10"], "--min-pixels 9000 / --max-pixels 10"),
     (["train_sft.py", "--data", "README.md"], "README.md: line 1: field '<json>': invalid JSON"),
     (["train_sft.py", "--max-steps", "ten"], "argument --max-steps: invalid int value: 'ten'"),
+    (["train_sft.py", "--preset", "papper"], "argument --preset: invalid choice: 'papper'"),
+    (["train_semionline.py", "--preset", "realease"], "argument --preset: invalid choice: 'realease'"),
     (["train_semionline.py", "--data", "nope.jsonl"], "argument --data: no such file: 'nope.jsonl'"),
     (["train_semionline.py", "--blank-screens", "0x5"], "argument --blank-screens: expected a positive size"),
     (["train_semionline.py", "--model", NOT_A_MODEL], "argument --model: 'assets': not a model folder"),

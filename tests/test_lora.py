@@ -77,7 +77,7 @@ def test_update_gradient_reaches_only_adapters_and_equals_reference(case):
                            length=lambda r: len(r.prompt.input_ids) + len(r.response_ids))[0]
     st = ts.ppo_step(policy, opt, mb, lambda c: vlm.collate_sequences([r.prompt for r in c], [r.response_ids for r in c],
                                                                      pad_id), utils.Dist(0, 1, 0, torch.device("cpu")),
-                     **ts.loss_config(args))
+                     **ts.loss_config(args, sampler=args))
     assert st["clipped"] > 0 and st["kl"] > 0 and st["skipped"] == 0
     got = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     assert set(got) == {n for n, _ in model.named_parameters() if "lora_" in n}  # adapters only, all of them
@@ -102,7 +102,7 @@ def test_gradient_checkpointing_gives_the_same_adapter_gradient(case):
         mb = ts._micro_batches(records, 1, 3, one)[0]
         ts.ppo_step(policy, torch.optim.SGD(lora.trainable(policy), lr=0.0), mb,
                     lambda c: vlm.collate_sequences([r.prompt for r in c], [r.response_ids for r in c], pad_id), one,
-                    **ts.loss_config(args))
+                    **ts.loss_config(args, sampler=args))
         grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
     a, b = grads
     scale = max(g.abs().max().item() for g in a.values())

@@ -339,3 +339,42 @@ def test_keep_checkpoints(tmp_path):
         assert (out / "latest").read_text().strip() == "step_000004"
     for p in (train_sft.parser, train_semionline.parser):
         assert p.parse_args([]).keep_checkpoints == 2 and p.parse_args(["--keep-checkpoints", "0"]).keep_checkpoints == 0
+
+
+# metrics that measure the machine, not the method: left out of the comparison with the stored runs
+TIMINGS = {"tok_s", "time_rollout_s", "time_logp_s", "time_update_s", "time_s", "peak_mem_bytes", "t"}
+# other flags than RL's, each one a value a route could lose: temperature and top-p (the sampler and the
+# trainer's log-probs), the release's returns, gamma, the overlong penalty (max-new-tokens), Dr.GRPO's
+# denominator (max-new-tokens), and the held-out evaluation (temperature, samples)
+VARIED = ["--temperature", "0.8", "--top-p", "0.95", "--returns-form", "release", "--overlong-buffer", "8",
+          "--gamma", "0.9", "--loss-agg", "dr-grpo", "--eval-data", "data/miniwob/test.jsonl",
+          "--eval-episodes", "2", "--eval-samples", "2", "--eval-every", "2"]
+
+
+def same_rows(got, want):
+    """Rows equal key by key, floats to 1e-6 relative (the reference was written on another CPU run)."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        g = {k: v for k, v in g.items() if k not in TIMINGS}
+        assert g.keys() == w.keys(), (g.keys() ^ w.keys())
+        for k in w:
+            assert g[k] == (pytest.approx(w[k], rel=1e-6) if isinstance(w[k], float) else w[k]), (w["step"], k)
+
+
+@pytest.mark.parametrize("name,extra", [("default", []), ("varied", VARIED)])
+def test_semionline_metrics_as_before(tmp_path, rl_ckpt, name, extra):
+    """The typed configs changed how the flags reach the code, not the numbers: a seeded 3-step run gives
+    the metrics.jsonl that the same command gave at 06de78c, before the rework
+    (tests/data/config_reference.json, timings dropped)."""
+    want = json.loads((REPO / "tests" / "data" / "config_reference.json").read_text())[f"semionline_{name}"]
+    _, rows = launch(RL + rl_ckpt + ["--max-steps", "3", *extra], tmp_path / name)
+    same_rows(rows, want)
+
+
+def test_sft_metrics_as_before(tmp_path):
+    """The same for SFT: 2 copy warm-up steps, then 2 SFT steps, as at 06de78c."""
+    want = json.loads((REPO / "tests" / "data" / "config_reference.json").read_text())
+    _, rows = launch(SFT[:-2] + ["--copy-warmup-steps", "2", "--max-steps", "2"], tmp_path / "s")
+    same_rows(rows, want["sft"])
+    same_rows([json.loads(l) for l in (tmp_path / "s" / "copy_warmup.jsonl").read_text().splitlines()],
+              want["sft_copy_warmup"])

@@ -61,7 +61,7 @@ def run_update(model, records, pad_id, args, micro_size=2, opt=None, share=False
         return vlm.collate_sequences([r.prompt for r in chunk], [r.response_ids for r in chunk], pad_id,
                                      share_prompts=share, image_token_id=model.config.image_token_id)
 
-    return ts.ppo_step(policy, opt, mb, collate, ONE, **ts.loss_config(args)), mb
+    return ts.ppo_step(policy, opt, mb, collate, ONE, **ts.loss_config(args, sampler=args)), mb
 
 
 @pytest.mark.parametrize("agg,share", [(a, False) for a in AGGS] + [("token-mean", True), ("seq-mean-token-mean", True)])
@@ -210,7 +210,8 @@ def test_gradient_checkpointing_under_fsdp2(case):
         def collate(chunk):
             return vlm.collate_sequences([r.prompt for r in chunk], [r.response_ids for r in chunk], pad_id)
 
-        st = ts.ppo_step(policy, torch.optim.SGD(policy.parameters(), lr=0.0), mb, collate, ONE, **ts.loss_config(args))
+        st = ts.ppo_step(policy, torch.optim.SGD(policy.parameters(), lr=0.0), mb, collate, ONE,
+                         **ts.loss_config(args, sampler=args))
         assert st["skipped"] == 0 and calls == {"text": 2, "vision": 2}
         _assert_grads_equal(_grads(policy.named_parameters(), prefix="model."), want)   # the root's own prefix
     finally:
@@ -227,8 +228,8 @@ def test_gradient_checkpointing_flag():
         assert vars(parser.parse_args(["--gradient-checkpointing"]))["gradient_checkpointing"] is True
     # shared prompt heads need the KV cache that checkpointing drops: refused before anything runs
     with pytest.raises(utils.UsageError, match="share-prompts"):
-        ts.check_args(ts.parser.parse_args(["--share-prompts", "on", "--gradient-checkpointing"]))
-    ts.check_args(ts.parser.parse_args(["--share-prompts", "auto", "--gradient-checkpointing"]))  # auto: off then
+        ts.check_args(*ts.parse(["--share-prompts", "on", "--gradient-checkpointing"]))
+    ts.check_args(*ts.parse(["--share-prompts", "auto", "--gradient-checkpointing"]))  # auto: off then
 
 
 class R:

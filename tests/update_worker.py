@@ -35,7 +35,7 @@ def collate(chunk):
                                  image_token_id=model.config.image_token_id)
 
 
-st = ts.ppo_step(policy, opt, mb, collate, d, **ts.loss_config(args))
+st = ts.ppo_step(policy, opt, mb, collate, d, **ts.loss_config(args, sampler=args))
 # rows that ran on another row's head (0 without sharing): the case must exercise the shared path
 shared = sum(len(c) - len(collate(c)["head_len"]) for c in mb if c is not None) if share else 0
 worst, scale = 0.0, max(g.abs().max().item() for g in ref.values())

@@ -1,0 +1,1 @@
+"""The stages' typed configs and named presets: one module per stage script."""
