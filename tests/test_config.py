@@ -165,8 +165,8 @@ def quoted(argv: list[str]) -> list[str]:
     return out
 
 
-# the README quotes the presets once its GPU commands do (it still spells out the old paper command)
-DOCS = ["docs/method.md", "docs/android_control.md"]
+# every trainer command the docs and the README quote
+DOCS = ["docs/method.md", "docs/android_control.md", "README.md"]
 
 
 def doc_texts() -> dict[str, str]:
