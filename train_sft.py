@@ -87,6 +87,10 @@ parser.add_argument("--copy-warmup-lr", type=utils.positive_float, default=1e-3,
 parser.add_argument("--copy-warmup-elements", type=utils.positive_int, default=1, help="elements per synthetic click page, at most (the target looked up among them)")
 parser.add_argument("--copy-warmup-type-frac", type=utils.fraction, default=0.25, help="share of synthetic pages that ask to type a quoted text (0: click pages only)")
 parser.add_argument("--copy-warmup-code-frac", type=utils.fraction, default=0.0, help="share of synthetic pages whose labels are fresh random codes (3-8 of A-Z, 0-9) instead of the training data's labels, so the copy learnt holds for strings never seen (0: training labels only)")
+parser.add_argument("--copy-warmup-save-at", type=utils.positive_int, nargs="*", default=[],
+                    help="warm-up steps after which the warm-up's model is also saved, as OUT/warmup_ckpt/step_N: the base "
+                         "of an N-step warm-up (its learning rate is constant and its pages drawn step by step, so N steps "
+                         "of a longer warm-up are an N-step warm-up)")
 chat.add_prompt_args(parser)  # --num-images, --min/max-pixels, --max-prompt-tokens, --step-instruction, --elements, --system-prompt
 # run
 parser.add_argument("--max-steps", type=utils.non_negative_int, default=200, help="optimizer steps (0: the copy warm-up alone, saved as step 0: a shared base)")
@@ -323,6 +327,9 @@ def copy_warmup(run) -> None:
         row = torch.tensor([loss.item(), -logp.detach().cpu()[is_digit].mean().item()], dtype=torch.float64) / proc.world_size
         utils.all_reduce_sum(row)
         warm_log.log({"step": step + 1, "loss": row[0].item(), "digit_nll": row[1].item()})
+        if step + 1 in args.copy_warmup_save_at:  # a shorter warm-up's base, from the same run
+            vlm.save_checkpoint(out / "warmup_ckpt", policy, run.tokenizer, vars(args), extra={"step": step + 1},
+                                keep=0, adapter=run.adapter)
         bar.set_postfix(loss=f"{row[0].item():.3f}", digits=f"{row[1].item():.3f}")
     utils.print0(f"copy warm-up: {warm_steps} steps, last loss {row[0].item():.3f}, coordinate digits "
                  f"{row[1].item():.3f} nats/token (no copy: ~2.2; log {out / 'copy_warmup.jsonl'})")
@@ -401,6 +408,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.copy_warmup_steps is None:   # resolved here so that args.json records the number
         args.copy_warmup_steps = copy_warmup_default(args.model)
+    if any(n > args.copy_warmup_steps for n in args.copy_warmup_save_at):
+        raise utils.UsageError(f"--copy-warmup-save-at {args.copy_warmup_save_at}: every step must be <= "
+                               f"--copy-warmup-steps {args.copy_warmup_steps}")
     spec = chat.resolve_spec(args, args.model, say=utils.print0)
     if lora.check_lora_args(args):
         raise utils.UsageError(lora.check_lora_args(args))
