@@ -94,8 +94,9 @@ SETTING = dict(
     EVAL_EXTRA=["--max-new-tokens", "80"],
     TEST_EPISODES=300,                           # per test checkpoint: 60 per task, 120 memory + 180 Markov
     TEST_SEED_BASE=900000,                       # fresh: tests/test_repro_memory.py checks results/ and data/
-    PROBE_SAMPLES=0,                             # sampled plays of each test episode at RL_TEMPERATURE, final checkpoints
-                                                 # (the probe's spread: a right note sampled where greedy's is wrong)
+    PROBE_SAMPLES=0,                             # sampled plays of each test episode at RL_TEMPERATURE (final
+                                                 # checkpoints; the probe's spread: a right note sampled where
+                                                 # greedy's is wrong)
     NPROC=1,                                     # processes per training stage (> 1: torchrun, one per GPU)
 )
 # The release's recipe at GPU scale for a pretrained VLM (the paper's lr: SFT 1e-5, RL 1e-6; RL at the release's
@@ -121,8 +122,9 @@ PRESETS = {
                  EVAL_EXTRA=["--max-new-tokens", "256", "--max-prompt-tokens", "2048"], ONLINE_BATCH=8,
                  PROBE_SAMPLES=8, NPROC=8),
     # the gpu presets' code path on a CPU with a tiny model folder, in tiny shapes (tests/test_repro_memory.py)
-    "cpu-smoke": dict(BASE_STEPS=0, SEEDS=[0], SFT_STEPS=1, SFT_POINTS=1, SFT_EXTRA=["--num-images", "1", "--batch-size", "2", "--micro-batch-size", "2",
-                                                                                   "--max-pixels", "20000"],
+    "cpu-smoke": dict(BASE_STEPS=0, SEEDS=[0], SFT_STEPS=1, SFT_POINTS=1,
+                      SFT_EXTRA=["--num-images", "1", "--batch-size", "2", "--micro-batch-size", "2", "--max-pixels",
+                                 "20000"],
                       RL_STEPS=1, RL_POINTS=1, RL_PASSES=1, CONTROL=False, MEMORY_TASKS=["memory-type-1"],
                       MARKOV_TASKS=["click-option"], EVAL_PER_TASK=1, ONLINE_EPISODES=2, ONLINE_MAX_STEPS=1,
                       TEST_EPISODES=2, PROBE_SAMPLES=2, ONLINE_BATCH=2,
@@ -400,13 +402,14 @@ def memory_markdown(s: dict) -> str:
                      f"{f(a['success_if_note_right'])} | {f(a['success_if_note_wrong'])} |")
         sampled = {arm: a["sampled"] for arm, a in probe["per_arm"].items() if a.get("sampled", {}).get("samples")}
         if sampled:
-            L += ["", "Sampled plays' step-0 notes (memory tasks, at the RL temperature): what semi-online RL can reinforce "
-                  "is a right note sampled where greedy's is wrong (headroom).", "",
-                  "| arm | sampled notes right | episodes with spread (greedy right / wrong) | headroom |", "|---|---|---|---|"]
+            L += ["", "Sampled plays' step-0 notes (memory tasks, at the RL temperature): what semi-online RL can "
+                  "reinforce is a right note sampled where greedy's is wrong (headroom).", "",
+                  "| arm | sampled notes right | episodes with spread (greedy right / wrong) | headroom |",
+                  "|---|---|---|---|"]
             for arm, sm in sampled.items():
                 L.append(f"| {arm} | {sm['note_right']}/{sm['samples']} = {f(sm['note_rate'])} | {sm['spread']} "
-                         f"({sm['spread_greedy_right']} / {sm['spread_greedy_wrong']}) | {sm['headroom']}/{sm['episodes']} "
-                         f"= {f(sm['headroom_rate'])} |")
+                         f"({sm['spread_greedy_right']} / {sm['spread_greedy_wrong']}) | "
+                         f"{sm['headroom']}/{sm['episodes']} = {f(sm['headroom_rate'])} |")
         L += ["", "| a | b | note rate diff [95%] | p (primary) | seeds | verdict |", "|---|---|---|---|---|---|"]
         for c in probe.get("comparisons") or []:
             L.append(f"| {c['a']} | {c['b']} | {f(c['diff'], '+.3f')} {fmt_ci(c['diff_ci95'])} | "
@@ -500,7 +503,8 @@ def gpu_plan(args, counts: dict, steps_per_episode: float, gpu: dict = H100) -> 
     decode = 2 * n / (gpu["hbm_bytes_s"] * gpu["decode_eff"])  # seconds per decoded token of a batch (bf16 weights)
     p_sft = flag_value(args.sft_extra, "--max-prompt-tokens", 2048)
     b_sft = flag_value(args.sft_extra, "--batch-size", 16)
-    p_rl, r_rl = flag_value(args.rl_extra, "--max-prompt-tokens", 2048), flag_value(args.rl_extra, "--max-new-tokens", 256)
+    p_rl = flag_value(args.rl_extra, "--max-prompt-tokens", 2048)
+    r_rl = flag_value(args.rl_extra, "--max-new-tokens", 256)
     r_eval = flag_value(args.eval_extra, "--max-new-tokens", 256)
     samples = flag_value(args.rl_extra, "--tasks-per-step", 4) * flag_value(args.rl_extra, "--n-rollouts", 8) \
         * steps_per_episode * 1.5
@@ -523,12 +527,14 @@ def print_gpu_plan(args, counts: dict, steps_per_episode: float) -> None:
     max_px = flag_value(args.sft_extra, "--max-pixels", gui.MAX_PIXELS)
     w, h = gui.resized_size((168, 224), factor=28, max_pixels=max_px)
     print(f"[gpu] preset {args.preset}: {args.model}, {g['parameters'] / 1e9:.2f} B parameters, its own tokenizer; "
-          f"screenshots 168 x 224 -> {w} x {h} at its patch grid (14 x 14, merged 2 x 2: {w * h // 784} visual tokens); "
+          f"screenshots 168 x 224 -> {w} x {h} at its patch grid (14 x 14, merged 2 x 2: {w * h // 784} visual "
+          "tokens); "
           f"no copy warm-up. Units: {counts['sft_steps']} SFT steps, {counts['rl_steps']} RL steps, "
           f"{counts['online_episodes']} online episodes + {counts.get('sampled_plays', 0)} sampled plays, "
           f"{counts['stages']} evaluation processes; seconds each (assumed, runs/repro_memory.gpu_plan): "
           f"{g['unit_seconds']}.", flush=True)
-    print(f"[gpu] estimate: {g['wall_h']:.1f} h wall on {g['gpus']} H100 = {g['gpu_hours']:.1f} GPU hours (assumptions: "
+    print(f"[gpu] estimate: {g['wall_h']:.1f} h wall on {g['gpus']} H100 = {g['gpu_hours']:.1f} GPU hours "
+          "(assumptions: "
           f"bf16 peak {g['gpu']['peak_flops'] / 1e12:.0f} TFLOP/s at {g['gpu']['mfu']:.0%} for training and prefill, "
           f"decoding at {g['gpu']['decode_eff']:.0%} of {g['gpu']['hbm_bytes_s'] / 1e12:.2f} TB/s, every sequence at "
           f"its token budget, {steps_per_episode:.1f} steps an episode as in the demonstrations). Training memory "
@@ -567,8 +573,8 @@ def main(argv=None) -> dict:
                  for s, j in sft.items() for st in sft_steps]
     rl_path = rm.rl_data(args, data, args.tasks)
     sub = rm.argparse_like(args, rl_extra=[*args.rl_extra, "--temperature", str(args.rl_temperature)])
-    rl = {(arm, s): launched(rc.rl_job(sub, data, sft[s], s, arm, flags, train=rl_path, points=args.rl_points), args.nproc)
-          for arm, flags in ARMS.items() for s in args.seeds}
+    rl = {(arm, s): launched(rc.rl_job(sub, data, sft[s], s, arm, flags, train=rl_path, points=args.rl_points),
+                             args.nproc) for arm, flags in ARMS.items() for s in args.seeds}
     control = {s: launched(rm.control_job(args, data, sft[s], s, rl_path), args.nproc)
                for s in args.seeds} if args.control else {}
     rl_steps = rc.checkpoint_steps(args.rl_steps, args.rl_points)
@@ -576,7 +582,8 @@ def main(argv=None) -> dict:
     finals += [rc.checkpoint_eval(args, data, arm, s, j, st, st == args.rl_steps)
                for (arm, s), j in rl.items() for st in rl_steps]
     finals += [rc.checkpoint_eval(args, data, CONTROL, s, j, j["steps"], True) for s, j in control.items()]
-    probe = ["--samples", str(args.probe_samples), "--temperature", str(args.rl_temperature)] if args.probe_samples else []
+    probe = (["--samples", str(args.probe_samples), "--temperature", str(args.rl_temperature)]
+             if args.probe_samples else [])
     tests = [rc.test_eval_job(args, data, tkeys, e, probe if e["meta"][4] else [], script="runs/memory_probe.py",
                               done=memory_probe.RESPONSES_FILE) for e in finals]  # samples: final checkpoints only
 

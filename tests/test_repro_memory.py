@@ -248,8 +248,9 @@ def test_dry_run_plans_a_local_model_folder_on_gpus(tmp_path):
 
 def test_gpu_plan_by_hand(monkeypatch):
     """gpu_plan's units for a 7 B model (size stubbed) under the gpu1 preset, by hand: an SFT step 8 N B (P + R) /
-    (0.35 x 989e12) = 8 x 7e9 x 16 x 2,304 / 3.4615e14 = 5.963 s; an online play of 4 steps 4 (2 N P / 3.4615e14 +
-    256 x 2 N / (0.5 x 3.35e12) / 8 + 0.3) = 4 (0.0828 + 0.2675 + 0.3) = 2.602 s; memory 16 N = 112 GB: not on one GPU."""
+    (0.35 x 989e12) = 8 x 7e9 x 16 x 2,304 / 3.4615e14 = 5.963 s; an online play of 4 steps
+    4 (2 N P / 3.4615e14 + 256 x 2 N / (0.5 x 3.35e12) / 8 + 0.3) = 4 (0.0828 + 0.2675 + 0.3) = 2.602 s;
+    memory 16 N = 112 GB: not on one GPU."""
     import argparse
     monkeypatch.setattr(rmem, "model_size", lambda model: 7_000_000_000)
     p = rmem.PRESETS["gpu1"]
