@@ -381,8 +381,9 @@ def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], 
     """Live MiniWob++ episodes. sampler None -> miniwob_env's scripted expert. The result of
     evaluate_online gains `malformed` (responses that parsed to no action). With --samples K (a
     model) every episode is then played K more times, sampled at --temperature on the same seeds
-    (the same pages), play j seeded by play_seed: each episode gains `sampled_success` (K bools) and
-    the result `sampled` (flip_counts, with the plays' response counts). A model's episodes also carry
+    (the same pages), play j seeded by play_seed: each episode gains `sampled_success` (K bools),
+    `sampled_responses` (K lists, play j's response text per step; step 0's page is greedy's, same seed)
+    and the result `sampled` (flip_counts, with the plays' response counts). A model's episodes also carry
     the greedy play's transcript: `elements` and `responses`, one per step (online_episodes.jsonl)."""
     from envs import miniwob_env, miniwob_experts
 
@@ -420,7 +421,7 @@ def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], 
     for e in res["episodes"] if wrapped is not None else ():  # the greedy play's element lists and responses
         e.update(wrapped.transcripts.get((e["task"], e["seed"]), {"elements": [], "responses": []}))
     if sampler is not None and getattr(args, "samples", 0):
-        t0, sstats, plays, malformed = time.time(), Counter(), [], 0
+        t0, sstats, plays, said, malformed = time.time(), Counter(), [], [], 0
         for j in range(args.samples):
             play = OnlineModelPolicy(sampler, make_prompt_online, set(), sstats, sample=j,
                                      temperature=args.temperature, sample_seed=args.sample_seed)
@@ -428,9 +429,11 @@ def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], 
                 r = miniwob_env.evaluate_online(play, tasks, seeds, max_steps=args.online_max_steps,
                                                 batch_size=args.online_batch)
             plays.append({(e["task"], e["seed"]): bool(e["success"]) for e in r["episodes"]})
+            said.append(play.transcripts)
             malformed += play.n_malformed
         for e in res["episodes"]:
             e["sampled_success"] = [p[(e["task"], e["seed"])] for p in plays]
+            e["sampled_responses"] = [list(tr.get((e["task"], e["seed"]), {}).get("responses", [])) for tr in said]
         res["sampled"] = {"samples": args.samples, "temperature": args.temperature, "sample_seed": args.sample_seed,
                           **flip_counts({(e["task"], e["seed"]): bool(e["success"]) for e in res["episodes"]},
                                         plays, tasks),

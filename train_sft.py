@@ -335,6 +335,9 @@ def copy_warmup(run) -> None:
                            dtype=torch.float64) / proc.world_size
         utils.all_reduce_sum(row)
         warm_log.log({"step": step + 1, "loss": row[0].item(), "digit_nll": row[1].item()})
+        if step + 1 in cfg.copy_warmup_save_at:  # a shorter warm-up's base, from the same run
+            vlm.save_checkpoint(out / "warmup_ckpt", policy, run.tokenizer, run.record,
+                                extra={"step": step + 1}, keep=0, adapter=run.adapter)
         bar.set_postfix(loss=f"{row[0].item():.3f}", digits=f"{row[1].item():.3f}")
     utils.print0(f"copy warm-up: {warm_steps} steps, last loss {row[0].item():.3f}, coordinate "
                  f"digits {row[1].item():.3f} nats/token (no copy: ~2.2; log "
@@ -428,6 +431,9 @@ def main(argv=None):
     cfg, other = parse(argv)
     if cfg.copy_warmup_steps is None:   # resolved here so that args.json records the number
         cfg.copy_warmup_steps = copy_warmup_default(cfg.model)
+    if any(n > cfg.copy_warmup_steps for n in cfg.copy_warmup_save_at):
+        raise utils.UsageError(f"--copy-warmup-save-at {list(cfg.copy_warmup_save_at)}: every step "
+                               f"must be <= --copy-warmup-steps {cfg.copy_warmup_steps}")
     spec = chat.resolve_spec(other, cfg.model, say=utils.print0)
     if lora.check_lora_args(other):
         raise utils.UsageError(lora.check_lora_args(other))

@@ -69,6 +69,10 @@ class SFTConfig:
                                         "random codes (3-8 of A-Z, 0-9) instead of the training "
                                         "data's labels, so the copy learnt holds for strings never "
                                         "seen (0: training labels only)", WARM, type=utils.fraction)
+    copy_warmup_save_at: tuple = flag((), "warm-up steps after which the warm-up's model is also "
+                                      "saved, as OUT/warmup_ckpt/step_N: the base of an N-step warm-up "
+                                      "(its learning rate is constant and its pages drawn step by step)",
+                                      WARM, type=utils.positive_int, nargs="*")
     # run
     eval_every: int = flag(50, "validation loss every N steps (0: at the end only)",
                            RUN, type=nonneg_int)

@@ -35,6 +35,13 @@ OWN_TASKS = {
     # typed recall: no choices to look up, the code itself is typed (read at step 0, typed at step 1 / 3)
     "memory-type-1": ("memory.html", {"fact": "code", "len": 8, "gap": 0, "widget": "type", "focus": 1}),
     "memory-type-3": ("memory.html", {"fact": "code", "len": 8, "gap": 1, "widget": "type"}),
+    # the same with codes of 4 or 8 digits, single tokens of the tiny model's vocabulary (docs/protocol_memory.md §9)
+    "memory-d4-type-1": ("memory.html", {"fact": "code", "len": 4, "chars": "digits", "gap": 0, "widget": "type",
+                                         "focus": 1}),
+    "memory-d4-type-3": ("memory.html", {"fact": "code", "len": 4, "chars": "digits", "gap": 1, "widget": "type"}),
+    "memory-d8-type-1": ("memory.html", {"fact": "code", "len": 8, "chars": "digits", "gap": 0, "widget": "type",
+                                         "focus": 1}),
+    "memory-d8-type-3": ("memory.html", {"fact": "code", "len": 8, "chars": "digits", "gap": 1, "widget": "type"}),
 }
 MEMORY_TASKS = [t for t in OWN_TASKS if t.startswith("memory-")]
 _serve_root: Path | None = None

@@ -27,6 +27,18 @@ Writes results/memory/repro_main.{json,md} (--quick: results/memory/repro_main_q
     python runs/repro_memory.py --dry-run     # the commands and the estimate, nothing run
     python runs/repro_memory.py --report-only # rebuild the results from the runs that exist
 
+At GPU scale, with a pretrained VLM (a local Hugging Face folder of the Qwen2.5-VL family; its own tokenizer
+and image processor, the memory tasks' 168 x 224 screenshots resized at its patch grid; no copy warm-up: the
+folder is every seed's base), one preset of plain SETTING overrides (PRESETS: steps, batch, rollouts, sequence
+budgets; explicit flags still win):
+
+    python runs/repro_memory.py --model /models/Qwen2.5-VL-3B-Instruct --preset gpu1 --dry-run   # plan, GPU hours
+    python runs/repro_memory.py --model /models/Qwen2.5-VL-7B-Instruct --preset gpu8              # 8 GPUs (torchrun)
+
+The test evaluations then also play every memory episode PROBE_SAMPLES times at the RL temperature, so the
+probe reports how often a sampled note is right where greedy's is not: what semi-online RL can reinforce
+(docs/protocol_memory.md §9: the tiny model never samples it).
+
 Stages are printed calls of the stage scripts, logged to their run folders and skipped when their output
 exists (runs/repro_common.py); the results are rewritten after every evaluated checkpoint.
 """
@@ -82,7 +94,47 @@ SETTING = dict(
     EVAL_EXTRA=["--max-new-tokens", "80"],
     TEST_EPISODES=300,                           # per test checkpoint: 60 per task, 120 memory + 180 Markov
     TEST_SEED_BASE=900000,                       # fresh: tests/test_repro_memory.py checks results/ and data/
+    PROBE_SAMPLES=0,                             # sampled plays of each test episode at RL_TEMPERATURE (final
+                                                 # checkpoints; the probe's spread: a right note sampled where
+                                                 # greedy's is wrong)
+    NPROC=1,                                     # processes per training stage (> 1: torchrun, one per GPU)
 )
+# The release's recipe at GPU scale for a pretrained VLM (the paper's lr: SFT 1e-5, RL 1e-6; RL at the release's
+# temperature 1.0), BASE_STEPS 0. SFT: ~3 passes over the 200 mixed demonstrations (~800 steps) at its batch.
+# Sequence budgets: prompts of at most 2,048 tokens (one 168 x 224 screenshot is 48 visual tokens; the element
+# list and the history are the rest), responses of at most 256 new tokens (a pretrained model's thought is longer
+# than the tiny model's 80). Evaluations run one at a time (JOBS 1) on the first GPU.
+_GPU_RL = ["--filter-std", "0.3", "--returns-form", "release", "--max-resample", "3", "--kl-coef", "1e-4",
+           "--max-new-tokens", "256", "--max-prompt-tokens", "2048", "--gradient-checkpointing"]
+PRESETS = {
+    "gpu1": dict(BASE_STEPS=0, SFT_STEPS=150, SFT_LR=1e-5, SFT_POINTS=3,
+                 SFT_EXTRA=["--num-images", "1", "--batch-size", "16", "--micro-batch-size", "4",
+                            "--max-prompt-tokens", "2048", "--gradient-checkpointing"],
+                 RL_STEPS=72, RL_LR=1e-6, RL_TEMPERATURE=1.0,
+                 RL_EXTRA=["--tasks-per-step", "4", "--n-rollouts", "8", "--micro-batch-size", "4", *_GPU_RL],
+                 EVAL_EXTRA=["--max-new-tokens", "256", "--max-prompt-tokens", "2048"], ONLINE_BATCH=8,
+                 PROBE_SAMPLES=8, NPROC=1),
+    "gpu8": dict(BASE_STEPS=0, SFT_STEPS=40, SFT_LR=1e-5, SFT_POINTS=4,
+                 SFT_EXTRA=["--num-images", "1", "--batch-size", "64", "--micro-batch-size", "2",
+                            "--max-prompt-tokens", "2048", "--gradient-checkpointing"],
+                 RL_STEPS=72, RL_LR=1e-6, RL_TEMPERATURE=1.0,
+                 RL_EXTRA=["--tasks-per-step", "8", "--n-rollouts", "8", "--micro-batch-size", "2", *_GPU_RL],
+                 EVAL_EXTRA=["--max-new-tokens", "256", "--max-prompt-tokens", "2048"], ONLINE_BATCH=8,
+                 PROBE_SAMPLES=8, NPROC=8),
+    # the gpu presets' code path on a CPU with a tiny model folder, in tiny shapes (tests/test_repro_memory.py)
+    "cpu-smoke": dict(BASE_STEPS=0, SEEDS=[0], SFT_STEPS=1, SFT_POINTS=1,
+                      SFT_EXTRA=["--num-images", "1", "--batch-size", "2", "--micro-batch-size", "2", "--max-pixels",
+                                 "20000"],
+                      RL_STEPS=1, RL_POINTS=1, RL_PASSES=1, CONTROL=False, MEMORY_TASKS=["memory-type-1"],
+                      MARKOV_TASKS=["click-option"], EVAL_PER_TASK=1, ONLINE_EPISODES=2, ONLINE_MAX_STEPS=1,
+                      TEST_EPISODES=2, PROBE_SAMPLES=2, ONLINE_BATCH=2,
+                      RL_EXTRA=["--tasks-per-step", "2", "--n-rollouts", "2", "--max-new-tokens", "8", "--max-pixels",
+                                "20000", "--filter-std", "0", "--returns-form", "release", "--max-resample", "0"],
+                      EVAL_EXTRA=["--max-new-tokens", "8", "--max-pixels", "20000"]),
+}
+# The GPU estimate's assumptions (gpu_plan): an H100's dense bf16 peak, the share of it training reaches, its
+# memory bandwidth, and the share of it one decoding step reaches (every weight read once per decoded token of a batch)
+H100 = dict(peak_flops=989e12, mfu=0.35, hbm_bytes_s=3.35e12, decode_eff=0.5)
 QUICK = dict(SEEDS=[0, 1], BASE_STEPS=20, SFT_STEPS=20, SFT_POINTS=2, RL_STEPS=2, RL_POINTS=2, RL_PASSES=1,
              EVAL_PER_TASK=1, ONLINE_EPISODES=4, MEMORY_TASKS=["memory-type-1"], MARKOV_TASKS=["click-option"],
              TEST_EPISODES=4, EVAL_EXTRA=["--max-new-tokens", "48"],
@@ -117,14 +169,17 @@ def read_probe(eval_dir: Path) -> list[dict] | None:
 
 def probe_fields(eval_dir: Path) -> dict:
     """The probe of one test evaluation: counts (memory_probe.probe_counts) and the note rate on the memory
-    tasks with its Wilson interval, or {} without the file."""
+    tasks with its Wilson interval, and with sampled plays (PROBE_SAMPLES) the sampled note rate and the share of
+    episodes whose greedy note is wrong and a sample's right (headroom_rate; else None); {} without the file."""
     rows = read_probe(eval_dir)
     if rows is None:
         return {}
     c = memory_probe.probe_counts(rows)
     pooled = c.get("pooled") or {"n": 0, "note_right": 0}
     n, k = pooled["n"], pooled["note_right"]
-    return {"probe": c, "note_rate": k / n if n else None, "note_rate_ci95": list(rc.wilson(k, n)) if n else None}
+    sampled = pooled.get("sampled") or {}
+    return {"probe": c, "note_rate": k / n if n else None, "note_rate_ci95": list(rc.wilson(k, n)) if n else None,
+            "sampled_note_rate": sampled.get("note_rate"), "headroom_rate": sampled.get("headroom_rate")}
 
 
 # -----------------------------------------------------------------------------
@@ -243,12 +298,18 @@ def probe_comparisons(test_rows: list[dict]) -> dict:
             a["note_rate_per_seed"].append(r["note_rate"])
             for k in ("n", "note_right", "success_note_right", "success_note_wrong"):
                 a[k] += p[k]
+            for k, v in (p.get("sampled") or {}).items():  # the sampled notes' counts (memory_probe.sampled_counts)
+                if isinstance(v, int):
+                    a.setdefault("sampled", {})[k] = a.get("sampled", {}).get(k, 0) + v
     for a in per_arm.values():
         n, k = a["n"], a["note_right"]
         a["note_rate"] = k / n if n else None
         a["note_rate_ci95"] = list(rc.wilson(k, n)) if n else None
         a["success_if_note_right"] = a["success_note_right"] / k if k else None
         a["success_if_note_wrong"] = a["success_note_wrong"] / (n - k) if n - k else None
+        if a.get("sampled", {}).get("samples"):
+            sm = a["sampled"]
+            sm["note_rate"], sm["headroom_rate"] = sm["note_right"] / sm["samples"], sm["headroom"] / sm["episodes"]
     tests = []
     for b in ("offline", "gamma0", "sft"):
         A, B = per_arm.get("semionline"), per_arm.get(b)
@@ -339,6 +400,16 @@ def memory_markdown(s: dict) -> str:
             L.append(f"| {arm} | {len(a['seeds'])} | {a['note_right']}/{a['n']} = {f(a['note_rate'])} "
                      f"{fmt_ci(a['note_rate_ci95'])} | {', '.join(f(x, '.2f') for x in a['note_rate_per_seed'])} | "
                      f"{f(a['success_if_note_right'])} | {f(a['success_if_note_wrong'])} |")
+        sampled = {arm: a["sampled"] for arm, a in probe["per_arm"].items() if a.get("sampled", {}).get("samples")}
+        if sampled:
+            L += ["", "Sampled plays' step-0 notes (memory tasks, at the RL temperature): what semi-online RL can "
+                  "reinforce is a right note sampled where greedy's is wrong (headroom).", "",
+                  "| arm | sampled notes right | episodes with spread (greedy right / wrong) | headroom |",
+                  "|---|---|---|---|"]
+            for arm, sm in sampled.items():
+                L.append(f"| {arm} | {sm['note_right']}/{sm['samples']} = {f(sm['note_rate'])} | {sm['spread']} "
+                         f"({sm['spread_greedy_right']} / {sm['spread_greedy_wrong']}) | "
+                         f"{sm['headroom']}/{sm['episodes']} = {f(sm['headroom_rate'])} |")
         L += ["", "| a | b | note rate diff [95%] | p (primary) | seeds | verdict |", "|---|---|---|---|---|---|"]
         for c in probe.get("comparisons") or []:
             L.append(f"| {c['a']} | {c['b']} | {f(c['diff'], '+.3f')} {fmt_ci(c['diff_ci95'])} | "
@@ -364,11 +435,126 @@ def memory_markdown(s: dict) -> str:
 
 
 # -----------------------------------------------------------------------------
+# a pretrained model at GPU scale: the preset, the model folder, the launcher, the plan in GPU hours
+
+
+def take_preset(argv: list[str]) -> tuple[str | None, list[str]]:
+    """(--preset NAME or None, argv without it). Raises utils.UsageError for a name not in PRESETS."""
+    import utils
+    if "--preset" not in argv:
+        return None, argv
+    i = argv.index("--preset")
+    name = argv[i + 1] if i + 1 < len(argv) else ""
+    if name not in PRESETS:
+        raise utils.UsageError(f"--preset {name!r}: one of {', '.join(PRESETS)}")
+    return name, argv[:i] + argv[i + 2:]
+
+
+def check_model(args, argv: list[str]) -> None:
+    """A --model that is not 'tiny'/'tiny:HxL' must be a local Hugging Face folder (config.json), and a pretrained
+    model takes no copy warm-up (BASE_STEPS 0: the folder is the base). Raises utils.UsageError otherwise."""
+    import utils
+    import vlm
+    if vlm.parse_tiny(args.model) is not None:
+        return
+    if not (Path(args.model) / "config.json").is_file():
+        raise utils.UsageError(f"--model {args.model}: not 'tiny:HxL' and no config.json there (a local Hugging Face "
+                               "folder; nothing is downloaded)")
+    if args.base_steps:
+        if "--base-steps" in argv:
+            raise utils.UsageError(f"--base-steps {args.base_steps}: a pretrained --model takes no copy warm-up (0)")
+        args.base_steps = 0
+
+
+def launched(job: dict, nproc: int) -> dict:
+    """A training job under torchrun with `nproc` processes (one per GPU); the same job when nproc is 1."""
+    if nproc <= 1:
+        return job
+    return {**job, "cmd": [job["cmd"][0], "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *job["cmd"][1:]]}
+
+
+def model_size(model: str) -> int:
+    """Parameters of `model` (a tiny spec or a local folder's config.json), counted on the meta device."""
+    import torch
+    import vlm
+    from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration
+    size = vlm.parse_tiny(model)
+    cfg = vlm.tiny_config(*size) if size else AutoConfig.from_pretrained(model)
+    with torch.device("meta"):
+        return sum(t.numel() for t in Qwen2_5_VLForConditionalGeneration(cfg).parameters())
+
+
+def flag_value(flags: list[str], name: str, default: int) -> int:
+    return int(flags[flags.index(name) + 1]) if name in flags else default
+
+
+def gpu_plan(args, counts: dict, steps_per_episode: float, gpu: dict = H100) -> dict:
+    """The run's GPU hours from FLOP and byte counts (assumptions, not measurements; a first run's stage log
+    gives real unit costs). N parameters; every sequence at its budget (prompt P = --max-prompt-tokens, response
+    R = --max-new-tokens): an SFT step 8 N B (P + R) FLOPs (forward, backward, checkpointed forward again); an RL
+    step's samples S = tasks x rollouts x steps_per_episode x 1.5 (refills), each a prefill (2 N P), R decoded
+    tokens (every weight read once per token, the batch decoded together), an update (8 N (P + R)) and the old
+    and reference log-probs (4 N (P + R)); an online play's step a prefill and R decoded tokens shared by
+    ONLINE_BATCH episodes, plus 0.3 s of browser; an evaluation process 60 s of start and model load. Training
+    FLOPs at gpu's mfu x peak over NPROC GPUs; evaluations on one GPU; every GPU held for the whole run
+    (gpu_hours = wall x NPROC). Memory: 16 bytes a parameter (weights, gradients, AdamW's two moments), over NPROC."""
+    n = model_size(args.model)
+    flops = gpu["mfu"] * gpu["peak_flops"]
+    decode = 2 * n / (gpu["hbm_bytes_s"] * gpu["decode_eff"])  # seconds per decoded token of a batch (bf16 weights)
+    p_sft = flag_value(args.sft_extra, "--max-prompt-tokens", 2048)
+    b_sft = flag_value(args.sft_extra, "--batch-size", 16)
+    p_rl = flag_value(args.rl_extra, "--max-prompt-tokens", 2048)
+    r_rl = flag_value(args.rl_extra, "--max-new-tokens", 256)
+    r_eval = flag_value(args.eval_extra, "--max-new-tokens", 256)
+    samples = flag_value(args.rl_extra, "--tasks-per-step", 4) * flag_value(args.rl_extra, "--n-rollouts", 8) \
+        * steps_per_episode * 1.5
+    unit = {"sft_steps": 8 * n * b_sft * (p_sft + 256) / (flops * args.nproc),
+            "rl_steps": (samples * (2 * n * p_rl + 12 * n * (p_rl + r_rl)) / (flops * args.nproc)
+                         + steps_per_episode * r_rl * decode),
+            "online_episodes": steps_per_episode * (2 * n * p_rl / flops + r_eval * decode / args.online_batch + 0.3),
+            "stages": 60.0}
+    unit["sampled_plays"] = unit["online_episodes"]
+    wall = sum(counts.get(k, 0) * unit[k] for k in unit)
+    return {"parameters": n, "unit_seconds": {k: round(v, 2) for k, v in unit.items()}, "wall_h": wall / 3600,
+            "gpu_hours": wall / 3600 * args.nproc, "gpus": args.nproc, "train_memory_gb": 16 * n / 1e9,
+            "fits": 16 * n / 1e9 <= 78 * args.nproc, "gpu": gpu}
+
+
+def print_gpu_plan(args, counts: dict, steps_per_episode: float) -> None:
+    """The dry run's GPU lines: the model, the screenshots at its resolution, the units, the hours (gpu_plan)."""
+    import gui
+    g = gpu_plan(args, counts, steps_per_episode)
+    max_px = flag_value(args.sft_extra, "--max-pixels", gui.MAX_PIXELS)
+    w, h = gui.resized_size((168, 224), factor=28, max_pixels=max_px)
+    print(f"[gpu] preset {args.preset}: {args.model}, {g['parameters'] / 1e9:.2f} B parameters, its own tokenizer; "
+          f"screenshots 168 x 224 -> {w} x {h} at its patch grid (14 x 14, merged 2 x 2: {w * h // 784} visual "
+          "tokens); "
+          f"no copy warm-up. Units: {counts['sft_steps']} SFT steps, {counts['rl_steps']} RL steps, "
+          f"{counts['online_episodes']} online episodes + {counts.get('sampled_plays', 0)} sampled plays, "
+          f"{counts['stages']} evaluation processes; seconds each (assumed, runs/repro_memory.gpu_plan): "
+          f"{g['unit_seconds']}.", flush=True)
+    print(f"[gpu] estimate: {g['wall_h']:.1f} h wall on {g['gpus']} H100 = {g['gpu_hours']:.1f} GPU hours "
+          "(assumptions: "
+          f"bf16 peak {g['gpu']['peak_flops'] / 1e12:.0f} TFLOP/s at {g['gpu']['mfu']:.0%} for training and prefill, "
+          f"decoding at {g['gpu']['decode_eff']:.0%} of {g['gpu']['hbm_bytes_s'] / 1e12:.2f} TB/s, every sequence at "
+          f"its token budget, {steps_per_episode:.1f} steps an episode as in the demonstrations). Training memory "
+          f"~{g['train_memory_gb']:.0f} GB (16 bytes a parameter) over {g['gpus']} x 78 GB: "
+          + ("fits." if g["fits"] else "does NOT fit: use --preset gpu8, or LoRA ('--lora-r 64' in --sft-extra and "
+                                       "--rl-extra)."), flush=True)
+
+
+# -----------------------------------------------------------------------------
 # main
 
 
 def main(argv=None) -> dict:
-    args = rc.parse(__doc__, SETTING, QUICK, argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    preset, argv = take_preset(argv)
+    args = rc.parse(__doc__, {**SETTING, **PRESETS.get(preset, {})}, QUICK, argv)
+    args.preset = preset
+    check_model(args, argv)
+    if preset and "--jobs" not in argv:
+        args.jobs = 1  # one GPU (or one torchrun of NPROC) at a time
     t_start = time.time()
     args.tasks = [*args.memory_tasks, *args.markov_tasks]
     sets = {"memory": list(args.memory_tasks), "markov": list(args.markov_tasks)}
@@ -381,22 +567,25 @@ def main(argv=None) -> dict:
 
     # --- the plan
     base = rc.base_job(args, data)
-    sft = {s: rc.sft_job(args, data, s, base, points=args.sft_points) for s in args.seeds}
+    sft = {s: launched(rc.sft_job(args, data, s, base, points=args.sft_points), args.nproc) for s in args.seeds}
     sft_steps = rc.checkpoint_steps(args.sft_steps, args.sft_points)
     sel_evals = [rc.checkpoint_eval(args, data, "sft", s, j, st, st == args.sft_steps)
                  for s, j in sft.items() for st in sft_steps]
     rl_path = rm.rl_data(args, data, args.tasks)
     sub = rm.argparse_like(args, rl_extra=[*args.rl_extra, "--temperature", str(args.rl_temperature)])
-    rl = {(arm, s): rc.rl_job(sub, data, sft[s], s, arm, flags, train=rl_path, points=args.rl_points)
-          for arm, flags in ARMS.items() for s in args.seeds}
-    control = {s: rm.control_job(args, data, sft[s], s, rl_path) for s in args.seeds} if args.control else {}
+    rl = {(arm, s): launched(rc.rl_job(sub, data, sft[s], s, arm, flags, train=rl_path, points=args.rl_points),
+                             args.nproc) for arm, flags in ARMS.items() for s in args.seeds}
+    control = {s: launched(rm.control_job(args, data, sft[s], s, rl_path), args.nproc)
+               for s in args.seeds} if args.control else {}
     rl_steps = rc.checkpoint_steps(args.rl_steps, args.rl_points)
     finals = [e for e in sel_evals if e["meta"][4]]
     finals += [rc.checkpoint_eval(args, data, arm, s, j, st, st == args.rl_steps)
                for (arm, s), j in rl.items() for st in rl_steps]
     finals += [rc.checkpoint_eval(args, data, CONTROL, s, j, j["steps"], True) for s, j in control.items()]
-    tests = [rc.test_eval_job(args, data, tkeys, e, script="runs/memory_probe.py", done=memory_probe.RESPONSES_FILE)
-             for e in finals]
+    probe = (["--samples", str(args.probe_samples), "--temperature", str(args.rl_temperature)]
+             if args.probe_samples else [])
+    tests = [rc.test_eval_job(args, data, tkeys, e, probe if e["meta"][4] else [], script="runs/memory_probe.py",
+                              done=memory_probe.RESPONSES_FILE) for e in finals]  # samples: final checkpoints only
 
     # --- the estimate
     costs = rc.load_costs(COSTS, rc.REPO / "results" / "repro_main.json", out_json, online_batch=args.online_batch)
@@ -407,6 +596,8 @@ def main(argv=None) -> dict:
                               sel_evals, everything=everything)
         c["sft_steps"] += sum(j["steps"] for j in left(list(control.values())))
         c["online_episodes"] += len(left(tests)) * len(tkeys)
+        c["sampled_plays"] = c.get("sampled_plays", 0) + sum(
+            len(tkeys) * args.probe_samples for j, e in zip(tests, finals) if e["meta"][4] and j in left(tests))
         c["stages"] += len(left(tests))
         est[everything] = (rc.estimate(c, costs, args.jobs), c)
     parts = {k: round(est[True][1].get(k, 0) * costs.get(k, 0.0) / 60, 1)
@@ -416,6 +607,9 @@ def main(argv=None) -> dict:
           f"{len(tkeys)} test episodes (seeds {args.test_seed_base}+); estimated wall {est[False][0] / 60:.0f} min with "
           f"{args.jobs} jobs for what is still to run (from scratch: {est[True][0] / 60:.0f} min; serial minutes by unit "
           f"from scratch, before {args.jobs} jobs share the cores: {parts}; costs s/unit: {costs})", flush=True)
+    if args.preset and args.preset.startswith("gpu"):
+        print_gpu_plan(args, est[True][1], float(np.mean([len(e["steps"]) for f in rc.data_files(args.train_data)
+                                                          for e in map(json.loads, f.read_text().splitlines())])))
 
     rows, test_rows, curves = [], [], {}
     order = {a: i for i, a in enumerate(["sft", *ARMS, CONTROL])}

@@ -123,6 +123,10 @@ def test_flippable_counts_by_hand(monkeypatch, capsys, tokenizer, tmp_path, batc
     assert max(n for _, n, _ in fake.calls) == batch
     lines = [json.loads(ln) for ln in (tmp_path / "online_episodes.jsonl").read_text().splitlines()]
     assert {(e["task"], e["seed"]): e["sampled_success"] for e in lines}[(B, 0)] == [True, False, True]
+    # every sampled play's transcript is kept, play by play (B0: plays 0 and 2 right), not only greedy's
+    by_key = {(e["task"], e["seed"]): e for e in lines}
+    assert by_key[(B, 0)]["sampled_responses"] == [[RIGHT], [WRONG], [RIGHT]] and by_key[(B, 0)]["responses"] == [WRONG]
+    assert all(e["sampled_responses"] == [[table(e["task"], e["seed"], j, 0)] for j in range(3)] for e in lines)
     assert "flippable 3 (0.500" in capsys.readouterr().err
     assert "online_sampled" in (tmp_path / "result.json").read_text()
     assert s["per_task"][B]["online_flippable"] == pytest.approx(2 / 3) and s["per_task"][A]["online_pass_at_k"] == 2 / 3

@@ -20,7 +20,8 @@ from envs import miniwob_tasks as mt
 
 REPO = Path(__file__).resolve().parents[1]
 MINIWOB = REPO / "data" / "miniwob"  # the memory files sit beside the others: memory_*.jsonl, one image root
-TASKS = ["memory-code-1", "memory-name-2", "memory-code-3", "memory-type-1", "memory-type-3"]
+TASKS = ["memory-code-1", "memory-name-2", "memory-code-3", "memory-type-1", "memory-type-3",
+         "memory-d4-type-1", "memory-d4-type-3", "memory-d8-type-1", "memory-d8-type-3"]
 SHIPPED = ["memory-type-1", "memory-type-3"]  # data/miniwob/memory_*.jsonl (the choosing tasks: pages only)
 
 
@@ -57,8 +58,9 @@ def test_the_fact_leaves_the_screen_before_it_is_needed(env, task):
         obs, notes = env.reset(seed), []
         fact = next(e for e in obs["dom"] if e.id == "fact").label
         assert f"'{fact}'" in obs["elements"] and fact not in obs["goal"]
-        if knobs["fact"] == "code":
-            assert len(fact) == knobs["len"]
+        if knobs["fact"] == "code":  # `chars`: digits only, or the 32 letters and digits (no O/0, I/1)
+            assert len(fact) == knobs["len"] and set(fact) <= set("0123456789" if knobs.get("chars") == "digits"
+                                                                   else "ABCDEFGHJKLMNPQRSTUVWXYZ23456789")
         for t in range(u):
             st = experts.expert_memory({**obs, "notes": notes})
             notes += [st.note] if st.note else []
@@ -117,7 +119,8 @@ def test_expert_succeeds_online_on_every_memory_task():
     assert res["overall"]["success_rate"] == 1.0, res["episodes"]
     assert {t: r["mean_steps"] for t, r in res["per_task"].items()} == \
         {"memory-code-1": 2, "memory-name-2": 4, "memory-code-3": 4,  # Next, [pages,] choose[, Submit]
-         "memory-type-1": 3, "memory-type-3": 5}                      # Next, [page, click field,] type, Submit
+         "memory-type-1": 3, "memory-type-3": 5,                      # Next, [page, click field,] type, Submit
+         "memory-d4-type-1": 3, "memory-d4-type-3": 5, "memory-d8-type-1": 3, "memory-d8-type-3": 5}
 
 
 def test_own_tasks_are_registered_everywhere():

@@ -107,6 +107,21 @@ def test_sft_copy_warmup_runs_logs_and_records(tmp_path):
     assert json.loads((tmp_path / "codes" / "args.json").read_text())["copy_warmup_code_frac"] == 1.0
 
 
+def test_copy_warmup_save_at_is_the_shorter_warm_ups_base(tmp_path):
+    # --copy-warmup-save-at 2 in a 3-step warm-up saves the model an independent 2-step warm-up saves as its base
+    # (constant learning rate, pages drawn step by step from the same seed): one run gives the shorter bases
+    args = SFT[:-2] + ["--max-steps", "0"]
+    launch(args + ["--copy-warmup-steps", "3", "--copy-warmup-save-at", "2"], tmp_path / "long")
+    launch(args + ["--copy-warmup-steps", "2"], tmp_path / "short")
+    at2 = load_file(str(tmp_path / "long" / "warmup_ckpt" / "step_000002" / "model.safetensors"))
+    base2 = load_file(str(tmp_path / "short" / "ckpt" / "step_000000" / "model.safetensors"))
+    assert_same_params(at2, base2, atol=1e-6)
+    assert any((at2[k] - params(tmp_path / "long")[k]).abs().max() > 1e-4 for k in at2)  # step 3 moved on
+    res = subprocess.run([PY, *args, "--copy-warmup-steps", "3", "--copy-warmup-save-at", "4", "--out", str(tmp_path / "x")],
+                         cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "--copy-warmup-save-at [4]: every step must be <=" in res.stderr
+
+
 def test_copy_warmup_code_pages_use_fresh_codes():
     # --copy-warmup-code-frac 1: every page's labels are fresh random codes (3-8 of A-Z, 0-9), none of the
     # training labels; the target copies the code (click: its point and label; type: the code itself)
