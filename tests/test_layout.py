@@ -14,14 +14,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ["train_sft.py", "train_semionline.py", "rollout.py", "patch.py", "advantage.py", "eval_sop.py"]
-PRODUCT = sorted(p.stem for p in REPO.glob("*.py")) + ["kernels", "envs", "tools"]
+PRODUCT = sorted(p.stem for p in REPO.glob("*.py")) + ["kernels", "envs", "tools", "evaluation"]
 STAGE_SCRIPTS = {"train_sft", "train_semionline", "eval_sop"}
 
 
 def module_files():
     """{module name: path} of the product: top-level modules and the packages' modules."""
     files = {p.stem: p for p in REPO.glob("*.py")}
-    for pkg in ("kernels", "envs", "tools", "runs", "bench"):
+    for pkg in ("kernels", "envs", "tools", "runs", "bench", "evaluation"):
         files.update({f"{pkg}.{p.stem}": p for p in (REPO / pkg).glob("*.py") if p.stem != "__init__"})
     return files
 

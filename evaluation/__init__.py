@@ -1,0 +1,1 @@
+"""The evaluator's side: served models, families' formats, published protocols, run outputs."""
