@@ -73,23 +73,32 @@ def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], 
     held = {(e["task"], int(e["seed"])): e for e in folder.done["online"]} if folder else {}
     todo = defaultdict(list)  # the seeds still to play -> their tasks (one evaluate_online call per seed set)
     for task in tasks:
-        todo[tuple(s for s in seeds if (task, s) not in held)].append(task)
+        left = tuple(s for s in seeds if (task, s) not in held)
+        if left:
+            todo[left].append(task)
 
-    def ended(e):  # the greedy transcript joins the record as the episode ends (the policy has answered)
+    def transcript(e):  # the greedy play's element lists and responses (the policy has answered every step)
         e.update(wrapped.transcripts.get((e["task"], e["seed"]), {"elements": [], "responses": [], "malformed": 0})
-                 if wrapped else {})
+                 if wrapped is not None else {})
+
+    def ended(e):  # on disk as soon as it ends
+        transcript(e)
         if folder:
             folder.append("online", [e])
 
-    played = []
+    runs = []
     with lent_to_sampler(sampler):
-        for todo_seeds, todo_tasks in todo.items() if len(held) < len(keys) else ():
-            played += miniwob_env.evaluate_online(wrapped or miniwob_experts.expert_policy, todo_tasks,
-                                                  list(todo_seeds), max_steps=args.online_max_steps,
-                                                  batch_size=args.online_batch, on_episode=ended)["episodes"]
-    order = {key: i for i, key in enumerate(keys)}
-    res = miniwob_env.online_summary(sorted([*held.values(), *played], key=lambda e: order[(e["task"], e["seed"])]),
-                                     tasks)
+        for todo_seeds, todo_tasks in todo.items():
+            runs.append(miniwob_env.evaluate_online(wrapped or miniwob_experts.expert_policy, todo_tasks,
+                                                    list(todo_seeds), max_steps=args.online_max_steps,
+                                                    batch_size=args.online_batch, on_episode=ended))
+    for e in (e for r in runs for e in r["episodes"]):
+        transcript(e)
+    if not held and len(runs) == 1:
+        res = runs[0]
+    else:  # resumed: the kept and the new episodes as one evaluation, in task then seed order
+        eps = [*held.values(), *(e for r in runs for e in r["episodes"])]
+        res = miniwob_env.online_summary(sorted(eps, key=lambda e: keys.index((e["task"], e["seed"]))), tasks)
     shown = []
     if wrapped is not None:
         by_key = {(e["task"], e["seed"]): e for e in res["episodes"]}

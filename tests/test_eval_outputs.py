@@ -364,3 +364,57 @@ def test_tango_interval_by_hand():
     assert lo < 0 < 0.15 < hi  # McNemar p 0.45: 0 inside
     with pytest.raises(ValueError):
         stats.tango_interval(3, 3, 5)
+
+
+def test_online_episodes_are_appended_and_resumed(monkeypatch, tokenizer, tmp_path):
+    """Online (miniwob_env.evaluate_online stood in for by one-step episodes, no browser; a click succeeds):
+    each episode is on disk as it ends; stopped after 4 of 6, --resume plays the 2 left and ends with the
+    uninterrupted run's numbers and file (06de78c: nothing on disk before the end)."""
+    from PIL import Image
+
+    from envs import miniwob_env
+    played, stop = [], [None]
+
+    def stand_in(policy, tasks, seeds, max_steps=12, batch_size=1, on_episode=None, **kw):
+        eps = []
+        for task in tasks:
+            for seed in seeds:
+                if len(played) == stop[0]:
+                    raise KeyboardInterrupt
+                obs = {"task": task, "seed": seed, "goal": f"reach {task} {seed}", "elements": "", "history": [],
+                       "screenshot": Image.new("RGB", (160, 210), "white")}
+                a = policy([obs], [0])[0]
+                ok = isinstance(a, dict) and a["action"] == "click"
+                eps.append({"task": task, "seed": seed, "success": ok, "steps": 1, "seconds": 0.0,
+                            "cause": "success" if ok else "wrong_action"})
+                played.append((task, seed))
+                on_episode(eps[-1])
+        return miniwob_env.online_summary(eps, tasks)
+
+    class Clicker:  # clicks unless the seed is 1 mod 3
+        model = torch.nn.Linear(1, 1)
+
+        def generate(self, prompts, n=1, greedy=True, seeds=None):
+            seeds = [int(re.search(r"reach \S+ (\d+)", tokenizer.decode(p.input_ids.tolist())).group(1)) for p in prompts]
+            return [[Out(gui.format_response("c", {"action": "click", "coordinate": [5, 5]}) if s % 3 != 1 else "junk")]
+                    for s in seeds]
+
+    monkeypatch.setattr(miniwob_env, "evaluate_online", stand_in)
+    monkeypatch.setattr(eval_sop, "load_sampler", lambda args, tok: Clicker())
+    argv = ["--policy", "model", "--online", "--online-tasks", "click-test", "click-button", "--online-seeds", "3",
+            "--online-seed-base", "0", "--online-max-steps", "1", "--max-pixels", "20000"]
+    full = eval_sop.main(argv + ["--out", str(tmp_path / "full")])
+    assert full["online_sr"] == pytest.approx(4 / 6) and full["malformed_responses"] == 2
+    played.clear()
+    stop[0] = 4
+    with pytest.raises(SystemExit) as e:
+        eval_sop.main(argv + ["--out", str(tmp_path / "cut")])
+    assert e.value.code == 130 and len(read(tmp_path / "cut" / "online_episodes.jsonl")) == 4
+    played.clear()
+    stop[0] = None
+    resumed = eval_sop.main(argv + ["--out", str(tmp_path / "cut"), "--resume"])
+    assert played == [("click-button", 1), ("click-button", 2)]
+    for k in ("online_sr", "online_sr_ci95", "n_online_episodes", "online_failures", "per_task", "malformed_responses"):
+        assert resumed[k] == full[k], k
+    assert (tmp_path / "cut" / "online_episodes.jsonl").read_bytes() == \
+        (tmp_path / "full" / "online_episodes.jsonl").read_bytes()
