@@ -83,15 +83,15 @@ def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], 
 
     def ended(e):  # on disk as soon as it ends
         transcript(e)
-        if folder:
-            folder.append("online", [e])
+        folder.append("online", [e])
 
     runs = []
     with lent_to_sampler(sampler):
         for todo_seeds, todo_tasks in todo.items():
             runs.append(miniwob_env.evaluate_online(wrapped or miniwob_experts.expert_policy, todo_tasks,
                                                     list(todo_seeds), max_steps=args.online_max_steps,
-                                                    batch_size=args.online_batch, on_episode=ended))
+                                                    batch_size=args.online_batch,
+                                                    **({"on_episode": ended} if folder else {})))
     for e in (e for r in runs for e in r["episodes"]):
         transcript(e)
     if not held and len(runs) == 1:

@@ -27,7 +27,8 @@ import utils
 RESULT = "result.json"
 STREAMS = {"sop": "episodes.jsonl", "static": "static_steps.jsonl", "online": "online_episodes.jsonl"}
 OUTPUT_FILES = (RESULT, *STREAMS.values(), "report.html", "responses.jsonl")  # everything eval_sop writes here
-RUN_ONLY = ("resume", "overwrite", "json", "log_level", "report", "out")  # flags a resumed run may change
+# flags a resumed run may change: where and how it reports, not what it evaluates
+RUN_ONLY = ("resume", "overwrite", "json", "log_level", "report", "report_episodes", "out", "max_server_error_share")
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C
 EXIT_SERVER_FAILED = 3  # more than --max-server-error-share of the requests got no answer
 
@@ -97,7 +98,9 @@ class RunFolder:
     Raises utils.UsageError on a folder it may not use (the module docstring)."""
 
     def __init__(self, path: str, args, resume: bool = False, overwrite: bool = False):
-        self.path, self.args = path, json.loads(utils.dumps(vars(args)))  # as result.json keeps them
+        # the flags as given (a resumed run must give the same), and the namespace that setup completes (the
+        # prompt contract read from a checkpoint): result.json's "args" is the latter, as it is when written
+        self.path, self.ns, self.given = path, args, json.loads(utils.dumps(vars(args)))
         self.done: dict[str, list[dict]] = {k: [] for k in STREAMS}
         self.finished = {k: 0 for k in STREAMS}  # episodes appended by this run, per protocol
         held = sorted(os.listdir(path)) if os.path.isdir(path) else []
@@ -125,8 +128,8 @@ class RunFolder:
         if earlier.get("complete", True):
             raise utils.UsageError(f"--resume: the run in {self.path} is complete; nothing to continue "
                                    "(--overwrite to run it again)")
-        before = {k: v for k, v in (earlier.get("args") or {}).items() if k not in RUN_ONLY}
-        now = {k: v for k, v in self.args.items() if k not in RUN_ONLY}
+        before = {k: v for k, v in (earlier.get("args_given") or {}).items() if k not in RUN_ONLY}
+        now = {k: v for k, v in self.given.items() if k not in RUN_ONLY}
         differ = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
         if differ:
             shown = "; ".join(f"--{k.replace('_', '-')} {before.get(k)!r} then {now.get(k)!r}" for k in differ[:3])
@@ -153,9 +156,11 @@ class RunFolder:
         _atomic_write(self.file(protocol), "".join(utils.dumps(r) + "\n" for r in records))
 
     def write_result(self, summary: dict, complete: bool, **extra) -> str:
-        """result.json: {complete, **extra, **summary, args}, replaced atomically. Returns its path."""
+        """result.json: {complete, **extra, **summary, args (as the run completed them), args_given (as
+        parsed: what --resume compares)}, replaced atomically. Returns its path."""
         path = os.path.join(self.path, RESULT)
-        _atomic_write(path, utils.dumps({"complete": complete, **extra, **summary, "args": self.args}, indent=1))
+        _atomic_write(path, utils.dumps({"complete": complete, **extra, **summary, "args": vars(self.ns),
+                                         "args_given": self.given}, indent=1))
         return path
 
 
