@@ -640,8 +640,8 @@ def main(argv: list[str] | None = None) -> dict:
     summary = {"policy": args.policy, "model": args.model if args.policy == "model" else None,
                "match_rules": args.match_rules, "named_protocol": args.named_protocol,
                "protocols": (list(args.protocol) if args.data else []) + (["online"] if args.online else [])}
-    if folder is not None:  # a run stopped from here on leaves `"complete": false` and its args
-        folder.write_result(summary, complete=False)
+    if folder is not None:  # the flags of a run that may be stopped and resumed
+        folder.start()
     ev = None
     try:
         with outputs.stop_signals():  # SIGTERM as Ctrl-C: both save what is done

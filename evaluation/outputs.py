@@ -1,16 +1,17 @@
 """The run folder of `eval_sop.py --out DIR`: written as the evaluation goes, so that nothing is lost.
 
-- At the start, result.json holds the run's args and `"complete": false`; it is replaced by the full
-  summary (`"complete": true`) at the end, or by a partial one (`"complete": false`, `"interrupted":
-  "SIGINT" | "SIGTERM"`) when the run is stopped.
+- At the start, run.json holds the flags as given (what --resume compares). result.json is written at
+  the end with the full summary (`"complete": true`), or, when the run is stopped by a signal, with
+  what it finished (`"complete": false`, `"interrupted": "SIGINT" | "SIGTERM"`): a result.json that
+  exists without `"complete": false` is a finished evaluation (runs/repro_common.py relies on it).
 - Every finished episode is appended to its protocol's file (episodes.jsonl: SOP, static_steps.jsonl:
   static, every step of an episode in one write, online_episodes.jsonl: online) and flushed, so a run
   stopped by Ctrl-C, SIGTERM or a crash keeps what it finished. At the end each file is rewritten in
   the episodes' order (a temporary file, then os.replace).
-- A folder holding files is refused (utils.UsageError, one line, exit 2) unless `--overwrite` (this
-  module's files are deleted first; other files stay, and the folder too) or `--resume` (the run is
-  continued: the episodes in the files are kept and not played again, the others are played; the
-  args must be the earlier run's, RUN_ONLY flags aside). A last line cut by a kill is dropped on resume
+- A folder holding another run's files (OUTPUT_FILES) is refused (utils.UsageError, one line, exit 2)
+  unless `--overwrite` (those files are deleted first; other files, such as a job runner's cmd.txt and
+  log.txt, stay) or `--resume` (the run is continued: the episodes in the files are kept and not played
+  again, the others are played; the flags must be the earlier run's, RUN_ONLY flags aside). A last line cut by a kill is dropped on resume
   (that episode is played again); a damaged line elsewhere is an error naming the file and line.
 
 SIGTERM is raised in the main thread as KeyboardInterrupt, as SIGINT is (`stop_signals`), so one
@@ -24,9 +25,9 @@ import threading
 
 import utils
 
-RESULT = "result.json"
+RESULT, STARTED = "result.json", "run.json"
 STREAMS = {"sop": "episodes.jsonl", "static": "static_steps.jsonl", "online": "online_episodes.jsonl"}
-OUTPUT_FILES = (RESULT, *STREAMS.values(), "report.html", "responses.jsonl")  # everything eval_sop writes here
+OUTPUT_FILES = (RESULT, STARTED, *STREAMS.values(), "report.html", "responses.jsonl")  # all eval_sop writes here
 # flags a resumed run may change: where and how it reports, not what it evaluates
 RUN_ONLY = ("resume", "overwrite", "json", "log_level", "report", "report_episodes", "out", "max_server_error_share")
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C
@@ -103,31 +104,28 @@ class RunFolder:
         self.path, self.ns, self.given = path, args, json.loads(utils.dumps(vars(args)))
         self.done: dict[str, list[dict]] = {k: [] for k in STREAMS}
         self.finished = {k: 0 for k in STREAMS}  # episodes appended by this run, per protocol
-        held = sorted(os.listdir(path)) if os.path.isdir(path) else []
         if os.path.exists(path) and not os.path.isdir(path):
             raise utils.UsageError(f"--out {path}: exists and is not a folder")
+        held = sorted(os.listdir(path)) if os.path.isdir(path) else []
+        ours = [f for f in held if f in OUTPUT_FILES or f in {n + ".tmp" for n in OUTPUT_FILES}]
         if resume:
             self._resume(held)
-        elif held and not overwrite:
-            ours = [f for f in held if f in OUTPUT_FILES]
-            raise utils.UsageError(f"--out {path}: not empty ({', '.join((ours or held)[:4])}"
-                                   f"{' ...' if len(ours or held) > 4 else ''}); pass --resume to continue the run "
-                                   "it holds, --overwrite to replace it, or another folder")
-        elif held:  # --overwrite: this module's files only; anything else (the user's) stays
-            for f in held:
-                if f in OUTPUT_FILES or f in {n + ".tmp" for n in OUTPUT_FILES}:
-                    os.remove(os.path.join(path, f))
+        elif ours and not overwrite:
+            raise utils.UsageError(f"--out {path}: holds another run ({', '.join(ours[:4])}{' ...' * (len(ours) > 4)}); "
+                                   "pass --resume to continue it, --overwrite to replace it, or another folder")
+        for f in ours if overwrite else ():  # eval_sop's files only; anything else (the user's) stays
+            os.remove(os.path.join(path, f))
         os.makedirs(path, exist_ok=True)
         self._lock = threading.Lock()  # online episodes may finish in the browsers' threads
 
     def _resume(self, held: list[str]) -> None:
         """The earlier run's records (read_jsonl, a cut last line dropped), after checking that it is this run."""
-        if RESULT not in held:
-            raise utils.UsageError(f"--resume: {self.path} holds no {RESULT}: no eval_sop run to continue")
-        earlier = read_result(os.path.join(self.path, RESULT))
-        if earlier.get("complete", True):
+        if STARTED not in held:
+            raise utils.UsageError(f"--resume: {self.path} holds no {STARTED}: no eval_sop run to continue")
+        if RESULT in held and read_result(os.path.join(self.path, RESULT)).get("complete") is not False:
             raise utils.UsageError(f"--resume: the run in {self.path} is complete; nothing to continue "
                                    "(--overwrite to run it again)")
+        earlier = read_result(os.path.join(self.path, STARTED))
         before = {k: v for k, v in (earlier.get("args_given") or {}).items() if k not in RUN_ONLY}
         now = {k: v for k, v in self.given.items() if k not in RUN_ONLY}
         differ = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
@@ -139,6 +137,10 @@ class RunFolder:
             file = os.path.join(self.path, name)
             if os.path.isfile(file):
                 self.done[protocol] = read_jsonl(file, drop_cut_tail=True)
+
+    def start(self) -> None:
+        """run.json: the flags as given, before anything is played (a killed run can be resumed)."""
+        _atomic_write(os.path.join(self.path, STARTED), utils.dumps({"args_given": self.given}, indent=1))
 
     def file(self, protocol: str) -> str:
         return os.path.join(self.path, STREAMS[protocol])

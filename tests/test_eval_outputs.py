@@ -283,12 +283,13 @@ def test_out_holding_another_run_is_refused_unless_overwrite(monkeypatch, tokeni
     out = tmp_path / "o"
     run(monkeypatch, Scripted(tokenizer), ["--protocol", "sop", "--out", str(out)])
     (out / "notes.txt").write_text("mine")
-    with pytest.raises(utils.UsageError, match=r"not empty \(episodes.jsonl, report.html, result.json\).*--overwrite"):
+    with pytest.raises(utils.UsageError, match=r"holds another run \(episodes.jsonl, report.html, result.json, run.json\)"
+                                               r".*--overwrite"):
         run(monkeypatch, Scripted(tokenizer), ["--protocol", "static", "--out", str(out)])
     with pytest.raises(utils.UsageError, match="one or the other"):
         run(monkeypatch, Scripted(tokenizer), ["--out", str(out), "--overwrite", "--resume"])
     run(monkeypatch, Scripted(tokenizer), ["--protocol", "static", "--out", str(out), "--overwrite"])
-    assert sorted(os.listdir(out)) == ["notes.txt", "report.html", "result.json", "static_steps.jsonl"]
+    assert sorted(os.listdir(out)) == ["notes.txt", "report.html", "result.json", "run.json", "static_steps.jsonl"]
     c = report.main([str(out), str(out), "--names", "a", "b", "--out", str(tmp_path / "c.html")])
     assert set(c["diffs"]["b"]) == {"static_step_sr", "static_type_acc"}
 
@@ -418,3 +419,24 @@ def test_online_episodes_are_appended_and_resumed(monkeypatch, tokenizer, tmp_pa
         assert resumed[k] == full[k], k
     assert (tmp_path / "cut" / "online_episodes.jsonl").read_bytes() == \
         (tmp_path / "full" / "online_episodes.jsonl").read_bytes()
+
+
+def test_a_job_runners_files_are_no_run_and_a_partial_result_is_no_finished_job(monkeypatch, tokenizer, tmp_path):
+    """runs/repro_common.py's pool writes cmd.txt and log.txt into an evaluation's --out before it starts:
+    that folder is taken. A stopped evaluation's result.json ("complete": false) is not a finished job: the
+    pool runs it again with --resume (its run.json exists) instead of skipping it and reading partial figures."""
+    sys.path.insert(0, str(REPO / "runs"))
+    import repro_common
+
+    out = tmp_path / "eval_x"
+    out.mkdir()
+    (out / "cmd.txt").write_text("eval_sop.py ...\n")
+    (out / "log.txt").write_text("")
+    with pytest.raises(SystemExit):
+        run(monkeypatch, Scripted(tokenizer, stop_at=2), ["--out", str(out)])
+    j = repro_common.job(tmp_path, "x", ["eval_sop.py"], "result.json")
+    j = {**j, "done": repro_common.EvalResult(out / "result.json"), "resume": out / "run.json"}
+    assert (out / "result.json").is_file() and not j["done"].exists() and j["resume"].exists()
+    run(monkeypatch, Scripted(tokenizer), ["--out", str(out), "--resume"])
+    assert j["done"].exists() and (out / "cmd.txt").is_file()
+    assert isinstance(repro_common.job(tmp_path, "y", ["eval_sop.py"], "result.json")["done"], repro_common.EvalResult)
