@@ -188,10 +188,11 @@ def sop_parser() -> argparse.ArgumentParser:
     # output
     p.add_argument("--out", default=None, help="output folder (result.json, episodes.jsonl, report.html, ...); "
                    "a path ending in .jsonl writes only the per-episode SOP lines there")
-    p.add_argument("--resume", action="store_true", help="continue the stopped run in --out (its result.json says "
-                   "complete: false): the episodes its files hold are kept, not played again; the same flags")
+    p.add_argument("--resume", action="store_true", help="continue the run stopped or killed in --out (its run.json "
+                   "is there, its result.json absent or complete: false): the episodes its files hold are kept, not "
+                   "played again; the same flags")
     p.add_argument("--overwrite", action="store_true", help="--out may hold another run: its files (eval_sop's only) "
-                   "are deleted first (default: a folder that holds files is refused)")
+                   "are deleted first (default: a folder holding eval_sop's files is refused, exit 2)")
     p.add_argument("--max-server-error-share", type=utils.fraction, default=0.0,
                    help="exit code 3 when more than this share of the requests got no answer from the server (their "
                    "steps are counted apart from the model's malformed answers, and scored wrong); 0 otherwise")

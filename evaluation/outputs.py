@@ -11,8 +11,9 @@
 - A folder holding another run's files (OUTPUT_FILES) is refused (utils.UsageError, one line, exit 2)
   unless `--overwrite` (those files are deleted first; other files, such as a job runner's cmd.txt and
   log.txt, stay) or `--resume` (the run is continued: the episodes in the files are kept and not played
-  again, the others are played; the flags must be the earlier run's, RUN_ONLY flags aside). A last line cut by a kill is dropped on resume
-  (that episode is played again); a damaged line elsewhere is an error naming the file and line.
+  again, the others are played; the flags must be the earlier run's, RUN_ONLY flags aside). A last
+  line cut by a kill is dropped on resume (that episode is played again); a damaged line elsewhere is
+  an error naming the file and line.
 
 SIGTERM is raised in the main thread as KeyboardInterrupt, as SIGINT is (`stop_signals`), so one
 handler in eval_sop.main writes the partial result and exits with EXIT_INTERRUPTED (128 + SIGINT).
@@ -111,8 +112,9 @@ class RunFolder:
         if resume:
             self._resume(held)
         elif ours and not overwrite:
-            raise utils.UsageError(f"--out {path}: holds another run ({', '.join(ours[:4])}{' ...' * (len(ours) > 4)}); "
-                                   "pass --resume to continue it, --overwrite to replace it, or another folder")
+            shown = ", ".join(ours[:4]) + " ..." * (len(ours) > 4)
+            raise utils.UsageError(f"--out {path}: holds another run ({shown}); pass --resume to continue it, "
+                                   "--overwrite to replace it, or another folder")
         for f in ours if overwrite else ():  # eval_sop's files only; anything else (the user's) stays
             os.remove(os.path.join(path, f))
         os.makedirs(path, exist_ok=True)

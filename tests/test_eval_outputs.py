@@ -283,8 +283,8 @@ def test_out_holding_another_run_is_refused_unless_overwrite(monkeypatch, tokeni
     out = tmp_path / "o"
     run(monkeypatch, Scripted(tokenizer), ["--protocol", "sop", "--out", str(out)])
     (out / "notes.txt").write_text("mine")
-    with pytest.raises(utils.UsageError, match=r"holds another run \(episodes.jsonl, report.html, result.json, run.json\)"
-                                               r".*--overwrite"):
+    with pytest.raises(utils.UsageError,
+                       match=r"holds another run \(episodes.jsonl, report.html, result.json, run.json\).*--overwrite"):
         run(monkeypatch, Scripted(tokenizer), ["--protocol", "static", "--out", str(out)])
     with pytest.raises(utils.UsageError, match="one or the other"):
         run(monkeypatch, Scripted(tokenizer), ["--out", str(out), "--overwrite", "--resume"])
@@ -396,7 +396,8 @@ def test_online_episodes_are_appended_and_resumed(monkeypatch, tokenizer, tmp_pa
         model = torch.nn.Linear(1, 1)
 
         def generate(self, prompts, n=1, greedy=True, seeds=None):
-            seeds = [int(re.search(r"reach \S+ (\d+)", tokenizer.decode(p.input_ids.tolist())).group(1)) for p in prompts]
+            texts = [tokenizer.decode(p.input_ids.tolist()) for p in prompts]
+            seeds = [int(re.search(r"reach \S+ (\d+)", t).group(1)) for t in texts]
             return [[Out(gui.format_response("c", {"action": "click", "coordinate": [5, 5]}) if s % 3 != 1 else "junk")]
                     for s in seeds]
 
