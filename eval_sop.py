@@ -33,7 +33,10 @@ Policies (each a sampler of the driver: .generate(prompts, n, greedy, seeds)):
 - openai: a model served behind any OpenAI-compatible endpoint (evaluation.served.ServedSampler: --base-url,
   --served-model, $OPENAI_API_KEY), sent the same prompts as `model`, its answers translated from its
   family's format (--action-format); a request that fails after --retries is a wrong step whose episode
-  records why (server_error), and OUT/responses.jsonl keeps the raw answers.
+  records why (server_error; online: the episode ends with cause server_error), and OUT/responses.jsonl
+  keeps the raw answers. Such steps are the server's failure, never the model's: they are counted apart
+  from malformed answers (result.json's server_failures, a line above the figures on stdout and in the
+  report), and the exit code is 3 when more than --max-server-error-share of the requests failed.
 - recorded responses: the `score` subcommand scores them step by step with reward.score_response
   (--action-format: another family's raw answers).
 
@@ -64,16 +67,18 @@ summary as one JSON line, last; progress bars go to stderr):
     python eval_sop.py score --data data/android_control/android_control_test_uis1.jsonl \\
         --responses responses.jsonl --out scores.jsonl --image-size 1080x2400
 
---out DIR writes result.json (the full summary and the run's args), episodes.jsonl (SOP, one line per
-episode), static_steps.jsonl, online_episodes.jsonl and report.html (HTML: a summary card of the
+--out DIR writes result.json (the full summary and the run's args; "complete": false until the end),
+episodes.jsonl (SOP, one line per episode), static_steps.jsonl, online_episodes.jsonl (each episode
+appended as it ends: evaluation/outputs.py) and report.html (HTML: a summary card of the
 metrics with their intervals and a per-task table, then screenshots with the predicted and expert
 points and the target boxes, thoughts, actions, the first wrong step). Two or more such folders side
 by side, with paired differences: python report.py out/eval/sft out/eval/semionline.
-Single process only (no torchrun).
+Ctrl-C or SIGTERM saves a partial result.json (and report) and exits 130; `--resume` (same flags)
+continues it without playing the finished episodes again. A folder holding files is refused (exit 2)
+unless --resume or --overwrite. Single process only (no torchrun).
 """
 
 import argparse
-import contextlib
 import dataclasses
 import logging
 import os
@@ -102,12 +107,13 @@ from rollout import (
     static_metrics,
     history_gap,
 )
+from evaluation.online import flip_counts, lent_to_sampler, run_online, wilson_rate  # noqa: F401 -- online
+from evaluation import outputs  # the run folder: written as the run goes, resumed, refused when another run's
 from evaluation import protocols  # the published step protocols' rules (--match-rules)
 from evaluation.served import prompt_spec as served_prompt_spec  # the served model's contract (--prompt-from)
 from envs import miniwob_tasks  # the task names (no browser, not the miniwob package: only located)
 from runs.stats import wilson  # the 95% interval of every rate reported
 from sampler import DECODE_MODES, SampleOutput, Sampler
-from vlm import sampling_mode
 
 # -----------------------------------------------------------------------------
 # Config
@@ -184,6 +190,14 @@ def sop_parser() -> argparse.ArgumentParser:
     # output
     p.add_argument("--out", default=None, help="output folder (result.json, episodes.jsonl, report.html, ...); "
                    "a path ending in .jsonl writes only the per-episode SOP lines there")
+    p.add_argument("--resume", action="store_true", help="continue the run stopped or killed in --out (its run.json "
+                   "is there, its result.json absent or complete: false): the episodes its files hold are kept, not "
+                   "played again; the same flags")
+    p.add_argument("--overwrite", action="store_true", help="--out may hold another run: its files (eval_sop's only) "
+                   "are deleted first (default: a folder holding eval_sop's files is refused, exit 2)")
+    p.add_argument("--max-server-error-share", type=utils.fraction, default=0.0,
+                   help="exit code 3 when more than this share of the requests got no answer from the server (their "
+                   "steps are counted apart from the model's malformed answers, and scored wrong); 0 otherwise")
     p.add_argument("--report", default=None, help="HTML report path (default: OUT/report.html when --out is a folder)")
     p.add_argument("--report-episodes", type=utils.non_negative_int, default=8, help="episodes shown per protocol in the report (0: none)")
     p.add_argument("--json", action="store_true",
@@ -231,21 +245,17 @@ def load_sampler(args, tokenizer):
 # Protocols (module docstring): SOP and static walk with rollout.semi_online_rollout; online
 
 
-def lent_to_sampler(sampler):
-    """vlm.sampling_mode for a sampler that holds a model (eval + no_grad); else nothing."""
-    model = getattr(sampler, "model", None)
-    return sampling_mode(model) if isinstance(model, torch.nn.Module) else contextlib.nullcontext()
-
-
 def greedy_rollouts(episodes: list[dataset.Episode], sampler, args, tokenizer, image_processor, spec: chat.PromptSpec,
-                    history: str, stats: dict) -> tuple[list[list[dict]], list[tuple[int, int]]]:
+                    history: str, stats: dict, done=None) -> tuple[list[list[dict]], list[tuple[int, int]]]:
     """Play `episodes` with rollout.semi_online_rollout, --batch-size episodes per call (so at most
     that many prompts, with their pixels, are alive at once): one greedy rollout per episode,
     patch_threshold 0 (a wrong step ends it), history "own" (SOP) or "expert" (static: every step
     is run). Returns, per episode, its walked steps in order ({t, response, reward, match,
     type_match, error, truncated, resized_size}) and its SOP progress (sop_progress: correct steps
     before the first wrong one, length; under --match-rules release 0 for an episode with a response
-    on which the release's code raised). stats gains the prompt and response counts of the summary."""
+    on which the release's code raised). stats gains the prompt and response counts of the summary.
+    done(k, rows, progress), when given, is called for each episode k as its chunk finishes (the run folder's
+    incremental write)."""
     rows, progress = [[] for _ in episodes], [None] * len(episodes)
     bar = tqdm(total=len(episodes), desc=f"{'SOP' if history == 'own' else 'static'} {args.policy}", unit="ep",
                file=sys.stderr)
@@ -277,6 +287,8 @@ def greedy_rollouts(episodes: list[dataset.Episode], sampler, args, tokenizer, i
                 stats["truncated"] += r.finish_reason == "length"
                 stats["server_errors"] += served
                 stats["tokens"] += len(r.response_ids)
+            for k in range(lo, lo + len(chunk)) if done is not None else ():
+                done(k, rows[k], progress[k])
             bar.update(len(chunk))
     bar.close()
     return rows, progress
@@ -292,154 +304,93 @@ def episode_views(ep: dataset.Episode, rows: list[dict], args) -> list[dict]:
         image = dataset.load_screenshot(step, image_root=args.image_root, blank_screens=args.blank_screens)
         pred = reward.score_response(row["response"], step, resized_size=row["resized_size"], orig_size=orig,
                                   rules=protocols.rules_of(args.match_rules)).action
-        views.append(report.step_view(row["t"], image, orig, step, row["response"], pred, row["match"], row["reward"]))
+        view = report.step_view(row["t"], image, orig, step, row["response"], pred, row["match"], row["reward"])
+        if row["server_error"]:  # no answer: the server's failure, drawn apart from the model's wrong steps
+            view.update(pred=f"(no answer: {row['error']})", verdict="no answer from the server (not the model's)",
+                        cls="neutral")
+        views.append(view)
     return views
 
 
-def run_sop(episodes: list[dataset.Episode], run_rollouts, args, show: set[int]) -> tuple[list[dict], list[dict]]:
+def sop_record(i: int, ep: dataset.Episode, steps: list[dict], progress: tuple[int, int]) -> dict:
+    """The episodes.jsonl line of SOP episode i (its walked steps, rows of greedy_rollouts). malformed:
+    responses scored 0 as malformed (truncated included); server_errors: steps whose request got no
+    answer (a served model's; never counted as malformed)."""
+    correct, n = progress
+    return {"episode": i, "source": ep.source, "task": ep.task, "episode_id": ep.episode_id, "steps": n,
+            "correct": correct, "success": correct == n, "rewards": [s["reward"] for s in steps],
+            "matches": [bool(s["match"]) for s in steps],
+            "malformed": sum(s["error"] is not None and not s["server_error"] for s in steps),
+            "truncated": sum(s["truncated"] for s in steps), "server_errors": sum(s["server_error"] for s in steps),
+            "errors": [s["error"] for s in steps], "responses": [s["response"] for s in steps],
+            "server_error": next((s["error"] for s in steps if s["server_error"]), None),
+            **({"raw_responses": [s["raw"] for s in steps], "raw_messages": [s["message"] for s in steps]}
+               if steps and "raw" in steps[0] else {})}
+
+
+def run_sop(episodes: list[dataset.Episode], run_rollouts, args, show: set[int],
+            folder: outputs.RunFolder | None = None) -> tuple[list[dict], list[dict]]:
     """SOP (docs/method.md §8): own history, greedy, each episode ends at its first wrong step.
-    run_rollouts(history) is `greedy_rollouts` bound to the run's sampler and prompt options. Returns (one record
-    per episode, in order; report episodes)."""
-    rows, progress = run_rollouts("own")
-    records, shown = [], []
-    for i, (ep, steps, (correct, n)) in enumerate(zip(episodes, rows, progress)):
-        malformed = [s["error"] is not None and not s["server_error"] for s in steps]  # truncated included
-        records.append({"source": ep.source, "task": ep.task, "episode_id": ep.episode_id, "steps": n,
-                        "correct": correct, "success": correct == n, "rewards": [s["reward"] for s in steps],
-                        "matches": [bool(s["match"]) for s in steps],
-                        "malformed": sum(malformed), "truncated": sum(s["truncated"] for s in steps),
-                        "errors": [s["error"] for s in steps], "responses": [s["response"] for s in steps],
-                        "server_error": next((s["error"] for s in steps if s["server_error"]), None),
-                        **({"raw_responses": [s["raw"] for s in steps], "raw_messages": [s["message"] for s in steps]}
-                           if steps and "raw" in steps[0] else {})})
+    run_rollouts(history, episodes, done) is `greedy_rollouts` bound to the run's sampler and prompt options.
+    With a run folder each record is appended as its chunk ends, and the episodes it already holds
+    (--resume) are kept, not played. Returns (one record per episode, in order; report episodes: those
+    played now)."""
+    records = {r["episode"]: r for r in folder.done["sop"]} if folder else {}
+    todo = [i for i in range(len(episodes)) if i not in records]
+    shown = []
+
+    def done(k, steps, progress):
+        i, ep = todo[k], episodes[todo[k]]
+        records[i] = sop_record(i, ep, steps, progress)
+        if folder:
+            folder.append("sop", [records[i]])
         if i in show:
+            correct, n = progress
             wrong = next((s["t"] for s in steps if not s["match"]), None)
-            outcome = report.sop_outcome(correct, n, malformed[-1])
+            outcome = report.sop_outcome(correct, n, steps[-1]["error"] is not None if steps else False,
+                                         steps[-1]["error"] if steps and steps[-1]["server_error"] else None)
             if wrong is not None and wrong != correct:  # the release's exception rule zeroed the progress
                 outcome = (f"the release's code raised at step {wrong} ({steps[-1]['error']}): progress 0 "
                            "(--match-rules release)")
             shown.append({"title": f"{ep.episode_id} ({ep.task})", "goal": ep.goal, "success": correct == n,
                           "outcome": outcome, "steps": episode_views(ep, steps, args), "first_wrong": wrong})
-    return records, shown
+
+    run_rollouts("own", [episodes[i] for i in todo], done)
+    return [records[i] for i in range(len(episodes))], shown
 
 
-def run_static(episodes: list[dataset.Episode], run_rollouts, args, show: set[int]) -> tuple[list[dict], list[dict]]:
+def run_static(episodes: list[dataset.Episode], run_rollouts, args, show: set[int],
+               folder: outputs.RunFolder | None = None) -> tuple[list[dict], list[dict]]:
     """Static (AndroidControl-High/-Low): every step with the expert's earlier actions as history
-    (run_rollouts' history "expert", as offline RL trains). Returns (one record per step, report
-    episodes)."""
-    rows, _ = run_rollouts("expert")
-    records, shown = [], []
-    for i, (ep, steps) in enumerate(zip(episodes, rows)):
-        for s in steps:
-            records.append({"episode": i, "episode_id": ep.episode_id, "task": ep.task, "t": s["t"],
-                            "expert_type": ep.steps[s["t"]].action["action"], "type_match": s["type_match"],
-                            "match": s["match"], "reward": s["reward"],
-                            "malformed": s["error"] is not None and not s["server_error"],  # not the server's
-                            "truncated": s["truncated"], "error": s["error"], "response": s["response"],
-                            "server_error": s["server_error"], **{k: s[k] for k in ("raw", "message") if k in s}})
+    (run_rollouts' history "expert", as offline RL trains). With a run folder an episode's steps are
+    appended in one write as its chunk ends; an episode the folder holds whole (--resume) is kept.
+    Returns (one record per step, in order; report episodes)."""
+    held = defaultdict(list)
+    for r in folder.done["static"] if folder else ():
+        held[r["episode"]].append(r)
+    per_ep = {i: rs for i, rs in held.items() if len(rs) == len(episodes[i].steps)}  # a cut episode is played again
+    todo = [i for i in range(len(episodes)) if i not in per_ep]
+    shown = []
+
+    def done(k, steps, _progress):
+        i, ep = todo[k], episodes[todo[k]]
+        per_ep[i] = [{"episode": i, "episode_id": ep.episode_id, "task": ep.task, "t": s["t"],
+                      "expert_type": ep.steps[s["t"]].action["action"], "type_match": s["type_match"],
+                      "match": s["match"], "reward": s["reward"],
+                      "malformed": s["error"] is not None and not s["server_error"],
+                      "truncated": s["truncated"], "error": s["error"], "response": s["response"],
+                      "server_error": s["server_error"], **{k: s[k] for k in ("raw", "message") if k in s}} for s in steps]
+        if folder:
+            folder.append("static", per_ep[i])
         if i in show:
             wrong = [s["t"] for s in steps if not s["match"]]
             shown.append({"title": f"{ep.episode_id} ({ep.task})", "goal": ep.goal, "success": not wrong,
                           "outcome": f"all {len(steps)} steps right" if not wrong else
                           f"{len(steps) - len(wrong)}/{len(steps)} steps right, first wrong action at step {wrong[0]}",
                           "steps": episode_views(ep, steps, args), "first_wrong": wrong[0] if wrong else None})
-    return records, shown
 
-
-def wilson_rate(k: int, n: int) -> dict:
-    """k successes of n as {successes, n, rate, lo, hi}, lo-hi the 95% Wilson interval (rate nan for n = 0)."""
-    lo, hi = wilson(k, n)
-    return {"successes": k, "n": n, "rate": k / n if n else float("nan"), "lo": lo, "hi": hi}
-
-
-def flip_counts(greedy: dict, sampled: list[dict], tasks: list[str]) -> dict:
-    """Greedy success, pass@K and the flippable fraction of online episodes, per task and pooled.
-
-    greedy: {(task, seed): success} of the greedy play; sampled: K such dicts (K >= 1), one per
-    sampled play of the same episodes. Per episode: pass@K = at least one of the K samples succeeds
-    (the greedy play does not count); flippable = greedy fails and at least one sample succeeds (the
-    episodes RL with a verifiable reward could turn into greedy successes). Returns {"per_task":
-    {task: {greedy, pass_at_k, flippable, sampled_sr}}, "pooled": {...}}, each a wilson_rate() over the
-    episodes, sampled_sr over the K x episodes sampled plays (its interval treats them as
-    independent). Raises ValueError when a sampled play lacks an episode of the greedy one."""
-    if not sampled or any(set(p) != set(greedy) for p in sampled):
-        raise ValueError("flip_counts: every sampled play needs exactly the greedy play's episodes")
-
-    def counts(keys):
-        hit = [any(p[key] for p in sampled) for key in keys]
-        g = [bool(greedy[key]) for key in keys]
-        return {"greedy": wilson_rate(sum(g), len(keys)), "pass_at_k": wilson_rate(sum(hit), len(keys)),
-                "flippable": wilson_rate(sum(h and not x for h, x in zip(hit, g)), len(keys)),
-                "sampled_sr": wilson_rate(sum(bool(p[key]) for p in sampled for key in keys), len(sampled) * len(keys))}
-
-    return {"per_task": {t: counts([key for key in greedy if key[0] == t]) for t in tasks},
-            "pooled": counts(list(greedy))}
-
-
-def run_online(sampler, make_prompt_online, tasks: list[str], seeds: list[int], args,
-               stats: dict | None = None) -> tuple[dict, list[dict]]:
-    """Live MiniWob++ episodes. sampler None -> miniwob_env's scripted expert. The result of
-    evaluate_online gains `malformed` (responses that parsed to no action). With --samples K (a
-    model) every episode is then played K more times, sampled at --temperature on the same seeds
-    (the same pages), play j seeded by play_seed: each episode gains `sampled_success` (K bools),
-    `sampled_responses` (K lists, play j's response text per step; step 0's page is greedy's, same seed)
-    and the result `sampled` (flip_counts, with the plays' response counts). A model's episodes also carry
-    the greedy play's transcript: `elements` and `responses`, one per step (online_episodes.jsonl)."""
-    from envs import miniwob_env, miniwob_experts
-
-    k = max(args.report_episodes, 0)
-    keys = [(task, seed) for task in tasks for seed in seeds]
-    wrapped = None
-    if sampler is not None:
-        wrapped = OnlineModelPolicy(sampler, make_prompt_online, {keys[i] for i in report.shown_indices(len(keys), k)},
-                                    stats if stats is not None else Counter(), view=report.step_view)
-    with lent_to_sampler(sampler):
-        res = miniwob_env.evaluate_online(wrapped or miniwob_experts.expert_policy, tasks, seeds,
-                                          max_steps=args.online_max_steps,
-                                          batch_size=args.online_batch)
-    shown = []
-    if wrapped is not None:
-        by_key = {(e["task"], e["seed"]): e for e in res["episodes"]}
-        for key in keys:
-            if key in wrapped.views:
-                e = by_key[key]
-                outcome, end = report.online_outcome(e)
-                for v in wrapped.views[key]:  # no expert online: a frame's colour follows the episode's outcome
-                    if v["pred"] == "(no valid action)":
-                        v["verdict"], v["cls"] = "no valid action (a no-op)", "wrong"
-                    elif v["t"] == end:
-                        v["verdict"], v["cls"] = ("terminate before the task was done" if e.get("terminated")
-                                                  else "wrong action: the page ended the episode"), "wrong"
-                    elif e["success"]:
-                        v["verdict"], v["cls"] = "action", ""
-                    else:
-                        v["verdict"], v["cls"] = "action (the episode failed)", "neutral"
-                shown.append({"title": f"{key[0]} seed {key[1]}", "goal": wrapped.goals[key],
-                              "success": e["success"], "outcome": outcome,
-                              "steps": wrapped.views[key], "first_wrong": end})
-    res["malformed"] = wrapped.n_malformed if wrapped is not None else 0
-    for e in res["episodes"] if wrapped is not None else ():  # the greedy play's element lists and responses
-        e.update(wrapped.transcripts.get((e["task"], e["seed"]), {"elements": [], "responses": []}))
-    if sampler is not None and getattr(args, "samples", 0):
-        t0, sstats, plays, said, malformed = time.time(), Counter(), [], [], 0
-        for j in range(args.samples):
-            play = OnlineModelPolicy(sampler, make_prompt_online, set(), sstats, sample=j,
-                                     temperature=args.temperature, sample_seed=args.sample_seed)
-            with lent_to_sampler(sampler):
-                r = miniwob_env.evaluate_online(play, tasks, seeds, max_steps=args.online_max_steps,
-                                                batch_size=args.online_batch)
-            plays.append({(e["task"], e["seed"]): bool(e["success"]) for e in r["episodes"]})
-            said.append(play.transcripts)
-            malformed += play.n_malformed
-        for e in res["episodes"]:
-            e["sampled_success"] = [p[(e["task"], e["seed"])] for p in plays]
-            e["sampled_responses"] = [list(tr.get((e["task"], e["seed"]), {}).get("responses", [])) for tr in said]
-        res["sampled"] = {"samples": args.samples, "temperature": args.temperature, "sample_seed": args.sample_seed,
-                          **flip_counts({(e["task"], e["seed"]): bool(e["success"]) for e in res["episodes"]},
-                                        plays, tasks),
-                          "responses": sstats["responses"], "malformed_responses": malformed,
-                          "truncated_responses": sstats["truncated"], "seconds": round(time.time() - t0, 1)}
-    return res, shown
+    run_rollouts("expert", [episodes[i] for i in todo], done)
+    return [r for i in range(len(episodes)) for r in per_ep[i]], shown
 
 
 # -----------------------------------------------------------------------------
@@ -455,6 +406,10 @@ def check_flags(parser, args, argv: list[str]) -> None:
                              ("--online-seeds", args.online_seeds, 1), ("--online-batch", args.online_batch, 1)):
         if value < low:
             raise utils.UsageError(f"{flag} {value}: must be >= {low}")
+    if (args.resume or args.overwrite) and not (args.out and not args.out.endswith(".jsonl")):
+        raise utils.UsageError("--resume / --overwrite: need --out DIR (a run folder)")
+    if args.resume and args.overwrite:
+        raise utils.UsageError("--resume and --overwrite: one or the other (continue the run, or replace it)")
     if not args.data and not args.online:
         raise utils.UsageError("nothing to evaluate: give --data and/or --online")
     if args.samples < 0 or (args.samples and not (args.online and args.policy in ("model", "openai"))):
@@ -500,8 +455,9 @@ def setup(args) -> SimpleNamespace:
     return ev
 
 
-def run_rollouts(ev, history: str) -> list:
-    return greedy_rollouts(ev.episodes, ev.sampler, ev.args, ev.tokenizer, ev.image_processor, ev.spec, history, ev.stats)
+def run_rollouts(ev, history: str, episodes: list, done) -> list:
+    return greedy_rollouts(episodes, ev.sampler, ev.args, ev.tokenizer, ev.image_processor, ev.spec, history, ev.stats,
+                           done)
 
 
 def make_prompt_online(ev, obs, shots, history):
@@ -517,7 +473,7 @@ def make_prompt_online(ev, obs, shots, history):
 def sop_section(ev, summary: dict) -> None:
     """SOP (own history, greedy, stops at the first wrong step): PG, TSR, per source and per task."""
     args, floor = ev.args, ev.floor
-    ev.sop_records, shown = run_sop(ev.episodes, lambda h: run_rollouts(ev, h), args, ev.show)
+    ev.sop_records, shown = run_sop(ev.episodes, lambda *a: run_rollouts(ev, *a), args, ev.show, ev.folder)
     recs = ev.sop_records
     m = sop_metrics([(r["correct"], r["steps"]) for r in recs])
     steps_run = sum(len(r["rewards"]) for r in recs)
@@ -542,7 +498,7 @@ def sop_section(ev, summary: dict) -> None:
 def static_section(ev, summary: dict) -> None:
     """Static (the expert's history, every step evaluated): step SR, type and grounding accuracy, per task."""
     args, floor = ev.args, ev.floor
-    ev.static_records, shown = run_static(ev.episodes, lambda h: run_rollouts(ev, h), args, ev.show)
+    ev.static_records, shown = run_static(ev.episodes, lambda *a: run_rollouts(ev, *a), args, ev.show, ev.folder)
     recs = ev.static_records
     m = static_metrics(recs)
     ev.malformed += sum(r["malformed"] for r in recs)
@@ -571,7 +527,7 @@ def online_section(ev, summary: dict) -> None:
     base = miniwob_env.ONLINE_SEED_BASE if args.online_seed_base is None else args.online_seed_base
     seeds = list(range(base, base + args.online_seeds))
     ev.online_res, shown = run_online(ev.sampler if args.policy != "expert" else None,
-                                      lambda *a: make_prompt_online(ev, *a), tasks, seeds, args, ev.stats)
+                                      lambda *a: make_prompt_online(ev, *a), tasks, seeds, args, ev.stats, ev.folder)
     o = ev.online_res["overall"]
     ev.malformed += ev.online_res["malformed"]
     ci = lambda r: list(wilson(round(r["success_rate"] * r["episodes"]), r["episodes"]))  # noqa: E731
@@ -597,58 +553,40 @@ def online_section(ev, summary: dict) -> None:
         print(f"online sampled (K {args.samples}, T {args.temperature}): {note}", file=sys.stderr)
 
 
-def write_outputs(ev, summary: dict, out_dir: str | None, report_path: str | None) -> None:
-    """The per-episode JSONL files and result.json (--out), the raw answers of a served model, the HTML
-    report; stdout the readable part (report.summary_text), and with --json the summary."""
+def write_outputs(ev, summary: dict, out_dir: str | None, report_path: str | None, complete: bool = True) -> None:
+    """The run folder's files in the episodes' order and result.json (--out; complete False: a partial run's),
+    the raw answers of a served model, the HTML report; stdout the readable part (report.summary_text),
+    and with --json the summary."""
     args = ev.args
     if args.out and out_dir is None and ev.sop_records is not None:  # the per-episode JSONL alone
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as f:
             f.writelines(utils.dumps(r) + "\n" for r in ev.sop_records)
-    if out_dir:
-        os.makedirs(out_dir, exist_ok=True)
-        for name, rows in (("episodes.jsonl", ev.sop_records), ("static_steps.jsonl", ev.static_records),
-                           ("online_episodes.jsonl", ev.online_res["episodes"] if ev.online_res else None)):
+    if ev.folder is not None:
+        for protocol, rows in (("sop", ev.sop_records), ("static", ev.static_records),
+                               ("online", ev.online_res["episodes"] if ev.online_res else None)):
             if rows is not None:
-                with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
-                    f.writelines(utils.dumps(r) + "\n" for r in rows)
+                ev.folder.finish_stream(protocol, rows)
         if args.policy == "openai":  # the raw answers, for `eval_sop.py score --action-format` offline
             policies.write_responses(os.path.join(out_dir, "responses.jsonl"), ev.sop_records, ev.static_records)
-        with open(os.path.join(out_dir, "result.json"), "w", encoding="utf-8") as f:
-            f.write(utils.dumps({**summary, "args": vars(args)}, indent=1))
+        ev.folder.write_result(summary, complete)
     if report_path:
         title = f"eval_sop: {args.policy} " + {"model": args.model, "openai": f"{args.served_model} ({args.action_format})"
                                                }.get(args.policy, "")
         online_first = sorted(ev.sections, key=lambda sec: not sec[0].startswith("Online"))  # the headline first
-        report.write_report(report_path, title, summary, online_first)
+        report.write_report(report_path, title, {"complete": complete, **summary}, online_first)
     paths = ""
     if out_dir or report_path:  # where the outputs are
         paths = (f"results: {os.path.join(out_dir, 'result.json') if out_dir else args.out}"
                  + (f"  report: {report_path} (open it in a browser)" if report_path else ""))
-    print(report.summary_text(summary, paths), flush=True)
+    print(report.summary_text({"complete": complete, **summary}, paths), flush=True)
     if args.json:
         print(utils.dumps(summary))
 
 
-def main(argv: list[str] | None = None) -> dict:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] == "baselines":  # the trivial-policy floors: report.baselines_main
-        return report.baselines_main(argv[1:])  # prints its own table and JSON line
-    if argv and argv[0] == "score":  # recorded responses: report.score_main
-        return report.score_main(argv[1:])
-    parser = sop_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    check_flags(parser, args, argv)
-    t0 = time.time()
-    out_dir = args.out if args.out and not args.out.endswith(".jsonl") else None
-    report_path = args.report or (os.path.join(out_dir, "report.html") if out_dir else None)
-    ev = setup(args)
-    episodes, stats = ev.episodes, ev.stats
-    summary = {"policy": args.policy, "model": args.model if args.policy == "model" else None,
-               "match_rules": args.match_rules, "named_protocol": args.named_protocol,
-               "protocols": (list(args.protocol) if episodes else []) + (["online"] if args.online else []),
-               "episodes": len(episodes), "steps": sum(len(e.steps) for e in episodes)}
+def run_protocols(ev, summary: dict) -> None:
+    """The floor of the episodes, then each protocol asked for, each adding its section to the summary."""
+    args, episodes = ev.args, ev.episodes
     if episodes:  # the trivial-policy floor of these episodes, printed beside every figure
         sizes = policies.step_sizes(episodes, args.image_root, args.blank_screens)
         ev.floor = floor = policies.run_baselines(episodes, sizes, args.match_rules)["floor"]
@@ -664,6 +602,12 @@ def main(argv: list[str] | None = None) -> dict:
                                               for t, m in enumerate(r["matches"])])
     if args.online:
         online_section(ev, summary)
+
+
+def finish_summary(ev, summary: dict, t0: float, report_path: str | None) -> None:
+    """The counts of the run: prompts, responses, malformed ones, the server's failures (never the model's:
+    outputs.server_failures), per task, time."""
+    args, stats = ev.args, ev.stats
     built = args.policy != "expert"  # the expert reads no prompt: none was built, nothing to count
     summary.update({"max_prompt_tokens_seen": stats["max_tokens"] if built else None,
                     "prompts_budgeted": stats["budgeted"] if built else None,
@@ -677,13 +621,65 @@ def main(argv: list[str] | None = None) -> dict:
                         "response_tokens_mean": stats["tokens"] / max(stats["responses"], 1)})
     if args.policy == "openai":  # requests, retries, failures, the SOP episodes a failure ended (said on stderr)
         summary["served"] = policies.served_summary(args, ev.sampler, stats["server_errors"], ev.sop_records)
+    summary["server_failures"] = outputs.server_failures(ev.sop_records, ev.static_records, ev.online_res,
+                                                         args.max_server_error_share)
     summary["per_task"] = dict(ev.per_task)
     summary["seconds"] = round(time.time() - t0, 1)
     if report_path:
         summary["report"] = report_path
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "baselines":  # the trivial-policy floors: report.baselines_main
+        return report.baselines_main(argv[1:])  # prints its own table and JSON line
+    if argv and argv[0] == "score":  # recorded responses: report.score_main
+        return report.score_main(argv[1:])
+    parser = sop_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    check_flags(parser, args, argv)
+    t0 = time.time()
+    out_dir = args.out if args.out and not args.out.endswith(".jsonl") else None
+    report_path = args.report or (os.path.join(out_dir, "report.html") if out_dir else None)
+    folder = outputs.RunFolder(out_dir, args, args.resume, args.overwrite) if out_dir else None  # refused: exit 2
+    summary = {"policy": args.policy, "model": args.model if args.policy == "model" else None,
+               "match_rules": args.match_rules, "named_protocol": args.named_protocol,
+               "protocols": (list(args.protocol) if args.data else []) + (["online"] if args.online else [])}
+    if folder is not None:  # the flags of a run that may be stopped and resumed
+        folder.start()
+    ev = None
+    try:
+        with outputs.stop_signals():  # SIGTERM as Ctrl-C: both save what is done
+            ev = setup(args)
+            ev.folder = folder
+            summary.update({"episodes": len(ev.episodes), "steps": sum(len(e.steps) for e in ev.episodes)})
+            run_protocols(ev, summary)
+    except KeyboardInterrupt as e:
+        with outputs.no_interrupts():  # a second Ctrl-C must not cut the partial result
+            why = str(e) or "SIGINT"
+            if ev is None:
+                if folder is not None:
+                    folder.write_result(summary, complete=False, interrupted=why)
+            else:
+                finish_summary(ev, summary, t0, report_path)
+                summary.update(interrupted=why, finished=folder.finished if folder else None)
+                write_outputs(ev, summary, out_dir, report_path, complete=False)
+            print(f"eval_sop: interrupted ({why}); " + (f"what finished is in {out_dir}: --resume continues the run"
+                                                       if folder else "nothing was saved (no --out)"),
+                  file=sys.stderr, flush=True)
+        raise SystemExit(outputs.EXIT_INTERRUPTED) from None
+    finish_summary(ev, summary, t0, report_path)
     write_outputs(ev, summary, out_dir, report_path)
     return summary
 
 
+def exit_status(summary) -> int:
+    """The process's exit code: EXIT_SERVER_FAILED (3) when more than --max-server-error-share of the
+    requests got no answer (the figures are then the server's as much as the model's), else 0."""
+    failures = summary.get("server_failures") if isinstance(summary, dict) else None
+    return outputs.EXIT_SERVER_FAILED if failures and failures["exceeded"] else 0
+
+
 if __name__ == "__main__":
-    utils.run_script(main)
+    sys.exit(exit_status(utils.run_script(main)))

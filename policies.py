@@ -57,15 +57,24 @@ def play_seed(base: int, task: str, seed: int, sample: int, t: int) -> int:
     return zlib.crc32(f"{base}|{task}|{seed}|{sample}|{t}".encode())
 
 
+class NoAnswer(RuntimeError):
+    """The action OnlineModelPolicy returns for an episode whose request got no answer (a served model's
+    request failed after its retries): miniwob_env.evaluate_online ends the episode with this `cause`,
+    so the server's failure is never scored as the model's no-op or step limit."""
+    cause = "server_error"
+
+
 class OnlineModelPolicy:
     """A batched miniwob_env policy: for every episode in flight, obs -> prompt with that episode's
     own earlier responses -> one response of `sampler`, all prompts in one generate call -> action
     in pixels of obs['screenshot']. Greedy when `sample` is None; else sampled play number `sample`
     at `temperature`, each prompt seeded with play_seed(sample_seed, task, seed, sample, t) (a rerun
     with the same batch size gives the same responses). Malformed output returns None (the env's
-    no-op that costs a step). Keeps report views (`view`) of the (task, seed) episodes in `show`; stats gains
+    no-op that costs a step); a request that got no answer (finish_reason "error: ...") returns NoAnswer,
+    which ends the episode as server_error (n_server_errors counts them). Keeps report views (`view`) of
+    the (task, seed) episodes in `show`; stats gains
     the response counts. `transcripts[(task, seed)]`: every step's element list (obs["elements"], as the
-    prompt showed it) and response text, of the episode's last attempt (a retry starts it over)."""
+    prompt showed it), response text and malformed count, of the episode's last attempt (a retry starts it over)."""
 
     batched = True  # miniwob_env.evaluate_online: one call for every episode in flight
 
@@ -78,7 +87,7 @@ class OnlineModelPolicy:
         self.goals: dict = {}
         self.state: dict = {}  # (task, seed) -> (screenshots, responses) of the episode in flight
         self.transcripts: dict = {}  # (task, seed) -> {"elements": [...], "responses": [...]}, every step
-        self.n_malformed = 0
+        self.n_malformed = self.n_server_errors = 0
 
     def __call__(self, obs_list: list[dict], steps: list[int]) -> list:
         keys, prompts = [], []
@@ -86,7 +95,7 @@ class OnlineModelPolicy:
             key = (obs["task"], obs["seed"])
             if t == 0:  # a new episode (or a retry after a browser fault)
                 self.state[key] = ([], [])
-                self.transcripts[key] = {"elements": [], "responses": self.state[key][1]}
+                self.transcripts[key] = {"elements": [], "responses": self.state[key][1], "malformed": 0}
                 if key in self.show:
                     self.views[key], self.goals[key] = [], obs["goal"]
             shots, history = self.state[key]
@@ -112,10 +121,19 @@ class OnlineModelPolicy:
             self.stats["server_errors"] += out.finish_reason.startswith("error")  # a served request that failed
             self.stats["tokens"] += len(out.ids)
             self.state[key][1].append(out.text)
+            if out.finish_reason.startswith("error"):  # no answer: the server's failure, not the model's
+                self.n_server_errors += 1
+                if key in self.views and self.view is not None:
+                    v = self.view(t, image, image.size, None, "", None, False, None)
+                    self.views[key].append({**v, "verdict": f"no answer: server {out.finish_reason}", "cls": "neutral"})
+                actions.append(NoAnswer(f"no answer from the server: {out.finish_reason[len('error: '):]}"))
+                continue
             parsed = gui.parse_response(out.text)
             # the reward's strict rules: a response cut at the cap, or with text after its action, is a no-op
             action = parsed.action if parsed.error is None and out.finish_reason == "stop" else None
-            self.n_malformed += action is None and not out.finish_reason.startswith("error")  # not the server's
+            bad = action is None and not out.finish_reason.startswith("error")  # not the server's
+            self.n_malformed += bad
+            self.transcripts[key]["malformed"] += bad
             if action is not None:  # model pixels (resized screenshot) -> pixels of the screenshot we were given
                 action = gui.scale_action(action, prompt.resized_size, image.size)
             if key in self.views and self.view is not None:

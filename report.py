@@ -8,8 +8,10 @@ recorded responses of any model (`eval_sop.py score`).
 
 Each folder is an eval_sop.py --out folder (result.json; the per-episode files where written). The
 first is the reference: every later run's difference from it is paired on the episodes (online:
-task and seed; SOP: episode; static: step) both evaluated, with runs/stats.py's bootstrap interval
-(static steps resampled by episode) and, for 0/1 outcomes, the exact McNemar p.
+task and seed; SOP: episode; static: step) both evaluated: for 0/1 outcomes Tango's score interval
+and the exact McNemar p (static steps: the interval widened to a bootstrap over episodes where that
+is wider), for PG a bootstrap (runs/stats.py). A run stopped before its end (result.json's complete
+false) is named PARTIAL; a damaged file is a one-line error naming it and its line (exit 2).
 
 report.html (write_report): a summary card first (what was run; each metric named, explained in one
 line, with its 95% Wilson interval to 3 digits, its count and its trivial-policy floor; the history gap
@@ -35,6 +37,7 @@ import dataset
 import gui
 import policies
 import reward
+from evaluation import outputs  # the run folder's readers: one-line errors on damaged files
 from evaluation import protocols
 from evaluation.served import clean_text
 from runs import stats  # Wilson intervals and paired differences (numpy only)
@@ -163,11 +166,30 @@ def run_line(summary: dict) -> str:
     return "; ".join(parts)
 
 
+def warnings(summary: dict) -> list[str]:
+    """What must be read before any figure of a run: that it is partial (result.json's complete false),
+    and how many requests the server failed (result.json's server_failures), each one line."""
+    out = []
+    if summary.get("complete") is False:
+        done = summary.get("finished") or {}
+        out.append(f"PARTIAL run (stopped: {summary.get('interrupted') or 'not finished'}"
+                   + (f"; episodes finished: {', '.join(f'{k} {v}' for k, v in done.items() if v)}" if done else "")
+                   + "): eval_sop.py --resume with the same flags continues it")
+    f = summary.get("server_failures") or {}
+    if f.get("failed"):
+        per = ", ".join(f"{k} {p['failed']} of {p['requests']} ({p['episodes']} episodes)"
+                        for k, p in f["by_protocol"].items() if p["failed"])
+        out.append(f"server failed on {f['failed']} of {f['requests']} requests ({per}): those steps are scored "
+                   f"wrong but are not the model's answers" + (f"; above --max-server-error-share {f['max_share']:g}: "
+                                                              "exit code 3" if f["exceeded"] else ""))
+    return out
+
+
 def summary_text(summary: dict, paths: str = "") -> str:
     """eval_sop.py's stdout: what was run, then one line per headline metric (value, 95% interval,
     count, floor), then `paths` (where the full JSON and the report are)."""
     rows = metric_rows(flat_summary(summary))
-    lines = [f"eval_sop: {run_line(summary)}"]
+    lines = [f"eval_sop: {run_line(summary)}", *("  " + w for w in warnings(summary))]
     if rows:
         lines.append(f"  {'metric':<20} {'value':>6}  {'95% interval':<16} {'n':>12}  floor")
     for r in rows:
@@ -221,7 +243,8 @@ def card_html(summary: dict) -> str:
                 f"<td>{floor}</td><td class='note'>{e(r['meaning'])}</td></tr>")
 
     body = "".join(row(r) for r in rows)
-    out = [f"<div class='card'><p><b>Evaluated:</b> {e(run_line(summary))}</p>"]
+    out = ["<div class='card'>", *(f"<p class='bad'><b>{e(w)}</b></p>" for w in warnings(summary)),
+           f"<p><b>Evaluated:</b> {e(run_line(summary))}</p>"]
     if rows:
         out.append("<table><tr><th>metric</th><th>value [95% interval]</th><th>n</th><th>floor</th><th>what it means</th>"
                    f"</tr>{body}</table><p class='note'>Intervals: Wilson 95% (runs/stats.py). Floor: the best "
@@ -310,10 +333,14 @@ def shown_indices(n: int, k: int) -> set[int]:
 
 
 
-def sop_outcome(n_correct: int, n_steps: int, malformed: bool) -> str:
-    """The report's label of an SOP episode: what happened, and at which (0-based) step."""
+def sop_outcome(n_correct: int, n_steps: int, malformed: bool, server_error: str | None = None) -> str:
+    """The report's label of an SOP episode: what happened, and at which (0-based) step; server_error:
+    the last step got no answer from the server (its error), which is never called the model's."""
     if n_correct == n_steps:
         return f"success: all {n_steps} steps right"
+    if server_error:
+        return (f"no answer from the server at step {n_correct} ({server_error}): "
+                f"{n_correct}/{n_steps} steps right before it")
     what = "no valid action" if malformed else "wrong action"
     return f"{what} at step {n_correct}: {n_correct}/{n_steps} steps right before it"
 
@@ -354,35 +381,41 @@ PAIRED = {
 }
 
 
+# the protocol whose file each PAIRED metric reads: a file of a protocol the run did not do is another
+# run's leftover (a reused --out before 2026-12-07) and is not read
+PROTOCOL_OF = {"online_episodes.jsonl": "online", "episodes.jsonl": "sop", "static_steps.jsonl": "static"}
+
+
 def load_eval(folder: str) -> dict:
     """An eval_sop.py --out folder: {folder, summary (result.json), items: {metric: {key: value}}}
-    for the PAIRED metrics whose file is there. A key seen twice in a file (the same episode given
-    twice) gets its occurrence number, so both stay. Raises utils.UsageError without result.json."""
-    path = os.path.join(folder, "result.json")
-    if not os.path.isfile(path):
-        raise utils.UsageError(f"{folder}: no result.json (expected an eval_sop.py --out folder)")
-    with open(path, encoding="utf-8") as f:
-        summary = json.load(f)
+    for the PAIRED metrics whose file is there and whose protocol the run did (summary's protocols). A
+    key seen twice in a file (the same episode given twice) gets its occurrence number, so both stay.
+    Raises utils.UsageError (one line: the file, the line, what is wrong) without result.json, on an
+    empty or invalid one, or on a line that is cut, not JSON, or lacks a field."""
+    summary = outputs.read_result(os.path.join(folder, "result.json"))
+    protocols = summary.get("protocols")
     items: dict = {}
     for metric, (name, key_of, value_of, _, _) in PAIRED.items():
         file = os.path.join(folder, name)
-        if not os.path.isfile(file):
+        if not os.path.isfile(file) or (isinstance(protocols, list) and PROTOCOL_OF[name] not in protocols):
             continue
         seen: dict = {}
-        with open(file, encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    r = json.loads(line)
-                    key = key_of(r)
-                    seen[key] = seen.get(key, -1) + 1
-                    items.setdefault(metric, {})[key + ((seen[key],) if seen[key] else ())] = value_of(r)
+        for lineno, r in enumerate(outputs.read_jsonl(file), start=1):
+            try:
+                key, value = key_of(r), value_of(r)
+            except (KeyError, TypeError, ValueError) as e:
+                raise utils.UsageError(f"{file}: record {lineno}: missing or invalid field {e}") from None
+            seen[key] = seen.get(key, -1) + 1
+            items.setdefault(metric, {})[key + ((seen[key],) if seen[key] else ())] = value
     return {"folder": folder, "summary": summary, "items": items}
 
 
 def paired_difference(first: dict, other: dict, metric: str, task: str | None = None) -> dict | None:
-    """`other` minus `first` on the items both evaluated (of `task` alone when given): runs/stats.py's
-    paired_binary for 0/1 outcomes (bootstrap interval, exact McNemar p) or paired_bootstrap for
-    PG's fractions (bootstrap p), grouped by episode for static steps. Returns {pairs, diff,
+    """`other` minus `first` on the items both evaluated (of `task` alone when given). 0/1 outcomes: the
+    exact McNemar p and Tango's score interval (runs/stats.py tango_interval: never zero-width, e.g.
+    +-z^2/(n + z^2) with no discordant pair, where a bootstrap gives [0, 0]); static steps, which are not
+    independent within an episode, get the hull of that and the bootstrap over episodes. PG's fractions:
+    paired_bootstrap (interval and p). Returns {pairs, diff,
     diff_ci95, p, test, only_first, only_other (items one run has and the other lacks),
     discordant [only other right, only first right] (0/1 outcomes)}; None when no item is shared."""
     _, _, _, binary, group_of = PAIRED[metric]
@@ -397,8 +430,11 @@ def paired_difference(first: dict, other: dict, metric: str, task: str | None = 
     res = {"pairs": len(keys), "only_first": len(set(a) - set(b)), "only_other": len(set(b) - set(a))}
     if binary:
         r = stats.paired_binary(xb, xa, groups)
-        res.update(diff=r["diff"], diff_ci95=r["diff_ci95"], p=r["p_mcnemar"], test="exact McNemar",
-                   discordant=r["discordant"])
+        lo, hi = stats.tango_interval(*r["discordant"], len(keys))
+        if groups is not None:  # clustered steps: the wider of the two on each side
+            lo, hi = min(lo, r["diff_ci95"][0]), max(hi, r["diff_ci95"][1])
+        res.update(diff=r["diff"], diff_ci95=[lo, hi], p=r["p_mcnemar"], test="exact McNemar",
+                   discordant=r["discordant"], interval="Tango score" + (" + episode bootstrap" if groups else ""))
     else:
         r = stats.paired_bootstrap(xb, xa, groups)
         res.update(diff=r["diff"], diff_ci95=r["diff_ci95"], p=r["p_value"], test="bootstrap")
@@ -409,7 +445,8 @@ def compare(runs: list[dict]) -> dict:
     """The runs (load_eval) side by side: per run its metric_rows (pooled and per task), and for every
     run after the first its paired_difference from the first, pooled and per task, per PAIRED metric.
     Returns {names, metrics: {run: [rows]}, per_task: {run: {task: [rows]}}, diffs: {run: {metric:
-    {pooled, per_task}}}, differ: the settings that differ between runs}."""
+    {pooled, per_task}}}, differ: the settings that differ between runs, partial: the runs whose
+    result.json says complete false (stopped; their figures cover the episodes they finished)}."""
     names = [r["name"] for r in runs]
     first = runs[0]
     diffs = {}
@@ -424,7 +461,8 @@ def compare(runs: list[dict]) -> dict:
         diffs[run["name"]] = d
     settings = ("match_rules", "protocols", "online_tasks", "online_seeds", "static_variant", "episodes", "steps")
     differ = [s for s in settings if len({json.dumps(r["summary"].get(s)) for r in runs}) > 1]
-    return {"names": names, "folders": [r["folder"] for r in runs],
+    partial = [r["name"] for r in runs if r["summary"].get("complete") is False]  # stopped before the end
+    return {"names": names, "folders": [r["folder"] for r in runs], "partial": partial,
             "metrics": {r["name"]: metric_rows(flat_summary(r["summary"])) for r in runs},
             "per_task": {r["name"]: {t: metric_rows(v) for t, v in (r["summary"].get("per_task") or {}).items()}
                          for r in runs},
@@ -459,6 +497,8 @@ def compare_text(c: dict) -> str:
     lines = [f"compare: {', '.join(f'{n} = {f}' for n, f in zip(names, c['folders']))}"]
     if c["differ"]:
         lines.append(f"warning: the runs differ in {', '.join(c['differ'])}: pairs cover the items both evaluated")
+    for n in c.get("partial", []):
+        lines.append(f"warning: {n} is a PARTIAL run (stopped before the end): its figures cover what it finished")
     lines += ["  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip() for row in table]
     return "\n".join(lines)
 
@@ -484,12 +524,16 @@ def write_compare(path: str, c: dict) -> None:
                    for n, f in zip(names, c["folders"]))
     warn = (f"<p class='bad'>The runs differ in {e(', '.join(c['differ']))}: differences are paired on the items "
             "both evaluated.</p>") if c["differ"] else ""
+    warn += "".join(f"<p class='bad'>{e(n)} is a PARTIAL run (stopped before the end): its figures cover what it "
+                    "finished.</p>" for n in c.get("partial", []))
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>compare {e(' vs '.join(names))}</title>"
            f"<style>{CSS}</style></head><body><h1>{e(' vs '.join(names))}</h1><ul>{runs}</ul>{warn}"
            f"<div class='card'><table><tr><th>metric</th>{head}<th>what it means</th></tr>{''.join(rows)}</table>"
            "<p class='note'>Each run: value [Wilson 95% interval]. Paired difference: the later run minus the first on "
-           "the episodes (static: steps) both evaluated, [bootstrap 95% interval] (runs/stats.py; static steps resampled "
-           "by episode), p: exact McNemar (0/1 outcomes; none for PG).</p></div>"]
+           "the episodes (static: steps) both evaluated, [95% interval: Tango's score interval for 0/1 outcomes "
+           "(static steps: widened to the bootstrap over episodes where that is wider), a bootstrap for PG] "
+           "(runs/stats.py), "
+           "p: exact McNemar (0/1 outcomes; none for PG).</p></div>"]
     for key, name, *_ in METRICS:
         per = {n: c["diffs"][n][key]["per_task"] for n in names[1:] if key in c["diffs"][n]}
         if not per:

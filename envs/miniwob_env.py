@@ -590,7 +590,7 @@ def final_observation(env: MiniWobEnv) -> tuple[Image.Image, str]:
 # online evaluation
 
 Policy = Callable[[dict, int], dict]
-CAUSES = ("wrong_action", "step_limit", "time_out", "browser_fault", "policy_error")
+CAUSES = ("wrong_action", "step_limit", "time_out", "browser_fault", "policy_error", "server_error")
 
 
 class _Live:
@@ -639,9 +639,24 @@ def _begin(lv: _Live) -> dict:
     return lv.env.reset(lv.seed)
 
 
+def online_summary(episodes: list[dict], tasks) -> dict:
+    """evaluate_online's result of `episodes` (its records, in task then seed order): per_task, overall, episodes."""
+    def summary(eps):
+        n = len(eps)
+        steps = sum(e["steps"] for e in eps)
+        return {"episodes": n, "success_rate": sum(e["success"] for e in eps) / max(n, 1),
+                "mean_steps": steps / max(n, 1), "failures": {c: sum(e["cause"] == c for e in eps) for c in CAUSES},
+                "seconds_per_episode": sum(e["seconds"] for e in eps) / max(n, 1),
+                # environment time (reset included) per step taken: what a step costs
+                "seconds_per_env_step": sum(e.get("env_seconds", 0.0) for e in eps) / max(steps, 1)}
+
+    return {"per_task": {t: summary([e for e in episodes if e["task"] == t]) for t in tasks},
+            "overall": summary(episodes), "episodes": episodes}
+
+
 def evaluate_online(policy: Policy, tasks, seeds, max_steps: int = 15, *, batch_size: int = 1, retries: int = 1,
                     screenshots: bool = True, step_timeout_s: float = 20.0,
-                    episode_time_s: float = 600.0, progress: bool = True) -> dict:
+                    episode_time_s: float = 600.0, progress: bool = True, on_episode: Callable | None = None) -> dict:
     """Run `policy` live on every task for every seed; seeds is a list or a count n (-> TEST_SEED_BASE
     + 0..n-1, the held-out test seeds). policy(obs, step) -> action dict in pixels of obs["screenshot"]
     (original 168x224); with a true `batched` attribute, policy(list[obs], list[step]) -> list[action].
@@ -654,12 +669,13 @@ def evaluate_online(policy: Policy, tasks, seeds, max_steps: int = 15, *, batch_
 
     An episode: cause success | wrong_action (the page ended it without full reward, or the policy
     sent terminate first) | step_limit | time_out (the page's timer, episode_time_s, ran out) |
-    browser_fault | policy_error; `seconds` its share of the wall
+    browser_fault | policy_error | server_error (policies.NoAnswer: an exception returned as an action names
+    its `cause`); `seconds` its share of the wall
     time (each policy call and reset or step phase split evenly over its episodes), `policy_seconds` its
-    share of the policy calls, `env_seconds` its browser's own time (browsers overlap). Returns
-    {"per_task": {task: {...}}, "overall": {...}, "episodes": [...] (task, then seed order)}; each
-    summary has episodes, success_rate, mean_steps, failures (by cause), seconds_per_episode and
-    seconds_per_env_step. Raises ValueError for batch_size < 1 or an unknown task."""
+    share of the policy calls, `env_seconds` its browser's own time (browsers overlap). on_episode(record):
+    called as each episode ends. Returns {"per_task": {task: {...}}, "overall": {...}, "episodes": [...] (task,
+    then seed order)}; each summary has episodes, success_rate, mean_steps, failures (by cause),
+    seconds_per_episode and seconds_per_env_step. Raises ValueError for batch_size < 1 or an unknown task."""
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
@@ -687,6 +703,8 @@ def evaluate_online(policy: Policy, tasks, seeds, max_steps: int = 15, *, batch_
         lv.over = True
         done[lv.idx] = {**lv.ep, "env_seconds": lv.env_seconds, "policy_seconds": lv.policy_seconds, "task": lv.task,
                         "seconds": lv.seconds, "attempts": lv.attempt}
+        if on_episode is not None:  # e.g. eval_sop's run folder, which appends it to its file at once
+            on_episode(done[lv.idx])
         bar.update(1)
 
     def fault(lv: _Live, e: Exception) -> None:
@@ -746,7 +764,8 @@ def evaluate_online(policy: Policy, tasks, seeds, max_steps: int = 15, *, batch_
                 lv.seconds += share
                 lv.policy_seconds += share
                 if isinstance(action, Exception):
-                    lv.end(steps=lv.t, cause="policy_error", error=f"{type(action).__name__}: {action}")
+                    lv.end(steps=lv.t, cause=getattr(action, "cause", "policy_error"),
+                           error=f"{type(action).__name__}: {action}")
                     finish(lv)
                 else:
                     stepping.append((lv, action))
@@ -778,18 +797,4 @@ def evaluate_online(policy: Policy, tasks, seeds, max_steps: int = 15, *, batch_
         for env in envs:
             env.close()
         bar.close()
-    episodes = [done[i] for i in sorted(done)]
-
-    def summary(eps):
-        n = len(eps)
-        steps = sum(e["steps"] for e in eps)
-        return {"episodes": n,
-                "success_rate": sum(e["success"] for e in eps) / max(n, 1),
-                "mean_steps": steps / max(n, 1),
-                "failures": {c: sum(e["cause"] == c for e in eps) for c in CAUSES},
-                "seconds_per_episode": sum(e["seconds"] for e in eps) / max(n, 1),
-                # environment time (reset included) per step taken: what a step costs
-                "seconds_per_env_step": sum(e.get("env_seconds", 0.0) for e in eps) / max(steps, 1)}
-
-    per_task = {t: summary([e for e in episodes if e["task"] == t]) for t in tasks}
-    return {"per_task": per_task, "overall": summary(episodes), "episodes": episodes}
+    return online_summary([done[i] for i in sorted(done)], tasks)

@@ -515,10 +515,27 @@ def _rel(p: Path | str) -> str:
     return str(p.relative_to(REPO)) if p.is_absolute() and REPO in p.parents else str(p)
 
 
+class EvalResult(type(Path())):
+    """An eval_sop.py result.json that `exists()` only once the evaluation finished: a stopped one writes
+    it with "complete": false (evaluation/outputs.py), which is no finished job to skip or read."""
+
+    def exists(self, **kw) -> bool:
+        if not super().exists(**kw):
+            return False
+        try:
+            return json.loads(self.read_text()).get("complete") is not False
+        except (ValueError, AttributeError):  # cut or not an object: not a finished evaluation
+            return False
+
+
 def job(root: Path, name: str, cmd: list[str], done: str, resume: str | None = None) -> dict:
     """A stage job: its folder is root/name_<hash of cmd>, `--out` that folder, done = folder/done;
-    resume: a file whose presence (without `done`) means an interrupted run to continue with --resume."""
+    resume: a file whose presence (without `done`) means an interrupted run to continue with --resume
+    (an evaluation, done result.json: its run.json, written when it starts)."""
     d = run_dir(root, name, cmd)
+    if done == "result.json":
+        return {"name": name, "cmd": cmd + ["--out", _rel(d)], "dir": d, "done": EvalResult(d / done),
+                "resume": d / (resume or "run.json")}
     return {"name": name, "cmd": cmd + ["--out", _rel(d)], "dir": d, "done": d / done,
             "resume": d / resume if resume else None}
 

@@ -133,6 +133,39 @@ def mcnemar_exact(b: int, c: int) -> float:
     return min(1.0, 2.0 * tail)
 
 
+def tango_interval(b: int, c: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Tango's score interval (Tango 1998, Stat Med 17:891) of a difference of paired proportions,
+    delta = (b - c) / n: b pairs where only A succeeded, c where only B did, n pairs in all.
+
+    The interval is every delta whose score statistic stays within z:
+        T(delta) = (b - c - n delta) / sqrt(n (2 q(delta) + delta (1 - delta))),
+    q(delta) the maximum-likelihood share of only-B pairs given delta, the root of A q^2 + B q + C with
+    A = 2n, B = -b - c + (2n - b + c) delta, C = -c delta (1 - delta). T(0) is McNemar's z. Each end is
+    found by bisection (T decreases in delta). Unlike a bootstrap it is never zero-width: with no
+    discordant pair (b = c = 0) it is [-z^2 / (n + z^2), +z^2 / (n + z^2)], and with c = 0 it is
+    [(b - z^2) / (n + z^2), Wilson's upper limit of b / n]. Raises ValueError on counts that do not fit."""
+    if min(b, c) < 0 or b + c > n or n < 1:
+        raise ValueError(f"tango_interval: b={b}, c={c} discordant pairs of n={n}")
+
+    def score(d: float) -> float:
+        bb = -b - c + (2 * n - b + c) * d
+        cc = -c * d * (1 - d)
+        q = (math.sqrt(max(bb * bb - 8 * n * cc, 0.0)) - bb) / (4 * n)
+        var = n * (2 * q + d * (1 - d))
+        return (b - c - n * d) / math.sqrt(var) if var > 0 else math.copysign(math.inf, b - c - n * d)
+
+    def end(inside: float, outside: float) -> float:  # |T| <= z at `inside` (the estimate), > z at `outside`
+        if abs(score(outside)) <= z:  # the whole side is within z: the limit is -1 or +1
+            return outside
+        for _ in range(100):
+            mid = (inside + outside) / 2
+            inside, outside = (mid, outside) if abs(score(mid)) <= z else (inside, mid)
+        return inside
+
+    d = (b - c) / n
+    return (end(d, -1.0), end(d, 1.0))
+
+
 def paired_bootstrap(a, b, groups=None, n_boot: int = N_BOOT, seed: int = 0) -> dict:
     """Bootstrap of mean(a) - mean(b) over paired items (a[i], b[i]): the same online episode
     played by two checkpoints, or the same RL step of two runs.

@@ -7,7 +7,6 @@ import json
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import utils
@@ -91,9 +90,13 @@ def test_side_by_side_paired_difference_by_hand(tmp_path, capsys):
     online = d["online_sr"]["pooled"]
     assert online["pairs"] == 5 and online["only_other"] == 1 and online["only_first"] == 0
     assert online["diff"] == pytest.approx(0.6) and online["p"] == pytest.approx(0.25) and online["discordant"] == [3, 0]
-    # the interval is runs/stats.py's bootstrap of B - A on the same pairs (not A - B)
-    ref = stats.paired_binary(np.array([1, 1, 1, 0, 1]), np.array([0, 0, 0, 0, 1]))
-    assert online["diff_ci95"] == ref["diff_ci95"] and ref["diff_ci95"][0] <= 0.6 <= ref["diff_ci95"][1]
+    # the interval is Tango's score interval of B - A (not A - B): with c = 0 only-A pairs it has the closed
+    # form [(b - z^2) / (n + z^2), Wilson's upper limit of b / n] (runs/stats.py tango_interval), here b 3, n 5:
+    # [-0.095, 0.882], 0 inside as the McNemar p 0.25 says (the bootstrap's [0.2, 1.0] left 0 out)
+    z2 = stats.Z95 ** 2
+    ref = {"diff_ci95": [(3 - z2) / (5 + z2), stats.wilson(3, 5)[1]]}
+    assert online["diff_ci95"] == pytest.approx(ref["diff_ci95"], abs=1e-9) and online["interval"] == "Tango score"
+    assert f"{ref['diff_ci95'][0]:+.3f}" == "-0.095" and f"{ref['diff_ci95'][1]:+.3f}" == "+0.882"
     static = d["static_step_sr"]["pooled"]
     assert static["pairs"] == 5 and static["diff"] == pytest.approx(0.4) and static["p"] == pytest.approx(0.5)
     assert d["sop_tsr"]["pooled"]["diff"] == pytest.approx(0.5) and d["sop_pg"]["pooled"]["diff"] == pytest.approx(7 / 12)
@@ -132,5 +135,6 @@ def test_eval_sop_stdout_is_a_summary_and_the_json_goes_to_the_folder(tmp_path, 
     assert full["sop_tsr"] == s["sop_tsr"] == 1.0 and full["per_task"] and "args" in full
     page = (tmp_path / "o" / "report.html").read_text()
     assert page.index("class='card'") < page.index("<h2>SOP") < page.index("All fields")
-    eval_sop.main(argv + ["--json"])
+    assert full["complete"] is True
+    eval_sop.main(argv + ["--json", "--overwrite"])  # the folder holds a run: replacing it is asked for
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["sop_tsr"] == 1.0
