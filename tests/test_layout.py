@@ -140,7 +140,9 @@ def test_readme_fork_section_names_exist():
 
 MODULE_BUDGET = 17  # top-level modules: stages own the logic only they use; utils.py is all they share
 FUNCTION_BUDGET = 80  # lines of a function in a stage file: main reads as the algorithm, each phase a named function
-RL_PATH_CEILING = 5831  # lines on the RL path today (rl_path_reached_lines): a ratchet; the design card aims at 2,200
+RL_PATH_CEILING = 6129  # lines on the RL path (rl_path_reached_lines), a ratchet: 5,923 at 06de78c; the typed configs
+# (+230) and the sampler's non-finite check and LoRA resume check (+54) came on, the published protocols' rules (-92)
+# left; the design card aims at 2,200
 
 
 def function_level_imports(path: Path, name: str) -> set[str]:
