@@ -197,7 +197,8 @@ def sop_parser() -> argparse.ArgumentParser:
                    "are deleted first (default: a folder holding eval_sop's files is refused, exit 2)")
     p.add_argument("--max-server-error-share", type=utils.fraction, default=0.0,
                    help="exit code 3 when more than this share of the requests got no answer from the server (their "
-                   "steps are counted apart from the model's malformed answers, and scored wrong); 0 otherwise")
+                   "steps are counted apart from the model's malformed answers, and scored wrong), else 0; "
+                   "0: any failed request makes the exit code 3")
     p.add_argument("--report", default=None, help="HTML report path (default: OUT/report.html when --out is a folder)")
     p.add_argument("--report-episodes", type=utils.non_negative_int, default=8, help="episodes shown per protocol in the report (0: none)")
     p.add_argument("--json", action="store_true",

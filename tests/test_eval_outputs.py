@@ -26,6 +26,7 @@ import policies
 import report
 import utils
 from evaluation import outputs
+from evaluation.served import ServedOutput
 from runs import stats
 from vlm import load_processor
 
@@ -130,9 +131,9 @@ def test_online_step_without_an_answer_ends_its_episode_as_server_error():
 
     class Half:  # answers episode seed 0, fails seed 1
         def generate(self, prompts, n=1, greedy=True, seeds=None):
-            return [[policies.ServedOutput([], '<think>t</think><action>{"action": "click", "coordinate": [5, 5]}'
+            return [[ServedOutput([], '<think>t</think><action>{"action": "click", "coordinate": [5, 5]}'
                                            '</action>', None, "stop", 0)] if p.seed == 0 else
-                    [policies.ServedOutput([], "", None, "error: no answer from http://x/v1: refused", 1)]
+                    [ServedOutput([], "", None, "error: no answer from http://x/v1: refused", 1)]
                     for p in prompts]
 
     make = lambda obs, shots, history: type("P", (), {"resized_size": (160, 210), "seed": obs["seed"]})()  # noqa: E731

@@ -69,7 +69,7 @@ def test_trainers_print_the_readmes_eval_command(finished):
     line = next(x for x in stdout.splitlines() if x.startswith("evaluate:"))
     assert utils.EVAL_FLAGS in line and "--data data/miniwob_click/test.jsonl" in line
     src = (REPO / "train_semionline.py").read_text()
-    assert 'utils.print_next_steps(out, args.data, "out/eval/semionline")' in src
+    assert 'utils.print_next_steps(out, cfg.data, "out/eval/semionline")' in src
 
 
 def test_rl_without_sft_checkpoint_is_one_line(tmp_path):

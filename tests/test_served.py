@@ -36,7 +36,7 @@ DATA = str(REPO / "data" / "miniwob" / "train.jsonl")
 SIZE = (980, 2100)
 TOK, _ = vlm.load_processor("tiny")
 
-CALL = '{"name": "mobile_use", "arguments": {"action": "click", "coordinate": [490, 525]}}'
+CALL = '{"name": "mobile_use", "arguments": {"action": "click", "coordinate": [50, 60]}}'
 ANSWERS = {  # (family, the answer as the model wrote it)
     "uis1 think + action": ("uis1", '<think>\nthe button\n</think>\n<action>\n'
                             '{"action": "click", "coordinate": [490, 525]}\n</action>'),
