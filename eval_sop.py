@@ -196,9 +196,8 @@ def sop_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="--out may hold another run: its files (eval_sop's only) "
                    "are deleted first (default: a folder holding eval_sop's files is refused, exit 2)")
     p.add_argument("--max-server-error-share", type=utils.fraction, default=0.0,
-                   help="exit code 3 when more than this share of the requests got no answer from the server (their "
-                   "steps are counted apart from the model's malformed answers, and scored wrong), else 0; "
-                   "0: any failed request makes the exit code 3")
+                   help="0: any request without an answer makes the exit code 3; else 3 past this share (such steps "
+                   "are the server's, counted apart from malformed answers and scored wrong), 0 otherwise")
     p.add_argument("--report", default=None, help="HTML report path (default: OUT/report.html when --out is a folder)")
     p.add_argument("--report-episodes", type=utils.non_negative_int, default=8, help="episodes shown per protocol in the report (0: none)")
     p.add_argument("--json", action="store_true",
