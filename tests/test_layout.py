@@ -14,14 +14,22 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ["train_sft.py", "train_semionline.py", "rollout.py", "patch.py", "advantage.py", "eval_sop.py"]
-PRODUCT = sorted(p.stem for p in REPO.glob("*.py")) + ["kernels", "envs", "tools", "evaluation", "configs"]
+PRODUCT = sorted(p.stem for p in REPO.glob("*.py")) + ["kernels", "envs", "tools", "evaluation", "configs", "extras"]
 STAGE_SCRIPTS = {"train_sft", "train_semionline", "eval_sop"}
+
+
+def optional(module: str) -> bool:
+    """An optional feature's module: extras/* (each behind its flag) or a Triton kernel file kernels/*_triton
+    (CUDA only; its torch reference, the CPU path, stays on the RL path). It is imported only when asked,
+    inside the function its flag or device turns on, so it is off the RL path."""
+    parts = module.split(".")
+    return parts[0] == "extras" and len(parts) > 1 or parts[0] == "kernels" and len(parts) > 1 and parts[1].endswith("_triton")
 
 
 def module_files():
     """{module name: path} of the product: top-level modules and the packages' modules."""
     files = {p.stem: p for p in REPO.glob("*.py")}
-    for pkg in ("kernels", "envs", "tools", "runs", "bench", "evaluation", "configs"):
+    for pkg in ("kernels", "envs", "tools", "runs", "bench", "evaluation", "configs", "extras"):
         files.update({f"{pkg}.{p.stem}": p for p in (REPO / pkg).glob("*.py") if p.stem != "__init__"})
     return files
 
@@ -210,7 +218,8 @@ def rl_path_reached() -> dict[tuple[str, str], int]:
     names in annotations and in branches the step never takes (ast does not know which run). Not counted:
     blank lines and comments between definitions, and calls by string (getattr, importlib), which do not
     reach anything; a local variable that shadows a module-level name reaches that name (an over-count)."""
-    mods = {m: p for m, p in module_files().items() if m.split(".")[0] not in ("tools", "runs", "bench")}
+    mods = {m: p for m, p in module_files().items()
+            if m.split(".")[0] not in ("tools", "runs", "bench") and not optional(m)}
     mods.update({pkg: REPO / pkg / "__init__.py" for pkg in ("kernels", "envs", "evaluation")})
     trees = {m: ast.parse(p.read_text()) for m, p in mods.items()}
     is_def = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -275,12 +284,23 @@ def test_module_budget():
 
 def test_no_function_level_imports_outside_the_stage_scripts():
     """The library imports what it needs at its top, where a reader sees it: only the stage scripts (and
-    the scripts of runs/, tools/, bench/) may import a project module inside a function."""
+    the scripts of runs/, tools/, bench/) may import a project module inside a function, and anyone may
+    import an optional feature's module there (that is how it is imported only when asked)."""
     for m, p in module_files().items():
         if m in STAGE_SCRIPTS or m.split(".")[0] in ("runs", "tools", "bench"):
             continue
-        lazy = function_level_imports(p, m)
+        lazy = {i for i in function_level_imports(p, m) if not optional(i) and i not in ("extras", "kernels")}
         assert not lazy, f"{p.relative_to(REPO)} imports {sorted(lazy)} inside a function"
+
+
+def test_optional_features_are_imported_only_when_asked():
+    """No product module imports an optional feature's module (extras/*, kernels/*_triton) at its top:
+    only inside the function its flag or device turns on (tests, tools/, runs/ and bench/ may)."""
+    for m, p in module_files().items():
+        if m.split(".")[0] in ("runs", "tools", "bench") or optional(m):
+            continue
+        top = {i for i in imports(p, m) - function_level_imports(p, m) if optional(i)}
+        assert not top, f"{p.relative_to(REPO)} imports the optional {sorted(top)} at its top"
 
 
 def test_stage_functions_are_short():
