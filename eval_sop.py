@@ -17,7 +17,7 @@ step judged by reward.score_response, the one match function of rollout, trainin
   its seed (its page), play j seeded by play_seed (--sample-seed; a rerun at the same --online-batch
   repeats every response): `online_sampled` has, per task and pooled, greedy success, pass@K (a
   sample succeeds), flippable (greedy fails, a sample succeeds), each {successes, n, rate, lo, hi} (Wilson 95%).
-- sop + static: `history_gap` (rollout.history_gap), step accuracy under own vs expert history on the
+- sop + static: `history_gap` (evaluation.metrics.history_gap), step accuracy under own vs expert history on the
   steps SOP reached (every earlier step right), per task and pooled.
 
 Policies (each a sampler of the driver: .generate(prompts, n, greedy, seeds)):
@@ -99,20 +99,14 @@ import report
 import reward
 import utils
 import vlm
-from rollout import (
-    StepPrompt,
-    semi_online_rollout,
-    sop_metrics,
-    sop_progress,
-    static_metrics,
-    history_gap,
-)
+from rollout import StepPrompt, semi_online_rollout, sop_progress
+from evaluation.metrics import history_gap, sop_metrics, static_metrics  # PG, TSR, step accuracy, own vs expert
 from evaluation.online import flip_counts, lent_to_sampler, run_online, wilson_rate  # noqa: F401 -- online
 from evaluation import outputs  # the run folder: written as the run goes, resumed, refused when another run's
 from evaluation import protocols  # the published step protocols' rules (--match-rules)
 from evaluation.served import prompt_spec as served_prompt_spec  # the served model's contract (--prompt-from)
 from envs import miniwob_tasks  # the task names (no browser, not the miniwob package: only located)
-from runs.stats import wilson  # the 95% interval of every rate reported
+from evaluation.stats import wilson  # the 95% interval of every rate reported
 from sampler import DECODE_MODES, SampleOutput, Sampler
 
 # -----------------------------------------------------------------------------

@@ -43,7 +43,7 @@ import gui
 import reward
 from evaluation import protocols
 from evaluation.families import ADAPTERS
-from rollout import sop_metrics
+from evaluation.metrics import sop_metrics
 from evaluation.served import ServedSampler
 
 

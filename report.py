@@ -10,7 +10,7 @@ Each folder is an eval_sop.py --out folder (result.json; the per-episode files w
 first is the reference: every later run's difference from it is paired on the episodes (online:
 task and seed; SOP: episode; static: step) both evaluated: for 0/1 outcomes Tango's score interval
 and the exact McNemar p (static steps: the interval widened to a bootstrap over episodes where that
-is wider), for PG a bootstrap (runs/stats.py). A run stopped before its end (result.json's complete
+is wider), for PG a bootstrap (evaluation/stats.py). A run stopped before its end (result.json's complete
 false) is named PARTIAL; a damaged file is a one-line error naming it and its line (exit 2).
 
 report.html (write_report): a summary card first (what was run; each metric named, explained in one
@@ -40,7 +40,7 @@ import reward
 from evaluation import outputs  # the run folder's readers: one-line errors on damaged files
 from evaluation import protocols
 from evaluation.served import clean_text
-from runs import stats  # Wilson intervals and paired differences (numpy only)
+from evaluation import stats  # Wilson intervals and paired differences (numpy only)
 
 REPORT_WIDTH = 300  # px of each screenshot in the HTML report
 
@@ -124,7 +124,7 @@ def flat_summary(summary: dict) -> dict:
 
 def metric_rows(values: dict) -> list[dict]:
     """The METRICS present in `values` (a summary or one task's row of per_task): per metric
-    {key, name, value, lo, hi, n, unit, floor, meaning}. lo, hi: the 95% Wilson interval (runs/stats.py) of
+    {key, name, value, lo, hi, n, unit, floor, meaning}. lo, hi: the 95% Wilson interval (evaluation/stats.py) of
     round(value * n) successes in n (None without a count: PG, or a per-task grounding accuracy);
     a step rate's interval treats steps as independent (they are not, within an episode)."""
     k = (values.get("online_sampled") or {}).get("samples")
@@ -247,7 +247,7 @@ def card_html(summary: dict) -> str:
            f"<p><b>Evaluated:</b> {e(run_line(summary))}</p>"]
     if rows:
         out.append("<table><tr><th>metric</th><th>value [95% interval]</th><th>n</th><th>floor</th><th>what it means</th>"
-                   f"</tr>{body}</table><p class='note'>Intervals: Wilson 95% (runs/stats.py). Floor: the best "
+                   f"</tr>{body}</table><p class='note'>Intervals: Wilson 95% (evaluation/stats.py). Floor: the best "
                    "trivial policy on the same episodes (eval_sop.py baselines). A static step rate's interval treats "
                    "steps as independent.</p>")
     gap = ((summary.get("history_gap") or {}).get("pooled") or {})
@@ -412,7 +412,7 @@ def load_eval(folder: str) -> dict:
 
 def paired_difference(first: dict, other: dict, metric: str, task: str | None = None) -> dict | None:
     """`other` minus `first` on the items both evaluated (of `task` alone when given). 0/1 outcomes: the
-    exact McNemar p and Tango's score interval (runs/stats.py tango_interval: never zero-width, e.g.
+    exact McNemar p and Tango's score interval (evaluation/stats.py tango_interval: never zero-width, e.g.
     +-z^2/(n + z^2) with no discordant pair, where a bootstrap gives [0, 0]); static steps, which are not
     independent within an episode, get the hull of that and the bootstrap over episodes. PG's fractions:
     paired_bootstrap (interval and p). Returns {pairs, diff,
@@ -532,7 +532,7 @@ def write_compare(path: str, c: dict) -> None:
            "<p class='note'>Each run: value [Wilson 95% interval]. Paired difference: the later run minus the first on "
            "the episodes (static: steps) both evaluated, [95% interval: Tango's score interval for 0/1 outcomes "
            "(static steps: widened to the bootstrap over episodes where that is wider), a bootstrap for PG] "
-           "(runs/stats.py), "
+           "(evaluation/stats.py), "
            "p: exact McNemar (0/1 outcomes; none for PG).</p></div>"]
     for key, name, *_ in METRICS:
         per = {n: c["diffs"][n][key]["per_task"] for n in names[1:] if key in c["diffs"][n]}

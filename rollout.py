@@ -5,9 +5,9 @@ driver and the rollout -> trainer contract.
 step, all live rollouts are sampled in one batched call (sampler.Sampler, or any object with its
 `generate`), scored against the expert action (reward.score_response), and a wrong response is patched
 (patch.py) or ends its rollout. One `StepRecord` per sampled response is what the trainer reads.
-`sop_progress` / `sop_metrics` / `static_metrics` turn the records of a walk into SOP progress,
-PG, TSR and static step accuracy (docs/method.md §8): training logs them and evaluation reports
-them, with one definition. The trainer's diagnostics built on the driver are train_semionline.py's.
+`sop_progress` turns the records of a walk into each rollout's SOP progress (docs/method.md §8):
+training logs it and the evaluator's PG and TSR (evaluation/metrics.py) are built on it, with one
+definition. The trainer's diagnostics built on the driver are train_semionline.py's.
 """
 from __future__ import annotations
 
@@ -239,7 +239,8 @@ def _seed(seed: int, episode_id: str, t: int, history: tuple) -> int:
 
 
 # -----------------------------------------------------------------------------
-# SOP progress and static metrics of a walk (docs/method.md §8)
+# SOP progress of a walk (docs/method.md §8): the trainer logs it, the evaluator's PG and TSR
+# (evaluation/metrics.py) are built on it
 
 def sop_progress(records: list[StepRecord], episode_len: dict, *,
                  zero_on_error: bool = False) -> dict[tuple[int, int], tuple[int, int]]:
@@ -260,45 +261,3 @@ def sop_progress(records: list[StepRecord], episode_len: dict, *,
         if zero_on_error and getattr(r, "error", None) is not None:
             first_err[key] = 0
     return {key: (c, episode_len[key[0]]) for key, c in first_err.items()}
-
-
-def sop_metrics(progress: list[tuple[int, int]]) -> dict:
-    """progress: (correct steps before the first error, episode length) per episode -> PG, TSR."""
-    if not progress:
-        return {"pg": 0.0, "tsr": 0.0, "episodes": 0, "steps": 0}
-    return {"pg": sum(c / n for c, n in progress) / len(progress),
-            "tsr": sum(c == n for c, n in progress) / len(progress),
-            "episodes": len(progress), "steps": sum(n for _, n in progress)}
-
-
-def static_metrics(steps: list[dict]) -> dict:
-    """steps: {type_match, match, expert_type} per evaluated step -> type accuracy, grounding accuracy
-    (None when no point step, gui.action_types("point"), had its type matched), step success rate."""
-    point = gui.action_types("point")  # steps with a point to hit
-    grounded = [s for s in steps if s["expert_type"] in point and s["type_match"]]
-    n = len(steps)
-    return {"type_acc": sum(s["type_match"] for s in steps) / n if n else 0.0,
-            "grounding_acc": sum(s["match"] for s in grounded) / len(grounded) if grounded else None,
-            "step_sr": sum(s["match"] for s in steps) / n if n else 0.0,
-            "steps": n, "grounding_steps": len(grounded)}
-
-
-def history_gap(steps: list[tuple[str, int, bool, bool]]) -> dict:
-    """Own vs expert history on the steps both reach. steps: (task, t, own, expert) per step that SOP
-    reached (every earlier step right under its own history), own its SOP match, expert the static
-    protocol's match of the same step (the expert's history). Per task and pooled: steps, own_right,
-    expert_right, own_acc, expert_acc, gap = own_acc - expert_acc, the discordant pairs own_only and
-    expert_only (accuracies None without steps); `later` the same over t >= 1 (step 0 has no history:
-    the two prompts are one)."""
-    def count(rows):
-        n, own, exp = len(rows), sum(r[2] for r in rows), sum(r[3] for r in rows)
-        acc = (lambda k: k / n) if n else (lambda k: None)  # noqa: E731 -- None (JSON null) for no step
-        return {"steps": n, "own_right": own, "expert_right": exp, "own_acc": acc(own), "expert_acc": acc(exp),
-                "gap": acc(own - exp), "own_only": sum(r[2] and not r[3] for r in rows),
-                "expert_only": sum(r[3] and not r[2] for r in rows)}
-
-    def both(rows):
-        return {**count(rows), "later": count([r for r in rows if r[1] >= 1])}
-
-    return {"per_task": {task: both([r for r in steps if r[0] == task]) for task in dict.fromkeys(r[0] for r in steps)},
-            "pooled": both(steps)}

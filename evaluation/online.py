@@ -13,7 +13,7 @@ import report
 from envs import miniwob_env, miniwob_experts
 from evaluation import outputs
 from policies import OnlineModelPolicy
-from runs.stats import wilson  # the 95% interval of every rate reported
+from evaluation.stats import wilson  # the 95% interval of every rate reported
 from vlm import sampling_mode
 
 

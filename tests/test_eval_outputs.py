@@ -27,7 +27,7 @@ import report
 import utils
 from evaluation import outputs
 from evaluation.served import ServedOutput
-from runs import stats
+from evaluation import stats
 from vlm import load_processor
 
 REPO = Path(__file__).resolve().parent.parent
@@ -356,7 +356,7 @@ def test_partial_run_is_named_and_no_discordant_pair_is_not_zero_width(tmp_path,
 
 
 def test_tango_interval_by_hand():
-    """Closed forms (runs/stats.py tango_interval): b = c = 0 -> +-z^2/(n + z^2); c = 0 -> [(b - z^2)/(n + z^2),
+    """Closed forms (evaluation/stats.py tango_interval): b = c = 0 -> +-z^2/(n + z^2); c = 0 -> [(b - z^2)/(n + z^2),
     Wilson's upper limit of b/n]; swapping b and c mirrors it; at each end the score statistic is z."""
     z2 = stats.Z95 ** 2
     assert stats.tango_interval(0, 0, 52) == pytest.approx((-z2 / (52 + z2), z2 / (52 + z2)))
