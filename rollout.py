@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from tqdm import tqdm
@@ -82,54 +82,73 @@ class StepPrompt:
     resized_size: tuple[int, int]
 
 
-def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, spec: chat.PromptSpec = chat.PromptSpec(),
-                        n_rollouts: int = 8, patch_mode: str = "thought-free", patch_threshold: int = 2,
-                        history_mode: str = "own", image_root=None, blank_screens=None,
-                        match_rules: str = "strict", greedy: bool = False,
-                        seed: int | list[int] | None = None, progress: bool = False,
-                        task_ids: list[int] | None = None) -> list[StepRecord]:
-    """Roll N copies of the policy through each expert episode, with their own history
-    (docs/method.md §5): at step t all live rollouts of all tasks are sampled in one batched call
-    (identical prompts, as at step 0, are prefilled once) and scored by reward.score_response (§4); a
-    wrong response is patched while patch.should_patch(n_patches, patch_threshold) allows, else its
-    rollout ends. history_mode "expert", the offline-RL baseline: every step's history is the
-    expert's and no rollout ends early. Also evaluation's driver (eval_sop.greedy_rollouts, §8): SOP is
-    n_rollouts=1, greedy, patch_threshold=0, own history; static the same with "expert".
+@dataclass(frozen=True)
+class RolloutSpec:
+    """How the rollouts walk each expert episode (docs/method.md §5): the settings the driver reads,
+    from the trainer's config (RL) or the evaluator's flags (SOP, static), and nothing else.
 
-    sampler: sampler.Sampler or anything with .generate(prompts, n, greedy, seeds) (n: a list, one
-    sample count per prompt) returning outs[i][j] with .text, .ids, .logprobs, .finish_reason; if
-    its `reads_prompt` is False it gets StepPrompt objects (no tokens built, no screenshot decoded). episodes: list[dataset.Episode].
-    seed: an int or one int per task (the trainer gives each task slot its own, so a task drawn twice
-    is sampled afresh); a prompt's seed derives from (that seed, episode_id, step, history), so a
-    task's rollouts do not depend on which other tasks share the batch or which rank runs it.
-    task_ids: each episode's task_idx in the records (the trainer's global task slots; default: its
-    index). spec: the prompt contract (chat.step_prompt renders every prompt, as SFT's); match_rules:
-    reward.action_match's rules ("strict", "release" or a rule function, as the evaluator passes one).
-    Returns the records in (step, task, rollout) order. Raises ValueError on a bad history_mode.
+    n_rollouts: N, the rollouts per task (the group of eq. 6.2). patch_mode, patch_threshold: how a
+    wrong step is patched (patch.make_patch) and how many patches a rollout may take before it ends
+    (patch.should_patch; 0: the first wrong step ends it, as SOP does). history_mode: "own"
+    (semi-online RL) or "expert" (the offline-RL baseline, and the static protocol: every step's
+    history is the expert's and no rollout ends early). match_rules: reward.action_match's rules
+    ("strict", "release" or a rule function, as the evaluator passes one). greedy: argmax decoding
+    (evaluation) instead of sampling. image_root, blank_screens: where the screenshots come from
+    (dataset.load_screenshot)."""
+    n_rollouts: int = 8
+    patch_mode: str = "thought-free"
+    patch_threshold: int = 2
+    history_mode: str = "own"
+    match_rules: str | Callable = "strict"
+    greedy: bool = False
+    image_root: str | None = None
+    blank_screens: tuple[int, int] | None = None
+
+
+def semi_online_rollout(sampler, episodes, tokenizer, image_processor,
+                        walk: RolloutSpec = RolloutSpec(), *, spec: chat.PromptSpec = chat.PromptSpec(),
+                        seed: int | list[int] | None = None, task_ids: list[int] | None = None,
+                        progress: bool = False) -> list[StepRecord]:
+    """Roll walk.n_rollouts copies of the policy through each expert episode, with their own history
+    (docs/method.md §5): at step t all live rollouts of all tasks are sampled in one batched call
+    (identical prompts, as at step 0, are prefilled once) and scored by reward.score_response (§4);
+    a wrong response is patched while patch.should_patch(n_patches, walk.patch_threshold) allows,
+    else its rollout ends. Also evaluation's driver (eval_sop.greedy_rollouts, §8): SOP is one
+    greedy rollout, patch_threshold 0, own history; static the same with the expert's.
+
+    sampler: sampler.Sampler or anything with .generate(prompts, n, greedy, seeds) (n: one sample
+    count per prompt) returning outs[i][j] with .text, .ids, .logprobs, .finish_reason; if its
+    `reads_prompt` is False it gets StepPrompt objects (no tokens built, no screenshot decoded).
+    episodes: list[dataset.Episode]. spec: the prompt contract (chat.step_prompt, as SFT's). seed:
+    an int or one per task (the trainer gives each task slot its own); a prompt's seed derives from
+    (that seed, episode_id, step, history), so a task's rollouts depend on neither the batch nor the
+    rank. task_ids: each episode's task_idx in the records (the trainer's global task slots; default:
+    its index). Returns the records in (step, task, rollout) order; ValueError on a bad history_mode.
     """
-    if history_mode not in HISTORY_MODES:
-        raise ValueError(f"history_mode must be one of {HISTORY_MODES}, got {history_mode!r}")
-    patch.check_patch_data(patch_mode, episodes)
-    prompt_for = _Prompts(episodes, tokenizer, image_processor, spec, image_root, blank_screens,
-                          reads_prompt=getattr(sampler, "reads_prompt", True))
+    if walk.history_mode not in HISTORY_MODES:
+        raise ValueError(f"history_mode must be one of {HISTORY_MODES}, got {walk.history_mode!r}")
+    patch.check_patch_data(walk.patch_mode, episodes)
+    prompt_for = _Prompts(episodes, tokenizer, image_processor, spec, walk.image_root,
+                          walk.blank_screens, reads_prompt=getattr(sampler, "reads_prompt", True))
     task_seeds = [seed] * len(episodes) if isinstance(seed, int) else seed  # one per task, or None
-    states = [[_Rollout() for _ in range(n_rollouts)] for _ in episodes]
+    states = [[_Rollout() for _ in range(walk.n_rollouts)] for _ in episodes]
     records: list[StepRecord] = []
     T = max((len(ep.steps) for ep in episodes), default=0)
     for t in tqdm(range(T), desc="rollout steps", disable=not progress, leave=False):
         live = [(k, i) for k, ep in enumerate(episodes) if t < len(ep.steps)
-                for i in range(n_rollouts) if states[k][i].alive]
+                for i in range(walk.n_rollouts) if states[k][i].alive]
         if not live:
             break
-        outs = _sample_step(sampler, prompt_for, episodes, states, live, t, task_seeds, greedy)
-        # score, then decide: keep, patch or end
-        to_patch = []
+        outs = _sample_step(sampler, prompt_for, episodes, states, live, t, task_seeds, walk.greedy)
+        to_patch = []  # score, then decide: keep, patch or end
         for k, i in live:
             prompt, s = outs[(k, i)]
             step = episodes[k].steps[t]
-            orig = dataset.original_size(step, image_root=image_root, blank_screens=blank_screens)
+            orig = dataset.original_size(step, image_root=walk.image_root,
+                                         blank_screens=walk.blank_screens)
             # a response cut at the token cap is malformed under the strict rules (reward 0, a wrong step)
-            score = reward.score_response(s.text, step, resized_size=prompt.resized_size, orig_size=orig, rules=match_rules,
+            score = reward.score_response(s.text, step, resized_size=prompt.resized_size,
+                                          orig_size=orig, rules=walk.match_rules,
                                           truncated=s.finish_reason != "stop")
             state = states[k][i]
             rec = StepRecord(task_idx=k if task_ids is None else task_ids[k], rollout_idx=i, step_idx=t, prompt=prompt,
@@ -137,13 +156,14 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, spec: 
                              finish_reason=s.finish_reason, reward=score.reward, match=score.match, type_match=score.type_match,
                              error=score.error, patched=False, ended=False, history=list(state.history))
             records.append(rec)
-            if _advance(state, rec, step, orig, history_mode, patch_mode, patch_threshold, episodes[k].episode_id):
+            if _advance(state, rec, step, orig, walk, episodes[k].episode_id):
                 to_patch.append((k, i, rec, patch.expert_action_resized(step, orig, prompt.resized_size)))
             if t == len(episodes[k].steps) - 1:
                 rec.ended = True
                 state.alive = False
         if to_patch:
-            _patch_on_policy(sampler, prompt_for, episodes, states, to_patch, t, task_seeds, greedy)
+            _patch_on_policy(sampler, prompt_for, episodes, states, to_patch, t, task_seeds,
+                             walk.greedy)
     return records
 
 
@@ -196,22 +216,22 @@ def _sample_step(sampler, prompt_for, episodes, states, live, t: int, task_seeds
     return outs
 
 
-def _advance(state: _Rollout, rec: StepRecord, step, orig, history_mode: str, patch_mode: str, patch_threshold: int,
+def _advance(state: _Rollout, rec: StepRecord, step, orig, walk: RolloutSpec,
              episode_id: str) -> bool:
     """A rollout's next history entry after scored step `rec`: the expert's (history_mode "expert"), its
     own response when right, a patch while the threshold allows, else the rollout ends. Returns True when
     the patch is an on-policy thought, generated for all such rollouts at once (_patch_on_policy)."""
-    if history_mode == "expert":
+    if walk.history_mode == "expert":
         state.history.append(gui.expert_response(step, orig, rec.prompt.resized_size, patch.clean_thought(step.thought)))
     elif rec.match:
         state.history.append(rec.response)  # build_prompt strips special tokens
-    elif patch.should_patch(state.n_patches, patch_threshold):
+    elif patch.should_patch(state.n_patches, walk.patch_threshold):
         rec.patched = True
         state.n_patches += 1
-        if patch_mode == "on-policy":
+        if walk.patch_mode == "on-policy":
             state.history.append(None)  # filled after one batched generation
             return True
-        state.history.append(patch.make_patch(patch_mode, response=rec.response, step=step, orig_size=orig,
+        state.history.append(patch.make_patch(walk.patch_mode, response=rec.response, step=step, orig_size=orig,
                                               resized_size=rec.prompt.resized_size, episode_id=episode_id))
     else:
         state.alive = False
