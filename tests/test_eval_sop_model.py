@@ -17,7 +17,6 @@ import eval_sop
 import gui
 import rollout
 from rollout import RolloutSpec, semi_online_rollout
-import report
 import vlm
 from evaluation import views
 from vlm import load_processor

@@ -267,8 +267,8 @@ def test_trainer_match_rules_reach_the_rollout(tmp_path, monkeypatch):
     class Stop(Exception):
         pass
 
-    def fake_rollout(*a, **k):
-        seen.append(k["match_rules"])
+    def fake_rollout(sampler, episodes, tokenizer, image_processor, walk, **k):
+        seen.append(walk.match_rules)  # the RolloutSpec the trainer built from its config
         raise Stop
 
     monkeypatch.setattr(ts, "semi_online_rollout", fake_rollout)
