@@ -17,7 +17,7 @@ step judged by reward.score_response, the one match function of rollout, trainin
   its seed (its page), play j seeded by play_seed (--sample-seed; a rerun at the same --online-batch
   repeats every response): `online_sampled` has, per task and pooled, greedy success, pass@K (a
   sample succeeds), flippable (greedy fails, a sample succeeds), each {successes, n, rate, lo, hi} (Wilson 95%).
-- sop + static: `history_gap` (rollout.history_gap), step accuracy under own vs expert history on the
+- sop + static: `history_gap` (evaluation.metrics.history_gap), step accuracy under own vs expert history on the
   steps SOP reached (every earlier step right), per task and pooled.
 
 Policies (each a sampler of the driver: .generate(prompts, n, greedy, seeds)):
@@ -94,25 +94,20 @@ import chat
 import dataset
 import gui
 import policies
-from policies import OnlineModelPolicy, play_seed  # noqa: F401 -- the model as an online MiniWob++ policy
 import report
 import reward
 import utils
 import vlm
-from rollout import (
-    StepPrompt,
-    semi_online_rollout,
-    sop_metrics,
-    sop_progress,
-    static_metrics,
-    history_gap,
-)
-from evaluation.online import flip_counts, lent_to_sampler, run_online, wilson_rate  # noqa: F401 -- online
+from rollout import RolloutSpec, StepPrompt, semi_online_rollout, sop_progress
+from evaluation.metrics import history_gap, sop_metrics, static_metrics  # PG, TSR, step accuracy, own vs expert
+from evaluation.views import shown_indices, sop_outcome, step_view  # what the HTML report shows
+from evaluation.online import (OnlineModelPolicy, flip_counts, lent_to_sampler,  # noqa: F401
+                               play_seed, run_online, wilson_rate)  # online MiniWob++ (--online)
 from evaluation import outputs  # the run folder: written as the run goes, resumed, refused when another run's
 from evaluation import protocols  # the published step protocols' rules (--match-rules)
 from evaluation.served import prompt_spec as served_prompt_spec  # the served model's contract (--prompt-from)
 from envs import miniwob_tasks  # the task names (no browser, not the miniwob package: only located)
-from runs.stats import wilson  # the 95% interval of every rate reported
+from evaluation.stats import wilson  # the 95% interval of every rate reported
 from sampler import DECODE_MODES, SampleOutput, Sampler
 
 # -----------------------------------------------------------------------------
@@ -262,10 +257,11 @@ def greedy_rollouts(episodes: list[dataset.Episode], sampler, args, tokenizer, i
     with lent_to_sampler(sampler):
         for lo in range(0, len(episodes), args.batch_size):
             chunk = episodes[lo:lo + args.batch_size]
-            records = semi_online_rollout(
-                sampler, chunk, tokenizer, image_processor, n_rollouts=1, patch_threshold=0, history_mode=history,
-                image_root=args.image_root, blank_screens=args.blank_screens, spec=spec, match_rules=protocols.rules_of(args.match_rules),
-                greedy=True)
+            how = RolloutSpec(n_rollouts=1, patch_threshold=0, history_mode=history, greedy=True,
+                              match_rules=protocols.rules_of(args.match_rules),
+                              image_root=args.image_root, blank_screens=args.blank_screens)
+            records = semi_online_rollout(sampler, chunk, tokenizer, image_processor, how,
+                                          spec=spec)
             lens = {k: len(ep.steps) for k, ep in enumerate(chunk)}
             for (k, _), p in sop_progress(records, lens, zero_on_error=args.match_rules == "release").items():
                 progress[lo + k] = p
@@ -295,7 +291,7 @@ def greedy_rollouts(episodes: list[dataset.Episode], sampler, args, tokenizer, i
 
 
 def episode_views(ep: dataset.Episode, rows: list[dict], args) -> list[dict]:
-    """report.step_view of each played step of `ep` (rows of greedy_rollouts), the predicted action mapped back
+    """step_view of each played step of `ep` (rows of greedy_rollouts), the predicted action mapped back
     to original pixels by reward.score_response, as the rollout scored it."""
     views = []
     for row in rows:
@@ -304,7 +300,7 @@ def episode_views(ep: dataset.Episode, rows: list[dict], args) -> list[dict]:
         image = dataset.load_screenshot(step, image_root=args.image_root, blank_screens=args.blank_screens)
         pred = reward.score_response(row["response"], step, resized_size=row["resized_size"], orig_size=orig,
                                   rules=protocols.rules_of(args.match_rules)).action
-        view = report.step_view(row["t"], image, orig, step, row["response"], pred, row["match"], row["reward"])
+        view = step_view(row["t"], image, orig, step, row["response"], pred, row["match"], row["reward"])
         if row["server_error"]:  # no answer: the server's failure, drawn apart from the model's wrong steps
             view.update(pred=f"(no answer: {row['error']})", verdict="no answer from the server (not the model's)",
                         cls="neutral")
@@ -347,8 +343,8 @@ def run_sop(episodes: list[dataset.Episode], run_rollouts, args, show: set[int],
         if i in show:
             correct, n = progress
             wrong = next((s["t"] for s in steps if not s["match"]), None)
-            outcome = report.sop_outcome(correct, n, steps[-1]["error"] is not None if steps else False,
-                                         steps[-1]["error"] if steps and steps[-1]["server_error"] else None)
+            outcome = sop_outcome(correct, n, steps[-1]["error"] is not None if steps else False,
+                                  steps[-1]["error"] if steps and steps[-1]["server_error"] else None)
             if wrong is not None and wrong != correct:  # the release's exception rule zeroed the progress
                 outcome = (f"the release's code raised at step {wrong} ({steps[-1]['error']}): progress 0 "
                            "(--match-rules release)")
@@ -449,7 +445,7 @@ def setup(args) -> SimpleNamespace:
             if seen[ep.task] <= args.per_task_limit:
                 keep.append(ep)
         ev.episodes = keep
-    ev.show = report.shown_indices(len(ev.episodes), max(args.report_episodes, 0))
+    ev.show = shown_indices(len(ev.episodes), max(args.report_episodes, 0))
     ev.per_task, ev.sections, ev.malformed = defaultdict(dict), [], 0
     ev.sop_records = ev.static_records = ev.online_res = ev.floor = None
     return ev

@@ -23,8 +23,7 @@ filter withheld, is a wrong step whose episode records the server's error (never
 answer the adapter cannot parse is passed on unparsed, a malformed and so wrong step. Every raw answer and
 the server's message are kept for `eval_sop.py score --action-format` to re-score offline.
 
-Also here: OnlineModelPolicy (a sampler, in process or served, as a batched online MiniWob++ policy),
-the trivial policies that never look at the screen (trivial_policies, run_baselines: the floor every
+Also here: the trivial policies that never look at the screen (trivial_policies, run_baselines: the floor every
 figure of eval_sop.py is printed beside), and eval_sop's flags of the served policy and its step protocols by name (NAMED_PROTOCOLS: the
 static walk under evaluation/protocols.py's androidcontrol or aitw rules).
 """
@@ -33,9 +32,7 @@ from __future__ import annotations
 import os
 import random
 import sys
-import zlib
 from collections import Counter
-from typing import Callable
 
 import utils
 import dataset
@@ -43,104 +40,8 @@ import gui
 import reward
 from evaluation import protocols
 from evaluation.families import ADAPTERS
-from rollout import sop_metrics
+from evaluation.metrics import sop_metrics
 from evaluation.served import ServedSampler
-
-
-# -----------------------------------------------------------------------------
-# the model (in process or served) as a batched online MiniWob++ policy (eval_sop --online)
-
-
-def play_seed(base: int, task: str, seed: int, sample: int, t: int) -> int:
-    """The sampler seed of sampled play `sample` of online episode (task, seed) at step t (a CRC-32): its
-    own draws, whatever else is in the batch and whatever K is (play j is the same for every K > j)."""
-    return zlib.crc32(f"{base}|{task}|{seed}|{sample}|{t}".encode())
-
-
-class NoAnswer(RuntimeError):
-    """The action OnlineModelPolicy returns for an episode whose request got no answer (a served model's
-    request failed after its retries): miniwob_env.evaluate_online ends the episode with this `cause`,
-    so the server's failure is never scored as the model's no-op or step limit."""
-    cause = "server_error"
-
-
-class OnlineModelPolicy:
-    """A batched miniwob_env policy: for every episode in flight, obs -> prompt with that episode's
-    own earlier responses -> one response of `sampler`, all prompts in one generate call -> action
-    in pixels of obs['screenshot']. Greedy when `sample` is None; else sampled play number `sample`
-    at `temperature`, each prompt seeded with play_seed(sample_seed, task, seed, sample, t) (a rerun
-    with the same batch size gives the same responses). Malformed output returns None (the env's
-    no-op that costs a step); a request that got no answer (finish_reason "error: ...") returns NoAnswer,
-    which ends the episode as server_error (n_server_errors counts them). Keeps report views (`view`) of
-    the (task, seed) episodes in `show`; stats gains
-    the response counts. `transcripts[(task, seed)]`: every step's element list (obs["elements"], as the
-    prompt showed it), response text and malformed count, of the episode's last attempt (a retry starts it over)."""
-
-    batched = True  # miniwob_env.evaluate_online: one call for every episode in flight
-
-    def __init__(self, sampler, make_prompt_online, show: set, stats: dict, sample: int | None = None,
-                 temperature: float = 1.0, sample_seed: int = 0, view: Callable | None = None):
-        self.sampler, self.make_prompt, self.show, self.stats = sampler, make_prompt_online, show, stats
-        self.view = view  # report.step_view: a shown episode's step as the HTML report draws it
-        self.sample, self.temperature, self.sample_seed = sample, temperature, sample_seed
-        self.views: dict = {}
-        self.goals: dict = {}
-        self.state: dict = {}  # (task, seed) -> (screenshots, responses) of the episode in flight
-        self.transcripts: dict = {}  # (task, seed) -> {"elements": [...], "responses": [...]}, every step
-        self.n_malformed = self.n_server_errors = 0
-
-    def __call__(self, obs_list: list[dict], steps: list[int]) -> list:
-        keys, prompts = [], []
-        for obs, t in zip(obs_list, steps):
-            key = (obs["task"], obs["seed"])
-            if t == 0:  # a new episode (or a retry after a browser fault)
-                self.state[key] = ([], [])
-                self.transcripts[key] = {"elements": [], "responses": self.state[key][1], "malformed": 0}
-                if key in self.show:
-                    self.views[key], self.goals[key] = [], obs["goal"]
-            shots, history = self.state[key]
-            shots.append(obs["screenshot"])
-            self.transcripts[key]["elements"].append(obs.get("elements"))
-            keys.append(key)
-            prompts.append(self.make_prompt(obs, shots, history))
-        if self.sample is None:
-            outs = self.sampler.generate(prompts, n=1, greedy=True)
-        else:  # the sampler's temperature for this call only (sampler.process_logits applies it)
-            seeds = [play_seed(self.sample_seed, k[0], k[1], self.sample, t) for k, t in zip(keys, steps)]
-            kept, self.sampler.temperature = self.sampler.temperature, self.temperature
-            try:
-                outs = self.sampler.generate(prompts, n=1, greedy=False, seeds=seeds)
-            finally:
-                self.sampler.temperature = kept
-        self.state = {k: self.state[k] for k in keys}  # an episode not asked about has ended
-        actions = []
-        for key, t, prompt, out in zip(keys, steps, prompts, (o[0] for o in outs)):
-            image = self.state[key][0][-1]
-            self.stats["responses"] += 1
-            self.stats["truncated"] += out.finish_reason == "length"
-            self.stats["server_errors"] += out.finish_reason.startswith("error")  # a served request that failed
-            self.stats["tokens"] += len(out.ids)
-            self.state[key][1].append(out.text)
-            if out.finish_reason.startswith("error"):  # no answer: the server's failure, not the model's
-                self.n_server_errors += 1
-                if key in self.views and self.view is not None:
-                    v = self.view(t, image, image.size, None, "", None, False, None)
-                    self.views[key].append({**v, "verdict": f"no answer: server {out.finish_reason}", "cls": "neutral"})
-                actions.append(NoAnswer(f"no answer from the server: {out.finish_reason[len('error: '):]}"))
-                continue
-            parsed = gui.parse_response(out.text)
-            # the reward's strict rules: a response cut at the cap, or with text after its action, is a no-op
-            action = parsed.action if parsed.error is None and out.finish_reason == "stop" else None
-            bad = action is None and not out.finish_reason.startswith("error")  # not the server's
-            self.n_malformed += bad
-            self.transcripts[key]["malformed"] += bad
-            if action is not None:  # model pixels (resized screenshot) -> pixels of the screenshot we were given
-                action = gui.scale_action(action, prompt.resized_size, image.size)
-            if key in self.views and self.view is not None:
-                # no expert online: the action is drawn, "right" or "wrong" is the episode's outcome
-                self.views[key].append(self.view(t, image, image.size, None, out.text, action, action is not None, None))
-            actions.append(action)
-        return actions
 
 
 # -----------------------------------------------------------------------------

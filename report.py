@@ -10,7 +10,7 @@ Each folder is an eval_sop.py --out folder (result.json; the per-episode files w
 first is the reference: every later run's difference from it is paired on the episodes (online:
 task and seed; SOP: episode; static: step) both evaluated: for 0/1 outcomes Tango's score interval
 and the exact McNemar p (static steps: the interval widened to a bootstrap over episodes where that
-is wider), for PG a bootstrap (runs/stats.py). A run stopped before its end (result.json's complete
+is wider), for PG a bootstrap (evaluation/stats.py). A run stopped before its end (result.json's complete
 false) is named PARTIAL; a damaged file is a one-line error naming it and its line (exit 2).
 
 report.html (write_report): a summary card first (what was run; each metric named, explained in one
@@ -19,18 +19,14 @@ in words; the per-task table), then the sections (online first), each shown epis
 screenshots with the target boxes, the expert point and the predicted one drawn, the thought, the
 action and the step that ended it; every raw field last, folded. Static HTML, images inline.
 A section is (heading, note, episodes); an episode is {title, goal, success, outcome, steps,
-first_wrong}, each step a `step_view`.
+first_wrong}, each step an evaluation.views.step_view (made while the evaluator runs).
 """
 import argparse
-import base64
 import html
-import io
 import json
 import os
 import sys
 from collections import Counter
-
-from PIL import Image, ImageDraw
 
 import utils
 import dataset
@@ -40,49 +36,7 @@ import reward
 from evaluation import outputs  # the run folder's readers: one-line errors on damaged files
 from evaluation import protocols
 from evaluation.served import clean_text
-from runs import stats  # Wilson intervals and paired differences (numpy only)
-
-REPORT_WIDTH = 300  # px of each screenshot in the HTML report
-
-
-def draw_step(image: Image.Image, orig: tuple[int, int], expert: dict | None, boxes: list,
-              pred: dict | None, ok: bool) -> str:
-    """The screenshot scaled to REPORT_WIDTH px wide with the target boxes (green), the expert point
-    or swipe (green cross / line) and the predicted one (blue if right, red if wrong); all actions and
-    boxes in ORIGINAL pixels (orig = (W, H)). Returns a base64 PNG."""
-    scale = REPORT_WIDTH / image.width
-    size = (REPORT_WIDTH, max(1, round(image.height * scale)))
-    im = image.convert("RGB").resize(size, Image.NEAREST if scale > 1 else Image.BILINEAR)
-    sx, sy = size[0] / orig[0], size[1] / orig[1]
-    d = ImageDraw.Draw(im)
-    pt = lambda xy: (xy[0] * sx, xy[1] * sy)  # noqa: E731
-    for x1, y1, x2, y2 in boxes or ():
-        d.rectangle([pt((x1, y1)), pt((x2, y2))], outline=(0, 200, 0), width=2)
-    for act, colour, mark in ((expert, (0, 200, 0), "cross"), (pred, (40, 90, 255) if ok else (230, 0, 0), "dot")):
-        if not act or "coordinate" not in act:
-            continue
-        x, y = pt(act["coordinate"])
-        if "coordinate2" in act:
-            d.line([(x, y), pt(act["coordinate2"])], fill=colour, width=3)
-        if mark == "cross":
-            d.line([(x - 8, y), (x + 8, y)], fill=colour, width=3)
-            d.line([(x, y - 8), (x, y + 8)], fill=colour, width=3)
-        else:
-            d.ellipse([x - 6, y - 6, x + 6, y + 6], outline=colour, width=3)
-    buf = io.BytesIO()
-    im.save(buf, format="PNG")
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def step_view(t: int, image, orig, step: dataset.Step | None, text: str, pred: dict | None, ok: bool,
-              reward: float | None) -> dict:
-    """What the report shows of one evaluated step: pred is the parsed action in ORIGINAL pixels;
-    step None (online: no expert) draws the prediction alone."""
-    return {"t": t, "png": draw_step(image, orig, step.action if step else None, step.candidate_bbox if step else [],
-                                     pred, ok),
-            "thought": gui.parse_response(text).thought, "pred": json.dumps(pred) if pred else "(no valid action)",
-            "expert": json.dumps(step.action) if step else None, "ok": ok, "reward": reward, "raw": text}
-
+from evaluation import stats  # Wilson intervals and paired differences (numpy only)
 
 # -----------------------------------------------------------------------------
 # the metrics a person reads first: one table drives the card, the per-task table, stdout and the
@@ -124,7 +78,7 @@ def flat_summary(summary: dict) -> dict:
 
 def metric_rows(values: dict) -> list[dict]:
     """The METRICS present in `values` (a summary or one task's row of per_task): per metric
-    {key, name, value, lo, hi, n, unit, floor, meaning}. lo, hi: the 95% Wilson interval (runs/stats.py) of
+    {key, name, value, lo, hi, n, unit, floor, meaning}. lo, hi: the 95% Wilson interval (evaluation/stats.py) of
     round(value * n) successes in n (None without a count: PG, or a per-task grounding accuracy);
     a step rate's interval treats steps as independent (they are not, within an episode)."""
     k = (values.get("online_sampled") or {}).get("samples")
@@ -247,7 +201,7 @@ def card_html(summary: dict) -> str:
            f"<p><b>Evaluated:</b> {e(run_line(summary))}</p>"]
     if rows:
         out.append("<table><tr><th>metric</th><th>value [95% interval]</th><th>n</th><th>floor</th><th>what it means</th>"
-                   f"</tr>{body}</table><p class='note'>Intervals: Wilson 95% (runs/stats.py). Floor: the best "
+                   f"</tr>{body}</table><p class='note'>Intervals: Wilson 95% (evaluation/stats.py). Floor: the best "
                    "trivial policy on the same episodes (eval_sop.py baselines). A static step rate's interval treats "
                    "steps as independent.</p>")
     gap = ((summary.get("history_gap") or {}).get("pooled") or {})
@@ -327,43 +281,6 @@ def write_report(path: str, title: str, summary: dict, sections: list[tuple[str,
         f.write("".join(out))
 
 
-def shown_indices(n: int, k: int) -> set[int]:
-    """k indices spread evenly over range(n) (MiniWob files are sorted by task: this covers tasks)."""
-    return {int(i * n / k) for i in range(k)} if n > k else set(range(n))
-
-
-
-def sop_outcome(n_correct: int, n_steps: int, malformed: bool, server_error: str | None = None) -> str:
-    """The report's label of an SOP episode: what happened, and at which (0-based) step; server_error:
-    the last step got no answer from the server (its error), which is never called the model's."""
-    if n_correct == n_steps:
-        return f"success: all {n_steps} steps right"
-    if server_error:
-        return (f"no answer from the server at step {n_correct} ({server_error}): "
-                f"{n_correct}/{n_steps} steps right before it")
-    what = "no valid action" if malformed else "wrong action"
-    return f"{what} at step {n_correct}: {n_correct}/{n_steps} steps right before it"
-
-
-def online_outcome(e: dict) -> tuple[str, int | None]:
-    """The report's label of an online episode (a miniwob_env.evaluate_online episode record) and the 0-based
-    step that ended it wrongly (None: success, step limit, or an error outside the policy's actions).
-    The environment's cause "wrong_action" covers two things: the policy sent terminate before
-    the task was done, or the page itself ended the episode without full reward."""
-    n, cause = e["steps"], e["cause"]
-    if cause == "success":
-        return f"success in {n} steps", None
-    if cause == "wrong_action" and e.get("terminated"):
-        return f"terminated early: terminate at step {n - 1} before the task was done", n - 1
-    if cause == "wrong_action":
-        return (f"wrong action at step {n - 1}: the page ended the episode "
-                f"(raw reward {e.get('raw_reward', 0.0):.2f})", n - 1)
-    if cause == "step_limit":
-        return f"step limit: not done after {n} steps", None
-    return f"{cause.replace('_', ' ')} at step {n}: {e.get('error', '')}".rstrip(": "), None
-
-
-
 # -----------------------------------------------------------------------------
 # two or more evaluations side by side: python report.py A B [C ...]
 
@@ -412,7 +329,7 @@ def load_eval(folder: str) -> dict:
 
 def paired_difference(first: dict, other: dict, metric: str, task: str | None = None) -> dict | None:
     """`other` minus `first` on the items both evaluated (of `task` alone when given). 0/1 outcomes: the
-    exact McNemar p and Tango's score interval (runs/stats.py tango_interval: never zero-width, e.g.
+    exact McNemar p and Tango's score interval (evaluation/stats.py tango_interval: never zero-width, e.g.
     +-z^2/(n + z^2) with no discordant pair, where a bootstrap gives [0, 0]); static steps, which are not
     independent within an episode, get the hull of that and the bootstrap over episodes. PG's fractions:
     paired_bootstrap (interval and p). Returns {pairs, diff,
@@ -532,7 +449,7 @@ def write_compare(path: str, c: dict) -> None:
            "<p class='note'>Each run: value [Wilson 95% interval]. Paired difference: the later run minus the first on "
            "the episodes (static: steps) both evaluated, [95% interval: Tango's score interval for 0/1 outcomes "
            "(static steps: widened to the bootstrap over episodes where that is wider), a bootstrap for PG] "
-           "(runs/stats.py), "
+           "(evaluation/stats.py), "
            "p: exact McNemar (0/1 outcomes; none for PG).</p></div>"]
     for key, name, *_ in METRICS:
         per = {n: c["diffs"][n][key]["per_task"] for n in names[1:] if key in c["diffs"][n]}

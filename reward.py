@@ -3,7 +3,8 @@
 1. score_response: the reward of one response, eq. 4.1-4.2 (its weights are the named constants below);
 2. action_match: "is the step right" (a bool), THE match of patching, returns and SOP, one rule per
    action type (RULES; each registered action in gui.ACTIONS names its rule), under the strict rules
-   or the release's (its parse and check close the file, kept apart so neither rule set bends the other),
+   or the release's (its parse and check in extras/release.py, imported only under --match-rules release,
+   kept apart so neither rule set bends the other),
    or a rule function the caller passes in (the evaluator's published protocols: evaluation/protocols.py);
    action_score: the action term of the reward (a float, eq. 4.2) given that match; the match and the
    reward are separate, so partial credit (a click that misses by a little earns something) is a
@@ -16,17 +17,13 @@ Imports no torch: the reward of a response is pure Python (and numpy) over its t
 
 from __future__ import annotations
 
-import json
 import math
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
-
-from gui import _ACTION_RE, _THINK_RE  # the tags' patterns; the release searches them anywhere in the text
-from gui import ACTIONS, check_action, outside_point, parse_response, scale_action, swipe_direction
+from gui import ACTIONS, outside_point, parse_response, scale_action, swipe_direction
 
 # eq. 4.1: r = FORMAT_WEIGHT * s_format + ACTION_WEIGHT * s_action (paper and release: 0.1, 0.9)
 FORMAT_WEIGHT = 0.1
@@ -41,7 +38,7 @@ POINT_DISTANCE = 0.04       # release: normalised distance threshold for clicks 
 # Two rule sets, one function (action_match). "strict" (the default everywhere: reward, patching,
 # returns, SOP, static metrics) is built so that trivial policies score near zero while legitimate
 # near-hits still match; "release" reproduces the UI-S1 release's SOP scoring as it ran, exceptions
-# included (release_check), so a figure can be put next to the paper's. Why each strict rule:
+# included (extras/release.py), so a figure can be put next to the paper's. Why each strict rule:
 # - clicks: the release accepts a point inside ANY candidate box enlarged 1.2x, and whole-screen
 #   containers are candidate boxes, so a constant centre click matches. Strict keeps only the
 #   TARGET's box, the smallest candidate box holding the expert point, and only if it covers
@@ -184,7 +181,7 @@ def action_match(pred: dict | None, expert: dict, candidate_bbox, image_size: tu
     - click/long_press: normalised Euclidean distance to the expert point <= 0.04, or inside the
       target box (target_box: smallest box holding the expert point, <= 10% of the screen)
       enlarged 1.2x about its centre.
-    rules="release": release_check, the UI-S1 release's SOP check as it ran (docs/method.md §4):
+    rules="release": extras.release.release_check, the UI-S1 release's SOP check as it ran (docs/method.md §4):
     clicks by distance alone, texts by containment, any swipe; `pred` is its raw JSON (any dict),
     and a prediction on which the release's code raises is (False, False) here (score_response
     reports it as Score.error, the SOP walk zeroes the episode's progress).
@@ -202,14 +199,9 @@ def action_match(pred: dict | None, expert: dict, candidate_bbox, image_size: tu
             return False, pred.get("action") == expert["action"]
     if rules not in MATCH_RULES:
         raise ValueError(f"rules: expected one of {MATCH_RULES} or a rule function, got {rules!r}")
-    if rules == "release":
-        if not isinstance(pred, dict):
-            return False, False
-        try:
-            type_match, match = release_check(pred, expert, image_size, image_size)
-        except ReleaseError:
-            return False, False
-        return match, type_match
+    if rules == "release":  # the release's check: an optional module, imported only when asked
+        from extras.release import release_match
+        return release_match(pred, expert, image_size, POINT_DISTANCE)
     if pred is None or pred.get("action") != expert["action"]:
         return False, False
     spec = ACTIONS.get(expert["action"])
@@ -288,23 +280,18 @@ def score_response(text: str, step, *, resized_size: tuple[int, int], orig_size:
     rules="strict": a response is well-formed only if it ENDS after its action: not truncated, and
     nothing but whitespace after the first </action> (parse_response's error). A malformed response
     scores 0 with match False, error saying why; so looping to the cap, or a second action after
-    the first, earns nothing; so does a point off the resized screenshot (gui.outside_point). rules="release": the release's parse and check (release_parse,
-    release_check); truncation is not looked at (the release read the first action whatever
+    the first, earns nothing; so does a point off the resized screenshot (gui.outside_point). rules="release": the release's parse and check (extras/release.py:
+    release_parse, release_check); truncation is not looked at (the release read the first action whatever
     followed); a response on which the release's code raises scores 0 with error = what it trips
     on (eval_sop then sets the episode's SOP progress to 0, as the release did). A rule function
     (action_match's) parses as "strict" does, then matches by the function. Raises ValueError on an
     unknown rules name only; never on a response."""
-    if rules == "release":
-        format_ok = bool(think_block(text))  # the release: the first think block anywhere
-        try:
-            raw = release_parse(text)
-            type_match, match = release_check(raw, step.action, resized_size, orig_size)
-        except ReleaseError as e:
-            return Score(0.0, False, False, format_ok, None, str(e))
-        try:  # for reports: the action in original pixels, where it is one of ours ([x, y, 0] is not)
-            pred = scale_action(check_action(raw), resized_size, orig_size)
-        except (ValueError, TypeError):
-            pred = None
+    if rules == "release":  # the release's parse and check: an optional module, imported only when asked
+        from extras.release import release_score
+        format_ok, pred, match, type_match, error = release_score(text, step.action, resized_size, orig_size,
+                                                                  POINT_DISTANCE)
+        if error is not None:
+            return Score(0.0, False, False, format_ok, None, error)
     else:
         if not callable(rules) and rules not in MATCH_RULES:
             raise ValueError(f"rules: expected one of {MATCH_RULES} or a rule function, got {rules!r}")
@@ -340,117 +327,3 @@ def shaped_reward(reward: float, length: int, *, max_new_tokens: int, overlong_b
     plus every shaping term (today DAPO's overlong penalty, 0 unless overlong_buffer > 0). length:
     the response's tokens, stop token included. A reward fork that is not a match rule goes here."""
     return reward + overlong_penalty(length, max_new_tokens, overlong_buffer)
-
-
-# -----------------------------------------------------------------------------
-# the UI-S1 release's SOP scoring as it ran (--match-rules release; docs/method.md §4)
-
-
-RELEASE_TEXT_TYPES = ("type", "answer", "key", "open")  # checked by containment (answer, key: ours, see below)
-
-
-def think_block(text) -> str | None:
-    """The release's format check: the stripped text of the FIRST think block anywhere in `text`
-    (None when there is none or `text` is not a string)."""
-    m = _THINK_RE.search(text) if isinstance(text, str) else None
-    return m.group(1).strip() if m else None
-
-
-# The release's SOP scoring, as it ran (`--match-rules release`; docs/method.md §4). Read from the
-# UI-S1 release's evaluation code (its SOP script and its action check) and written anew here:
-# - parse: the FIRST <action>...</action> anywhere in the response, inside the thought too;
-#   no closing tag or bad JSON raises;
-# - check: the prediction's coordinate, coordinate2 (and candidate_bbox) keys are divided by the
-#   resized screenshot's size whatever the action type, so any such key that is not a list of
-#   numbers raises (an extra "coordinate": null on a wait); entries past the second are ignored
-#   ([x, y, 0] is a point). Then by the expert's type: wait, swipe: the type alone (a swipe needs no
-#   coordinates); system_button: same button, lower-cased and stripped; type, open: lower-cased,
-#   stripped texts, one contained in the other; click, long_press: normalised distance <= 0.04.
-#   Boxes are never used: the script replaced each step's check options by the expert action with
-#   an empty box list (its evaluation file has no step-level boxes). A JSON that is not an object,
-#   a missing "action", a missing or non-string button/text of the matching type, a missing
-#   coordinate of a matching click raises;
-# - the SOP loop runs each episode inside try/except: anything raised sets its progress to 0.
-# The release's check has no rule for expert terminate, answer or key (it raises
-# NotImplementedError; AndroidControl has none): here terminate is the type alone and answer/key
-# containment, as type, so that MiniWob++ files can be scored at all.
-
-class ReleaseError(ValueError):
-    """A response on which the release's evaluation code raises: its SOP loop then sets the
-    episode's progress to 0. The message says what the code trips on."""
-
-
-def release_parse(text):
-    """The release's parse: json.loads of the first <action>...</action> block anywhere in `text`
-    (stripped). Returns the JSON value as is (any type). Raises ReleaseError: no closed block, bad JSON."""
-    m = _ACTION_RE.search(text) if isinstance(text, str) else None
-    if m is None:
-        raise ReleaseError("no <action>...</action> block (no closing tag: the release's json.loads(None) raises)")
-    try:
-        return json.loads(m.group(1).strip())  # NaN and Infinity load, as in the release
-    except (ValueError, RecursionError) as e:
-        raise ReleaseError(f"invalid JSON in the action block: {e}") from None
-
-
-def _release_div(v, size, name: str) -> list[float]:
-    """[v[0] / size[0], v[1] / size[1], ...]: the release's normalisation of a point or box, which
-    raises unless v is a list of (at least len(size)) numbers; bools are numbers there (True / W)."""
-    if not isinstance(v, list) or len(v) < len(size):
-        raise ReleaseError(f"{name}: {v!r} is not a list of {len(size)} numbers (the release indexes and divides it)")
-    out = []
-    for c, s in zip(v, size):
-        if not isinstance(c, (int, float)):
-            raise ReleaseError(f"{name}: {c!r} is not a number (the release divides it by {s})")
-        try:
-            out.append(c / s)
-        except OverflowError:  # a JSON integer past the float range
-            raise ReleaseError(f"{name}: {c!r} / {s} overflows a float") from None
-    return out
-
-
-def _release_str(raw: dict, key: str) -> str:
-    if key not in raw:
-        raise ReleaseError(f"no {key!r} key (the release reads it)")
-    if not isinstance(raw[key], str):
-        raise ReleaseError(f"{key}: {raw[key]!r} is not a string (the release lower-cases it)")
-    return raw[key]
-
-
-def release_check(raw, expert: dict, pred_size: tuple[int, int], expert_size: tuple[int, int]) -> tuple[bool, bool]:
-    """(type_match, match) of the release's SOP check (the comment above) for `raw`, the predicted
-    action's JSON value as release_parse returns it, in pixels of an image of pred_size (W, H) (the
-    resized screenshot), against the canonical expert action in pixels of expert_size (W, H).
-    Raises ReleaseError exactly where the release's check raises."""
-    if not isinstance(raw, dict):
-        raise ReleaseError(f"the action JSON is a {type(raw).__name__}, not an object (the release indexes it by 'action')")
-    pts = {}
-    for key in ("coordinate", "coordinate2"):  # normalised first, whatever the action type
-        if key in raw:
-            pts[key] = _release_div(raw[key], pred_size, key)
-    if "candidate_bbox" in raw:  # the release normalises a prediction's boxes too
-        boxes = raw["candidate_bbox"]
-        if isinstance(boxes, (str, dict)) and not boxes:  # iterates to nothing
-            boxes = []
-        if not isinstance(boxes, list):
-            raise ReleaseError(f"candidate_bbox: {boxes!r} is not a list of boxes")
-        for b in boxes:
-            _release_div(b, (*pred_size, *pred_size), "candidate_bbox")
-    if "action" not in raw:
-        raise ReleaseError("no 'action' key (the release reads it)")
-    kind = expert["action"]
-    if raw["action"] != kind:  # (release: a click on an `open` step is checked against its boxes: none)
-        return False, False
-    if kind in ("wait", "swipe", "terminate"):
-        return True, True
-    if kind == "system_button":
-        return True, _release_str(raw, "button").lower().strip() == expert["button"].lower().strip()
-    if kind in RELEASE_TEXT_TYPES:
-        p, e = _release_str(raw, "text").lower().strip(), expert["text"].lower().strip()
-        return True, p in e or e in p  # "" is contained in everything
-    if kind not in ("click", "long_press"):  # an action type the release never knew (a fork's new one)
-        raise ReleaseError(f"no rule for expert action {kind!r} (the release raises NotImplementedError)")
-    if "coordinate" not in raw:
-        raise ReleaseError("no 'coordinate' key (the release reads it)")
-    px, py = pts["coordinate"]
-    ex, ey = expert["coordinate"][0] / expert_size[0], expert["coordinate"][1] / expert_size[1]
-    return True, bool(np.linalg.norm([ex - px, ey - py]) <= POINT_DISTANCE)  # the release's norm, to the bit

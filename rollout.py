@@ -5,15 +5,15 @@ driver and the rollout -> trainer contract.
 step, all live rollouts are sampled in one batched call (sampler.Sampler, or any object with its
 `generate`), scored against the expert action (reward.score_response), and a wrong response is patched
 (patch.py) or ends its rollout. One `StepRecord` per sampled response is what the trainer reads.
-`sop_progress` / `sop_metrics` / `static_metrics` turn the records of a walk into SOP progress,
-PG, TSR and static step accuracy (docs/method.md §8): training logs them and evaluation reports
-them, with one definition. The trainer's diagnostics built on the driver are train_semionline.py's.
+`sop_progress` turns the records of a walk into each rollout's SOP progress (docs/method.md §8):
+training logs it and the evaluator's PG and TSR (evaluation/metrics.py) are built on it, with one
+definition. The trainer's diagnostics built on the driver are train_semionline.py's.
 """
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from tqdm import tqdm
@@ -82,54 +82,73 @@ class StepPrompt:
     resized_size: tuple[int, int]
 
 
-def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, spec: chat.PromptSpec = chat.PromptSpec(),
-                        n_rollouts: int = 8, patch_mode: str = "thought-free", patch_threshold: int = 2,
-                        history_mode: str = "own", image_root=None, blank_screens=None,
-                        match_rules: str = "strict", greedy: bool = False,
-                        seed: int | list[int] | None = None, progress: bool = False,
-                        task_ids: list[int] | None = None) -> list[StepRecord]:
-    """Roll N copies of the policy through each expert episode, with their own history
-    (docs/method.md §5): at step t all live rollouts of all tasks are sampled in one batched call
-    (identical prompts, as at step 0, are prefilled once) and scored by reward.score_response (§4); a
-    wrong response is patched while patch.should_patch(n_patches, patch_threshold) allows, else its
-    rollout ends. history_mode "expert", the offline-RL baseline: every step's history is the
-    expert's and no rollout ends early. Also evaluation's driver (eval_sop.greedy_rollouts, §8): SOP is
-    n_rollouts=1, greedy, patch_threshold=0, own history; static the same with "expert".
+@dataclass(frozen=True)
+class RolloutSpec:
+    """How the rollouts walk each expert episode (docs/method.md §5): the settings the driver reads,
+    from the trainer's config (RL) or the evaluator's flags (SOP, static), and nothing else.
 
-    sampler: sampler.Sampler or anything with .generate(prompts, n, greedy, seeds) (n: a list, one
-    sample count per prompt) returning outs[i][j] with .text, .ids, .logprobs, .finish_reason; if
-    its `reads_prompt` is False it gets StepPrompt objects (no tokens built, no screenshot decoded). episodes: list[dataset.Episode].
-    seed: an int or one int per task (the trainer gives each task slot its own, so a task drawn twice
-    is sampled afresh); a prompt's seed derives from (that seed, episode_id, step, history), so a
-    task's rollouts do not depend on which other tasks share the batch or which rank runs it.
-    task_ids: each episode's task_idx in the records (the trainer's global task slots; default: its
-    index). spec: the prompt contract (chat.step_prompt renders every prompt, as SFT's); match_rules:
-    reward.action_match's rules ("strict", "release" or a rule function, as the evaluator passes one).
-    Returns the records in (step, task, rollout) order. Raises ValueError on a bad history_mode.
+    n_rollouts: N, the rollouts per task (the group of eq. 6.2). patch_mode, patch_threshold: how a
+    wrong step is patched (patch.make_patch) and how many patches a rollout may take before it ends
+    (patch.should_patch; 0: the first wrong step ends it, as SOP does). history_mode: "own"
+    (semi-online RL) or "expert" (the offline-RL baseline, and the static protocol: every step's
+    history is the expert's and no rollout ends early). match_rules: reward.action_match's rules
+    ("strict", "release" or a rule function, as the evaluator passes one). greedy: argmax decoding
+    (evaluation) instead of sampling. image_root, blank_screens: where the screenshots come from
+    (dataset.load_screenshot)."""
+    n_rollouts: int = 8
+    patch_mode: str = "thought-free"
+    patch_threshold: int = 2
+    history_mode: str = "own"
+    match_rules: str | Callable = "strict"
+    greedy: bool = False
+    image_root: str | None = None
+    blank_screens: tuple[int, int] | None = None
+
+
+def semi_online_rollout(sampler, episodes, tokenizer, image_processor,
+                        walk: RolloutSpec = RolloutSpec(), *, spec: chat.PromptSpec = chat.PromptSpec(),
+                        seed: int | list[int] | None = None, task_ids: list[int] | None = None,
+                        progress: bool = False) -> list[StepRecord]:
+    """Roll walk.n_rollouts copies of the policy through each expert episode, with their own history
+    (docs/method.md §5): at step t all live rollouts of all tasks are sampled in one batched call
+    (identical prompts, as at step 0, are prefilled once) and scored by reward.score_response (§4);
+    a wrong response is patched while patch.should_patch(n_patches, walk.patch_threshold) allows,
+    else its rollout ends. Also evaluation's driver (eval_sop.greedy_rollouts, §8): SOP is one
+    greedy rollout, patch_threshold 0, own history; static the same with the expert's.
+
+    sampler: sampler.Sampler or anything with .generate(prompts, n, greedy, seeds) (n: one sample
+    count per prompt) returning outs[i][j] with .text, .ids, .logprobs, .finish_reason; if its
+    `reads_prompt` is False it gets StepPrompt objects (no tokens built, no screenshot decoded).
+    episodes: list[dataset.Episode]. spec: the prompt contract (chat.step_prompt, as SFT's). seed:
+    an int or one per task (the trainer gives each task slot its own); a prompt's seed derives from
+    (that seed, episode_id, step, history), so a task's rollouts depend on neither the batch nor the
+    rank. task_ids: each episode's task_idx in the records (the trainer's global task slots; default:
+    its index). Returns the records in (step, task, rollout) order; ValueError on a bad history_mode.
     """
-    if history_mode not in HISTORY_MODES:
-        raise ValueError(f"history_mode must be one of {HISTORY_MODES}, got {history_mode!r}")
-    patch.check_patch_data(patch_mode, episodes)
-    prompt_for = _Prompts(episodes, tokenizer, image_processor, spec, image_root, blank_screens,
-                          reads_prompt=getattr(sampler, "reads_prompt", True))
+    if walk.history_mode not in HISTORY_MODES:
+        raise ValueError(f"history_mode must be one of {HISTORY_MODES}, got {walk.history_mode!r}")
+    patch.check_patch_data(walk.patch_mode, episodes)
+    prompt_for = _Prompts(episodes, tokenizer, image_processor, spec, walk.image_root,
+                          walk.blank_screens, reads_prompt=getattr(sampler, "reads_prompt", True))
     task_seeds = [seed] * len(episodes) if isinstance(seed, int) else seed  # one per task, or None
-    states = [[_Rollout() for _ in range(n_rollouts)] for _ in episodes]
+    states = [[_Rollout() for _ in range(walk.n_rollouts)] for _ in episodes]
     records: list[StepRecord] = []
     T = max((len(ep.steps) for ep in episodes), default=0)
     for t in tqdm(range(T), desc="rollout steps", disable=not progress, leave=False):
         live = [(k, i) for k, ep in enumerate(episodes) if t < len(ep.steps)
-                for i in range(n_rollouts) if states[k][i].alive]
+                for i in range(walk.n_rollouts) if states[k][i].alive]
         if not live:
             break
-        outs = _sample_step(sampler, prompt_for, episodes, states, live, t, task_seeds, greedy)
-        # score, then decide: keep, patch or end
-        to_patch = []
+        outs = _sample_step(sampler, prompt_for, episodes, states, live, t, task_seeds, walk.greedy)
+        to_patch = []  # score, then decide: keep, patch or end
         for k, i in live:
             prompt, s = outs[(k, i)]
             step = episodes[k].steps[t]
-            orig = dataset.original_size(step, image_root=image_root, blank_screens=blank_screens)
+            orig = dataset.original_size(step, image_root=walk.image_root,
+                                         blank_screens=walk.blank_screens)
             # a response cut at the token cap is malformed under the strict rules (reward 0, a wrong step)
-            score = reward.score_response(s.text, step, resized_size=prompt.resized_size, orig_size=orig, rules=match_rules,
+            score = reward.score_response(s.text, step, resized_size=prompt.resized_size,
+                                          orig_size=orig, rules=walk.match_rules,
                                           truncated=s.finish_reason != "stop")
             state = states[k][i]
             rec = StepRecord(task_idx=k if task_ids is None else task_ids[k], rollout_idx=i, step_idx=t, prompt=prompt,
@@ -137,13 +156,14 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor, *, spec: 
                              finish_reason=s.finish_reason, reward=score.reward, match=score.match, type_match=score.type_match,
                              error=score.error, patched=False, ended=False, history=list(state.history))
             records.append(rec)
-            if _advance(state, rec, step, orig, history_mode, patch_mode, patch_threshold, episodes[k].episode_id):
+            if _advance(state, rec, step, orig, walk, episodes[k].episode_id):
                 to_patch.append((k, i, rec, patch.expert_action_resized(step, orig, prompt.resized_size)))
             if t == len(episodes[k].steps) - 1:
                 rec.ended = True
                 state.alive = False
         if to_patch:
-            _patch_on_policy(sampler, prompt_for, episodes, states, to_patch, t, task_seeds, greedy)
+            _patch_on_policy(sampler, prompt_for, episodes, states, to_patch, t, task_seeds,
+                             walk.greedy)
     return records
 
 
@@ -196,22 +216,22 @@ def _sample_step(sampler, prompt_for, episodes, states, live, t: int, task_seeds
     return outs
 
 
-def _advance(state: _Rollout, rec: StepRecord, step, orig, history_mode: str, patch_mode: str, patch_threshold: int,
+def _advance(state: _Rollout, rec: StepRecord, step, orig, walk: RolloutSpec,
              episode_id: str) -> bool:
     """A rollout's next history entry after scored step `rec`: the expert's (history_mode "expert"), its
     own response when right, a patch while the threshold allows, else the rollout ends. Returns True when
     the patch is an on-policy thought, generated for all such rollouts at once (_patch_on_policy)."""
-    if history_mode == "expert":
+    if walk.history_mode == "expert":
         state.history.append(gui.expert_response(step, orig, rec.prompt.resized_size, patch.clean_thought(step.thought)))
     elif rec.match:
         state.history.append(rec.response)  # build_prompt strips special tokens
-    elif patch.should_patch(state.n_patches, patch_threshold):
+    elif patch.should_patch(state.n_patches, walk.patch_threshold):
         rec.patched = True
         state.n_patches += 1
-        if patch_mode == "on-policy":
+        if walk.patch_mode == "on-policy":
             state.history.append(None)  # filled after one batched generation
             return True
-        state.history.append(patch.make_patch(patch_mode, response=rec.response, step=step, orig_size=orig,
+        state.history.append(patch.make_patch(walk.patch_mode, response=rec.response, step=step, orig_size=orig,
                                               resized_size=rec.prompt.resized_size, episode_id=episode_id))
     else:
         state.alive = False
@@ -239,7 +259,8 @@ def _seed(seed: int, episode_id: str, t: int, history: tuple) -> int:
 
 
 # -----------------------------------------------------------------------------
-# SOP progress and static metrics of a walk (docs/method.md §8)
+# SOP progress of a walk (docs/method.md §8): the trainer logs it, the evaluator's PG and TSR
+# (evaluation/metrics.py) are built on it
 
 def sop_progress(records: list[StepRecord], episode_len: dict, *,
                  zero_on_error: bool = False) -> dict[tuple[int, int], tuple[int, int]]:
@@ -260,45 +281,3 @@ def sop_progress(records: list[StepRecord], episode_len: dict, *,
         if zero_on_error and getattr(r, "error", None) is not None:
             first_err[key] = 0
     return {key: (c, episode_len[key[0]]) for key, c in first_err.items()}
-
-
-def sop_metrics(progress: list[tuple[int, int]]) -> dict:
-    """progress: (correct steps before the first error, episode length) per episode -> PG, TSR."""
-    if not progress:
-        return {"pg": 0.0, "tsr": 0.0, "episodes": 0, "steps": 0}
-    return {"pg": sum(c / n for c, n in progress) / len(progress),
-            "tsr": sum(c == n for c, n in progress) / len(progress),
-            "episodes": len(progress), "steps": sum(n for _, n in progress)}
-
-
-def static_metrics(steps: list[dict]) -> dict:
-    """steps: {type_match, match, expert_type} per evaluated step -> type accuracy, grounding accuracy
-    (None when no point step, gui.action_types("point"), had its type matched), step success rate."""
-    point = gui.action_types("point")  # steps with a point to hit
-    grounded = [s for s in steps if s["expert_type"] in point and s["type_match"]]
-    n = len(steps)
-    return {"type_acc": sum(s["type_match"] for s in steps) / n if n else 0.0,
-            "grounding_acc": sum(s["match"] for s in grounded) / len(grounded) if grounded else None,
-            "step_sr": sum(s["match"] for s in steps) / n if n else 0.0,
-            "steps": n, "grounding_steps": len(grounded)}
-
-
-def history_gap(steps: list[tuple[str, int, bool, bool]]) -> dict:
-    """Own vs expert history on the steps both reach. steps: (task, t, own, expert) per step that SOP
-    reached (every earlier step right under its own history), own its SOP match, expert the static
-    protocol's match of the same step (the expert's history). Per task and pooled: steps, own_right,
-    expert_right, own_acc, expert_acc, gap = own_acc - expert_acc, the discordant pairs own_only and
-    expert_only (accuracies None without steps); `later` the same over t >= 1 (step 0 has no history:
-    the two prompts are one)."""
-    def count(rows):
-        n, own, exp = len(rows), sum(r[2] for r in rows), sum(r[3] for r in rows)
-        acc = (lambda k: k / n) if n else (lambda k: None)  # noqa: E731 -- None (JSON null) for no step
-        return {"steps": n, "own_right": own, "expert_right": exp, "own_acc": acc(own), "expert_acc": acc(exp),
-                "gap": acc(own - exp), "own_only": sum(r[2] and not r[3] for r in rows),
-                "expert_only": sum(r[3] and not r[2] for r in rows)}
-
-    def both(rows):
-        return {**count(rows), "later": count([r for r in rows if r[1] >= 1])}
-
-    return {"per_task": {task: both([r for r in steps if r[0] == task]) for task in dict.fromkeys(r[0] for r in steps)},
-            "pooled": both(steps)}

@@ -56,11 +56,12 @@ import lora
 import reward
 import utils
 import vlm
-from advantage import TaskDraw, compute_advantages, dynamic_sampling_tasks, task_seed
+from advantage import compute_advantages, dynamic_sampling_tasks
 from configs.semionline import GROUPS, PRESETS, RUN, RLConfig
 from kernels import aggregate_loss, loss_denominator, ppo_loss
-from rollout import StepRecord, semi_online_rollout, sop_progress
+from rollout import RolloutSpec, StepRecord, semi_online_rollout, sop_progress
 from sampler import Sampler
+from schedule import TaskDraw, task_seed
 from vlm import (PolicyLogProb, apply_fsdp, checkpoint_activations, collate_sequences, pad_token_id,
                  sampling_mode, to_device)
 
@@ -124,11 +125,11 @@ def greedy_vs_sampled(sampler, episodes, tokenizer, image_processor,
     greedily, static with `samples` samples per step, and SOP (own history, greedy). Returns counts
     (floats, to be summed over ranks): greedy_match / greedy_steps, sampled_match / sampled_steps,
     sop_pg_sum (sum of per-episode progress), sop_solved, episodes."""
-    def walk(**kw):
-        return semi_online_rollout(sampler, episodes, tokenizer, image_processor, spec=spec,
-                                   patch_threshold=0,
-                                   image_root=image_root, blank_screens=blank_screens,
-                                   **kw) if episodes else []
+    def walk(seed=None, **kw):
+        how = RolloutSpec(patch_threshold=0, image_root=image_root, blank_screens=blank_screens,
+                          **kw)
+        return semi_online_rollout(sampler, episodes, tokenizer, image_processor, how, spec=spec,
+                                   seed=seed) if episodes else []
     greedy = walk(n_rollouts=1, greedy=True, history_mode="expert")
     sampled = walk(n_rollouts=samples, greedy=False, history_mode="expert", seed=seed)
     sop = sop_progress(walk(n_rollouts=1, greedy=True, history_mode="own"),
@@ -300,12 +301,11 @@ def rollout(run, step: int, slots: list[int], episode_ids: list[int]) -> list[St
     cfg = run.cfg
     return semi_online_rollout(
         run.sampler, [run.episodes[i] for i in episode_ids], run.tokenizer, run.image_processor,
-        spec=run.spec,
-        n_rollouts=cfg.n_rollouts, patch_mode=cfg.patch_mode, patch_threshold=cfg.patch_threshold,
-        history_mode=cfg.history, image_root=cfg.image_root, blank_screens=run.blank,
-        match_rules=cfg.match_rules, seed=[task_seed(cfg.seed, step, s) for s in slots],
-        progress=run.proc.is_main,
-        task_ids=slots)
+        RolloutSpec(n_rollouts=cfg.n_rollouts, patch_mode=cfg.patch_mode,
+                    patch_threshold=cfg.patch_threshold, history_mode=cfg.history,
+                    match_rules=cfg.match_rules, image_root=cfg.image_root, blank_screens=run.blank),
+        spec=run.spec, seed=[task_seed(cfg.seed, step, s) for s in slots],
+        progress=run.proc.is_main, task_ids=slots)
 
 
 def rewards(records: list[StepRecord], *, max_new_tokens: int, overlong_buffer: int) -> list[float]:

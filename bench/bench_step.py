@@ -64,7 +64,7 @@ import dataset
 import utils
 import vlm
 from kernels import ppo_loss  # noqa: E402
-from rollout import semi_online_rollout  # noqa: E402
+from rollout import RolloutSpec, semi_online_rollout  # noqa: E402
 from sampler import Sampler
 from hf_peer import generate_inputs  # noqa: E402  (bench/, the script's folder)
 from vlm import PolicyLogProb, collate_sequences, pad_token_id, sampling_mode, to_device  # noqa: E402
@@ -189,8 +189,9 @@ def our_step(v):
     sampler = CountingSampler(v.model, v.tokenizer, max_new_tokens=args.max_new_tokens, stop_token_ids=[])
     sampler.calls = []
     with sampling_mode(policy):
-        recs, t_roll = _timed(lambda: semi_online_rollout(sampler, eps, v.tokenizer, v.image_processor, spec=SPEC,
-                                                          n_rollouts=args.rollouts, history_mode="expert", seed=0))
+        recs, t_roll = _timed(lambda: semi_online_rollout(sampler, eps, v.tokenizer, v.image_processor,
+                                                          RolloutSpec(n_rollouts=args.rollouts, history_mode="expert"),
+                                                          spec=SPEC, seed=0))
     t_prefill = sum(s["time_prefill"] for _, _, s in sampler.calls)
     t_decode = sum(s["time_decode"] for _, _, s in sampler.calls)
     for r in recs:

@@ -669,8 +669,8 @@ def evaluate_online(policy: Policy, tasks, seeds, max_steps: int = 15, *, batch_
 
     An episode: cause success | wrong_action (the page ended it without full reward, or the policy
     sent terminate first) | step_limit | time_out (the page's timer, episode_time_s, ran out) |
-    browser_fault | policy_error | server_error (policies.NoAnswer: an exception returned as an action names
-    its `cause`); `seconds` its share of the wall
+    browser_fault | policy_error | server_error (evaluation.online.NoAnswer: an exception returned as an
+    action names its `cause`); `seconds` its share of the wall
     time (each policy call and reset or step phase split evenly over its episodes), `policy_seconds` its
     share of the policy calls, `env_seconds` its browser's own time (browsers overlap). on_episode(record):
     called as each episode ends. Returns {"per_task": {task: {...}}, "overall": {...}, "episodes": [...] (task,

@@ -3,7 +3,7 @@
 Two checkpoints that played the same MiniWob++ episodes (same tasks, same seeds: eval_sop.py
 --online with the same --online-tasks/--online-seeds/--online-seed-base) can be compared episode by
 episode: only the pairs where one succeeded and the other failed carry information (exact McNemar
-test, runs/stats.py). Arms with several training seeds pair run i of A with run i of B and pool the
+test, evaluation/stats.py). Arms with several training seeds pair run i of A with run i of B and pool the
 pairs; the interval of the pooled difference resamples seeds, then episodes (stats.paired_bootstrap).
 
     python runs/compare_online.py --a out/eval/rl_s0 out/eval/rl_s1 --b out/eval/sft_s0 out/eval/sft_s1 \
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # runs/, the repo
-from stats import paired_binary  # noqa: E402
+from evaluation.stats import paired_binary  # noqa: E402
 import utils  # noqa: E402
 from envs import miniwob_tasks  # noqa: E402
 

@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import utils  # noqa: E402
-from stats import paired_binary, seed_paired_t, wilson  # noqa: E402
+from evaluation.stats import paired_binary, seed_paired_t, wilson  # noqa: E402
 
 
 def read_episodes(folder: str) -> dict[tuple[str, int], dict]:

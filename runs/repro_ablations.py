@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import repro_common as rc  # noqa: E402
-import stats  # noqa: E402
+from evaluation import stats  # noqa: E402
 import repro_main  # noqa: E402
 from repro_main import MULTI_STEP, TEST  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Shared machinery of the MiniWob++ reproduction scripts (runs/repro_main.py, runs/repro_ablations.py).
 
 Five parts, top to bottom:
-1. statistics, in runs/stats.py (numpy only): Wilson intervals, the exact McNemar test, a paired
+1. statistics, in evaluation/stats.py (numpy only): Wilson intervals, the exact McNemar test, a paired
    (two-level) bootstrap of a difference, R^2 of a least-squares line with a bootstrap interval over
    checkpoints, and the data-scaling law y = A - B * N^k fitted by profile least squares, with a
    bootstrap interval on k;
@@ -40,9 +40,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 
 # -----------------------------------------------------------------------------
-# 1. statistics (runs/stats.py; runs/ is on sys.path: see the scripts)
+# 1. statistics (evaluation/stats.py; the repository root and runs/ are on sys.path: see the scripts)
 
-from stats import wilson  # noqa: E402
+from evaluation.stats import wilson  # noqa: E402
 # the report half; its names are also the scripts' rc.* (rc.verdict, rc.write_results, ...)
 from repro_report import (ALPHA, _nan_to_none, arm_summaries, compare_curves, compare_online, final_rows,  # noqa: E402,F401
                           markdown, plot_bars, plot_curves, plot_r2, plot_scaling, primary_test_fpr, r2_summary,

@@ -59,7 +59,7 @@ import repro_ablations as ra  # noqa: E402
 import repro_common as rc  # noqa: E402
 import repro_main as rm  # noqa: E402
 from repro_report import fmt, fmt_ci  # noqa: E402
-import stats  # noqa: E402
+from evaluation import stats  # noqa: E402
 
 MEMORY = ["memory-type-1", "memory-type-3"]
 # Markov MiniWob++ tasks (the screen holds all an action needs) where SFT left headroom in the main

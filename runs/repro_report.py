@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stats import null_fpr, paired_binary, paired_bootstrap, r2_bootstrap, seed_paired_t, seed_sd_of, trend, wilson
+from evaluation.stats import null_fpr, paired_binary, paired_bootstrap, r2_bootstrap, seed_paired_t, seed_sd_of, trend, wilson
 
 ALPHA = 0.05  # verdict threshold on p-values
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import utils  # noqa: E402
 import repro_common as rc  # noqa: E402
 from repro_report import fmt, fmt_ci  # noqa: E402
-from stats import seed_paired_t  # noqa: E402
+from evaluation.stats import seed_paired_t  # noqa: E402
 
 FIELDS = ("diff", "diff_ci95", "p_value", "verdict")
 

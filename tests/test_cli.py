@@ -16,6 +16,7 @@ import utils
 import dataset
 import eval_sop
 import gui
+from evaluation import views
 import report
 
 REPO = Path(__file__).resolve().parent.parent
@@ -403,19 +404,19 @@ def test_train_semionline_adopts_sft_prompt_options(checkpoint):
 
 
 def test_outcome_labels_by_hand():
-    assert report.sop_outcome(3, 3, False) == "success: all 3 steps right"
-    assert report.sop_outcome(1, 4, False) == "wrong action at step 1: 1/4 steps right before it"
-    assert report.sop_outcome(0, 4, True) == "no valid action at step 0: 0/4 steps right before it"
+    assert views.sop_outcome(3, 3, False) == "success: all 3 steps right"
+    assert views.sop_outcome(1, 4, False) == "wrong action at step 1: 1/4 steps right before it"
+    assert views.sop_outcome(0, 4, True) == "no valid action at step 0: 0/4 steps right before it"
     ok = {"steps": 2, "cause": "success", "success": True}
     term = {"steps": 2, "cause": "wrong_action", "terminated": True, "raw_reward": 0.0}
     page = {"steps": 3, "cause": "wrong_action", "terminated": False, "raw_reward": -1.0}
     limit = {"steps": 12, "cause": "step_limit"}
     err = {"steps": 1, "cause": "policy_error", "error": "KeyError: 'x'"}
-    assert report.online_outcome(ok) == ("success in 2 steps", None)
-    assert report.online_outcome(term) == ("terminated early: terminate at step 1 before the task was done", 1)
-    assert report.online_outcome(page) == ("wrong action at step 2: the page ended the episode (raw reward -1.00)", 2)
-    assert report.online_outcome(limit) == ("step limit: not done after 12 steps", None)
-    assert report.online_outcome(err) == ("policy error at step 1: KeyError: 'x'", None)
+    assert views.online_outcome(ok) == ("success in 2 steps", None)
+    assert views.online_outcome(term) == ("terminated early: terminate at step 1 before the task was done", 1)
+    assert views.online_outcome(page) == ("wrong action at step 2: the page ended the episode (raw reward -1.00)", 2)
+    assert views.online_outcome(limit) == ("step limit: not done after 12 steps", None)
+    assert views.online_outcome(err) == ("policy error at step 1: KeyError: 'x'", None)
 
 
 def test_online_report_frames_follow_the_outcome(monkeypatch, tmp_path):

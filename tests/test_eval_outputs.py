@@ -22,12 +22,11 @@ import torch
 import dataset
 import eval_sop
 import gui
-import policies
 import report
 import utils
-from evaluation import outputs
+from evaluation import online, outputs
 from evaluation.served import ServedOutput
-from runs import stats
+from evaluation import stats
 from vlm import load_processor
 
 REPO = Path(__file__).resolve().parent.parent
@@ -137,12 +136,12 @@ def test_online_step_without_an_answer_ends_its_episode_as_server_error():
                     for p in prompts]
 
     make = lambda obs, shots, history: type("P", (), {"resized_size": (160, 210), "seed": obs["seed"]})()  # noqa: E731
-    pol = policies.OnlineModelPolicy(Half(), make, set(), {"responses": 0, "truncated": 0, "server_errors": 0,
+    pol = online.OnlineModelPolicy(Half(), make, set(), {"responses": 0, "truncated": 0, "server_errors": 0,
                                                            "tokens": 0})
     obs = [{"task": "click-test", "seed": s, "goal": "g", "screenshot": shot, "elements": None} for s in (0, 1)]
     a, b = pol(obs, [0, 0])
     assert a == {"action": "click", "coordinate": [5, 5]}
-    assert isinstance(b, policies.NoAnswer) and b.cause == "server_error" and "refused" in str(b)
+    assert isinstance(b, online.NoAnswer) and b.cause == "server_error" and "refused" in str(b)
     assert pol.n_malformed == 0 and pol.n_server_errors == 1 and pol.stats["server_errors"] == 1
 
 
@@ -356,7 +355,7 @@ def test_partial_run_is_named_and_no_discordant_pair_is_not_zero_width(tmp_path,
 
 
 def test_tango_interval_by_hand():
-    """Closed forms (runs/stats.py tango_interval): b = c = 0 -> +-z^2/(n + z^2); c = 0 -> [(b - z^2)/(n + z^2),
+    """Closed forms (evaluation/stats.py tango_interval): b = c = 0 -> +-z^2/(n + z^2); c = 0 -> [(b - z^2)/(n + z^2),
     Wilson's upper limit of b/n]; swapping b and c mirrors it; at each end the score statistic is z."""
     z2 = stats.Z95 ** 2
     assert stats.tango_interval(0, 0, 52) == pytest.approx((-z2 / (52 + z2), z2 / (52 + z2)))

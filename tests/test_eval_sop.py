@@ -10,7 +10,7 @@ import torch
 import dataset
 import eval_sop
 import gui
-import rollout
+from evaluation import metrics
 from sampler import SampleOutput
 from vlm import load_processor
 
@@ -27,7 +27,7 @@ def last_json(capsys):
 
 def test_sop_metrics_by_hand():
     # episodes: 2 of 4 right, 3 of 3, 0 of 5 -> PG = (0.5 + 1 + 0) / 3 = 0.5, TSR = 1/3
-    m = rollout.sop_metrics([(2, 4), (3, 3), (0, 5)])
+    m = metrics.sop_metrics([(2, 4), (3, 3), (0, 5)])
     assert m == {"pg": pytest.approx(0.5), "tsr": pytest.approx(1 / 3), "episodes": 3, "steps": 12}
 
 

@@ -16,9 +16,9 @@ import dataset
 import eval_sop
 import gui
 import rollout
-from rollout import semi_online_rollout
-import report
+from rollout import RolloutSpec, semi_online_rollout
 import vlm
+from evaluation import views
 from vlm import load_processor
 
 REPO = Path(__file__).resolve().parent.parent
@@ -142,8 +142,8 @@ def test_sop_walks_as_the_training_driver(monkeypatch, capsys, tokenizer, miniwo
 
     def drive(threshold):
         sampler = FakeSampler(tokenizer, eps, scripted)
-        recs = semi_online_rollout(sampler, eps, tokenizer, image_processor, n_rollouts=1, patch_threshold=threshold,
-                                   greedy=True, image_root=str(MINIWOB),
+        how = RolloutSpec(n_rollouts=1, patch_threshold=threshold, greedy=True, image_root=str(MINIWOB))
+        recs = semi_online_rollout(sampler, eps, tokenizer, image_processor, how,
                                    spec=chat.PromptSpec(max_pixels=20000, system_prompt="short"))  # eval of "tiny": its contract
         return recs, sampler
 
@@ -264,7 +264,7 @@ def test_report(monkeypatch, capsys, tokenizer, miniwob_file, tmp_path):
     assert sop.count("class='step wrong first'") == 2 and static.count("class='step wrong first'") == 2
     # B's step 1 under SOP: expert point (67, 165) as a green cross, the far click (166, 222) as a red ring,
     # drawn at REPORT_WIDTH / 168 of the original pixels
-    k = report.REPORT_WIDTH / 168
+    k = views.REPORT_WIDTH / 168
     b1 = images_in(sop)[3]  # A0, A1, B0, B1, C0
     assert b1.size == (300, 400)
     assert has_colour(b1, (67 * k, 165 * k), (0, 200, 0)) and has_colour(b1, (166 * k, 222 * k), (230, 0, 0))

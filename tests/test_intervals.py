@@ -1,4 +1,4 @@
-"""Every interval the project reports lies inside [0, 1] and holds its estimate: runs/stats.wilson (the one
+"""Every interval the project reports lies inside [0, 1] and holds its estimate: evaluation/stats.wilson (the one
 Wilson function; eval_sop.py and the figure scripts import it) at k = 0 and k = n for every n up to 1,000, where rounding
 once put a bound one ulp on the wrong side of k/n; and every figure script that draws intervals as error
 bars (runs/dose_response.py, runs/repro_report.py) draws 0/n and n/n, which matplotlib refuses as a
@@ -14,17 +14,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "runs"))
 import dose_response  # noqa: E402
 import repro_report  # noqa: E402
-import stats  # noqa: E402
+from evaluation import stats  # noqa: E402
 from eval_sop import wilson  # noqa: E402
 
 
 def test_one_wilson_function():
-    # eval_sop imports runs.stats as a package module, the scripts in runs/ as `stats`: one file, one definition
+    # eval_sop, report.py and the scripts in runs/ all import evaluation.stats: one file, one definition
     for f in (stats.wilson, dose_response.wilson, repro_report.wilson, wilson):
-        assert Path(f.__code__.co_filename).resolve() == REPO / "runs" / "stats.py", f.__code__.co_filename
+        assert Path(f.__code__.co_filename).resolve() == REPO / "evaluation" / "stats.py", f.__code__.co_filename
     defs = [p for p in REPO.rglob("*.py") if ".venv" not in p.parts and "tests" not in p.parts
             and "\ndef wilson(" in p.read_text(encoding="utf-8")]
-    assert defs == [REPO / "runs" / "stats.py"], defs
+    assert defs == [REPO / "evaluation" / "stats.py"], defs
 
 
 def test_wilson_holds_the_rate_at_the_edges_for_every_n():

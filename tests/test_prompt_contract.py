@@ -17,7 +17,7 @@ import eval_sop
 import train_semionline
 import train_sft
 import vlm
-from rollout import semi_online_rollout
+from rollout import RolloutSpec, semi_online_rollout
 from sampler import SampleOutput
 
 REPO = Path(__file__).resolve().parent.parent
@@ -70,8 +70,8 @@ def test_one_checkpoint_three_stages_identical_prompt(checkpoint):
     by_stage = {"sft": sft_prompt}
     for name in ("rl", "eval"):  # both walk with the rollout driver; static evaluation = expert history
         rec = Recorder()
-        semi_online_rollout(rec, [ep], tok, ip, spec=specs[name], n_rollouts=1, history_mode="expert",
-                            patch_threshold=0, greedy=name == "eval", seed=0)
+        semi_online_rollout(rec, [ep], tok, ip, RolloutSpec(n_rollouts=1, history_mode="expert", patch_threshold=0,
+                                                            greedy=name == "eval"), spec=specs[name], seed=0)
         by_stage[name] = rec.prompts[1]  # step 1's prompt
     for name in ("rl", "eval"):
         assert torch.equal(by_stage[name].input_ids, by_stage["sft"].input_ids), name

@@ -12,7 +12,7 @@ import pytest
 import utils
 import eval_sop
 import report
-from runs import stats
+from evaluation import stats
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -91,7 +91,7 @@ def test_side_by_side_paired_difference_by_hand(tmp_path, capsys):
     assert online["pairs"] == 5 and online["only_other"] == 1 and online["only_first"] == 0
     assert online["diff"] == pytest.approx(0.6) and online["p"] == pytest.approx(0.25) and online["discordant"] == [3, 0]
     # the interval is Tango's score interval of B - A (not A - B): with c = 0 only-A pairs it has the closed
-    # form [(b - z^2) / (n + z^2), Wilson's upper limit of b / n] (runs/stats.py tango_interval), here b 3, n 5:
+    # form [(b - z^2) / (n + z^2), Wilson's upper limit of b / n] (evaluation/stats.py tango_interval), here b 3, n 5:
     # [-0.095, 0.882], 0 inside as the McNemar p 0.25 says (the bootstrap's [0.2, 1.0] left 0 out)
     z2 = stats.Z95 ** 2
     ref = {"diff_ci95": [(3 - z2) / (5 + z2), stats.wilson(3, 5)[1]]}

@@ -94,7 +94,7 @@ def test_claims_on_task_subsets_by_hand():
 def test_interaction_test_keeps_its_level_under_no_effect():
     """stats.null_fpr_interaction: the primary test on (a - b) on one set minus (a - b) on another, no
     effect anywhere: about 0.05 at nominal 0.05 (2,000 repeats: Monte Carlo SE 0.005), reproducible."""
-    import stats
+    from evaluation import stats
     f = stats.null_fpr_interaction(5, (180, 120), (0.03, 0.05), (0.5, 0.3), repeats=2000)
     assert 0.03 < f["primary_t"] < 0.07 and f == stats.null_fpr_interaction(5, (180, 120), (0.03, 0.05), (0.5, 0.3),
                                                                            repeats=2000)

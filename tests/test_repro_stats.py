@@ -1,4 +1,4 @@
-"""Statistics and report of the reproduction scripts (runs/stats.py, runs/repro_common.py) against
+"""Statistics and report of the reproduction scripts (evaluation/stats.py, runs/repro_common.py) against
 hand-computed values, and the results schema on a small fabricated results set (no training, no browser)."""
 import json
 import math
@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runs"))
 import repro_common as rc  # noqa: E402
-import stats  # noqa: E402
+from evaluation import stats  # noqa: E402
 
 
 # --- Wilson: hand values, z = 1.959964

@@ -3,6 +3,8 @@ AndroidControl test file, legitimate near-hits still match, loader and `score` a
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from PIL import Image
@@ -13,6 +15,7 @@ import gui
 import policies
 import reward
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "android_control")
 TEST = os.path.join(DATA, "android_control_test_uis1.jsonl")
 SIZE = (1080, 2400)
@@ -191,7 +194,7 @@ def test_constant_the_matches_nothing_on_the_test_file(floors):
 
 
 # -----------------------------------------------------------------------------
-# --match-rules release: the release's parse and check, its exceptions included (reward.release_check)
+# --match-rules release: the release's parse and check, its exceptions included (extras/release.py)
 
 R = gui.resized_size(SIZE)  # (1092, 2408): the expert point (540, 1200) is (546, 1204) there
 CLICK = {"action": "click", "coordinate": [540, 1200]}
@@ -256,6 +259,23 @@ def test_release_parse_and_check(text, expert, expected):
     assert reward.score_response(text, dataset.Step(None, expert), resized_size=R, orig_size=SIZE, rules="release",
                               truncated=True) == s
 
+
+
+def test_release_rules_are_imported_only_when_asked():
+    """extras/release.py stays off the strict path: scoring and matching under the strict rules (and a
+    rule function) leave it unimported; the first call under rules="release" imports it, and its check
+    is the one score_response uses (a wait with a null coordinate raises in the release's code)."""
+    code = ("import sys, dataset, reward\n"
+            "step = dataset.Step(None, {'action': 'wait'})\n"
+            "text = '<think>t</think><action>{\"action\": \"wait\", \"coordinate\": null}</action>'\n"
+            "s = reward.score_response(text, step, resized_size=(100, 100), orig_size=(100, 100))\n"
+            "reward.action_match({'action': 'wait'}, step.action, [], (100, 100), rules=lambda *a: (True, True))\n"
+            "print('extras.release' in sys.modules, s.match)\n"
+            "s = reward.score_response(text, step, resized_size=(100, 100), orig_size=(100, 100), rules='release')\n"
+            "print('extras.release' in sys.modules, s.match, s.error is not None)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["False True", "True False True"], out.stdout
 
 def test_strict_rules_on_the_release_cases():
     """The same responses under the strict rules: a quoted action is not the answer, an extra

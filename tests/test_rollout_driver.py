@@ -9,7 +9,7 @@ import torch
 import dataset
 import gui
 import vlm
-from rollout import semi_online_rollout
+from rollout import RolloutSpec, semi_online_rollout
 from sampler import SampleOutput
 
 W, H = 280, 560  # multiples of 28 inside [min, max] pixels: smart_resize keeps them, resized == original
@@ -74,8 +74,8 @@ def proc():
 def run(proc, threshold, mode="thought-free", history="own"):
     tok, ip = proc
     sampler = ScriptedSampler(tok)
-    recs = semi_online_rollout(sampler, [episode()], tok, ip, n_rollouts=3, patch_mode=mode,
-                               patch_threshold=threshold, history_mode=history, blank_screens=(W, H))
+    recs = semi_online_rollout(sampler, [episode()], tok, ip, RolloutSpec(n_rollouts=3, patch_mode=mode,
+                               patch_threshold=threshold, history_mode=history, blank_screens=(W, H)))
     return {(r.rollout_idx, r.step_idx): r for r in recs}, sampler
 
 
@@ -126,9 +126,9 @@ def test_expert_history_is_offline_rl(proc):
 def test_task_ids_name_the_records_and_change_nothing_else(proc):
     """task_ids (the trainer's global task slots) only relabel task_idx."""
     tok, ip = proc
-    kw = dict(n_rollouts=2, patch_threshold=1, blank_screens=(W, H))
-    plain = semi_online_rollout(ScriptedSampler(tok), [episode(), episode()], tok, ip, **kw)
-    named = semi_online_rollout(ScriptedSampler(tok), [episode(), episode()], tok, ip, task_ids=[7, 3], **kw)
+    how = RolloutSpec(n_rollouts=2, patch_threshold=1, blank_screens=(W, H))
+    plain = semi_online_rollout(ScriptedSampler(tok), [episode(), episode()], tok, ip, how)
+    named = semi_online_rollout(ScriptedSampler(tok), [episode(), episode()], tok, ip, how, task_ids=[7, 3])
     assert [r.task_idx for r in named] == [[7, 3][r.task_idx] for r in plain]
     assert {r.task_idx for r in named} == {7, 3}
     strip = lambda r: (r.rollout_idx, r.step_idx, r.response, r.reward, r.patched, r.ended, r.history)  # noqa: E731

@@ -21,7 +21,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 TESTED_ELSEWHERE = {"bench/gpu_check.py", "bench/gpu_sections.py", "tools/plot_metrics.py", "tools/convert_android_control.py",
                     "tools/build_tiny_tokenizer.py", "tools/make_miniwob_data.py", "runs/compare_online.py",
-                    "runs/diagnose_copy.py", "runs/diagnose_reward.py", "runs/repro_common.py", "runs/stats.py",
+                    "runs/diagnose_copy.py", "runs/diagnose_reward.py", "runs/repro_common.py",
                     "tools/merge_lora.py", "runs/dose_response.py", "runs/seed_verdicts.py", "runs/memory_probe.py"}
 HAS_BROWSER = shutil.which("chromedriver") is not None
 TRL = importlib.util.find_spec("trl") is not None

@@ -84,10 +84,10 @@ def test_prompt_parse_and_match(toy):
     p = chat.build_prompt(tok, ip, chat.PromptSpec(), goal="g", screenshots=[(168, 224)], history=[], pixels=False)
     assert SPEC.prompt in p.messages[0]["content"][0]["text"] and SPEC.prompt in tok.decode(p.input_ids)
     # the derived type lists follow the registry: grounding accuracy counts it, the type lists know it
-    import rollout
+    from evaluation import metrics
 
     assert KIND in gui.action_types() and KIND in gui.action_types("point")
-    assert rollout.static_metrics([{"expert_type": KIND, "type_match": True, "match": True}])["grounding_steps"] == 1
+    assert metrics.static_metrics([{"expert_type": KIND, "type_match": True, "match": True}])["grounding_steps"] == 1
     assert KIND not in gui.action_types("text")
 
     # a response in the project's format parses; strict match: right point -> match, wrong -> type only

@@ -1,5 +1,5 @@
 """The task schedule, dynamic-sampling refills and rollout bookkeeping of train_semionline.py,
-against cases computed by hand: `advantage.step_tasks` (a pure function of seed, step, slot; refills without
+against cases computed by hand: `schedule.step_tasks` (a pure function of seed, step, slot; refills without
 replacement), `TaskDraw` (global keep decision, refill rounds, the cap, 1 vs 2 ranks), per-slot
 sampling seeds, SOP progress (and the release's exception rule), the overlong penalty, flag checks."""
 import hashlib
@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import advantage  # the task schedule: dynamic sampling's draw
+import schedule  # the task schedule: dynamic sampling's draw
 import reward
 import rollout
 import train_semionline as ts
-from rollout import semi_online_rollout
+from rollout import RolloutSpec, semi_online_rollout
 
 
 def dist(rank, world):
@@ -26,31 +26,31 @@ def dist(rank, world):
 
 def test_step_tasks_epochs_and_purity():
     n_eps, B = 5, 2
-    stream = sum((advantage.step_tasks(3, s, 0, B, n_eps, B) for s in range(10)), [])  # 20 positions = 4 epochs
+    stream = sum((schedule.step_tasks(3, s, 0, B, n_eps, B) for s in range(10)), [])  # 20 positions = 4 epochs
     for e in range(4):
         assert sorted(stream[5 * e:5 * e + 5]) == list(range(5))  # every episode once per epoch
     assert stream[:5] != stream[5:10] or stream[5:10] != stream[10:15]  # epochs are reshuffled
     # pure: step 7 alone, in any order of calls, gives positions 14, 15 of the stream
-    assert advantage.step_tasks(3, 7, 0, B, n_eps, B) == stream[14:16]
+    assert schedule.step_tasks(3, 7, 0, B, n_eps, B) == stream[14:16]
     # refill rounds continue the step's draw without replacement: first the 3 episodes round 0 did not
     # draw, each once, then (pool exhausted) all 5 again in a fresh permutation
-    r1 = advantage.step_tasks(3, 7, 1, 8, n_eps, B)
-    assert r1 == advantage.step_tasks(3, 7, 1, 8, n_eps, B)  # pure
+    r1 = schedule.step_tasks(3, 7, 1, 8, n_eps, B)
+    assert r1 == schedule.step_tasks(3, 7, 1, 8, n_eps, B)  # pure
     assert sorted(r1[:3]) == sorted(set(range(5)) - set(stream[14:16])) and sorted(r1[3:]) == list(range(5))
     # a later round takes the next positions: rounds of 2 and 1 draw what one round of 3 draws
-    assert advantage.step_tasks(3, 7, 1, 2, n_eps, B) + advantage.step_tasks(3, 7, 2, 1, n_eps, B, offset=2) == r1[:3]
-    assert advantage.step_tasks(3, 7, 3, 4, n_eps, B, offset=3) == r1[3:7]
-    assert {tuple(advantage.step_tasks(3, s, 1, 3, n_eps, B)) for s in range(6)}.__len__() > 1  # reshuffled per step
-    assert advantage.step_tasks(4, 7, 0, B, n_eps, B) != stream[14:16] or advantage.step_tasks(4, 8, 0, B, n_eps, B) != stream[16:18]
+    assert schedule.step_tasks(3, 7, 1, 2, n_eps, B) + schedule.step_tasks(3, 7, 2, 1, n_eps, B, offset=2) == r1[:3]
+    assert schedule.step_tasks(3, 7, 3, 4, n_eps, B, offset=3) == r1[3:7]
+    assert {tuple(schedule.step_tasks(3, s, 1, 3, n_eps, B)) for s in range(6)}.__len__() > 1  # reshuffled per step
+    assert schedule.step_tasks(4, 7, 0, B, n_eps, B) != stream[14:16] or schedule.step_tasks(4, 8, 0, B, n_eps, B) != stream[16:18]
     with pytest.raises(ValueError, match="seed -1"):
-        advantage.step_tasks(-1, 0, 0, 2, 5, 2)
+        schedule.step_tasks(-1, 0, 0, 2, 5, 2)
     with pytest.raises(ValueError, match="offset -1"):
-        advantage.step_tasks(0, 0, 1, 2, 5, 2, offset=-1)
+        schedule.step_tasks(0, 0, 1, 2, 5, 2, offset=-1)
 
 
 def test_task_seed():
-    seeds = {advantage.task_seed(0, step, slot) for step in range(3) for slot in range(6)}
-    assert len(seeds) == 18 and advantage.task_seed(0, 1, 2) == advantage.task_seed(0, 1, 2)
+    seeds = {schedule.task_seed(0, step, slot) for step in range(3) for slot in range(6)}
+    assert len(seeds) == 18 and schedule.task_seed(0, 1, 2) == schedule.task_seed(0, 1, 2)
     assert all(0 <= s < 2 ** 47 for s in seeds)
 
 
@@ -65,7 +65,7 @@ class Rec:
 
 def run_fill(world, keep_slots, batch_size=4, max_rounds=3, seed=0, step=5, n_eps=7):
     """A step's TaskDraw loop, as train_semionline.main runs it, on `world` simulated ranks (threads;
-    advantage.all_sum summed through a barrier). The fake rollout keeps the slots in keep_slots (a rank can only
+    schedule.all_sum summed through a barrier). The fake rollout keeps the slots in keep_slots (a rank can only
     keep its own)."""
     calls = {r: [] for r in range(world)}
     results = {}
@@ -82,10 +82,10 @@ def run_fill(world, keep_slots, batch_size=4, max_rounds=3, seed=0, step=5, n_ep
         def rollout_round(slots, episode_ids):
             calls[rank].append((list(slots), list(episode_ids)))
             return [Rec(s) for s in slots], {s for s in slots if s in keep_slots}
-        results[rank] = drive(advantage.TaskDraw(seed, step, n_eps, batch_size, max_rounds, dist(rank, world)), rollout_round)
+        results[rank] = drive(schedule.TaskDraw(seed, step, n_eps, batch_size, max_rounds, dist(rank, world)), rollout_round)
 
-    orig = advantage.all_sum
-    advantage.all_sum = all_sum
+    orig = schedule.all_sum
+    schedule.all_sum = all_sum
     try:
         threads = [threading.Thread(target=worker, args=(r,)) for r in range(world)]
         for t in threads:
@@ -93,7 +93,7 @@ def run_fill(world, keep_slots, batch_size=4, max_rounds=3, seed=0, step=5, n_ep
         for t in threads:
             t.join(timeout=30)
     finally:
-        advantage.all_sum = orig
+        schedule.all_sum = orig
     return results, calls
 
 
@@ -117,8 +117,8 @@ def test_task_draw_refills_by_hand(world):
         assert info["rounds"] == 3 and info["tasks_tried"] == 8 and info["tasks_kept"] == 3 and info["partial"]
         if world == 1:
             assert [r.task_idx for r in every] == list(range(8))
-        assert info["slot_episode"] == dict(zip(range(8), advantage.step_tasks(0, 5, 0, 4, 7, 4) + advantage.step_tasks(0, 5, 1, 3, 7, 4)
-                                                 + advantage.step_tasks(0, 5, 2, 1, 7, 4, offset=3)))
+        assert info["slot_episode"] == dict(zip(range(8), schedule.step_tasks(0, 5, 0, 4, 7, 4) + schedule.step_tasks(0, 5, 1, 3, 7, 4)
+                                                 + schedule.step_tasks(0, 5, 2, 1, 7, 4, offset=3)))
         # refills continue without replacement: slots 4-7 are 4 distinct episodes that round 0 did not draw
         # (round 0, positions 20-23 of the epoch stream, straddles two epochs of 7: it holds one twice)
         first, refills = [info["slot_episode"][s] for s in range(4)], [info["slot_episode"][s] for s in range(4, 8)]
@@ -145,7 +145,7 @@ def test_task_draw_rejects_foreign_slots():
     def bad(slots, episode_ids):
         return [], {99}
     with pytest.raises(RuntimeError, match="99"):
-        drive(advantage.TaskDraw(0, 0, 3, 2, 2, dist(0, 1)), bad)
+        drive(schedule.TaskDraw(0, 0, 3, 2, 2, dist(0, 1)), bad)
 
 
 def test_refills_never_redraw_a_kept_episode():
@@ -161,7 +161,7 @@ def test_refills_never_redraw_a_kept_episode():
 
     dup_kept = dup_drawn = refilled = 0
     for step in range(200):
-        kept, _, info = drive(advantage.TaskDraw(0, step, 32, 8, 10, dist(0, 1)), rollout_round(step))
+        kept, _, info = drive(schedule.TaskDraw(0, step, 32, 8, 10, dist(0, 1)), rollout_round(step))
         eps = [info["slot_episode"][r.task_idx] for r in kept]
         dup_kept += len(eps) != len(set(eps))
         drawn = list(info["slot_episode"].values())
@@ -229,11 +229,11 @@ def test_duplicate_task_gets_its_own_seed(monkeypatch):
     monkeypatch.setattr(dataset, "load_screenshot", lambda *a, **k: Image.new("RGB", (56, 56)))
     monkeypatch.setattr(chat, "step_prompt", lambda *a, **k: SimpleNamespace(resized_size=(56, 56)))
     s = SeedSampler()
-    semi_online_rollout(s, [ep, ep], None, None, n_rollouts=2, seed=[advantage.task_seed(0, 0, 0), advantage.task_seed(0, 0, 1)],
-                        blank_screens=(56, 56))
+    how = RolloutSpec(n_rollouts=2, blank_screens=(56, 56))
+    semi_online_rollout(s, [ep, ep], None, None, how, seed=[schedule.task_seed(0, 0, 0), schedule.task_seed(0, 0, 1)])
     assert len(s.seeds[0]) == 2 and s.seeds[0][0] != s.seeds[0][1]  # the two slots: different draws
     s2 = SeedSampler()
-    semi_online_rollout(s2, [ep, ep], None, None, n_rollouts=2, seed=0, blank_screens=(56, 56))  # one run seed: same draws
+    semi_online_rollout(s2, [ep, ep], None, None, how, seed=0)  # one run seed: same draws
     assert s2.seeds[0][0] == s2.seeds[0][1]
 
 
@@ -267,8 +267,8 @@ def test_trainer_match_rules_reach_the_rollout(tmp_path, monkeypatch):
     class Stop(Exception):
         pass
 
-    def fake_rollout(*a, **k):
-        seen.append(k["match_rules"])
+    def fake_rollout(sampler, episodes, tokenizer, image_processor, walk, **k):
+        seen.append(walk.match_rules)  # the RolloutSpec the trainer built from its config
         raise Stop
 
     monkeypatch.setattr(ts, "semi_online_rollout", fake_rollout)

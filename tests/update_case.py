@@ -14,7 +14,7 @@ import torch
 import chat
 import dataset
 import vlm
-from rollout import semi_online_rollout
+from rollout import RolloutSpec, semi_online_rollout
 from sampler import Sampler
 from train_semionline import TrainItem
 
@@ -30,7 +30,7 @@ def make_records(model):
     eps = dataset.load_episodes(REPO / "data" / "miniwob" / "train.jsonl", limit=2)
     sampler = Sampler(model, tok, max_new_tokens=6, temperature=1.0)
     with torch.no_grad():
-        recs = semi_online_rollout(sampler, eps, tok, ip, n_rollouts=3, patch_threshold=1, seed=[11, 12],
+        recs = semi_online_rollout(sampler, eps, tok, ip, RolloutSpec(n_rollouts=3, patch_threshold=1), seed=[11, 12],
                                    spec=chat.PromptSpec(max_pixels=20000))
     g = torch.Generator().manual_seed(5)
     pol = vlm.PolicyLogProb(model)

@@ -23,7 +23,7 @@ import dataset  # noqa: E402
 import policies  # noqa: E402
 from evaluation.served import openai_messages  # noqa: E402
 import vlm  # noqa: E402
-from rollout import semi_online_rollout  # noqa: E402
+from rollout import RolloutSpec, semi_online_rollout  # noqa: E402
 from sampler import Sampler  # noqa: E402
 
 
@@ -83,8 +83,8 @@ def main():
                    args.max_new_tokens)
     episodes = dataset.load_episodes(args.data, limit=args.limit)
     with vlm.sampling_mode(model):
-        semi_online_rollout(rec, episodes, tok, ip, spec=spec, n_rollouts=1, patch_threshold=0, history_mode="expert",
-                            greedy=True)
+        semi_online_rollout(rec, episodes, tok, ip, RolloutSpec(n_rollouts=1, patch_threshold=0, history_mode="expert",
+                                                                greedy=True), spec=spec)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     for k, pair in enumerate(rec.pairs):
         (Path(args.out) / f"{args.tag}_{k:02d}.json").write_text(json.dumps(pair, indent=1, ensure_ascii=False) + "\n")

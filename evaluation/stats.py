@@ -1,13 +1,12 @@
-"""Statistics of the MiniWob++ reproduction scripts (runs/repro_main.py, runs/repro_ablations.py;
-runs/repro_common.py uses them for its comparisons), numpy only: Wilson intervals, the primary test of
-every verdict (a paired t-test across training seeds, seed_paired_t) and its null simulation
-(null_fpr), the exact McNemar test and a paired (two-level) bootstrap of a difference (secondary
-figures), R^2 of a least-squares line with a bootstrap
-interval over checkpoints, the least-squares trend of a training curve, and the data-scaling law
-y = A - B * N^k fitted by profile least squares, with a bootstrap interval on k. Every bootstrap takes
-a fixed seed: the same inputs give the same numbers. Tested against hand-computed values in
-tests/test_repro_stats.py. eval_sop.py and report.py import it too (numpy only, no project import:
-the rate intervals of every evaluation and the paired differences of `python report.py A B`).
+"""The statistics of every reported figure, numpy only and free of project imports: Wilson intervals
+(the rate interval of every evaluation: eval_sop.py, report.py, evaluation/online.py), the paired
+differences of `python report.py A B`, and what the reproduction scripts of runs/ build their verdicts
+on: the primary test of every verdict (a paired t-test across training seeds, seed_paired_t) and its
+null simulation (null_fpr), the exact McNemar test and a paired (two-level) bootstrap of a difference
+(secondary figures), R^2 of a least-squares line with a bootstrap interval over checkpoints, the
+least-squares trend of a training curve, and the data-scaling law y = A - B * N^k fitted by profile
+least squares, with a bootstrap interval on k. Every bootstrap takes a fixed seed: the same inputs
+give the same numbers. Tested against hand-computed values in tests/test_repro_stats.py.
 """
 from __future__ import annotations
 
