@@ -266,11 +266,16 @@ def load_episodes(path: str, *, limit: int | None = None, swipe_convention: str 
             rows = json.loads(text)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}: line {e.lineno}: invalid JSON: {e.msg}") from None
-        if rows and isinstance(rows[0], dict) and ("gt" in rows[0] or "image" in rows[0]) and "steps" not in rows[0]:
+        first = rows[0] if rows else None
+        if isinstance(first, dict) and ("gt" in first or "image" in first) and "steps" not in first:
             episodes = _native_episodes(rows, path, root)
-        else:
+        elif first is None or isinstance(first, dict) and "steps" in first:
             episodes = [_uis1_episode(r, _Where(f"{path}: row {i}"), path, root, f"row-{i}", convention)
                         for i, r in enumerate(rows)]
+        else:
+            saw = sorted(first) if isinstance(first, dict) else type(first).__name__
+            raise DataError(f"{path}: row 0: unknown format: expected a UI-S1 episode (goal, steps) or a native "
+                            f"AndroidControl step (image, gt, task); saw {saw}")
     else:
         episodes = []
         for n, line in enumerate(text.splitlines(), start=1):
