@@ -8,14 +8,13 @@ by every stage with one function, `resolve_spec`: a flag given on the command li
 warning when it disagrees with the checkpoint), else the checkpoint's value, else the default.
 `build_prompt` renders a step under a spec: the Qwen2.5-VL chat template with image pads expanded,
 the history as text, the last K screenshots as images, and a token budget that summarises the
-oldest turns instead of failing; `step_prompt` applies a spec to a recorded step.
+oldest turns instead of failing (extras/prompt_budget.py); `step_prompt` applies a spec to a recorded step.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
-import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -23,12 +22,10 @@ from PIL import Image
 
 import utils
 import gui
-from gui import MAX_PIXELS, MIN_PIXELS, parse_response, resized_size
+from gui import MAX_PIXELS, MIN_PIXELS, resized_size
 
 if TYPE_CHECKING:
     import torch
-
-logger = logging.getLogger(__name__)
 
 # -----------------------------------------------------------------------------
 # system prompts (the full one's action list is generated from gui.ACTIONS)
@@ -203,162 +200,120 @@ def strip_special(text: str, tokens: list[str]) -> str:
     return text
 
 
-def _summary_line(i: int, response: str) -> str:
-    a = parse_response(response).action
-    return f"Step {i + 1}: " + (json.dumps(a, ensure_ascii=False) if a is not None else "(no valid action)")
-
-
 def build_prompt(tokenizer, image_processor, spec: "PromptSpec", *, goal: str, screenshots: list,
                  history: list[str], step_instruction: str | None = None, elements: str | None = None,
                  pixels: bool = True) -> Prompt:
-    """Model inputs for step t = len(screenshots) - 1 under the prompt contract `spec` (images kept,
-    pixel limits, token budget, system prompt). screenshots: original images of steps 0..t, only the
-    last spec.num_images are read, so earlier entries may be None; with pixels=False an entry
-    may also be a (W, H) size, no pixel is processed and pixel_values is None: for policies that
-    never look at the image, e.g. expert replay and recorded responses;
-    history: the assistant responses of steps 0..t-1, as text).
-
-    Layout (the release's multi-turn form): system prompt; then per step a user turn (the goal in
-    the first one; the screenshot if it is among the last `num_images`, else a note that it is not
-    shown) followed by that step's response as an assistant turn; the current user turn adds the
-    step instruction and the element list (texts the caller gives; `step_prompt` applies the spec's
-    step_instruction / elements switches to a recorded step); the generation prompt ends the ids.
-
-    Budget: if the prompt is longer than spec.max_prompt_tokens, the oldest turns are dropped (their
-    images with them: pads and pixels always agree) and summarised by one action-only line each;
-    once only turns with screenshots are left, the oldest summary lines go before such a turn does.
-    A logged warning says what went; a prompt that cannot fit even so (the current screenshot
-    alone is too big) is returned with a warning, never an exception."""
+    """Model inputs for step t = len(screenshots) - 1 under the prompt contract `spec`. screenshots:
+    original images of steps 0..t; only the last spec.num_images are read (earlier entries may be
+    None); with pixels=False an entry may be a (W, H) size and pixel_values is None (policies that
+    never look, e.g. expert replay). history: the responses of steps 0..t-1, as text. Special-token
+    strings are cut out of every text. Phases: resize the kept screenshots ourselves (resized sizes,
+    so coordinates, known exactly); render the chat (`_messages`); past spec.max_prompt_tokens,
+    summarise the oldest turns (extras/prompt_budget.py, imported only then); expand each image pad
+    to its image's tokens (`_expand_pads`); the pixels (`_pixel_inputs`). Raises ValueError when the
+    history does not match the screenshots."""
     import torch
 
-    num_images, min_pixels, max_pixels = spec.num_images, spec.min_pixels, spec.max_pixels
-    max_prompt_tokens = spec.max_prompt_tokens
     t = len(screenshots) - 1
     if t < 0:
         raise ValueError("build_prompt: no screenshots")
     if len(history) != t:
         raise ValueError(f"build_prompt: {len(screenshots)} screenshots need {t} history responses, got {len(history)}")
-    if num_images < 1:
-        raise ValueError("build_prompt: num_images must be >= 1")
     patch, merge = int(image_processor.patch_size), int(image_processor.merge_size)
-    factor = patch * merge
-
     specials = special_tokens(tokenizer)
     clean = lambda s: strip_special(s, specials) if s else s  # noqa: E731
     goal, step_instruction, elements = clean(goal), clean(step_instruction), clean(elements)
     history = [clean(h) for h in history]
 
-    # resize the kept screenshots ourselves so resized sizes (and coordinates) are known exactly
-    image_steps_all = list(range(max(0, t + 1 - num_images), t + 1))
-    resized = {}
-    for i in image_steps_all:
-        w, h = screenshots[i] if isinstance(screenshots[i], tuple) else screenshots[i].size
-        resized[i] = resized_size((w, h), factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
-    n_pad = {i: (resized[i][0] // patch) * (resized[i][1] // patch) // merge**2 for i in image_steps_all}
-    pad_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    shown = list(range(max(0, t + 1 - spec.num_images), t + 1))  # the steps kept as images
+    resized = {i: resized_size(screenshots[i] if isinstance(screenshots[i], tuple) else screenshots[i].size,
+                               factor=patch * merge, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
+               for i in shown}
+    n_pad = {i: (resized[i][0] // patch) * (resized[i][1] // patch) // merge**2 for i in shown}
 
-    def render(drop: int, n_summary: int):
-        """Token ids (pads not yet expanded) and the image steps, with turns 0..drop-1 summarised
-        (their last n_summary summary lines kept)."""
-        first = f"Task goal: {goal}"
-        if drop > 0:
-            lines = [_summary_line(i, history[i]) for i in range(drop - n_summary, drop)]
-            shown = "actions only" if n_summary == drop else f"actions of the last {n_summary} only"
-            first += f"\nEarlier steps: {drop} (screenshots not shown; {shown}):" + "".join("\n" + s for s in lines)
-        messages = [{"role": "system", "content": [{"type": "text", "text": system_prompt_text(spec.system_prompt)}]}]
-        steps_with_image = []
-        for i in range(drop, t + 1):
-            content = [{"type": "text", "text": first + "\n"}] if i == drop else []
-            if i in resized:
-                content += [{"type": "text", "text": f"Step {i + 1} screenshot:"}, {"type": "image"}]
-                steps_with_image.append(i)
-            else:
-                content.append({"type": "text", "text": f"Step {i + 1} (screenshot not shown)."})
-            if i == t:
-                if step_instruction and step_instruction.strip():  # never an empty "Step instruction:" line
-                    content.append({"type": "text", "text": f"\nStep instruction: {step_instruction}"})
-                if elements:
-                    content.append({"type": "text", "text": f"\nUI elements on screen:\n{elements}"})
-            messages.append({"role": "user", "content": content})
-            if i < t:
-                messages.append({"role": "assistant", "content": [{"type": "text", "text": history[i]}]})
+    def render(drop: int = 0, earlier: str = ""):
+        """(tokens with pads expanded, ids, steps with an image, messages), turns 0..drop-1 told as `earlier`."""
+        messages = _messages(spec, goal, history, shown, step_instruction, elements, drop, earlier)
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        return ids, steps_with_image, messages
+        ids, steps = tokenizer.encode(text, add_special_tokens=False), [i for i in shown if i >= drop]
+        return len(ids) + sum(n_pad[i] - 1 for i in steps), ids, steps, messages
 
-    def length(ids, steps_with_image, messages=None):
-        return len(ids) + sum(n_pad[i] - 1 for i in steps_with_image)
+    drop, (n, ids, steps_with_image, messages) = 0, render()
+    if spec.max_prompt_tokens is not None and n > spec.max_prompt_tokens:
+        from extras import prompt_budget  # a budget, and a prompt over it
 
-    drop, n_summary = 0, 0
-    ids, steps_with_image, messages = render(0, 0)
-    n_full = length(ids, steps_with_image)
-    if max_prompt_tokens is not None and n_full > max_prompt_tokens:
-        # the first (drop, n_summary) that fits, in order of preference: the oldest turns summarised,
-        # one action line each, until the turns left carry screenshots; then the oldest summary lines
-        # go (binary search: length grows with n_summary); only then turns with a screenshot.
-        def fits(d, k):
-            r = render(d, k)
-            return length(*r) <= max_prompt_tokens, r
+        drop, (n, ids, steps_with_image, messages) = prompt_budget.fit(render, history, shown[0],
+                                                                      spec.max_prompt_tokens, n)
+    ids = _expand_pads(ids, tokenizer.convert_tokens_to_ids("<|image_pad|>"), [n_pad[i] for i in steps_with_image])
+    pixel_values, grid, messages = _pixel_inputs(image_processor, screenshots, resized, steps_with_image, patch,
+                                                 pixels, messages)
+    return Prompt(input_ids=torch.tensor(ids, dtype=torch.long), pixel_values=pixel_values, image_grid_thw=grid,
+                  resized_size=resized[t], n_dropped_turns=drop, image_steps=steps_with_image, messages=messages)
 
-        first_image = image_steps_all[0]
-        for drop in range(1, t + 1):
-            ok, r = fits(drop, drop)
-            if ok:
-                n_summary, (ids, steps_with_image, messages) = drop, r
-                break
-            if drop not in (first_image, t):
-                continue
-            ok, r = fits(drop, 0)
-            if not ok:
-                continue
-            lo, hi, best = 0, drop, r  # fits with lo lines, not with hi
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                ok, r = fits(drop, mid)
-                lo, hi, best = (mid, hi, r) if ok else (lo, mid, best)
-            n_summary, (ids, steps_with_image, messages) = lo, best
-            break
-        else:  # nothing fits: everything but the current turn goes, and we say so
-            drop, n_summary = t, 0
-            ids, steps_with_image, messages = render(drop, n_summary)
-        n_now = length(ids, steps_with_image)
-        logger.warning("prompt of %d tokens over the budget of %d: summarised the oldest %d of %d turns "
-                       "(%d summary lines kept) -> %d tokens%s", n_full, max_prompt_tokens, drop, t, n_summary,
-                       n_now, "; STILL OVER BUDGET" if n_now > max_prompt_tokens else "")
 
-    # expand each <|image_pad|> to its image's token count, in order of appearance
-    if ids.count(pad_id) != len(steps_with_image):
-        raise RuntimeError(f"prompt has {ids.count(pad_id)} image pads for {len(steps_with_image)} images")
+def _messages(spec, goal, history, shown, step_instruction, elements, drop=0, earlier="") -> list:
+    """The chat of step t = len(history) in the release's multi-turn layout: the system prompt; then per
+    step from `drop` on a user turn (the goal, and `earlier`, what is said of the dropped turns, in the
+    first; the screenshot if its step is in `shown`, else a note that it is not shown) followed by that
+    step's response as an assistant turn; the current user turn adds the step instruction and the element
+    list (texts the caller gives; `step_prompt` applies the spec's switches to a recorded step)."""
+    t = len(history)
+    messages = [{"role": "system", "content": [{"type": "text", "text": system_prompt_text(spec.system_prompt)}]}]
+    for i in range(drop, t + 1):
+        content = [{"type": "text", "text": f"Task goal: {goal}{earlier}\n"}] if i == drop else []
+        if i in shown:
+            content += [{"type": "text", "text": f"Step {i + 1} screenshot:"}, {"type": "image"}]
+        else:
+            content.append({"type": "text", "text": f"Step {i + 1} (screenshot not shown)."})
+        if i == t:
+            if step_instruction and step_instruction.strip():  # never an empty "Step instruction:" line
+                content.append({"type": "text", "text": f"\nStep instruction: {step_instruction}"})
+            if elements:
+                content.append({"type": "text", "text": f"\nUI elements on screen:\n{elements}"})
+        messages.append({"role": "user", "content": content})
+        if i < t:
+            messages.append({"role": "assistant", "content": [{"type": "text", "text": history[i]}]})
+    return messages
+
+
+def _expand_pads(ids: list[int], pad_id: int, n_pads: list[int]) -> list[int]:
+    """Each <|image_pad|> of `ids` expanded to its image's token count n_pads[k], in order of appearance."""
+    if ids.count(pad_id) != len(n_pads):
+        raise RuntimeError(f"prompt has {ids.count(pad_id)} image pads for {len(n_pads)} images")
     out, k = [], 0
     for tok in ids:
         if tok == pad_id:
-            out.extend([pad_id] * n_pad[steps_with_image[k]])
+            out.extend([pad_id] * n_pads[k])
             k += 1
         else:
             out.append(tok)
+    return out
 
-    pixel_values = grid = None
-    if steps_with_image and not pixels:  # the grid the image processor would report, no pixels touched
-        grid = torch.tensor([[1, resized[i][1] // patch, resized[i][0] // patch] for i in steps_with_image],
-                            dtype=torch.long)
-    elif steps_with_image:
-        images = []
-        for i in steps_with_image:
-            im = screenshots[i]
-            im = im if im.mode == "RGB" else im.convert("RGB")
-            if im.size != resized[i]:
-                im = im.resize(resized[i], Image.BICUBIC)
-            images.append(im)
-        feats = image_processor(images=images, do_resize=False, return_tensors="pt")
-        pixel_values, grid = feats["pixel_values"], feats["image_grid_thw"].long()  # (P, 1176), (I, 3)
-        for i, g in zip(steps_with_image, grid.tolist()):
-            if g != [1, resized[i][1] // patch, resized[i][0] // patch]:
-                raise RuntimeError(f"image processor grid {g} disagrees with the resized size {resized[i]} (W, H)")
-        parts = iter(images)  # the image parts, in order of appearance, get their resized images
-        messages = [{**m, "content": [{**c, "image": next(parts)} if c["type"] == "image" else c for c in m["content"]]}
-                    for m in messages]
-    return Prompt(input_ids=torch.tensor(out, dtype=torch.long), pixel_values=pixel_values, image_grid_thw=grid,
-                  resized_size=resized[t], n_dropped_turns=drop, image_steps=steps_with_image, messages=messages)
+
+def _pixel_inputs(image_processor, screenshots, resized, steps, patch, pixels, messages):
+    """(pixel_values (P, 1176) or None, image_grid_thw (I, 3) or None, messages) of the images of `steps`,
+    each resized to resized[i] (W, H); the messages' image parts get their resized images, in order. With
+    pixels=False no pixel is touched: the grid the image processor would report, pixel_values None."""
+    import torch
+
+    if not steps:
+        return None, None, messages
+    want = [[1, resized[i][1] // patch, resized[i][0] // patch] for i in steps]
+    if not pixels:
+        return None, torch.tensor(want, dtype=torch.long), messages
+    images = []
+    for i in steps:
+        im = screenshots[i] if screenshots[i].mode == "RGB" else screenshots[i].convert("RGB")
+        images.append(im if im.size == resized[i] else im.resize(resized[i], Image.BICUBIC))
+    feats = image_processor(images=images, do_resize=False, return_tensors="pt")
+    pixel_values, grid = feats["pixel_values"], feats["image_grid_thw"].long()  # (P, 1176), (I, 3)
+    for i, g, w in zip(steps, grid.tolist(), want):
+        if g != w:
+            raise RuntimeError(f"image processor grid {g} disagrees with the resized size {resized[i]} (W, H)")
+    parts = iter(images)  # the image parts, in order of appearance, get their resized images
+    messages = [{**m, "content": [{**c, "image": next(parts)} if c["type"] == "image" else c for c in m["content"]]}
+                for m in messages]
+    return pixel_values, grid, messages
 
 
 def step_prompt(tokenizer, image_processor, spec: PromptSpec, *, goal: str, step, screenshots: list,

@@ -1,5 +1,6 @@
 """Episodes and screenshots (docs/method.md §2): the UI-S1 JSONL format (MiniWob++ files and
-converted AndroidControl included) and AndroidControl's native per-step JSON, loaded into `Episode`
+converted AndroidControl included) and AndroidControl's native per-step JSON (read by
+extras/android_control.py, imported for such a file only), loaded into `Episode`
 / `Step` with every action canonical (gui.check_action), swipes as finger paths and coordinates in
 ORIGINAL screenshot pixels; bad input raises `DataError` naming file, line (or row) and field.
 Screenshots are read from disk (`load_screenshot`) or stood in for by blank images of the recorded
@@ -9,18 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import random
-import re
 from dataclasses import dataclass, field
 
 from PIL import Image
 
 import utils
 from gui import as_number, check_action, swipe_direction
-
-logger = logging.getLogger(__name__)
 
 ANDROID_CONTROL_SIZE = (1080, 2400)  # (W, H) of AndroidControl phones where a native row records no size
 
@@ -54,25 +51,16 @@ class Episode:
         return str(self.meta.get("task") or self.source)
 
 
-_NATIVE_IMAGE_RE = re.compile(r"episode_(\w+?)-screenshot_(\d+)\.\w+$")
-
-
 class DataError(utils.InputError, ValueError):
     """A data file that cannot be read as episodes, or a step whose recorded size disagrees with its
     screenshot: the message names file, line (or row) and field. Scripts report it in one line."""
 
 
-class _Where:
-    """Error context: file and line (JSONL) or row index (JSON list)."""
-
-    def __init__(self, path, kind, idx):
-        self.path, self.kind, self.idx = path, kind, idx
+class _Where(str):
+    """Where a record is, "file: line N" (JSONL) or "file: row N" (JSON list): errors name it and the field."""
 
     def error(self, fld, msg) -> DataError:
-        return DataError(f"{self.path}: {self.kind} {self.idx}: field {fld!r}: {msg}")
-
-    def __str__(self):
-        return f"{self.path}: {self.kind} {self.idx}"
+        return DataError(f"{self}: field {fld!r}: {msg}")
 
 
 def _size(v, where, fld):
@@ -141,8 +129,16 @@ KNOWN_SWIPE_CONVENTIONS = {
 }
 
 
-def _to_finger(action: dict, convention: str) -> dict:
-    """A stored swipe -> the finger's path under `convention` (reversing the path flips its direction)."""
+def _to_finger(action: dict, convention: str | None, where, fld) -> dict:
+    """A stored swipe -> the finger's path under the file's `convention` (reversing the path flips its
+    direction). A zero-length swipe, or a file that declares no convention, raises DataError."""
+    if action["coordinate"] == action["coordinate2"]:
+        raise where.error(fld, f"zero-length swipe {action['coordinate']} -> {action['coordinate2']}: it has no "
+                          "direction, no prediction could match it")
+    if convention is None:
+        raise where.error("swipe_convention", "the file stores swipes but declares no convention: pass "
+                          f"swipe_convention (eval_sop.py --swipe-convention) one of {SWIPE_CONVENTIONS}, or "
+                          "add \"swipe_convention\" to each episode (see dataset.SWIPE_CONVENTIONS)")
     d = swipe_direction(action["coordinate"], action["coordinate2"])
     if convention == "scroll" or (convention == "mixed" and d in ("left", "right")):
         return {**action, "coordinate": action["coordinate2"], "coordinate2": action["coordinate"]}
@@ -184,48 +180,7 @@ def _uis1_episode(obj, where, path, root, default_id, swipe_convention=None) -> 
     if declared is not None and declared not in SWIPE_CONVENTIONS:
         raise where.error("swipe_convention", f"expected one of {SWIPE_CONVENTIONS}, got {declared!r}")
     convention = swipe_convention or declared
-    out = []
-    for k, s in enumerate(steps):
-        f = f"steps[{k}]"
-        if not isinstance(s, dict):
-            raise where.error(f, "expected a JSON object")
-        if "action_content" not in s:
-            raise where.error(f"{f}.action_content", "missing")
-        raw = s["action_content"]
-        try:
-            action = check_action(raw, strict=True)
-        except ValueError as e:
-            raise where.error(f"{f}.action_content", str(e)) from None
-        if action["action"] == "swipe":
-            if action["coordinate"] == action["coordinate2"]:
-                raise where.error(f"{f}.action_content", f"zero-length swipe {action['coordinate']} -> "
-                                  f"{action['coordinate2']}: it has no direction, no prediction could match it")
-            if convention is None:
-                raise where.error("swipe_convention", "the file stores swipes but declares no convention: pass "
-                                  f"swipe_convention (eval_sop.py --swipe-convention) one of {SWIPE_CONVENTIONS}, or "
-                                  "add \"swipe_convention\" to each episode (see dataset.SWIPE_CONVENTIONS)")
-            action = _to_finger(action, convention)
-        size = _size(s.get("image_size"), where, f"{f}.image_size") or ep_size
-        _check_points(action, size, where, f"{f}.action_content")
-        check = s.get("check_options") or {}
-        if not isinstance(check, dict):
-            raise where.error(f"{f}.check_options", "expected a JSON object")
-        if "candidate_bbox" in s:
-            boxes = _boxes(s["candidate_bbox"], where, f"{f}.candidate_bbox")
-        elif "candidate_bbox" in check:
-            boxes = _boxes(check["candidate_bbox"], where, f"{f}.check_options.candidate_bbox")
-        else:  # the train file puts one box on the action itself
-            boxes = _boxes(raw.get("bbox") if isinstance(raw, dict) else None, where, f"{f}.action_content.bbox")
-        shot = s.get("screenshot")
-        if shot is not None and not isinstance(shot, str):
-            raise where.error(f"{f}.screenshot", f"expected a path string, got {shot!r}")
-        out.append(Step(
-            screenshot=shot, action=action,
-            step_instruction=_instruction(s.get("step_instruction"), where, f"{f}.step_instruction"),
-            thought=_text(s.get("thought"), where, f"{f}.thought"),
-            candidate_bbox=boxes, image_size=size,
-            elements=_elements(s.get("elements"), where, f"{f}.elements"),
-            root=root, where=f"{where}: {f}"))
+    out = [_step(s, where, f"steps[{k}].", root, ep_size, convention) for k, s in enumerate(steps)]
     ep_id = obj.get("episode_id", default_id)
     if isinstance(ep_id, bool) or not isinstance(ep_id, (str, int)):
         raise where.error("episode_id", f"expected a string or int, got {ep_id!r}")
@@ -235,154 +190,78 @@ def _uis1_episode(obj, where, path, root, default_id, swipe_convention=None) -> 
     return Episode(goal=goal, episode_id=str(ep_id), steps=out, source=path, meta=meta)
 
 
-def _native_action(gt, where, size) -> dict:
-    """AndroidControl's native action -> our action space. Scroll direction is the CONTENT's
-    direction; the finger moves the opposite way (see module docstring)."""
-    if not isinstance(gt, dict):
-        raise where.error("gt", "expected a JSON object")
-    kind = gt.get("action_type")
-    w, h = size
-
-    def pt():
-        x, y = as_number(gt.get("x")), as_number(gt.get("y"))
-        if x is None or y is None:
-            raise where.error("gt.x/gt.y", f"expected numbers for {kind!r}, got x={gt.get('x')!r} y={gt.get('y')!r}")
-        return [int(round(x)), int(round(y))]
-
-    def txt(key):
-        v = gt.get(key)
-        if not isinstance(v, str):
-            raise where.error(f"gt.{key}", f"expected a string for {kind!r}, got {v!r}")
-        return v
-
-    if kind == "click":
-        return {"action": "click", "coordinate": pt()}
-    if kind == "long_press":
-        return {"action": "long_press", "coordinate": pt(), "time": 2}
-    if kind == "scroll":
-        d = gt.get("direction")
-        # finger path for each content direction; the release's points (W/2, H/4) <-> (W/2, 3H/4)
-        top, bottom = [w // 2, h // 4], [w // 2, 3 * h // 4]
-        left, right = [w // 4, h // 2], [3 * w // 4, h // 2]
-        paths = {"down": (bottom, top), "up": (top, bottom), "right": (right, left), "left": (left, right)}
-        if d not in paths:
-            raise where.error("gt.direction", f"expected up/down/left/right, got {d!r}")
-        a, b = paths[d]
-        return {"action": "swipe", "coordinate": a, "coordinate2": b}
-    if kind == "input_text":
-        return {"action": "type", "text": txt("text")}
-    if kind == "open_app":
-        return {"action": "open", "text": txt("app_name")}
-    if kind == "navigate_back":
-        return {"action": "system_button", "button": "Back"}
-    if kind == "navigate_home":
-        return {"action": "system_button", "button": "Home"}
-    if kind == "keyboard_enter":
-        return {"action": "system_button", "button": "Enter"}
-    if kind == "wait":
-        return {"action": "wait", "time": 2}
-    if kind == "answer":
-        return {"action": "answer", "text": txt("text")}
-    if kind == "status":  # AndroidWorld-style terminal action
-        s = gt.get("goal_status")
-        if s not in ("complete", "infeasible", "successful", "success", "failure"):
-            raise where.error("gt.goal_status", f"unknown status {s!r}")
-        return {"action": "terminate", "status": "success" if s in ("complete", "successful", "success") else "failure"}
-    raise where.error("gt.action_type", f"unknown native action {kind!r}")
+def _step(s, where, prefix: str, root, size, convention, names: dict | None = None) -> Step:
+    """One step in the UI-S1 layout (a UI-S1 episode's steps[k], or a converted native row) -> Step.
+    size: the episode's image_size, if any; convention: the file's swipe convention. Errors name the
+    field as prefix + its key (a converted row's own name for it: `names`)."""
+    fld = lambda key: prefix + (names or {}).get(key, key)  # noqa: E731
+    if not isinstance(s, dict):
+        raise where.error(prefix.rstrip("."), "expected a JSON object")
+    if "action_content" not in s:
+        raise where.error(fld("action_content"), "missing")
+    raw = s["action_content"]
+    try:
+        action = check_action(raw, strict=True)
+    except ValueError as e:
+        raise where.error(fld("action_content"), str(e)) from None
+    if action["action"] == "swipe":
+        action = _to_finger(action, convention, where, fld("action_content"))
+    size = _size(s.get("image_size"), where, fld("image_size")) or size
+    _check_points(action, size, where, fld("action_content"))
+    check = s.get("check_options") or {}
+    if not isinstance(check, dict):
+        raise where.error(fld("check_options"), "expected a JSON object")
+    if "candidate_bbox" in s:
+        boxes = _boxes(s["candidate_bbox"], where, fld("candidate_bbox"))
+    elif "candidate_bbox" in check:
+        boxes = _boxes(check["candidate_bbox"], where, fld("check_options") + ".candidate_bbox")
+    else:  # the train file puts one box on the action itself
+        boxes = _boxes(raw.get("bbox") if isinstance(raw, dict) else None, where, fld("action_content") + ".bbox")
+    shot = s.get("screenshot")
+    if shot is not None and not isinstance(shot, str):
+        raise where.error(fld("screenshot"), f"expected a path string, got {shot!r}")
+    return Step(screenshot=shot, action=action, candidate_bbox=boxes, image_size=size,
+                step_instruction=_instruction(s.get("step_instruction"), where, fld("step_instruction")),
+                thought=_text(s.get("thought"), where, fld("thought")),
+                elements=_elements(s.get("elements"), where, fld("elements")),
+                root=root, where=f"{where}: {prefix[:-1]}" if prefix else str(where))
 
 
-def _native_episodes(rows, path, root) -> list[Episode]:
-    """AndroidControl native rows (one per step, image episode_<id>-screenshot_<k>.png) grouped into
-    episodes in order of first appearance, steps sorted by k. The file records no episode goal: the
-    goal is the episode's step instructions joined, those of rows dropped at a gap included (so it
-    reads like AndroidControl-Low's plan of the whole task).
+def _native_episodes(rows: list, path: str, root: str) -> list[Episode]:
+    """AndroidControl's native per-step JSON (rows with image/gt/task): extras/android_control.py, imported
+    for such a file only, turns its rows into UI-S1 episodes (step gaps, goals: native_episodes), each
+    step then checked as any UI-S1 step, its errors naming the row and the row's own field."""
+    from extras import android_control
 
-    Step gaps. An episode is walked (SOP, static, rollouts) step after step, each step's screen the
-    result of the one before, so steps are never joined across a missing number: an episode is the
-    run of consecutive step numbers from its first recorded one, and the rows after its first gap
-    are dropped (episode 1364 of the shipped test file, steps 0-4, 6, 7, keeps 0-4: no policy can be
-    asked for step 5, and step 6's screen does not follow step 4's). An episode whose first recorded
-    step is not 0 starts there. Its meta records what happened: "steps_recorded" (the step numbers
-    in the file), "first_step", "steps_dropped" (rows after the gap); one warning per file counts
-    them. The shipped test file: 225 of 1,262 episodes affected (9 start at step 1), 835 of 6,434
-    rows dropped; expert replay stays PG = TSR = 1.0 on what is kept. (Every number it misses is a
-    wait or long_press step, which that export lacks; the UI-S1 file of the same episodes has them.)"""
-    groups: dict[str, dict[int, Step]] = {}
-    goals: dict[str, str] = {}  # a goal, where a row carries one (other exports of the format do)
-    for i, row in enumerate(rows):
-        where = _Where(path, "row", i)
-        if not isinstance(row, dict):
-            raise where.error("<row>", f"expected a JSON object, got {type(row).__name__}")
-        img = row.get("image")
-        m = _NATIVE_IMAGE_RE.search(img) if isinstance(img, str) else None
-        if m is None:
-            raise where.error("image", f"expected a name like episode_<id>-screenshot_<k>.png, got {img!r}")
-        size = _size(row.get("image_size", row.get("img_size")), where, "image_size")
-        action = _native_action(row.get("gt"), where, size or ANDROID_CONTROL_SIZE)
-        _check_points(action, size, where, "gt")
-        ep, k = m.group(1), int(m.group(2))
-        if k in groups.setdefault(ep, {}):
-            raise where.error("image", f"duplicate step {k} of episode {ep}")
-        groups[ep][k] = Step(screenshot=img, action=action, step_instruction=_instruction(row.get("task"), where, "task"),
-                             candidate_bbox=_boxes(row.get("candidate_bbox"), where, "candidate_bbox"),
-                             image_size=size, root=root, where=str(where))
-        if isinstance(row.get("goal"), str) and row["goal"]:
-            goals.setdefault(ep, row["goal"])
-    out, gapped = [], []
-    for ep, by_k in groups.items():
-        ks = sorted(by_k)
-        run = 1
-        while run < len(ks) and ks[run] == ks[run - 1] + 1:
-            run += 1
-        steps = [by_k[k] for k in ks[:run]]
-        meta = {"format": "android_control_native", "swipe_convention": "native scroll direction"}
-        if run < len(ks) or ks[0] != 0:
-            meta.update(steps_recorded=ks, first_step=ks[0], steps_dropped=len(ks) - run)
-            gapped.append((ep, ks, len(ks) - run))
-        # the goal is the whole task's, as a recorded goal would be: every recorded row's instruction
-        goal = goals.get(ep) or " ".join(by_k[k].step_instruction.strip() for k in ks if by_k[k].step_instruction)
-        out.append(Episode(goal=goal, episode_id=ep, steps=steps, source=path, meta=meta))
-    if gapped:
-        ep, ks, _ = gapped[0]
-        logger.warning("%s: %d of %d episodes skip step numbers or start after step 0 (e.g. episode %s: steps %s); "
-                       "each is cut at its first gap, %d rows dropped (gui._native_episodes)", path, len(gapped),
-                       len(out), ep, _ranges(ks), sum(n for *_, n in gapped))
-    return out
-
-
-def _ranges(ks: list[int]) -> str:
-    """Sorted ints as runs: [0, 1, 2, 3, 4, 6, 7] -> '0-4, 6-7'."""
-    runs, start = [], ks[0]
-    for a, b in zip(ks, ks[1:] + [None]):
-        if b != a + 1:
-            runs.append(f"{start}-{a}" if a > start else f"{a}")
-            start = b
-    return ", ".join(runs)
+    try:
+        converted = android_control.native_episodes(rows, path, ANDROID_CONTROL_SIZE)
+    except android_control.Bad as e:
+        raise DataError(str(e)) from None
+    return [Episode(goal=ep["goal"], episode_id=ep["episode_id"], source=path, meta=ep["meta"],
+                    steps=[_step(s, _Where(f"{path}: row {i}"), "", root, None, "finger", android_control.ROW_FIELDS)
+                           for s, i in zip(ep["steps"], row_ids)]) for ep, row_ids in converted]
 
 
 def load_episodes(path: str, *, limit: int | None = None, swipe_convention: str | None = None) -> list[Episode]:
     """Load episodes from a UI-S1 JSONL file (one episode per line; MiniWob files too), a JSON list
     of such episodes, or AndroidControl's native per-step JSON list (rows with image/gt/task).
-    Any malformed line or unknown action raises DataError (a ValueError) naming file, line (or row) and field:
-    also boxes with reversed corners, zero-length expert swipes, expert points outside a recorded
-    image_size (with a hint when it looks (H, W)-swapped), and swipes in a file whose swipe
-    convention is neither given (swipe_convention, one of SWIPE_CONVENTIONS; it overrides a
-    per-episode "swipe_convention" field), declared per episode, nor known (KNOWN_SWIPE_CONVENTIONS).
-    Swipes are returned as finger paths. Episodes without an episode_id get "line-<n>"."""
-    path = str(path)
+    Any malformed line or unknown action raises DataError (a ValueError) naming file, line (or row) and
+    field: also boxes with reversed corners, zero-length expert swipes, expert points outside a recorded
+    image_size (with a hint when it looks (H, W)-swapped), and swipes in a file whose swipe convention is
+    neither given (swipe_convention, one of SWIPE_CONVENTIONS; it overrides a per-episode
+    "swipe_convention" field), declared per episode, nor known (KNOWN_SWIPE_CONVENTIONS).
+    Swipes are returned as finger paths. Episodes without an episode_id get "line-<n>" ("row-<n>")."""
+    path, root = str(path), os.path.dirname(os.path.abspath(path))
     if swipe_convention is not None and swipe_convention not in SWIPE_CONVENTIONS:
         raise ValueError(f"swipe_convention: expected one of {SWIPE_CONVENTIONS}, got {swipe_convention!r}")
-    root = os.path.dirname(os.path.abspath(path))
     with open(path, "rb") as f:
         raw = f.read()
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: byte {e.start}: not UTF-8 text (a JSONL or JSON episode file was expected)") from None
-    if swipe_convention is None:
-        swipe_convention = KNOWN_SWIPE_CONVENTIONS.get(hashlib.sha256(raw).hexdigest())
-    episodes: list[Episode] = []
-    if text.lstrip().startswith("["):
+    convention = swipe_convention or KNOWN_SWIPE_CONVENTIONS.get(hashlib.sha256(raw).hexdigest())
+    if text.lstrip().startswith("["):  # a JSON list: of UI-S1 episodes, or of native rows (the first row tells)
         try:
             rows = json.loads(text)
         except json.JSONDecodeError as e:
@@ -390,31 +269,32 @@ def load_episodes(path: str, *, limit: int | None = None, swipe_convention: str 
         first = rows[0] if rows else None
         if isinstance(first, dict) and ("gt" in first or "image" in first) and "steps" not in first:
             episodes = _native_episodes(rows, path, root)
-        elif first is None or (isinstance(first, dict) and "steps" in first):
-            episodes = [_uis1_episode(r, _Where(path, "row", i), path, root, f"row-{i}", swipe_convention)
+        elif first is None or isinstance(first, dict) and "steps" in first:
+            episodes = [_uis1_episode(r, _Where(f"{path}: row {i}"), path, root, f"row-{i}", convention)
                         for i, r in enumerate(rows)]
         else:
-            seen = sorted(first) if isinstance(first, dict) else type(first).__name__
+            saw = sorted(first) if isinstance(first, dict) else type(first).__name__
             raise DataError(f"{path}: row 0: unknown format: expected a UI-S1 episode (goal, steps) or a native "
-                             f"AndroidControl step (image, gt, task); saw {seen}")
+                            f"AndroidControl step (image, gt, task); saw {saw}")
     else:
+        episodes = []
         for n, line in enumerate(text.splitlines(), start=1):
+            if limit is not None and len(episodes) >= limit:
+                break
             if not line.strip():
                 continue
-            where = _Where(path, "line", n)
+            where = _Where(f"{path}: line {n}")
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise where.error("<json>", f"invalid JSON: {e.msg} (column {e.colno})") from None
-            episodes.append(_uis1_episode(obj, where, path, root, f"line-{n}", swipe_convention))
-            if limit is not None and len(episodes) >= limit:
-                break
+            episodes.append(_uis1_episode(obj, where, path, root, f"line-{n}", convention))
     seen = set()
     for ep in episodes:
         if ep.episode_id in seen:
             raise DataError(f"{path}: field 'episode_id': duplicate episode id {ep.episode_id!r}")
         seen.add(ep.episode_id)
-    return episodes[:limit] if limit is not None else episodes
+    return episodes[:limit]
 
 
 # -----------------------------------------------------------------------------

@@ -11,12 +11,8 @@ Conventions (read these before touching coordinates):
 - an action dict is the release's JSON, e.g. {"action": "click", "coordinate": [x, y]}. Expert
   actions (dataset.Step.action) are in ORIGINAL screenshot pixels; model responses are in pixels of
   the RESIZED screenshot the model saw (chat.Prompt.resized_size). score_response maps between the two.
-- swipe: coordinate -> coordinate2 is the path of the FINGER. AndroidControl's native `scroll`
-  `direction` is the direction the *content* moves, i.e. opposite to the finger: a native
-  "scroll down" becomes a finger swipe upwards when loaded. The UI-S1 release files already store
-  finger swipes. (The release converted only up/down; its horizontal swipes keep the native
-  direction, so its 133 left/right test swipes disagree with our native conversion. Each file is
-  self-consistent, which is all a match needs.)
+- swipe: coordinate -> coordinate2 is the path of the FINGER, in every loaded action (a file that
+  stores scroll directions is converted on loading: dataset.SWIPE_CONVENTIONS, extras/android_control.py).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ import dataset
 import eval_sop
 import gui
 import reward
+from extras import android_control
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
@@ -251,12 +252,22 @@ def test_wire_format_by_hand():
             conv.parse_example(broken)
 
 
-def test_scroll_points_agree_with_gui_native_rows():
-    for d in ("up", "down", "left", "right"):
-        for size in (S1, (1080, 2400)):
-            ours = conv.convert_action({"action_type": "scroll", "direction": d}, size)
-            assert ours == dataset._native_action({"action_type": "scroll", "direction": d}, dataset._Where("t", "row", 0), size)
-            assert gui.swipe_direction(ours["coordinate"], ours["coordinate2"]) == FINGER[d]
+def test_one_action_mapping_for_shards_and_native_rows():
+    """The converter and the native-JSON loader map a native action with one function; its scroll points,
+    computed by hand for S1 = 108 x 240: the centre line at a quarter and three quarters of each axis."""
+    assert conv.release_action is android_control.release_action
+    hand = {"up": ([54, 60], [54, 180]), "down": ([54, 180], [54, 60]),
+            "left": ([27, 120], [81, 120]), "right": ([81, 120], [27, 120])}
+    for d, (start, end) in hand.items():
+        ours = conv.release_action({"action_type": "scroll", "direction": d}, S1)
+        assert ours == {"action": "swipe", "coordinate": start, "coordinate2": end}
+        assert android_control.row_action({"action_type": "scroll", "direction": d}, S1) == ours
+        assert gui.swipe_direction(ours["coordinate"], ours["coordinate2"]) == FINGER[d]
+    # the loader leaves points to its own check against the recorded size; the converter checks them here
+    far = {"action_type": "click", "x": 500, "y": 3}
+    assert android_control.row_action(far, S1) == {"action": "click", "coordinate": [500, 3]}
+    with pytest.raises(android_control.Bad, match="500 lies outside the 108x240 screenshot"):
+        conv.release_action(far, S1)
 
 
 # -----------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from PIL import Image
 
 import dataset
 import gui
+from extras import android_control
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "android_control"
 TEST_UIS1 = DATA / "android_control_test_uis1.jsonl"
@@ -30,7 +31,7 @@ def real():
     ("android_control_train_example_uis1.jsonl", 32, 206, 13),
     ("thought_example_uis1.jsonl", 1, 11, 11),
     # 6434 rows (6903 - 463 wait - 6 long_press); 225 episodes skip step numbers or start at 1: cut at their
-    # first gap, 835 rows dropped (dataset._native_episodes)
+    # first gap, 835 rows dropped (extras/android_control.native_episodes)
     ("android_control_test_native_steps.json", 1262, 5599, 24),
 ])
 def test_real_files_load_completely(real, name, episodes, steps, longest):
@@ -68,11 +69,11 @@ def test_swipe_conventions_of_both_formats(real):
     """Native scroll direction is the content's; we store finger swipes. Joined by episode id and
     step, vertical swipes of the two formats agree; horizontal ones disagree because the release
     converted only up/down: read under its declared "mixed" convention, all 956 agree."""
-    # every native row, those the loader drops after a step gap included (dataset._native_episodes)
+    # every native row, those the loader drops after a step gap included (android_control.native_episodes)
     native = {}
     for i, row in enumerate(json.loads(TEST_NATIVE.read_text())):
-        ep, k = dataset._NATIVE_IMAGE_RE.search(row["image"]).groups()
-        action = dataset._native_action(row["gt"], dataset._Where(TEST_NATIVE, "row", i), dataset.ANDROID_CONTROL_SIZE)
+        ep, k = android_control.IMAGE_RE.search(row["image"]).groups()
+        action = android_control.row_action(row["gt"], dataset.ANDROID_CONTROL_SIZE)
         native.setdefault(ep, {})[int(k)] = dataset.Step(screenshot=row["image"], action=action)
     agree = {"vertical": 0, "horizontal": 0}
     disagree = {"vertical": 0, "horizontal": 0}

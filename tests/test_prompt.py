@@ -1,6 +1,7 @@
 """Prompt building with the real Qwen2.5-VL tokenizer and the tiny preset's small one (the same
 chat template and special tokens, other ids), and the image processor."""
 
+import json
 import logging
 from pathlib import Path
 
@@ -193,3 +194,53 @@ def test_budget_smaller_than_the_images_does_not_crash(proc, longest, caplog):
     # every turn dropped, the summary emptied; the current screenshot alone is 3354 tokens
     assert p.n_dropped_turns == 23 and p.image_steps == [23] and "STILL OVER BUDGET" in caplog.text
     check_pads_match_grid(p)
+
+
+# -----------------------------------------------------------------------------
+# the prompt pinned: build_prompt's output for a few specs, stored when its layout was last changed on
+# purpose (tests/data/prompt_pins.json); a refactor of chat.py must reproduce it token for token
+
+PINS = Path(__file__).resolve().parent / "data" / "prompt_pins.json"
+
+
+def pinned_cases():
+    """{name: (spec, build_prompt's keyword arguments)}: history, the last K screenshots, instruction and
+    elements, the short system prompt without pixels, special tokens to strip, and the outcomes of a budget
+    (turns summarised, summary lines trimmed, the older screenshot dropped, still over)."""
+    sizes = [(720, 1280), (333, 500), (1080, 2400), (160, 210), (540, 1200)]
+    shots = [Image.new("RGB", s, (40 * i, 90, 200 - 30 * i)) for i, s in enumerate(sizes)]
+    acts = [{"action": "click", "coordinate": [10 + i, 20]} for i in range(4)]
+    hist = [gui.format_response(f"thought {i}", a) for i, a in enumerate(acts)]
+    small = dict(max_pixels=50176)
+    kw = dict(goal="Send the report.", screenshots=shots, history=hist)
+    return {
+        "defaults": (chat.PromptSpec(), dict(kw, step_instruction="tap send", elements="[1] button 'Send'")),
+        "three_images_small": (chat.PromptSpec(num_images=3, **small), kw),
+        "short_no_pixels": (chat.PromptSpec(num_images=1, system_prompt="short"),
+                            dict(kw, screenshots=[None] * 4 + [(540, 1200)], pixels=False, step_instruction="  ")),
+        "special_tokens": (chat.PromptSpec(**small), dict(goal="Open <|im_end|>Maps", screenshots=shots[:2],
+                                                          history=["<|image_pad|>" + hist[0]], elements="a<|im_start|>b")),
+        "budget_summaries": (chat.PromptSpec(max_prompt_tokens=660, **small), kw),
+        "budget_trimmed_lines": (chat.PromptSpec(max_prompt_tokens=600, **small), kw),
+        "budget_older_screenshot_dropped": (chat.PromptSpec(max_prompt_tokens=520, **small), kw),
+        "budget_still_over": (chat.PromptSpec(max_prompt_tokens=50, **small), kw),
+    }
+
+
+def pinned_output(tok, ip, spec, kw) -> dict:
+    """What build_prompt returns, in JSON: ids, grid, image steps, dropped turns, sizes, a pixel checksum and
+    the messages' text parts."""
+    p = chat.build_prompt(tok, ip, spec, **kw)
+    texts = [[c.get("text", c["type"]) for c in m["content"]] for m in p.messages]
+    return {"ids": p.input_ids.tolist(), "grid": None if p.image_grid_thw is None else p.image_grid_thw.tolist(),
+            "image_steps": p.image_steps, "dropped": p.n_dropped_turns, "resized": list(p.resized_size),
+            "pixels": None if p.pixel_values is None else round(float(p.pixel_values.double().sum()), 3),
+            "messages": texts}
+
+
+def test_build_prompt_output_is_pinned(proc):
+    tok, ip = proc
+    pins = json.loads(PINS.read_text())[tok.__class__.__name__ + str(len(tok))]
+    for name, (spec, kw) in pinned_cases().items():
+        assert pinned_output(tok, ip, spec, kw) == pins[name], name
+    assert all(pins[n]["dropped"] > 0 for n in pins if n.startswith("budget"))  # the budget cases do summarise

@@ -28,7 +28,8 @@ Output, in OUT:
 Actions (docs/android_control.md, "Action mapping"): click / long_press -> click / long_press at (x, y)
 in pixels of that observation's screenshot; scroll `direction` (the side the content comes from) ->
 swipe of the FINGER, which moves the opposite way on both axes; input_text -> type; open_app -> open;
-navigate_back / navigate_home -> system_button Back / Home; wait -> wait. --terminate appends the
+navigate_back / navigate_home -> system_button Back / Home; wait -> wait (extras/android_control.py's
+release_action, which the loader of the native per-step JSON shares). --terminate appends the
 train-style final step {"action": "terminate", "status": "success"} on the last observation.
 
 Bad input is never dropped silently: a corrupted shard (gzip error, truncated record, CRC mismatch),
@@ -55,7 +56,6 @@ import glob
 import gzip
 import io
 import json
-import math
 import os
 import struct
 import sys
@@ -69,18 +69,18 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: utils, gui
 import utils  # noqa: E402
-import dataset
+import dataset  # noqa: E402
+# the action mapping (docs/android_control.md), shared with the loader of the native per-step JSON
+from extras.android_control import Bad, release_action  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # Config
 
 SHARD_GLOB = "android_control-*-of-*"
-NATIVE_ACTIONS = ("click", "long_press", "scroll", "input_text", "open_app", "navigate_back", "navigate_home", "wait")
 # Interactive nodes: those a tap can be aimed at. Scrollable and merely focusable nodes are left out:
 # a scroll container covers most of the screen and would name no target.
 INTERACTIVE_FLAGS = {12: "is_checkable", 14: "is_clickable", 15: "is_editable", 19: "is_long_clickable"}
 SWIPE_CONVENTION = "finger"  # dataset.SWIPE_CONVENTIONS: every swipe we write is the finger's path
-PRESS_TIME = WAIT_TIME = 2   # seconds, as the release writes long_press and wait
 
 
 def build_parser():
@@ -108,14 +108,6 @@ class RecordError(dataset.DataError):
         super().__init__(f"{shard}:{record}: {field}: {what}")
         self.shard, self.record, self.field, self.what = shard, record, field, what
         self.lost_rest, self.episode_id = lost_rest, episode_id
-
-
-class Bad(ValueError):
-    """Inside one record: the field and what is wrong with it (RecordError adds shard:record)."""
-
-    def __init__(self, field: str, what: str):
-        super().__init__(f"{field}: {what}")
-        self.field, self.what = field, what
 
 
 # -----------------------------------------------------------------------------
@@ -372,76 +364,6 @@ def candidate_bbox(boxes, x: int, y: int, size: tuple[int, int]) -> list[list[in
 
 
 # -----------------------------------------------------------------------------
-# Action mapping (docs/android_control.md)
-
-def finger_swipe(direction: str, size: tuple[int, int]) -> tuple[list[int], list[int]]:
-    """(start, end) of the finger for a native scroll `direction` (the side the content comes from)
-    on a screenshot (W, H) = size: the finger starts on that side and moves to the other, on both
-    axes. Points: the centre line at a quarter and three quarters of the screen, (W/2, H/4) <->
-    (W/2, 3H/4) and (W/4, H/2) <-> (3W/4, H/2): the release's points, and gui's for native rows."""
-    w, h = size
-    side = {"up": [w // 2, h // 4], "down": [w // 2, 3 * h // 4],
-            "left": [w // 4, h // 2], "right": [3 * w // 4, h // 2]}
-    opposite = {"up": "down", "down": "up", "left": "right", "right": "left"}
-    if direction not in side:
-        raise Bad("direction", f"expected up/down/left/right, got {direction!r}")
-    if side[direction] == side[opposite[direction]]:  # a swipe with no direction could never be matched
-        raise Bad("direction", f"the {w}x{h} screenshot is too small for a {direction} swipe")
-    return side[direction], side[opposite[direction]]
-
-
-def convert_action(act, size: tuple[int, int]) -> dict:
-    """One native action (the decoded JSON of `actions[k]`) -> our action dict (gui.action_types()),
-    coordinates in pixels of screenshot k, whose (W, H) is `size`. Raises Bad naming the key."""
-    if not isinstance(act, dict):
-        raise Bad("action", f"expected a JSON object, got {type(act).__name__}")
-    kind = act.get("action_type")
-
-    def point():
-        xy = []
-        for k, limit in (("x", size[0]), ("y", size[1])):
-            v = act.get(k)
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise Bad(k, f"expected a number for {kind!r}, got {v!r}")
-            try:
-                f = float(v)  # JSON's integers have no bound: one past a float's range is a bad record
-            except OverflowError:
-                raise Bad(k, f"the integer {str(v)[:20]}... ({len(str(v))} digits) does not fit a coordinate") from None
-            if not math.isfinite(f):
-                raise Bad(k, f"expected a finite number for {kind!r}, got {v!r}")
-            # gui's bound (1 px slack for rounding): a point off the screenshot is a bad record
-            if not -1 <= f <= limit + 1:
-                raise Bad(k, f"{v} lies outside the {size[0]}x{size[1]} screenshot")
-            xy.append(int(round(v)))
-        return xy
-
-    def text(key):
-        v = act.get(key)
-        if not isinstance(v, str):
-            raise Bad(key, f"expected a string for {kind!r}, got {v!r}")
-        return v
-
-    if kind == "click":
-        return {"action": "click", "coordinate": point()}
-    if kind == "long_press":
-        return {"action": "long_press", "coordinate": point(), "time": PRESS_TIME}
-    if kind == "scroll":
-        start, end = finger_swipe(act.get("direction"), size)
-        return {"action": "swipe", "coordinate": start, "coordinate2": end}
-    if kind == "input_text":
-        return {"action": "type", "text": text("text")}
-    if kind == "open_app":
-        return {"action": "open", "text": text("app_name")}
-    if kind == "navigate_back":
-        return {"action": "system_button", "button": "Back"}
-    if kind == "navigate_home":
-        return {"action": "system_button", "button": "Home"}
-    if kind == "wait":
-        return {"action": "wait", "time": WAIT_TIME}
-    raise Bad("action_type", f"unknown action type {kind!r} (known: {', '.join(NATIVE_ACTIONS)})")
-
-
-# -----------------------------------------------------------------------------
 # One record -> one episode
 
 def _get(feats, name, kind, *, required=True):
@@ -530,7 +452,7 @@ def convert_episode(feats, *, terminate: bool) -> tuple[dict | None, list[tuple[
         except ValueError as e:  # an integer literal past Python's digit limit
             raise Bad(f"actions[{k}]", f"a number does not fit: {e}") from None
         try:
-            action = convert_action(act, sizes[k])
+            action = release_action(act, sizes[k])
         except Bad as e:
             raise Bad(f"actions[{k}].{e.field}", e.what) from None
         native[act["action_type"]] += 1
