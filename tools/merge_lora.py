@@ -13,12 +13,13 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: utils, lora
+import cli  # noqa: E402
 import utils  # noqa: E402
 import lora  # noqa: E402
 import vlm  # noqa: E402
 
-parser = utils.make_parser(__doc__)
-parser.add_argument("ckpt", type=utils.arg_type(vlm.model_path), help="a LoRA checkpoint folder, or a run's ckpt/ (its `latest` is followed)")
+parser = cli.make_parser(__doc__)
+parser.add_argument("ckpt", type=cli.arg_type(vlm.model_path), help="a LoRA checkpoint folder, or a run's ckpt/ (its `latest` is followed)")
 parser.add_argument("--out", required=True, help="the folder to write (created; files in it are overwritten)")
 
 
@@ -32,4 +33,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    utils.run_script(main)
+    cli.run_script(main)
