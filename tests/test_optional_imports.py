@@ -57,3 +57,37 @@ def test_lora_is_imported_when_asked(tmp_path, rl_ckpt):  # noqa: F811
     assert got["rl"]["train_tokens"] > 0 and got["rl"]["loss"] is not None
     ckpt = (tmp_path / "rl" / "ckpt" / (tmp_path / "rl" / "ckpt" / "latest").read_text().strip())
     assert (ckpt / "adapter_model.safetensors").is_file() and not (ckpt / "model.safetensors").exists()
+
+
+def test_lora_flags_are_config_fields_shown_in_help_and_checked(capsys):
+    """The LoRA flags and --report-to are fields of both stage configs (configs.common.StageConfig):
+    listed in --help (LoRA under its own title), parsed into the typed config, and the rule between
+    them (configs.common.check_lora_args) holds without importing extras.lora."""
+    import torch
+
+    import train_semionline
+    import train_sft
+    import utils
+    from configs.common import check_lora_args
+
+    for stage in (train_semionline, train_sft):
+        cfg, other = stage.parse([])
+        assert (cfg.lora_r, cfg.lora_alpha, cfg.lora_targets, cfg.merge, cfg.report_to) == (0, None, None, False, ("none",))
+        assert not {"lora_r", "report_to"} & set(vars(other))           # typed fields, not the bag
+        help_text = stage.parser.format_help()
+        assert "LoRA (extras/lora.py; --lora-r 0: full fine-tuning):\n  --lora-r" in help_text
+        assert "--report-to TRACKER" in help_text
+        assert check_lora_args(cfg) is None
+        assert check_lora_args(stage.parse(["--merge"])[0]).startswith("--merge needs --lora-r")
+        assert "expected comma-separated" in check_lora_args(stage.parse(["--lora-r", "2", "--lora-targets", "q;v"])[0])
+        assert stage.parse(["--lora-r", "4", "--merge"])[0].lora_r == 4
+        for bad in (["--lora-r", "-1"], ["--lora-dropout", "1"], ["--lora-alpha", "0"]):
+            try:
+                stage.parse(bad)
+                raise AssertionError(bad)
+            except SystemExit as e:
+                assert e.code == 2 and bad[0] in capsys.readouterr().err
+    # the optimizer takes the parameters with requires_grad only (the adapters under LoRA)
+    frozen, trained = torch.nn.Linear(2, 2).requires_grad_(False), torch.nn.Linear(2, 3)
+    opt = utils.adamw(list(frozen.parameters()) + list(trained.parameters()), lr=1e-3)
+    assert opt.param_groups[0]["params"] == list(trained.parameters())
