@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from PIL import Image
 
+import cli
 import utils
 import gui
 from gui import MAX_PIXELS, MIN_PIXELS, resized_size
@@ -109,7 +110,7 @@ def add_prompt_args(parser: argparse.ArgumentParser) -> None:
         elif f.name == "system_prompt":
             g.add_argument(flag, choices=sorted(SYSTEM_PROMPTS), default=None, help=helptext)
         else:
-            g.add_argument(flag, type=utils.positive_int, default=None, help=helptext)
+            g.add_argument(flag, type=cli.positive_int, default=None, help=helptext)
 
 
 def checkpoint_spec(model) -> dict:

@@ -91,6 +91,7 @@ import torch
 from tqdm import tqdm
 
 import chat
+import cli
 import dataset
 import gui
 import policies
@@ -114,19 +115,19 @@ from sampler import DECODE_MODES, SampleOutput, Sampler
 # Config
 
 
-size_arg = utils.arg_type(gui.parse_size)  # argparse type for 'WxH' -> (W, H)
-input_file = utils.arg_type(utils.input_file)  # argparse type: a readable file
+size_arg = cli.arg_type(gui.parse_size)  # argparse type for 'WxH' -> (W, H)
+input_file = cli.arg_type(cli.input_file)  # argparse type: a readable file
 # prompt options that must agree with training: read from a checkpoint's args.json unless given
 
 
 def sop_parser() -> argparse.ArgumentParser:
-    p = utils.make_parser(__doc__)
+    p = cli.make_parser(__doc__)
     perf = p.add_argument_group("performance (not the method: same results, different speed/memory)")
     # data
     p.add_argument("--data", nargs="*", default=[], type=input_file, help="episode files (UI-S1 JSONL or AndroidControl native JSON); "
                    "may be empty with --online")
-    p.add_argument("--limit", type=utils.positive_int, default=None, help="first N episodes of each file (default: all)")
-    p.add_argument("--per-task-limit", type=utils.positive_int, default=None,
+    p.add_argument("--limit", type=cli.positive_int, default=None, help="first N episodes of each file (default: all)")
+    p.add_argument("--per-task-limit", type=cli.positive_int, default=None,
                    help="first N episodes of each task (episode.meta['task'], else each file) (default: all)")
     p.add_argument("--swipe-convention", choices=dataset.SWIPE_CONVENTIONS, default=None,
                    help="how the data files store swipes (default: declared per episode, or known for the shipped "
@@ -137,7 +138,7 @@ def sop_parser() -> argparse.ArgumentParser:
                    "raised on gets progress 0; README 'Reward rules and trivial-policy floors'); androidcontrol, "
                    "aitw: published step protocols' rules (evaluation/protocols.py)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--image-root", default=None, type=utils.arg_type(utils.input_dir), help="folder holding the screenshots (default: paths as recorded)")
+    g.add_argument("--image-root", default=None, type=cli.arg_type(cli.input_dir), help="folder holding the screenshots (default: paths as recorded)")
     g.add_argument("--blank-screens", type=size_arg, default=None,
                    help="WxH: blank images stand in for missing screenshots "
                    "(dry runs; AndroidControl phones are 1080x2400)")
@@ -150,18 +151,18 @@ def sop_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", choices=["expert", "model", "openai"], default="expert",
                    help="who acts: expert = replay the expert actions; model = greedy responses of --model; openai = "
                    "a model served behind an OpenAI-compatible endpoint (--base-url, --served-model; policies.py)")
-    p.add_argument("--model", default="tiny", type=utils.arg_type(vlm.model_path),
+    p.add_argument("--model", default="tiny", type=cli.arg_type(vlm.model_path),
                    help="'tiny' (random, seeded by --seed), a Hugging Face folder, a checkpoint folder, or a folder "
                    "with a `latest` pointer (e.g. out/sft/ckpt); the prompt contract's fields not given come from its args.json")
-    p.add_argument("--max-new-tokens", type=utils.positive_int, default=512,
+    p.add_argument("--max-new-tokens", type=cli.positive_int, default=512,
                    help="response length limit, as training's (docs/method.md §7); a response that hits it is cut: under the "
                    "strict rules a malformed, wrong step; result.json counts them (responses_at_cap, truncated_rate)")
-    perf.add_argument("--batch-size", type=utils.positive_int, default=32,
+    perf.add_argument("--batch-size", type=cli.positive_int, default=32,
                       help="episodes walked together: prompts per generate call (at most)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where the model runs")
     perf.add_argument("--decode", default="auto", choices=DECODE_MODES,
                       help="sampler decode: auto (graph on CUDA, else eager), eager (the reference), static, graph (CUDA graphs)")
-    p.add_argument("--seed", type=utils.non_negative_int, default=0, help="seed of the tiny model's init")
+    p.add_argument("--seed", type=cli.non_negative_int, default=0, help="seed of the tiny model's init")
     policies.add_served_args(p)  # --base-url, --served-model, --action-format, --concurrency, --timeout, --retries
     # protocols
     p.add_argument("--protocol", nargs="+", choices=["sop", "static", *policies.NAMED_PROTOCOLS], default=["sop"],
@@ -170,18 +171,18 @@ def sop_parser() -> argparse.ArgumentParser:
     p.add_argument("--online", action="store_true", help="also evaluate online in live MiniWob++ (chromium)")
     p.add_argument("--online-tasks", nargs="+", type=miniwob_tasks.miniwob_task, default=None,
                    help="MiniWob++ tasks (default: the tasks of --data, else every task with an expert)")
-    p.add_argument("--online-seeds", type=utils.positive_int, default=5, help="held-out episodes per task (from --online-seed-base)")
-    p.add_argument("--online-seed-base", type=utils.non_negative_int, default=None,
+    p.add_argument("--online-seeds", type=cli.positive_int, default=5, help="held-out episodes per task (from --online-seed-base)")
+    p.add_argument("--online-seed-base", type=cli.non_negative_int, default=None,
                    help="first online seed (default: 200000, fresh pages: the data files use 0+ (train) and 100000+ (test))")
-    p.add_argument("--online-max-steps", type=utils.positive_int, default=12, help="step limit of an online episode")
-    perf.add_argument("--online-batch", type=utils.positive_int, default=8,
+    p.add_argument("--online-max-steps", type=cli.positive_int, default=12, help="step limit of an online episode")
+    perf.add_argument("--online-batch", type=cli.positive_int, default=8,
                       help="online episodes played at once, one browser each; the model answers them in one "
                       "generate call (greedy answers do not depend on the batch)")
-    p.add_argument("--samples", type=utils.non_negative_int, default=0,
+    p.add_argument("--samples", type=cli.non_negative_int, default=0,
                    help="K (0: none): also play every online episode K times sampled (same seeds, same pages) and report "
                    "greedy success, pass@K and the flippable fraction (greedy fails, a sample succeeds); --policy model")
-    p.add_argument("--temperature", type=utils.temperature, default=1.0, help="sampling temperature of the --samples plays")
-    p.add_argument("--sample-seed", type=utils.non_negative_int, default=0, help="seed of the --samples plays (same seed and batch: same plays)")
+    p.add_argument("--temperature", type=cli.temperature, default=1.0, help="sampling temperature of the --samples plays")
+    p.add_argument("--sample-seed", type=cli.non_negative_int, default=0, help="seed of the --samples plays (same seed and batch: same plays)")
     # output
     p.add_argument("--out", default=None, help="output folder (result.json, episodes.jsonl, report.html, ...); "
                    "a path ending in .jsonl writes only the per-episode SOP lines there")
@@ -190,11 +191,11 @@ def sop_parser() -> argparse.ArgumentParser:
                    "played again; the same flags")
     p.add_argument("--overwrite", action="store_true", help="--out may hold another run: its files (eval_sop's only) "
                    "are deleted first (default: a folder holding eval_sop's files is refused, exit 2)")
-    p.add_argument("--max-server-error-share", type=utils.fraction, default=0.0,
+    p.add_argument("--max-server-error-share", type=cli.fraction, default=0.0,
                    help="0: any request without an answer makes the exit code 3; else 3 past this share (such steps "
                    "are the server's, counted apart from malformed answers and scored wrong), 0 otherwise")
     p.add_argument("--report", default=None, help="HTML report path (default: OUT/report.html when --out is a folder)")
-    p.add_argument("--report-episodes", type=utils.non_negative_int, default=8, help="episodes shown per protocol in the report (0: none)")
+    p.add_argument("--report-episodes", type=cli.non_negative_int, default=8, help="episodes shown per protocol in the report (0: none)")
     p.add_argument("--json", action="store_true",
                    help="also print the full summary (result.json's, without the args) as one JSON line, last on stdout")
     p.add_argument("--log-level", default="WARNING", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level (budget warnings are WARNING)")
@@ -395,9 +396,9 @@ def run_static(episodes: list[dataset.Episode], run_rollouts, args, show: set[in
 
 def check_flags(parser, args, argv: list[str]) -> None:
     """Flag combinations that parse but cannot run raise utils.UsageError (one line, exit 2)."""
-    if args.policy == "expert" and "model" in utils.explicit_flags(parser, argv):
+    if args.policy == "expert" and "model" in cli.explicit_flags(parser, argv):
         raise utils.UsageError(f"--model {args.model} is given but --policy is expert (the default): add --policy model")
-    policies.check_args(args, utils.explicit_flags(parser, argv))  # served flags; a named protocol -> static + its rules
+    policies.check_args(args, cli.explicit_flags(parser, argv))  # served flags; a named protocol -> static + its rules
     for flag, value, low in (("--max-new-tokens", args.max_new_tokens, 1), ("--batch-size", args.batch_size, 1),
                              ("--online-seeds", args.online_seeds, 1), ("--online-batch", args.online_batch, 1)):
         if value < low:
@@ -678,4 +679,4 @@ def exit_status(summary) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(exit_status(utils.run_script(main)))
+    sys.exit(exit_status(cli.run_script(main)))

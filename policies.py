@@ -34,6 +34,7 @@ import random
 import sys
 from collections import Counter
 
+import cli
 import utils
 import dataset
 import gui
@@ -185,10 +186,10 @@ def add_served_args(p) -> None:
     g.add_argument("--action-format", choices=list(ADAPTERS), default="uis1",
                    help="the served model's family (system prompt, answer format, coordinates): " +
                    "; ".join(f"{k}: {a.about}" for k, a in ADAPTERS.items()))
-    g.add_argument("--concurrency", type=utils.positive_int, default=8, help="requests in flight at once")
-    g.add_argument("--timeout", type=utils.positive_float, default=120.0,
+    g.add_argument("--concurrency", type=cli.positive_int, default=8, help="requests in flight at once")
+    g.add_argument("--timeout", type=cli.positive_float, default=120.0,
                    help="seconds a request may take in all (connect, wait, every byte of the answer)")
-    g.add_argument("--retries", type=utils.non_negative_int, default=3,
+    g.add_argument("--retries", type=cli.non_negative_int, default=3,
                    help="retries of a request after a network error, --timeout, HTTP 429 or 5xx (backoff 1, 2, 4 "
                    "... s or the server's Retry-After, at most 60 s; 0: none); then the step is a wrong step and its "
                    "episode records the server's error")
@@ -200,7 +201,7 @@ def add_served_args(p) -> None:
 def check_args(args, given: set) -> None:
     """eval_sop's served flags and named protocols: raises utils.UsageError on a bad combination; a named
     --protocol becomes `static` with its match rules and step-instruction setting (args.named_protocol:
-    its name, else None). given: the flags on the command line (utils.explicit_flags)."""
+    its name, else None). given: the flags on the command line (cli.explicit_flags)."""
     served = args.policy == "openai"
     if served != bool(args.base_url and args.served_model) or (not served and (args.base_url or args.served_model
                                                                                or args.prompt_from)):

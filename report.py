@@ -28,6 +28,7 @@ import os
 import sys
 from collections import Counter
 
+import cli
 import utils
 import dataset
 import gui
@@ -476,24 +477,24 @@ def write_compare(path: str, c: dict) -> None:
 # rule reward of recorded responses of any model beside the floor of the same steps (eval_sop.py score;
 # input lines {episode_id, step (0-based), response}, coordinates in pixels of the resized screenshot)
 
-input_file = utils.arg_type(utils.input_file)
-size_arg = utils.arg_type(gui.parse_size)
+input_file = cli.arg_type(cli.input_file)
+size_arg = cli.arg_type(gui.parse_size)
 
 
 def baselines_parser() -> argparse.ArgumentParser:
-    p = utils.make_parser("Match rates of trivial policies per action type (the floor to put next to every score). "
-                          "Last stdout line: JSON.\n\n"
-                          "    python eval_sop.py baselines --data data/android_control/android_control_test_uis1.jsonl",
-                          prog="eval_sop.py baselines")
-    p.add_argument("--data", nargs="+", required=True, type=utils.arg_type(utils.input_file), help="episode files")
+    p = cli.make_parser("Match rates of trivial policies per action type (the floor to put next to every score). "
+                        "Last stdout line: JSON.\n\n"
+                        "    python eval_sop.py baselines --data data/android_control/android_control_test_uis1.jsonl",
+                        prog="eval_sop.py baselines")
+    p.add_argument("--data", nargs="+", required=True, type=cli.arg_type(cli.input_file), help="episode files")
     p.add_argument("--match-rules", choices=protocols.MATCH_RULES, default="strict",
                    help="strict (ours), release, or a published step protocol's (androidcontrol, aitw)")
     p.add_argument("--swipe-convention", choices=dataset.SWIPE_CONVENTIONS, default=None,
                    help="how the data files store swipes (default: declared, or known for shipped files)")
     p.add_argument("--image-root", default=None, help="screenshots folder (sizes are read from file headers)")
-    p.add_argument("--image-size", type=utils.arg_type(gui.parse_size), default=dataset.ANDROID_CONTROL_SIZE,
+    p.add_argument("--image-size", type=cli.arg_type(gui.parse_size), default=dataset.ANDROID_CONTROL_SIZE,
                    help="WxH for steps with neither a recorded size nor a file (default 1080x2400, AndroidControl)")
-    p.add_argument("--seed", type=utils.non_negative_int, default=0, help="seed of the random-click policy")
+    p.add_argument("--seed", type=cli.non_negative_int, default=0, help="seed of the random-click policy")
     p.add_argument("--out", default=None, help="also write the JSON here")
     return p
 
@@ -514,11 +515,11 @@ def baselines_main(argv: list[str] | None = None) -> dict:
 
 
 def score_parser(prog: str = "eval_sop.py score") -> argparse.ArgumentParser:
-    p = utils.make_parser("Score recorded responses with the rule reward (docs/method.md §4). Input lines: "
-                          "{episode_id, step (0-based), response}, coordinates in pixels of the resized screenshot.\n\n"
-                          "    python eval_sop.py score --data data/android_control/android_control_test_uis1.jsonl \\\n"
-                          "        --responses responses.jsonl --out scores.jsonl --image-size 1080x2400",
-                          prog=prog)
+    p = cli.make_parser("Score recorded responses with the rule reward (docs/method.md §4). Input lines: "
+                        "{episode_id, step (0-based), response}, coordinates in pixels of the resized screenshot.\n\n"
+                        "    python eval_sop.py score --data data/android_control/android_control_test_uis1.jsonl \\\n"
+                        "        --responses responses.jsonl --out scores.jsonl --image-size 1080x2400",
+                        prog=prog)
     p.add_argument("--data", nargs="+", required=True, type=input_file, help="episode files the responses refer to")
     p.add_argument("--responses", required=True, type=input_file, help="JSONL of responses; an optional field finish_reason ('length' "
                    "= cut at the token cap) or truncated (bool) makes the response malformed under the strict rules and is "
@@ -536,8 +537,8 @@ def score_parser(prog: str = "eval_sop.py score") -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=size_arg, default=None,
                    help="WxH of the original screenshots, for steps that record no size")
     p.add_argument("--image-root", default=None, help="else read the size from the screenshot files here")
-    p.add_argument("--min-pixels", type=utils.positive_int, default=gui.MIN_PIXELS, help="smart_resize min pixels the model saw")
-    p.add_argument("--max-pixels", type=utils.positive_int, default=gui.MAX_PIXELS, help="smart_resize max pixels the model saw")
+    p.add_argument("--min-pixels", type=cli.positive_int, default=gui.MIN_PIXELS, help="smart_resize min pixels the model saw")
+    p.add_argument("--max-pixels", type=cli.positive_int, default=gui.MAX_PIXELS, help="smart_resize max pixels the model saw")
     return p
 
 
@@ -636,8 +637,8 @@ def score_main(argv: list[str] | None = None, prog: str = "eval_sop.py score") -
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = utils.make_parser(__doc__)
-    p.add_argument("folders", nargs="+", type=utils.arg_type(utils.input_dir),
+    p = cli.make_parser(__doc__)
+    p.add_argument("folders", nargs="+", type=cli.arg_type(cli.input_dir),
                    help="eval_sop.py --out folders; the first is the one the others are compared with")
     p.add_argument("--names", nargs="+", default=None, help="a short name per folder (default: the folders' names)")
     p.add_argument("--out", default="out/compare.html", help="the HTML page; the comparison's JSON goes beside it (.json)")
@@ -658,4 +659,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    utils.run_script(main)
+    cli.run_script(main)

@@ -66,7 +66,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache
 
 from decode import CASCADE_LAYOUTS, CascadeDecode, EagerDecode, LeanStep, SlotLayer, StaticDecode, bucket
-from utils import check_temperature  # the one temperature rule, the flags' too
+from cli import check_temperature  # the one temperature rule, the flags' too
 from vlm import STOP_TOKENS, VISION_TOKENS, cache_attention_mask, image_runs, pad_token_id
 
 DECODE_MODES = ("auto", "eager", "static", "graph")  # Sampler(decode=...): engine design note 7

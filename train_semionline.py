@@ -34,7 +34,7 @@ release's returns and filter; `--preset paper` for the paper's returns (docs/met
         --data data/android_control/android_control_train_example_uis1.jsonl
 Offline-RL baseline on the same code: add --history expert. Short of memory: add
 --gradient-checkpointing (bench/gpu_check.py's full_depth runs the 28-layer 7B on one GPU with it),
-or --lora-r 16: adapters only, the KL reference is the policy with them disabled (lora.py).
+or --lora-r 16: adapters only, the KL reference is the policy with them disabled (extras/lora.py).
 """
 from __future__ import annotations
 
@@ -50,14 +50,16 @@ import torch
 from tqdm import tqdm
 
 import chat
+import cli
 import dataset
 import gui
-import lora
 import reward
 import utils
 import vlm
 from advantage import compute_advantages, dynamic_sampling_tasks
-from configs.semionline import GROUPS, PRESETS, RUN, RLConfig
+from configs.common import check_lora_args, metrics_logger
+from configs.flags import config_parser, parse_config
+from configs.semionline import GROUPS, PRESETS, RLConfig
 from kernels import aggregate_loss, loss_denominator, ppo_loss
 from rollout import RolloutSpec, StepRecord, semi_online_rollout, sop_progress
 from sampler import Sampler
@@ -69,26 +71,20 @@ from vlm import (PolicyLogProb, apply_fsdp, checkpoint_activations, collate_sequ
 # config: the flags made from configs.semionline.RLConfig (typed fields) and its PRESETS
 
 MAX_TASKS_LOGGED = 32  # reward_by_task is logged when the data has at most this many tasks
-USAGE = "%(prog)s [-h] [--preset {quickstart,paper,release}] [--FLAG VALUE ...]"
-parser = utils.make_parser(__doc__, usage=USAGE)
-groups = utils.add_config_flags(parser, RLConfig, GROUPS)
-parser._option_string_actions["--preset"].help = ("named settings (a flag given overrides them): "
-                                                  + utils.preset_help(PRESETS))
-lora.add_lora_args(parser.add_argument_group("LoRA (lora.py; 0: full fine-tuning)"))
-utils.add_report_to_arg(groups[RUN])
+parser = config_parser(__doc__, RLConfig, GROUPS, PRESETS)
 chat.add_prompt_args(parser)  # the prompt contract: from the starting checkpoint unless given
 
 
 def parse(argv=None) -> tuple[RLConfig, argparse.Namespace]:
-    """The flags: (the typed config with --preset applied, the Namespace of LoRA's, the prompt's
-    and --report-to's flags, as lora.py and chat.resolve_spec read them). Bad flags: exit 2."""
-    return utils.parse_config(parser, RLConfig, PRESETS, argv)
+    """The flags: (the typed config with --preset applied, the Namespace of the prompt's flags, as
+    chat.resolve_spec reads them). Bad flags: exit 2."""
+    return parse_config(parser, RLConfig, PRESETS, argv)
 
 
 def check_args(cfg: RLConfig, other: argparse.Namespace) -> None:
     """Flag values that parse but cannot run raise utils.UsageError (one line, exit 2), before any
     model loads and before args.json or metrics.jsonl is written."""
-    # each flag's own range (the temperature: utils.check_temperature) is its parser type's;
+    # each flag's own range (the temperature: cli.check_temperature) is its parser type's;
     # here the rules between flags
     rules = [
         (cfg.old_logp != "sampler" or cfg.top_p == 1.0,
@@ -102,13 +98,15 @@ def check_args(cfg: RLConfig, other: argparse.Namespace) -> None:
          f"--overlong-buffer {cfg.overlong_buffer}: must be in [0, --max-new-tokens "
          f"{cfg.max_new_tokens}]"),
     ]
-    rules.append((lora.check_lora_args(other) is None, lora.check_lora_args(other)))
+    rules.append((check_lora_args(cfg) is None, check_lora_args(cfg)))
     for ok, message in rules:
         if not ok:
             raise utils.UsageError(message)
     # the checkpoint's adapters must be this run's, checked before --out is written
     ckpt = utils.latest_checkpoint(Path(cfg.out) / "ckpt") if cfg.resume else None
-    lora.check_resume(other, ckpt)
+    if cfg.lora_r or utils.is_adapter_dir(ckpt):
+        from extras import lora
+        lora.check_resume(cfg, ckpt)
 
 
 # -----------------------------------------------------------------------------
@@ -214,13 +212,15 @@ def build_models(run, init: str) -> None:
     utils.print0(f"policy initialised from: {init}")
     dtype = torch.float32  # master weights; bf16 compute comes from FSDP's mixed precision on GPU
     run.model = model = vlm.load_model(init, dtype=dtype, device=proc.device, seed=cfg.seed)
-    # None without --lora-r
-    run.adapter = lora.apply_lora(model, run.other, base=init, seed=cfg.seed)
+    run.adapter = None  # the PeftModel with --lora-r (extras/lora.py, imported only then)
+    if cfg.lora_r:
+        from extras import lora
+        run.adapter = lora.apply_lora(model, cfg, base=init, seed=cfg.seed)
     if cfg.gradient_checkpointing:
         checkpoint_activations(model)
     run.policy = apply_fsdp(model, PolicyLogProb(model), proc, mixed_precision=run.gpu)
     # under LoRA the reference is the policy with adapters off (no second model), unless --ref-model
-    lora_ref = cfg.kl_coef > 0 and run.adapter and cfg.ref_model is None
+    lora_ref = cfg.kl_coef > 0 and run.adapter and cfg.ref_model is None  # (lora imported above)
     run.ref = lora.AdaptersOff(run.policy, run.adapter) if lora_ref else None
     if cfg.kl_coef > 0 and run.ref is None:
         ref_model = vlm.load_model(cfg.ref_model or init,
@@ -229,7 +229,7 @@ def build_models(run, init: str) -> None:
                                    seed=cfg.seed if cfg.ref_seed is None else cfg.ref_seed)
         ref_model.requires_grad_(False).eval()
         run.ref = apply_fsdp(ref_model, PolicyLogProb(ref_model), proc, mixed_precision=False)
-    run.optimizer = utils.adamw(lora.trainable(run.policy), lr=cfg.lr,
+    run.optimizer = utils.adamw(run.policy.parameters(), lr=cfg.lr,
                                 weight_decay=cfg.weight_decay)
     run.sampler = Sampler(model, run.tokenizer, max_new_tokens=cfg.max_new_tokens,
                           temperature=cfg.temperature,
@@ -268,9 +268,8 @@ def resume(run) -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "args.json").write_text(utils.dumps(run.record, indent=2))
     # a resume keeps the rows up to its checkpoint: the redone steps are logged once (trackers too)
-    run.metrics = utils.MetricsLogger(out / "metrics.jsonl", report_to=run.other.report_to,
-                                      config=run.record,
-                                      resume_step=run.start_step if cfg.resume else None)
+    run.metrics = metrics_logger(out / "metrics.jsonl", report_to=cfg.report_to, config=run.record,
+                                 resume_step=run.start_step if cfg.resume else None)
 
 
 def evaluate_heldout(run, step: int) -> dict:
@@ -505,7 +504,7 @@ def finish(run, last: dict) -> None:
     cfg, out = run.cfg, run.out
     run.metrics.close()
     utils.cleanup_distributed()
-    if run.proc.is_main and run.other.merge:  # the adapted model as a plain Hugging Face folder
+    if run.proc.is_main and run.cfg.merge:  # the adapted model as a plain Hugging Face folder
         merged = vlm.merge_checkpoint(utils.latest_checkpoint(out / "ckpt"), out / "merged")
         utils.print0(f"merged: {merged}")
     if run.proc.is_main:
@@ -697,4 +696,4 @@ def _fmt(x, spec: str) -> str:
 
 
 if __name__ == "__main__":
-    utils.run_script(main)
+    cli.run_script(main)

@@ -22,7 +22,7 @@ AndroidControl without screenshots (dry run on blank 1080x2400 phones):
     python train_sft.py --data data/android_control/android_control_train_example_uis1.jsonl \\
         --blank-screens 1080x2400 --max-pixels 200704
 Short of memory: add --gradient-checkpointing (activations recomputed per decoder layer), or train
-LoRA adapters only (--lora-r 16 --merge: lora.py; OUT/merged is then the plain adapted model).
+LoRA adapters only (--lora-r 16 --merge: extras/lora.py; OUT/merged: the plain adapted model).
 Checkpoints land in --out/ckpt/step_XXXXXX (Hugging Face layout, safetensors);
 train_semionline.py --model auto starts from the latest one.
 
@@ -54,33 +54,29 @@ import torch
 from tqdm import tqdm
 
 import chat
+import cli
 import dataset
 import gui
-import lora
 import patch
 import utils
 import vlm
-from configs.sft import GROUPS, PRESETS, RUN, SFTConfig
+from configs.common import check_lora_args, metrics_logger
+from configs.flags import config_parser, parse_config
+from configs.sft import GROUPS, PRESETS, SFTConfig
 from vlm import (PolicyLogProb, apply_fsdp, checkpoint_activations, collate_sequences, pad_token_id,
                  to_device)
 
 # -----------------------------------------------------------------------------
 # config: the flags made from configs.sft.SFTConfig (typed fields) and its PRESETS
 
-USAGE = "%(prog)s [-h] [--preset {quickstart,paper,release}] [--FLAG VALUE ...]"
-parser = utils.make_parser(__doc__, usage=USAGE)
-groups = utils.add_config_flags(parser, SFTConfig, GROUPS)
-parser._option_string_actions["--preset"].help = ("named settings (a flag given overrides them): "
-                                                  + utils.preset_help(PRESETS))
-lora.add_lora_args(parser.add_argument_group("LoRA (lora.py; 0: full fine-tuning)"))
-utils.add_report_to_arg(groups[RUN])  # --report-to none | tensorboard wandb trackio
+parser = config_parser(__doc__, SFTConfig, GROUPS, PRESETS)
 chat.add_prompt_args(parser)  # --num-images, --min/max-pixels, --max-prompt-tokens, ...
 
 
 def parse(argv=None) -> tuple[SFTConfig, argparse.Namespace]:
-    """The flags: (the typed config with --preset applied, the Namespace of LoRA's, the prompt's
-    and --report-to's flags, as lora.py and chat.resolve_spec read them). Bad flags: exit 2."""
-    return utils.parse_config(parser, SFTConfig, PRESETS, argv)
+    """The flags: (the typed config with --preset applied, the Namespace of the prompt's flags, as
+    chat.resolve_spec reads them). Bad flags: exit 2."""
+    return parse_config(parser, SFTConfig, PRESETS, argv)
 
 
 # -----------------------------------------------------------------------------
@@ -203,12 +199,14 @@ def build_model(run) -> None:
     cfg, proc, out = run.cfg, run.proc, run.out
     run.model = model = vlm.load_model(cfg.model, dtype=torch.float32, device=proc.device,
                                        seed=cfg.seed)
-    # None without --lora-r
-    run.adapter = lora.apply_lora(model, run.other, base=cfg.model, seed=cfg.seed)
+    run.adapter = None  # the PeftModel with --lora-r (extras/lora.py, imported only then)
+    if cfg.lora_r:
+        from extras import lora
+        run.adapter = lora.apply_lora(model, cfg, base=cfg.model, seed=cfg.seed)
     if cfg.gradient_checkpointing:
         checkpoint_activations(model)
     run.policy = apply_fsdp(model, PolicyLogProb(model), proc, mixed_precision=run.gpu)
-    run.optimizer = utils.adamw(lora.trainable(run.policy), lr=cfg.lr,
+    run.optimizer = utils.adamw(run.policy.parameters(), lr=cfg.lr,
                                 weight_decay=cfg.weight_decay)
     run.start_step = 0
     if cfg.resume:
@@ -225,9 +223,8 @@ def build_model(run) -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "args.json").write_text(utils.dumps(run.record, indent=2))
     # a resume keeps the rows up to its checkpoint: the redone steps are logged once (trackers too)
-    run.metrics = utils.MetricsLogger(out / "metrics.jsonl", report_to=run.other.report_to,
-                                      config=run.record,
-                                      resume_step=run.start_step if cfg.resume else None)
+    run.metrics = metrics_logger(out / "metrics.jsonl", report_to=cfg.report_to, config=run.record,
+                                 resume_step=run.start_step if cfg.resume else None)
 
 
 def example(run, ep, t: int) -> tuple:
@@ -310,7 +307,7 @@ def copy_warmup(run) -> None:
         return
     rng = random.Random(cfg.seed * 1_000_003 + proc.rank)
     digit_ids = set(run.tokenizer.convert_tokens_to_ids(list("0123456789")))
-    warm_opt = utils.adamw(lora.trainable(policy), lr=cfg.copy_warmup_lr,
+    warm_opt = utils.adamw(policy.parameters(), lr=cfg.copy_warmup_lr,
                            weight_decay=cfg.weight_decay)
     warm_log = utils.MetricsLogger(out / "copy_warmup.jsonl")
     per_rank = max(1, cfg.batch_size // proc.world_size)
@@ -415,14 +412,17 @@ def finish(run, last: dict) -> None:
     cfg, out = run.cfg, run.out
     run.metrics.close()
     utils.cleanup_distributed()
-    if run.proc.is_main and run.other.merge:  # the adapted model as a plain Hugging Face folder
+    if run.proc.is_main and cfg.merge:  # the adapted model as a plain Hugging Face folder
         merged = vlm.merge_checkpoint(utils.latest_checkpoint(out / "ckpt"), out / "merged")
         utils.print0(f"merged: {merged}")
     if run.proc.is_main:
+        lora_flags = ""
+        if cfg.lora_r:  # a LoRA SFT: the RL stage trains adapters too
+            from extras import lora
+            lora_flags = lora.next_stage_flags(cfg)
         utils.print_next_steps(out, cfg.data, "out/eval/sft",
                                "next stage: torchrun --nproc_per_node=2 train_semionline.py "
-                               f"--sft-dir {out / 'ckpt'}"
-                               + lora.next_stage_flags(run.other))  # a LoRA SFT: RL adapters too
+                               f"--sft-dir {out / 'ckpt'}" + lora_flags)
         print(utils.dumps(last), flush=True)
 
 
@@ -435,10 +435,13 @@ def main(argv=None):
         raise utils.UsageError(f"--copy-warmup-save-at {list(cfg.copy_warmup_save_at)}: every step "
                                f"must be <= --copy-warmup-steps {cfg.copy_warmup_steps}")
     spec = chat.resolve_spec(other, cfg.model, say=utils.print0)
-    if lora.check_lora_args(other):
-        raise utils.UsageError(lora.check_lora_args(other))
-    if cfg.resume:  # the checkpoint's adapters must be this run's, checked before --out is written
-        lora.check_resume(other, utils.latest_checkpoint(Path(cfg.out) / "ckpt"))
+    if check_lora_args(cfg):
+        raise utils.UsageError(check_lora_args(cfg))
+    # a LoRA run's or checkpoint's adapters must be this run's, checked before --out is written
+    ckpt = utils.latest_checkpoint(Path(cfg.out) / "ckpt") if cfg.resume else None
+    if cfg.lora_r or utils.is_adapter_dir(ckpt):
+        from extras import lora
+        lora.check_resume(cfg, ckpt)
     run = setup(cfg, other, spec)
     copy_warmup(run)  # models trained from scratch: copy a point (or a string) first
     last = sft(run)
@@ -447,4 +450,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    utils.run_script(main)
+    cli.run_script(main)

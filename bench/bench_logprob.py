@@ -29,6 +29,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root, for `kernels`
+import cli  # noqa: E402
 import utils  # noqa: E402
 from kernels import fused_logprob  # noqa: E402
 from gpu_sections import lm_head_gemms  # noqa: E402  (bench/ is sys.path[0] when run as a script)
@@ -36,15 +37,15 @@ from gpu_sections import lm_head_gemms  # noqa: E402  (bench/ is sys.path[0] whe
 # ---------------------------------------------------------------------------------------------------
 # config
 
-parser = utils.make_parser(__doc__)
-parser.add_argument("--n", type=utils.positive_int, default=4096, help="tokens N")
-parser.add_argument("--h", type=utils.positive_int, default=256, help="hidden size H")
-parser.add_argument("--v", type=utils.positive_int, default=151936, help="vocab size V (Qwen2.5: 151936)")
+parser = cli.make_parser(__doc__)
+parser.add_argument("--n", type=cli.positive_int, default=4096, help="tokens N")
+parser.add_argument("--h", type=cli.positive_int, default=256, help="hidden size H")
+parser.add_argument("--v", type=cli.positive_int, default=151936, help="vocab size V (Qwen2.5: 151936)")
 parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="h and W dtype")
-parser.add_argument("--temperature", type=utils.temperature, default=1.0, help="softmax temperature")
+parser.add_argument("--temperature", type=cli.temperature, default=1.0, help="softmax temperature")
 parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
-parser.add_argument("--repeats", type=utils.positive_int, default=None, help="timed runs per path (default: 1 on CPU, 10 on CUDA)")
-parser.add_argument("--ref-chunk", type=utils.positive_int, default=None,
+parser.add_argument("--repeats", type=cli.positive_int, default=None, help="timed runs per path (default: 1 on CPU, 10 on CUDA)")
+parser.add_argument("--ref-chunk", type=cli.positive_int, default=None,
                     help="tokens per chunk of the CPU reference (default: 64 MiB of fp32 logits)")
 parser.add_argument("--worker", default=None, choices=["naive", "fused"], help="internal: run one path (CPU)")
 args = parser.parse_args()

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import utils  # noqa: E402
+import cli  # noqa: E402
 
 # runs/repro_main.py's RL setting (semi-online arm)
 RL = ["--tasks-per-step", "4", "--n-rollouts", "4", "--max-new-tokens", "80", "--temperature", "0.5",
@@ -28,12 +28,12 @@ PHASES = ("time_rollout_s", "time_logp_s", "time_update_s", "time_s")
 
 
 def main(argv=None) -> dict:
-    ap = utils.make_parser(__doc__)
+    ap = cli.make_parser(__doc__)
     ap.add_argument("--model", required=True, help="an RL starting checkpoint (an SFT checkpoint folder)")
     ap.add_argument("--data", required=True, help="RL episodes")
     ap.add_argument("--image-root", default=None)
-    ap.add_argument("--steps", type=utils.positive_int, default=3, help="RL steps per run (the first is not timed)")
-    ap.add_argument("--repeats", type=utils.positive_int, default=1, help="runs per mode, alternating")
+    ap.add_argument("--steps", type=cli.positive_int, default=3, help="RL steps per run (the first is not timed)")
+    ap.add_argument("--repeats", type=cli.positive_int, default=1, help="runs per mode, alternating")
     args, extra = ap.parse_known_args(argv)
     import torch
 

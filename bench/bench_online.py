@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import utils  # noqa: E402
+import cli  # noqa: E402
 from envs import miniwob_tasks  # noqa: E402
 
 # runs/repro_main.py's selection episodes: its 8 tasks, 13 seeds each from 200000, 10 steps at most
@@ -27,14 +27,14 @@ TASKS = ["enter-text", "enter-password", "login-user", "click-checkboxes", "clic
 
 
 def main(argv=None) -> dict:
-    ap = utils.make_parser(__doc__)
+    ap = cli.make_parser(__doc__)
     ap.add_argument("--model", required=True, help="a checkpoint folder (or a folder with a `latest` pointer)")
     ap.add_argument("--tasks", nargs="+", type=miniwob_tasks.miniwob_task, default=TASKS, help="MiniWob++ tasks")
-    ap.add_argument("--seeds", type=utils.positive_int, default=13, help="episodes per task, from seed 200000")
-    ap.add_argument("--max-steps", type=utils.positive_int, default=10)
-    ap.add_argument("--max-new-tokens", type=utils.positive_int, default=80)
-    ap.add_argument("--batches", type=utils.positive_int, nargs="+", default=[1, 8], help="batch sizes, the first is the baseline")
-    ap.add_argument("--repeats", type=utils.positive_int, default=1, help="runs per batch size, alternating")
+    ap.add_argument("--seeds", type=cli.positive_int, default=13, help="episodes per task, from seed 200000")
+    ap.add_argument("--max-steps", type=cli.positive_int, default=10)
+    ap.add_argument("--max-new-tokens", type=cli.positive_int, default=80)
+    ap.add_argument("--batches", type=cli.positive_int, nargs="+", default=[1, 8], help="batch sizes, the first is the baseline")
+    ap.add_argument("--repeats", type=cli.positive_int, default=1, help="runs per batch size, alternating")
     args = ap.parse_args(argv)
 
     import eval_sop

@@ -29,6 +29,7 @@ from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 import chat
+import cli  # noqa: E402
 import utils  # noqa: E402
 import dataset
 import gui  # noqa: E402
@@ -39,22 +40,22 @@ from hf_peer import generate_inputs  # noqa: E402  (bench/, the script's folder)
 # ---------------------------------------------------------------------------------------------------
 # config
 
-parser = utils.make_parser(__doc__)
+parser = cli.make_parser(__doc__)
 parser.add_argument("--model", default="tiny", help="'tiny' (vlm.tiny_config), 'small' (a ~0.2B random "
                     "Qwen2.5-VL for GPUs) or a Hugging Face directory")
 parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
 parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="model dtype")
 parser.add_argument("--episodes", default="data/android_control/android_control_train_example_uis1.jsonl",
                     help="UI-S1 jsonl the prompts come from")
-parser.add_argument("--tasks", type=utils.positive_int, default=8, help="tasks per step (release: 8)")
-parser.add_argument("--samples", type=utils.positive_int, default=8, help="rollouts per task (release: 8)")
-parser.add_argument("--step", type=utils.non_negative_int, default=3, help="prompt of step min(step, last): that many history turns (0: none)")
-parser.add_argument("--max-pixels", type=utils.positive_int, default=256 * 28 * 28, help="screenshot budget (release: 12800*28*28)")
-parser.add_argument("--max-new-tokens", type=utils.positive_int, default=96, help="tokens generated per row (stop disabled)")
-parser.add_argument("--workloads", type=utils.name_list(["group", "distinct"], "workload"), default=["group", "distinct"], help="comma list of group, distinct")
-parser.add_argument("--repeats", type=utils.positive_int, default=3, help="timed runs per sampler and workload, alternating "
+parser.add_argument("--tasks", type=cli.positive_int, default=8, help="tasks per step (release: 8)")
+parser.add_argument("--samples", type=cli.positive_int, default=8, help="rollouts per task (release: 8)")
+parser.add_argument("--step", type=cli.non_negative_int, default=3, help="prompt of step min(step, last): that many history turns (0: none)")
+parser.add_argument("--max-pixels", type=cli.positive_int, default=256 * 28 * 28, help="screenshot budget (release: 12800*28*28)")
+parser.add_argument("--max-new-tokens", type=cli.positive_int, default=96, help="tokens generated per row (stop disabled)")
+parser.add_argument("--workloads", type=cli.name_list(["group", "distinct"], "workload"), default=["group", "distinct"], help="comma list of group, distinct")
+parser.add_argument("--repeats", type=cli.positive_int, default=3, help="timed runs per sampler and workload, alternating "
                     "ours/hf; the fastest counts (other processes on the machine only ever slow a run down)")
-parser.add_argument("--seed", type=utils.non_negative_int, default=0, help="model init, images and sampling seed")
+parser.add_argument("--seed", type=cli.non_negative_int, default=0, help="model init, images and sampling seed")
 args = parser.parse_args()
 
 device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else

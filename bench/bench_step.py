@@ -60,6 +60,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 import chat
+import cli
 import dataset
 import utils
 import vlm
@@ -72,18 +73,18 @@ from vlm import PolicyLogProb, collate_sequences, pad_token_id, sampling_mode, t
 # ---------------------------------------------------------------------------------------------------
 # config
 
-parser = utils.make_parser(__doc__)
+parser = cli.make_parser(__doc__)
 parser.add_argument("--data", default="data/miniwob/train.jsonl", help="episodes the prompts come from")
-parser.add_argument("--tasks", type=utils.positive_int, default=4, help="tasks per step (train_semionline default)")
-parser.add_argument("--rollouts", type=utils.positive_int, default=4, help="rollouts per task (train_semionline default)")
-parser.add_argument("--steps", type=utils.positive_int, default=2, help="episode steps per task (first K; 2 images from step 1 on)")
-parser.add_argument("--max-new-tokens", type=utils.positive_int, default=96, help="response length (stop disabled)")
-parser.add_argument("--micro-batch-size", type=utils.positive_int, default=8, help="sequences per forward/backward")
-parser.add_argument("--mini-batches", type=utils.positive_int, default=4, help="optimizer steps per rollout batch")
-parser.add_argument("--repeats", type=utils.positive_int, default=3, help="timed steps (weights restored before each)")
-parser.add_argument("--peer-repeats", type=utils.positive_int, default=1, help="timed peer steps (HF generate is slow: one is ~5 min)")
+parser.add_argument("--tasks", type=cli.positive_int, default=4, help="tasks per step (train_semionline default)")
+parser.add_argument("--rollouts", type=cli.positive_int, default=4, help="rollouts per task (train_semionline default)")
+parser.add_argument("--steps", type=cli.positive_int, default=2, help="episode steps per task (first K; 2 images from step 1 on)")
+parser.add_argument("--max-new-tokens", type=cli.positive_int, default=96, help="response length (stop disabled)")
+parser.add_argument("--micro-batch-size", type=cli.positive_int, default=8, help="sequences per forward/backward")
+parser.add_argument("--mini-batches", type=cli.positive_int, default=4, help="optimizer steps per rollout batch")
+parser.add_argument("--repeats", type=cli.positive_int, default=3, help="timed steps (weights restored before each)")
+parser.add_argument("--peer-repeats", type=cli.positive_int, default=1, help="timed peer steps (HF generate is slow: one is ~5 min)")
 parser.add_argument("--no-peer", action="store_true", help="skip the HF generate / TRL side")
-parser.add_argument("--seed", type=utils.non_negative_int, default=0, help="model init and sampling seed")
+parser.add_argument("--seed", type=cli.non_negative_int, default=0, help="model init and sampling seed")
 parser.add_argument("--model", default="tiny:128x4", help="tiny preset (tiny:HxL) whose step is timed (the quick start's)")
 parser.add_argument("--system-prompt", choices=["model", "full", "short"], default="model",
                     help="model: the one the stages give --model (short for a tiny preset, chat.fresh_defaults)")

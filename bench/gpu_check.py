@@ -63,8 +63,8 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: gpu_sections
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the repository root: utils
-import utils  # noqa: E402
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the repository root: cli
+import cli  # noqa: E402
 from gpu_sections import (  # noqa: E402
     PACKAGES,
     REPO,
@@ -133,22 +133,22 @@ SCHEMA = {
 GPU_OUT = "results/gpu_check.json"   # committed: only a real GPU run writes it
 DRY_OUT = "out/gpu_check_dry.json"   # git-ignored
 
-parser = utils.make_parser(__doc__)
+parser = cli.make_parser(__doc__)
 parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes and model, Triton in the interpreter")
 parser.add_argument("--out", default=None,
                     help=f"JSON path; the Markdown goes beside it (.md). Default: {GPU_OUT} (GPU), {DRY_OUT} (--dry-run)")
-parser.add_argument("--sections", type=utils.name_list(ESTIMATES_S, "section"), default=",".join(ESTIMATES_S), help="comma list of sections to run")
-parser.add_argument("--budget-s", type=utils.positive_float, default=None, help="total wall budget (default: 480 GPU, 300 dry)")
-parser.add_argument("--kernel-n", type=utils.int_list(1), default=None, help="comma list of token counts N (default: 4096,16384; dry: 37)")
-parser.add_argument("--layers", type=utils.positive_int, default=4, help="decoder layers of the 7B-config model")
-parser.add_argument("--sampler-max-new-tokens", type=utils.positive_int, default=None, help="default: 64 (dry: 4)")
-parser.add_argument("--sampler-max-pixels", type=utils.positive_int, default=None,
+parser.add_argument("--sections", type=cli.name_list(ESTIMATES_S, "section"), default=",".join(ESTIMATES_S), help="comma list of sections to run")
+parser.add_argument("--budget-s", type=cli.positive_float, default=None, help="total wall budget (default: 480 GPU, 300 dry)")
+parser.add_argument("--kernel-n", type=cli.int_list(1), default=None, help="comma list of token counts N (default: 4096,16384; dry: 37)")
+parser.add_argument("--layers", type=cli.positive_int, default=4, help="decoder layers of the 7B-config model")
+parser.add_argument("--sampler-max-new-tokens", type=cli.positive_int, default=None, help="default: 64 (dry: 4)")
+parser.add_argument("--sampler-max-pixels", type=cli.positive_int, default=None,
                     help="default: 12800*28*28, the processor's real default (dry: 50176)")
-parser.add_argument("--rl-max-pixels", type=utils.positive_int, default=None, help="default: 1003520, the paper's (dry: 50176)")
-parser.add_argument("--rl-max-new-tokens", type=utils.positive_int, default=None, help="default: 32 (dry: 4)")
+parser.add_argument("--rl-max-pixels", type=cli.positive_int, default=None, help="default: 1003520, the paper's (dry: 50176)")
+parser.add_argument("--rl-max-new-tokens", type=cli.positive_int, default=None, help="default: 32 (dry: 4)")
 parser.add_argument("--rl-wait-checkpoint", action="store_true", help="let the trainer write its final checkpoint")
-parser.add_argument("--decode-max-new-tokens", type=utils.positive_int, default=None, help="decode section: default 128 (dry: 6)")
-parser.add_argument("--full-depth-layers", type=utils.positive_int, default=None, help="default: 28, the 7B's depth (dry: 3)")
+parser.add_argument("--decode-max-new-tokens", type=cli.positive_int, default=None, help="decode section: default 128 (dry: 6)")
+parser.add_argument("--full-depth-layers", type=cli.positive_int, default=None, help="default: 28, the 7B's depth (dry: 3)")
 parser.add_argument("--work-dir", default=None, help="where the model folder and the RL run go (default: a temp dir)")
 
 

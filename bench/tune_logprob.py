@@ -22,14 +22,14 @@ if "--dry-run" in sys.argv:  # the interpreter must be chosen before triton is f
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import utils  # noqa: E402
+import cli  # noqa: E402
 import kernels.logprob as lp  # noqa: E402
 
-parser = utils.make_parser(__doc__)
-parser.add_argument("--n", type=utils.positive_int, default=16384, help="tokens")
-parser.add_argument("--h", type=utils.positive_int, default=3584, help="hidden size")
-parser.add_argument("--v", type=utils.positive_int, default=152064, help="vocabulary")
-parser.add_argument("--repeats", type=utils.positive_int, default=5, help="timed repeats per config (after one warm-up)")
+parser = cli.make_parser(__doc__)
+parser.add_argument("--n", type=cli.positive_int, default=16384, help="tokens")
+parser.add_argument("--h", type=cli.positive_int, default=3584, help="hidden size")
+parser.add_argument("--v", type=cli.positive_int, default=152064, help="vocabulary")
+parser.add_argument("--repeats", type=cli.positive_int, default=5, help="timed repeats per config (after one warm-up)")
 parser.add_argument("--dry-run", action="store_true",
                     help="CPU check of the sweep itself: Triton interpreter, fp32, tiny shapes, the first 2 tiles")
 

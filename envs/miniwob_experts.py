@@ -50,6 +50,7 @@ from envs.miniwob_env import (  # noqa: E402
 )
 from envs import miniwob_tasks  # noqa: E402
 from envs.miniwob_tasks import MEMORY_TASKS, is_task  # noqa: E402
+import cli  # noqa: E402
 import utils  # noqa: E402
 from gui import ACTIONS  # noqa: E402
 
@@ -563,24 +564,24 @@ def check_tasks(tasks, need_expert: bool = False) -> None:
 
 
 def main(argv=None):
-    ap = utils.make_parser(__doc__.split("\n")[0] + "\n\n" + __doc__[__doc__.index("CLI ("):])
+    ap = cli.make_parser(__doc__.split("\n")[0] + "\n\n" + __doc__[__doc__.index("CLI ("):])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    ev = sub.add_parser("eval", help="online evaluation of a built-in policy", formatter_class=utils.HelpFormatter,
+    ev = sub.add_parser("eval", help="online evaluation of a built-in policy", formatter_class=cli.HelpFormatter,
                         epilog=ap.epilog)
     ev.add_argument("--policy", choices=sorted(POLICIES), default="expert", help="policy to run")
     ev.add_argument("--tasks", nargs="+", type=miniwob_tasks.miniwob_task_or_all, default=["all"],
                     help="task names, 'all' (the 18 MiniWob++ tasks with an expert) or 'memory' (the memory tasks)")
-    ev.add_argument("--seeds", type=utils.positive_int, default=20, help="episodes per task")
-    ev.add_argument("--seed-base", type=utils.non_negative_int, default=TEST_SEED_BASE, help="first seed")
-    ev.add_argument("--max-steps", type=utils.positive_int, default=15, help="step limit per episode")
-    ev.add_argument("--step-timeout", type=utils.positive_float, default=20.0, help="seconds per env step")
+    ev.add_argument("--seeds", type=cli.positive_int, default=20, help="episodes per task")
+    ev.add_argument("--seed-base", type=cli.non_negative_int, default=TEST_SEED_BASE, help="first seed")
+    ev.add_argument("--max-steps", type=cli.positive_int, default=15, help="step limit per episode")
+    ev.add_argument("--step-timeout", type=cli.positive_float, default=20.0, help="seconds per env step")
     ev.add_argument("--no-screenshots", action="store_true",
                     help="skip screenshots (the built-in policies do not look at them)")
     ev.add_argument("--out", default=None, help="also write the full result JSON here")
     sh = sub.add_parser("show", help="print one episode: goal, element lists, expert actions",
-                        formatter_class=utils.HelpFormatter, epilog=ap.epilog)
+                        formatter_class=cli.HelpFormatter, epilog=ap.epilog)
     sh.add_argument("--task", required=True, type=miniwob_tasks.miniwob_task, help="task name")
-    sh.add_argument("--seed", type=utils.non_negative_int, default=0, help="episode seed")
+    sh.add_argument("--seed", type=cli.non_negative_int, default=0, help="episode seed")
     args = ap.parse_args(argv)
     try:
         check_tasks([args.task] if args.cmd == "show" else task_list(args.tasks),
@@ -624,4 +625,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    utils.run_script(main)
+    cli.run_script(main)

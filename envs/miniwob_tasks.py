@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import urlencode
 
-import utils
+import cli
 
 _SPEC = importlib.util.find_spec("miniwob")  # located, not imported: the task names need no browser
 HTML_DIR = Path(_SPEC.origin if _SPEC and _SPEC.origin else ".").parent / "html" / "miniwob"  # the package's task pages
@@ -91,5 +91,5 @@ def tasks() -> list[str]:
     return sorted({p.stem for p in HTML_DIR.glob("*.html")} | set(OWN_TASKS))
 
 
-miniwob_task = utils.names(tasks, "MiniWob++ task")                                        # --tasks, --online-tasks
-miniwob_task_or_all = utils.names(lambda: ["all", "memory", *tasks()], "MiniWob++ task")  # 'all', 'memory': task sets
+miniwob_task = cli.names(tasks, "MiniWob++ task")                                        # --tasks, --online-tasks
+miniwob_task_or_all = cli.names(lambda: ["all", "memory", *tasks()], "MiniWob++ task")  # 'all', 'memory': task sets

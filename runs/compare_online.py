@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # runs/, the repo
 from evaluation.stats import paired_binary  # noqa: E402
-import utils  # noqa: E402
+import cli  # noqa: E402
 from envs import miniwob_tasks  # noqa: E402
 
 
@@ -83,7 +83,7 @@ def markdown(res: dict, name_a: str, name_b: str) -> str:
 
 
 def main(argv=None) -> dict:
-    ap = utils.make_parser(__doc__)
+    ap = cli.make_parser(__doc__)
     ap.add_argument("--a", nargs="+", required=True, help="eval_sop.py --out folders of arm A (one per training seed)")
     ap.add_argument("--b", nargs="+", required=True, help="the same for arm B, in the same seed order")
     ap.add_argument("--names", nargs=2, default=["A", "B"], help="the two arms' names in the table")

@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import chat
+import cli  # noqa: E402
 import utils  # noqa: E402
 import dataset
 import gui  # noqa: E402
@@ -243,35 +244,35 @@ def embeddings(model_name: str) -> dict:
             "digit_cos_to_mean_row": torch.nn.functional.cosine_similarity(D, mean_row[None]).mean().item()}
 
 
-parser = utils.make_parser(__doc__)
+parser = cli.make_parser(__doc__)
 sub = parser.add_subparsers(dest="cmd", required=True)
-p_digits = sub.add_parser("digits", help="coordinate-digit NLL of a checkpoint", formatter_class=utils.HelpFormatter)
-p_digits.add_argument("model", type=utils.arg_type(vlm.model_path), help="checkpoint folder, 'tiny' or 'tiny:HxL'")
-p_digits.add_argument("--data", default="data/miniwob_click/test.jsonl", type=utils.arg_type(utils.input_file),
+p_digits = sub.add_parser("digits", help="coordinate-digit NLL of a checkpoint", formatter_class=cli.HelpFormatter)
+p_digits.add_argument("model", type=cli.arg_type(vlm.model_path), help="checkpoint folder, 'tiny' or 'tiny:HxL'")
+p_digits.add_argument("--data", default="data/miniwob_click/test.jsonl", type=cli.arg_type(cli.input_file),
                       help="episodes whose step-0 clicks are scored")
-p_digits.add_argument("--max-episodes", type=utils.positive_int, default=40, help="episodes read from --data")
-p_emb = sub.add_parser("embeddings", help="digit-embedding cosines and the shared row direction of a checkpoint", formatter_class=utils.HelpFormatter)
-p_emb.add_argument("model", type=utils.arg_type(vlm.model_path), help="checkpoint folder, 'tiny' or 'tiny:HxL'")
+p_digits.add_argument("--max-episodes", type=cli.positive_int, default=40, help="episodes read from --data")
+p_emb = sub.add_parser("embeddings", help="digit-embedding cosines and the shared row direction of a checkpoint", formatter_class=cli.HelpFormatter)
+p_emb.add_argument("model", type=cli.arg_type(vlm.model_path), help="checkpoint folder, 'tiny' or 'tiny:HxL'")
 trainers = {}
 for name, fn, steps, help_ in (("sanity", copy_sanity, 300, "the position copy alone, text only"),
                                ("pages", pages, 150, "the click copy on synthetic pages in the product's layout"),
                                ("induction", induction, 300, "repeated random tokens")):
-    p = sub.add_parser(name, help=help_, formatter_class=utils.HelpFormatter)
-    p.add_argument("--model", default="tiny:128x4", type=utils.arg_type(vlm.model_path),
+    p = sub.add_parser(name, help=help_, formatter_class=cli.HelpFormatter)
+    p.add_argument("--model", default="tiny:128x4", type=cli.arg_type(vlm.model_path),
                    help="'tiny:HxL' (trained from scratch) or a checkpoint folder to start from")
-    p.add_argument("--lr", type=utils.positive_float, default=1e-3, help="AdamW learning rate")
-    p.add_argument("--steps", type=utils.positive_int, default=steps, help="optimizer steps of 8 sequences")
-    p.add_argument("--seed", type=utils.non_negative_int, default=0, help="seed of the data and the init")
+    p.add_argument("--lr", type=cli.positive_float, default=1e-3, help="AdamW learning rate")
+    p.add_argument("--steps", type=cli.positive_int, default=steps, help="optimizer steps of 8 sequences")
+    p.add_argument("--seed", type=cli.non_negative_int, default=0, help="seed of the data and the init")
     p.add_argument("--save", default=None, help="write the trained model to this folder")
     trainers[name] = (fn, p)
 p_pages = trainers["pages"][1]
-p_pages.add_argument("--elements", type=utils.positive_int, default=1, help="element lines per page: 1..N")
-p_pages.add_argument("--data", default="data/miniwob_click/train.jsonl", type=utils.arg_type(utils.input_file),
+p_pages.add_argument("--elements", type=cli.positive_int, default=1, help="element lines per page: 1..N")
+p_pages.add_argument("--data", default="data/miniwob_click/train.jsonl", type=cli.arg_type(cli.input_file),
                      help="episodes whose element labels the pages use")
 p_pages.add_argument("--untie", action="store_true", help="give the model its own lm_head")
 p_pages.add_argument("--no-system", dest="system", action="store_false", help="empty system prompt")
-trainers["induction"][1].add_argument("--vocab", type=utils.positive_int, default=2000, help="token ids below this are drawn")
-p_pages.add_argument("--mix-induction", type=utils.non_negative_int, default=0, help="repeated random-token rows added to each batch (0: none)")
+trainers["induction"][1].add_argument("--vocab", type=cli.positive_int, default=2000, help="token ids below this are drawn")
+p_pages.add_argument("--mix-induction", type=cli.non_negative_int, default=0, help="repeated random-token rows added to each batch (0: none)")
 
 
 def main(argv=None):
@@ -295,4 +296,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    utils.run_script(main)
+    cli.run_script(main)

@@ -32,7 +32,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
-import utils  # noqa: E402
+import cli  # noqa: E402
 from envs import miniwob_tasks  # noqa: E402
 import dataset  # noqa: E402
 import reward  # noqa: E402
@@ -124,13 +124,13 @@ def confusion(rows: list[dict]) -> dict:
 
 
 def main():
-    ap = utils.make_parser(__doc__)
+    ap = cli.make_parser(__doc__)
     ap.add_argument("--data", default="data/miniwob/test.jsonl", help="MiniWob++ episodes (task and seed recorded)")
     ap.add_argument("--image-root", default=None, help="screenshot folder (default: the data file's)")
     ap.add_argument("--tasks", nargs="*", type=miniwob_tasks.miniwob_task, default=None, help="only these tasks (default: all in the file)")
-    ap.add_argument("--per-task", type=utils.positive_int, default=4, help="episodes per task")
-    ap.add_argument("--max-candidates", type=utils.positive_int, default=12, help="candidate clicks per step (first N)")
-    ap.add_argument("--examples", type=utils.positive_int, default=3, help="disagreements printed per task and kind")
+    ap.add_argument("--per-task", type=cli.positive_int, default=4, help="episodes per task")
+    ap.add_argument("--max-candidates", type=cli.positive_int, default=12, help="candidate clicks per step (first N)")
+    ap.add_argument("--examples", type=cli.positive_int, default=3, help="disagreements printed per task and kind")
     ap.add_argument("--out", default="out/diagnose_reward.json", help="JSON with every judged click")
     args = ap.parse_args()
 

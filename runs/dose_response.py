@@ -32,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cli  # noqa: E402
 import utils  # noqa: E402
 from evaluation.stats import paired_binary, seed_paired_t, wilson  # noqa: E402
 
@@ -159,8 +160,8 @@ def point_step(text: str) -> int:
 
 
 def main(argv=None) -> dict:
-    p = utils.make_parser(__doc__)
-    p.add_argument("--start", required=True, type=utils.arg_type(utils.input_dir),
+    p = cli.make_parser(__doc__)
+    p.add_argument("--start", required=True, type=cli.arg_type(cli.input_dir),
                    help="eval_sop.py --online folder of the starting checkpoint (with --samples)")
     p.add_argument("--point", nargs=3, action="append", required=True, metavar=("ARM", "STEP", "DIR"),
                    help="an RL checkpoint's eval_sop.py --online folder, its arm name and RL step >= 1 (repeatable)")
@@ -188,4 +189,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    utils.run_script(main)
+    cli.run_script(main)

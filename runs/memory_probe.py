@@ -161,5 +161,5 @@ def sampled_counts(rows: list[dict]) -> dict | None:
 
 
 if __name__ == "__main__":
-    import utils
-    utils.run_script(main)
+    import cli
+    cli.run_script(main)

@@ -235,5 +235,5 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    import utils
-    utils.run_script(main)
+    import cli
+    cli.run_script(main)

@@ -404,13 +404,13 @@ def compare_scaling(fa: dict | None, fb: dict | None, a: str, b: str) -> dict | 
 def make_parser(doc: str, setting: dict, quick: dict):
     """argparse over a script's SETTING dict (every key a flag, its value the default); --quick
     swaps in the QUICK overrides. Lists are given as space-separated values."""
-    import utils
+    import cli
     from envs import miniwob_tasks
-    p = utils.make_parser(doc)  # one-line errors, defaults and the docstring's examples in --help
+    p = cli.make_parser(doc)  # one-line errors, defaults and the docstring's examples in --help
     p.add_argument("--quick", action="store_true", help=f"the small setting for a user check: {quick}".replace("%", "%%"))
     p.add_argument("--out", default="out/repro", help="root folder of runs (shared by both scripts: identical stages are reused)")
     p.add_argument("--results", default="results", help="where the results JSON/MD/PNGs land")
-    p.add_argument("--jobs", type=utils.positive_int, default=2, help="stage processes at once (one thread each)")
+    p.add_argument("--jobs", type=cli.positive_int, default=2, help="stage processes at once (one thread each)")
     p.add_argument("--force", action="store_true", help="redo stages whose outputs exist")
     p.add_argument("--dry-run", action="store_true", help="print the commands and the estimate, run nothing")
     p.add_argument("--report-only", action="store_true",
@@ -441,20 +441,20 @@ SETTING_HELP = {"SCALING_THRESHOLDS": " (patches per rollout: 0: none; -1: unlim
 
 def setting_type(key: str, value):
     """The argparse type of a SETTING key from its name and its default's type: a temperature the
-    sampler's rule (utils.temperature); a seed or seed base any integer >= 0; a share (HEADROOM, *_MIN)
+    sampler's rule (cli.temperature); a seed or seed base any integer >= 0; a share (HEADROOM, *_MIN)
     in [0, 1]; a patch threshold >= -1; every other count, step and size an integer >= 1, every other float finite and > 0."""
-    import utils
+    import cli
     if isinstance(value, str):
         return str
     if "TEMPERATURE" in key:
-        return utils.temperature
+        return cli.temperature
     if isinstance(value, int):
         if "THRESHOLD" in key:
-            return utils.int_at_least(-1)
-        return utils.non_negative_int if "SEED" in key else utils.positive_int
+            return cli.int_at_least(-1)
+        return cli.non_negative_int if "SEED" in key else cli.positive_int
     if key == "HEADROOM" or key.endswith("_MIN"):
-        return utils.fraction
-    return utils.positive_float
+        return cli.fraction
+    return cli.positive_float
 
 
 def parse(doc: str, setting: dict, quick: dict, argv=None):

@@ -361,5 +361,5 @@ def _pick(c: dict | None) -> dict:
 
 
 if __name__ == "__main__":
-    import utils
-    utils.run_script(main)
+    import cli
+    cli.run_script(main)

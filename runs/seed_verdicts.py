@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import utils  # noqa: E402
+import cli  # noqa: E402
 import repro_common as rc  # noqa: E402
 from repro_report import fmt, fmt_ci  # noqa: E402
 from evaluation.stats import seed_paired_t  # noqa: E402
@@ -136,7 +136,7 @@ def markdown(out: dict) -> str:
 def main(argv=None) -> dict:
     """Recompute every file given, write --out (+ .md); prints {file: {claim: new verdict}} as its last line.
     A missing file, bad JSON or a file that is not a reproduction's results: one-line error, exit 2."""
-    ap = utils.Parser(prog="seed_verdicts.py", description=__doc__, formatter_class=utils.HelpFormatter)
+    ap = cli.Parser(prog="seed_verdicts.py", description=__doc__, formatter_class=cli.HelpFormatter)
     ap.add_argument("results", nargs="+", help="results JSON files (repro_main.py / repro_ablations.py)")
     ap.add_argument("--out", default="results/verdicts_seed_level.json", help="the side-by-side JSON (+ .md twin)")
     args = ap.parse_args(argv)
@@ -157,4 +157,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    utils.run_script(main)
+    cli.run_script(main)

@@ -12,12 +12,14 @@ from pathlib import Path
 import pytest
 
 import chat
-import utils
 import dataset
 import eval_sop
 import gui
 from evaluation import views
 import report
+import utils
+from configs.common import metrics_logger
+from extras import trackers as tracking
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
@@ -111,11 +113,11 @@ class Tracker:
     finish = close
 
 
-def fake_trackers(monkeypatch, names=tuple(utils.TRACKERS)) -> list:
+def fake_trackers(monkeypatch, names=tuple(tracking.TRACKERS)) -> list:
     """Tracker stand-ins as the modules of `names`; returns the list of their calls."""
     calls = []
     for name in names:
-        monkeypatch.setitem(sys.modules, utils.TRACKERS[name], Tracker(name, calls))
+        monkeypatch.setitem(sys.modules, tracking.TRACKERS[name], Tracker(name, calls))
     return calls
 
 
@@ -127,8 +129,8 @@ def trackers(monkeypatch):
 def test_report_to_every_tracker_gets_the_same_scalars(tmp_path, trackers, monkeypatch):
     monkeypatch.delenv("WANDB_PROJECT", raising=False)
     monkeypatch.setenv("TRACKIO_PROJECT", "mine")
-    m = utils.MetricsLogger(tmp_path / "run7" / "m.jsonl", report_to=["tensorboard", "wandb", "trackio"],
-                          config={"lr": 1e-3, "bad": float("nan")})
+    m = tracking.TrackedLogger(tmp_path / "run7" / "m.jsonl", report_to=["tensorboard", "wandb", "trackio"],
+                               config={"lr": 1e-3, "bad": float("nan")})
     m.log({"step": 7, "loss": 0.25, "kl": float("nan"), "tasks_kept": 3, "note": "x", "flag": True})
     m.close()
     assert ("tensorboard", "dir", str(tmp_path / "run7" / "tensorboard")) in trackers
@@ -136,7 +138,7 @@ def test_report_to_every_tracker_gets_the_same_scalars(tmp_path, trackers, monke
     assert inits["wandb"]["project"] == "ui-s1" and inits["trackio"]["project"] == "mine"
     assert inits["wandb"]["name"] == inits["trackio"]["name"] == "run7"
     assert inits["trackio"]["config"]["lr"] == 1e-3 and inits["trackio"]["config"]["bad"] is None  # strict JSON
-    for name in utils.TRACKERS:
+    for name in tracking.TRACKERS:
         scalars = {c[1]: c[2:] for c in trackers if c[0] == name and len(c) == 4}
         # NaN, text, bools and the x axis are not curves; t is the logger's wall time
         assert scalars.pop("t")[1] == 7 and scalars == {"loss": (0.25, 7), "tasks_kept": (3, 7)}, name
@@ -150,8 +152,8 @@ def test_trackers_on_resume_show_each_step_once_in_the_same_run(tmp_path, tracke
     purge_step 0 (the folder's old events hidden, as the file starts over), new W&B id, no resume."""
     monkeypatch.delenv("WANDB_PROJECT", raising=False)
     monkeypatch.delenv("TRACKIO_PROJECT", raising=False)
-    path, every = tmp_path / "run3" / "metrics.jsonl", list(utils.TRACKERS)
-    m = utils.MetricsLogger(path, report_to=every, config={"lr": 1.0})
+    path, every = tmp_path / "run3" / "metrics.jsonl", list(tracking.TRACKERS)
+    m = tracking.TrackedLogger(path, report_to=every, config={"lr": 1.0})
     for step in range(1, 5):
         m.log({"step": step, "loss": 1.0 / step})
     m.close()
@@ -163,7 +165,7 @@ def test_trackers_on_resume_show_each_step_once_in_the_same_run(tmp_path, tracke
                      "trackio": {"project": "ui-s1", "name": "run3"}}
     trackers.clear()
     monkeypatch.setenv("WANDB_PROJECT", "elsewhere")   # the run goes on where it began
-    r = utils.MetricsLogger(path, report_to=every, config={"lr": 1.0}, resume_step=2)
+    r = metrics_logger(path, report_to=every, config={"lr": 1.0}, resume_step=2)
     r.log({"step": 3, "loss": 0.25})
     r.close()
     assert ("tensorboard", "purge_step", 3) in trackers
@@ -174,14 +176,15 @@ def test_trackers_on_resume_show_each_step_once_in_the_same_run(tmp_path, tracke
     assert [strict_loads(x)["step"] for x in path.read_text().splitlines()] == [1, 2, 3]
     assert json.loads((tmp_path / "run3" / "trackers.json").read_text()) == first
     trackers.clear()
-    utils.MetricsLogger(path, report_to=every, resume_step=0).close()   # no checkpoint found: starts over
+    tracking.TrackedLogger(path, report_to=every, resume_step=0).close()   # no checkpoint found: starts over
     inits = {c[0]: c[2] for c in trackers if c[1] == "init"}
     assert ("tensorboard", "purge_step", 0) in trackers and path.read_text() == ""
     assert "id" not in inits["wandb"] and "resume" not in inits["trackio"]
 
 
 def test_report_to_none_writes_the_metrics_file_alone(tmp_path, trackers):
-    m = utils.MetricsLogger(tmp_path / "m.jsonl", report_to=["none"])
+    m = metrics_logger(tmp_path / "m.jsonl", report_to=("none",))
+    assert type(m) is utils.MetricsLogger  # the plain logger: extras/trackers.py stays unused
     m.log({"step": 1, "loss": 0.5})
     m.close()
     assert trackers == [] and not (tmp_path / "tensorboard").exists()
@@ -191,14 +194,14 @@ def test_report_to_none_writes_the_metrics_file_alone(tmp_path, trackers):
 def test_report_to_missing_package_is_a_usage_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import raises ImportError
     with pytest.raises(utils.UsageError, match="pip install tensorboard"):
-        utils.MetricsLogger(tmp_path / "m.jsonl", report_to=["tensorboard"])
+        metrics_logger(tmp_path / "m.jsonl", report_to=["tensorboard"])
 
 
 @pytest.mark.parametrize("trainer", ["train_sft", "train_semionline"])
 def test_report_to_flag_of_both_trainers(trainer, trackers, monkeypatch, capsys):
     parser = __import__(trainer).parser
-    assert parser.parse_args([]).report_to == ["none"]  # transformers' default: no tracker
-    assert parser.parse_args(["--report-to", "tensorboard", "wandb"]).report_to == ["tensorboard", "wandb"]
+    assert parser.parse_args([]).report_to == ("none",)  # transformers' default: no tracker
+    assert parser.parse_args(["--report-to", "tensorboard", "wandb"]).report_to == ("tensorboard", "wandb")
     monkeypatch.setitem(sys.modules, "wandb", None)  # not installed
     for argv, message in ((["--report-to", "wandb"], "argument --report-to: wandb needs the wandb package: "
                            "pip install wandb"),

@@ -188,14 +188,14 @@ def test_flag_walk(script):
                 continue
             flag = a.option_strings[-1]
             if a.type in (int, float):
-                problems.append(f"{script} {prefix} {flag}: bare {a.type.__name__} (use a utils range type)")
+                problems.append(f"{script} {prefix} {flag}: bare {a.type.__name__} (use a cli range type)")
                 continue
             kind = getattr(a.type, "kind", None)
             values = {"int": ["-1", "0"], "float": ["-1", "0", "nan", "inf", "-inf"]}.get(kind, [])
             if a.choices is not None or kind == "name":
                 values.append("clikc-tset")
             elif kind is None and NAME_LIKE.search(a.dest):
-                problems.append(f"{script} {prefix} {flag}: a name-like flag without choices or utils.names")
+                problems.append(f"{script} {prefix} {flag}: a name-like flag without choices or cli.names")
             n = a.nargs if isinstance(a.nargs, int) else 1
             for v in values:
                 line = refused(p, [flag, *([v] * n)])

@@ -169,7 +169,7 @@ def test_flip_counts_and_flags(capsys):
                       (["--policy", "model", "--samples", "2", "--data", "README.md"], "only with --online")):
         with pytest.raises(utils.UsageError, match=msg):
             eval_sop.main(argv)
-    # a flag's own range: refused while parsing, the trainer's temperature rule (utils.check_temperature)
+    # a flag's own range: refused while parsing, the trainer's temperature rule (cli.check_temperature)
     for argv, msg in ((["--online", "--policy", "model", "--samples", "-1"], "argument --samples: -1: must be >= 0"),
                       (["--online", "--policy", "model", "--samples", "1", "--temperature", "0"], "argument --temperature: 0"),
                       (["--online", "--policy", "model", "--samples", "1", "--temperature", "1e-9"], "argument --temperature: 1e-9"),

@@ -1,4 +1,4 @@
-"""LoRA (lora.py, through PEFT) in SFT and RL, against references:
+"""LoRA (extras/lora.py, through PEFT) in SFT and RL, against references:
 
 - a freshly initialised adapter (B = 0) gives the base model's log-probs exactly;
 - the PPO update's gradient reaches only adapter parameters and equals the autograd reference of
@@ -24,12 +24,17 @@ from safetensors.torch import load_file
 from test_train import ENV, PY, REPO, RL, SFT, assert_same_params, launch, rl_ckpt  # noqa: F401 (fixture)
 from update_case import ARGV, make_records, reference_grads
 
-import lora
 import train_semionline as ts
 import utils
 import vlm
+from extras import lora
 
 LORA = ["--lora-r", "4", "--lora-alpha", "8"]
+
+
+def trainable(module) -> list:
+    """The parameters utils.adamw optimises: those with requires_grad (under LoRA, the adapters)."""
+    return [p for p in module.parameters() if p.requires_grad]
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +77,7 @@ def test_update_gradient_reaches_only_adapters_and_equals_reference(case):
     args = ts.parser.parse_args(ARGV)
     model, _ = adapted()
     policy = vlm.PolicyLogProb(model)
-    opt = torch.optim.SGD(lora.trainable(policy), lr=0.0)
+    opt = torch.optim.SGD(trainable(policy), lr=0.0)
     mb = ts._micro_batches(records[::-1], 1, 2, utils.Dist(0, 1, 0, torch.device("cpu")),
                            length=lambda r: len(r.prompt.input_ids) + len(r.response_ids))[0]
     st = ts.ppo_step(policy, opt, mb, lambda c: vlm.collate_sequences([r.prompt for r in c], [r.response_ids for r in c],
@@ -100,7 +105,7 @@ def test_gradient_checkpointing_gives_the_same_adapter_gradient(case):
         policy = vlm.PolicyLogProb(model)
         one = utils.Dist(0, 1, 0, torch.device("cpu"))
         mb = ts._micro_batches(records, 1, 3, one)[0]
-        ts.ppo_step(policy, torch.optim.SGD(lora.trainable(policy), lr=0.0), mb,
+        ts.ppo_step(policy, torch.optim.SGD(trainable(policy), lr=0.0), mb,
                     lambda c: vlm.collate_sequences([r.prompt for r in c], [r.response_ids for r in c], pad_id), one,
                     **ts.loss_config(args, sampler=args))
         grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})

@@ -4,6 +4,7 @@ to reward.action_match as the evaluator passes them, at each rule's edges, compu
 action_matching.py (non-dual-point types compare the type alone; taps never match swipes; swipes by main axis)."""
 import pytest
 
+import cli
 import reward
 from evaluation import protocols
 
@@ -128,8 +129,7 @@ def test_named_protocol_is_static_under_its_rules(name, rules, variant, capsys):
 def test_named_protocol_and_served_flag_conflicts_are_usage_errors(argv, capsys):
     import eval_sop
     with pytest.raises(SystemExit) as e:
-        import utils
-        utils.run_script(eval_sop.main, ["--data", ANDROID, "--blank-screens", "1080x2400", *argv])
+        cli.run_script(eval_sop.main, ["--data", ANDROID, "--blank-screens", "1080x2400", *argv])
     assert e.value.code == 2 and "error:" in capsys.readouterr().err
 
 
@@ -176,7 +176,6 @@ def test_androidcontrol_low_without_step_instructions_is_a_usage_error(tmp_path,
     import json
 
     import eval_sop
-    import utils
     lines = open(ANDROID, encoding="utf-8").read().splitlines()[:3]
     rows = [json.loads(x) for x in lines]
     for r in rows:
@@ -185,8 +184,8 @@ def test_androidcontrol_low_without_step_instructions_is_a_usage_error(tmp_path,
     data = tmp_path / "no_instructions.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     with pytest.raises(SystemExit) as e:
-        utils.run_script(eval_sop.main, ["--data", str(data), "--blank-screens", "1080x2400", "--protocol",
-                                         "androidcontrol-low", "--out", str(tmp_path / "low")])
+        cli.run_script(eval_sop.main, ["--data", str(data), "--blank-screens", "1080x2400", "--protocol",
+                                       "androidcontrol-low", "--out", str(tmp_path / "low")])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "androidcontrol-low" in err and "no step instructions" in err and str(data) in err
     assert len(err.strip().splitlines()) == 1

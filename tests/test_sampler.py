@@ -18,9 +18,9 @@ import pytest
 import torch
 from PIL import Image
 
+import cli
 import decode
 import sampler as sampling_mod
-import utils
 import vlm
 from sampler import (
     LogitsError,
@@ -334,13 +334,13 @@ def test_sampler_refuses_what_it_cannot_sample(model, proc):
     for m in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="max_new_tokens"):
             Sampler(model, proc[0], max_new_tokens=m)
-    tok, lp = sample_from_logits(torch.tensor([[0.0, 50.0, 49.0]]), temperature=utils.MIN_TEMPERATURE)
+    tok, lp = sample_from_logits(torch.tensor([[0.0, 50.0, 49.0]]), temperature=cli.MIN_TEMPERATURE)
     assert tok.item() == 1 and torch.isfinite(lp).all()
 
 
-@pytest.mark.parametrize("temperature,top_p,greedy", [(utils.MIN_TEMPERATURE, 1.0, False), (0.05, 1.0, False),
-                                                      (utils.MIN_TEMPERATURE, 0.9, False),
-                                                      (utils.MIN_TEMPERATURE, 1.0, True)])
+@pytest.mark.parametrize("temperature,top_p,greedy", [(cli.MIN_TEMPERATURE, 1.0, False), (0.05, 1.0, False),
+                                                      (cli.MIN_TEMPERATURE, 0.9, False),
+                                                      (cli.MIN_TEMPERATURE, 1.0, True)])
 def test_banned_id_far_ahead_draws_only_allowed_ids(model, proc, prompts, temperature, top_p, greedy):
     """A banned (vision) id leading every allowed one by ~100 x T nats at the lowest allowed temperature:
     a softmax taken before the ban puts every allowed id at 0 (the inverse CDF then returns the last id,

@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import chat
+import cli  # noqa: E402
 import utils  # noqa: E402
 import dataset
 import gui  # noqa: E402
@@ -46,8 +47,8 @@ EPISODE_FILES = ("data/miniwob/train.jsonl", "data/miniwob/test.jsonl", "data/mi
 ANDROID_SIZE = (1080, 2400)  # blank stand-ins: only the sizes matter for the prompt's text
 N_SYNTHETIC = 4000
 
-parser = utils.make_parser(__doc__)
-parser.add_argument("--vocab-size", type=utils.positive_int, default=8192, help="tokens in the new vocabulary, special and added tokens included (= the tiny model's vocab_size)")
+parser = cli.make_parser(__doc__)
+parser.add_argument("--vocab-size", type=cli.positive_int, default=8192, help="tokens in the new vocabulary, special and added tokens included (= the tiny model's vocab_size)")
 parser.add_argument("--out", default=str(ROOT / "assets" / "tiny_tokenizer"), help="output folder")
 parser.add_argument("--force", action="store_true", help="overwrite a build whose files differ")
 
@@ -130,4 +131,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    utils.run_script(main)
+    cli.run_script(main)

@@ -68,6 +68,7 @@ from PIL import Image
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: utils, gui
+import cli  # noqa: E402
 import utils  # noqa: E402
 import dataset  # noqa: E402
 # the action mapping (docs/android_control.md), shared with the loader of the native per-step JSON
@@ -84,8 +85,8 @@ SWIPE_CONVENTION = "finger"  # dataset.SWIPE_CONVENTIONS: every swipe we write i
 
 
 def build_parser():
-    p = utils.make_parser(__doc__)
-    p.add_argument("--src", required=True, type=utils.arg_type(utils.input_dir),
+    p = cli.make_parser(__doc__)
+    p.add_argument("--src", required=True, type=cli.arg_type(cli.input_dir),
                    help="folder with the shards android_control-000NN-of-00020 (and splits.json)")
     p.add_argument("--out", required=True, help="output folder: images/, {split}.jsonl, convert_summary.json")
     p.add_argument("--split", default=None, choices=["train", "validation", "test"], help="convert only this split of SRC/splits.json (train, validation "
@@ -93,7 +94,7 @@ def build_parser():
     p.add_argument("--terminate", action="store_true",
                    help="end every episode with {\"action\": \"terminate\", \"status\": \"success\"} on its last "
                    "observation, as the release's training file (its evaluation file has none)")
-    p.add_argument("--limit", type=utils.positive_int, default=None, help="stop after this many episodes written (default: all)")
+    p.add_argument("--limit", type=cli.positive_int, default=None, help="stop after this many episodes written (default: all)")
     p.add_argument("--skip-bad", action="store_true", help="skip a bad record (a broken shard: the rest of it) and "
                    "list it in the summary instead of stopping with an error")
     return p
@@ -632,4 +633,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    utils.run_script(main)
+    cli.run_script(main)

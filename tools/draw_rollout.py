@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
 import advantage  # noqa: E402
+import cli  # noqa: E402
 import utils  # noqa: E402
 import patch  # noqa: E402
 
@@ -33,9 +34,9 @@ EXAMPLE = [
 ]
 N_STEPS, GAMMA, PATCH_THRESHOLD = 3, 0.5, 1
 
-parser = utils.make_parser(__doc__)
+parser = cli.make_parser(__doc__)
 parser.add_argument("--out", default="docs/rollout.png", help="the PNG to write")
-parser.add_argument("--dpi", type=utils.positive_int, default=100, help="resolution of the PNG")
+parser.add_argument("--dpi", type=cli.positive_int, default=100, help="resolution of the PNG")
 
 
 def example_records() -> list[dict]:
@@ -157,4 +158,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    utils.run_script(main)
+    cli.run_script(main)

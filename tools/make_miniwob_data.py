@@ -45,6 +45,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: utils, envs
+import cli  # noqa: E402
 import utils  # noqa: E402
 from envs import miniwob_env as me  # noqa: E402
 from envs import miniwob_experts as experts  # noqa: E402
@@ -54,20 +55,20 @@ from envs.miniwob_tasks import OWN_TASKS  # noqa: E402
 # -----------------------------------------------------------------------------
 # config
 
-ap = utils.make_parser(__doc__)
+ap = cli.make_parser(__doc__)
 # data
 ap.add_argument("--out", default="data/miniwob", help="output folder")
 ap.add_argument("--tasks", nargs="+", type=miniwob_tasks.miniwob_task_or_all, default=["all"],
                 help="task names, 'all' (the 18 MiniWob++ tasks with an expert) or 'memory' (the memory tasks)")
-ap.add_argument("--train-seeds", type=utils.positive_int, default=24, help="train episodes per task")
-ap.add_argument("--test-seeds", type=utils.positive_int, default=8, help="held-out test episodes per task")
-ap.add_argument("--train-seed-base", type=utils.non_negative_int, default=me.TRAIN_SEED_BASE, help="first train seed")
-ap.add_argument("--test-seed-base", type=utils.non_negative_int, default=me.TEST_SEED_BASE, help="first test seed")
+ap.add_argument("--train-seeds", type=cli.positive_int, default=24, help="train episodes per task")
+ap.add_argument("--test-seeds", type=cli.positive_int, default=8, help="held-out test episodes per task")
+ap.add_argument("--train-seed-base", type=cli.non_negative_int, default=me.TRAIN_SEED_BASE, help="first train seed")
+ap.add_argument("--test-seed-base", type=cli.non_negative_int, default=me.TEST_SEED_BASE, help="first test seed")
 ap.add_argument("--prefix", default="",
                 help="name the files PREFIX{train,test,rl}.jsonl and PREFIXmanifest.json, and replace only the images of "
                      "--tasks in OUT/images/ (the rest stay): a task family beside others in one folder, one image root")
-ap.add_argument("--rl-seeds", type=utils.non_negative_int, default=0, help="RL demonstration episodes per task (OUT/rl.jsonl; 0: none)")
-ap.add_argument("--rl-seed-base", type=utils.non_negative_int, default=300_000, help="first RL seed")
+ap.add_argument("--rl-seeds", type=cli.non_negative_int, default=0, help="RL demonstration episodes per task (OUT/rl.jsonl; 0: none)")
+ap.add_argument("--rl-seed-base", type=cli.non_negative_int, default=300_000, help="first RL seed")
 ap.add_argument("--thoughts", choices=["long", "short", "varied"], default="long",
                 help="long: the expert's reasoning; short: 'Click button 'okay' at (24,73).' (fewer target tokens); "
                      "varied: four rule-based phrasings per action with extra details (experts.varied_thoughts)")
@@ -75,10 +76,10 @@ ap.add_argument("--restyle", nargs=2, metavar=("IN", "OUT"), default=None,
                 help="no browser: copy the long-thought episodes of JSONL IN to OUT with --thoughts varied "
                      "(same screenshots and actions; OUT beside IN, so the image paths hold)")
 # environment
-ap.add_argument("--max-steps", type=utils.positive_int, default=experts.MAX_EXPERT_STEPS, help="expert step limit")
-ap.add_argument("--step-timeout", type=utils.positive_float, default=20.0, help="seconds per env step")
-ap.add_argument("--retries", type=utils.non_negative_int, default=1, help="retries of an episode after a browser fault (0: none)")
-ap.add_argument("--workers", type=utils.positive_int, default=2, help="parallel browsers (one task at a time each)")
+ap.add_argument("--max-steps", type=cli.positive_int, default=experts.MAX_EXPERT_STEPS, help="expert step limit")
+ap.add_argument("--step-timeout", type=cli.positive_float, default=20.0, help="seconds per env step")
+ap.add_argument("--retries", type=cli.non_negative_int, default=1, help="retries of an episode after a browser fault (0: none)")
+ap.add_argument("--workers", type=cli.positive_int, default=2, help="parallel browsers (one task at a time each)")
 
 
 # -----------------------------------------------------------------------------
@@ -272,4 +273,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    utils.run_script(main)
+    cli.run_script(main)

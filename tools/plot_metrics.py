@@ -20,18 +20,19 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: utils, dataset
+import cli  # noqa: E402
 import utils  # noqa: E402
 import dataset  # noqa: E402
 
 SKIP = ("step", "t")  # the x axis and wall time are not curves
 FIRST = ("reward_mean", "match_rate", "progress", "kl", "entropy", "loss", "val_loss", "lr")
 
-parser = utils.make_parser(__doc__)
-parser.add_argument("metrics", nargs="+", type=utils.arg_type(utils.input_file), help="metrics.jsonl files, one PNG each")
+parser = cli.make_parser(__doc__)
+parser.add_argument("metrics", nargs="+", type=cli.arg_type(cli.input_file), help="metrics.jsonl files, one PNG each")
 parser.add_argument("--keys", nargs="+", default=None, help="metrics to draw (default: every numeric one)")
-parser.add_argument("--smooth", type=utils.non_negative_int, default=0, help="also draw a trailing rolling mean over this many points (0: off)")
+parser.add_argument("--smooth", type=cli.non_negative_int, default=0, help="also draw a trailing rolling mean over this many points (0: off)")
 parser.add_argument("--out", default=None, help="PNG path (one input only; default: beside the JSONL, same name .png)")
-parser.add_argument("--cols", type=utils.positive_int, default=3, help="panels per row")
+parser.add_argument("--cols", type=cli.positive_int, default=3, help="panels per row")
 
 
 def read_metrics(path: str) -> dict[str, tuple[list[float], list[float | None]]]:
@@ -135,4 +136,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    utils.run_script(main)
+    cli.run_script(main)

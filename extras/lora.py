@@ -1,14 +1,16 @@
-"""LoRA for SFT and RL through PEFT: the flags, the adapted policy, its reference, its checkpoints.
+"""LoRA for SFT and RL through PEFT (--lora-r > 0, or a LoRA checkpoint folder): the adapted policy,
+its reference, its checkpoints. Imported only then; its flags are fields of the stage configs
+(configs.common.StageConfig: --lora-r 0, the default, is full fine-tuning and imports neither this
+module nor PEFT).
 
-`--lora-r R` (0: off, full fine-tuning as before) injects PEFT LoRA adapters into the decoder's
-linear layers (`apply_lora`: the vision tower and the merger stay frozen unless --lora-vision), in
-place: the trainers keep calling the same Hugging Face model (PolicyLogProb, the sampler, FSDP2's
-`apply_fsdp` per decoder layer then the root), only `trainable` parameters (the adapters) reach the
-optimizer. RL's KL reference is the same policy with its adapters disabled (`AdaptersOff`): no second
-model. Checkpoints hold the adapter in PEFT's layout (adapter_config.json, adapter_model.safetensors)
-plus `lora_base.json` (the base model and its init seed); `merge_adapter` gives the plain model
-(vlm.load_model of such a folder; vlm.merge_checkpoint: tools/merge_lora.py and the trainers' --merge).
-A leaf module: it imports nothing of the project.
+`apply_lora` injects PEFT LoRA adapters into the decoder's linear layers (the vision tower and the
+merger stay frozen unless --lora-vision), in place: the trainers keep calling the same Hugging Face
+model (PolicyLogProb, the sampler, FSDP2's `apply_fsdp` per decoder layer then the root); only the
+parameters with requires_grad (the adapters) reach the optimizer (utils.adamw). RL's KL reference is
+the same policy with its adapters disabled (`AdaptersOff`): no second model. Checkpoints hold the
+adapter in PEFT's layout (adapter_config.json, adapter_model.safetensors) plus `lora_base.json` (the
+base model and its init seed); `merge_adapter` gives the plain model (vlm.load_model of such a folder;
+vlm.merge_checkpoint: tools/merge_lora.py and the trainers' --merge).
 """
 from __future__ import annotations
 
@@ -21,41 +23,13 @@ import torch
 
 import utils
 
-DECODER_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # every linear layer of a decoder layer
-VISION_TARGETS = ("qkv", "proj", "gate_proj", "up_proj", "down_proj")          # a vision block's (with --lora-vision)
-ADAPTER_FILE, BASE_FILE = "adapter_model.safetensors", "lora_base.json"
+DECODER_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # --lora-targets' default: all
+VISION_TARGETS = ("qkv", "proj", "gate_proj", "up_proj", "down_proj")  # a vision block's (with --lora-vision)
+ADAPTER_FILE, BASE_FILE = utils.ADAPTER_FILE, "lora_base.json"
 
 
 class LoraError(utils.InputError, ValueError):
-    """A LoRA flag that does not fit the model (utils.run_script reports it as one line, exit 2)."""
-
-
-def add_lora_args(parser) -> None:
-    """--lora-r, --lora-alpha, --lora-dropout, --lora-targets, --lora-vision, --merge."""
-    parser.add_argument("--lora-r", type=utils.non_negative_int, default=0, help="LoRA rank (PEFT); 0: full fine-tuning")
-    parser.add_argument("--lora-alpha", type=utils.positive_float, default=None, help="LoRA scale numerator (default: 2 x --lora-r)")
-    parser.add_argument("--lora-dropout", type=utils.finite_float(0.0, 1.0, high_open=True), default=0.0, help="dropout on the adapters' input (0: none, PEFT's default)")
-    parser.add_argument("--lora-targets", default=DECODER_TARGETS,
-                        help="comma-separated linear-layer names adapted in every decoder layer")
-    parser.add_argument("--lora-vision", action="store_true",
-                        help="also adapt the vision blocks' linear layers (qkv, proj, MLP); frozen otherwise")
-    parser.add_argument("--merge", action="store_true",
-                        help="with --lora-r: at the end also write OUT/merged, the adapted model as a plain Hugging Face folder")
-
-
-def check_lora_args(args) -> str | None:
-    """The message of a LoRA flag that parses but cannot run, else None (the trainers raise it as utils.UsageError)."""
-    if args.lora_r < 0:
-        return f"--lora-r {args.lora_r}: must be >= 0 (0: no LoRA)"
-    if not 0 <= args.lora_dropout < 1:
-        return f"--lora-dropout {args.lora_dropout}: must be in [0, 1)"
-    if args.lora_alpha is not None and args.lora_alpha <= 0:
-        return f"--lora-alpha {args.lora_alpha}: must be > 0"
-    if not [t for t in args.lora_targets.split(",") if t.strip()] or not re.fullmatch(r"[\w,\s]+", args.lora_targets):
-        return f"--lora-targets {args.lora_targets!r}: expected comma-separated module names, e.g. q_proj,v_proj"
-    if args.merge and args.lora_r == 0:
-        return "--merge needs --lora-r (without LoRA the checkpoint already is a plain Hugging Face folder)"
-    return None
+    """A LoRA flag that does not fit the model (cli.run_script reports it as one line, exit 2)."""
 
 
 def adapter_flags(flags: dict) -> list[tuple[str, object]]:
@@ -71,8 +45,9 @@ def adapter_flags(flags: dict) -> list[tuple[str, object]]:
 def check_resume(args, ckpt) -> None:
     """--resume from checkpoint folder `ckpt` (None: nothing to resume) rebuilds its adapters only with the
     flags of its args.json (`adapter_flags`): another alpha would silently rescale the trained adapters,
-    another rank or target set cannot load. The trainers call it before --out is written. Raises LoraError
-    (one line: the flag, this run's value, the checkpoint's)."""
+    another rank or target set cannot load. args: the run's config (its lora_* fields). The trainers call
+    it before --out is written, with --lora-r or when `ckpt` is a LoRA checkpoint (utils.is_adapter_dir).
+    Raises LoraError (one line: the flag, this run's value, the checkpoint's)."""
     saved = Path(ckpt or "") / "args.json"
     if ckpt is None or not saved.is_file():
         return
@@ -111,7 +86,7 @@ def apply_lora(model, args, base: str, seed: int = 0):
         return None
     from peft import LoraConfig, get_peft_model
 
-    names = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
+    names = [t.strip() for t in (args.lora_targets or DECODER_TARGETS).split(",") if t.strip()]
     have = {n.rsplit(".", 1)[-1] for n, m in model.model.language_model.layers.named_modules()
             if isinstance(m, torch.nn.Linear)}
     missing = sorted(set(names) - have)
@@ -128,12 +103,6 @@ def apply_lora(model, args, base: str, seed: int = 0):
     peft_model.peft_config["default"].base_model_name_or_path = str(base)  # adapter_config.json's record
     peft_model.uis1_base = {"model": str(base), "seed": int(seed)}
     return peft_model
-
-
-def trainable(module: torch.nn.Module) -> list:
-    """The parameters that reach the optimizer: those with requires_grad (all of them without LoRA,
-    the adapters' under it)."""
-    return [p for p in module.parameters() if p.requires_grad]
 
 
 class AdaptersOff:
@@ -177,11 +146,6 @@ def save_adapter(peft_model, state: dict, folder: str | os.PathLike) -> None:
     peft_model.peft_config["default"].save_pretrained(str(folder))
     save_file(state, str(folder / ADAPTER_FILE), metadata={"format": "pt"})
     (folder / BASE_FILE).write_text(json.dumps(peft_model.uis1_base))
-
-
-def is_adapter_dir(path) -> bool:
-    """True for a folder holding a LoRA adapter checkpoint (adapter_model.safetensors)."""
-    return path is not None and (Path(path) / ADAPTER_FILE).is_file()
 
 
 def load_adapter_state(folder, module) -> None:
