@@ -217,10 +217,7 @@ def build_models(run, init: str) -> None:
     run.adapter = lora.apply_lora(model, run.other, base=init, seed=cfg.seed)
     if cfg.gradient_checkpointing:
         checkpoint_activations(model)
-    wrap = PolicyLogProb
-    if cfg.share_prompts == "on":  # each shared prompt head once: extras/shared_prompt.py
-        from extras.shared_prompt import SharedPromptLogProb as wrap
-    run.policy = apply_fsdp(model, wrap(model), proc, mixed_precision=run.gpu)
+    run.policy = apply_fsdp(model, PolicyLogProb(model), proc, mixed_precision=run.gpu)
     # under LoRA the reference is the policy with adapters off (no second model), unless --ref-model
     lora_ref = cfg.kl_coef > 0 and run.adapter and cfg.ref_model is None
     run.ref = lora.AdaptersOff(run.policy, run.adapter) if lora_ref else None
@@ -230,7 +227,7 @@ def build_models(run, init: str) -> None:
                                    device=proc.device,
                                    seed=cfg.seed if cfg.ref_seed is None else cfg.ref_seed)
         ref_model.requires_grad_(False).eval()
-        run.ref = apply_fsdp(ref_model, wrap(ref_model), proc, mixed_precision=False)
+        run.ref = apply_fsdp(ref_model, PolicyLogProb(ref_model), proc, mixed_precision=False)
     run.optimizer = utils.adamw(lora.trainable(run.policy), lr=cfg.lr,
                                 weight_decay=cfg.weight_decay)
     run.sampler = Sampler(model, run.tokenizer, max_new_tokens=cfg.max_new_tokens,
@@ -387,11 +384,10 @@ def micro_batches(run, batch: list, rolled: list[StepRecord]):
     def collate(chunk):
         items = chunk if chunk is not None else filler
         rows = [it.prompt for it in items], [it.response_ids for it in items], run.pad_id
-        if cfg.share_prompts == "on":  # plus the prompt heads the rows share
-            from extras.shared_prompt import collate_shared
-            img = run.model.config.image_token_id
-            return to_device(collate_shared(*rows, img), run.proc.device)
-        return to_device(collate_sequences(*rows), run.proc.device)
+        if cfg.share_prompts != "on":
+            return to_device(collate_sequences(*rows), run.proc.device)
+        from extras.shared_prompt import collate_shared  # plus the prompt heads the rows share
+        return to_device(collate_shared(*rows, run.model.config.image_token_id), run.proc.device)
     return micro, collate
 
 

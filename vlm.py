@@ -440,8 +440,8 @@ class PolicyLogProb(torch.nn.Module):
     positions of the batch (targets != -100), in row-major order. Logits are never
     materialised: the decoder's last hidden states at those positions (hidden_at_targets) go through
     kernels.fused_logprob with the (possibly tied) lm_head weight. Calling this module
-    (not model.model directly) lets FSDP2's root hooks gather embed/lm_head. --share-prompts'
-    subclass (extras/shared_prompt.py) runs each shared prompt head once.
+    (not model.model directly) lets FSDP2's root hooks gather embed/lm_head. A --share-prompts batch
+    (extras/shared_prompt.py) runs each shared prompt head once.
     forward(None) returns None (sampling_mode's FSDP2 root settling call).
     """
 
@@ -459,7 +459,10 @@ class PolicyLogProb(torch.nn.Module):
 
     def hidden_at_targets(self, batch: dict):
         """-> (the decoder's last hidden state before each target (N, H), the targets (N,) int64), in
-        row-major order: position p predicts token p + 1."""
+        row-major order: position p predicts token p + 1. A batch that names its own reader (field
+        hidden_at_targets: --share-prompts' batches, extras/shared_prompt.py) is read by it."""
+        if "hidden_at_targets" in batch:
+            return batch["hidden_at_targets"](self, batch)
         ids = batch["input_ids"]
         # transformers builds Qwen2.5-VL's 3-D mrope positions only when told which tokens are
         # image tokens; without mm_token_type_ids it silently falls back to 1-D positions, and the

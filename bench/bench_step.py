@@ -185,10 +185,7 @@ class CountingSampler(Sampler):
 
 def our_step(v):
     v.model.load_state_dict(v.init_state)
-    wrap = PolicyLogProb  # --share-prompts: its subclass also reads collate_shared's batches
-    if args.share_prompts:
-        from extras.shared_prompt import SharedPromptLogProb as wrap
-    policy, ref = wrap(v.model), wrap(v.ref_model)
+    policy, ref = PolicyLogProb(v.model), PolicyLogProb(v.ref_model)
     sampler = CountingSampler(v.model, v.tokenizer, max_new_tokens=args.max_new_tokens, stop_token_ids=[])
     sampler.calls = []
     with sampling_mode(policy):

@@ -2,16 +2,15 @@
 
 A CPU speed-up of the trainer's log-prob forwards, off the RL path a learner reads: train_semionline.py
 imports this module only when --share-prompts resolves to on (auto: on on CPU without
---gradient-checkpointing), and then collates with `collate_shared` and wraps the model in
-`SharedPromptLogProb` instead of vlm.collate_sequences and vlm.PolicyLogProb. The log-probs, the
-entropies and every gradient are the plain forward's (to ~1e-5: the same math, another summation
-order; tests/test_policy_logprob.py).
+--gradient-checkpointing), and then collates with `collate_shared` instead of vlm.collate_sequences.
+The log-probs, the entropies and every gradient are the plain forward's (to ~1e-5: the same math,
+another summation order; tests/test_policy_logprob.py).
 
 1. `collate_shared`: the plain batch (vlm.collate_sequences) plus the heads its rows share
-   (`prompt_heads`, chosen by a cost model of the CPU forward, KEY_COST).
-2. `SharedPromptLogProb`: two decoder calls, the H heads once (KV cache kept), then every row's tail
-   (the rest of its prompt, then its response) on a copy of its head's cache rows. Prefix Grouper's
-   shared-prefix forward (Liu et al., 2025) for prompts that share a head.
+   (`prompt_heads`, chosen by a cost model of the CPU forward, KEY_COST) and the forward that reads them.
+2. `hidden_at_targets`, that forward (vlm.PolicyLogProb calls it for such a batch): two decoder calls,
+   the H heads once (KV cache kept), then every row's tail (the rest of its prompt, then its response)
+   on a copy of its head's cache rows. Prefix Grouper's shared-prefix forward (Liu et al., 2025).
 """
 from __future__ import annotations
 
@@ -31,13 +30,15 @@ def collate_shared(prompts: list, responses: list[list[int]], pad_id: int,
                    image_token_id: int | None = None) -> dict:
     """vlm.collate_sequences' batch plus its heads: head_of_row (B,), head_rep (H,) (the row whose
     tokens the head is), head_len (H,) int64, image_row and image_start (I,) int64 (each image's row
-    and first token), pad_id. Needs image_token_id (<|image_pad|>) when a prompt has images.
-    Raises ValueError without it."""
+    and first token), pad_id, and hidden_at_targets, the forward that reads them (vlm.PolicyLogProb
+    calls it: the batch and its reader cannot disagree). Needs image_token_id (<|image_pad|>) when a
+    prompt has images. Raises ValueError without it."""
     batch = collate_sequences(prompts, responses, pad_id)
     if "pixel_values" in batch and image_token_id is None:
         raise ValueError("collate_shared: prompts with images need image_token_id")
     digests = image_digests(batch) if "pixel_values" in batch else []
     batch.update(_head_fields(prompts, [len(r) for r in responses], digests, pad_id, image_token_id))
+    batch["hidden_at_targets"] = hidden_at_targets  # how vlm.PolicyLogProb reads this batch
     return batch
 
 
@@ -123,85 +124,84 @@ def _sortable(key: tuple) -> tuple:
 # the forward: heads once, then the tails on their heads' cache rows
 
 
-class SharedPromptLogProb(PolicyLogProb):
-    """vlm.PolicyLogProb that runs each shared prompt head of a collate_shared batch once; a plain
-    batch takes the plain forward. Same outputs as PolicyLogProb (the hidden states it feeds to
-    kernels.fused_logprob are the same up to summation order). Positions are the full sequences'
+def hidden_at_targets(policy: PolicyLogProb, batch: dict):
+    """vlm.PolicyLogProb.hidden_at_targets for a collate_shared batch (which names this function in its
+    field "hidden_at_targets"): the same hidden states before each target (N, H) and targets (N,),
+    up to summation order, with each shared prompt head run once. Positions are the full sequences'
     (one get_rope_index over the batch), so every token sees the same positions and keys as in the
     plain forward; gradients reach a head through the copied cache rows (the sum over its tails).
     Raises ValueError under activation checkpointing in training (transformers' checkpointed layers
     drop the cache the tails read) and with an attention that takes no 4-D mask (flash-attn)."""
+    model = policy.model
+    if policy.training and torch.is_grad_enabled() and model.is_activation_checkpointing:
+        raise ValueError("shared-prompt batches need the KV cache, which activation checkpointing "
+                         "drops: collate without shared heads")
+    attn = model.config.get_text_config()._attn_implementation
+    if attn not in ("sdpa", "eager"):
+        raise ValueError(f"shared-prompt batches need a 4-D attention mask (sdpa or eager), not {attn}")
+    ids, targets = batch["input_ids"], batch["targets"]             # (B, T)
+    B, T = ids.shape
+    if "image_grid_thw" in batch:   # mrope positions of the full rows, as the plain forward computes them
+        img = (ids == model.config.image_token_id).int()  # (B, T): 1 = image token
+        pos, _ = model.model.get_rope_index(ids, image_grid_thw=batch["image_grid_thw"],
+                                            mm_token_type_ids=img)
+        feats = policy._image_features(batch).pooler_output
+    else:
+        pos, feats = torch.arange(T, device=ids.device).expand(3, B, T), None
+    head_h, cache, head_valid, in_head = _heads(model, batch, pos, feats)
+    start = batch["head_len"][batch["head_of_row"]]                  # (B,) where each row's tail starts
+    tail_h = _tails(model, batch, pos, feats, cache, head_valid, in_head, start)
+    # the hidden state before each target: in the head or in the tail, row-major target order
+    b, p = (targets[:, 1:] != -100).nonzero(as_tuple=True)         # position p predicts token p + 1
+    s, Kh, S = start[b], head_h.shape[1], tail_h.shape[1]
+    h = torch.where((p < s)[:, None], head_h[batch["head_of_row"][b], p.clamp(max=Kh - 1)],
+                    tail_h[b, (p - s).clamp(min=0, max=S - 1)])     # (N, D)
+    return h, targets[b, p + 1]
 
-    def hidden_at_targets(self, batch: dict):
-        if "head_of_row" not in batch:
-            return super().hidden_at_targets(batch)
-        if self.training and torch.is_grad_enabled() and self.model.is_activation_checkpointing:
-            raise ValueError("shared-prompt batches need the KV cache, which activation checkpointing "
-                             "drops: collate without share_prompts")
-        attn = self.model.config.get_text_config()._attn_implementation
-        if attn not in ("sdpa", "eager"):
-            raise ValueError(f"shared-prompt batches need a 4-D attention mask (sdpa or eager), not {attn}")
-        ids, targets = batch["input_ids"], batch["targets"]             # (B, T)
-        B, T = ids.shape
-        if "image_grid_thw" in batch:   # mrope positions of the full rows, as the plain forward computes them
-            img = (ids == self.model.config.image_token_id).int()  # (B, T): 1 = image token
-            pos, _ = self.model.model.get_rope_index(ids, image_grid_thw=batch["image_grid_thw"],
-                                                     mm_token_type_ids=img)
-            feats = self._image_features(batch).pooler_output
-        else:
-            pos, feats = torch.arange(T, device=ids.device).expand(3, B, T), None
-        head_h, cache, head_valid, in_head = self._heads(batch, pos, feats)
-        start = batch["head_len"][batch["head_of_row"]]                  # (B,) where each row's tail starts
-        tail_h = self._tails(batch, pos, feats, cache, head_valid, in_head, start)
-        # the hidden state before each target: in the head or in the tail, row-major target order
-        b, p = (targets[:, 1:] != -100).nonzero(as_tuple=True)         # position p predicts token p + 1
-        s, Kh, S = start[b], head_h.shape[1], tail_h.shape[1]
-        h = torch.where((p < s)[:, None], head_h[batch["head_of_row"][b], p.clamp(max=Kh - 1)],
-                        tail_h[b, (p - s).clamp(min=0, max=S - 1)])     # (N, D)
-        return h, targets[b, p + 1]
 
-    def _heads(self, batch: dict, pos: torch.Tensor, feats):
-        """The H heads, row head_rep[h], tokens [0, head_len[h]), right-padded under the causal kernel,
-        KV cache kept. -> (hidden (H, Kh, D), cache, valid (H, Kh) bool, in_head (I,) bool or None:
-        which images lie in a head)."""
-        head_of_row, head_rep, head_len = batch["head_of_row"], batch["head_rep"], batch["head_len"]
-        Kh = int(head_len.max())
-        head_valid = torch.arange(Kh, device=head_len.device)[None] < head_len[:, None]  # (H, Kh)
-        head_ids = batch["input_ids"][head_rep, :Kh].masked_fill(~head_valid, int(batch["pad_id"]))
-        in_head, kw = None, {}
-        if feats is not None:  # an image lies wholly in a head or in a tail (a head never splits a run)
-            img_row, img_start = batch["image_row"], batch["image_start"]
-            in_head = img_start < head_len[head_of_row[img_row]]
-            # the head batch's images: those of each head's own row (head_rep) inside it, in head order
-            mine = (in_head & (img_row == head_rep[head_of_row[img_row]])).nonzero().flatten()
-            mine = mine[torch.argsort(head_of_row[img_row[mine]], stable=True)].tolist()
-            if mine:
-                kw = dict(mm_encoder_outputs={"image": _Pooled(tuple(feats[i] for i in mine))})
-        out = self.model.model(input_ids=head_ids, position_ids=pos[:, head_rep, :Kh], attention_mask=None,
-                               use_cache=True, **kw)
-        return out.last_hidden_state, out.cache, head_valid, in_head
+def _heads(model, batch: dict, pos: torch.Tensor, feats):
+    """The H heads, row head_rep[h], tokens [0, head_len[h]), right-padded under the causal kernel,
+    KV cache kept. -> (hidden (H, Kh, D), cache, valid (H, Kh) bool, in_head (I,) bool or None:
+    which images lie in a head)."""
+    head_of_row, head_rep, head_len = batch["head_of_row"], batch["head_rep"], batch["head_len"]
+    Kh = int(head_len.max())
+    head_valid = torch.arange(Kh, device=head_len.device)[None] < head_len[:, None]  # (H, Kh)
+    head_ids = batch["input_ids"][head_rep, :Kh].masked_fill(~head_valid, int(batch["pad_id"]))
+    in_head, kw = None, {}
+    if feats is not None:  # an image lies wholly in a head or in a tail (a head never splits a run)
+        img_row, img_start = batch["image_row"], batch["image_start"]
+        in_head = img_start < head_len[head_of_row[img_row]]
+        # the head batch's images: those of each head's own row (head_rep) inside it, in head order
+        mine = (in_head & (img_row == head_rep[head_of_row[img_row]])).nonzero().flatten()
+        mine = mine[torch.argsort(head_of_row[img_row[mine]], stable=True)].tolist()
+        if mine:
+            kw = dict(mm_encoder_outputs={"image": _Pooled(tuple(feats[i] for i in mine))})
+    out = model.model(input_ids=head_ids, position_ids=pos[:, head_rep, :Kh], attention_mask=None,
+                      use_cache=True, **kw)
+    return out.last_hidden_state, out.cache, head_valid, in_head
 
-    def _tails(self, batch: dict, pos: torch.Tensor, feats, cache, head_valid, in_head, start):
-        """Every row's tail, tokens [start[b], its length), on a copy of its head's cache rows under a
-        (B, 1, S, Kh + S) mask. -> hidden (B, S, D)."""
-        ids, head_of_row = batch["input_ids"], batch["head_of_row"]
-        B, T = ids.shape
-        lengths = batch["attention_mask"].sum(1)                         # (B,) real tokens of each row
-        S = max(int((lengths - start).max()), 1)
-        j = torch.arange(S, device=ids.device)[None]                    # (1, S)
-        src = (start[:, None] + j).clamp(max=T - 1)                     # (B, S) column of each tail token
-        tail_valid = j < (lengths - start)[:, None]
-        tail_ids = ids.gather(1, src).masked_fill(~tail_valid, int(batch["pad_id"]))
-        tail_pos = pos.gather(2, src[None].expand(3, B, S))
-        rows = DynamicCache(ddp_cache_data=[(lay.keys[head_of_row], lay.values[head_of_row])
-                                            for lay in cache.layers])  # each row: a copy of its head's
-        valid = torch.cat([head_valid[head_of_row], tail_valid], dim=1)  # (B, Kh + S)
-        kw = {}
-        if feats is not None and not bool(in_head.all()):  # the images of the tails, in row order
-            tails = tuple(f for f, h in zip(feats, in_head.tolist()) if not h)
-            kw = dict(mm_encoder_outputs={"image": _Pooled(tails)})
-        return self.model.model(input_ids=tail_ids, position_ids=tail_pos, cache=rows, use_cache=True,
-                                attention_mask=cache_attention_mask(valid, S), **kw).last_hidden_state
+
+def _tails(model, batch: dict, pos: torch.Tensor, feats, cache, head_valid, in_head, start):
+    """Every row's tail, tokens [start[b], its length), on a copy of its head's cache rows under a
+    (B, 1, S, Kh + S) mask. -> hidden (B, S, D)."""
+    ids, head_of_row = batch["input_ids"], batch["head_of_row"]
+    B, T = ids.shape
+    lengths = batch["attention_mask"].sum(1)                         # (B,) real tokens of each row
+    S = max(int((lengths - start).max()), 1)
+    j = torch.arange(S, device=ids.device)[None]                    # (1, S)
+    src = (start[:, None] + j).clamp(max=T - 1)                     # (B, S) column of each tail token
+    tail_valid = j < (lengths - start)[:, None]
+    tail_ids = ids.gather(1, src).masked_fill(~tail_valid, int(batch["pad_id"]))
+    tail_pos = pos.gather(2, src[None].expand(3, B, S))
+    rows = DynamicCache(ddp_cache_data=[(lay.keys[head_of_row], lay.values[head_of_row])
+                                        for lay in cache.layers])  # each row: a copy of its head's
+    valid = torch.cat([head_valid[head_of_row], tail_valid], dim=1)  # (B, Kh + S)
+    kw = {}
+    if feats is not None and not bool(in_head.all()):  # the images of the tails, in row order
+        tails = tuple(f for f, h in zip(feats, in_head.tolist()) if not h)
+        kw = dict(mm_encoder_outputs={"image": _Pooled(tails)})
+    return model.model(input_ids=tail_ids, position_ids=tail_pos, cache=rows, use_cache=True,
+                       attention_mask=cache_attention_mask(valid, S), **kw).last_hidden_state
 
 
 class _Pooled:

@@ -11,7 +11,7 @@ import chat
 import dataset
 import gui
 import vlm
-from extras.shared_prompt import SharedPromptLogProb, collate_shared, prompt_heads
+from extras.shared_prompt import collate_shared, prompt_heads
 from sampler import Sampler
 from vlm import PolicyLogProb, collate_sequences, sampling_mode
 
@@ -158,7 +158,7 @@ def test_prompt_heads_by_hand():
 
 
 def test_shared_prompt_heads_same_logp_entropy_and_grads():
-    """extras/shared_prompt.py's collate_shared + SharedPromptLogProb: each head once, then the tails on its
+    """extras/shared_prompt.py's collate_shared + PolicyLogProb: each head once, then the tails on its
     cache rows. Rows: one prompt three times (its head is the whole prompt: tails are responses), two
     prompts that share the goal and first screenshot and differ from the second (a head ending before
     an image; that image in the tails), and a prompt of its own. Log-probs, entropies and every
@@ -185,10 +185,9 @@ def test_shared_prompt_heads_same_logp_entropy_and_grads():
     run2 = int(second[(torch.diff(second, prepend=second[:1] - 1) > 1).nonzero().flatten()[-1]])  # 2nd image start
     assert hl[hr[1]] == run2 and not (a.input_ids[:run2] != b.input_ids[:run2]).any()
     assert len(hl) == 3 and len(shared["image_start"]) == 3 + 2 + 2 + 1          # three heads; every image listed
-    policy = SharedPromptLogProb(model)
+    policy = PolicyLogProb(model)
+    assert "hidden_at_targets" not in plain and "hidden_at_targets" in shared  # the shared batch names its reader
     lp1 = _assert_same_forward(policy, plain, shared, atol=2e-5)
-    with torch.no_grad():  # a plain batch takes the plain forward, bit for bit
-        assert torch.equal(policy(plain)[0], PolicyLogProb(model)(plain)[0])
     # the heads are used: giving row 3 the head of row 0 changes its log-probs
     wrong = dict(shared, head_of_row=torch.tensor([hr[0], hr[1], hr[0], hr[0], hr[4], hr[0]]))
     with torch.no_grad():
@@ -221,7 +220,7 @@ def test_shared_prompt_heads_text_only_prefix_prompts():
     shared = collate_shared(rows, responses, 0)
     hr, hl = shared["head_of_row"].tolist(), shared["head_len"].tolist()
     assert hr[0] == hr[1] == hr[2] != hr[3] and hl[hr[0]] == 40 and hl[hr[3]] == 25
-    policy = SharedPromptLogProb(model)
+    policy = PolicyLogProb(model)
     assert _assert_same_forward(policy, plain, shared, atol=2e-5, vision=False).numel() == 9
     wrong = dict(shared, head_of_row=torch.tensor([hr[3], hr[0], hr[0], hr[3]]), head_len=torch.tensor(hl))
     with torch.no_grad():  # the shared path ran: rows on another prompt's head score otherwise

@@ -23,7 +23,7 @@ from update_case import ARGV, make_records, reference_grads
 import train_semionline as ts
 import utils
 import vlm
-from extras.shared_prompt import SharedPromptLogProb, collate_shared
+from extras.shared_prompt import collate_shared
 
 REPO = Path(__file__).resolve().parents[1]
 ONE = utils.Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
@@ -52,7 +52,7 @@ def run_update(model, records, pad_id, args, micro_size=2, opt=None, share=False
     """ppo_step on micro-batches cut as the trainer cuts them (sorted by length), from the records in
     reverse order: the micro-batches group the records differently from the reference's order.
     share: collate with the shared prompt heads (extras/shared_prompt.py: each micro-batch's run once)."""
-    policy = (SharedPromptLogProb if share else vlm.PolicyLogProb)(model)
+    policy = vlm.PolicyLogProb(model)
     opt = opt or torch.optim.SGD(policy.parameters(), lr=0.0)
     mb = ts._micro_batches(records[::-1], 1, micro_size, ONE,
                            length=lambda r: len(r.prompt.input_ids) + len(r.response_ids))[0]

@@ -14,7 +14,7 @@ from update_case import ARGV, make_records, reference_grads  # noqa: E402
 import train_semionline as ts  # noqa: E402
 import utils  # noqa: E402
 import vlm  # noqa: E402
-from extras.shared_prompt import SharedPromptLogProb, collate_shared  # noqa: E402
+from extras.shared_prompt import collate_shared  # noqa: E402
 
 d = utils.init_distributed("cpu")
 args = ts.parser.parse_args(ARGV + ["--loss-agg", sys.argv[2]])
@@ -24,7 +24,7 @@ ref_model = vlm.load_model("tiny", seed=0)
 ref = reference_grads(ref_model, records, args)
 mine = [r for r in records if r.task_idx % d.world_size == d.rank]  # this rank's tasks
 share = len(sys.argv) > 3 and sys.argv[3] == "on"
-policy = vlm.apply_fsdp(model, (SharedPromptLogProb if share else vlm.PolicyLogProb)(model), d, mixed_precision=False)
+policy = vlm.apply_fsdp(model, vlm.PolicyLogProb(model), d, mixed_precision=False)
 opt = torch.optim.SGD(policy.parameters(), lr=0.0)
 mb = ts._micro_batches(mine, 1, 2, d)[0]
 fallback = mine[:1]
