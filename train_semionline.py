@@ -382,11 +382,11 @@ def micro_batches(run, batch: list, rolled: list[StepRecord]):
 
     def collate(chunk):
         items = chunk if chunk is not None else filler
-        return to_device(collate_sequences([it.prompt for it in items],
-                                           [it.response_ids for it in items], run.pad_id,
-                                           share_prompts=cfg.share_prompts == "on",
-                                           image_token_id=run.model.config.image_token_id),
-                         run.proc.device)
+        rows = [it.prompt for it in items], [it.response_ids for it in items], run.pad_id
+        if cfg.share_prompts != "on":
+            return to_device(collate_sequences(*rows), run.proc.device)
+        from extras.shared_prompt import collate_shared  # plus the prompt heads the rows share
+        return to_device(collate_shared(*rows, run.model.config.image_token_id), run.proc.device)
     return micro, collate
 
 

@@ -8,7 +8,7 @@
 2. the model's tokens: the vision tokens the sampler must never emit and the stop tokens;
 3. the policy as training runs it, the thin module beside the fused kernel (kernels/logprob.py):
    `PolicyLogProb`, the decoder then kernels.fused_logprob on the response positions only, on
-   the batch `collate_sequences` builds (with share_prompts, the heads its rows share: `prompt_heads`);
+   the batch `collate_sequences` builds (--share-prompts: extras/shared_prompt.py);
 4. FSDP2: `apply_fsdp` shards it (per decoder layer and vision block, then the root),
    `checkpoint_activations` recomputes activations in the backward, `sampling_mode` lends the
    policy, unsharded, to the sampler and gives it back.
@@ -297,8 +297,7 @@ def load_checkpoint_state(ckpt: str | os.PathLike, model, optimizer=None) -> dic
 
 # -----------------------------------------------------------------------------
 # the trainer's batches: responses and their prompts right-padded into one batch (collate_sequences,
-# the one pad-id rule), and with share_prompts the prompt heads its rows share (prompt_heads, chosen by
-# a cost model of the CPU forward, KEY_COST), each run once by PolicyLogProb. Pure tensors.
+# the one pad-id rule). Pure tensors.
 
 
 def image_runs(is_img: torch.Tensor) -> list[tuple[int, int]]:
@@ -309,8 +308,7 @@ def image_runs(is_img: torch.Tensor) -> list[tuple[int, int]]:
     return list(zip((edges == 1).nonzero().flatten().tolist(), (edges == -1).nonzero().flatten().tolist()))
 
 
-def collate_sequences(prompts: list, responses: list[list[int]], pad_id: int, share_prompts: bool = False,
-                      image_token_id: int | None = None) -> dict:
+def collate_sequences(prompts: list, responses: list[list[int]], pad_id: int) -> dict:
     """Right-pad prompt+response sequences into one batch.
 
     prompts: objects with input_ids (T_i,) int64, pixel_values (P_i, 1176) or None and
@@ -320,12 +318,8 @@ def collate_sequences(prompts: list, responses: list[list[int]], pad_id: int, sh
     is masked by position, never by comparing with pad_id, which may equal EOS),
     attention_mask (B, T) int64, the images concatenated in row order (pixel_values,
     image_grid_thw) and image_index (I,) int64: the first image with the same pixels and grid
-    (PolicyLogProb encodes each distinct image once).
-
-    share_prompts: also group the rows into heads (`prompt_heads`): head_of_row (B,), head_rep (H,)
-    (the row whose tokens the head is), head_len (H,) int64, image_row and image_start (I,) int64
-    (each image's row and first token), pad_id; PolicyLogProb then runs each head once. Needs
-    image_token_id (<|image_pad|>) when a prompt has images; raises ValueError without it.
+    (PolicyLogProb encodes each distinct image once). With --share-prompts the trainer collates with
+    extras/shared_prompt.py's collate_shared instead, this batch plus the prompt heads its rows share.
     """
     seqs = [torch.cat([p.input_ids.long(), torch.tensor(r, dtype=torch.long)]) for p, r in zip(prompts, responses)]
     T = max(len(s) for s in seqs)
@@ -339,104 +333,22 @@ def collate_sequences(prompts: list, responses: list[list[int]], pad_id: int, sh
         targets[b, len(p.input_ids):len(s)] = s[len(p.input_ids):]
     batch = {"input_ids": input_ids, "attention_mask": attention_mask, "targets": targets}
     pv = [p.pixel_values for p in prompts if p.pixel_values is not None]
-    digests = []  # per image: (grid, pixel digest)
     if pv:
         batch["pixel_values"] = torch.cat(pv)
         batch["image_grid_thw"] = torch.cat([p.image_grid_thw for p in prompts if p.image_grid_thw is not None])
-        offs = [0] + batch["image_grid_thw"].prod(-1).cumsum(0).tolist()
-        first: dict[tuple, int] = {}
-        index = []
-        for i, g in enumerate(batch["image_grid_thw"].tolist()):
-            px = batch["pixel_values"][offs[i]:offs[i + 1]].detach().cpu().numpy().tobytes()
-            digests.append((tuple(g), hashlib.blake2b(px, digest_size=16).digest()))
-            index.append(first.setdefault(digests[-1], i))
+        first: dict[tuple, int] = {}  # (grid, pixel digest) -> the first image that has it
+        index = [first.setdefault(d, i) for i, d in enumerate(image_digests(batch))]
         batch["image_index"] = torch.tensor(index, dtype=torch.long)
-    if share_prompts:
-        if pv and image_token_id is None:
-            raise ValueError("collate_sequences(share_prompts=True): prompts with images need image_token_id")
-        batch.update(_share(prompts, [len(r) for r in responses], digests, pad_id, image_token_id))
     return batch
 
 
-def _share(prompts: list, response_lens: list[int], digests: list[tuple], pad_id: int, image_token_id) -> dict:
-    """The head fields of collate_sequences(..., share_prompts=True): each prompt's key (its ids,
-    every image run replaced by its (grid, pixel digest), so same-size screenshots differ), its
-    image runs, then prompt_heads. digests: one per image, in row order."""
-    keys, runs, image_row, image_start = [], [], [], []
-    k = 0  # the next image's index in digests
-    for b, p in enumerate(prompts):
-        key = p.input_ids.tolist()
-        r = image_runs(p.input_ids == image_token_id) if image_token_id is not None else []
-        for i, j in r:
-            key[i:j] = [digests[k]] * (j - i)
-            image_row.append(b)
-            image_start.append(i)
-            k += 1
-        keys.append(key)
-        runs.append(r)
-    head_of_row, head_rep, head_len = prompt_heads(keys, runs, response_lens)
-    out = {"head_of_row": torch.tensor(head_of_row), "head_rep": torch.tensor(head_rep),
-           "head_len": torch.tensor(head_len), "pad_id": pad_id}
-    if image_row:
-        out.update(image_row=torch.tensor(image_row), image_start=torch.tensor(image_start))
-    return out
-
-
-KEY_COST = 1 / 256  # attention per key as a fraction of a token's other work (measured, tiny:128x4 on CPU)
-
-
-def prompt_heads(keys: list[list], runs: list[list[tuple[int, int]]], response_lens: list[int],
-                 key_cost: float = KEY_COST):
-    """Group B rows into heads: a head is a prefix that several rows' prompts share, run once.
-
-    keys[b]: row b's prompt as comparable tokens (equal keys = identical prompts, images included);
-    runs[b]: its image runs [a, c) (a head never ends inside one: each image lies wholly in a head
-    or a tail); response_lens[b]: its response length. Distinct prompts are sorted (prompts with
-    long common prefixes become neighbours) and joined greedily while the modelled cost falls: a
-    head of h tokens costs h (1 + key_cost h / 2) (causal kernel), a tail of t tokens after it
-    t (1 + key_cost (h + t)) (dense masked attention over the head and itself). A prompt alone is
-    its own head, whole, so its rows' tails are just their responses: identical prompts always share.
-    Returns (head_of_row (B,), head_rep (H,): a row holding each head, head_len (H,)) as lists."""
-    distinct: dict[tuple, list[int]] = {}
-    for b, k in enumerate(keys):
-        distinct.setdefault(tuple(k), []).append(b)
-    order = sorted(distinct, key=_sortable)
-
-    def cost(members, h):  # the modelled work of one head of length h over these distinct prompts
-        tails = [len(k) - h + response_lens[b] for k in members for b in distinct[k]]
-        return h * (1 + key_cost * h / 2) + sum(t * (1 + key_cost * (h + t)) for t in tails)
-
-    def cut(k, h):  # h moved back to the start of an image run it would split
-        for a, c in runs[distinct[k][0]]:
-            if a < h < c:
-                return a
-        return h
-
-    groups: list[tuple[list[tuple], int]] = []
-    for k in order:
-        if groups:
-            members, h = groups[-1]
-            lcp, first = 0, members[0]
-            while lcp < min(h, len(k)) and first[lcp] == k[lcp]:
-                lcp += 1
-            h2 = cut(k, lcp)
-            if h2 > 0 and cost(members + [k], h2) < cost(members, h) + cost([k], len(k)):
-                groups[-1] = (members + [k], h2)
-                continue
-        groups.append(([k], len(k)))
-    head_of_row, head_rep, head_len = [0] * len(keys), [], []
-    for g, (members, h) in enumerate(groups):
-        for k in members:
-            for b in distinct[k]:
-                head_of_row[b] = g
-        head_rep.append(distinct[members[0]][0])
-        head_len.append(h)
-    return head_of_row, head_rep, head_len
-
-
-def _sortable(key: tuple) -> tuple:
-    """A sort key for prompt keys mixing token ids (int) and image digests (tuple): images first."""
-    return tuple((0, t) if isinstance(t, tuple) else (1, (t,)) for t in key)
+def image_digests(batch: dict) -> list[tuple]:
+    """(grid (t, h, w), 16-byte pixel digest) of each image of a collated batch, in row order: equal
+    exactly for the same pixels at the same grid (same-size screenshots differ)."""
+    offs = [0] + batch["image_grid_thw"].prod(-1).cumsum(0).tolist()
+    return [(tuple(g), hashlib.blake2b(batch["pixel_values"][offs[i]:offs[i + 1]].detach().cpu().numpy().tobytes(),
+                                       digest_size=16).digest())
+            for i, g in enumerate(batch["image_grid_thw"].tolist())]
 
 
 def to_device(batch: dict, device) -> dict:
@@ -528,10 +440,10 @@ class PolicyLogProb(torch.nn.Module):
 
     forward(batch) -> (logp (N,) fp32, entropy (N,) fp32 or None) over the N target
     positions of the batch (targets != -100), in row-major order. Logits are never
-    materialised: the decoder's last hidden states at those positions go through
+    materialised: the decoder's last hidden states at those positions (hidden_at_targets) go through
     kernels.fused_logprob with the (possibly tied) lm_head weight. Calling this module
-    (not model.model directly) lets FSDP2's root hooks gather embed/lm_head. A batch collated
-    with share_prompts (head_of_row, ...) runs each shared prompt head once (_forward_shared).
+    (not model.model directly) lets FSDP2's root hooks gather embed/lm_head. A --share-prompts batch
+    (extras/shared_prompt.py) runs each shared prompt head once.
     forward(None) returns None (sampling_mode's FSDP2 root settling call).
     """
 
@@ -542,9 +454,17 @@ class PolicyLogProb(torch.nn.Module):
     def forward(self, batch: dict | None, temperature: float = 1.0, return_entropy: bool = False):
         if batch is None:  # no-op: sampling_mode settles the FSDP2 root with it
             return None
+        h, targets = self.hidden_at_targets(batch)  # (N, H), (N,)
+        res = fused_logprob(h, self.model.lm_head.weight, targets, temperature=temperature,
+                            return_entropy=return_entropy)
+        return res if return_entropy else (res, None)
 
-        if "head_of_row" in batch:
-            return self._forward_shared(batch, temperature, return_entropy)
+    def hidden_at_targets(self, batch: dict):
+        """-> (the decoder's last hidden state before each target (N, H), the targets (N,) int64), in
+        row-major order: position p predicts token p + 1. A batch that names its own reader (field
+        hidden_at_targets: --share-prompts' batches, extras/shared_prompt.py) is read by it."""
+        if "hidden_at_targets" in batch:
+            return batch["hidden_at_targets"](self, batch)
         ids = batch["input_ids"]
         # transformers builds Qwen2.5-VL's 3-D mrope positions only when told which tokens are
         # image tokens; without mm_token_type_ids it silently falls back to 1-D positions, and the
@@ -556,83 +476,10 @@ class PolicyLogProb(torch.nn.Module):
         out = self.model.model(input_ids=ids, attention_mask=causal_only(batch["attention_mask"]),
                                image_grid_thw=batch.get("image_grid_thw"), mm_token_type_ids=mm_types,
                                use_cache=False, **kw)
-        hidden = out.last_hidden_state[:, :-1]  # (B, T-1, H): position p predicts token p+1
+        hidden = out.last_hidden_state[:, :-1]  # (B, T-1, H)
         targets = batch["targets"][:, 1:]  # (B, T-1)
         sel = targets != -100
-        h = hidden[sel]  # (N, H)
-        res = fused_logprob(h, self.model.lm_head.weight, targets[sel], temperature=temperature,
-                            return_entropy=return_entropy)
-        return res if return_entropy else (res, None)
-
-    def _forward_shared(self, batch: dict, temperature: float, return_entropy: bool):
-        """The same log-probs as the plain forward, with each shared prompt head run once (the batch
-        of collate_sequences(..., share_prompts=True)). Two decoder calls: the H heads (right-padded,
-        causal kernel, KV cache kept), then every row's tail (the rest of its prompt, then its
-        response) on a copy of its head's cache rows, under a (B, 1, S, Kh + S) mask. Positions are
-        the full sequences' (one get_rope_index over the batch), so every token sees the same
-        positions and keys as in the plain forward; gradients reach the head through the copied
-        cache rows (the sum over its tails). Prefix Grouper's shared-prefix forward (Liu et al.,
-        2025) for prompts that share a head. Raises ValueError under activation checkpointing in
-        training (transformers' checkpointed layers drop the cache the tails read)."""
-        from transformers import DynamicCache
-
-        model = self.model.model
-        if self.training and torch.is_grad_enabled() and self.model.is_activation_checkpointing:
-            raise ValueError("shared-prompt batches need the KV cache, which activation checkpointing drops: "
-                             "collate without share_prompts")
-        if self.model.config.get_text_config()._attn_implementation not in ("sdpa", "eager"):
-            raise ValueError("shared-prompt batches need a 4-D attention mask (sdpa or eager attention), not "
-                             f"{self.model.config.get_text_config()._attn_implementation}")
-        ids, targets = batch["input_ids"], batch["targets"]             # (B, T)
-        head_of_row, head_rep, head_len = batch["head_of_row"], batch["head_rep"], batch["head_len"]
-        dev, img_id, pad = ids.device, self.model.config.image_token_id, int(batch["pad_id"])
-        B, T = ids.shape
-        lengths = batch["attention_mask"].sum(1)                         # (B,) real tokens of each row
-        if "image_grid_thw" in batch:   # mrope positions of the full rows, as the plain forward computes them
-            pos, _ = model.get_rope_index(ids, image_grid_thw=batch["image_grid_thw"],
-                                          mm_token_type_ids=(ids == img_id).int())
-        else:
-            pos = torch.arange(T, device=dev).expand(3, B, T)
-        feats = self._image_features(batch).pooler_output if "image_grid_thw" in batch else None
-        # 1. the heads: row head_rep[h], tokens [0, head_len[h])
-        Kh = int(head_len.max())
-        ar = torch.arange(Kh, device=dev)
-        head_valid = ar[None] < head_len[:, None]                        # (H, Kh)
-        head_ids = ids[head_rep, :Kh].masked_fill(~head_valid, pad)
-        in_head, img_row, img_start = None, batch.get("image_row"), batch.get("image_start")
-        kw = {}
-        if feats is not None:  # images lie wholly in a head or wholly in a tail (the collate never splits a run)
-            in_head = img_start < head_len[head_of_row[img_row]]
-            # the head batch's images: those of each head's own row (head_rep) inside it, in head order
-            mine = (in_head & (img_row == head_rep[head_of_row[img_row]])).nonzero().flatten()
-            mine = mine[torch.argsort(head_of_row[img_row[mine]], stable=True)].tolist()
-            if mine:
-                kw = dict(mm_encoder_outputs={"image": _Pooled(tuple(feats[i] for i in mine))})
-        out = model(input_ids=head_ids, position_ids=pos[:, head_rep, :Kh], attention_mask=None, use_cache=True, **kw)
-        head_h, cache = out.last_hidden_state, out.cache      # (H, Kh, D)
-        # 2. the tails: row b, tokens [head_len of its head, its length), on its head's cache rows
-        start = head_len[head_of_row]                                    # (B,)
-        S = max(int((lengths - start).max()), 1)
-        j = torch.arange(S, device=dev)[None]                           # (1, S)
-        src = (start[:, None] + j).clamp(max=T - 1)                     # (B, S) column of each tail token
-        tail_valid = j < (lengths - start)[:, None]
-        tail_ids = ids.gather(1, src).masked_fill(~tail_valid, pad)
-        tail_pos = pos.gather(2, src[None].expand(3, B, S))
-        rows = DynamicCache(ddp_cache_data=[(l.keys[head_of_row], l.values[head_of_row]) for l in cache.layers])
-        valid = torch.cat([head_valid[head_of_row], tail_valid], dim=1)  # (B, Kh + S)
-        kw = {}
-        if feats is not None and not bool(in_head.all()):
-            kw = dict(mm_encoder_outputs={"image": _Pooled(tuple(f for f, h in zip(feats, in_head.tolist()) if not h))})
-        tail_h = model(input_ids=tail_ids, position_ids=tail_pos, attention_mask=cache_attention_mask(valid, S),
-                       cache=rows, use_cache=True, **kw).last_hidden_state  # (B, S, D)
-        # 3. the hidden state before each target: in the head or in the tail, row-major target order
-        b, p = (targets[:, 1:] != -100).nonzero(as_tuple=True)         # position p predicts token p + 1
-        s = start[b]
-        h = torch.where((p < s)[:, None], head_h[head_of_row[b], p.clamp(max=Kh - 1)],
-                        tail_h[b, (p - s).clamp(min=0, max=S - 1)])     # (N, D)
-        res = fused_logprob(h, self.model.lm_head.weight, targets[b, p + 1], temperature=temperature,
-                            return_entropy=return_entropy)
-        return res if return_entropy else (res, None)
+        return hidden[sel], targets[sel]
 
     def _image_features(self, batch: dict):
         """Vision features of the batch's images in row order, each distinct image encoded once
@@ -683,9 +530,3 @@ def pad_token_id(tokenizer) -> int:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return 0 if pad is None or pad == tokenizer.get_vocab().get("<|image_pad|>") else int(pad)
 
-
-class _Pooled:
-    """What Qwen2.5-VL's forward reads from mm_encoder_outputs["image"]: per-image features."""
-
-    def __init__(self, pooler_output: tuple):
-        self.pooler_output = pooler_output

@@ -24,7 +24,7 @@ suppressed), log-probs and update the TRL way (full logits through
 computes it, AdamW). ratio_vs_trl = peer step seconds / ours.
 
 Shared prompts. In each repeat the log-probs and the update also run on the same micro-batches
-collated with share_prompts (each shared prompt head once: vlm.PolicyLogProb), from the same
+collated with shared prompt heads (each once: extras/shared_prompt.py), from the same
 weights: share_speedup = seconds plain / shared, per phase (--no-share-prompts skips it). Expert
 history makes every rollout of a task share each step's prompt: the most this can give (in a
 semi-online run the n rollouts always share step 0's prompt, and later ones while their histories
@@ -200,8 +200,11 @@ def our_step(v):
     chunks = [recs[i:i + args.micro_batch_size] for i in range(0, len(recs), args.micro_batch_size)]
 
     def batches_of(share):
-        return [to_device(collate_sequences([r.prompt for r in c], [r.response_ids for r in c], v.pad_id,
-                                            share_prompts=share, image_token_id=v.model.config.image_token_id), "cpu")
+        if share:
+            from extras.shared_prompt import collate_shared
+            return [to_device(collate_shared([r.prompt for r in c], [r.response_ids for r in c], v.pad_id,
+                                             v.model.config.image_token_id), "cpu") for c in chunks]
+        return [to_device(collate_sequences([r.prompt for r in c], [r.response_ids for r in c], v.pad_id), "cpu")
                 for c in chunks]
     batches = batches_of(False)
     t_logp, t_update = logprob_and_update(v, policy, ref, batches, chunks)

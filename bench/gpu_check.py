@@ -300,7 +300,7 @@ def main(argv=None):
     a.out = a.out or (DRY_OUT if a.dry_run else GPU_OUT)
     if a.dry_run and Path(a.out).resolve() == (REPO / GPU_OUT).resolve():
         parser.error(f"--out {a.out}: holds the committed GPU results; a dry run writes elsewhere (default {DRY_OUT})")
-    if a.dry_run:  # the interpreter must be chosen before triton is first imported (kernels import it)
+    if a.dry_run:  # the interpreter must be chosen before triton is first imported (kernels/*_triton.py)
         os.environ.setdefault("TRITON_INTERPRET", "1")
     sys.path.insert(0, str(REPO))
     import torch

@@ -1,7 +1,7 @@
 """Tile sweep for the fused log-prob kernel on one CUDA GPU: forward + backward time of
 kernels.fused_logprob for each (BLOCK_N, BLOCK_V, BLOCK_H, num_warps, num_stages), beside the bare
 lm_head GEMM forward + backward at the same shape. The forward and backward kernels share one tile
-(kernels.logprob._triton_config); the best row is what that function should return on this GPU.
+(kernels.logprob_triton._triton_config); the best row is what that function should return on this GPU.
 
     python bench/tune_logprob.py                    # H 3584, V 152,064, N 16,384, bf16
     python bench/tune_logprob.py --n 4096 --h 2048
@@ -23,7 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cli  # noqa: E402
-import kernels.logprob as lp  # noqa: E402
+import kernels.logprob_triton as lpt  # noqa: E402  (the Triton path's tile choice)
+from kernels import fused_logprob  # noqa: E402
 
 parser = cli.make_parser(__doc__)
 parser.add_argument("--n", type=cli.positive_int, default=16384, help="tokens")
@@ -72,17 +73,17 @@ def main():
         z.backward(torch.ones_like(z))
 
     def fused():
-        logp, _ = lp.fused_logprob(h, W, y, return_entropy=True)
+        logp, _ = fused_logprob(h, W, y, return_entropy=True)
         logp.backward(go)
 
     t_gemm = timed(gemm, a.repeats)
-    default = lp._triton_config
+    default = lpt._triton_config
     rows = []
     grid = [(128, 128, 64, 4, 3)] + list(itertools.product((64, 128), (128, 256), (64, 128), (8,), (3, 4)))
     if a.dry_run:
         grid = [(16, 64, 16, 4, 3), (32, 128, 32, 8, 3)]
     for bn, bv, bh, warps, stages in grid:
-        lp._triton_config = lambda hidden, c=(bn, bv, bh, warps, stages): (*c, False, "tf32")
+        lpt._triton_config = lambda hidden, c=(bn, bv, bh, warps, stages): (*c, False, "tf32")
         try:
             t = timed(fused, a.repeats)
             rows.append({"block_n": bn, "block_v": bv, "block_h": bh, "num_warps": warps, "num_stages": stages,
@@ -91,7 +92,7 @@ def main():
             rows.append({"block_n": bn, "block_v": bv, "block_h": bh, "num_warps": warps, "num_stages": stages,
                          "error": f"{type(e).__name__}: {str(e)[:120]}"})
         finally:
-            lp._triton_config = default
+            lpt._triton_config = default
         h.grad = W.grad = None
     ok = sorted((r for r in rows if "s" in r), key=lambda r: r["s"])
     for r in ok[:10]:

@@ -140,7 +140,7 @@ class RLConfig(StageConfig):
                          "needs --top-p 1); auto: sampler on CPU (fp32: gap ~1e-5), else recompute",
                          PERF, choices=["auto", "recompute", "sampler"])
     share_prompts: str = flag("auto", "run the prompt head a micro-batch's rows share once in the "
-                              "log-prob forwards (vlm.PolicyLogProb; same log-probs to ~1e-5); "
+                              "log-prob forwards (extras/shared_prompt.py; same log-probs, ~1e-5); "
                               "auto: on on CPU without --gradient-checkpointing (GPU: not "
                               "measured, off)", PERF, choices=["auto", "on", "off"])
     gradient_checkpointing: bool = flag(False, "recompute each decoder layer's and vision block's "

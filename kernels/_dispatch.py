@@ -1,24 +1,17 @@
 """One Triton-or-reference switch for every kernel in this package.
 
-Each op has a Triton path and `<op>_ref`, a pure-torch reference that is also the CPU path. The
-public entry points (`fused_logprob`, `ppo_loss`, `group_stats`) ask `use_triton(x)` which one
-to take:
-
-    Triton     when x is a CUDA tensor, or when UIS1_FORCE_TRITON=1 (how the CPU tests run the
-               kernels, in Triton's interpreter);
-    reference  otherwise.
-
-The Triton launchers then call `check_runnable(kernel, x, where)`: on CPU the kernels can run only
-in the interpreter, which needs TRITON_INTERPRET=1 in the environment before triton is first
-imported (the @triton.jit decorator reads it then); anything else is a clear RuntimeError rather
+Each op's public entry point (`fused_logprob`, `ppo_loss`, `group_stats`) asks `use_triton(x)`: Triton
+when x is a CUDA tensor or UIS1_FORCE_TRITON=1 (how the CPU tests run the kernels, in Triton's
+interpreter), the op's pure-torch reference otherwise. Only then does it import its kernels/<op>_triton.py,
+so a CPU run never imports triton. Those launchers call `check_runnable(kernel, x, where)`: on CPU the
+kernels run only in the interpreter, which needs TRITON_INTERPRET=1 in the environment before triton is
+first imported (the @triton.jit decorator reads it then); anything else is a clear RuntimeError rather
 than an obscure failure inside triton.
 """
 
 import os
 
 import torch
-import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
 FORCE_ENV = "UIS1_FORCE_TRITON"
 
@@ -30,6 +23,9 @@ def use_triton(x: torch.Tensor) -> bool:
 
 def interpreted(kernel) -> bool:
     """True when `kernel` and triton's own library (tl.sum, ...) were built for the CPU interpreter."""
+    import triton.language as tl  # only a Triton launcher asks, after its module has imported triton
+    from triton.runtime.interpreter import InterpretedFunction
+
     return isinstance(kernel, InterpretedFunction) and isinstance(tl.sum, InterpretedFunction)
 
 

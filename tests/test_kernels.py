@@ -26,6 +26,10 @@ import kernels  # noqa: E402
 gn_mod = importlib.import_module("kernels.group_norm")
 lp_mod = importlib.import_module("kernels.logprob")
 ppo_mod = importlib.import_module("kernels.ppo_loss")  # (kernels.ppo_loss is the function)
+# the Triton paths, imported by the ops only when they are taken (a CPU run never imports triton)
+gn_triton = importlib.import_module("kernels.group_norm_triton")
+lp_triton = importlib.import_module("kernels.logprob_triton")
+ppo_triton = importlib.import_module("kernels.ppo_loss_triton")
 from kernels import (  # noqa: E402
     fused_logprob,
     fused_logprob_ref,
@@ -42,7 +46,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # TRITON_INTERPRET; triton's own library (tl.sum, ...) is then built for GPUs and the interpreter cannot
 # run in this process. The Triton-path tests (all have "triton" in their id) then run in a fresh
 # process instead: test_interpreter_tests_in_fresh_process.
-INTERPRETER_OK = isinstance(tl.sum, InterpretedFunction) and isinstance(lp_mod._logprob_fwd_kernel, InterpretedFunction)
+INTERPRETER_OK = isinstance(tl.sum, InterpretedFunction) and isinstance(lp_triton._logprob_fwd_kernel, InterpretedFunction)
 needs_interpreter = pytest.mark.skipif(not INTERPRETER_OK, reason="triton imported before TRITON_INTERPRET=1: "
                                        "run by test_interpreter_tests_in_fresh_process")
 
@@ -52,7 +56,7 @@ needs_interpreter = pytest.mark.skipif(not INTERPRETER_OK, reason="triton import
 # dL/dz in bf16 for its GEMMs (as a bf16 naive path would), whose terms partly cancel: ~2^-6 absolute.
 # The CUDA tests (test_cuda_*) need compiled kernels: they run when CUDA is there and TRITON_INTERPRET is
 # not 1, which test_cuda_tests_in_fresh_process arranges in a subprocess.
-CUDA_COMPILED = torch.cuda.is_available() and not isinstance(lp_mod._logprob_fwd_kernel, InterpretedFunction)
+CUDA_COMPILED = torch.cuda.is_available() and not isinstance(lp_triton._logprob_fwd_kernel, InterpretedFunction)
 needs_cuda = pytest.mark.skipif(not CUDA_COMPILED, reason="needs a CUDA GPU and compiled Triton kernels "
                                 "(TRITON_INTERPRET=0; run by test_cuda_tests_in_fresh_process)")
 
@@ -146,7 +150,7 @@ def test_group_stats_random_layouts(impl, M, n_ids, seed):
     scores[: M // 4] = torch.randint(0, 2, (M // 4,), generator=g).float()  # binary rewards: constant groups
     want_mean, want_std = loop_group_stats(scores, ids)
     if impl == "triton":  # block 16 < group sizes: the kernel's loops run several blocks
-        mean, std = gn_mod.group_stats_triton(scores, ids, block=16)
+        mean, std = gn_triton.group_stats_triton(scores, ids, block=16)
     else:
         mean, std = group_stats(scores, ids)
     close(mean, want_mean, (1e-5, 1e-5), "group_stats mean")
@@ -253,7 +257,7 @@ LP_CASES = [(37, 24, 1000, 1.0, 0), (37, 24, 1000, 0.7, 5), (5, 40, 129, 1.6, 1)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("N,H,V,T,n_ign", LP_CASES)
 def test_logprob_entropy_and_grads_vs_naive(impl, dtype, N, H, V, T, n_ign, monkeypatch):
-    monkeypatch.setattr(lp_mod, "_TRITON_CHUNK_BYTES", 16 * V * 4)  # Triton backward: several 16-token chunks
+    monkeypatch.setattr(lp_triton, "_TRITON_CHUNK_BYTES", 16 * V * 4)  # Triton backward: several 16-token chunks
     h, W, y, g_logp, g_ent = make_case(N, H, V, dtype, seed=N + V, n_ignored=n_ign)
     logp, ent, dh, dW = run_logprob(fused_logprob, h, W, y, T, g_logp, g_ent)
     t_logp, t_ent, t_dh, t_dW = run_logprob(naive_logprob, h, W, y, T, g_logp.double(), g_ent.double())
@@ -322,7 +326,7 @@ def test_logprob_triton_vs_ref_splits_and_chunks(monkeypatch):
     h, W, y, g_logp, g_ent = make_case(N, H, V, torch.float32, seed=3, n_ignored=3, ignore_index=-1)
     r_logp, r_ent, r_norm = lp_mod._logprob_fwd_ref(h, W, y, T, -1, True, chunk_size=4)
     for splits in (1, 2, 5):
-        logp, ent, norm = lp_mod._logprob_fwd_triton(h, W, y, T, -1, True, v_splits=splits)
+        logp, ent, norm = lp_triton._logprob_fwd_triton(h, W, y, T, -1, True, v_splits=splits)
         close(logp, r_logp, (1e-5, 1e-5), f"logp splits={splits}")
         close(ent, r_ent, (1e-5, 1e-5), f"entropy splits={splits}")
         close(norm, r_norm, (1e-5, 1e-5), f"(row max, log L) splits={splits}")
@@ -528,9 +532,9 @@ def test_dispatch_triton_when_forced(monkeypatch):
         orig = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, **k: (calls.append(name), orig(*a, **k))[1])
 
-    spy(gn_mod, "group_stats_triton")
-    spy(lp_mod, "_logprob_fwd_triton")
-    spy(ppo_mod, "_ppo_loss_fwd_triton")
+    spy(gn_triton, "group_stats_triton")
+    spy(lp_triton, "_logprob_fwd_triton")
+    spy(ppo_triton, "_ppo_loss_fwd_triton")
     h, W, y = torch.randn(3, 16), torch.randn(40, 16), torch.tensor([1, 2, 3])
     s, ids = torch.randn(4), torch.tensor([0, 0, 1, 1])
     x = torch.randn(3)
@@ -556,9 +560,34 @@ def test_dispatch_one_switch_and_clear_errors(monkeypatch):
     with pytest.raises(RuntimeError, match="my_op: the Triton path on CPU needs TRITON_INTERPRET=1"):
         _dispatch.check_runnable(lambda: None, torch.zeros(1), "my_op")
     with pytest.raises(RuntimeError, match="my_op: .*got meta"):
-        _dispatch.check_runnable(lp_mod._logprob_fwd_kernel, torch.zeros(1, device="meta"), "my_op")
-    for mod in (lp_mod, ppo_mod, gn_mod):  # no module keeps a switch of its own
+        _dispatch.check_runnable(lp_triton._logprob_fwd_kernel, torch.zeros(1, device="meta"), "my_op")
+    for mod in (lp_mod, ppo_mod, gn_mod, lp_triton, ppo_triton, gn_triton):  # no module keeps a switch of its own
         assert not hasattr(mod, "_interpreted") and not hasattr(mod, "_use_triton")
+
+
+def test_cpu_run_never_imports_triton():
+    """The trainer's modules and every op on CPU tensors (forward and backward, through the public entry
+    points and advantage.normalize_groups) leave triton unimported: the Triton paths live in
+    kernels/*_triton.py, imported only when kernels/_dispatch.py chooses them. Forcing the Triton path
+    (in the interpreter) is what imports it, so the check can fail. (torch._dynamo, which transformers
+    loads when it builds a model, imports triton by itself: not the project's doing.)"""
+    code = ("import sys, torch\n"
+            "import train_semionline, vlm, advantage\n"
+            "from kernels import fused_logprob, ppo_loss, group_stats\n"
+            "h, W, y = torch.randn(5, 8, requires_grad=True), torch.randn(11, 8), torch.tensor([1, 2, 3, 4, -100])\n"
+            "lp, ent = fused_logprob(h, W, y, return_entropy=True)\n"
+            "loss, _ = ppo_loss(lp, lp.detach(), torch.ones(5), torch.ones(5), ref_logp=lp.detach() - 0.1)\n"
+            "(loss.sum() + ent.sum()).backward()\n"
+            "advantage.normalize_groups(torch.randn(6), torch.tensor([0, 0, 1, 1, 2, 2]))\n"
+            "group_stats(torch.randn(4), torch.tensor([0, 0, 1, 1]))\n"
+            "print('triton' in sys.modules)\n")
+    env = dict(os.environ)
+    for force, want in (("0", "False"), ("1", "True")):
+        env.update(UIS1_FORCE_TRITON=force, TRITON_INTERPRET="1")
+        out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=env,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.stdout.split() == [want], (force, out.stdout)
 
 
 @pytest.mark.skipif(INTERPRETER_OK, reason="the Triton-path tests already ran in this process")
@@ -638,7 +667,7 @@ def test_cuda_logprob_gpu_tiles_vs_fp32_truth(dtype, N, H, V):
     """V = 151,937 and 1,000 end in a partial 256-wide vocabulary tile, H = 200 in a partial 64-wide
     k-step, N is never a multiple of the 128-row tile. logp and entropy accumulate in fp32 whatever
     the input dtype; the gradients must be at least as accurate as the textbook path in that dtype."""
-    assert lp_mod._triton_config(torch.empty(1, device="cuda", dtype=dtype))[:3] == (128, 256, 64)
+    assert lp_triton._triton_config(torch.empty(1, device="cuda", dtype=dtype))[:3] == (128, 256, 64)
     h, W, y, g_logp, g_ent = cuda_case(N, H, V, dtype, seed=N + V)
     got = fused_fwd_bwd(h, W, y, g_logp, g_ent)
     naive = fused_fwd_bwd(h, W, y, g_logp, g_ent, fn=naive_same_dtype)

@@ -11,6 +11,7 @@ import chat
 import dataset
 import gui
 import vlm
+from extras.shared_prompt import collate_shared, prompt_heads
 from sampler import Sampler
 from vlm import PolicyLogProb, collate_sequences, sampling_mode
 
@@ -148,16 +149,16 @@ def test_prompt_heads_by_hand():
     their 3-token common head 3 + 2 x (1 + 2) + (2 + 2) = 13 < 15, so they join; Z shares nothing."""
     X, Y, Z = [1, 2, 3, 4], [1, 2, 3, 5, 6], [7, 8]
     keys, runs, lens = [X, Y, X, Z], [[], [], [], []], [2, 2, 2, 2]
-    assert vlm.prompt_heads(keys, runs, lens, key_cost=0.0) == ([0, 0, 0, 1], [0, 3], [3, 2])
+    assert prompt_heads(keys, runs, lens, key_cost=0.0) == ([0, 0, 0, 1], [0, 3], [3, 2])
     # when attention is dear (key_cost 1: the tails' keys cost as much as tokens) X + Y = 81.5 > 40 + 33.5: apart
-    assert vlm.prompt_heads(keys, runs, lens, key_cost=1.0) == ([0, 1, 0, 2], [0, 1, 3], [4, 5, 2])
+    assert prompt_heads(keys, runs, lens, key_cost=1.0) == ([0, 1, 0, 2], [0, 1, 3], [4, 5, 2])
     # a head never ends inside an image run: a common prefix of 4 inside the run [2, 6) is cut back to 2
     A, B = [1, 2, 9, 9, 9, 9, 3], [1, 2, 9, 9, 8, 8, 4]
-    assert vlm.prompt_heads([A, B], [[(2, 6)], [(2, 6)]], [1, 1], key_cost=0.0)[2] == [2]
+    assert prompt_heads([A, B], [[(2, 6)], [(2, 6)]], [1, 1], key_cost=0.0)[2] == [2]
 
 
 def test_shared_prompt_heads_same_logp_entropy_and_grads():
-    """collate_sequences(share_prompts=True) + PolicyLogProb: each head once, then the tails on its
+    """extras/shared_prompt.py's collate_shared + PolicyLogProb: each head once, then the tails on its
     cache rows. Rows: one prompt three times (its head is the whole prompt: tails are responses), two
     prompts that share the goal and first screenshot and differ from the second (a head ending before
     an image; that image in the tails), and a prompt of its own. Log-probs, entropies and every
@@ -176,7 +177,7 @@ def test_shared_prompt_heads_same_logp_entropy_and_grads():
     responses = [[101, 102, 103], [104, 105, 106, 107], [108], [109, 110], [111, 112, 113, 114, 115], [116, 117]]
     img = model.config.image_token_id
     plain = collate_sequences(rows, responses, tok.pad_token_id)
-    shared = collate_sequences(rows, responses, tok.pad_token_id, share_prompts=True, image_token_id=img)
+    shared = collate_shared(rows, responses, tok.pad_token_id, img)
     hr, hl = shared["head_of_row"].tolist(), shared["head_len"].tolist()
     assert hr[0] == hr[2] == hr[5] and hl[hr[0]] == len(same.input_ids)        # whole prompt, run once
     assert hr[1] == hr[3] != hr[0] and hr[4] not in (hr[0], hr[1])
@@ -185,6 +186,7 @@ def test_shared_prompt_heads_same_logp_entropy_and_grads():
     assert hl[hr[1]] == run2 and not (a.input_ids[:run2] != b.input_ids[:run2]).any()
     assert len(hl) == 3 and len(shared["image_start"]) == 3 + 2 + 2 + 1          # three heads; every image listed
     policy = PolicyLogProb(model)
+    assert "hidden_at_targets" not in plain and "hidden_at_targets" in shared  # the shared batch names its reader
     lp1 = _assert_same_forward(policy, plain, shared, atol=2e-5)
     # the heads are used: giving row 3 the head of row 0 changes its log-probs
     wrong = dict(shared, head_of_row=torch.tensor([hr[0], hr[1], hr[0], hr[0], hr[4], hr[0]]))
@@ -192,7 +194,7 @@ def test_shared_prompt_heads_same_logp_entropy_and_grads():
         assert (policy(wrong)[0] - lp1).abs().max() > 1e-4
     # a batch with images needs the image token id; activation checkpointing cannot share
     with pytest.raises(ValueError, match="image_token_id"):
-        collate_sequences(rows, responses, tok.pad_token_id, share_prompts=True)
+        collate_shared(rows, responses, tok.pad_token_id)
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     try:
         with pytest.raises(ValueError, match="checkpointing"):
@@ -215,7 +217,11 @@ def test_shared_prompt_heads_text_only_prefix_prompts():
     rows = [SimpleNamespace(input_ids=t, pixel_values=None, image_grid_thw=None) for t in texts]
     responses = [[101, 102, 103], [104, 105], [], [106, 107, 108, 109]]
     plain = collate_sequences(rows, responses, 0)
-    shared = collate_sequences(rows, responses, 0, share_prompts=True)
+    shared = collate_shared(rows, responses, 0)
     hr, hl = shared["head_of_row"].tolist(), shared["head_len"].tolist()
     assert hr[0] == hr[1] == hr[2] != hr[3] and hl[hr[0]] == 40 and hl[hr[3]] == 25
-    assert _assert_same_forward(PolicyLogProb(model), plain, shared, atol=2e-5, vision=False).numel() == 9
+    policy = PolicyLogProb(model)
+    assert _assert_same_forward(policy, plain, shared, atol=2e-5, vision=False).numel() == 9
+    wrong = dict(shared, head_of_row=torch.tensor([hr[3], hr[0], hr[0], hr[3]]), head_len=torch.tensor(hl))
+    with torch.no_grad():  # the shared path ran: rows on another prompt's head score otherwise
+        assert (policy(wrong)[0] - policy(plain)[0]).abs().max() > 1e-4

@@ -23,6 +23,7 @@ from update_case import ARGV, make_records, reference_grads
 import train_semionline as ts
 import utils
 import vlm
+from extras.shared_prompt import collate_shared
 
 REPO = Path(__file__).resolve().parents[1]
 ONE = utils.Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
@@ -50,7 +51,7 @@ def ref_grads(records, agg):
 def run_update(model, records, pad_id, args, micro_size=2, opt=None, share=False):
     """ppo_step on micro-batches cut as the trainer cuts them (sorted by length), from the records in
     reverse order: the micro-batches group the records differently from the reference's order.
-    share: collate with share_prompts (each micro-batch's shared prompt heads run once)."""
+    share: collate with the shared prompt heads (extras/shared_prompt.py: each micro-batch's run once)."""
     policy = vlm.PolicyLogProb(model)
     opt = opt or torch.optim.SGD(policy.parameters(), lr=0.0)
     mb = ts._micro_batches(records[::-1], 1, micro_size, ONE,
@@ -58,8 +59,8 @@ def run_update(model, records, pad_id, args, micro_size=2, opt=None, share=False
     assert [id(r) for c in mb for r in c] != [id(r) for r in records]
 
     def collate(chunk):
-        return vlm.collate_sequences([r.prompt for r in chunk], [r.response_ids for r in chunk], pad_id,
-                                     share_prompts=share, image_token_id=model.config.image_token_id)
+        rows = [r.prompt for r in chunk], [r.response_ids for r in chunk], pad_id
+        return collate_shared(*rows, model.config.image_token_id) if share else vlm.collate_sequences(*rows)
 
     return ts.ppo_step(policy, opt, mb, collate, ONE, **ts.loss_config(args, sampler=args)), mb
 
@@ -71,8 +72,8 @@ def test_update_gradient_equals_reference(case, agg, share):
     args = ts.parser.parse_args(ARGV + ["--loss-agg", agg])
     assert len(records) >= 5 and len({r.adv for r in records}) >= 4
     if share:  # the case holds rows that share a head, so the shared path runs
-        b = vlm.collate_sequences([r.prompt for r in records], [r.response_ids for r in records], pad_id,
-                                  share_prompts=True, image_token_id=model.config.image_token_id)
+        b = collate_shared([r.prompt for r in records], [r.response_ids for r in records], pad_id,
+                           model.config.image_token_id)
         assert len(b["head_len"]) < len(records)
     st, mb = run_update(model, records, pad_id, args, share=share)
     assert len(mb) == (len(records) + 1) // 2 >= 3  # several micro-batches, the last one maybe short

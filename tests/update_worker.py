@@ -13,7 +13,8 @@ from update_case import ARGV, make_records, reference_grads  # noqa: E402
 
 import train_semionline as ts  # noqa: E402
 import utils  # noqa: E402
-import vlm
+import vlm  # noqa: E402
+from extras.shared_prompt import collate_shared  # noqa: E402
 
 d = utils.init_distributed("cpu")
 args = ts.parser.parse_args(ARGV + ["--loss-agg", sys.argv[2]])
@@ -22,17 +23,17 @@ records, pad_id = make_records(model)  # identical on both ranks (seeded samplin
 ref_model = vlm.load_model("tiny", seed=0)
 ref = reference_grads(ref_model, records, args)
 mine = [r for r in records if r.task_idx % d.world_size == d.rank]  # this rank's tasks
+share = len(sys.argv) > 3 and sys.argv[3] == "on"
 policy = vlm.apply_fsdp(model, vlm.PolicyLogProb(model), d, mixed_precision=False)
 opt = torch.optim.SGD(policy.parameters(), lr=0.0)
 mb = ts._micro_batches(mine, 1, 2, d)[0]
 fallback = mine[:1]
-share = len(sys.argv) > 3 and sys.argv[3] == "on"
 
 
 def collate(chunk):
     rs = chunk if chunk is not None else fallback
-    return vlm.collate_sequences([r.prompt for r in rs], [r.response_ids for r in rs], pad_id, share_prompts=share,
-                                 image_token_id=model.config.image_token_id)
+    rows = [r.prompt for r in rs], [r.response_ids for r in rs], pad_id
+    return collate_shared(*rows, model.config.image_token_id) if share else vlm.collate_sequences(*rows)
 
 
 st = ts.ppo_step(policy, opt, mb, collate, d, **ts.loss_config(args, sampler=args))
