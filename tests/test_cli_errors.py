@@ -1,13 +1,15 @@
 """Every script meets each kind of input mistake with ONE line on stderr, `<script>: error: ...`
 naming the flag or file, exit code 2 and no traceback: missing or unreadable files, malformed
 sizes, a model folder that is not one, flags that contradict each other, data that is not
-episodes. The errors fire before any model loads, so each run costs an interpreter start."""
+episodes. The errors fire before any model loads, so each run costs an interpreter start: each case
+runs in its own process, forked from one that imported torch and transformers (tests/fork_runner.py)."""
 
+import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -82,16 +84,16 @@ CASES = [
 ]
 
 
-def _run(argv):
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
-
-
 @pytest.fixture(scope="module")
 def runs():
-    """Every case's finished process, keyed by its argv; four at a time (each is an interpreter start)."""
-    with ThreadPoolExecutor(4) as pool:
-        return dict(zip((tuple(c[0]) for c in CASES), pool.map(_run, [c[0] for c in CASES])))
+    """Every case's finished process (returncode, stdout, stderr), keyed by its argv: each case its own
+    process, forked from one interpreter that imported torch and transformers once (tests/fork_runner.py;
+    an interpreter start is most of a case's cost)."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    p = subprocess.run([sys.executable, "tests/fork_runner.py"], input=json.dumps([c[0] for c in CASES]), cwd=REPO,
+                       capture_output=True, text=True, timeout=900, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return {tuple(c[0]): SimpleNamespace(**r) for c, r in zip(CASES, json.loads(p.stdout))}
 
 
 @pytest.mark.parametrize("argv, expected", CASES, ids=[" ".join(c[0]) for c in CASES])

@@ -106,9 +106,8 @@ COMMON = ["--data", DATA, "--limit", "4", "--protocol", "sop", "static", "--max-
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    from rl_checkpoint import make_checkpoint  # fitted to step 0 of the first 2 episodes: PG > 0 greedy
-    return str(make_checkpoint(tmp_path_factory.mktemp("ckpt"))[0])
+def checkpoint(rl_checkpoint_dir):
+    return str(rl_checkpoint_dir)  # rl_checkpoint.py's, fitted to step 0 of the first 2 episodes: PG > 0 greedy
 
 
 @pytest.fixture(scope="module")

@@ -45,12 +45,23 @@ SFT = ["train_sft.py", "--data", "data/miniwob/train.jsonl", "--model", "tiny", 
 
 
 @pytest.fixture(scope="session")
-def rl_ckpt(tmp_path_factory):
-    """A tiny model fitted to the first MiniWob++ steps: its rollouts' rewards vary (built once)."""
-    sys.path.insert(0, str(REPO / "tests"))
-    from rl_checkpoint import make_checkpoint
-    ckpt, _ = make_checkpoint(tmp_path_factory.mktemp("rl_ckpt"))
-    return ["--model", str(ckpt)]
+def rl_ckpt(rl_checkpoint_dir):
+    """A tiny model fitted to the first MiniWob++ steps: its rollouts' rewards vary (conftest: built once)."""
+    return ["--model", str(rl_checkpoint_dir)]
+
+
+@pytest.fixture(scope="module")
+def rl_run(tmp_path_factory, rl_ckpt):
+    """rl_run(*flags) -> (out, last, metrics) of `RL + rl_ckpt + flags`, launched once per distinct flags in
+    this module (several tests read the same seeded 1- and 3-step runs; none writes into them)."""
+    done = {}
+
+    def get(*flags):
+        if flags not in done:
+            out = tmp_path_factory.mktemp("rl_run")
+            done[flags] = (out, *launch(RL + rl_ckpt + list(flags), out))
+        return done[flags]
+    return get
 
 
 def launch(args, out, nproc=1):
@@ -151,14 +162,14 @@ def assert_refilled(m):
     assert max(r["rounds"] for r in m) > 1 and sum(r["train_tokens"] for r in m) > 0
 
 
-def test_semionline_fsdp_two_processes_match_one(tmp_path, rl_ckpt):
+def test_semionline_fsdp_two_processes_match_one(tmp_path, rl_ckpt, rl_run):
     """One step (dynamic sampling with refills, 2 PPO mini-batches = 2 Adam steps, the second off-policy)
     in 1 and in 2 FSDP processes: the same schedule, rollouts, losses and parameters. One step only: the
     next step samples from parameters that differ slightly between world sizes (below: one entry by 3.6e-5),
     and one token drawn differently then makes the runs legitimately diverge (most likely what happened at
     step 2: loss 3.69593 vs 3.69570, equal rewards and token counts). 2 steps x 1 mini-batch and 1 x 1
     matched to 8e-8 (results/LOG.md)."""
-    last1, m1 = launch(RL + rl_ckpt + ["--max-steps", "1"], tmp_path / "p1")
+    p1, last1, m1 = rl_run("--max-steps", "1")
     last2, m2 = launch(RL + rl_ckpt + ["--max-steps", "1"], tmp_path / "p2", nproc=2)
     assert [r["step"] for r in m1] == [r["step"] for r in m2] == [1]
     assert_refilled(m1)
@@ -180,16 +191,16 @@ def test_semionline_fsdp_two_processes_match_one(tmp_path, rl_ckpt):
     # lr 2e-4 x 2 Adam steps: an entry moves by up to ~4e-4. Adam divides each gradient by its own RMS, so an
     # entry whose two gradients nearly cancel can move by a visible fraction of a step under another summation
     # order (one entry of 2.9 M by 3.6e-5 seen); atol bounds that, the share within 1e-6 is the real check
-    assert_same_params(params(tmp_path / "p1"), params(tmp_path / "p2"), atol=2e-4)
+    assert_same_params(params(p1), params(tmp_path / "p2"), atol=2e-4)
 
 
-def test_semionline_sampler_old_logp_trains_as_recompute(tmp_path, rl_ckpt):
+def test_semionline_sampler_old_logp_trains_as_recompute(tmp_path, rl_ckpt, rl_run):
     """--old-logp sampler (pi_old = the sampler's own log-probs: no forward; CPU's default) and recompute
     (a no-grad policy forward, the release's) train the same step: the same rollouts, losses within the
     trainer-sampler gap (~1e-5 in fp32), parameters within Adam's rounding. The second of the 2 PPO
     mini-batches is off-policy, so pi_old really enters its ratio. Recompute's first ratio is exactly 1."""
     _, rec = launch(RL + rl_ckpt + ["--max-steps", "1", "--old-logp", "recompute"], tmp_path / "rec")
-    _, smp = launch(RL + rl_ckpt + ["--max-steps", "1"], tmp_path / "smp")
+    smp_out, _, smp = rl_run("--max-steps", "1")
     (a,), (b,) = rec, smp
     assert (a["old_logp"], b["old_logp"]) == ("recompute", "sampler")
     for k in ("rounds", "tasks_tried", "tasks_kept", "train_tokens"):
@@ -199,7 +210,7 @@ def test_semionline_sampler_old_logp_trains_as_recompute(tmp_path, rl_ckpt):
     # one distribution for both: the sampler scores the full vocabulary, as the trainer (vision tokens banned from the draw only)
     assert a["first_ratio_dev"] == 0.0 and 0.0 <= b["first_ratio_dev"] < 1e-4
     assert 0.0 <= a["sampler_logp_gap"] < 1e-4 and 0.0 <= b["sampler_logp_gap"] < 1e-4
-    assert_same_params(params(tmp_path / "rec"), params(tmp_path / "smp"), atol=2e-4)
+    assert_same_params(params(tmp_path / "rec"), params(smp_out), atol=2e-4)
 
 
 def test_semionline_logs_reward_by_task(tmp_path, rl_ckpt):
@@ -225,8 +236,8 @@ def test_semionline_logs_reward_by_task(tmp_path, rl_ckpt):
     assert seen == set(two)  # 3 of 4 episodes (2 per task) drawn without replacement: both tasks, every step
 
 
-def test_semionline_resume_matches_uninterrupted(tmp_path, rl_ckpt):
-    _, full = launch(RL + rl_ckpt + ["--max-steps", "3"], tmp_path / "full")
+def test_semionline_resume_matches_uninterrupted(tmp_path, rl_ckpt, rl_run):
+    full_out, _, full = rl_run("--max-steps", "3")
     assert_refilled(full)
     # killed (kill -9) after step 2 was logged, before its checkpoint, with a line half written:
     # the resumed run redoes step 2 and logs each step once
@@ -248,7 +259,7 @@ def test_semionline_resume_matches_uninterrupted(tmp_path, rl_ckpt):
         if a["loss"] is not None:
             assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-8)
     assert max((first[k] - final[k]).abs().max().item() for k in first) > 1e-5  # steps 2-3 did train
-    assert_same_params(params(tmp_path / "full"), final, atol=1e-6)
+    assert_same_params(params(full_out), final, atol=1e-6)
 
 
 def test_semionline_step_that_keeps_nothing_is_a_step(tmp_path):
@@ -377,12 +388,12 @@ def same_rows(got, want):
 
 
 @pytest.mark.parametrize("name,extra", [("default", []), ("varied", VARIED)])
-def test_semionline_metrics_as_before(tmp_path, rl_ckpt, name, extra):
+def test_semionline_metrics_as_before(rl_run, name, extra):
     """The typed configs changed how the flags reach the code, not the numbers: a seeded 3-step run gives
     the metrics.jsonl that the same command gave at 06de78c, before the rework
     (tests/data/config_reference.json, timings dropped)."""
     want = json.loads((REPO / "tests" / "data" / "config_reference.json").read_text())[f"semionline_{name}"]
-    _, rows = launch(RL + rl_ckpt + ["--max-steps", "3", *extra], tmp_path / name)
+    _, _, rows = rl_run("--max-steps", "3", *extra)  # the default's run is the resume test's uninterrupted one
     same_rows(rows, want)
 
 
