@@ -295,14 +295,15 @@ def evaluate_heldout(run, step: int) -> dict:
 
 
 def rollout(run, step: int, slots: list[int], episode_ids: list[int]) -> list[StepRecord]:
-    """1. rollout (docs/method.md §5): N rollouts of each drawn task (this rank's share of a round),
-    each seeded by (seed, step, slot); task_idx = the global slot, the same on every world size."""
+    """1. rollout (docs/method.md §5): N rollouts of each drawn episode (this rank's share), seeded
+    by (seed, step, slot); task_idx = the global slot, the same on every world size."""
     cfg = run.cfg
     return semi_online_rollout(
         run.sampler, [run.episodes[i] for i in episode_ids], run.tokenizer, run.image_processor,
         RolloutSpec(n_rollouts=cfg.n_rollouts, patch_mode=cfg.patch_mode,
                     patch_threshold=cfg.patch_threshold, history_mode=cfg.history,
-                    match_rules=cfg.match_rules, image_root=cfg.image_root, blank_screens=run.blank),
+                    match_rules=cfg.match_rules, image_root=cfg.image_root,
+                    blank_screens=run.blank),
         spec=run.spec, seed=[task_seed(cfg.seed, step, s) for s in slots],
         progress=run.proc.is_main, task_ids=slots)
 
