@@ -529,7 +529,7 @@ def score_parser(prog: str = "eval_sop.py score") -> argparse.ArgumentParser:
     p.add_argument("--match-rules", choices=protocols.MATCH_RULES, default="strict",
                    help="strict (ours), release, or a published step protocol's (androidcontrol, aitw)")
     p.add_argument("--action-format", choices=list(policies.ADAPTERS), default="uis1",
-                   help="the responses' model family (policies.py): each is translated into the evaluator's "
+                   help="the responses' model family (evaluation/families.py): each is translated into the evaluator's "
                    "format first (eval_sop.py --policy openai records them raw in OUT/responses.jsonl)")
     p.add_argument("--swipe-convention", choices=dataset.SWIPE_CONVENTIONS, default=None,
                    help="how the data files store swipes (default: declared, or known for shipped files)")
