@@ -2,7 +2,7 @@
 and the module docstring's examples and whose errors are one line; the flag types check numbers,
 names, files and folders while the flags are parsed (--model: vlm.model_path; MiniWob++ task names:
 envs.miniwob_tasks); `run_script(main)` runs a script so that a mistake in its input (a
-utils.InputError: UsageError, dataset.DataError, extras.lora.LoraError; a missing or unreadable file)
+utils.InputError: UsageError, dataset.DataError, lora.LoraError; a missing or unreadable file)
 is one line on stderr and exit code 2, never a traceback. A stage's typed config becomes its flags in
 configs/flags.py."""
 from __future__ import annotations

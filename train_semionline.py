@@ -34,7 +34,7 @@ release's returns and filter; `--preset paper` for the paper's returns (docs/met
         --data data/android_control/android_control_train_example_uis1.jsonl
 Offline-RL baseline on the same code: add --history expert. Short of memory: add
 --gradient-checkpointing (bench/gpu_check.py's full_depth runs the 28-layer 7B on one GPU with it),
-or --lora-r 16: adapters only, the KL reference is the policy with them disabled (extras/lora.py).
+or --lora-r 16: adapters only, the KL reference is the policy with them disabled (lora.py).
 """
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def check_args(cfg: RLConfig, other: argparse.Namespace) -> None:
     # the checkpoint's adapters must be this run's, checked before --out is written
     ckpt = utils.latest_checkpoint(Path(cfg.out) / "ckpt") if cfg.resume else None
     if cfg.lora_r or utils.is_adapter_dir(ckpt):
-        from extras import lora
+        import lora
         lora.check_resume(cfg, ckpt)
 
 
@@ -212,9 +212,9 @@ def build_models(run, init: str) -> None:
     utils.print0(f"policy initialised from: {init}")
     dtype = torch.float32  # master weights; bf16 compute comes from FSDP's mixed precision on GPU
     run.model = model = vlm.load_model(init, dtype=dtype, device=proc.device, seed=cfg.seed)
-    run.adapter = None  # the PeftModel with --lora-r (extras/lora.py, imported only then)
+    run.adapter = None  # the PeftModel with --lora-r (lora.py, imported only then)
     if cfg.lora_r:
-        from extras import lora
+        import lora
         run.adapter = lora.apply_lora(model, cfg, base=init, seed=cfg.seed)
     if cfg.gradient_checkpointing:
         checkpoint_activations(model)

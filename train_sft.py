@@ -22,7 +22,7 @@ AndroidControl without screenshots (dry run on blank 1080x2400 phones):
     python train_sft.py --data data/android_control/android_control_train_example_uis1.jsonl \\
         --blank-screens 1080x2400 --max-pixels 200704
 Short of memory: add --gradient-checkpointing (activations recomputed per decoder layer), or train
-LoRA adapters only (--lora-r 16 --merge: extras/lora.py; OUT/merged: the plain adapted model).
+LoRA adapters only (--lora-r 16 --merge: lora.py; OUT/merged: the plain adapted model).
 Checkpoints land in --out/ckpt/step_XXXXXX (Hugging Face layout, safetensors);
 train_semionline.py --model auto starts from the latest one.
 
@@ -199,9 +199,9 @@ def build_model(run) -> None:
     cfg, proc, out = run.cfg, run.proc, run.out
     run.model = model = vlm.load_model(cfg.model, dtype=torch.float32, device=proc.device,
                                        seed=cfg.seed)
-    run.adapter = None  # the PeftModel with --lora-r (extras/lora.py, imported only then)
+    run.adapter = None  # the PeftModel with --lora-r (lora.py, imported only then)
     if cfg.lora_r:
-        from extras import lora
+        import lora
         run.adapter = lora.apply_lora(model, cfg, base=cfg.model, seed=cfg.seed)
     if cfg.gradient_checkpointing:
         checkpoint_activations(model)
@@ -418,7 +418,7 @@ def finish(run, last: dict) -> None:
     if run.proc.is_main:
         lora_flags = ""
         if cfg.lora_r:  # a LoRA SFT: the RL stage trains adapters too
-            from extras import lora
+            import lora
             lora_flags = lora.next_stage_flags(cfg)
         utils.print_next_steps(out, cfg.data, "out/eval/sft",
                                "next stage: torchrun --nproc_per_node=2 train_semionline.py "
@@ -440,7 +440,7 @@ def main(argv=None):
     # a LoRA run's or checkpoint's adapters must be this run's, checked before --out is written
     ckpt = utils.latest_checkpoint(Path(cfg.out) / "ckpt") if cfg.resume else None
     if cfg.lora_r or utils.is_adapter_dir(ckpt):
-        from extras import lora
+        import lora
         lora.check_resume(cfg, ckpt)
     run = setup(cfg, other, spec)
     copy_warmup(run)  # models trained from scratch: copy a point (or a string) first

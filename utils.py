@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 class InputError(Exception):
     """Bad input, never a bug: cli.run_script reports it as one line, exit code 2, no traceback. Its
-    kinds: UsageError, dataset.DataError and extras.lora.LoraError (ValueErrors too)."""
+    kinds: UsageError, dataset.DataError and lora.LoraError (ValueErrors too)."""
 
 
 class UsageError(InputError):
@@ -194,12 +194,12 @@ def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
                                                               ADAPTER_FILE)) else None
 
 
-ADAPTER_FILE = "adapter_model.safetensors"  # a LoRA checkpoint's adapters (extras/lora.py, PEFT's layout)
+ADAPTER_FILE = "adapter_model.safetensors"  # a LoRA checkpoint's adapters (lora.py, PEFT's layout)
 
 
 def is_adapter_dir(path) -> bool:
     """True for a LoRA checkpoint folder (it holds ADAPTER_FILE): a file check, so that a run without
-    LoRA imports neither extras.lora nor PEFT. None: False."""
+    LoRA imports neither lora nor PEFT. None: False."""
     return path is not None and (Path(path) / ADAPTER_FILE).is_file()
 
 

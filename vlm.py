@@ -140,7 +140,7 @@ def load_model(name: str | os.PathLike = "tiny", *, dtype: torch.dtype = torch.f
     """Build or load a Qwen2_5_VLForConditionalGeneration (swap the policy model here). name:
     "tiny" / "tiny:HxL" (tiny_config on the small tokenizer of assets/tiny_tokenizer, random weights
     seeded by `seed`: the same on every rank and run) or a local Hugging Face folder (Qwen2.5-VL-7B-Instruct, a save_checkpoint folder;
-    a LoRA checkpoint folder gives its base with the adapters merged: extras.lora.merge_adapter).
+    a LoRA checkpoint folder gives its base with the adapters merged: lora.merge_adapter).
     Raises FileNotFoundError when the folder has no config.json: nothing is downloaded."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
@@ -152,7 +152,7 @@ def load_model(name: str | os.PathLike = "tiny", *, dtype: torch.dtype = torch.f
         cfg._attn_implementation = attn
         return Qwen2_5_VLForConditionalGeneration(cfg).to(dtype).to(device)
     if utils.is_adapter_dir(name):  # a LoRA checkpoint: its base with the adapters merged in (fp32, CPU)
-        from extras import lora
+        import lora
         base = lora.read_base(name)
         merged = lora.merge_adapter(load_model(base["model"], seed=base["seed"]), name)
         # PEFT had frozen the base; merged, it is trainable like from_pretrained's (RL's full fine-tune of it)
@@ -163,7 +163,7 @@ def load_model(name: str | os.PathLike = "tiny", *, dtype: torch.dtype = torch.f
 
 
 def merge_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Write the adapted model of LoRA checkpoint `ckpt` (extras/lora.py) to `out` as a plain Hugging Face
+    """Write the adapted model of LoRA checkpoint `ckpt` (lora.py) to `out` as a plain Hugging Face
     folder: config.json, model.safetensors, the tokenizer, args.json when the checkpoint has one;
     eval_sop.py, --model and --ref-model take it like any other. Returns `out`."""
     ckpt, out = Path(ckpt), Path(out)
@@ -204,8 +204,8 @@ def save_checkpoint(out_dir: str | os.PathLike, model, tokenizer, args: dict, *,
     """Write out_dir/step_XXXXXX/ (Hugging Face layout, args.json, trainer_state.json = extra with
     "step"; with an optimizer also optimizer.pt and every rank's RNG state), atomically (a finished
     temporary folder renamed into place, then os.replace of out_dir/latest); keep the newest `keep` (0: every one).
-    adapter: the PeftModel of a LoRA run (extras.lora.apply_lora): the folder then holds the adapter
-    in PEFT's layout (extras.lora.save_adapter) instead of the model's weights.
+    adapter: the PeftModel of a LoRA run (lora.apply_lora): the folder then holds the adapter
+    in PEFT's layout (lora.save_adapter) instead of the model's weights.
     Collective (plain or FSDP2 model; rank 0 writes). Returns the folder on rank 0, else None."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -215,7 +215,7 @@ def save_checkpoint(out_dir: str | os.PathLike, model, tokenizer, args: dict, *,
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)  # unsharded, on CPU
     if adapter is not None:
-        from extras import lora
+        import lora
         msd = lora.adapter_state_dict(model)  # the adapters alone (gathered: collective)
     else:
         msd = get_model_state_dict(model, options=opts)
@@ -269,7 +269,7 @@ def load_checkpoint_state(ckpt: str | os.PathLike, model, optimizer=None) -> dic
     ckpt = Path(ckpt)
     opts = StateDictOptions(full_state_dict=True, strict=False)
     if utils.is_adapter_dir(ckpt):  # a LoRA run's: the adapters into the (already adapted) model
-        from extras import lora
+        import lora
         lora.load_adapter_state(ckpt, model)
     elif not (ckpt / "config.json").exists():
         raise FileNotFoundError(f"{ckpt}: no config.json (not a checkpoint folder)")

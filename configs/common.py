@@ -1,6 +1,6 @@
 """What the two stages' configs share: the --help group titles, the fields both trainers take (--preset,
 LoRA's, --report-to: `StageConfig`, the base of RLConfig and SFTConfig) and the LoRA flags' rule.
-LoRA itself (PEFT, the adapters, their checkpoints) is extras/lora.py, imported only with --lora-r > 0
+LoRA itself (PEFT, the adapters, their checkpoints) is lora.py, imported only with --lora-r > 0
 or a LoRA checkpoint; --lora-r 0, the default, is full fine-tuning."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from configs.flags import ReportTo, flag
 # --help's group titles both stages use (each stage adds its own: data, rollout, optimisation, ...)
 RUN = "run: checkpoints, logs"
 PERF = "performance (not the method: same results, different speed/memory)"
-LORA = "LoRA (extras/lora.py; --lora-r 0: full fine-tuning)"
+LORA = "LoRA (lora.py; --lora-r 0: full fine-tuning)"
 PRESET_NAMES = ["quickstart", "paper", "release"]  # each stage's PRESETS: plain dicts of fields
 
 
@@ -30,7 +30,7 @@ class StageConfig:
     lora_dropout: float = flag(0.0, "dropout on the adapters' input (0: none, PEFT's default)", LORA,
                                type=cli.finite_float(0.0, 1.0, high_open=True))
     lora_targets: str | None = flag(None, "comma-separated linear-layer names adapted in every "
-                                    "decoder layer (default: all seven, extras.lora.DECODER_TARGETS)", LORA)
+                                    "decoder layer (default: all seven, lora.DECODER_TARGETS)", LORA)
     lora_vision: bool = flag(False, "also adapt the vision blocks' linear layers (qkv, proj, MLP); "
                              "frozen otherwise", LORA, action="store_true")
     merge: bool = flag(False, "with --lora-r: at the end also write OUT/merged, the adapted model as a "

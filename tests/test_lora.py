@@ -1,4 +1,4 @@
-"""LoRA (extras/lora.py, through PEFT) in SFT and RL, against references:
+"""LoRA (lora.py, through PEFT) in SFT and RL, against references:
 
 - a freshly initialised adapter (B = 0) gives the base model's log-probs exactly;
 - the PPO update's gradient reaches only adapter parameters and equals the autograd reference of
@@ -27,7 +27,7 @@ from update_case import ARGV, make_records, reference_grads
 import train_semionline as ts
 import utils
 import vlm
-from extras import lora
+import lora
 
 LORA = ["--lora-r", "4", "--lora-alpha", "8"]
 

@@ -12,7 +12,7 @@ from test_train import ENV, PY, REPO, RL, SFT, rl_ckpt  # noqa: F401 (fixture)
 # modules a default run (--lora-r 0, --report-to none, strict rules, UI-S1 data, CPU) must not import.
 # Not "triton" itself: transformers' torch._dynamo may import it while building a model; the project's
 # Triton kernels (kernels/*_triton) are what must stay unloaded on CPU.
-NOT_ON_THE_PATH = ["peft", "extras.lora", "extras.trackers", "extras.release", "extras.android_control",
+NOT_ON_THE_PATH = ["peft", "lora", "extras.trackers", "extras.release", "extras.android_control",
                    "kernels.logprob_triton", "kernels.ppo_loss_triton", "kernels.group_norm_triton"]
 
 # one process: the SFT step, then the RL step; prints the watched modules it imported and the last rows
@@ -48,12 +48,12 @@ def test_default_sft_and_rl_steps_import_no_optional_feature(tmp_path, rl_ckpt):
 
 
 def test_lora_is_imported_when_asked(tmp_path, rl_ckpt):  # noqa: F811
-    """--lora-r 4: extras.lora and PEFT load (the trackers do not), the RL step trains the adapters (its
+    """--lora-r 4: lora and PEFT load (the trackers do not), the RL step trains the adapters (its
     checkpoint holds them, not the model's weights)."""
     sft = SFT[1:] + ["--max-steps", "1", "--out", str(tmp_path / "sft")]
     rl = RL[1:] + rl_ckpt + ["--max-steps", "1", "--lora-r", "4", "--lr", "2e-3", "--out", str(tmp_path / "rl")]
     got = run(sft, rl)
-    assert got["seen"] == ["extras.lora"] + [m for m in got["seen"] if m.startswith("peft")], got["seen"]
+    assert got["seen"] == ["lora"] + [m for m in got["seen"] if m.startswith("peft")], got["seen"]
     assert "peft" in got["seen"]
     assert got["rl"]["train_tokens"] > 0 and got["rl"]["loss"] is not None
     ckpt = (tmp_path / "rl" / "ckpt" / (tmp_path / "rl" / "ckpt" / "latest").read_text().strip())
@@ -63,7 +63,7 @@ def test_lora_is_imported_when_asked(tmp_path, rl_ckpt):  # noqa: F811
 def test_lora_flags_are_config_fields_shown_in_help_and_checked(capsys):
     """The LoRA flags and --report-to are fields of both stage configs (configs.common.StageConfig):
     listed in --help (LoRA under its own title), parsed into the typed config, and the rule between
-    them (configs.common.check_lora_args) holds without importing extras.lora."""
+    them (configs.common.check_lora_args) holds without importing lora."""
     import torch
 
     import train_semionline
@@ -76,7 +76,7 @@ def test_lora_flags_are_config_fields_shown_in_help_and_checked(capsys):
         assert (cfg.lora_r, cfg.lora_alpha, cfg.lora_targets, cfg.merge, cfg.report_to) == (0, None, None, False, ("none",))
         assert not {"lora_r", "report_to"} & set(vars(other))           # typed fields, not the bag
         help_text = stage.parser.format_help()
-        assert "LoRA (extras/lora.py; --lora-r 0: full fine-tuning):\n  --lora-r" in help_text
+        assert "LoRA (lora.py; --lora-r 0: full fine-tuning):\n  --lora-r" in help_text
         assert "--report-to TRACKER" in help_text
         assert check_lora_args(cfg) is None
         assert check_lora_args(stage.parse(["--merge"])[0]).startswith("--merge needs --lora-r")

@@ -1,6 +1,6 @@
 """Merge a LoRA checkpoint (train_sft.py / train_semionline.py --lora-r) into a plain Hugging Face folder.
 
-The adapters (extras/lora.py; PEFT layout: adapter_config.json, adapter_model.safetensors) are merged into the base
+The adapters (lora.py; PEFT layout: adapter_config.json, adapter_model.safetensors) are merged into the base
 model named in the checkpoint's lora_base.json (PEFT's merge_and_unload, fp32 on CPU) and written as
 config.json + model.safetensors + the tokenizer (+ args.json), which eval_sop.py, --model and
 --ref-model take like any other model folder. The trainers' --merge does the same at the end of a run.
