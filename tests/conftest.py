@@ -11,9 +11,11 @@ import sys
 import pytest
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+DEFAULT_THREADS = None  # torch's own thread count, where a worker lowered it
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ["OMP_NUM_THREADS"] = "1"
     import torch
+    DEFAULT_THREADS = torch.get_num_threads()  # read before OMP_NUM_THREADS=1 reaches it
+    os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # rl_checkpoint, openai_server
@@ -23,5 +25,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # rl_checkpoint,
 def rl_checkpoint_dir(tmp_path_factory):
     """The step folder of tests/rl_checkpoint.py's fitted tiny model (its rollouts' rewards vary), built
     once for every test that reads it: test_train's seeded RL runs, test_policies' served comparisons."""
+    import torch
     from rl_checkpoint import make_checkpoint
-    return make_checkpoint(tmp_path_factory.mktemp("rl_ckpt"))[0]
+    # fitted at torch's default thread count, as in a serial run: the fit's float sums depend on it, and
+    # test_train compares seeded runs from this model with stored metrics to 1e-6
+    lowered = torch.get_num_threads()
+    torch.set_num_threads(DEFAULT_THREADS or lowered)
+    try:
+        return make_checkpoint(tmp_path_factory.mktemp("rl_ckpt"))[0]
+    finally:
+        torch.set_num_threads(lowered)

@@ -232,11 +232,14 @@ def test_resume_drops_a_cut_last_line_and_refuses_other_flags(monkeypatch, token
 
 
 class Slow(BaseHTTPRequestHandler):
-    """A chat-completions server that answers every request after 0.5 s with a click."""
+    """A chat-completions server that answers every request with a click, after 0.5 s, and after 5 s once
+    the run folder's first episode is on disk (`gate`): the run cannot end before the test signals it."""
+    gate: Path | None = None
 
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
-        time.sleep(0.5)
+        done = self.gate is not None and self.gate.is_file() and self.gate.read_text().count("\n") >= 1
+        time.sleep(5.0 if done else 0.5)
         text = '<think>t</think><action>{"action": "click", "coordinate": [5, 5]}</action>'
         body = json.dumps({"choices": [{"message": {"content": text}, "finish_reason": "stop"}]}).encode()
         self.send_response(200)
@@ -252,9 +255,10 @@ class Slow(BaseHTTPRequestHandler):
 def test_signal_leaves_a_partial_result_and_exit_130(tmp_path, sig):
     """A served run against a slow loopback server, stopped by a signal once an episode is on disk: exit
     130, result.json complete false naming the signal, the finished episodes kept (06de78c: no folder)."""
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
     out = tmp_path / "o"
+    handler = type("SlowAfterOne", (Slow,), {"gate": out / "episodes.jsonl"})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
     proc = subprocess.Popen([sys.executable, "eval_sop.py", *SMALL, "--policy", "openai", "--served-model", "m",
                              "--base-url", f"http://127.0.0.1:{httpd.server_address[1]}/v1", "--concurrency", "1",
                              "--out", str(out)], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
