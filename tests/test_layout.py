@@ -360,3 +360,16 @@ def test_readme_gives_the_learners_walk():
     assert f"walk is {n:,} lines" in readme, (n, walk)
     method = (REPO / "docs" / "method.md").read_text(encoding="utf-8")
     assert method.index("**patch**") < method.index("## 5. ") < method.index("(6.4)")
+
+
+def test_no_function_on_the_rl_path_over_60_lines():
+    """Every function (and method of a class) one RL step reaches fits 60 lines: a phase reads on one screen."""
+    long = []
+    for (f, name), _ in rl_path_reached().items():
+        for d in ast.parse((REPO / f).read_text()).body if name else []:
+            if getattr(d, "name", None) != name:
+                continue
+            fns = [m for m in d.body if isinstance(m, ast.FunctionDef)] if isinstance(d, ast.ClassDef) else [d]
+            long += [f"{f}:{fn.name} {fn.end_lineno - fn.lineno + 1}" for fn in fns
+                     if isinstance(fn, ast.FunctionDef) and fn.end_lineno - fn.lineno + 1 > 60]
+    assert not long, long
