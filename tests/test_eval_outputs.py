@@ -251,6 +251,12 @@ class Slow(BaseHTTPRequestHandler):
         pass
 
 
+def default_sigint():
+    """In the child: SIGINT back to its default. A process started with SIGINT ignored keeps ignoring it
+    (POSIX; Python then installs no KeyboardInterrupt), and a pytest-xdist worker ignores it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_leaves_a_partial_result_and_exit_130(tmp_path, sig):
     """A served run against a slow loopback server, stopped by a signal once an episode is on disk: exit
@@ -262,7 +268,7 @@ def test_signal_leaves_a_partial_result_and_exit_130(tmp_path, sig):
     proc = subprocess.Popen([sys.executable, "eval_sop.py", *SMALL, "--policy", "openai", "--served-model", "m",
                              "--base-url", f"http://127.0.0.1:{httpd.server_address[1]}/v1", "--concurrency", "1",
                              "--out", str(out)], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=default_sigint)
     try:
         deadline = time.time() + 300
         while not ((out / "episodes.jsonl").is_file() and (out / "episodes.jsonl").read_text().count("\n") >= 1):
