@@ -267,3 +267,20 @@ def test_screenshot_resolution_with_image_root(tmp_path):
     im = dataset.load_screenshot(step, image_root=str(tmp_path / "imgs"))  # found by file name under the root
     assert im.size == (30, 40) and im.mode == "RGB"
     assert dataset.load_screenshot(step, blank_screens=(108, 240)).size == (108, 240)  # no recorded size
+
+
+def test_native_loader_is_imported_only_for_a_native_file(tmp_path):
+    """extras/android_control.py stands off the RL path: loading a UI-S1 file leaves it unimported, a
+    native file imports it (and its rows load)."""
+    import subprocess
+    import sys
+
+    native = write(tmp_path, "n.json", [native_row(3, 0, {"action_type": "wait"})])
+    code = ("import sys, dataset\n"
+            f"dataset.load_episodes({str(THOUGHT_UIS1)!r})\n"
+            "print('extras.android_control' in sys.modules)\n"
+            f"print(len(dataset.load_episodes({str(native)!r})), 'extras.android_control' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(dataset.__file__).parent, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "1", "True"]

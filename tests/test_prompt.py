@@ -244,3 +244,20 @@ def test_build_prompt_output_is_pinned(proc):
     for name, (spec, kw) in pinned_cases().items():
         assert pinned_output(tok, ip, spec, kw) == pins[name], name
     assert all(pins[n]["dropped"] > 0 for n in pins if n.startswith("budget"))  # the budget cases do summarise
+
+
+def test_budget_module_is_imported_only_for_a_prompt_over_the_budget():
+    """extras/prompt_budget.py stands off the RL path: no budget, or a prompt within it, leaves it unimported."""
+    import subprocess
+    import sys
+
+    code = ("import sys, chat\nfrom PIL import Image\nfrom vlm import load_processor\n"
+            "tok, ip = load_processor('tiny')\n"
+            "kw = dict(goal='g', screenshots=[Image.new('RGB', (56, 56))] * 2, history=['<think>\\n</think>'])\n"
+            "for budget in (None, 10 ** 6, 5):\n"
+            "    chat.build_prompt(tok, ip, chat.PromptSpec(max_prompt_tokens=budget), **kw)\n"
+            "    print('extras.prompt_budget' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(chat.__file__).parent, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False", "True"]
