@@ -19,6 +19,9 @@ parser (`reasoning_content`, or `reasoning` in newer releases; content null), wi
 request in the n-th shape, so one run meets them all.
 
     python tests/openai_server.py --model DIR [--port 0]   # prints "listening on PORT", then serves
+
+The same HTTP plumbing serves the tests' scripted servers in-process (Loopback: a reply per request,
+statuses, headers, delays, raw bytes, the requests recorded), so every loopback server in tests/ is one.
 """
 import argparse
 import base64
@@ -27,8 +30,14 @@ import itertools
 import json
 import os
 import re
+import socket
 import sys
-from http.server import BaseHTTPRequestHandler, HTTPServer
+import threading
+import time
+from dataclasses import dataclass, field
+from http.client import HTTPMessage
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable, Iterable, NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -135,6 +144,114 @@ def shape_message(text: str, finish_reason: str, shape: str, tokenizer) -> tuple
 SHAPES = ("plain", "transformers", "vllm-reasoning", "vllm-reasoning-new", "vllm-tools", "vllm-both", "parts")
 
 
+# --- the loopback server: one HTTP plumbing for this script and the tests' scripted servers
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+class Request(NamedTuple):
+    """One POST the loopback server took: `n` its place in arrival order (from 0), `body` its JSON, `headers`
+    its headers (case-insensitive get, as http.server reads them)."""
+    n: int
+    body: dict
+    headers: HTTPMessage
+
+
+@dataclass
+class Reply:
+    """An HTTP answer: `status`; `body` a dict (sent as JSON, Content-Type application/json), bytes (sent as
+    they are) or None (empty); extra `headers` (e.g. Retry-After); `delay` seconds slept before answering."""
+    status: int = 200
+    body: dict | bytes | None = None
+    headers: dict = field(default_factory=dict)
+    delay: float = 0.0
+
+
+def completion(message: dict | str, finish_reason: str = "stop", **extra) -> Reply:
+    """A 200 chat completion with one choice: `message` (a str: the assistant's plain content) and
+    `finish_reason`; `extra` top-level fields (model, usage, ...)."""
+    if isinstance(message, str):
+        message = {"role": "assistant", "content": message}
+    return Reply(body={"object": "chat.completion", **extra,
+                       "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}]})
+
+
+Answer = Callable[[Request], "Reply | Iterable[bytes]"]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_POST(self):
+        srv = self.server.loopback
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path.rstrip("/") != CHAT_PATH:
+            return self.send(Reply(404, {"error": {"message": f"no route {self.path}"}}))
+        try:
+            body = json.loads(raw)
+        except ValueError as e:
+            return self.send(Reply(400, {"error": {"message": f"bad request: {e}"}}))
+        with srv.lock:  # handler threads: each request gets its own n
+            req = Request(len(srv.seen), body, self.headers)
+            srv.seen.append(req)
+        reply = srv.answer(req)
+        if isinstance(reply, Reply):
+            return self.send(reply)
+        try:  # raw bytes, status line and headers included, each chunk flushed as it comes
+            for chunk in reply:
+                self.wfile.write(chunk)
+                self.wfile.flush()
+        except OSError:  # the client hung up (a trickle's client is meant to)
+            pass
+
+    def send(self, reply: Reply):
+        time.sleep(reply.delay)
+        data = json.dumps(reply.body).encode() if isinstance(reply.body, dict) else reply.body or b""
+        self.send_response(reply.status)
+        if isinstance(reply.body, dict):
+            self.send_header("Content-Type", "application/json")
+        for k, v in reply.headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *a):  # quiet: the tests read stdout (this script's port) and stderr (the client's)
+        pass
+
+
+class Loopback:
+    """An OpenAI-compatible chat-completions server on 127.0.0.1 (`port` 0: a free one), a thread per
+    request. POST /v1/chat/completions -> `answer(Request)`: a Reply, or an iterable of raw byte chunks
+    written and flushed one at a time (a server misbehaving below HTTP, e.g. one that trickles). Another
+    path: 404; a body that is not JSON: 400 (neither reaches `answer`). Every request that does is kept in
+    `seen`. `url` is the client's base URL (.../v1).
+
+        with Loopback(lambda req: completion("hi")) as srv:   # serving in a daemon thread
+            ... srv.url ... srv.seen                           # leaving the block stops it
+    """
+
+    def __init__(self, answer: Answer, port: int = 0):
+        self.answer, self.seen, self.lock = answer, [], threading.Lock()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
+        self.httpd.loopback = self
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+
+    def __enter__(self):
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def dead_port() -> int:
+    """A port on 127.0.0.1 that nobody listens on: one the OS gave as free, closed again."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model", required=True)
@@ -143,41 +260,26 @@ def main():
     tokenizer, image_processor = vlm.load_processor(args.model)
     model = vlm.load_model(args.model).eval()
     rotation = itertools.cycle(SHAPES)  # "rotate": the n-th request in the n-th shape
+    one_at_a_time = threading.Lock()  # one generation at a time, in the order the requests take the lock
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            if self.path.rstrip("/") != "/v1/chat/completions":
-                return self.reply(404, {"error": {"message": f"no route {self.path}"}})
-            try:
-                req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                prompt = encode(tokenizer, image_processor, req["messages"])
-            except (ValueError, KeyError, TypeError, IndexError) as e:
-                return self.reply(400, {"error": {"message": f"bad request: {e}"}})
-            sampler = Sampler(model, tokenizer, max_new_tokens=int(req.get("max_tokens", 512)), decode="eager")
-            with torch.no_grad():
-                out = sampler.generate([prompt], n=1, greedy=float(req.get("temperature", 1.0)) == 0.0)[0][0]
-            shape = next(rotation) if req.get("model") == "rotate" else req.get("model")
-            message, finish = shape_message(out.text, out.finish_reason, shape, tokenizer)
-            if message is None:
-                return self.reply(500, {"error": {"message": "the response parser raised"}})
-            self.reply(200, {"object": "chat.completion", "model": req.get("model"),
-                             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                             "usage": {"prompt_tokens": len(prompt.input_ids), "completion_tokens": len(out.ids)}})
+    def answer(req: Request) -> Reply:
+        try:
+            prompt = encode(tokenizer, image_processor, req.body["messages"])
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            return Reply(400, {"error": {"message": f"bad request: {e}"}})
+        sampler = Sampler(model, tokenizer, max_new_tokens=int(req.body.get("max_tokens", 512)), decode="eager")
+        with one_at_a_time, torch.no_grad():
+            out = sampler.generate([prompt], n=1, greedy=float(req.body.get("temperature", 1.0)) == 0.0)[0][0]
+            shape = next(rotation) if req.body.get("model") == "rotate" else req.body.get("model")
+        message, finish = shape_message(out.text, out.finish_reason, shape, tokenizer)
+        if message is None:
+            return Reply(500, {"error": {"message": "the response parser raised"}})
+        return completion(message, finish, model=req.body.get("model"),
+                          usage={"prompt_tokens": len(prompt.input_ids), "completion_tokens": len(out.ids)})
 
-        def reply(self, code, obj):
-            body = json.dumps(obj).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):  # quiet: the test reads stdout for the port only
-            pass
-
-    server = HTTPServer(("127.0.0.1", args.port), Handler)
-    print(f"listening on {server.server_address[1]}", flush=True)
-    server.serve_forever()
+    server = Loopback(answer, args.port)
+    print(f"listening on {server.port}", flush=True)
+    server.httpd.serve_forever()
 
 
 if __name__ == "__main__":

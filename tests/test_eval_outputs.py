@@ -10,10 +10,8 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import zlib
-from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -28,6 +26,8 @@ from evaluation import online, outputs
 from evaluation.served import ServedOutput
 from evaluation import stats
 from vlm import load_processor
+
+from openai_server import Loopback, completion, dead_port  # tests/ (conftest puts it on the path)
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "data" / "miniwob" / "test.jsonl"
@@ -145,13 +145,6 @@ def test_online_step_without_an_answer_ends_its_episode_as_server_error():
     assert pol.n_malformed == 0 and pol.n_server_errors == 1 and pol.stats["server_errors"] == 1
 
 
-def dead_port() -> int:
-    free = HTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
-    port = free.server_address[1]
-    free.server_close()
-    return port
-
-
 def test_dead_server_online_is_server_error_and_exit_3(tmp_path):
     """The CLI against a port nobody listens on, online in Chromium: each episode ends at its first step
     with cause server_error (06de78c: step_limit, 'malformed'), stdout says the server failed on 2 of 2
@@ -231,24 +224,15 @@ def test_resume_drops_a_cut_last_line_and_refuses_other_flags(monkeypatch, token
         outputs.read_jsonl(str(bad), drop_cut_tail=True)
 
 
-class Slow(BaseHTTPRequestHandler):
-    """A chat-completions server that answers every request with a click, after 0.5 s, and after 5 s once
-    the run folder's first episode is on disk (`gate`): the run cannot end before the test signals it."""
-    gate: Path | None = None
-
-    def do_POST(self):
-        self.rfile.read(int(self.headers["Content-Length"]))
-        done = self.gate is not None and self.gate.is_file() and self.gate.read_text().count("\n") >= 1
-        time.sleep(5.0 if done else 0.5)
-        text = '<think>t</think><action>{"action": "click", "coordinate": [5, 5]}</action>'
-        body = json.dumps({"choices": [{"message": {"content": text}, "finish_reason": "stop"}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *a):
-        pass
+def slow(gate: Path):
+    """A chat-completions server's answer to every request: a click, after 0.5 s, and after 5 s once the run
+    folder's first episode is on disk (`gate`): the run cannot end before the test signals it."""
+    def answer(req):
+        done = gate.is_file() and gate.read_text().count("\n") >= 1
+        reply = completion('<think>t</think><action>{"action": "click", "coordinate": [5, 5]}</action>')
+        reply.delay = 5.0 if done else 0.5
+        return reply
+    return answer
 
 
 def default_sigint():
@@ -262,23 +246,19 @@ def test_signal_leaves_a_partial_result_and_exit_130(tmp_path, sig):
     """A served run against a slow loopback server, stopped by a signal once an episode is on disk: exit
     130, result.json complete false naming the signal, the finished episodes kept (06de78c: no folder)."""
     out = tmp_path / "o"
-    handler = type("SlowAfterOne", (Slow,), {"gate": out / "episodes.jsonl"})
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    proc = subprocess.Popen([sys.executable, "eval_sop.py", *SMALL, "--policy", "openai", "--served-model", "m",
-                             "--base-url", f"http://127.0.0.1:{httpd.server_address[1]}/v1", "--concurrency", "1",
-                             "--out", str(out)], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=default_sigint)
-    try:
-        deadline = time.time() + 300
-        while not ((out / "episodes.jsonl").is_file() and (out / "episodes.jsonl").read_text().count("\n") >= 1):
-            assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-2000:]
-            time.sleep(0.2)
-        proc.send_signal(sig)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-        httpd.shutdown()
+    with Loopback(slow(out / "episodes.jsonl")) as srv:
+        proc = subprocess.Popen([sys.executable, "eval_sop.py", *SMALL, "--policy", "openai", "--served-model", "m",
+                                 "--base-url", srv.url, "--concurrency", "1", "--out", str(out)], cwd=REPO, env=ENV,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
+        try:
+            deadline = time.time() + 300
+            while not ((out / "episodes.jsonl").is_file() and (out / "episodes.jsonl").read_text().count("\n") >= 1):
+                assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-2000:]
+                time.sleep(0.2)
+            proc.send_signal(sig)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
     assert proc.returncode == 130, err[-2000:]
     res = json.loads((out / "result.json").read_text())
     assert res["complete"] is False and res["interrupted"] == sig.name and res["finished"]["sop"] >= 1

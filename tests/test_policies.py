@@ -7,8 +7,6 @@ still writes its report."""
 import json
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ import policies
 from evaluation import served
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # openai_server, rl_checkpoint
+from openai_server import Loopback, Reply, completion, dead_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SIZE = (980, 2100)  # resized screenshot (W, H): 0-1000 relative (500, 250) is pixel (490, 525)
@@ -171,83 +170,47 @@ def test_served_policy_equals_the_in_process_policy(checkpoint, server, tmp_path
     assert [s["match"] for s in scores[:len(static)]] == [r["match"] for r in static]
 
 
-class Garbage(BaseHTTPRequestHandler):
-    def do_POST(self):
-        self.rfile.read(int(self.headers["Content-Length"]))
-        body = b"<html>not an API</html>"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *a):
-        pass
-
-
 def test_wrong_url_and_garbage_server_are_per_episode_errors(tmp_path, capsys):
-    httpd = HTTPServer(("127.0.0.1", 0), Garbage)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    free = HTTPServer(("127.0.0.1", 0), Garbage)  # a port nobody listens on once closed
-    dead = free.server_address[1]
-    free.server_close()
     args = ["--data", DATA, "--limit", "2", "--protocol", "sop", "static", "--max-pixels", "20000", "--policy", "openai",
             "--served-model", "m", "--model", "tiny", "--retries", "0"]
     args.remove("--model"), args.remove("tiny")
-    for url, why in ((f"http://127.0.0.1:{httpd.server_address[1]}/v1", "answered no chat completion"),
-                     (f"http://127.0.0.1:{dead}/v1", "no answer from")):
-        out = tmp_path / why.replace(" ", "_")
-        res = eval_sop.main(args + ["--base-url", url, "--out", str(out)])
-        assert res["sop_pg"] == 0 and res["static_step_sr"] == 0
-        assert res["served"]["episodes_server_error"] == 2 and res["served"]["failed"] == res["served"]["requests"]
-        eps = [json.loads(x) for x in (out / "episodes.jsonl").read_text().splitlines()]
-        assert all(why in e["server_error"] for e in eps)
-        assert (out / "report.html").is_file() and (out / "result.json").is_file()
-        assert why in capsys.readouterr().err
-    httpd.shutdown()
+    with Loopback(lambda req: Reply(200, b"<html>not an API</html>")) as garbage:
+        for url, why in ((garbage.url, "answered no chat completion"),
+                         (f"http://127.0.0.1:{dead_port()}/v1", "no answer from")):
+            out = tmp_path / why.replace(" ", "_")
+            res = eval_sop.main(args + ["--base-url", url, "--out", str(out)])
+            assert res["sop_pg"] == 0 and res["static_step_sr"] == 0
+            s = res["served"]
+            assert s["episodes_server_error"] == 2 and s["failed"] == s["requests"]
+            eps = [json.loads(x) for x in (out / "episodes.jsonl").read_text().splitlines()]
+            assert all(why in e["server_error"] for e in eps)
+            assert (out / "report.html").is_file() and (out / "result.json").is_file()
+            assert why in capsys.readouterr().err
 
 
-class Flaky(BaseHTTPRequestHandler):
-    """503 to the first request of each prompt, then a UI-TARS answer; records the Authorization headers."""
-    seen: list = []
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        Flaky.seen.append((self.headers.get("Authorization"), body["temperature"], body["messages"][0]["content"][:11]))
-        if len(Flaky.seen) % 2 == 1:
-            self.send_response(503)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        out = json.dumps({"choices": [{"message": {"content": "Thought: t\nAction: click(start_box='(500,250)')"},
-                                       "finish_reason": "stop"}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
-
-    def log_message(self, *a):
-        pass
+def flaky(req):
+    """503 to the first request of each prompt, then a UI-TARS answer."""
+    return Reply(503) if req.n % 2 == 0 else completion("Thought: t\nAction: click(start_box='(500,250)')")
 
 
 def test_served_sampler_retries_a_503_sends_the_key_and_the_family_prompt(monkeypatch):
     import chat
     from PIL import Image
-    httpd = HTTPServer(("127.0.0.1", 0), Flaky)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     from argparse import Namespace
-    s = policies.served_sampler(Namespace(base_url=f"http://127.0.0.1:{httpd.server_address[1]}/v1", served_model="m",
-                                          action_format="uitars", max_new_tokens=8, concurrency=1, timeout=10.0,
-                                          retries=3, temperature=1.0))
-    s.backoff = 0.01
     msgs = [{"role": "system", "content": [{"type": "text", "text": "ours"}]},
             {"role": "user", "content": [{"type": "text", "text": "goal"}, {"type": "image", "image": Image.new("RGB", SIZE)}]}]
     prompt = chat.Prompt(None, None, None, SIZE, 0, messages=msgs)
-    out = s.generate([prompt], n=1, greedy=True)[0][0]
-    httpd.shutdown()
+    with Loopback(flaky) as srv:
+        s = policies.served_sampler(Namespace(base_url=srv.url, served_model="m", action_format="uitars", retries=3,
+                                              max_new_tokens=8, concurrency=1, timeout=10.0, temperature=1.0))
+        s.backoff = 0.01
+        out = s.generate([prompt], n=1, greedy=True)[0][0]
     assert out.finish_reason == "stop" and close(gui.parse_response(out.text).action["coordinate"], (490, 525))
     assert s.stats == {"requests": 2, "retries": 1, "failed": 0, "content_filter": 0, "lone_surrogates": 0}
-    assert Flaky.seen == [("Bearer sk-test", 0.0, "You are a G")] * 2  # UI-TARS's system prompt, greedy
+    seen = [(r.headers.get("Authorization"), r.body["temperature"], r.body["messages"][0]["content"][:11])
+            for r in srv.seen]
+    assert seen == [("Bearer sk-test", 0.0, "You are a G")] * 2  # UI-TARS's system prompt, greedy
     assert s.raw[id(prompt)] == ("Thought: t\nAction: click(start_box='(500,250)')", None)
 
 

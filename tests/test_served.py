@@ -10,11 +10,9 @@ import itertools
 import json
 import socket
 import sys
-import threading
 import time
 import zlib
 from argparse import Namespace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -29,7 +27,7 @@ import vlm
 from evaluation import served
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # openai_server
-from openai_server import SHAPES, shape_message  # noqa: E402
+from openai_server import SHAPES, Loopback, Reply, completion, shape_message  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = str(REPO / "data" / "miniwob" / "train.jsonl")
@@ -105,13 +103,6 @@ def test_clean_text_replaces_lone_surrogates_and_joins_pairs():
 # --- loopback servers
 
 
-def serve(handler):
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    httpd.daemon_threads = True
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-
-
 def sampler(url, fmt="uis1", **kw):
     args = dict(base_url=url, served_model="m", action_format=fmt, max_new_tokens=8, concurrency=1, timeout=10.0,
                 retries=0, temperature=1.0)
@@ -124,55 +115,29 @@ def one_prompt():
     return chat.Prompt(None, None, None, SIZE, 0, messages=msgs)
 
 
-class Trickle(BaseHTTPRequestHandler):
+def trickle(where):
     """Answers one byte every 0.05 s, forever: in the headers (`where` "headers") or in the body."""
-    where = "body"
-
-    def do_POST(self):
-        self.rfile.read(int(self.headers["Content-Length"]))
+    def chunks(req):
         head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n"
-        try:
-            if self.where == "body":
-                self.wfile.write(head + b"\r\n")
-                head = b'{"choices": [{"message": {"content": "' + b"x" * 99000
-            for i in range(len(head)):
-                self.wfile.write(head[i:i + 1])
-                self.wfile.flush()
-                time.sleep(0.05)
-        except OSError:  # the client hung up: the point
-            pass
-
-    def log_message(self, *a):
-        pass
+        if where == "body":
+            yield head + b"\r\n"
+            head = b'{"choices": [{"message": {"content": "' + b"x" * 99000
+        for i in range(len(head)):
+            yield head[i:i + 1]
+            time.sleep(0.05)
+    return chunks
 
 
 @pytest.mark.parametrize("where", ["headers", "body"])
 def test_a_trickling_server_cannot_hold_a_request_past_the_timeout(where):
-    httpd, url = serve(type("T", (Trickle,), {"where": where}))
-    s = sampler(url, timeout=0.5)
-    t0 = time.monotonic()
-    out = s.generate([one_prompt()])[0][0]
-    took = time.monotonic() - t0
-    httpd.shutdown()
+    with Loopback(trickle(where)) as srv:
+        s = sampler(srv.url, timeout=0.5)
+        t0 = time.monotonic()
+        out = s.generate([one_prompt()])[0][0]
+        took = time.monotonic() - t0
     assert out.finish_reason.startswith("error: no complete answer") and "within --timeout 0.5 s" in out.finish_reason
     assert took < 1.5, took  # a socket timeout alone: each byte arrives in time, the request never ends
     assert s.stats["failed"] == 1
-
-
-class Busy(BaseHTTPRequestHandler):
-    """HTTP 503 with Retry-After `after` (None: no header), always."""
-    after = None
-
-    def do_POST(self):
-        self.rfile.read(int(self.headers["Content-Length"]))
-        self.send_response(503)
-        if self.after is not None:
-            self.send_header("Retry-After", self.after)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *a):
-        pass
 
 
 @pytest.mark.parametrize("after, retries, waits", [
@@ -181,41 +146,27 @@ class Busy(BaseHTTPRequestHandler):
     ("Wed, 21 Oct 2026 07:28:00 GMT", 3, [1, 2, 4]),  # a date: not read, the backoff's
 ])
 def test_backoff_is_capped_and_honours_retry_after(after, retries, waits):
-    httpd, url = serve(type("B", (Busy,), {"after": after}))
-    s = sampler(url, retries=retries)
-    slept = []
-    s.sleep = slept.append  # a fake clock: the waits are recorded, not slept
-    out = s.generate([one_prompt()])[0][0]
-    httpd.shutdown()
+    busy = Reply(503, headers={} if after is None else {"Retry-After": after})  # always
+    with Loopback(lambda req: busy) as srv:
+        s = sampler(srv.url, retries=retries)
+        slept = []
+        s.sleep = slept.append  # a fake clock: the waits are recorded, not slept
+        out = s.generate([one_prompt()])[0][0]
     assert slept == waits and out.finish_reason.startswith("error: HTTP 503")
     assert s.stats["requests"] == retries + 1 and s.stats["retries"] == retries and s.stats["failed"] == 1
 
 
-class Canned(BaseHTTPRequestHandler):
-    """Answers each request with one of `answers` (chosen by the CRC of its messages, so the same prompt
-    gets the same answer whatever the order), in the shape its "model" names ("rotate": the next one),
-    with `finish_reason`; records the requests."""
-    answers, finish_reason, seen, rotation = ["x"], "stop", None, None
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.seen.append(body)
-        text = self.answers[zlib.crc32(json.dumps(body["messages"]).encode()) % len(self.answers)]
-        shape = next(self.rotation) if body["model"] == "rotate" else body["model"]
-        message, finish = shape_message(text, self.finish_reason, shape, TOK)
-        out = json.dumps({"choices": [{"index": 0, "message": message, "finish_reason": finish}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
-
-    def log_message(self, *a):
-        pass
-
-
 def canned(answers, finish="stop"):
-    return serve(type("C", (Canned,), {"answers": answers, "finish_reason": finish, "seen": [],
-                                       "rotation": itertools.cycle(SHAPES)}))
+    """A server answering each request with one of `answers` (chosen by the CRC of its messages, so the same
+    prompt gets the same answer whatever the order), in the shape its "model" names ("rotate": the next one),
+    with `finish`."""
+    rotation = itertools.cycle(SHAPES)
+
+    def answer(req):
+        text = answers[zlib.crc32(json.dumps(req.body["messages"]).encode()) % len(answers)]
+        shape = next(rotation) if req.body["model"] == "rotate" else req.body["model"]
+        return completion(*shape_message(text, finish, shape, TOK))
+    return Loopback(answer)
 
 
 RUN = ["--data", DATA, "--limit", "3", "--protocol", "sop", "static", "--max-pixels", "20000", "--policy", "openai",
@@ -230,12 +181,11 @@ def test_tool_call_shapes_score_as_the_plain_answer(tmp_path, capsys):
     answers = [f"<think>\nwhy\n</think>\n<tool_call>\n{CALL}\n</tool_call>", f"<tool_call>\n{CALL}\n</tool_call>",
                f"the button\n<tool_call>\n{CALL}\n</tool_call>",
                '<tool_call>\n{"name": "mobile_use", "arguments": {"action": "type", "text": "a"}}\n</tool_call>']
-    httpd, url = canned(answers)
     res = {}
-    for model in ("plain", "rotate"):
-        res[model] = eval_sop.main(RUN + ["--base-url", url, "--served-model", model, "--action-format", "qwen25vl",
-                                          "--concurrency", "1", "--out", str(tmp_path / model)])  # one order of shapes
-    httpd.shutdown()
+    with canned(answers) as srv:
+        for model in ("plain", "rotate"):  # concurrency 1: one order of shapes
+            res[model] = eval_sop.main(RUN + ["--base-url", srv.url, "--served-model", model, "--action-format",
+                                              "qwen25vl", "--concurrency", "1", "--out", str(tmp_path / model)])
     for k in ("sop_pg", "sop_tsr", "static_step_sr", "static_type_acc", "step_reward_mean", "malformed_responses"):
         assert res["rotate"][k] == res["plain"][k], k
     assert res["plain"]["malformed_responses"] == 0 and res["rotate"]["served"]["failed"] == 0
@@ -249,9 +199,8 @@ def test_tool_call_shapes_score_as_the_plain_answer(tmp_path, capsys):
 
 
 def test_content_filter_is_the_servers_never_a_malformed_answer(tmp_path, capsys):
-    httpd, url = canned(['<think>\nx\n</think>\n<action>\n{"action": "wait"}\n</action>'], finish="content_filter")
-    res = eval_sop.main(RUN + ["--base-url", url, "--served-model", "plain", "--out", str(tmp_path)])
-    httpd.shutdown()
+    with canned(['<think>\nx\n</think>\n<action>\n{"action": "wait"}\n</action>'], finish="content_filter") as srv:
+        res = eval_sop.main(RUN + ["--base-url", srv.url, "--served-model", "plain", "--out", str(tmp_path)])
     s = res["served"]
     assert s["content_filter"] == s["failed"] == s["requests"] == res["responses"] > 0 and s["retries"] == 0, (s, res)
     assert res["malformed_responses"] == 0 and s["episodes_server_error"] == res["episodes"] == 3
@@ -262,9 +211,9 @@ def test_content_filter_is_the_servers_never_a_malformed_answer(tmp_path, capsys
 def test_a_lone_surrogate_runs_through_sop_static_and_score(tmp_path, capsys):
     """'\\ud83d' alone in an answer: SOP's next prompt, static's report.html and `score` used to crash on it."""
     right = '<think>\nhi \ud83d\n</think>\n<action>\n{"action": "type", "text": "x\ud83d"}\n</action>'
-    httpd, url = canned([right])
-    res = eval_sop.main(RUN + ["--base-url", url, "--served-model", "transformers", "--out", str(tmp_path / "run")])
-    httpd.shutdown()
+    with canned([right]) as srv:
+        res = eval_sop.main(RUN + ["--base-url", srv.url, "--served-model", "transformers",
+                                   "--out", str(tmp_path / "run")])
     assert res["served"]["lone_surrogates"] == 2 * res["responses"] > 0 and res["served"]["failed"] == 0
     assert (tmp_path / "run" / "report.html").is_file()
     assert all("\ufffd" in r["response"] for r in read(tmp_path / "run", "static_steps.jsonl"))
@@ -332,11 +281,10 @@ def test_prompt_from_needs_args_json_and_the_served_policy(tmp_path):
 
 
 def test_the_served_run_uses_and_records_the_contract(run_folder, tmp_path, capsys):
-    httpd, url = canned(['<think>\nx\n</think>\n<action>\n{"action": "wait"}\n</action>'])
-    res = eval_sop.main(["--data", DATA, "--limit", "1", "--policy", "openai", "--base-url", url, "--served-model",
-                         "plain", "--prompt-from", str(run_folder), "--out", str(tmp_path / "run")])
-    seen = httpd.RequestHandlerClass.seen
-    httpd.shutdown()
+    with canned(['<think>\nx\n</think>\n<action>\n{"action": "wait"}\n</action>']) as srv:
+        res = eval_sop.main(["--data", DATA, "--limit", "1", "--policy", "openai", "--base-url", srv.url,
+                             "--served-model", "plain", "--prompt-from", str(run_folder), "--out", str(tmp_path / "run")])
+    seen = [r.body for r in srv.seen]
     assert seen and all(b["messages"][0]["content"][0]["text"] == chat.SHORT_SYSTEM_PROMPT for b in seen)
     assert all(sum(c["type"] == "image_url" for m in b["messages"] for c in m["content"] if isinstance(c, dict)) == 1
                for b in seen)  # num_images 1

@@ -5,9 +5,7 @@ client (ServedSampler over a loopback server that replays the captured bytes). T
 (tests/openai_server.py) answers in that server's shape, end marker included."""
 import json
 import sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from threading import Thread
 
 import pytest
 from PIL import Image
@@ -18,7 +16,7 @@ import vlm
 from evaluation import served
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # openai_server
-from openai_server import transformers_message  # noqa: E402
+from openai_server import Loopback, Reply, transformers_message  # noqa: E402
 
 FIXTURES = sorted((Path(__file__).resolve().parent / "data" / "served").glob("*.json"))
 load = lambda p: json.loads(p.read_text())  # noqa: E731
@@ -45,44 +43,22 @@ def test_real_answers_read_back_to_the_in_process_text(path):
     assert msg["content"] != case["in_process_text"]
 
 
-class Replay(BaseHTTPRequestHandler):
-    """Answers the k-th request with the k-th captured answer's bytes, as the real server sent them."""
-    answers, seen = [], []
-
-    def do_POST(self):
-        self.seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-        out = json.dumps(self.answers[len(self.seen) - 1]).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
-
-    def log_message(self, *a):
-        pass
-
-
 def test_served_sampler_over_the_captured_bytes_writes_the_in_process_text():
     """ServedSampler (the client eval_sop --policy openai runs), greedy, one prompt at a time against a
     loopback server replaying the captured answers: each ServedOutput's text and raw answer are the
     in-process text, finish "stop", nothing failed."""
     cases = [load(p) for p in FIXTURES]
-    handler = type("R", (Replay,), {"answers": [c["response"] for c in cases], "seen": []})
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    Thread(target=httpd.serve_forever, daemon=True).start()
     tok, ip = vlm.load_processor("tiny")
     spec = chat.PromptSpec(system_prompt="short", max_pixels=20000)
     prompt = chat.build_prompt(tok, ip, spec, goal="Click on the No button.",
                                screenshots=[Image.new("RGB", (160, 210))], history=[])
-    sampler = served.ServedSampler(f"http://127.0.0.1:{httpd.server_address[1]}/v1", "sft", policies.ADAPTERS["uis1"],
-                                   concurrency=1, retries=0, max_new_tokens=64)
-    try:
+    with Loopback(lambda req: Reply(body=cases[req.n]["response"])) as srv:  # the k-th answer to the k-th request
+        sampler = served.ServedSampler(srv.url, "sft", policies.ADAPTERS["uis1"], concurrency=1, retries=0,
+                                       max_new_tokens=64)
         outs = [sampler.generate([prompt], greedy=True)[0][0] for _ in cases]
-    finally:
-        httpd.shutdown()
     assert [o.finish_reason for o in outs] == ["stop"] * len(cases) and sampler.stats["failed"] == 0
     assert [o.raw for o in outs] == [o.text for o in outs] == [c["in_process_text"] for c in cases]  # uis1: as is
-    assert handler.seen[0]["temperature"] == 0.0 and handler.seen[0]["max_tokens"] == 64
+    assert srv.seen[0].body["temperature"] == 0.0 and srv.seen[0].body["max_tokens"] == 64
 
 
 def test_loopback_transformers_shape_keeps_the_servers_end_marker():
