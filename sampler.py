@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -137,7 +137,7 @@ class Sampler:
     def generate(self, prompts, n: int | Sequence[int] = 1, greedy: bool = False,
                  seeds: list[int] | None = None) -> list[list[SampleOutput]]:
         """n samples of every prompt (n an int or one count per prompt) -> outs[i][j], prompt i, sample j.
-        A prompt: an object or dict with input_ids (T,) long (image runs expanded), pixel_values (P, 1176)
+        A prompt: an object with input_ids (T,) long (image runs expanded), pixel_values (P, 1176)
         and image_grid_thw (I, 3) or None; or 1-D ids (text). seeds: one int per prompt; sample j of
         prompt i then draws from a generator seeded with (seeds[i], j), whatever shares the batch.
         Raises ValueError: no prompts, bad counts or seeds, an empty or video prompt, image runs /
@@ -188,13 +188,12 @@ class Sampler:
     # --- prompts and the prefill
 
     def _prepare(self, p) -> _Prompt:
-        """Validate one prompt (Prompt-like object, dict, or 1-D ids) and compute its positions."""
+        """Validate one prompt (a chat.Prompt-like object, or 1-D ids) and compute its positions."""
         if isinstance(p, (torch.Tensor, list, tuple)):
-            ids, pv, thw = torch.as_tensor(p), None, None
+            ids, pv, thw = p, None, None
         else:
-            get = p.get if isinstance(p, Mapping) else lambda k: getattr(p, k, None)
-            ids, pv, thw = torch.as_tensor(get("input_ids")), get("pixel_values"), get("image_grid_thw")
-        ids = ids.reshape(-1).long().cpu()
+            ids, pv, thw = (getattr(p, k, None) for k in ("input_ids", "pixel_values", "image_grid_thw"))
+        ids = torch.as_tensor(ids).reshape(-1).long().cpu()
         T = ids.numel()
         if T == 0:
             raise ValueError("empty prompt")
