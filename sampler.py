@@ -248,21 +248,19 @@ class Sampler:
         ids = torch.full((R, S), self.pad_id, dtype=torch.long)
         seg_valid = torch.zeros(R, S, dtype=torch.bool)
         pos = torch.zeros((3, R, S) if self.rope_index is not None else (R, S), dtype=torch.long)
-        pvs, thws = [], []
+        images = []                               # (pixels, grid) in row order: the model scatters them so
         for r, (p, s, e) in enumerate(segs):
             ids[r, S - (e - s):] = torch.tensor(p.ids[s:e])
             seg_valid[r, S - (e - s):] = True
             pos[..., r, S - (e - s):] = p.pos[..., s:e]
-            for a, b, img, thw in p.images:       # images in row order: the model scatters them so
-                if s <= a and b <= e:
-                    pvs.append(img)
-                    thws.append(thw)
+            images += [(img, thw) for a, b, img, thw in p.images if s <= a and b <= e]
         self.stats["prefill_tokens"] += R * S
         self.stats["prefill_tokens_real"] += int(seg_valid.sum())
-        self.stats["images_encoded"] += len(pvs)
+        self.stats["images_encoded"] += len(images)
         seg_valid = seg_valid.to(self.device)
         valid = seg_valid if valid is None else torch.cat([valid, seg_valid], dim=1)   # (R, K)
-        vision = (torch.cat(pvs), torch.stack(thws)) if pvs else (None, None)
+        pvs, thws = zip(*images) if images else (None, None)
+        vision = (torch.cat(pvs), torch.stack(thws)) if images else (None, None)
         return self._forward(cache, ids, pos, cache_attention_mask(valid, S), *vision), valid
 
     def _forward(self, cache, ids, pos, mask, pixel_values=None, image_grid_thw=None):
