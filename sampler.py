@@ -1,37 +1,29 @@
 """The sampling engine of the rollouts (docs/method.md §5): batched, KV-cached sampling of n samples per
-prompt from a transformers Qwen2.5-VL policy (or any plain causal LM), and the token draw. The policy is
-lent to it by vlm.sampling_mode (eval, no_grad, FSDP2 unsharded once):
+prompt from a Qwen2.5-VL policy (or any causal LM), and the token draw. vlm.sampling_mode lends the policy:
 
     sampler = Sampler(model, tokenizer, max_new_tokens=512, temperature=1.0, top_p=1.0, seed=0)
     with sampling_mode(model):
         outs = sampler.generate(prompts, n=8)        # outs[i][j]: SampleOutput of sample j of prompt i
 
-The plain path, this file (engine design notes; the reference the speed-ups are tested against):
+The plain path, the reference the speed-ups are tested against (the engine design notes):
   1. Prefill: every prompt once, in one left-padded forward; its samples copy its KV rows.
-  2. Padding: a per-row validity mask (R, K) and an explicit 4-D attention mask; a padding query attends
-     to itself only, so no softmax row is empty (no NaN).
-  3. Positions are explicit, per prompt on the unpadded ids: 1-D for text LMs, Qwen2.5-VL's 3-D mrope
-     positions from the model's own `get_rope_index`; a decoded token's is (max prompt position + 1 +
-     step). The model's cached `rope_deltas` is never read, and is cleared.
-  4. The draw (docs/method.md §11): `allowed_weights` forms the allowed set (no vision token, the top-p
-     nucleus) before anything is normalised. The logprobs are the trainer's (vlm.PolicyLogProb):
-     log_softmax(logits / temperature) over the whole vocabulary, fp32, one per returned id.
-  5. Decode: the transformers forward appends one token per live row to a DynamicCache a step; a row
-     that stops leaves the batch and the cache that step.
-  6. Same inputs + same seed -> same samples. Across batch compositions greedy ids agree; sampled ids may
-     not (last-bit logit differences move a draw across a CDF boundary, as in vLLM).
-The speed-ups live in extras/, each imported inside the method its option turns on, each with the plain
-path's tokens (tests/test_sampler.py); their defaults turn them on where they pay, so a default run
-imports them at run time. share_prefix (True): extras/shared_prefix.py, identical prompts and shared
-prefixes prefilled once. lean (on a CPU model it supports): extras/lean_step.py, a decode step in a third
-of the ops. cascade ("auto"; lean eager decode): extras/cascade.py, a prompt's KV read once a step for all
-its samples. decode ("auto": "graph" on CUDA): extras/static_decode.py, fixed buffers, CUDA graphs.
+  2. Padding: a validity mask (R, K) and an explicit 4-D mask; a padding query attends to itself only.
+  3. Positions: explicit, per prompt on the unpadded ids (Qwen2.5-VL's 3-D mrope from the model's
+     `get_rope_index`); a decoded token's is max prompt position + 1 + step. The cached rope_deltas
+     is never read, and is cleared.
+  4. The draw (docs/method.md §11): banned (vision) ids and the top-p cut are applied before anything
+     is normalised; logprobs are the trainer's, log_softmax(logits / T) over the whole vocabulary, fp32.
+  5. Decode: one token per live row a step into a DynamicCache; a row that stops leaves the batch.
+  6. Same inputs + same seed -> same samples. Across batch compositions greedy ids agree; sampled ids
+     may not (last-bit logit differences move a draw across a CDF boundary, as in vLLM).
+The speed-ups (extras/shared_prefix.py, lean_step.py, cascade.py, static_decode.py; Sampler's options)
+are imported inside the method their option turns on and give the plain path's tokens.
 """
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -68,9 +60,8 @@ class _Prompt:
 
 
 class RowDecode:
-    """The plain decode state (engine design note 5): row r a copy of its prompt's KV in a DynamicCache
-    that the transformers forward appends to; a row that stops leaves the batch and the cache. Every
-    decode state (extras/ holds the others) answers keep(k), step(tok) -> the live rows' logits, stats."""
+    """The plain decode state (design note 5), row r a copy of its prompt's KV. Every decode state
+    (extras/ holds the others) answers keep(k), step(tok) -> the live rows' logits, and stats."""
 
     def __init__(self, forward, cache, valid: torch.Tensor, prompt_of_row: list[int], next_pos: list[int],
                  three_d: bool):
@@ -94,16 +85,13 @@ class RowDecode:
 
 
 class Sampler:
-    """Batched KV-cached sampler; the module docstring has the design. stop_token_ids: None -> <|im_end|>
-    and <|endoftext|> (those the tokenizer has, else its eos); [] -> never stop (every sample runs
-    max_new_tokens). seed: a torch.Generator on the model's device seeded with it is used unless generate()
-    gets one; None -> global RNG. The speed-ups (module docstring; off, they leave the plain path):
-    share_prefix; decode "eager" (plain), "static", "graph" (CUDA only), "auto" = graph on CUDA, else
-    eager; lean None = on for a CPU model LeanStep computes exactly (checked each call: adapters, hooks),
-    True requires it (generate raises ValueError otherwise), False never; cascade (lean eager decode)
-    "auto" (the shared-KV grid when the rows fill more than half its slots), "grid", "split", "rows".
-    Raises ValueError on an unknown mode, graph without CUDA, max_new_tokens < 1, a bad temperature or
-    top_p. After each call `stats` holds prefill/decode token counts and times and what ran."""
+    """Batched KV-cached sampler (design: the module docstring). stop_token_ids: None -> <|im_end|> and
+    <|endoftext|> (else the eos); [] -> never stop. seed: of the draws' generator (None: the global
+    RNG). The speed-ups, False / "eager" for the plain path: share_prefix; decode "eager", "static",
+    "graph" (CUDA), "auto" = graph on CUDA, else eager; lean None = on for a CPU model LeanStep
+    computes exactly, True requires it, False never; cascade (lean eager decode) "auto", "grid",
+    "split", "rows" (checked where used). Raises ValueError on an unknown decode mode, graph without
+    CUDA, max_new_tokens < 1, a bad temperature or top_p. `stats`: the last call's counts and times."""
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int = 512, temperature: float = 1.0,
                  top_p: float = 1.0, stop_token_ids: list[int] | None = None, seed: int | None = None,
@@ -111,18 +99,13 @@ class Sampler:
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         self.model, self.tokenizer, self.max_new_tokens = model, tokenizer, max_new_tokens
-        self.temperature, self.top_p = temperature, top_p                     # checked by their setters
+        self.temperature, self.top_p = temperature, top_p                     # checked by __setattr__
         self.device = next(model.parameters()).device
         if decode not in DECODE_MODES or decode == "graph" and self.device.type != "cuda":
             raise ValueError(f"decode must be one of {DECODE_MODES}, 'graph' with a CUDA model only (this one is "
                              f"on {self.device}; 'static' runs the same step uncaptured), got {decode!r}")
         self.decode = ("graph" if self.device.type == "cuda" else "eager") if decode == "auto" else decode
-        if cascade != "auto":
-            from extras.cascade import CASCADE_LAYOUTS
-            if cascade not in CASCADE_LAYOUTS:
-                raise ValueError(f"cascade must be one of {CASCADE_LAYOUTS}, got {cascade!r}")
-        self.share_prefix, self.lean_arg, self.cascade = share_prefix, lean, cascade
-        self.lean = (self.device.type == "cpu") if lean is None else bool(lean)  # and supported, per call
+        self.share_prefix, self.lean, self.cascade = share_prefix, lean, cascade  # cascade: checked by its module
         cfg, text_cfg = model.config, model.config.get_text_config()
         if "sliding_attention" in (getattr(text_cfg, "layer_types", None) or []):
             raise ValueError("Sampler supports full-attention models only (no sliding-window layers)")
@@ -141,43 +124,24 @@ class Sampler:
         self.generator = None if seed is None else torch.Generator(device=self.device).manual_seed(seed)
         self.stats: dict = {}
 
-    # temperature and top_p are checked whenever they are set (a caller that changes them for one call,
-    # as eval_sop's sampled plays do, meets the same rule as the constructor and the trainer's flags)
-    @property
-    def temperature(self) -> float:
-        return self._temperature
-
-    @temperature.setter
-    def temperature(self, value: float) -> None:
-        check_temperature(value)
-        self._temperature = float(value)
-
-    @property
-    def top_p(self) -> float:
-        return self._top_p
-
-    @top_p.setter
-    def top_p(self, value: float) -> None:
-        check_top_p(value)
-        self._top_p = float(value)
+    def __setattr__(self, name: str, value) -> None:
+        """temperature and top_p are checked whenever set (eval_sop's sampled plays set them per call)."""
+        if name in ("temperature", "top_p"):
+            (check_temperature if name == "temperature" else check_top_p)(value)
+            value = float(value)
+        super().__setattr__(name, value)
 
     # --- the call
 
     @torch.no_grad()
     def generate(self, prompts, n: int | Sequence[int] = 1, greedy: bool = False,
-                 generator: torch.Generator | None = None,
                  seeds: list[int] | None = None) -> list[list[SampleOutput]]:
-        """Sample n continuations of every prompt (n an int, or one count per prompt: prompts that want
-        different numbers of samples share one call, one prefill and one decode loop). Returns
-        outs[i][j] for prompt i, sample j. A prompt is any object or dict with input_ids (T,) LongTensor
-        (images already expanded to <|vision_start|><|image_pad|>*k<|vision_end|>), pixel_values (P, 1176)
-        or None and image_grid_thw (I, 3) or None; a plain 1-D id tensor/list is a text prompt.
-        seeds: optional, one int per prompt. Sample j of prompt i then draws its uniforms from its own
-        generator seeded with (seeds[i], j): its draws do not depend on which other prompts share the
-        batch or which rank runs it (its tokens may still, design note 6).
-        Raises ValueError: no prompts, a count < 1 or counts that are not one per prompt; len(seeds) !=
-        len(prompts); an empty prompt; a video prompt; image placeholder runs, image_grid_thw rows and
-        pixel_values rows that disagree; lean=True on a model LeanStep does not compute."""
+        """n samples of every prompt (n an int or one count per prompt) -> outs[i][j], prompt i, sample j.
+        A prompt: an object with input_ids (T,) long (image runs expanded), pixel_values (P, 1176)
+        and image_grid_thw (I, 3) or None; or 1-D ids (text). seeds: one int per prompt; sample j of
+        prompt i then draws from a generator seeded with (seeds[i], j), whatever shares the batch.
+        Raises ValueError: no prompts, bad counts or seeds, an empty or video prompt, image runs /
+        grid rows / pixel rows that disagree, lean=True on a model LeanStep does not compute."""
         ns = [n] * len(prompts) if isinstance(n, int) else [int(k) for k in n]
         if not prompts or len(ns) != len(prompts) or min(ns) < 1:
             raise ValueError(f"need at least one prompt and a sample count >= 1 for each, got {len(prompts)} "
@@ -187,13 +151,13 @@ class Sampler:
         self.stats = dict(prefill_tokens=0, prefill_tokens_real=0, images_encoded=0, decode_tokens=0)
         t0 = time.perf_counter()
         with self._lent():
-            lean = None
-            if self.lean:           # extras/lean_step.py; None: a model it does not compute exactly
+            lean = None             # extras/lean_step.py: lean None is on for a CPU model
+            if self.lean or self.lean is None and self.device.type == "cpu":
                 from extras.lean_step import lean_step
-                lean = lean_step(self.model, required=self.lean_arg is True)
+                lean = lean_step(self.model, required=self.lean is True)   # None: a model it cannot run
             dec, logits = self._prefill([self._prepare(p) for p in prompts], ns, lean)
             t1 = time.perf_counter()
-            ids, logps, reasons = self._decode(dec, logits, ns, greedy, generator or self.generator, seeds)
+            ids, logps, reasons = self._decode(dec, logits, ns, greedy, self.generator, seeds)
         if dec.stats.get("graph_error"):
             self.decode = "static"            # the capture failed once: do not retry it every call
         self.stats.update(time_prefill=t1 - t0, time_decode=time.perf_counter() - t1, decode=self.decode,
@@ -205,9 +169,8 @@ class Sampler:
 
     @contextmanager
     def _lent(self):
-        """The model for one call: in eval mode, and under sdpa if it runs another attention (the 4-D
-        masks need it; flash-attention computes the same function); its mode and attention restored
-        after, and the rope deltas of this batch cleared (nobody may reuse them)."""
+        """The model for one call in eval mode under sdpa (the 4-D masks need it); its mode and attention
+        restored after, and this batch's rope deltas cleared."""
         model, was_training = self.model, self.model.training
         attn = model.config.get_text_config()._attn_implementation
         model.eval()
@@ -225,13 +188,12 @@ class Sampler:
     # --- prompts and the prefill
 
     def _prepare(self, p) -> _Prompt:
-        """Validate one prompt (Prompt-like object, dict, or 1-D ids) and compute its positions."""
+        """Validate one prompt (a chat.Prompt-like object, or 1-D ids) and compute its positions."""
         if isinstance(p, (torch.Tensor, list, tuple)):
-            ids, pv, thw = torch.as_tensor(p), None, None
+            ids, pv, thw = p, None, None
         else:
-            get = p.get if isinstance(p, Mapping) else lambda k: getattr(p, k, None)
-            ids, pv, thw = torch.as_tensor(get("input_ids")), get("pixel_values"), get("image_grid_thw")
-        ids = ids.reshape(-1).long().cpu()
+            ids, pv, thw = (getattr(p, k, None) for k in ("input_ids", "pixel_values", "image_grid_thw"))
+        ids = torch.as_tensor(ids).reshape(-1).long().cpu()
         T = ids.numel()
         if T == 0:
             raise ValueError("empty prompt")
@@ -261,8 +223,7 @@ class Sampler:
         return _Prompt(ids.tolist(), pos, int(pos.max()) + 1, images)
 
     def _prefill(self, prompts: list[_Prompt], ns: list[int], lean):
-        """Prefill the prompts (ns[i] samples of prompt i), then start the decode state of the call.
-        -> (decode state: keep, step, stats as RowDecode's; logits (R, V) of each sample row's first token)."""
+        """Prefill (ns[i] samples of prompt i) -> (the call's decode state, first-token logits (R, V))."""
         if self.share_prefix:         # extras/shared_prefix.py: identical prompts, shared prefixes once
             from extras.shared_prefix import prefill_shared
             cache, valid, first, row_prompt, prompts = prefill_shared(self._extend, prompts, ns)
@@ -282,32 +243,28 @@ class Sampler:
         return RowDecode(self._forward, *state, self.rope_index is not None), logits
 
     def _extend(self, cache, valid, segs: list[tuple[_Prompt, int, int]]):
-        """One prefill forward: row r appends tokens [s, e) of its prompt, left-padded.
-        Returns (logits (R, V), valid (R, K))."""
+        """One prefill forward, row r appending tokens [s, e) of its prompt -> (logits (R, V), valid (R, K))."""
         R, S = len(segs), max(e - s for _, s, e in segs)
         ids = torch.full((R, S), self.pad_id, dtype=torch.long)
         seg_valid = torch.zeros(R, S, dtype=torch.bool)
         pos = torch.zeros((3, R, S) if self.rope_index is not None else (R, S), dtype=torch.long)
-        pvs, thws = [], []
+        images = []                               # (pixels, grid) in row order: the model scatters them so
         for r, (p, s, e) in enumerate(segs):
             ids[r, S - (e - s):] = torch.tensor(p.ids[s:e])
             seg_valid[r, S - (e - s):] = True
             pos[..., r, S - (e - s):] = p.pos[..., s:e]
-            for a, b, img, thw in p.images:       # images in row order: the model scatters them so
-                if s <= a and b <= e:
-                    pvs.append(img)
-                    thws.append(thw)
+            images += [(img, thw) for a, b, img, thw in p.images if s <= a and b <= e]
         self.stats["prefill_tokens"] += R * S
         self.stats["prefill_tokens_real"] += int(seg_valid.sum())
-        self.stats["images_encoded"] += len(pvs)
+        self.stats["images_encoded"] += len(images)
         seg_valid = seg_valid.to(self.device)
         valid = seg_valid if valid is None else torch.cat([valid, seg_valid], dim=1)   # (R, K)
-        vision = (torch.cat(pvs), torch.stack(thws)) if pvs else (None, None)
+        pvs, thws = zip(*images) if images else (None, None)
+        vision = (torch.cat(pvs), torch.stack(thws)) if images else (None, None)
         return self._forward(cache, ids, pos, cache_attention_mask(valid, S), *vision), valid
 
     def _forward(self, cache, ids, pos, mask, pixel_values=None, image_grid_thw=None):
-        """One model call appending ids (R, S) at positions pos ((3, R, S) or (R, S)) to the cache rows,
-        attention mask (R, 1, S, K) bool (sdpa); returns the next-token logits (R, V)."""
+        """ids (R, S) at pos ((3, R, S) or (R, S)), mask (R, 1, S, K) bool -> next-token logits (R, V)."""
         kw = {} if pixel_values is None else dict(pixel_values=pixel_values.to(self.device),
                                                   image_grid_thw=image_grid_thw.to(self.device))
         out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=pos.to(self.device),
@@ -317,8 +274,7 @@ class Sampler:
     # --- the decode loop and the draw
 
     def _decode(self, dec, logits: torch.Tensor, ns: list[int], greedy: bool, gen, seeds):
-        """Draw a token for every live row, drop the rows that drew a stop id, step the rest; logits (R, V)
-        of the first token. -> per row (prompt i, sample j, in order): ids, logprobs (floats), finish reason."""
+        """Draw, drop the rows that drew a stop id, step the rest -> per row: ids, logprobs, finish reason."""
         R, stop, owner = len(logits), set(self.stop_token_ids), [(i, j) for i, k in enumerate(ns) for j in range(k)]
         out_ids, out_lp, reason, active = [[] for _ in range(R)], [[] for _ in range(R)], ["length"] * R, list(range(R))
         row_gens = None if seeds is None else \
@@ -348,14 +304,10 @@ class Sampler:
 
     def _draw(self, logits: torch.Tensor, greedy: bool, gen, u: torch.Tensor | None,
               where: Callable[[int], str] = lambda i: f"row {i}"):
-        """One token per row from logits (R, V) (ours: edited in place) and its log-probability under
-        the policy the trainer scores, log_softmax(logits / T) over the whole vocabulary (engine design
-        note 4). The draw is from the allowed set only (`allowed_weights`: banned ids removed and the
-        top-p nucleus kept BEFORE anything is normalised, so a banned id far ahead cannot underflow the
-        allowed ones to 0); the score is x[tok] - logsumexp(x) over the whole vocabulary, taken from
-        the same pass (the allowed mass and the banned logits), finite for every allowed id.
-        -> (tok (R,) long, lp (R,) fp32). Raises LogitsError (where(i) naming row i) before any id is
-        drawn, greedy or sampled, for a NaN or +inf logit or a row without a finite allowed one."""
+        """logits (R, V) (edited in place) -> (tok (R,) long from the allowed set, `allowed_weights`;
+        lp (R,) fp32 = x[tok] - logsumexp(x) over the whole vocabulary, design note 4, from the same
+        pass). Raises LogitsError (where(i) names row i) before any draw, as allowed_weights."""
+
         x = logits.float()
         if self.temperature != 1.0:
             x = x.div_(self.temperature)                                       # (R, V) x = z / T
@@ -392,19 +344,12 @@ class LogitsError(ValueError):
 
 def allowed_weights(x: torch.Tensor, banned_ids: torch.Tensor | None, top_p: float,
                     where: Callable[[int], str] = lambda i: f"row {i}") -> tuple[torch.Tensor, torch.Tensor]:
-    """The allowed set of a draw, formed before anything is normalised; the one place every path of
-    the draw (Sampler._draw greedy / top-p / inverse CDF, process_logits, sample_from_logits) forms it.
-
-    x: (B, V) fp32 logits already divided by the temperature, EDITED IN PLACE: banned ids -> -inf.
-    Returns (w, m): w (B, V) fp32 = exp(x - m) on the allowed ids and 0 elsewhere, m (B, 1) the
-    largest allowed logit, so the most likely allowed id has weight exactly 1 and no allowed id
-    underflows because a banned one leads (a softmax taken first would put every allowed id at 0
-    when a banned id leads by ~100 nats). top_p < 1 then keeps the nucleus of the allowed
-    distribution: the smallest set of most likely ids whose mass reaches top_p (Holtzman et al.
-    2020; the most likely id always kept); the ids it drops get weight 0 (x is left as is there).
-    Raises LogitsError naming where(i) of the first bad row i: a NaN or +inf anywhere in it, banned ids
-    included (they enter the log-probs' normaliser), or no finite allowed logit (-inf but for a few allowed
-    ids is masking, not an error); one more (B, V) max and one host sync per call, before any id is drawn."""
+    """The allowed set of every draw, formed before anything is normalised (so a banned id far ahead
+    cannot underflow the allowed ones to 0). x: (B, V) fp32 logits / T, EDITED IN PLACE (banned ids
+    -> -inf). -> (w (B, V) fp32 = exp(x - m) on the allowed ids, 0 elsewhere; m (B, 1) the largest
+    allowed logit). top_p < 1 keeps the nucleus: the fewest most likely ids whose mass reaches top_p
+    (Holtzman et al. 2020). Raises LogitsError naming where(i) of the first bad row i: a NaN or +inf
+    logit (banned ids included: they enter the normaliser) or no finite allowed logit."""
     hi = x.amax(dim=-1)                                # (B,) NaN / +inf when the row holds one (amax keeps NaN)
     if banned_ids is not None and banned_ids.numel():
         x.index_fill_(-1, banned_ids.to(x.device), float("-inf"))
@@ -448,15 +393,11 @@ _CDF_BLOCK = 1024  # vocab entries per block of the two-level inverse CDF
 
 
 def _inverse_cdf(w: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w (B, V) fp32 >= 0 with a positive sum per row, u (B, 1) in [0, 1) -> (tokens (B,) long,
-    total (B,) fp64 = sum of w). Token = the first v with w_0 + ... + w_v > u * total: the
-    inverse-CDF draw from p = w / total, in two levels so that no (B, V) cumulative sum is built
-    (a flat cumsum cost as much as the softmax): block sums (one read of w) and their cumsum pick
-    the block, a cumsum over that block's _CDF_BLOCK entries picks the token. Block sums are fp32
-    (an fp64 reduction is ~10x slower on CPU), both cumsums fp64, so the token is that of a flat
-    cumsum except where u * total falls within fp32 rounding of a CDF boundary. A token of weight 0
-    is never returned: the target is clipped below each level's own total, and the first entry
-    whose cumulative sum exceeds it has positive weight."""
+    """w (B, V) fp32 >= 0 (positive row sums), u (B, 1) in [0, 1) -> (tokens (B,) long, total (B,)
+    fp64 = sum of w): the first v with w_0 + ... + w_v > u * total. Two levels, no (B, V) cumsum (as
+    costly as the softmax): fp32 block sums pick the block, an fp64 cumsum of it the token (a flat
+    cumsum's token but within fp32 rounding of a boundary). A weight-0 token is never returned."""
+
     B, V = w.shape
     K = _CDF_BLOCK
     full = V // K * K

@@ -212,7 +212,8 @@ def build_model(run) -> None:
     if cfg.resume:
         ckpt = utils.latest_checkpoint(out / "ckpt")
         if ckpt is not None:
-            state = vlm.load_checkpoint_state(ckpt, run.policy, run.optimizer)
+            from extras.resume import load_checkpoint_state
+            state = load_checkpoint_state(ckpt, run.policy, run.optimizer)
             run.start_step = int(state.get("step", 0))
             utils.print0(f"resumed from {ckpt} at step {run.start_step}")
     # the first write to --out: the flags, the data and a resume's checkpoint are checked by now

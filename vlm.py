@@ -1,20 +1,12 @@
 """The policy model: everything that knows it is Qwen2.5-VL (swap the model here).
 
-1. loading: `load_model` (the tiny presets built from a config, or any local Hugging Face folder),
-   `load_processor` (the model's own tokenizer, transformers' PIL image processor), `tiny_config`
-   and the small tokenizer of the tiny presets (assets/tiny_tokenizer); `model_path`, the --model
-   flag's type; checkpoints: `save_checkpoint` / `load_checkpoint_state` (Hugging Face layout, or a
-   LoRA run's adapters, atomically; utils.latest_checkpoint finds the newest);
-2. the model's tokens: the vision tokens the sampler must never emit and the stop tokens;
-3. the policy as training runs it, the thin module beside the fused kernel (kernels/logprob.py):
-   `PolicyLogProb`, the decoder then kernels.fused_logprob on the response positions only, on
-   the batch `collate_sequences` builds (--share-prompts: extras/shared_prompt.py);
-4. FSDP2: `apply_fsdp` shards it (per decoder layer and vision block, then the root),
-   `checkpoint_activations` recomputes activations in the backward, `sampling_mode` lends the
-   policy, unsharded, to the sampler and gives it back.
-The sampler reads the model through the transformers interface plus `get_rope_index` (Qwen2.5-VL's
-3-D positions); nothing else in the project imports transformers' model classes.
-"""
+1. loading: `load_model`, `load_processor`, `tiny_config` (the CPU presets, on assets/tiny_tokenizer),
+   `model_path` (--model's type); checkpoints: `save_checkpoint` (extras/resume.py reads them back);
+2. the model's tokens: the vision tokens the sampler must never emit, and the stop tokens;
+3. the policy as training runs it: `PolicyLogProb` (the decoder, then kernels.fused_logprob on the
+   response positions only) on the batch `collate_sequences` builds;
+4. FSDP2: `apply_fsdp` shards it, `checkpoint_activations`, `sampling_mode` lends it to the sampler.
+The sampler reads the model through the transformers interface plus `get_rope_index`."""
 from __future__ import annotations
 
 import contextlib
@@ -42,11 +34,8 @@ STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")  # the end of an assistant turn; t
 # loading: the tiny presets and Hugging Face folders
 
 def tokenizer_dir(model: str | os.PathLike | None = "tiny") -> Path:
-    """Where the tokenizer of `model` lives: 'tiny' / 'tiny:HxL' -> assets/tiny_tokenizer (the
-    small vocabulary the tiny preset is built on, tools/build_tiny_tokenizer.py); a folder with
-    tokenizer files (a Hugging Face model, any checkpoint this project wrote) -> that folder, so a
-    model always meets its own vocabulary; None or a weights-only folder -> the Qwen2.5-VL-7B
-    tokenizer in assets/qwen2_5_vl_tokenizer."""
+    """Where `model`'s tokenizer lives: 'tiny' / 'tiny:HxL' -> assets/tiny_tokenizer; a folder with
+    tokenizer files -> that folder (a model meets its own vocabulary); else the Qwen2.5-VL tokenizer."""
     if model is not None and parse_tiny(str(model)) is not None:
         return TINY_TOKENIZER_DIR
     if model is not None and (Path(model) / "tokenizer_config.json").exists():
@@ -56,10 +45,9 @@ def tokenizer_dir(model: str | os.PathLike | None = "tiny") -> Path:
 
 def load_processor(model: str | os.PathLike | None = "tiny", min_pixels: int = MIN_PIXELS,
                    max_pixels: int = MAX_PIXELS):
-    """(tokenizer, image_processor) for a Qwen2.5-VL policy `model` (see tokenizer_dir for which
-    tokenizer). The image processor is transformers' PIL one (patch 14, merge 2, smart_resize
-    between min_pixels and max_pixels, pixels of the original screenshot), built directly: the
-    processor class wants a video processor, which needs torchvision."""
+    """(tokenizer, image_processor) of `model` (tokenizer_dir). The image processor is transformers'
+    PIL one (patch 14, merge 2, smart_resize within [min_pixels, max_pixels]), built directly: the
+    processor class would want a video processor, which needs torchvision."""
     from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
     tokenizer = _tokenizer(str(tokenizer_dir(model)))
@@ -92,11 +80,9 @@ def parse_tiny(name: str) -> tuple[int, int] | None:
 
 def tiny_config(hidden_size: int = 64, num_layers: int = 2, tokenizer=None, vocab_size: int | None = None):
     """A Qwen2.5-VL config for CPU training: the 7B's architecture (mrope sections summing to
-    head_dim / 2, windowed vision tower, tied embedding) at hidden_size x num_layers. Heads
-    max(4, hidden / 32), MLP width 2 x hidden. The vocabulary and the special-token ids (image,
-    video, vision start/end, bos, eos, pad) come from `tokenizer` (default: the small tokenizer of
-    assets/tiny_tokenizer: 8,192 tokens, so ~1 M of the 1.9 M text parameters at 128 x 4 instead of
-    19 M with Qwen's 151,936); vocab_size defaults to len(tokenizer) and must not be smaller."""
+    head_dim / 2, windowed vision tower, tied embedding) at hidden_size x num_layers, max(4, hidden / 32)
+    heads. Vocabulary and special-token ids from `tokenizer` (default: assets/tiny_tokenizer, 8,192
+    tokens); vocab_size defaults to its length. Raises ValueError if smaller or a special token is missing."""
     from transformers import Qwen2_5_VLConfig
 
     tok = tokenizer if tokenizer is not None else load_processor("tiny")[0]
@@ -137,11 +123,9 @@ def attn_implementation(device: torch.device | str) -> str:
 
 def load_model(name: str | os.PathLike = "tiny", *, dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu", seed: int = 0):
-    """Build or load a Qwen2_5_VLForConditionalGeneration (swap the policy model here). name:
-    "tiny" / "tiny:HxL" (tiny_config on the small tokenizer of assets/tiny_tokenizer, random weights
-    seeded by `seed`: the same on every rank and run) or a local Hugging Face folder (Qwen2.5-VL-7B-Instruct, a save_checkpoint folder;
-    a LoRA checkpoint folder gives its base with the adapters merged: lora.merge_adapter).
-    Raises FileNotFoundError when the folder has no config.json: nothing is downloaded."""
+    """A Qwen2_5_VLForConditionalGeneration. name: 'tiny' / 'tiny:HxL' (tiny_config, random weights
+    seeded by `seed`, the same on every rank), a Hugging Face folder, or a LoRA checkpoint folder (its
+    base with the adapters merged). Raises FileNotFoundError without config.json (nothing is downloaded)."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     attn = attn_implementation(device)
@@ -163,9 +147,8 @@ def load_model(name: str | os.PathLike = "tiny", *, dtype: torch.dtype = torch.f
 
 
 def merge_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Write the adapted model of LoRA checkpoint `ckpt` (lora.py) to `out` as a plain Hugging Face
-    folder: config.json, model.safetensors, the tokenizer, args.json when the checkpoint has one;
-    eval_sop.py, --model and --ref-model take it like any other. Returns `out`."""
+    """Write LoRA checkpoint `ckpt`'s adapted model to `out` as a plain Hugging Face folder (weights,
+    tokenizer, args.json if any), which --model takes like any other. Returns `out`."""
     ckpt, out = Path(ckpt), Path(out)
     out.mkdir(parents=True, exist_ok=True)
     load_model(ckpt).save_pretrained(str(out), safe_serialization=True)
@@ -176,16 +159,11 @@ def merge_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike) -> Path:
 
 
 def model_path(name: str) -> str:
-    """argparse type for --model: 'tiny', 'tiny:HxL' and 'auto' pass through; a Hugging Face folder
-    (config.json) as is; a run folder with a `latest` pointer (e.g. out/sft/ckpt) -> the checkpoint
-    it names. Raises UsageError for anything else, before a model is loaded."""
-    if name.startswith("tiny:"):
-        try:
-            parse_tiny(name)
-        except ValueError as e:
-            raise utils.UsageError(str(e)) from None
-        return name
-    if name in ("tiny", "auto") or (Path(name) / "config.json").is_file() or utils.is_adapter_dir(name):
+    """argparse type of --model: 'tiny', 'tiny:HxL', 'auto' and model folders as is; a run folder's
+    `latest` pointer -> the checkpoint it names. Raises ValueError (a malformed 'tiny:...', parse_tiny)
+    or UsageError (anything else unknown), which cli.arg_type reports before a model is loaded."""
+    if (name == "auto" or parse_tiny(name) is not None or (Path(name) / "config.json").is_file()
+            or utils.is_adapter_dir(name)):
         return name
     if not Path(name).exists():
         raise utils.UsageError(f"{name!r}: no such folder (expected 'tiny', a Hugging Face model folder or a checkpoint folder)")
@@ -201,25 +179,19 @@ def model_path(name: str) -> str:
 
 def save_checkpoint(out_dir: str | os.PathLike, model, tokenizer, args: dict, *, optimizer=None,
                     extra: dict | None = None, keep: int = 2, adapter=None) -> Path | None:
-    """Write out_dir/step_XXXXXX/ (Hugging Face layout, args.json, trainer_state.json = extra with
-    "step"; with an optimizer also optimizer.pt and every rank's RNG state), atomically (a finished
-    temporary folder renamed into place, then os.replace of out_dir/latest); keep the newest `keep` (0: every one).
-    adapter: the PeftModel of a LoRA run (lora.apply_lora): the folder then holds the adapter
-    in PEFT's layout (lora.save_adapter) instead of the model's weights.
+    """Write out_dir/step_XXXXXX/ (Hugging Face layout, or a LoRA run's `adapter` in PEFT's; args.json;
+    trainer_state.json = extra; with an optimizer, optimizer.pt and every rank's RNG state) atomically
+    (a temporary folder renamed, then out_dir/latest replaced); keep the newest `keep` (0: all).
     Collective (plain or FSDP2 model; rank 0 writes). Returns the folder on rank 0, else None."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
+    from torch.distributed.checkpoint import state_dict as dcp  # (a second to import: only here)
 
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)  # unsharded, on CPU
+    opts = dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)  # unsharded, on CPU
     if adapter is not None:
         import lora
         msd = lora.adapter_state_dict(model)  # the adapters alone (gathered: collective)
     else:
-        msd = get_model_state_dict(model, options=opts)
-    osd = get_optimizer_state_dict(model, optimizer, options=opts) if optimizer is not None else None
+        msd = dcp.get_model_state_dict(model, options=opts)
+    osd = dcp.get_optimizer_state_dict(model, optimizer, options=opts) if optimizer is not None else None
     rngs = [utils.rng_state()]  # every rank's generators: ranks draw different numbers
     if dist.is_initialized():
         rngs = [None] * dist.get_world_size()
@@ -256,42 +228,10 @@ def save_checkpoint(out_dir: str | os.PathLike, model, tokenizer, args: dict, *,
     return final
 
 
-def load_checkpoint_state(ckpt: str | os.PathLike, model, optimizer=None) -> dict:
-    """Load a save_checkpoint folder into a (possibly FSDP2) model, optimizer and every RNG;
-    returns trainer_state.json. Collective. optimizer.pt is read weights_only (nothing unpickled).
-    A LoRA checkpoint (utils.is_adapter_dir) loads its adapters into the adapted `model`.
-    Raises FileNotFoundError (no config.json), ValueError (saved for another number of ranks)."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-    ckpt = Path(ckpt)
-    opts = StateDictOptions(full_state_dict=True, strict=False)
-    if utils.is_adapter_dir(ckpt):  # a LoRA run's: the adapters into the (already adapted) model
-        import lora
-        lora.load_adapter_state(ckpt, model)
-    elif not (ckpt / "config.json").exists():
-        raise FileNotFoundError(f"{ckpt}: no config.json (not a checkpoint folder)")
-    else:
-        # read through the model class's own from_pretrained (on CPU): it maps the Hub's key names back
-        inner = model if hasattr(model, "save_pretrained") else model.model
-        msd = type(inner).from_pretrained(str(ckpt), dtype=torch.float32).state_dict()
-        msd = msd if inner is model else {"model." + k: v for k, v in msd.items()}
-        if getattr(inner.config, "tie_word_embeddings", False):
-            msd = {k: v for k, v in msd.items() if k not in ("lm_head.weight", "model.lm_head.weight")}
-        set_model_state_dict(model, msd, options=opts)
-    state = json.loads((ckpt / "trainer_state.json").read_text()) if (ckpt / "trainer_state.json").exists() else {}
-    if optimizer is not None and (ckpt / "optimizer.pt").exists():
-        osd = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)
-        set_optimizer_state_dict(model, optimizer, osd, options=opts)
-    if isinstance(state.get("rng"), list):  # (older checkpoints kept rank 0's only, in another layout)
-        rank, n = utils.get_rank(), len(state["rng"])
-        if n != (dist.get_world_size() if dist.is_initialized() else 1):
-            raise ValueError(f"{ckpt / 'trainer_state.json'}: field 'rng' holds {n} ranks' generators; "
-                             f"resume with that many processes")
-        utils.set_rng_state(state["rng"][rank])
-    return state
+def load_checkpoint_state(ckpt, model, optimizer=None) -> dict:
+    """--resume's reader, extras/resume.py (imported only when a run resumes)."""
+    from extras.resume import load_checkpoint_state as load
+    return load(ckpt, model, optimizer)
 
 
 
@@ -301,26 +241,18 @@ def load_checkpoint_state(ckpt: str | os.PathLike, model, optimizer=None) -> dic
 
 
 def image_runs(is_img: torch.Tensor) -> list[tuple[int, int]]:
-    """is_img (T,) bool: which tokens are image placeholders -> the runs [a, b) they form, in order
-    (one per image: each image's <|image_pad|> tokens are contiguous)."""
+    """is_img (T,) bool -> the runs [a, b) of image placeholders, one per image, in order."""
     zero = torch.zeros(1, dtype=torch.int, device=is_img.device)
     edges = torch.diff(is_img.int(), prepend=zero, append=zero)
     return list(zip((edges == 1).nonzero().flatten().tolist(), (edges == -1).nonzero().flatten().tolist()))
 
 
 def collate_sequences(prompts: list, responses: list[list[int]], pad_id: int) -> dict:
-    """Right-pad prompt+response sequences into one batch.
-
-    prompts: objects with input_ids (T_i,) int64, pixel_values (P_i, 1176) or None and
-    image_grid_thw (I_i, 3) or None (chat.Prompt). responses: the sampled token ids,
-    exactly as the sampler produced them (never re-tokenised text). Returns input_ids and
-    targets (B, T) int64 (targets = input_ids on response tokens, -100 elsewhere: padding
-    is masked by position, never by comparing with pad_id, which may equal EOS),
-    attention_mask (B, T) int64, the images concatenated in row order (pixel_values,
-    image_grid_thw) and image_index (I,) int64: the first image with the same pixels and grid
-    (PolicyLogProb encodes each distinct image once). With --share-prompts the trainer collates with
-    extras/shared_prompt.py's collate_shared instead, this batch plus the prompt heads its rows share.
-    """
+    """Right-pad prompt + response sequences into one batch. prompts: chat.Prompt-like (input_ids
+    (T_i,) int64, pixel_values (P_i, 1176) and image_grid_thw (I_i, 3) or None); responses: the sampled
+    ids as sampled (never re-tokenised). -> input_ids, targets (-100 off the responses: padding is masked
+    by position, never by pad_id, which may be EOS), attention_mask, all (B, T) int64; the images in row
+    order and image_index (I,) int64, each image's first identical one (encoded once)."""
     seqs = [torch.cat([p.input_ids.long(), torch.tensor(r, dtype=torch.long)]) for p, r in zip(prompts, responses)]
     T = max(len(s) for s in seqs)
     B = len(seqs)
@@ -343,8 +275,7 @@ def collate_sequences(prompts: list, responses: list[list[int]], pad_id: int) ->
 
 
 def image_digests(batch: dict) -> list[tuple]:
-    """(grid (t, h, w), 16-byte pixel digest) of each image of a collated batch, in row order: equal
-    exactly for the same pixels at the same grid (same-size screenshots differ)."""
+    """(grid, 16-byte pixel digest) of each image of a collated batch, in row order."""
     offs = [0] + batch["image_grid_thw"].prod(-1).cumsum(0).tolist()
     return [(tuple(g), hashlib.blake2b(batch["pixel_values"][offs[i]:offs[i + 1]].detach().cpu().numpy().tobytes(),
                                        digest_size=16).digest())
@@ -360,11 +291,9 @@ def to_device(batch: dict, device) -> dict:
 
 
 def apply_fsdp(model, root: torch.nn.Module, dist_info, mixed_precision: bool):
-    """Shard with FSDP2: `fully_shard` each decoder layer and vision block, then `root`
-    (which owns the embeddings, lm_head and the rest); dist_info: utils.Dist. bf16 params with fp32 gradient
-    reduction when `mixed_precision` (GPU); fp32 otherwise (CPU, gloo). Without a process
-    group (a plain `python script.py`) returns `root` unchanged; under torchrun it shards even
-    at world size 1, so a single GPU trains with the same FSDP2 and bf16 path as many."""
+    """FSDP2: `fully_shard` each decoder layer and vision block, then `root`; dist_info: utils.Dist.
+    mixed_precision: bf16 params, fp32 gradient reduction (GPU); else fp32. Without a process group
+    returns `root` unchanged; under torchrun it shards even at world size 1."""
     if not torch.distributed.is_initialized():
         return root
     from torch.distributed.device_mesh import init_device_mesh
@@ -373,40 +302,25 @@ def apply_fsdp(model, root: torch.nn.Module, dist_info, mixed_precision: bool):
     mesh = init_device_mesh(dist_info.device.type, (dist_info.world_size,))
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
           if mixed_precision else MixedPrecisionPolicy())
-    for layer in model.model.language_model.layers:
+    for layer in [*model.model.language_model.layers, *model.model.visual.blocks]:
         fully_shard(layer, mesh=mesh, mp_policy=mp)
-    for block in model.model.visual.blocks:
-        fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(root, mesh=mesh, mp_policy=mp)
     return root
 
 
 def checkpoint_activations(model) -> None:
-    """Activation (gradient) checkpointing per decoder layer and vision block (--gradient-checkpointing):
-    each keeps only its inputs in the forward and recomputes its activations in the backward, one
-    more forward of the layers (~1/3 more update FLOPs) for activation memory of one layer instead
-    of all. transformers' GradientCheckpointingLayer with non-reentrant torch.utils.checkpoint (the
-    form that composes with FSDP2 and keyword arguments); it wraps the layer's `forward`, so FSDP2's
-    hooks on `__call__` stay outside and the recompute runs on the parameters FSDP2's pre-backward
-    hook has gathered. Only in train mode with grad enabled: the sampler and the no-grad log-probs
-    run as before. Call before apply_fsdp (either order works; this one reads top-down)."""
+    """Activation checkpointing per decoder layer and vision block (--gradient-checkpointing),
+    non-reentrant (composes with FSDP2): activations recomputed in the backward; train mode with grad only."""
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
 
 @contextlib.contextmanager
 def sampling_mode(model: torch.nn.Module):
-    """Lend the policy to the sampler for a rollout phase, then give it back to training.
-    `model` is the module training calls (the FSDP root); the Sampler may hold a module inside it.
-
-    Inside: eval mode and torch.no_grad. Under FSDP2 (`fully_shard`), every FSDP module is
-    unsharded once on entry (one all-gather each: a collective, all ranks enter together) and kept
-    unsharded, so decoding issues no collectives and ranks may run different numbers of steps. On
-    exit the full weights are freed, and train/eval mode and FSDP2's default reshard-after-forward
-    settings (True, False for the root: those `apply_fsdp` leaves) are restored. Nothing is copied to
-    disk or into a second model. An FSDP root must accept `model(None)` as a no-op forward
-    (PolicyLogProb does): FSDP2 makes the first module to run forward its root, and the sampler
-    calls the HF model inside. The root also keeps FSDP2's forward-root role while lent (the one
-    private attribute used, below). Without FSDP only eval + no_grad remain."""
+    """Lend the policy (the module training calls, e.g. the FSDP root) to the sampler: eval mode and
+    no_grad inside. Under FSDP2 every FSDP module is unsharded once on entry (a collective: all ranks
+    enter together) and kept so, so decoding issues no collectives; on exit the weights are resharded
+    and the mode and reshard settings `apply_fsdp` left are restored. An FSDP root must accept
+    `model(None)` as a no-op forward (PolicyLogProb does)."""
     from torch.distributed.fsdp import FSDPModule
 
     fsdp = [m for m in model.modules() if isinstance(m, FSDPModule)]
@@ -416,10 +330,8 @@ def sampling_mode(model: torch.nn.Module):
         with torch.no_grad():
             if isinstance(model, FSDPModule):
                 model(None)      # settles the root (and its hooks) before the inner model runs
-                # Without a forward in progress at the root, every FSDP module the sampler calls takes
-                # the root role on entry and makes FSDP's all-gather streams wait on the current
-                # stream: a fork that a CUDA graph capture cannot hold (sampler.Sampler's graph
-                # decode). Nothing is all-gathered while lent, so the root keeps the role.
+                # the root keeps FSDP's root role while lent (nothing is gathered): an inner module taking
+                # it would fork the streams, which a CUDA graph capture cannot hold (the graph decode)
                 state = model._get_fsdp_state()
                 state._state_ctx.iter_forward_root = state
             for m in fsdp:
@@ -436,16 +348,10 @@ def sampling_mode(model: torch.nn.Module):
 
 
 class PolicyLogProb(torch.nn.Module):
-    """The Hugging Face model plus the fused lm_head log-prob, as one root module for FSDP.
-
-    forward(batch) -> (logp (N,) fp32, entropy (N,) fp32 or None) over the N target
-    positions of the batch (targets != -100), in row-major order. Logits are never
-    materialised: the decoder's last hidden states at those positions (hidden_at_targets) go through
-    kernels.fused_logprob with the (possibly tied) lm_head weight. Calling this module
-    (not model.model directly) lets FSDP2's root hooks gather embed/lm_head. A --share-prompts batch
-    (extras/shared_prompt.py) runs each shared prompt head once.
-    forward(None) returns None (sampling_mode's FSDP2 root settling call).
-    """
+    """The Hugging Face model plus the fused lm_head log-prob, one root module for FSDP2 (whose root
+    hooks gather embed / lm_head). forward(batch) -> (logp (N,) fp32, entropy (N,) fp32 or None) over
+    the N target positions (targets != -100), row-major; logits are never materialised.
+    forward(None) returns None (sampling_mode's root settling call)."""
 
     def __init__(self, model):
         super().__init__()
@@ -460,15 +366,13 @@ class PolicyLogProb(torch.nn.Module):
         return res if return_entropy else (res, None)
 
     def hidden_at_targets(self, batch: dict):
-        """-> (the decoder's last hidden state before each target (N, H), the targets (N,) int64), in
-        row-major order: position p predicts token p + 1. A batch that names its own reader (field
-        hidden_at_targets: --share-prompts' batches, extras/shared_prompt.py) is read by it."""
+        """-> (the last hidden state before each target (N, H), targets (N,) int64), row-major. A batch
+        that names its own reader (--share-prompts, extras/shared_prompt.py) is read by it."""
         if "hidden_at_targets" in batch:
             return batch["hidden_at_targets"](self, batch)
         ids = batch["input_ids"]
-        # transformers builds Qwen2.5-VL's 3-D mrope positions only when told which tokens are
-        # image tokens; without mm_token_type_ids it silently falls back to 1-D positions, and the
-        # trainer would score other positions than the sampler (and generate) used (docs/method.md §11).
+        # without mm_token_type_ids transformers silently uses 1-D positions, not the sampler's
+        # 3-D mrope ones (docs/method.md §11)
         mm_types = (ids == self.model.config.image_token_id).int()  # (B, T): 1 = image token
         kw = dict(pixel_values=batch.get("pixel_values"))
         if "image_index" in batch:  # each distinct screenshot through the vision tower once
@@ -482,9 +386,8 @@ class PolicyLogProb(torch.nn.Module):
         return hidden[sel], targets[sel]
 
     def _image_features(self, batch: dict):
-        """Vision features of the batch's images in row order, each distinct image encoded once
-        (the rollouts of a task share screenshots). Exact: the tower encodes every image on its
-        own (attention within the image), and a shared image's gradient is the sum of its uses."""
+        """Vision features of the batch's images in row order, each distinct image encoded once (exact:
+        the tower attends within an image; a shared image's gradient is the sum of its uses)."""
         thw, index = batch["image_grid_thw"], batch["image_index"]  # (I, 3), (I,)
         offs = [0] + thw.prod(-1).cumsum(0).tolist()
         first = sorted(set(index.tolist()))
@@ -496,10 +399,9 @@ class PolicyLogProb(torch.nn.Module):
 
 
 def cache_attention_mask(valid: torch.Tensor, S: int) -> torch.Tensor:
-    """valid (R, K) bool over cache slots, the last S being this forward's queries ->
-    (R, 1, S, K) bool: causal, real keys only, and every query sees itself (no empty rows).
-    The mask of every forward that appends to a KV cache: the sampler's prefills, the shared-prompt
-    tails of PolicyLogProb."""
+    """valid (R, K) bool over cache slots, the last S this forward's queries -> (R, 1, S, K) bool:
+    causal, real keys only, each query sees itself (no empty row). The sampler's prefills and
+    extras/shared_prompt.py use it."""
     K = valid.shape[1]
     q = torch.arange(K - S, K, device=valid.device)[:, None]                # (S, 1) slot of each query
     k = torch.arange(K, device=valid.device)[None, :]                       # (1, K)
@@ -508,14 +410,9 @@ def cache_attention_mask(valid: torch.Tensor, S: int) -> torch.Tensor:
 
 
 def causal_only(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """None when attention_mask (B, T) is right padding (each row ones, then zeros), else the mask.
-
-    Under a causal mask no real token attends to a later position, so right padding changes nothing
-    at the positions a batch scores (the pads only follow them), and Qwen2.5-VL numbers the real
-    tokens the same with or without it. Without a mask SDPA runs its causal kernel, which skips the
-    masked upper triangle, instead of a dense masked one: a fifth or more of a forward on CPU
-    (results/LOG.md), log-probs bit-identical (tests/test_policy_logprob.py). A left-padded or gapped
-    mask is returned as is."""
+    """None when attention_mask (B, T) is right padding, else the mask: SDPA's causal kernel then
+    skips the upper triangle (a fifth or more of a CPU forward, results/LOG.md), log-probs bit-identical
+    (the pads only follow the scored positions)."""
     if attention_mask is None or attention_mask.shape[1] < 2:
         return attention_mask
     m = attention_mask.bool()
@@ -523,10 +420,8 @@ def causal_only(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def pad_token_id(tokenizer) -> int:
-    """The id that fills padding positions (the trainer's batches, the sampler's gaps): the
-    tokenizer's pad id, else its EOS id, else 0; never the image placeholder <|image_pad|>, which
-    Qwen2.5-VL counts to place image features (0 then). Padding is masked by position everywhere,
-    so any other real id is correct."""
+    """The padding id: the tokenizer's pad id, else EOS, else 0; never <|image_pad|> (Qwen2.5-VL
+    counts it to place image features). Padding is masked by position, so any other id is correct."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return 0 if pad is None or pad == tokenizer.get_vocab().get("<|image_pad|>") else int(pad)
 

@@ -307,7 +307,7 @@ def test_model_path(tmp_path):
     assert vlm.model_path("tiny:128x4") == "tiny:128x4"
     with pytest.raises(utils.UsageError, match="latest"):
         vlm.model_path(str(tmp_path))
-    with pytest.raises(utils.UsageError, match="tiny:HxL"):
+    with pytest.raises(ValueError, match="tiny:HxL"):
         vlm.model_path("tiny:12x")
     assert eval_sop.sop_parser().parse_args(["--model", str(tmp_path / "ckpt")]).model == str(ckpt)
 

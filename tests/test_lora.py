@@ -28,6 +28,7 @@ import train_semionline as ts
 import utils
 import vlm
 import lora
+from extras import resume
 
 LORA = ["--lora-r", "4", "--lora-alpha", "8"]
 
@@ -155,11 +156,11 @@ def test_checkpoint_merge_and_resume_load(case, tmp_path):
         assert all(p.requires_grad for p in loaded.parameters())
     # resume: a fresh adapted model takes the saved adapters exactly
     fresh, _ = adapted(nonzero_b=False)
-    assert vlm.load_checkpoint_state(ckpt, fresh)["step"] == 3
+    assert resume.load_checkpoint_state(ckpt, fresh)["step"] == 3
     assert all(torch.equal(p, dict(model.named_parameters())[n]) for n, p in fresh.named_parameters())
     wrong, _ = adapted(argv=["--lora-r", "2"])
     with pytest.raises(lora.LoraError, match="same --lora-r"):  # an input error: one line from the trainers
-        vlm.load_checkpoint_state(ckpt, wrong)
+        resume.load_checkpoint_state(ckpt, wrong)
 
 
 @pytest.mark.parametrize("argv,msg", [(["--lora-targets", "q_proj,nope"], "nope not a linear layer"),

@@ -285,6 +285,7 @@ def test_rng_state_round_trip(tmp_path):
 
     import utils
     import vlm
+    from extras import resume
     model = vlm.load_model("tiny")
     opt = torch.optim.AdamW(model.parameters())
     utils.seed_everything(7)
@@ -293,7 +294,7 @@ def test_rng_state_round_trip(tmp_path):
     vlm.save_checkpoint(tmp_path, model, None, {}, optimizer=opt, extra={"step": 1})
     want = (torch.rand(4).tolist(), np.random.standard_normal(3).tolist(), random.random())
     utils.seed_everything(123)
-    vlm.load_checkpoint_state(utils.latest_checkpoint(tmp_path), model, opt)
+    resume.load_checkpoint_state(utils.latest_checkpoint(tmp_path), model, opt)
     got = (torch.rand(4).tolist(), np.random.standard_normal(3).tolist(), random.random())
     assert got == want
 

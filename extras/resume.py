@@ -1,0 +1,47 @@
+"""Resuming a run (--resume in both trainers): a checkpoint folder vlm.save_checkpoint wrote, read back
+into the model, the optimizer and every RNG. Imported only when a run resumes; the default RL step
+writes checkpoints but never reads one."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import utils
+
+
+def load_checkpoint_state(ckpt: str | os.PathLike, model, optimizer=None) -> dict:
+    """Load a vlm.save_checkpoint folder (or a LoRA one's adapters) into a plain or FSDP2 model, the
+    optimizer (weights_only) and every RNG; returns trainer_state.json. Collective. Raises
+    FileNotFoundError (no config.json), ValueError (saved by another number of ranks)."""
+    from torch.distributed.checkpoint import state_dict as dcp
+
+    ckpt = Path(ckpt)
+    opts = dcp.StateDictOptions(full_state_dict=True, strict=False)
+    if utils.is_adapter_dir(ckpt):  # a LoRA run's: the adapters into the (already adapted) model
+        import lora
+        lora.load_adapter_state(ckpt, model)
+    elif not (ckpt / "config.json").exists():
+        raise FileNotFoundError(f"{ckpt}: no config.json (not a checkpoint folder)")
+    else:
+        # read through the model class's own from_pretrained (on CPU): it maps the Hub's key names back
+        inner = model if hasattr(model, "save_pretrained") else model.model
+        msd = type(inner).from_pretrained(str(ckpt), dtype=torch.float32).state_dict()
+        msd = msd if inner is model else {"model." + k: v for k, v in msd.items()}
+        if getattr(inner.config, "tie_word_embeddings", False):
+            msd = {k: v for k, v in msd.items() if k not in ("lm_head.weight", "model.lm_head.weight")}
+        dcp.set_model_state_dict(model, msd, options=opts)
+    state = json.loads((ckpt / "trainer_state.json").read_text()) if (ckpt / "trainer_state.json").exists() else {}
+    if optimizer is not None and (ckpt / "optimizer.pt").exists():
+        osd = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)
+        dcp.set_optimizer_state_dict(model, optimizer, osd, options=opts)
+    if isinstance(state.get("rng"), list):  # (older checkpoints kept rank 0's only, in another layout)
+        rank, n = utils.get_rank(), len(state["rng"])
+        if n != (dist.get_world_size() if dist.is_initialized() else 1):
+            raise ValueError(f"{ckpt / 'trainer_state.json'}: field 'rng' holds {n} ranks' generators; "
+                             f"resume with that many processes")
+        utils.set_rng_state(state["rng"][rank])
+    return state
