@@ -1,40 +1,22 @@
-"""Semi-online RL for GUI agents (UI-S1, docs/method.md §5-§7): one top-down training script.
+"""Semi-online RL for GUI agents (UI-S1): one top-down training script of docs/method.md §5-§7.
 
-Each step (main, at the bottom; each phase a function above it):
-  1. rollout  - `rollout.semi_online_rollout`: N rollouts per task walk through the
-                expert episode with their OWN history; wrong steps are patched
-                (patch.py) up to --patch-threshold times, else the rollout ends.
-  2-3. rewards, advantages - the rule reward with the overlong penalty;
-                `advantage.compute_advantages`: discounted returns, step-level group +
-                episode-level advantages (docs/method.md §6); dynamic sampling drops tasks
-                whose step-0 returns do not vary (DAPO) and refills (draw_batch).
-  4. old/ref log-probs - one no-grad forward of the policy (on CPU its sampler's own log-probs
-                serve: --old-logp) and of the frozen reference. A step's rollouts of one task
-                share a mini-batch, and rows with a common prompt run it once (--share-prompts).
-  5. update   - PPO clipped objective with dual clip + k3 KL (kernels.ppo_loss) on the
-                fused lm_head log-prob (kernels.fused_logprob), token-mean over the
-                mini-batch across micro-batches and ranks, AdamW, grad clip; a
-                non-finite gradient norm skips the optimizer step (counted in metrics). 6. log.
-
-Task schedule (docs/method.md §6, last paragraph): a step's tasks are a pure function of (--seed,
-step, slot), each task's rollouts are seeded by them, and dynamic sampling's keep decision is global
-(TaskDraw): a run does not depend on the world size and --resume needs only the step number. At
-most 1 + --max-resample rounds; a batch still short is trained on as it is, flagged `partial`.
+main, at the bottom, runs each step's phases, each a function above it: 1. rollout (rollout.py: own
+history, wrong steps patched by patch.py) -> 2. rewards (reward.py) -> 3. returns and advantages
+(advantage.py; dynamic sampling refills: draw_batch) -> 4. old/ref log-probs -> 5. PPO update
+(kernels.ppo_loss) -> 6. log. A step's tasks are a pure function of (--seed, step, slot)
+(schedule.py): a run does not depend on the world size and --resume needs only the step number.
 
 Single process (CPU or one GPU), after `python train_sft.py --max-steps 150` (--model auto starts
-from its checkpoint; `--model tiny` trains a random tiny model, which earns no reward: its steps
-log and checkpoint without an update):
+from its checkpoint; `--model tiny`: an untrained model, which earns no reward):
     python train_semionline.py --max-steps 4
 Several processes (FSDP2; gloo on CPU, nccl on GPU); the README's main job, `--preset quickstart`:
     torchrun --nproc_per_node=2 train_semionline.py
-The paper's scale (8 GPUs, Qwen2.5-VL-7B-Instruct, AndroidControl with screenshots) with the
-release's returns and filter; `--preset paper` for the paper's returns (docs/method.md §6):
+The paper's scale (8 GPUs, Qwen2.5-VL-7B-Instruct, AndroidControl) with the release's returns and
+filter; `--preset paper` for the paper's returns (docs/method.md §6):
     torchrun --nproc_per_node=8 train_semionline.py --preset release \\
         --model /models/Qwen2.5-VL-7B-Instruct --max-pixels 1003520 --image-root /data/ac \\
         --data data/android_control/android_control_train_example_uis1.jsonl
-Offline-RL baseline on the same code: add --history expert. Short of memory: add
---gradient-checkpointing (bench/gpu_check.py's full_depth runs the 28-layer 7B on one GPU with it),
-or --lora-r 16: adapters only, the KL reference is the policy with them disabled (lora.py).
+Offline-RL baseline: --history expert. Short of memory: --gradient-checkpointing or --lora-r 16.
 """
 from __future__ import annotations
 
@@ -52,7 +34,6 @@ from tqdm import tqdm
 import chat
 import cli
 import dataset
-import gui
 import reward
 import utils
 import vlm
@@ -110,34 +91,7 @@ def check_args(cfg: RLConfig, other: argparse.Namespace) -> None:
 
 
 # -----------------------------------------------------------------------------
-# diagnostics: greedy vs sampled on held-out episodes, reward by task
-
-
-def greedy_vs_sampled(sampler, episodes, tokenizer, image_processor,
-                      spec: chat.PromptSpec = chat.PromptSpec(), *,
-                      samples: int = 4, seed: int = 0, image_root=None, blank_screens=None) -> dict:
-    """The RL run's held-out diagnostic: the reward sees sampled responses (the sampler's
-    temperature and top-p), evaluation runs the greedy policy, and the two can move apart (RL that
-    sharpens the sampled policy towards the greedy one without moving the greedy one). Walks
-    `episodes` three times with the driver, patch threshold 0: static (the expert's history)
-    greedily, static with `samples` samples per step, and SOP (own history, greedy). Returns counts
-    (floats, to be summed over ranks): greedy_match / greedy_steps, sampled_match / sampled_steps,
-    sop_pg_sum (sum of per-episode progress), sop_solved, episodes."""
-    def walk(seed=None, **kw):
-        how = RolloutSpec(patch_threshold=0, image_root=image_root, blank_screens=blank_screens,
-                          **kw)
-        return semi_online_rollout(sampler, episodes, tokenizer, image_processor, how, spec=spec,
-                                   seed=seed) if episodes else []
-    greedy = walk(n_rollouts=1, greedy=True, history_mode="expert")
-    sampled = walk(n_rollouts=samples, greedy=False, history_mode="expert", seed=seed)
-    sop = sop_progress(walk(n_rollouts=1, greedy=True, history_mode="own"),
-                       {k: len(e.steps) for k, e in enumerate(episodes)})
-    return {"greedy_match": float(sum(r.match for r in greedy)), "greedy_steps": float(len(greedy)),
-            "sampled_match": float(sum(r.match for r in sampled)),
-            "sampled_steps": float(len(sampled)),
-            "sop_pg_sum": float(sum(c / n for c, n in sop.values())),
-            "sop_solved": float(sum(c == n for c, n in sop.values())),
-            "episodes": float(len(sop))}
+# reward by task (MiniWob-like data of few tasks)
 
 
 def task_reward_sums(records: list[StepRecord], slot_task: dict[int, str],
@@ -162,16 +116,14 @@ def task_rewards(tasks: list[str], sums: list[float]) -> dict[str, dict]:
             for k, t in enumerate(tasks) if sums[n + k] > 0}
 
 
-
 # -----------------------------------------------------------------------------
 # the run: processes, data, models, a resume (main, at the bottom, runs the phases below in order)
 
 
 def setup(cfg: RLConfig, other: argparse.Namespace, start: str,
           spec: chat.PromptSpec) -> SimpleNamespace:
-    """Processes, seeds, the data and the prompt's processor, then the models (build_models) and a
-    resumed run's checkpoint and metrics file (resume). `other`: LoRA's, the prompt's and
-    --report-to's flags (parse). Returns the run's state, which the phases below read."""
+    """Processes, seeds, the data and the prompt's processor, the models (build_models), a resume
+    (resume). other: parse's second value. Returns the run's state, which the phases below read."""
     proc = utils.init_distributed(cfg.device)
     utils.seed_everything(cfg.seed)
     gpu = proc.device.type == "cuda"
@@ -182,20 +134,16 @@ def setup(cfg: RLConfig, other: argparse.Namespace, start: str,
     if cfg.tasks_per_step % proc.world_size:
         raise utils.UsageError(f"--tasks-per-step {cfg.tasks_per_step} must be a multiple of the "
                                f"world size {proc.world_size}")
-    # data
-    blank = gui.parse_size(cfg.blank_screens) if cfg.blank_screens else None
     episodes = dataset.load_episodes(cfg.data, limit=cfg.max_episodes)
     if not episodes:
         raise utils.UsageError(f"{cfg.data}: no episodes")
     tokenizer, image_processor = vlm.load_processor(start, min_pixels=spec.min_pixels,
                                                     max_pixels=spec.max_pixels)
-    utils.print0(f"{len(episodes)} episodes, {sum(len(e.steps) for e in episodes)} steps from "
-                 f"{cfg.data}")
+    utils.print0(f"{len(episodes)} episodes, {sum(len(e.steps) for e in episodes)} steps")
     run = SimpleNamespace(
-        cfg=cfg, other=other, proc=proc, gpu=gpu, spec=spec, blank=blank, episodes=episodes,
+        cfg=cfg, other=other, proc=proc, gpu=gpu, spec=spec, episodes=episodes,
         tokenizer=tokenizer, image_processor=image_processor, pad_id=pad_token_id(tokenizer),
-        # written only once the flags, the data and a resume's checkpoint are checked
-        out=Path(cfg.out),
+        out=Path(cfg.out),  # written only once the flags, the data and a checkpoint are checked
         task_names=sorted({e.task for e in episodes}),  # the same on every rank
         heldout=dataset.load_episodes(cfg.eval_data, limit=cfg.eval_episodes)
         if cfg.eval_data else [])
@@ -207,7 +155,7 @@ def setup(cfg: RLConfig, other: argparse.Namespace, start: str,
 def build_models(run, init: str) -> None:
     """The policy (FSDP2; LoRA adapters with --lora-r), its frozen reference (KL term on), the
     optimizer and the sampler, into `run`. The sampler holds --temperature and --max-new-tokens: the
-    trainer's log-probs and the reward's length limit read them from it (one route each)."""
+    trainer reads them from it (one route each)."""
     cfg, proc = run.cfg, run.proc
     utils.print0(f"policy initialised from: {init}")
     dtype = torch.float32  # master weights; bf16 compute comes from FSDP's mixed precision on GPU
@@ -223,17 +171,14 @@ def build_models(run, init: str) -> None:
     lora_ref = cfg.kl_coef > 0 and run.adapter and cfg.ref_model is None  # (lora imported above)
     run.ref = lora.AdaptersOff(run.policy, run.adapter) if lora_ref else None
     if cfg.kl_coef > 0 and run.ref is None:
-        ref_model = vlm.load_model(cfg.ref_model or init,
+        ref_model = vlm.load_model(cfg.ref_model or init, device=proc.device,
                                    dtype=torch.bfloat16 if run.gpu else dtype,
-                                   device=proc.device,
                                    seed=cfg.seed if cfg.ref_seed is None else cfg.ref_seed)
         ref_model.requires_grad_(False).eval()
         run.ref = apply_fsdp(ref_model, PolicyLogProb(ref_model), proc, mixed_precision=False)
-    run.optimizer = utils.adamw(run.policy.parameters(), lr=cfg.lr,
-                                weight_decay=cfg.weight_decay)
+    run.optimizer = utils.adamw(run.policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     run.sampler = Sampler(model, run.tokenizer, max_new_tokens=cfg.max_new_tokens,
-                          temperature=cfg.temperature,
-                          top_p=cfg.top_p, decode=cfg.decode)
+                          temperature=cfg.temperature, top_p=cfg.top_p, decode=cfg.decode)
 
 
 def run_record(cfg: RLConfig, other: argparse.Namespace) -> dict:
@@ -244,8 +189,8 @@ def run_record(cfg: RLConfig, other: argparse.Namespace) -> dict:
 
 def resume(run) -> None:
     """With --resume, the latest checkpoint in --out (model, optimizer, every RNG; its task schedule
-    must be this run's); then args.json and the metrics file (a resumed run's steps after the
-    checkpoint logged once)."""
+    must be this run's); then args.json and the metrics file (the steps after the checkpoint are
+    redone and logged once)."""
     cfg, out = run.cfg, run.out
     run.start_step = 0
     # what the task schedule depends on: a resume must continue the same schedule
@@ -254,7 +199,6 @@ def resume(run) -> None:
     if cfg.resume:
         ckpt = utils.latest_checkpoint(out / "ckpt")
         if ckpt is not None:
-            # model, optimizer, every RNG
             state = vlm.load_checkpoint_state(ckpt, run.policy, run.optimizer)
             run.start_step = int(state.get("step", 0))
             if state.get("schedule", run.schedule) != run.schedule:
@@ -267,26 +211,8 @@ def resume(run) -> None:
     if run.proc.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "args.json").write_text(utils.dumps(run.record, indent=2))
-    # a resume keeps the rows up to its checkpoint: the redone steps are logged once (trackers too)
     run.metrics = metrics_logger(out / "metrics.jsonl", report_to=cfg.report_to, config=run.record,
                                  resume_step=run.start_step if cfg.resume else None)
-
-
-def evaluate_heldout(run, step: int) -> dict:
-    """Greedy vs sampled accuracy on this rank's share of held-out episodes, summed over ranks."""
-    cfg, proc = run.cfg, run.proc
-    with sampling_mode(run.policy):
-        counts = greedy_vs_sampled(run.sampler, run.heldout[proc.rank::proc.world_size],
-                                   run.tokenizer,
-                                   run.image_processor, run.spec, samples=cfg.eval_samples,
-                                   seed=cfg.seed + step,
-                                   image_root=cfg.image_root, blank_screens=run.blank)
-    total = dict(zip(counts, utils.all_sum(list(counts.values()), proc)))
-    return {"heldout_greedy_step_acc": total["greedy_match"] / max(total["greedy_steps"], 1),
-            "heldout_sampled_step_acc": total["sampled_match"] / max(total["sampled_steps"], 1),
-            "heldout_sop_pg": total["sop_pg_sum"] / max(total["episodes"], 1),
-            "heldout_sop_tsr": total["sop_solved"] / max(total["episodes"], 1),
-            "heldout_episodes": int(total["episodes"])}
 
 
 # -----------------------------------------------------------------------------
@@ -303,7 +229,7 @@ def rollout(run, step: int, slots: list[int], episode_ids: list[int]) -> list[St
         RolloutSpec(n_rollouts=cfg.n_rollouts, patch_mode=cfg.patch_mode,
                     patch_threshold=cfg.patch_threshold, history_mode=cfg.history,
                     match_rules=cfg.match_rules, image_root=cfg.image_root,
-                    blank_screens=run.blank),
+                    blank_screens=cfg.blank_screens),
         spec=run.spec, seed=[task_seed(cfg.seed, step, s) for s in slots],
         progress=run.proc.is_main, task_ids=slots)
 
@@ -413,8 +339,7 @@ def old_ref_logprobs(run, batch: list, micro: list, collate, n_train: float) -> 
                         continue
                     for it, lp in zip(chunk, _per_item(chunk, old) if recompute else ()):
                         it.old_logp = lp  # (L,)
-                    for it, lp in zip(chunk,
-                                      _per_item(chunk, ref_lp) if ref_lp is not None else ()):
+                    for it, lp in zip(chunk, _per_item(chunk, ref_lp) if ref is not None else ()):
                         it.ref_logp = lp  # (L,)
                     # both score the whole vocabulary
                     for it in chunk if recompute and cfg.top_p == 1.0 else ():
@@ -429,8 +354,7 @@ def update(run, micro: list, collate, n_train: float) -> dict:
     (1 PPO epoch, ppo_step). Returns this rank's sums over them (loss, kl, entropy, clipped, tokens,
     skipped), the last grad_norm and the first micro-batch's ratio_dev and logp_gap."""
     totals = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0,
-              "grad_norm": None,
-              "skipped": 0, "ratio_dev": None, "logp_gap": None}
+              "grad_norm": None, "skipped": 0, "ratio_dev": None, "logp_gap": None}
     for mini in micro if n_train > 0 else ():
         sums = ppo_step(run.policy, run.optimizer, mini, collate, run.proc,
                         **loss_config(run.cfg, run.sampler))
@@ -444,8 +368,8 @@ def update(run, micro: list, collate, n_train: float) -> dict:
 
 def log_step(run, step: int, draw: TaskDraw, st: dict, totals: dict, gap: list[float], n_micro: int,
              times: dict) -> dict:
-    """6. log: the step's metrics row (metrics.jsonl and --report-to; rank 0), after this step's
-    held-out evaluation when one is due, and its line on stdout. Returns the row."""
+    """6. log: the step's metrics row (metrics.jsonl and --report-to; rank 0), with the held-out
+    evaluation when one is due, and its line on stdout. Returns the row."""
     cfg, proc = run.cfg, run.proc
     loss_all, kl_all, ent_all, clip_all, tok_all = utils.all_sum(
         [totals[k] for k in ("loss", "kl", "entropy", "clipped", "tokens")], proc)
@@ -454,48 +378,38 @@ def log_step(run, step: int, draw: TaskDraw, st: dict, totals: dict, gap: list[f
     last = {
         "step": step + 1, "loss": loss_all / n_micro if st["n_train"] > 0 else None,
         "reward_mean": st["reward_sum"] / n_resp, "match_rate": st["match_sum"] / n_resp,
-        # {task: {reward (mean), responses}} of the tasks drawn; None: > 32 tasks
-        "reward_by_task": st["by_task"],
-        # responses cut at --max-new-tokens (strict rules: reward 0)
-        "truncated_rate": st["n_cut"] / n_resp,
+        "reward_by_task": st["by_task"],  # {task: {reward, responses}}; None: > 32 tasks
+        "truncated_rate": st["n_cut"] / n_resp,  # cut at --max-new-tokens (strict rules: reward 0)
         "progress": st["prog_sum"] / max(st["n_roll"], 1), "patch_rate": st["n_patched"] / n_resp,
         **draw.info(), "updates_skipped": totals["skipped"],
         "kl": per_tok(kl_all), "entropy": per_tok(ent_all), "clipfrac": per_tok(clip_all),
         "grad_norm": totals["grad_norm"], "response_len": st["resp_tok"] / n_resp,
-        "train_tokens": int(tok_all),
-        "tok_s": st["resp_tok"] / max(t_rollout, 1e-9), "time_rollout_s": t_rollout,
-        "time_logp_s": times["logp"],
-        "time_update_s": times["update"], "time_s": time.time() - times["t0"],
-        # max |trainer - sampler| log-prob over rank 0's tokens (--old-logp sampler: the
-        # first micro-batch's), a numerics check; null at --top-p < 1, where --old-logp
-        # sampler is not offered
-        "sampler_logp_gap": None if cfg.top_p < 1.0
-        else max(gap, default=0.0) if cfg.old_logp == "recompute"
-        else totals["logp_gap"],
-        # the first (on-policy) micro-batch's: 0 exactly under recompute
-        "first_ratio_dev": totals["ratio_dev"],
-        "old_logp": cfg.old_logp,
-        "fsdp": torch.distributed.is_initialized(),  # sharded by FSDP2 (always under torchrun)
-        # the sampler's decode path ("static" if a CUDA graph capture failed)
-        "decode": run.sampler.decode,
-        # this rank: the step's (CUDA) or the run's (CPU)
-        "peak_mem_bytes": utils.peak_memory_bytes(proc.device),
+        "train_tokens": int(tok_all), "tok_s": st["resp_tok"] / max(t_rollout, 1e-9),
+        "time_rollout_s": t_rollout, "time_logp_s": times["logp"], "time_update_s": times["update"],
+        "time_s": time.time() - times["t0"],
+        # max |trainer - sampler| log-prob over rank 0's tokens (--old-logp sampler: the first
+        # micro-batch's); null at --top-p < 1, where --old-logp sampler is not offered
+        "sampler_logp_gap": None if cfg.top_p < 1.0 else max(gap, default=0.0)
+        if cfg.old_logp == "recompute" else totals["logp_gap"],
+        "first_ratio_dev": totals["ratio_dev"],  # first (on-policy) micro-batch's: 0 recomputed
+        "old_logp": cfg.old_logp, "fsdp": torch.distributed.is_initialized(),
+        "decode": run.sampler.decode,  # "static" if a CUDA graph capture failed
+        "peak_mem_bytes": utils.peak_memory_bytes(proc.device),  # the step's (CUDA), run's (CPU)
     }
-    due = (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.max_steps
-    if run.heldout and due:
-        last.update(evaluate_heldout(run, step + 1))  # after this step's update
+    if run.heldout:  # --eval-data
+        from extras.heldout import evaluate_heldout
+        last.update(evaluate_heldout(run, step + 1))
     run.metrics.log(last)
     utils.print0(
-        f"step {step + 1:4d} | loss {_fmt(last['loss'], '+.4f')} "
-        f"| reward {last['reward_mean']:.3f} | match {last['match_rate']:.3f} "
-        f"| prog {last['progress']:.3f} | patch {last['patch_rate']:.2f} "
-        f"| cut {last['truncated_rate']:.2f} "
+        f"step {step + 1:4d} | loss {_fmt(last['loss'], '+.4f')} | reward {last['reward_mean']:.3f}"
+        f" | match {last['match_rate']:.3f} | prog {last['progress']:.3f}"
+        f" | patch {last['patch_rate']:.2f} | cut {last['truncated_rate']:.2f} "
         f"| kept {last['tasks_kept']}/{last['tasks_tried']} in {last['rounds']} rounds"
         f"{' (PARTIAL)' if last['partial'] else ''} | kl {_fmt(last['kl'], '.2e')} "
         f"| ent {_fmt(last['entropy'], '.2f')} | clip {_fmt(last['clipfrac'], '.3f')} "
         f"| skipped {totals['skipped']} | len {last['response_len']:.0f} "
-        f"| {last['tok_s']:.0f} tok/s "
-        f"| rollout {t_rollout:.1f}s update {times['logp'] + times['update']:.1f}s")
+        f"| {last['tok_s']:.0f} tok/s | rollout {t_rollout:.1f}s "
+        f"update {times['logp'] + times['update']:.1f}s")
     return last
 
 
@@ -528,6 +442,7 @@ def main(argv=None):
     run = setup(cfg, other, start, spec)
     last = {}
     if run.heldout and run.start_step == 0:  # the starting point (the SFT model), as row "step 0"
+        from extras.heldout import evaluate_heldout
         run.metrics.log({"step": 0, **evaluate_heldout(run, 0)})
     for step in tqdm(range(run.start_step, cfg.max_steps), desc="semi-online RL",
                      disable=not run.proc.is_main):
@@ -553,9 +468,8 @@ def main(argv=None):
         every = cfg.save_every and (step + 1) % cfg.save_every == 0
         if stop or step + 1 == cfg.max_steps or every:
             vlm.save_checkpoint(run.out / "ckpt", run.policy, run.tokenizer, run.record,
-                                optimizer=run.optimizer,
+                                optimizer=run.optimizer, adapter=run.adapter,
                                 extra={"step": step + 1, "schedule": run.schedule},
-                                adapter=run.adapter,
                                 keep=cfg.keep_checkpoints)
         if stop:
             break
@@ -584,31 +498,26 @@ class TrainItem:
 
 
 def loss_config(cfg: RLConfig, sampler) -> dict:
-    """The values ppo_step reads: the loss flags of cfg, and the sampler's temperature (the
-    log-probs are of pi at the temperature the responses were drawn at) and length limit (Dr.GRPO's
-    max_len). sampler: the run's sampler.Sampler (or anything with temperature, max_new_tokens)."""
+    """ppo_step's keywords: cfg's loss flags and the sampler's temperature and length limit (the
+    responses were drawn at them). sampler: sampler.Sampler, or anything with those two fields."""
     return dict(temperature=sampler.temperature, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                 clip_c=cfg.clip_c, kl_coef=cfg.kl_coef, loss_agg=cfg.loss_agg,
                 max_len=sampler.max_new_tokens, grad_clip=cfg.grad_clip)
 
 
 def ppo_step(policy, optimizer, mb, collate, proc, *, temperature: float, clip_low: float,
-             clip_high: float,
-             clip_c: float, kl_coef: float, loss_agg: str, max_len: int, grad_clip: float) -> dict:
-    """One optimizer step on one mini-batch: per-token PPO clip + dual clip + k3 KL
-    (kernels.ppo_loss), aggregated by loss_agg over the WHOLE mini-batch (kernels.aggregate_loss;
-    its denominator kernels.loss_denominator summed over all micro-batches on all ranks; max_len:
-    the generation budget, Dr.GRPO's constant), backward per micro-batch, global grad-norm clip
-    (grad_clip), optimizer.step(). temperature: the sampler's (the log-probs are of pi at T).
+             clip_high: float, clip_c: float, kl_coef: float, loss_agg: str, max_len: int,
+             grad_clip: float) -> dict:
+    """One optimizer step on the mini-batch `mb`: per-token PPO clip + dual clip + k3 KL
+    (kernels.ppo_loss) of the log-probs at `temperature` (the sampler's), aggregated by loss_agg
+    over the WHOLE mini-batch (kernels.loss_denominator summed over its micro-batches and the ranks;
+    max_len: Dr.GRPO's constant), backward per micro-batch, global grad-norm clip, optimizer.step();
+    a non-finite norm skips the step and drops the gradients.
 
-    mb: list of micro-batches, each a list of TrainItems (response_ids, adv, old_logp, and ref_logp
-    when kl_coef > 0) or None: a dummy that runs the same FSDP collectives with zero gradient.
-    collate(chunk) -> model batch. proc: utils.Dist. A non-finite global gradient norm skips
-    optimizer.step() and drops the gradients ("skipped": 1). Returns this rank's sums: loss (its
-    share of the mini-batch loss), kl, entropy, clipped, tokens; and grad_norm (global, float),
-    skipped (0/1), ratio_dev (max |ratio - 1| of the first real micro-batch, None if none) and
-    logp_gap (its max |logp - old_logp|: the trainer-sampler gap when old_logp is the sampler's).
-    """
+    mb: micro-batches, each a list of TrainItems or None (a dummy: the same FSDP collectives, zero
+    gradient); collate(chunk) -> the model's batch; proc: utils.Dist. Returns this rank's sums
+    (loss, kl, entropy, clipped, tokens), grad_norm (global), skipped (0/1), and of the first real
+    micro-batch ratio_dev (max |ratio - 1|) and logp_gap (max |logp - old_logp|), else None."""
     real = [len(r.response_ids) for chunk in mb if chunk is not None for r in chunk]
     denom = max(utils.all_sum([loss_denominator(real, loss_agg, max_len)], proc)[0], 1.0)  # global
     out = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0,
@@ -628,8 +537,7 @@ def ppo_step(policy, optimizer, mb, collate, proc, *, temperature: float, clip_l
         mask = torch.ones_like(logp)  # (N,): every target is a response token
         per_tok, parts = ppo_loss(logp, old, adv, mask, ref_logp=ref_lp, clip_low=clip_low,
                                   clip_high=clip_high, clip_c=clip_c, kl_coef=kl_coef)  # (N,)
-        share = aggregate_loss(per_tok, [len(r.response_ids) for r in chunk], loss_agg,
-                               denom)  # scalar
+        share = aggregate_loss(per_tok, [len(r.response_ids) for r in chunk], loss_agg, denom)
         # FSDP averages gradients over ranks; * world_size turns that back into a global sum
         (share * proc.world_size).backward()
         # on the first mini-batch this is on-policy: ratio 1 (recomputed: exactly)
@@ -652,18 +560,13 @@ def ppo_step(policy, optimizer, mb, collate, proc, *, temperature: float, clip_l
 
 
 def _micro_batches(records, n_mini, micro_size, proc, length=None):
-    """Split records (TrainItems, or anything with task_idx and step_idx) into n_mini mini-batches,
-    each a list of micro-batches.
-
-    The records of one task at one step (its rollouts there: one group of docs/method.md §6, with
-    identical prompts wherever their histories agree) go together to mini-batch (task_idx +
-    step_idx) % n_mini, in record order. So the union of a mini-batch over ranks does not depend on
-    the world size (the 1- vs 2-process test), and a micro-batch can run the prompt its rows share
-    once (--share-prompts); verl keeps a prompt's responses in one mini-batch the same way.
-    length(record) -> tokens: each mini-batch is sorted (stable) by its groups' longest length, then
-    by length within a group, before it is cut, so a micro-batch pads less; only the summation order
-    changes. Every rank runs the same number of micro-batches (None = a zero-weight dummy); a
-    mini-batch empty on every rank is dropped."""
+    """Split records (TrainItems, or anything with task_idx and step_idx) into n_mini mini-batches
+    of micro-batches of <= micro_size. One task's records at one step (a group, docs/method.md §6)
+    go together to mini-batch (task_idx + step_idx) % n_mini, so a mini-batch's union over ranks
+    does not depend on the world size and a micro-batch can run its rows' shared prompt once (verl
+    keeps a group together too). length(record) -> tokens: a mini-batch is sorted (stable) by its
+    groups' longest, then within a group, so micro-batches pad less. Every rank runs the same number
+    of micro-batches (None: a zero-weight dummy); a mini-batch empty on every rank is dropped."""
     minis = [[] for _ in range(n_mini)]
     for r in records:
         minis[(r.task_idx + r.step_idx) % n_mini].append(r)
