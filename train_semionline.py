@@ -63,23 +63,18 @@ def parse(argv=None) -> tuple[RLConfig, argparse.Namespace]:
 
 
 def check_args(cfg: RLConfig, other: argparse.Namespace) -> None:
-    """Flag values that parse but cannot run raise utils.UsageError (one line, exit 2), before any
-    model loads and before args.json or metrics.jsonl is written."""
-    # each flag's own range (the temperature: cli.check_temperature) is its parser type's;
-    # here the rules between flags
+    """The rules between flags (a flag's own range is its parser type's): a breach raises
+    utils.UsageError before any model loads or any file is written."""
     rules = [
         (cfg.old_logp != "sampler" or cfg.top_p == 1.0,
-         f"--old-logp sampler needs --top-p 1: its log-probs (the whole vocabulary's, as "
-         f"recompute's) are checked against the trainer's forward at --top-p 1 only "
-         f"(sampler_logp_gap); at --top-p {cfg.top_p:g} use --old-logp recompute"),
+         f"--old-logp sampler needs --top-p 1 (its log-probs are checked against the trainer's "
+         f"there: sampler_logp_gap); at --top-p {cfg.top_p:g} use --old-logp recompute"),
         (cfg.share_prompts != "on" or not cfg.gradient_checkpointing,
-         "--share-prompts on needs the KV cache, which --gradient-checkpointing drops: use "
-         "--share-prompts off"),
+         "--share-prompts on needs the KV cache, which --gradient-checkpointing drops"),
         (0 <= cfg.overlong_buffer <= cfg.max_new_tokens,
          f"--overlong-buffer {cfg.overlong_buffer}: must be in [0, --max-new-tokens "
          f"{cfg.max_new_tokens}]"),
-    ]
-    rules.append((check_lora_args(cfg) is None, check_lora_args(cfg)))
+        (check_lora_args(cfg) is None, check_lora_args(cfg))]
     for ok, message in rules:
         if not ok:
             raise utils.UsageError(message)
@@ -91,27 +86,22 @@ def check_args(cfg: RLConfig, other: argparse.Namespace) -> None:
 
 
 # -----------------------------------------------------------------------------
-# reward by task (MiniWob-like data of few tasks)
+# reward by task (data of few tasks: MiniWob's)
 
 
-def task_reward_sums(records: list[StepRecord], slot_task: dict[int, str],
-                     tasks: list[str]) -> list[float]:
-    """Per task of `tasks`, the reward sum of `records` (a record's task:
-    slot_task[record.task_idx]), then per task the response count: 2 * len(tasks) floats, to be
-    summed over ranks and read by task_rewards (the trainer's reward_by_task)."""
-    ix, n = {t: i for i, t in enumerate(tasks)}, len(tasks)
-    sums = [0.0] * (2 * n)
-    for r in records:
-        k = ix[slot_task[r.task_idx]]
+def rewards_by_task(run, draw: TaskDraw, rolled: list[StepRecord]) -> dict[str, dict] | None:
+    """reward_by_task: {task: {"reward": mean reward, "responses": count}} over every rank's
+    responses, of the tasks that have some; None when the data has over MAX_TASKS_LOGGED tasks."""
+    tasks, n = run.task_names, len(run.task_names)  # the same on every rank
+    if n > MAX_TASKS_LOGGED:
+        return None
+    ix = {t: i for i, t in enumerate(tasks)}
+    sums = [0.0] * (2 * n)  # per task: the reward sums, then the response counts
+    for r in rolled:
+        k = ix[run.episodes[draw.slot_episode[r.task_idx]].task]
         sums[k] += r.reward
         sums[n + k] += 1
-    return sums
-
-
-def task_rewards(tasks: list[str], sums: list[float]) -> dict[str, dict]:
-    """{task: {"reward": mean reward, "responses": count}} from task_reward_sums (tasks with
-    responses)."""
-    n = len(tasks)
+    sums = utils.all_sum(sums, run.proc)
     return {t: {"reward": sums[k] / sums[n + k], "responses": int(sums[n + k])}
             for k, t in enumerate(tasks) if sums[n + k] > 0}
 
@@ -139,7 +129,8 @@ def setup(cfg: RLConfig, other: argparse.Namespace, start: str,
         raise utils.UsageError(f"{cfg.data}: no episodes")
     tokenizer, image_processor = vlm.load_processor(start, min_pixels=spec.min_pixels,
                                                     max_pixels=spec.max_pixels)
-    utils.print0(f"{len(episodes)} episodes, {sum(len(e.steps) for e in episodes)} steps")
+    utils.print0(f"{len(episodes)} episodes, {sum(len(e.steps) for e in episodes)} steps from "
+                 f"{cfg.data}")
     run = SimpleNamespace(
         cfg=cfg, other=other, proc=proc, gpu=gpu, spec=spec, episodes=episodes,
         tokenizer=tokenizer, image_processor=image_processor, pad_id=pad_token_id(tokenizer),
@@ -203,9 +194,8 @@ def resume(run) -> None:
             run.start_step = int(state.get("step", 0))
             if state.get("schedule", run.schedule) != run.schedule:
                 raise utils.UsageError(f"{ckpt}/trainer_state.json: field 'schedule' "
-                                       f"{state['schedule']} differs from this run's "
-                                       f"{run.schedule}; resume with the same --seed, "
-                                       "--tasks-per-step and data")
+                                       f"{state['schedule']} differs from this run's {run.schedule}"
+                                       "; resume with the same --seed, --tasks-per-step and data")
             utils.print0(f"resumed from {ckpt} at step {run.start_step}")
     run.record = run_record(cfg, run.other)
     if run.proc.is_main:
@@ -257,9 +247,8 @@ def advantages(cfg: RLConfig, records: list[StepRecord], shaped: list[float],
 
 def draw_batch(run, step: int) -> tuple[TaskDraw, list, list[StepRecord]]:
     """Phases 1-3 round by round: draw tasks, roll them out, reward them, keep those whose rollouts
-    differ (dynamic sampling), draw the missing number again (refills; docs/method.md §6, last
-    paragraph). Returns the draw, the kept responses (TrainItems) and every record this rank rolled
-    out, kept or not."""
+    differ (dynamic sampling), draw the missing number again (refills; docs/method.md §6). Returns
+    the draw, the kept responses (TrainItems) and every record this rank rolled out."""
     cfg = run.cfg
     draw = TaskDraw(cfg.seed, step, len(run.episodes), cfg.tasks_per_step, 1 + cfg.max_resample,
                     run.proc)
@@ -278,8 +267,7 @@ def draw_batch(run, step: int) -> tuple[TaskDraw, list, list[StepRecord]]:
 
 
 def rollout_stats(run, draw: TaskDraw, batch: list, rolled: list[StepRecord]) -> dict:
-    """Rollout statistics over every sampled response (kept or not), summed over ranks; by_task: the
-    per-task reward, for data of few tasks (MiniWob's), not per-goal data."""
+    """Rollout statistics over every sampled response (kept or not), summed over ranks."""
     ep_len = {s: len(run.episodes[e].steps) for s, e in draw.slot_episode.items()}
     names = ("reward_sum", "match_sum", "n_resp", "n_patched", "resp_tok", "prog_sum", "n_roll",
              "n_train", "n_cut")
@@ -289,14 +277,7 @@ def rollout_stats(run, draw: TaskDraw, batch: list, rolled: list[StepRecord]) ->
         sum(c / n for c, n in sop_progress(rolled, ep_len).values()),  # SOP progress, as eval's PG
         len({(r.task_idx, r.rollout_idx) for r in rolled}),
         len(batch), sum(r.finish_reason != "stop" for r in rolled)], run.proc)))
-    stats["by_task"] = None
-    if len(run.task_names) <= MAX_TASKS_LOGGED:
-        slot_task = {s: run.episodes[e].task for s, e in draw.slot_episode.items()}
-        stats["by_task"] = task_rewards(run.task_names,
-                                        utils.all_sum(task_reward_sums(rolled, slot_task,
-                                                                       run.task_names),
-                                                                      run.proc))
-    return stats
+    return {**stats, "by_task": rewards_by_task(run, draw, rolled)}
 
 
 def micro_batches(run, batch: list, rolled: list[StepRecord]):
@@ -318,34 +299,30 @@ def micro_batches(run, batch: list, rolled: list[StepRecord]):
 
 
 def old_ref_logprobs(run, batch: list, micro: list, collate, n_train: float) -> list[float]:
-    """4. old (unless the sampler's: --old-logp) and reference log-probs (no grad), on exactly the
-    sampled ids, into each TrainItem. Returns the max |trainer - sampler| log-prob gap of each
-    recomputed item (at --top-p 1, the setting where --old-logp sampler may stand in for this
-    forward)."""
-    cfg, ref = run.cfg, run.ref
-    gap = []
-    recompute = cfg.old_logp == "recompute"
+    """4. old (unless --old-logp sampler: the sampler's) and reference log-probs, no grad, of the
+    sampled ids, into each TrainItem. Returns each recomputed item's max |trainer - sampler|
+    log-prob gap at --top-p 1 (where both score the whole vocabulary)."""
+    ref, t = run.ref, run.sampler.temperature  # the log-probs of pi at the temperature sampled at
+    recompute, gap = run.cfg.old_logp == "recompute", []
     for it in batch if not recompute else ():
         it.old_logp = it.record.sampler_logp.float()  # (L,)
-    if n_train > 0 and (recompute or ref is not None):  # global: every rank takes the same branch
-        with torch.no_grad():
-            for mini in micro:
-                for chunk in mini:
-                    inputs = collate(chunk)
-                    t = run.sampler.temperature  # the log-probs of pi at the temperature sampled at
-                    old = run.policy(inputs, temperature=t)[0] if recompute else None  # (N,) fp32
-                    ref_lp = ref(inputs, temperature=t)[0] if ref is not None else None  # (N,)
-                    if chunk is None:
-                        continue
-                    for it, lp in zip(chunk, _per_item(chunk, old) if recompute else ()):
-                        it.old_logp = lp  # (L,)
-                    for it, lp in zip(chunk, _per_item(chunk, ref_lp) if ref is not None else ()):
-                        it.ref_logp = lp  # (L,)
-                    # both score the whole vocabulary
-                    for it in chunk if recompute and cfg.top_p == 1.0 else ():
-                        if len(it.response_ids):
-                            diff = it.old_logp - it.record.sampler_logp.to(it.old_logp)
-                            gap.append(diff.abs().max().item())
+    if n_train == 0 or not (recompute or ref is not None):  # global: the same branch on every rank
+        return gap
+    with torch.no_grad():
+        for chunk in (chunk for mini in micro for chunk in mini):
+            inputs = collate(chunk)
+            old = run.policy(inputs, temperature=t)[0] if recompute else None  # (N,) fp32
+            ref_lp = ref(inputs, temperature=t)[0] if ref is not None else None  # (N,)
+            if chunk is None:
+                continue
+            for it, lp in zip(chunk, _per_item(chunk, old) if recompute else ()):
+                it.old_logp = lp  # (L,)
+            for it, lp in zip(chunk, _per_item(chunk, ref_lp) if ref is not None else ()):
+                it.ref_logp = lp  # (L,)
+            for it in chunk if recompute and run.cfg.top_p == 1.0 else ():
+                if len(it.response_ids):
+                    diff = it.old_logp - it.record.sampler_logp.to(it.old_logp)
+                    gap.append(diff.abs().max().item())
     return gap
 
 
@@ -432,9 +409,8 @@ def main(argv=None):
     cfg, other = parse(argv)
     if cfg.model == "auto" and utils.latest_checkpoint(cfg.sft_dir) is None:
         raise utils.UsageError(f"--model auto: no SFT checkpoint in {cfg.sft_dir} (run "
-                               "train_sft.py first, point --sft-dir at its ckpt/, give one step's "
-                               "folder as --model PATH, or --model tiny to train the untrained "
-                               "model)")
+                               "train_sft.py, point --sft-dir at its ckpt/, or give --model PATH or "
+                               "--model tiny)")
     start = str(utils.latest_checkpoint(cfg.sft_dir)) if cfg.model == "auto" else cfg.model
     # the prompt the checkpoint was trained on
     spec = chat.resolve_spec(other, start, say=utils.print0)
