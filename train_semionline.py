@@ -396,10 +396,10 @@ def finish(run, last: dict) -> None:
     cfg, out = run.cfg, run.out
     run.metrics.close()
     utils.cleanup_distributed()
-    if run.proc.is_main and run.cfg.merge:  # the adapted model as a plain Hugging Face folder
-        merged = vlm.merge_checkpoint(utils.latest_checkpoint(out / "ckpt"), out / "merged")
-        utils.print0(f"merged: {merged}")
     if run.proc.is_main:
+        if cfg.merge:  # the adapted model as a plain Hugging Face folder
+            merged = vlm.merge_checkpoint(utils.latest_checkpoint(out / "ckpt"), out / "merged")
+            print(f"merged: {merged}", flush=True)
         utils.print_next_steps(out, cfg.data, "out/eval/semionline")
         print(utils.dumps(last), flush=True)
 
@@ -409,7 +409,7 @@ def main(argv=None):
     cfg, other = parse(argv)
     if cfg.model == "auto" and utils.latest_checkpoint(cfg.sft_dir) is None:
         raise utils.UsageError(f"--model auto: no SFT checkpoint in {cfg.sft_dir} (run "
-                               "train_sft.py, point --sft-dir at its ckpt/, or give --model PATH or "
+                               "train_sft.py, point --sft-dir at its ckpt/, give --model PATH or "
                                "--model tiny)")
     start = str(utils.latest_checkpoint(cfg.sft_dir)) if cfg.model == "auto" else cfg.model
     # the prompt the checkpoint was trained on
@@ -455,10 +455,9 @@ def main(argv=None):
 
 @dataclass
 class TrainItem:
-    """A kept response and what the trainer computes for it (the rollout's StepRecord stays as the
-    rollout left it): adv, its advantage A (one float for all its tokens, docs/method.md §6);
-    old_logp and ref_logp, (L,) fp32 log-probs of its ids under the policy before the update and
-    under the frozen reference (when the KL term is on)."""
+    """A kept response (its StepRecord as the rollout left it) and what the trainer computes for it:
+    adv, its advantage A (one float for all its tokens, docs/method.md §6); old_logp and ref_logp,
+    (L,) fp32 log-probs of its ids under the policy before the update and the frozen reference."""
     record: StepRecord
     adv: float
     old_logp: torch.Tensor | None = None

@@ -69,9 +69,9 @@ class Dist:
 
 
 def init_distributed(device: str = "auto") -> Dist:
-    """Read torchrun's RANK / WORLD_SIZE / LOCAL_RANK; start a process group (nccl on CUDA, gloo
-    on CPU) whenever torchrun launched us, `--nproc_per_node=1` included, so one GPU runs the same
-    FSDP2 path as eight; a plain `python script.py` runs unsharded. device: "auto", "cpu", "cuda"."""
+    """Read torchrun's RANK / WORLD_SIZE / LOCAL_RANK; start a process group (nccl on CUDA, gloo on
+    CPU) whenever torchrun launched us, one process included (the same FSDP2 path as eight); a plain
+    `python script.py` runs unsharded. device: "auto", "cpu", "cuda"."""
     import torch
     import torch.distributed as dist
 

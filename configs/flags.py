@@ -35,9 +35,8 @@ def config_parser(doc: str, config, groups: list[str], presets: dict[str, dict])
 
 
 def parse_config(parser: argparse.ArgumentParser, config, presets: dict[str, dict], argv=None):
-    """Parse argv into (the typed config, a Namespace of the flags other modules define: the prompt
-    contract's, chat.add_prompt_args). --preset NAME first sets its fields (any flag's dest); a flag
-    given on the command line overrides it. Errors as the parser's: one line, exit 2."""
+    """argv -> (the typed config, a Namespace of the flags other modules define: chat's prompt
+    contract). --preset NAME sets its fields unless a flag given on the command line does."""
     ns = parser.parse_args(argv)
     given = cli.explicit_flags(parser, argv) if ns.preset else set()
     for name, value in presets.get(ns.preset, {}).items():
