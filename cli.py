@@ -160,10 +160,8 @@ def int_list(low: int = 1):
 
 def input_file(path: str) -> str:
     """argparse type: a readable file. Raises UsageError naming the path otherwise."""
-    if not os.path.exists(path):
-        raise UsageError(f"no such file: {path!r}")
     if not os.path.isfile(path):
-        raise UsageError(f"not a file: {path!r}")
+        raise UsageError(f"{'not a file' if os.path.exists(path) else 'no such file'}: {path!r}")
     if not os.access(path, os.R_OK):
         raise UsageError(f"not readable: {path!r}")
     return path

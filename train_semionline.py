@@ -57,8 +57,7 @@ chat.add_prompt_args(parser)  # the prompt contract: from the starting checkpoin
 
 
 def parse(argv=None) -> tuple[RLConfig, argparse.Namespace]:
-    """The flags: (the typed config with --preset applied, the Namespace of the prompt's flags, as
-    chat.resolve_spec reads them). Bad flags: exit 2."""
+    """argv -> (the typed config, --preset applied; the prompt's flags, for chat.resolve_spec)."""
     return parse_config(parser, RLConfig, PRESETS, argv)
 
 
