@@ -1,10 +1,6 @@
-"""The command line every script shares: `make_parser` builds a parser whose --help shows the defaults
-and the module docstring's examples and whose errors are one line; the flag types check numbers,
-names, files and folders while the flags are parsed (--model: vlm.model_path; MiniWob++ task names:
-envs.miniwob_tasks); `run_script(main)` runs a script so that a mistake in its input (a
-utils.InputError: UsageError, dataset.DataError, lora.LoraError; a missing or unreadable file)
-is one line on stderr and exit code 2, never a traceback. A stage's typed config becomes its flags in
-configs/flags.py."""
+"""The command line every script shares: `make_parser` (--help with the defaults and the docstring's
+examples, one-line errors), the flag types that check a value while the flags are parsed, and
+`run_script(main)`: an input error (utils.InputError, a missing file) is one line and exit code 2."""
 from __future__ import annotations
 
 import argparse
@@ -20,8 +16,7 @@ from utils import InputError, UsageError, get_rank
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """--help shows every flag's default (unless its help already says it) and keeps the
-    docstring's examples as written."""
+    """--help shows every flag's default (unless its help says it) and the examples as written."""
 
     def _get_help_string(self, action):
         if "(default" in (action.help or ""):
@@ -59,10 +54,9 @@ def arg_type(fn):
     return convert
 
 
-def int_at_least(low: int, *, name: str | None = None):
-    """argparse type: an integer >= low (e.g. int_at_least(1) for counts and sizes, int_at_least(0)
-    where the help says what 0 means). Rejects '1.5', 'ten' and values below low with a message naming
-    the bound, so argparse reports `argument --x: ...` in one line."""
+def int_at_least(low: int):
+    """argparse type: an integer >= low; '1.5', 'ten' and values below low are refused in one line
+    (`argument --x: ...`) naming the bound."""
     def convert(text: str) -> int:
         try:
             v = int(text)
@@ -71,8 +65,7 @@ def int_at_least(low: int, *, name: str | None = None):
         if v < low:
             raise argparse.ArgumentTypeError(f"{v}: must be >= {low}")
         return v
-    convert.__name__ = name or ("positive_int" if low == 1 else "non_negative_int" if low == 0 else f"int_at_least_{low}")
-    convert.kind, convert.low = "int", low
+    convert.__name__, convert.kind = f"int_at_least_{low}", "int"  # kind: the flag walk's (tests)
     return convert
 
 
@@ -96,8 +89,7 @@ def finite_float(low: float | None = None, high: float | None = None, *, low_ope
                    f"{'inf' if high is None else f'{high:g}'}{')' if high_open or high is None else ']'}"
             raise argparse.ArgumentTypeError(f"{text}: must be a finite number in {span}")
         return v
-    convert.__name__ = "finite_float"
-    convert.kind, convert.low = "float", low
+    convert.__name__, convert.kind = "finite_float", "float"
     return convert
 
 
@@ -110,9 +102,8 @@ MIN_TEMPERATURE = 1e-3  # logits of |z| <= ~1e3 stay far inside fp32 (3.4e38) af
 
 
 def check_temperature(temperature: float) -> None:
-    """The one temperature rule of the sampler (sampler.Sampler, sampler.process_logits), the trainer's
-    and the evaluator's flags (`temperature`) and the scorer: finite and >= MIN_TEMPERATURE (greedy
-    decoding is greedy=True, not T -> 0). Raises ValueError otherwise."""
+    """The one temperature rule of the sampler, the flags (`temperature`) and the scorer: finite and
+    >= MIN_TEMPERATURE (greedy decoding is greedy=True, not T -> 0). Raises ValueError otherwise."""
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or \
             not (math.isfinite(temperature) and temperature >= MIN_TEMPERATURE):
         raise ValueError(f"temperature must be finite and >= {MIN_TEMPERATURE:g}, got {temperature} "
@@ -120,8 +111,7 @@ def check_temperature(temperature: float) -> None:
 
 
 def temperature(text: str) -> float:
-    """argparse type of every --temperature: the sampler's one rule (check_temperature), met at parse
-    time by the trainer, the evaluator and the benchmarks alike."""
+    """argparse type of every --temperature: check_temperature, met at parse time."""
     try:
         v = float(text)
         check_temperature(v)
@@ -129,7 +119,7 @@ def temperature(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text}: {e}" if "temperature" in str(e) else f"invalid float value: {text!r}") from None
     return v
 
-temperature.kind, temperature.low = "float", None
+temperature.kind = "float"
 
 
 def names(valid, what: str):
@@ -164,17 +154,14 @@ def int_list(low: int = 1):
 
     def convert(text: str) -> list[int]:
         return [one(t.strip()) for t in text.split(",")]
-    convert.__name__ = "int_list"
-    convert.kind, convert.low = "int", low
+    convert.__name__, convert.kind = "int_list", "int"
     return convert
 
 
 def input_file(path: str) -> str:
     """argparse type: a readable file. Raises UsageError naming the path otherwise."""
-    if not os.path.exists(path):
-        raise UsageError(f"no such file: {path!r}")
     if not os.path.isfile(path):
-        raise UsageError(f"not a file: {path!r}")
+        raise UsageError(f"{'not a file' if os.path.exists(path) else 'no such file'}: {path!r}")
     if not os.access(path, os.R_OK):
         raise UsageError(f"not readable: {path!r}")
     return path
@@ -206,10 +193,8 @@ def error_line(e: BaseException) -> str:
 
 
 def run_script(main, argv=None):
-    """Run `main(argv)` as a script: an input error (UsageError, dataset.DataError, a missing or
-    unreadable file) prints `<script>: error: <one line>` to stderr and exits with code 2, like
-    argparse's own errors; anything else (a bug) keeps its traceback. Under torchrun every rank
-    meets the same error: rank 0 prints it, every rank exits 2."""
+    """Run `main(argv)` as a script: an input error (INPUT_ERRORS) prints `<script>: error: <one
+    line>` to stderr (rank 0) and exits 2, like argparse's errors; a bug keeps its traceback."""
     try:
         return main(argv)
     except INPUT_ERRORS as e:

@@ -1,40 +1,22 @@
-"""Semi-online RL for GUI agents (UI-S1, docs/method.md §5-§7): one top-down training script.
+"""Semi-online RL for GUI agents (UI-S1): one top-down training script of docs/method.md §5-§7.
 
-Each step (main, at the bottom; each phase a function above it):
-  1. rollout  - `rollout.semi_online_rollout`: N rollouts per task walk through the
-                expert episode with their OWN history; wrong steps are patched
-                (patch.py) up to --patch-threshold times, else the rollout ends.
-  2-3. rewards, advantages - the rule reward with the overlong penalty;
-                `advantage.compute_advantages`: discounted returns, step-level group +
-                episode-level advantages (docs/method.md §6); dynamic sampling drops tasks
-                whose step-0 returns do not vary (DAPO) and refills (draw_batch).
-  4. old/ref log-probs - one no-grad forward of the policy (on CPU its sampler's own log-probs
-                serve: --old-logp) and of the frozen reference. A step's rollouts of one task
-                share a mini-batch, and rows with a common prompt run it once (--share-prompts).
-  5. update   - PPO clipped objective with dual clip + k3 KL (kernels.ppo_loss) on the
-                fused lm_head log-prob (kernels.fused_logprob), token-mean over the
-                mini-batch across micro-batches and ranks, AdamW, grad clip; a
-                non-finite gradient norm skips the optimizer step (counted in metrics). 6. log.
-
-Task schedule (docs/method.md §6, last paragraph): a step's tasks are a pure function of (--seed,
-step, slot), each task's rollouts are seeded by them, and dynamic sampling's keep decision is global
-(TaskDraw): a run does not depend on the world size and --resume needs only the step number. At
-most 1 + --max-resample rounds; a batch still short is trained on as it is, flagged `partial`.
+main, at the bottom, runs each step's phases, each a function above it: 1. rollout (rollout.py: own
+history, wrong steps patched by patch.py) -> 2. rewards (reward.py) -> 3. returns and advantages
+(advantage.py; dynamic sampling refills: draw_batch) -> 4. old/ref log-probs -> 5. PPO update
+(kernels.ppo_loss) -> 6. log. A step's tasks are a pure function of (--seed, step, slot)
+(schedule.py): a run does not depend on the world size and --resume needs only the step number.
 
 Single process (CPU or one GPU), after `python train_sft.py --max-steps 150` (--model auto starts
-from its checkpoint; `--model tiny` trains a random tiny model, which earns no reward: its steps
-log and checkpoint without an update):
+from its checkpoint; `--model tiny`: an untrained model, which earns no reward):
     python train_semionline.py --max-steps 4
 Several processes (FSDP2; gloo on CPU, nccl on GPU); the README's main job, `--preset quickstart`:
     torchrun --nproc_per_node=2 train_semionline.py
-The paper's scale (8 GPUs, Qwen2.5-VL-7B-Instruct, AndroidControl with screenshots) with the
-release's returns and filter; `--preset paper` for the paper's returns (docs/method.md §6):
+The paper's scale (8 GPUs, Qwen2.5-VL-7B-Instruct, AndroidControl) with the release's returns and
+filter; `--preset paper` for the paper's returns (docs/method.md §6):
     torchrun --nproc_per_node=8 train_semionline.py --preset release \\
         --model /models/Qwen2.5-VL-7B-Instruct --max-pixels 1003520 --image-root /data/ac \\
         --data data/android_control/android_control_train_example_uis1.jsonl
-Offline-RL baseline on the same code: add --history expert. Short of memory: add
---gradient-checkpointing (bench/gpu_check.py's full_depth runs the 28-layer 7B on one GPU with it),
-or --lora-r 16: adapters only, the KL reference is the policy with them disabled (lora.py).
+Offline-RL baseline: --history expert. Short of memory: --gradient-checkpointing or --lora-r 16.
 """
 from __future__ import annotations
 
@@ -52,7 +34,6 @@ from tqdm import tqdm
 import chat
 import cli
 import dataset
-import gui
 import reward
 import utils
 import vlm
@@ -76,29 +57,23 @@ chat.add_prompt_args(parser)  # the prompt contract: from the starting checkpoin
 
 
 def parse(argv=None) -> tuple[RLConfig, argparse.Namespace]:
-    """The flags: (the typed config with --preset applied, the Namespace of the prompt's flags, as
-    chat.resolve_spec reads them). Bad flags: exit 2."""
+    """argv -> (the typed config, --preset applied; the prompt's flags, for chat.resolve_spec)."""
     return parse_config(parser, RLConfig, PRESETS, argv)
 
 
 def check_args(cfg: RLConfig, other: argparse.Namespace) -> None:
-    """Flag values that parse but cannot run raise utils.UsageError (one line, exit 2), before any
-    model loads and before args.json or metrics.jsonl is written."""
-    # each flag's own range (the temperature: cli.check_temperature) is its parser type's;
-    # here the rules between flags
+    """The rules between flags (a flag's own range is its parser type's): a breach raises
+    utils.UsageError before any model loads or any file is written."""
     rules = [
         (cfg.old_logp != "sampler" or cfg.top_p == 1.0,
-         f"--old-logp sampler needs --top-p 1: its log-probs (the whole vocabulary's, as "
-         f"recompute's) are checked against the trainer's forward at --top-p 1 only "
-         f"(sampler_logp_gap); at --top-p {cfg.top_p:g} use --old-logp recompute"),
+         f"--old-logp sampler needs --top-p 1 (its log-probs are checked against the trainer's "
+         f"there: sampler_logp_gap); at --top-p {cfg.top_p:g} use --old-logp recompute"),
         (cfg.share_prompts != "on" or not cfg.gradient_checkpointing,
-         "--share-prompts on needs the KV cache, which --gradient-checkpointing drops: use "
-         "--share-prompts off"),
+         "--share-prompts on needs the KV cache, which --gradient-checkpointing drops"),
         (0 <= cfg.overlong_buffer <= cfg.max_new_tokens,
          f"--overlong-buffer {cfg.overlong_buffer}: must be in [0, --max-new-tokens "
          f"{cfg.max_new_tokens}]"),
-    ]
-    rules.append((check_lora_args(cfg) is None, check_lora_args(cfg)))
+        (check_lora_args(cfg) is None, check_lora_args(cfg))]
     for ok, message in rules:
         if not ok:
             raise utils.UsageError(message)
@@ -110,57 +85,24 @@ def check_args(cfg: RLConfig, other: argparse.Namespace) -> None:
 
 
 # -----------------------------------------------------------------------------
-# diagnostics: greedy vs sampled on held-out episodes, reward by task
+# reward by task (data of few tasks: MiniWob's)
 
 
-def greedy_vs_sampled(sampler, episodes, tokenizer, image_processor,
-                      spec: chat.PromptSpec = chat.PromptSpec(), *,
-                      samples: int = 4, seed: int = 0, image_root=None, blank_screens=None) -> dict:
-    """The RL run's held-out diagnostic: the reward sees sampled responses (the sampler's
-    temperature and top-p), evaluation runs the greedy policy, and the two can move apart (RL that
-    sharpens the sampled policy towards the greedy one without moving the greedy one). Walks
-    `episodes` three times with the driver, patch threshold 0: static (the expert's history)
-    greedily, static with `samples` samples per step, and SOP (own history, greedy). Returns counts
-    (floats, to be summed over ranks): greedy_match / greedy_steps, sampled_match / sampled_steps,
-    sop_pg_sum (sum of per-episode progress), sop_solved, episodes."""
-    def walk(seed=None, **kw):
-        how = RolloutSpec(patch_threshold=0, image_root=image_root, blank_screens=blank_screens,
-                          **kw)
-        return semi_online_rollout(sampler, episodes, tokenizer, image_processor, how, spec=spec,
-                                   seed=seed) if episodes else []
-    greedy = walk(n_rollouts=1, greedy=True, history_mode="expert")
-    sampled = walk(n_rollouts=samples, greedy=False, history_mode="expert", seed=seed)
-    sop = sop_progress(walk(n_rollouts=1, greedy=True, history_mode="own"),
-                       {k: len(e.steps) for k, e in enumerate(episodes)})
-    return {"greedy_match": float(sum(r.match for r in greedy)), "greedy_steps": float(len(greedy)),
-            "sampled_match": float(sum(r.match for r in sampled)),
-            "sampled_steps": float(len(sampled)),
-            "sop_pg_sum": float(sum(c / n for c, n in sop.values())),
-            "sop_solved": float(sum(c == n for c, n in sop.values())),
-            "episodes": float(len(sop))}
-
-
-def task_reward_sums(records: list[StepRecord], slot_task: dict[int, str],
-                     tasks: list[str]) -> list[float]:
-    """Per task of `tasks`, the reward sum of `records` (a record's task:
-    slot_task[record.task_idx]), then per task the response count: 2 * len(tasks) floats, to be
-    summed over ranks and read by task_rewards (the trainer's reward_by_task)."""
-    ix, n = {t: i for i, t in enumerate(tasks)}, len(tasks)
-    sums = [0.0] * (2 * n)
-    for r in records:
-        k = ix[slot_task[r.task_idx]]
+def rewards_by_task(run, draw: TaskDraw, rolled: list[StepRecord]) -> dict[str, dict] | None:
+    """reward_by_task: {task: {"reward": mean reward, "responses": count}} over every rank's
+    responses, of the tasks that have some; None when the data has over MAX_TASKS_LOGGED tasks."""
+    tasks, n = run.task_names, len(run.task_names)  # the same on every rank
+    if n > MAX_TASKS_LOGGED:
+        return None
+    ix = {t: i for i, t in enumerate(tasks)}
+    sums = [0.0] * (2 * n)  # per task: the reward sums, then the response counts
+    for r in rolled:
+        k = ix[run.episodes[draw.slot_episode[r.task_idx]].task]
         sums[k] += r.reward
         sums[n + k] += 1
-    return sums
-
-
-def task_rewards(tasks: list[str], sums: list[float]) -> dict[str, dict]:
-    """{task: {"reward": mean reward, "responses": count}} from task_reward_sums (tasks with
-    responses)."""
-    n = len(tasks)
+    sums = utils.all_sum(sums, run.proc)
     return {t: {"reward": sums[k] / sums[n + k], "responses": int(sums[n + k])}
             for k, t in enumerate(tasks) if sums[n + k] > 0}
-
 
 
 # -----------------------------------------------------------------------------
@@ -169,9 +111,8 @@ def task_rewards(tasks: list[str], sums: list[float]) -> dict[str, dict]:
 
 def setup(cfg: RLConfig, other: argparse.Namespace, start: str,
           spec: chat.PromptSpec) -> SimpleNamespace:
-    """Processes, seeds, the data and the prompt's processor, then the models (build_models) and a
-    resumed run's checkpoint and metrics file (resume). `other`: LoRA's, the prompt's and
-    --report-to's flags (parse). Returns the run's state, which the phases below read."""
+    """Processes, seeds, the data and the prompt's processor, the models (build_models), a resume
+    (resume). other: parse's second value. Returns the run's state, which the phases below read."""
     proc = utils.init_distributed(cfg.device)
     utils.seed_everything(cfg.seed)
     gpu = proc.device.type == "cuda"
@@ -182,8 +123,6 @@ def setup(cfg: RLConfig, other: argparse.Namespace, start: str,
     if cfg.tasks_per_step % proc.world_size:
         raise utils.UsageError(f"--tasks-per-step {cfg.tasks_per_step} must be a multiple of the "
                                f"world size {proc.world_size}")
-    # data
-    blank = gui.parse_size(cfg.blank_screens) if cfg.blank_screens else None
     episodes = dataset.load_episodes(cfg.data, limit=cfg.max_episodes)
     if not episodes:
         raise utils.UsageError(f"{cfg.data}: no episodes")
@@ -192,10 +131,9 @@ def setup(cfg: RLConfig, other: argparse.Namespace, start: str,
     utils.print0(f"{len(episodes)} episodes, {sum(len(e.steps) for e in episodes)} steps from "
                  f"{cfg.data}")
     run = SimpleNamespace(
-        cfg=cfg, other=other, proc=proc, gpu=gpu, spec=spec, blank=blank, episodes=episodes,
+        cfg=cfg, other=other, proc=proc, gpu=gpu, spec=spec, episodes=episodes,
         tokenizer=tokenizer, image_processor=image_processor, pad_id=pad_token_id(tokenizer),
-        # written only once the flags, the data and a resume's checkpoint are checked
-        out=Path(cfg.out),
+        out=Path(cfg.out),  # written only once the flags, the data and a checkpoint are checked
         task_names=sorted({e.task for e in episodes}),  # the same on every rank
         heldout=dataset.load_episodes(cfg.eval_data, limit=cfg.eval_episodes)
         if cfg.eval_data else [])
@@ -207,7 +145,7 @@ def setup(cfg: RLConfig, other: argparse.Namespace, start: str,
 def build_models(run, init: str) -> None:
     """The policy (FSDP2; LoRA adapters with --lora-r), its frozen reference (KL term on), the
     optimizer and the sampler, into `run`. The sampler holds --temperature and --max-new-tokens: the
-    trainer's log-probs and the reward's length limit read them from it (one route each)."""
+    trainer reads them from it (one route each)."""
     cfg, proc = run.cfg, run.proc
     utils.print0(f"policy initialised from: {init}")
     dtype = torch.float32  # master weights; bf16 compute comes from FSDP's mixed precision on GPU
@@ -223,17 +161,14 @@ def build_models(run, init: str) -> None:
     lora_ref = cfg.kl_coef > 0 and run.adapter and cfg.ref_model is None  # (lora imported above)
     run.ref = lora.AdaptersOff(run.policy, run.adapter) if lora_ref else None
     if cfg.kl_coef > 0 and run.ref is None:
-        ref_model = vlm.load_model(cfg.ref_model or init,
+        ref_model = vlm.load_model(cfg.ref_model or init, device=proc.device,
                                    dtype=torch.bfloat16 if run.gpu else dtype,
-                                   device=proc.device,
                                    seed=cfg.seed if cfg.ref_seed is None else cfg.ref_seed)
         ref_model.requires_grad_(False).eval()
         run.ref = apply_fsdp(ref_model, PolicyLogProb(ref_model), proc, mixed_precision=False)
-    run.optimizer = utils.adamw(run.policy.parameters(), lr=cfg.lr,
-                                weight_decay=cfg.weight_decay)
+    run.optimizer = utils.adamw(run.policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     run.sampler = Sampler(model, run.tokenizer, max_new_tokens=cfg.max_new_tokens,
-                          temperature=cfg.temperature,
-                          top_p=cfg.top_p, decode=cfg.decode)
+                          temperature=cfg.temperature, top_p=cfg.top_p, decode=cfg.decode)
 
 
 def run_record(cfg: RLConfig, other: argparse.Namespace) -> dict:
@@ -244,8 +179,8 @@ def run_record(cfg: RLConfig, other: argparse.Namespace) -> dict:
 
 def resume(run) -> None:
     """With --resume, the latest checkpoint in --out (model, optimizer, every RNG; its task schedule
-    must be this run's); then args.json and the metrics file (a resumed run's steps after the
-    checkpoint logged once)."""
+    must be this run's); then args.json and the metrics file (the steps after the checkpoint are
+    redone and logged once)."""
     cfg, out = run.cfg, run.out
     run.start_step = 0
     # what the task schedule depends on: a resume must continue the same schedule
@@ -254,39 +189,20 @@ def resume(run) -> None:
     if cfg.resume:
         ckpt = utils.latest_checkpoint(out / "ckpt")
         if ckpt is not None:
-            # model, optimizer, every RNG
-            state = vlm.load_checkpoint_state(ckpt, run.policy, run.optimizer)
+            from extras.resume import load_checkpoint_state
+            state = load_checkpoint_state(ckpt, run.policy, run.optimizer)
             run.start_step = int(state.get("step", 0))
             if state.get("schedule", run.schedule) != run.schedule:
                 raise utils.UsageError(f"{ckpt}/trainer_state.json: field 'schedule' "
-                                       f"{state['schedule']} differs from this run's "
-                                       f"{run.schedule}; resume with the same --seed, "
-                                       "--tasks-per-step and data")
+                                       f"{state['schedule']} differs from this run's {run.schedule}"
+                                       "; resume with the same --seed, --tasks-per-step and data")
             utils.print0(f"resumed from {ckpt} at step {run.start_step}")
     run.record = run_record(cfg, run.other)
     if run.proc.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "args.json").write_text(utils.dumps(run.record, indent=2))
-    # a resume keeps the rows up to its checkpoint: the redone steps are logged once (trackers too)
     run.metrics = metrics_logger(out / "metrics.jsonl", report_to=cfg.report_to, config=run.record,
                                  resume_step=run.start_step if cfg.resume else None)
-
-
-def evaluate_heldout(run, step: int) -> dict:
-    """Greedy vs sampled accuracy on this rank's share of held-out episodes, summed over ranks."""
-    cfg, proc = run.cfg, run.proc
-    with sampling_mode(run.policy):
-        counts = greedy_vs_sampled(run.sampler, run.heldout[proc.rank::proc.world_size],
-                                   run.tokenizer,
-                                   run.image_processor, run.spec, samples=cfg.eval_samples,
-                                   seed=cfg.seed + step,
-                                   image_root=cfg.image_root, blank_screens=run.blank)
-    total = dict(zip(counts, utils.all_sum(list(counts.values()), proc)))
-    return {"heldout_greedy_step_acc": total["greedy_match"] / max(total["greedy_steps"], 1),
-            "heldout_sampled_step_acc": total["sampled_match"] / max(total["sampled_steps"], 1),
-            "heldout_sop_pg": total["sop_pg_sum"] / max(total["episodes"], 1),
-            "heldout_sop_tsr": total["sop_solved"] / max(total["episodes"], 1),
-            "heldout_episodes": int(total["episodes"])}
 
 
 # -----------------------------------------------------------------------------
@@ -303,7 +219,7 @@ def rollout(run, step: int, slots: list[int], episode_ids: list[int]) -> list[St
         RolloutSpec(n_rollouts=cfg.n_rollouts, patch_mode=cfg.patch_mode,
                     patch_threshold=cfg.patch_threshold, history_mode=cfg.history,
                     match_rules=cfg.match_rules, image_root=cfg.image_root,
-                    blank_screens=run.blank),
+                    blank_screens=cfg.blank_screens),
         spec=run.spec, seed=[task_seed(cfg.seed, step, s) for s in slots],
         progress=run.proc.is_main, task_ids=slots)
 
@@ -331,9 +247,8 @@ def advantages(cfg: RLConfig, records: list[StepRecord], shaped: list[float],
 
 def draw_batch(run, step: int) -> tuple[TaskDraw, list, list[StepRecord]]:
     """Phases 1-3 round by round: draw tasks, roll them out, reward them, keep those whose rollouts
-    differ (dynamic sampling), draw the missing number again (refills; docs/method.md §6, last
-    paragraph). Returns the draw, the kept responses (TrainItems) and every record this rank rolled
-    out, kept or not."""
+    differ (dynamic sampling), draw the missing number again (refills; docs/method.md §6). Returns
+    the draw, the kept responses (TrainItems) and every record this rank rolled out."""
     cfg = run.cfg
     draw = TaskDraw(cfg.seed, step, len(run.episodes), cfg.tasks_per_step, 1 + cfg.max_resample,
                     run.proc)
@@ -352,8 +267,7 @@ def draw_batch(run, step: int) -> tuple[TaskDraw, list, list[StepRecord]]:
 
 
 def rollout_stats(run, draw: TaskDraw, batch: list, rolled: list[StepRecord]) -> dict:
-    """Rollout statistics over every sampled response (kept or not), summed over ranks; by_task: the
-    per-task reward, for data of few tasks (MiniWob's), not per-goal data."""
+    """Rollout statistics over every sampled response (kept or not), summed over ranks."""
     ep_len = {s: len(run.episodes[e].steps) for s, e in draw.slot_episode.items()}
     names = ("reward_sum", "match_sum", "n_resp", "n_patched", "resp_tok", "prog_sum", "n_roll",
              "n_train", "n_cut")
@@ -363,14 +277,7 @@ def rollout_stats(run, draw: TaskDraw, batch: list, rolled: list[StepRecord]) ->
         sum(c / n for c, n in sop_progress(rolled, ep_len).values()),  # SOP progress, as eval's PG
         len({(r.task_idx, r.rollout_idx) for r in rolled}),
         len(batch), sum(r.finish_reason != "stop" for r in rolled)], run.proc)))
-    stats["by_task"] = None
-    if len(run.task_names) <= MAX_TASKS_LOGGED:
-        slot_task = {s: run.episodes[e].task for s, e in draw.slot_episode.items()}
-        stats["by_task"] = task_rewards(run.task_names,
-                                        utils.all_sum(task_reward_sums(rolled, slot_task,
-                                                                       run.task_names),
-                                                                      run.proc))
-    return stats
+    return {**stats, "by_task": rewards_by_task(run, draw, rolled)}
 
 
 def micro_batches(run, batch: list, rolled: list[StepRecord]):
@@ -392,35 +299,30 @@ def micro_batches(run, batch: list, rolled: list[StepRecord]):
 
 
 def old_ref_logprobs(run, batch: list, micro: list, collate, n_train: float) -> list[float]:
-    """4. old (unless the sampler's: --old-logp) and reference log-probs (no grad), on exactly the
-    sampled ids, into each TrainItem. Returns the max |trainer - sampler| log-prob gap of each
-    recomputed item (at --top-p 1, the setting where --old-logp sampler may stand in for this
-    forward)."""
-    cfg, ref = run.cfg, run.ref
-    gap = []
-    recompute = cfg.old_logp == "recompute"
+    """4. old (unless --old-logp sampler: the sampler's) and reference log-probs, no grad, of the
+    sampled ids, into each TrainItem. Returns each recomputed item's max |trainer - sampler|
+    log-prob gap at --top-p 1 (where both score the whole vocabulary)."""
+    ref, t = run.ref, run.sampler.temperature  # the log-probs of pi at the temperature sampled at
+    recompute, gap = run.cfg.old_logp == "recompute", []
     for it in batch if not recompute else ():
         it.old_logp = it.record.sampler_logp.float()  # (L,)
-    if n_train > 0 and (recompute or ref is not None):  # global: every rank takes the same branch
-        with torch.no_grad():
-            for mini in micro:
-                for chunk in mini:
-                    inputs = collate(chunk)
-                    t = run.sampler.temperature  # the log-probs of pi at the temperature sampled at
-                    old = run.policy(inputs, temperature=t)[0] if recompute else None  # (N,) fp32
-                    ref_lp = ref(inputs, temperature=t)[0] if ref is not None else None  # (N,)
-                    if chunk is None:
-                        continue
-                    for it, lp in zip(chunk, _per_item(chunk, old) if recompute else ()):
-                        it.old_logp = lp  # (L,)
-                    for it, lp in zip(chunk,
-                                      _per_item(chunk, ref_lp) if ref_lp is not None else ()):
-                        it.ref_logp = lp  # (L,)
-                    # both score the whole vocabulary
-                    for it in chunk if recompute and cfg.top_p == 1.0 else ():
-                        if len(it.response_ids):
-                            diff = it.old_logp - it.record.sampler_logp.to(it.old_logp)
-                            gap.append(diff.abs().max().item())
+    if n_train == 0 or not (recompute or ref is not None):  # global: the same branch on every rank
+        return gap
+    with torch.no_grad():
+        for chunk in (chunk for mini in micro for chunk in mini):
+            inputs = collate(chunk)
+            old = run.policy(inputs, temperature=t)[0] if recompute else None  # (N,) fp32
+            ref_lp = ref(inputs, temperature=t)[0] if ref is not None else None  # (N,)
+            if chunk is None:
+                continue
+            for it, lp in zip(chunk, _per_item(chunk, old) if recompute else ()):
+                it.old_logp = lp  # (L,)
+            for it, lp in zip(chunk, _per_item(chunk, ref_lp) if ref is not None else ()):
+                it.ref_logp = lp  # (L,)
+            for it in chunk if recompute and run.cfg.top_p == 1.0 else ():
+                if len(it.response_ids):
+                    diff = it.old_logp - it.record.sampler_logp.to(it.old_logp)
+                    gap.append(diff.abs().max().item())
     return gap
 
 
@@ -429,8 +331,7 @@ def update(run, micro: list, collate, n_train: float) -> dict:
     (1 PPO epoch, ppo_step). Returns this rank's sums over them (loss, kl, entropy, clipped, tokens,
     skipped), the last grad_norm and the first micro-batch's ratio_dev and logp_gap."""
     totals = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0,
-              "grad_norm": None,
-              "skipped": 0, "ratio_dev": None, "logp_gap": None}
+              "grad_norm": None, "skipped": 0, "ratio_dev": None, "logp_gap": None}
     for mini in micro if n_train > 0 else ():
         sums = ppo_step(run.policy, run.optimizer, mini, collate, run.proc,
                         **loss_config(run.cfg, run.sampler))
@@ -444,8 +345,8 @@ def update(run, micro: list, collate, n_train: float) -> dict:
 
 def log_step(run, step: int, draw: TaskDraw, st: dict, totals: dict, gap: list[float], n_micro: int,
              times: dict) -> dict:
-    """6. log: the step's metrics row (metrics.jsonl and --report-to; rank 0), after this step's
-    held-out evaluation when one is due, and its line on stdout. Returns the row."""
+    """6. log: the step's metrics row (metrics.jsonl and --report-to; rank 0), with the held-out
+    evaluation when one is due, and its line on stdout. Returns the row."""
     cfg, proc = run.cfg, run.proc
     loss_all, kl_all, ent_all, clip_all, tok_all = utils.all_sum(
         [totals[k] for k in ("loss", "kl", "entropy", "clipped", "tokens")], proc)
@@ -454,48 +355,38 @@ def log_step(run, step: int, draw: TaskDraw, st: dict, totals: dict, gap: list[f
     last = {
         "step": step + 1, "loss": loss_all / n_micro if st["n_train"] > 0 else None,
         "reward_mean": st["reward_sum"] / n_resp, "match_rate": st["match_sum"] / n_resp,
-        # {task: {reward (mean), responses}} of the tasks drawn; None: > 32 tasks
-        "reward_by_task": st["by_task"],
-        # responses cut at --max-new-tokens (strict rules: reward 0)
-        "truncated_rate": st["n_cut"] / n_resp,
+        "reward_by_task": st["by_task"],  # {task: {reward, responses}}; None: > 32 tasks
+        "truncated_rate": st["n_cut"] / n_resp,  # cut at --max-new-tokens (strict rules: reward 0)
         "progress": st["prog_sum"] / max(st["n_roll"], 1), "patch_rate": st["n_patched"] / n_resp,
         **draw.info(), "updates_skipped": totals["skipped"],
         "kl": per_tok(kl_all), "entropy": per_tok(ent_all), "clipfrac": per_tok(clip_all),
         "grad_norm": totals["grad_norm"], "response_len": st["resp_tok"] / n_resp,
-        "train_tokens": int(tok_all),
-        "tok_s": st["resp_tok"] / max(t_rollout, 1e-9), "time_rollout_s": t_rollout,
-        "time_logp_s": times["logp"],
-        "time_update_s": times["update"], "time_s": time.time() - times["t0"],
-        # max |trainer - sampler| log-prob over rank 0's tokens (--old-logp sampler: the
-        # first micro-batch's), a numerics check; null at --top-p < 1, where --old-logp
-        # sampler is not offered
-        "sampler_logp_gap": None if cfg.top_p < 1.0
-        else max(gap, default=0.0) if cfg.old_logp == "recompute"
-        else totals["logp_gap"],
-        # the first (on-policy) micro-batch's: 0 exactly under recompute
-        "first_ratio_dev": totals["ratio_dev"],
-        "old_logp": cfg.old_logp,
-        "fsdp": torch.distributed.is_initialized(),  # sharded by FSDP2 (always under torchrun)
-        # the sampler's decode path ("static" if a CUDA graph capture failed)
-        "decode": run.sampler.decode,
-        # this rank: the step's (CUDA) or the run's (CPU)
-        "peak_mem_bytes": utils.peak_memory_bytes(proc.device),
+        "train_tokens": int(tok_all), "tok_s": st["resp_tok"] / max(t_rollout, 1e-9),
+        "time_rollout_s": t_rollout, "time_logp_s": times["logp"], "time_update_s": times["update"],
+        "time_s": time.time() - times["t0"],
+        # max |trainer - sampler| log-prob over rank 0's tokens (--old-logp sampler: the first
+        # micro-batch's); null at --top-p < 1, where --old-logp sampler is not offered
+        "sampler_logp_gap": None if cfg.top_p < 1.0 else max(gap, default=0.0)
+        if cfg.old_logp == "recompute" else totals["logp_gap"],
+        "first_ratio_dev": totals["ratio_dev"],  # first (on-policy) micro-batch's: 0 recomputed
+        "old_logp": cfg.old_logp, "fsdp": torch.distributed.is_initialized(),
+        "decode": run.sampler.decode,  # "static" if a CUDA graph capture failed
+        "peak_mem_bytes": utils.peak_memory_bytes(proc.device),  # the step's (CUDA), run's (CPU)
     }
-    due = (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.max_steps
-    if run.heldout and due:
-        last.update(evaluate_heldout(run, step + 1))  # after this step's update
+    if run.heldout:  # --eval-data
+        from extras.heldout import evaluate_heldout
+        last.update(evaluate_heldout(run, step + 1))
     run.metrics.log(last)
     utils.print0(
-        f"step {step + 1:4d} | loss {_fmt(last['loss'], '+.4f')} "
-        f"| reward {last['reward_mean']:.3f} | match {last['match_rate']:.3f} "
-        f"| prog {last['progress']:.3f} | patch {last['patch_rate']:.2f} "
-        f"| cut {last['truncated_rate']:.2f} "
+        f"step {step + 1:4d} | loss {_fmt(last['loss'], '+.4f')} | reward {last['reward_mean']:.3f}"
+        f" | match {last['match_rate']:.3f} | prog {last['progress']:.3f}"
+        f" | patch {last['patch_rate']:.2f} | cut {last['truncated_rate']:.2f} "
         f"| kept {last['tasks_kept']}/{last['tasks_tried']} in {last['rounds']} rounds"
         f"{' (PARTIAL)' if last['partial'] else ''} | kl {_fmt(last['kl'], '.2e')} "
         f"| ent {_fmt(last['entropy'], '.2f')} | clip {_fmt(last['clipfrac'], '.3f')} "
         f"| skipped {totals['skipped']} | len {last['response_len']:.0f} "
-        f"| {last['tok_s']:.0f} tok/s "
-        f"| rollout {t_rollout:.1f}s update {times['logp'] + times['update']:.1f}s")
+        f"| {last['tok_s']:.0f} tok/s | rollout {t_rollout:.1f}s "
+        f"update {times['logp'] + times['update']:.1f}s")
     return last
 
 
@@ -505,10 +396,10 @@ def finish(run, last: dict) -> None:
     cfg, out = run.cfg, run.out
     run.metrics.close()
     utils.cleanup_distributed()
-    if run.proc.is_main and run.cfg.merge:  # the adapted model as a plain Hugging Face folder
-        merged = vlm.merge_checkpoint(utils.latest_checkpoint(out / "ckpt"), out / "merged")
-        utils.print0(f"merged: {merged}")
     if run.proc.is_main:
+        if cfg.merge:  # the adapted model as a plain Hugging Face folder
+            merged = vlm.merge_checkpoint(utils.latest_checkpoint(out / "ckpt"), out / "merged")
+            print(f"merged: {merged}", flush=True)
         utils.print_next_steps(out, cfg.data, "out/eval/semionline")
         print(utils.dumps(last), flush=True)
 
@@ -518,9 +409,8 @@ def main(argv=None):
     cfg, other = parse(argv)
     if cfg.model == "auto" and utils.latest_checkpoint(cfg.sft_dir) is None:
         raise utils.UsageError(f"--model auto: no SFT checkpoint in {cfg.sft_dir} (run "
-                               "train_sft.py first, point --sft-dir at its ckpt/, give one step's "
-                               "folder as --model PATH, or --model tiny to train the untrained "
-                               "model)")
+                               "train_sft.py, point --sft-dir at its ckpt/, give --model PATH or "
+                               "--model tiny)")
     start = str(utils.latest_checkpoint(cfg.sft_dir)) if cfg.model == "auto" else cfg.model
     # the prompt the checkpoint was trained on
     spec = chat.resolve_spec(other, start, say=utils.print0)
@@ -528,6 +418,7 @@ def main(argv=None):
     run = setup(cfg, other, start, spec)
     last = {}
     if run.heldout and run.start_step == 0:  # the starting point (the SFT model), as row "step 0"
+        from extras.heldout import evaluate_heldout
         run.metrics.log({"step": 0, **evaluate_heldout(run, 0)})
     for step in tqdm(range(run.start_step, cfg.max_steps), desc="semi-online RL",
                      disable=not run.proc.is_main):
@@ -553,9 +444,8 @@ def main(argv=None):
         every = cfg.save_every and (step + 1) % cfg.save_every == 0
         if stop or step + 1 == cfg.max_steps or every:
             vlm.save_checkpoint(run.out / "ckpt", run.policy, run.tokenizer, run.record,
-                                optimizer=run.optimizer,
+                                optimizer=run.optimizer, adapter=run.adapter,
                                 extra={"step": step + 1, "schedule": run.schedule},
-                                adapter=run.adapter,
                                 keep=cfg.keep_checkpoints)
         if stop:
             break
@@ -565,10 +455,9 @@ def main(argv=None):
 
 @dataclass
 class TrainItem:
-    """A kept response and what the trainer computes for it (the rollout's StepRecord stays as the
-    rollout left it): adv, its advantage A (one float for all its tokens, docs/method.md §6);
-    old_logp and ref_logp, (L,) fp32 log-probs of its ids under the policy before the update and
-    under the frozen reference (when the KL term is on)."""
+    """A kept response (its StepRecord as the rollout left it) and what the trainer computes for it:
+    adv, its advantage A (one float for all its tokens, docs/method.md §6); old_logp and ref_logp,
+    (L,) fp32 log-probs of its ids under the policy before the update and the frozen reference."""
     record: StepRecord
     adv: float
     old_logp: torch.Tensor | None = None
@@ -584,31 +473,26 @@ class TrainItem:
 
 
 def loss_config(cfg: RLConfig, sampler) -> dict:
-    """The values ppo_step reads: the loss flags of cfg, and the sampler's temperature (the
-    log-probs are of pi at the temperature the responses were drawn at) and length limit (Dr.GRPO's
-    max_len). sampler: the run's sampler.Sampler (or anything with temperature, max_new_tokens)."""
+    """ppo_step's keywords: cfg's loss flags and the sampler's temperature and length limit (the
+    responses were drawn at them). sampler: sampler.Sampler, or anything with those two fields."""
     return dict(temperature=sampler.temperature, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                 clip_c=cfg.clip_c, kl_coef=cfg.kl_coef, loss_agg=cfg.loss_agg,
                 max_len=sampler.max_new_tokens, grad_clip=cfg.grad_clip)
 
 
 def ppo_step(policy, optimizer, mb, collate, proc, *, temperature: float, clip_low: float,
-             clip_high: float,
-             clip_c: float, kl_coef: float, loss_agg: str, max_len: int, grad_clip: float) -> dict:
-    """One optimizer step on one mini-batch: per-token PPO clip + dual clip + k3 KL
-    (kernels.ppo_loss), aggregated by loss_agg over the WHOLE mini-batch (kernels.aggregate_loss;
-    its denominator kernels.loss_denominator summed over all micro-batches on all ranks; max_len:
-    the generation budget, Dr.GRPO's constant), backward per micro-batch, global grad-norm clip
-    (grad_clip), optimizer.step(). temperature: the sampler's (the log-probs are of pi at T).
+             clip_high: float, clip_c: float, kl_coef: float, loss_agg: str, max_len: int,
+             grad_clip: float) -> dict:
+    """One optimizer step on the mini-batch `mb`: per-token PPO clip + dual clip + k3 KL
+    (kernels.ppo_loss) of the log-probs at `temperature` (the sampler's), aggregated by loss_agg
+    over the WHOLE mini-batch (kernels.loss_denominator summed over its micro-batches and the ranks;
+    max_len: Dr.GRPO's constant), backward per micro-batch, global grad-norm clip, optimizer.step();
+    a non-finite norm skips the step and drops the gradients.
 
-    mb: list of micro-batches, each a list of TrainItems (response_ids, adv, old_logp, and ref_logp
-    when kl_coef > 0) or None: a dummy that runs the same FSDP collectives with zero gradient.
-    collate(chunk) -> model batch. proc: utils.Dist. A non-finite global gradient norm skips
-    optimizer.step() and drops the gradients ("skipped": 1). Returns this rank's sums: loss (its
-    share of the mini-batch loss), kl, entropy, clipped, tokens; and grad_norm (global, float),
-    skipped (0/1), ratio_dev (max |ratio - 1| of the first real micro-batch, None if none) and
-    logp_gap (its max |logp - old_logp|: the trainer-sampler gap when old_logp is the sampler's).
-    """
+    mb: micro-batches, each a list of TrainItems or None (a dummy: the same FSDP collectives, zero
+    gradient); collate(chunk) -> the model's batch; proc: utils.Dist. Returns this rank's sums
+    (loss, kl, entropy, clipped, tokens), grad_norm (global), skipped (0/1), and of the first real
+    micro-batch ratio_dev (max |ratio - 1|) and logp_gap (max |logp - old_logp|), else None."""
     real = [len(r.response_ids) for chunk in mb if chunk is not None for r in chunk]
     denom = max(utils.all_sum([loss_denominator(real, loss_agg, max_len)], proc)[0], 1.0)  # global
     out = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0,
@@ -628,8 +512,7 @@ def ppo_step(policy, optimizer, mb, collate, proc, *, temperature: float, clip_l
         mask = torch.ones_like(logp)  # (N,): every target is a response token
         per_tok, parts = ppo_loss(logp, old, adv, mask, ref_logp=ref_lp, clip_low=clip_low,
                                   clip_high=clip_high, clip_c=clip_c, kl_coef=kl_coef)  # (N,)
-        share = aggregate_loss(per_tok, [len(r.response_ids) for r in chunk], loss_agg,
-                               denom)  # scalar
+        share = aggregate_loss(per_tok, [len(r.response_ids) for r in chunk], loss_agg, denom)
         # FSDP averages gradients over ranks; * world_size turns that back into a global sum
         (share * proc.world_size).backward()
         # on the first mini-batch this is on-policy: ratio 1 (recomputed: exactly)
@@ -652,18 +535,13 @@ def ppo_step(policy, optimizer, mb, collate, proc, *, temperature: float, clip_l
 
 
 def _micro_batches(records, n_mini, micro_size, proc, length=None):
-    """Split records (TrainItems, or anything with task_idx and step_idx) into n_mini mini-batches,
-    each a list of micro-batches.
-
-    The records of one task at one step (its rollouts there: one group of docs/method.md §6, with
-    identical prompts wherever their histories agree) go together to mini-batch (task_idx +
-    step_idx) % n_mini, in record order. So the union of a mini-batch over ranks does not depend on
-    the world size (the 1- vs 2-process test), and a micro-batch can run the prompt its rows share
-    once (--share-prompts); verl keeps a prompt's responses in one mini-batch the same way.
-    length(record) -> tokens: each mini-batch is sorted (stable) by its groups' longest length, then
-    by length within a group, before it is cut, so a micro-batch pads less; only the summation order
-    changes. Every rank runs the same number of micro-batches (None = a zero-weight dummy); a
-    mini-batch empty on every rank is dropped."""
+    """Split records (TrainItems, or anything with task_idx and step_idx) into n_mini mini-batches
+    of micro-batches of <= micro_size. One task's records at one step (a group, docs/method.md §6)
+    go together to mini-batch (task_idx + step_idx) % n_mini, so a mini-batch's union over ranks
+    does not depend on the world size and a micro-batch can run its rows' shared prompt once (verl
+    keeps a group together too). length(record) -> tokens: a mini-batch is sorted (stable) by its
+    groups' longest, then within a group, so micro-batches pad less. Every rank runs the same number
+    of micro-batches (None: a zero-weight dummy); a mini-batch empty on every rank is dropped."""
     minis = [[] for _ in range(n_mini)]
     for r in records:
         minis[(r.task_idx + r.step_idx) % n_mini].append(r)

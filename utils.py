@@ -1,10 +1,7 @@
-"""The plumbing the stages share, nothing GUI-, model- or method-specific (gui.py, vlm.py, rollout.py,
-...) and no torch until a function needs it (the prompt builder and the dataset import it without the
-model): 1. the input errors every module raises (cli.run_script reports them in one line) and what a
-trainer prints when it ends; 2. distributed set-up, seeding, every generator's state, the trainers'
-optimizer; 3. checkpoint folders (their weights: vlm.save_checkpoint / vlm.load_checkpoint_state);
-4. output: `dumps` (JSON with no NaN / Infinity) and `MetricsLogger` (metrics.jsonl; the trackers of
---report-to: extras/trackers.py). The command line every script shares is cli.py.
+"""The plumbing the stages share, nothing GUI-, model- or method-specific, and no torch until a
+function needs it (the prompt builder and the dataset import this without the model): input errors,
+distributed set-up, seeding and generators' state, the optimizer, checkpoint folders, strict JSON
+output and the metrics file.
 """
 from __future__ import annotations
 
@@ -72,9 +69,9 @@ class Dist:
 
 
 def init_distributed(device: str = "auto") -> Dist:
-    """Read torchrun's RANK / WORLD_SIZE / LOCAL_RANK; start a process group (nccl on CUDA, gloo
-    on CPU) whenever torchrun launched us, `--nproc_per_node=1` included, so one GPU runs the same
-    FSDP2 path as eight; a plain `python script.py` runs unsharded. device: "auto", "cpu", "cuda"."""
+    """Read torchrun's RANK / WORLD_SIZE / LOCAL_RANK; start a process group (nccl on CUDA, gloo on
+    CPU) whenever torchrun launched us, one process included (the same FSDP2 path as eight); a plain
+    `python script.py` runs unsharded. device: "auto", "cpu", "cuda"."""
     import torch
     import torch.distributed as dist
 
@@ -104,7 +101,7 @@ def get_rank() -> int:
 
 
 def print0(*args, **kwargs) -> None:
-    """print on rank 0 only (flushes, so logs interleave sanely with tqdm)."""
+    """print on rank 0 only, flushed (so logs interleave with tqdm)."""
     if get_rank() == 0:
         print(*args, **kwargs, flush=True)
 
@@ -139,14 +136,12 @@ def peak_memory_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def adamw(params, lr: float, weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.AdamW:
-    """The trainers' optimizer: AdamW with the fused kernel on every device. On CUDA the default
-    (foreach) holds a model-sized temporary (sqrt of the second moment); on CPU it is a Python loop of
-    ~10 elementwise passes per parameter (fused: ~8x faster a step for the tiny model). Only the
-    parameters with requires_grad are optimised: all of them, or a LoRA run's adapters."""
+def adamw(params, lr: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
+    """The trainers' optimizer: AdamW, fused on every device (the default holds a model-sized
+    temporary on CUDA and is ~8x slower on CPU), over the parameters with requires_grad."""
     import torch
 
-    return torch.optim.AdamW([p for p in params if p.requires_grad], lr=lr, weight_decay=weight_decay, betas=betas, fused=True)
+    return torch.optim.AdamW([p for p in params if p.requires_grad], lr=lr, weight_decay=weight_decay, fused=True)
 
 
 def seed_everything(seed: int) -> None:
@@ -238,8 +233,7 @@ def dumps(obj, **kwargs) -> str:
 class MetricsLogger:
     """One strict-JSON object per line (`dumps`) to `path`, rank 0 only, plus wall time `t`; a new run
     starts the file afresh, append=True continues it, resume_step (a --resume from the checkpoint of
-    that step; 0: none found, a new run) keeps the rows up to it (`resume_at`). The trackers of
-    --report-to: extras.trackers.TrackedLogger (configs.common.metrics_logger picks)."""
+    that step; 0: none found) keeps the rows up to it (`resume_at`)."""
 
     def __init__(self, path: str | os.PathLike, append: bool = False, resume_step: int | None = None):
         self.path, self.t0, self.n = Path(path), time.time(), 0
@@ -251,9 +245,8 @@ class MetricsLogger:
                 self.path.write_text("")
 
     def resume_at(self, step: int) -> int:
-        """A resumed run continues from the checkpoint of `step` and redoes the steps after it: keep the
-        rows of steps <= step (none when step == 0: the run starts over) and drop the later ones and a
-        line cut by a kill, so no step appears twice. Rewrites the file atomically (rank 0); returns the
+        """Keep the rows of steps <= step (none when step == 0), drop the later ones and a line cut by
+        a kill, so the redone steps appear once. Rewrites the file atomically (rank 0); returns the
         number of rows dropped (0 elsewhere)."""
         if get_rank() != 0 or not self.path.exists():
             return 0

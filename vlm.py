@@ -228,13 +228,6 @@ def save_checkpoint(out_dir: str | os.PathLike, model, tokenizer, args: dict, *,
     return final
 
 
-def load_checkpoint_state(ckpt, model, optimizer=None) -> dict:
-    """--resume's reader, extras/resume.py (imported only when a run resumes)."""
-    from extras.resume import load_checkpoint_state as load
-    return load(ckpt, model, optimizer)
-
-
-
 # -----------------------------------------------------------------------------
 # the trainer's batches: responses and their prompts right-padded into one batch (collate_sequences,
 # the one pad-id rule). Pure tensors.

@@ -13,6 +13,7 @@ from test_train import ENV, PY, REPO, RL, SFT, rl_ckpt  # noqa: F401 (fixture)
 # Not "triton" itself: transformers' torch._dynamo may import it while building a model; the project's
 # Triton kernels (kernels/*_triton) are what must stay unloaded on CPU.
 NOT_ON_THE_PATH = ["peft", "lora", "extras.trackers", "extras.release", "extras.android_control", "extras.resume",
+                   "extras.heldout",
                    "kernels.logprob_triton", "kernels.ppo_loss_triton", "kernels.group_norm_triton"]
 
 # one process: the SFT step, then the RL step; prints the watched modules it imported and the last rows
