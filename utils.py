@@ -232,39 +232,15 @@ def dumps(obj, **kwargs) -> str:
 
 class MetricsLogger:
     """One strict-JSON object per line (`dumps`) to `path`, rank 0 only, plus wall time `t`; a new run
-    starts the file afresh, append=True continues it, resume_step (a --resume from the checkpoint of
-    that step; 0: none found) keeps the rows up to it (`resume_at`)."""
+    starts the file afresh, append=True continues it (a --resume: extras.resume.trim_metrics has kept
+    the rows up to its checkpoint)."""
 
-    def __init__(self, path: str | os.PathLike, append: bool = False, resume_step: int | None = None):
+    def __init__(self, path: str | os.PathLike, append: bool = False):
         self.path, self.t0, self.n = Path(path), time.time(), 0
         if get_rank() == 0:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            if resume_step is not None:
-                self.resume_at(resume_step)
-            elif not append:
+            if not append:
                 self.path.write_text("")
-
-    def resume_at(self, step: int) -> int:
-        """Keep the rows of steps <= step (none when step == 0), drop the later ones and a line cut by
-        a kill, so the redone steps appear once. Rewrites the file atomically (rank 0); returns the
-        number of rows dropped (0 elsewhere)."""
-        if get_rank() != 0 or not self.path.exists():
-            return 0
-        lines = self.path.read_text(encoding="utf-8").splitlines()
-        keep = []
-        for line in lines:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                break                      # a line cut mid-write: the run died here
-            if not isinstance(row, dict) or step == 0 or row.get("step", 0) > step:
-                break
-            keep.append(line)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(x + "\n" for x in keep), encoding="utf-8")
-        os.replace(tmp, self.path)
-        self.n = len(keep)
-        return len(lines) - len(keep)
 
     def log(self, row: dict) -> dict | None:
         """Append `row` with its wall time `t`; returns the row written (None off rank 0)."""

@@ -48,8 +48,13 @@ def check_lora_args(cfg) -> str | None:
 
 def metrics_logger(path, report_to=("none",), config: dict | None = None, resume_step: int | None = None):
     """utils.MetricsLogger (metrics.jsonl), or with --report-to naming trackers
-    extras.trackers.TrackedLogger (imported only then). config: the run's args, for the trackers."""
+    extras.trackers.TrackedLogger (imported only then). config: the run's args, for the trackers.
+    resume_step: a --resume from the checkpoint of that step (0: none found), whose rows are kept."""
     if all(name == "none" for name in report_to):
-        return utils.MetricsLogger(path, resume_step=resume_step)
+        if resume_step is None:
+            return utils.MetricsLogger(path)
+        from extras.resume import trim_metrics
+        trim_metrics(path, resume_step)
+        return utils.MetricsLogger(path, append=True)
     from extras.trackers import TrackedLogger
     return TrackedLogger(path, report_to=report_to, config=config, resume_step=resume_step)

@@ -45,3 +45,25 @@ def load_checkpoint_state(ckpt: str | os.PathLike, model, optimizer=None) -> dic
                              f"resume with that many processes")
         utils.set_rng_state(state["rng"][rank])
     return state
+
+
+def trim_metrics(path: str | os.PathLike, step: int) -> int:
+    """A resumed run's metrics.jsonl: keep the rows of steps <= step (none when step == 0: no checkpoint
+    was found), drop the later ones and a line cut by a kill, so the steps redone after the checkpoint
+    appear once. Rewrites the file atomically, on rank 0 only; returns the number of rows kept."""
+    path = Path(path)
+    if utils.get_rank() != 0 or not path.exists():
+        return 0
+    keep = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            break  # a line cut mid-write: the run died here
+        if not isinstance(row, dict) or step == 0 or row.get("step", 0) > step:
+            break
+        keep.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(x + "\n" for x in keep), encoding="utf-8")
+    os.replace(tmp, path)
+    return len(keep)

@@ -9,6 +9,7 @@ import json
 import os
 
 import utils
+from extras.resume import trim_metrics
 
 # the trackers, named as transformers' and TRL's `report_to` names them; the module each one needs
 # (torch.utils.tensorboard imports the tensorboard package)
@@ -54,7 +55,9 @@ class TrackedLogger(utils.MetricsLogger):
 
     def __init__(self, path, append: bool = False, report_to=(), config: dict | None = None,
                  resume_step: int | None = None):
-        super().__init__(path, append=append, resume_step=resume_step)
+        kept = trim_metrics(path, resume_step) if resume_step is not None else 0
+        super().__init__(path, append=append or resume_step is not None)
+        self.n = kept  # a row without "step" is drawn at its index in the file
         self.tb = self.wandb = self.trackio = None
         names = [n for n in report_to or () if n != "none"] if utils.get_rank() == 0 else []
         modules = {name: _module(name) for name in names}
