@@ -162,16 +162,11 @@ def action_match(pred: dict | None, expert: dict, candidate_bbox, image_size: tu
     rules "strict" (docs/method.md §4): the expert type's rule in RULES (rule_* below).
     "release": extras.release.release_match, the release's check as it ran (pred: its raw JSON;
     where the release's code raises, (False, False)). A function (pred, expert, candidate_bbox,
-    image_size) -> (match, type_match): the caller's rule set (the evaluator's published protocols);
-    a pred without "action" is (False, False), one on which the rule raises a mismatch.
-    A hand-made pred missing its fields is a mismatch. Raises ValueError on unknown rules."""
+    image_size) -> (match, type_match) that never raises on a bad pred (None included): the
+    caller's rule set (evaluation/protocols.py). A hand-made pred missing its fields is a mismatch.
+    Raises ValueError on unknown rules."""
     if callable(rules):
-        if not isinstance(pred, dict) or "action" not in pred:
-            return False, False
-        try:
-            return rules(pred, expert, candidate_bbox or [], image_size)
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError):  # a hand-made pred missing its fields
-            return False, pred.get("action") == expert["action"]
+        return rules(pred, expert, candidate_bbox or [], image_size)
     if rules not in MATCH_RULES:
         raise ValueError(f"rules: expected one of {MATCH_RULES} or a rule function, got {rules!r}")
     if rules == "release":  # the release's check: an optional module, imported only when asked
