@@ -187,10 +187,8 @@ class _LogProb(torch.autograd.Function):
         zero = torch.zeros((), dtype=torch.float32, device=hidden.device)
         g_logp = zero.expand(targets.shape) if g_logp is None else g_logp.float()
         g_logp = torch.where(valid, g_logp, zero).contiguous()  # ignored rows get no gradient
-        if g_ent is not None and compute_entropy:
-            g_ent = torch.where(valid, g_ent.float(), zero).contiguous()
-        else:
-            g_ent = None
+        use_ent = g_ent is not None and compute_entropy
+        g_ent = torch.where(valid, g_ent.float(), zero).contiguous() if use_ent else None
         targets = torch.where(valid, targets, 0)  # any in-range id will do: g = e = 0 there
         dh, dw = bwd(hidden, weight, targets, norm, ent, g_logp, g_ent, temperature, need_dh, need_dw)
         return dh, dw, None, None, None, None, None, None

@@ -34,13 +34,11 @@ from kernels._dispatch import use_triton
 
 
 def _check(logp, old_logp, adv, mask, ref_logp):
-    named = {"old_logp": old_logp, "adv": adv, "mask": mask}
-    if ref_logp is not None:
-        named["ref_logp"] = ref_logp
+    named = {"old_logp": old_logp, "adv": adv, "mask": mask, "ref_logp": ref_logp}
     for name, t in named.items():
-        if t.shape != logp.shape:
+        if t is not None and t.shape != logp.shape:
             raise ValueError(f"ppo_loss: {name} has shape {tuple(t.shape)}, logp has {tuple(logp.shape)}")
-        if t.device != logp.device:
+        if t is not None and t.device != logp.device:
             raise ValueError(f"ppo_loss: {name} is on {t.device}, logp on {logp.device}")
     for name, t in [("logp", logp), ("old_logp", old_logp), ("adv", adv), ("ref_logp", ref_logp)]:
         if t is not None and not t.dtype.is_floating_point:
@@ -66,23 +64,16 @@ def ppo_loss_ref(logp, old_logp, adv, mask, ref_logp=None, clip_low=0.2, clip_hi
     pg = torch.where(clip, pg2, pg1)
     pg3 = -adv * clip_c
     dual = (adv < 0) & (pg > pg3)
-    pg = torch.where(dual, pg3, pg)
-    loss = pg
+    loss = torch.where(dual, pg3, pg)
     kl = torch.zeros_like(logp)
     if ref_logp is not None:
         ref = torch.where(m, ref_logp.detach().float(), zero)
         d = torch.clamp(ref - logp, -log_ratio_clamp, log_ratio_clamp)
         kl = torch.clamp(torch.exp(d) - d - 1.0, -kl_clamp, kl_clamp)
         loss = loss + kl_coef * kl
-    loss = torch.where(m, loss, zero)
-    f = lambda b: (m & b).float()  # noqa: E731
-    stats = {
-        "ratio": torch.where(m, ratio, zero).detach(),
-        "clipped": f(clip | dual),
-        "dual_clipped": f(dual),
-        "kl": torch.where(m, kl, zero).detach(),
-    }
-    return loss, stats
+    stats = {"ratio": torch.where(m, ratio, zero).detach(), "clipped": (m & (clip | dual)).float(),
+             "dual_clipped": (m & dual).float(), "kl": torch.where(m, kl, zero).detach()}
+    return torch.where(m, loss, zero), stats
 
 
 def ppo_loss(logp, old_logp, adv, mask, ref_logp=None, clip_low=0.2, clip_high=0.2, clip_c=3.0, kl_coef=1e-4,
