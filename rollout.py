@@ -65,16 +65,6 @@ class _Rollout:
     alive: bool = True
 
 
-@dataclass
-class StepPrompt:
-    """The prompt of a sampler whose `reads_prompt` is False (eval_sop.py's expert replay): the step
-    and the sizes (W, H) of the screenshot and of its resized form, no tokens and no pixels."""
-    step: dataset.Step
-    step_idx: int
-    orig_size: tuple[int, int]
-    resized_size: tuple[int, int]
-
-
 @dataclass(frozen=True)
 class RolloutSpec:
     """How the rollouts walk each expert episode (§5), set by the trainer or the evaluator.
@@ -105,8 +95,9 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor,
     greedy rollout, patch_threshold 0; static the same with the expert's history).
 
     sampler: sampler.Sampler or anything with .generate(prompts, n, greedy, seeds) (n: a sample
-    count per prompt) returning outs[i][j] with .text, .ids, .logprobs, .finish_reason (StepPrompts
-    when its `reads_prompt` is False). episodes: list[dataset.Episode]. spec: the prompt contract.
+    count per prompt) returning outs[i][j] with .text, .ids, .logprobs, .finish_reason; a sampler's
+    own `prompt_builder` replaces _Prompts (the expert replay's builds none: policies.StepPrompts).
+    episodes: list[dataset.Episode]. spec: the prompt contract.
     seed: an int or one per task; a prompt's seed derives from (it, episode_id, step, history), so
     a task's rollouts depend on neither the batch nor the rank. task_ids: each episode's task_idx
     in the records (default: its index). Returns the records in (step, task, rollout) order.
@@ -115,8 +106,8 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor,
     if walk.history_mode not in HISTORY_MODES:
         raise ValueError(f"history_mode must be one of {HISTORY_MODES}, got {walk.history_mode!r}")
     patch.check_patch_data(walk.patch_mode, episodes)
-    prompt_for = _Prompts(episodes, tokenizer, image_processor, spec, walk.image_root,
-                          walk.blank_screens, reads_prompt=getattr(sampler, "reads_prompt", True))
+    prompt_for = getattr(sampler, "prompt_builder", _Prompts)(episodes, tokenizer, image_processor, spec,
+                                                             walk.image_root, walk.blank_screens)
     task_seeds = [seed] * len(episodes) if isinstance(seed, int) else seed  # one per task, or None
     states = [[_Rollout() for _ in range(walk.n_rollouts)] for _ in episodes]
     records: list[StepRecord] = []
@@ -156,13 +147,12 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor,
 
 
 class _Prompts:
-    """The driver's prompts: prompt_for(k, t, history, hint) is chat.step_prompt of task k at step t, the
-    screenshots loaded lazily, once per (task, step), and freed when no later prompt reads them; a
-    StepPrompt for a sampler that never reads its prompt (no tokens built, no screenshot decoded)."""
+    """The driver's prompts: prompt_for(k, t, history, hint) is chat.step_prompt of task k at step t,
+    the screenshots loaded lazily, once per (task, step), and freed when no later prompt reads them."""
 
-    def __init__(self, episodes, tokenizer, image_processor, spec, image_root, blank_screens, reads_prompt: bool):
+    def __init__(self, episodes, tokenizer, image_processor, spec, image_root, blank_screens):
         self.episodes, self.tokenizer, self.image_processor, self.spec = episodes, tokenizer, image_processor, spec
-        self.image_root, self.blank_screens, self.reads_prompt = image_root, blank_screens, reads_prompt
+        self.image_root, self.blank_screens = image_root, blank_screens
         self.shots = [[None] * len(ep.steps) for ep in episodes]
 
     def screenshot(self, k: int, t: int):
@@ -173,9 +163,6 @@ class _Prompts:
 
     def __call__(self, k: int, t: int, history, hint=None):
         step, spec = self.episodes[k].steps[t], self.spec
-        if not self.reads_prompt:
-            orig = dataset.original_size(step, image_root=self.image_root, blank_screens=self.blank_screens)
-            return StepPrompt(step, t, orig, gui.resized_size(orig, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels))
         # the prompt reads the last num_images screenshots only; steps are walked in order,
         # so older ones are never needed again: free them
         k_img = spec.num_images
