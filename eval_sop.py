@@ -264,7 +264,11 @@ def greedy_rollouts(episodes: list[dataset.Episode], sampler, args, tokenizer, i
             records = semi_online_rollout(sampler, chunk, tokenizer, image_processor, how,
                                           spec=spec)
             lens = {k: len(ep.steps) for k, ep in enumerate(chunk)}
-            for (k, _), p in sop_progress(records, lens, zero_on_error=args.match_rules == "release").items():
+            walked = sop_progress(records, lens)
+            if args.match_rules == "release":  # a raise of the release's code zeroes its episode
+                from extras.release import release_progress
+                walked = release_progress(walked, records)
+            for (k, _), p in walked.items():
                 progress[lo + k] = p
             for r in records:  # in (step, episode) order; the prompt (tokens, pixels) is not kept
                 served = r.finish_reason.startswith("error")  # a served model's request failed after its retries

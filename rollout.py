@@ -237,18 +237,14 @@ def _seed(seed: int, episode_id: str, t: int, history: tuple) -> int:
 # SOP progress of a walk (docs/method.md §8): the trainer logs it, the evaluator's PG and TSR
 # (evaluation/metrics.py) are built on it
 
-def sop_progress(records: list[StepRecord], episode_len: dict, *,
-                 zero_on_error: bool = False) -> dict[tuple[int, int], tuple[int, int]]:
+def sop_progress(records: list[StepRecord], episode_len: dict) -> dict[tuple[int, int], tuple[int, int]]:
     """SOP progress of each rollout (§8), one definition for evaluation (PG, TSR) and training.
     episode_len: task_idx -> steps of its episode. Returns (task_idx, rollout_idx) -> (correct steps
-    before the rollout's first wrong step, episode length). zero_on_error (--match-rules release):
-    a rollout with an error (the release's code raised on it) gets 0, as the release's loop did."""
+    before the rollout's first wrong step, episode length)."""
     first_err: dict[tuple[int, int], int] = {}
     for r in records:
         key = (r.task_idx, r.rollout_idx)
         first_err.setdefault(key, episode_len[r.task_idx])
         if not r.match:
             first_err[key] = min(first_err[key], r.step_idx)
-        if zero_on_error and getattr(r, "error", None) is not None:
-            first_err[key] = 0
     return {key: (c, episode_len[key[0]]) for key, c in first_err.items()}
