@@ -3,7 +3,7 @@ contract.
 
 `semi_online_rollout`: N rollouts per task walk the expert episode with their OWN history; a
 wrong response is patched (patch.py) or ends its rollout. One `StepRecord` per sampled response
-is what the trainer reads. `sop_progress`: each rollout's SOP progress (§8), for both stages.
+is what the trainer reads. `sop_progress`: each rollout's SOP progress (§8), logged and scored.
 """
 from __future__ import annotations
 
@@ -97,11 +97,10 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor,
     sampler: sampler.Sampler or anything with .generate(prompts, n, greedy, seeds) (n: a sample
     count per prompt) returning outs[i][j] with .text, .ids, .logprobs, .finish_reason; a sampler's
     own `prompt_builder` replaces _Prompts (the expert replay's builds none: policies.StepPrompts).
-    episodes: list[dataset.Episode]. spec: the prompt contract.
-    seed: an int or one per task; a prompt's seed derives from (it, episode_id, step, history), so
-    a task's rollouts depend on neither the batch nor the rank. task_ids: each episode's task_idx
-    in the records (default: its index). Returns the records in (step, task, rollout) order.
-    Raises ValueError on a bad history_mode.
+    episodes: list[dataset.Episode]. spec: the prompt contract. seed: an int or one per task; a
+    prompt's seed derives from (it, episode_id, step, history), so a task's rollouts depend on
+    neither the batch nor the rank. task_ids: each episode's task_idx in the records (default: its
+    index). Returns the records in (step, task, rollout) order; ValueError on a bad history_mode.
     """
     if walk.history_mode not in HISTORY_MODES:
         raise ValueError(f"history_mode must be one of {HISTORY_MODES}, got {walk.history_mode!r}")
