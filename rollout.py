@@ -105,8 +105,8 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor,
     if walk.history_mode not in HISTORY_MODES:
         raise ValueError(f"history_mode must be one of {HISTORY_MODES}, got {walk.history_mode!r}")
     patch.check_patch_data(walk.patch_mode, episodes)
-    prompt_for = getattr(sampler, "prompt_builder", _Prompts)(episodes, tokenizer, image_processor, spec,
-                                                             walk.image_root, walk.blank_screens)
+    prompt_for = getattr(sampler, "prompt_builder", _Prompts)(
+        episodes, tokenizer, image_processor, spec, walk.image_root, walk.blank_screens)
     task_seeds = [seed] * len(episodes) if isinstance(seed, int) else seed  # one per task, or None
     states = [[_Rollout() for _ in range(walk.n_rollouts)] for _ in episodes]
     records: list[StepRecord] = []
@@ -141,13 +141,14 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor,
                 rec.ended = True
                 state.alive = False
         if to_patch:
-            _patch_on_policy(sampler, prompt_for, episodes, states, to_patch, t, task_seeds, walk.greedy)
+            _patch_on_policy(sampler, prompt_for, episodes, states, to_patch, t, task_seeds,
+                             walk.greedy)
     return records
 
 
 class _Prompts:
-    """The driver's prompts: prompt_for(k, t, history, hint) is chat.step_prompt of task k at step t,
-    the screenshots loaded lazily, once per (task, step), and freed when no later prompt reads them."""
+    """The driver's prompts: prompt_for(k, t, history, hint) is chat.step_prompt of task k at step
+    t, the screenshots loaded lazily, once per (task, step), freed when no later prompt reads them."""
 
     def __init__(self, episodes, tokenizer, image_processor, spec, image_root, blank_screens):
         self.episodes, self.tokenizer, self.image_processor, self.spec = episodes, tokenizer, image_processor, spec
@@ -236,7 +237,8 @@ def _seed(seed: int, episode_id: str, t: int, history: tuple) -> int:
 # SOP progress of a walk (docs/method.md §8): the trainer logs it, the evaluator's PG and TSR
 # (evaluation/metrics.py) are built on it
 
-def sop_progress(records: list[StepRecord], episode_len: dict) -> dict[tuple[int, int], tuple[int, int]]:
+def sop_progress(records: list[StepRecord],
+                 episode_len: dict) -> dict[tuple[int, int], tuple[int, int]]:
     """SOP progress of each rollout (§8), one definition for evaluation (PG, TSR) and training.
     episode_len: task_idx -> steps of its episode. Returns (task_idx, rollout_idx) -> (correct steps
     before the rollout's first wrong step, episode length)."""
