@@ -99,7 +99,7 @@ import report
 import reward
 import utils
 import vlm
-from rollout import RolloutSpec, StepPrompt, semi_online_rollout, sop_progress
+from rollout import RolloutSpec, semi_online_rollout, sop_progress
 from evaluation.metrics import history_gap, sop_metrics, static_metrics  # PG, TSR, step accuracy, own vs expert
 from evaluation.views import shown_indices, sop_outcome, step_view  # what the HTML report shows
 from evaluation.online import (OnlineModelPolicy, flip_counts, lent_to_sampler,  # noqa: F401
@@ -206,18 +206,18 @@ def sop_parser() -> argparse.ArgumentParser:
 # Policies: samplers for greedy_rollouts (rollout.semi_online_rollout), as training's policy is
 
 
-def expert_policy(prompt: StepPrompt) -> str:
+def expert_policy(prompt: policies.StepPrompt) -> str:
     """The expert action of prompt.step as a response, in pixels of the resized screenshot."""
     return gui.expert_response(prompt.step, prompt.orig_size, prompt.resized_size)
 
 
 class ExpertSampler:
     """The expert replay as a sampler (the module docstring's `expert` policy): every prompt is
-    answered with expert_policy; reads_prompt False, so the rollout builds no prompt (no tokens, no pixels)."""
+    answered with expert_policy; its prompt_builder builds no prompt (no tokens, no pixels)."""
 
-    reads_prompt = False
+    prompt_builder = policies.StepPrompts
 
-    def generate(self, prompts: list[StepPrompt], n: int | list[int] = 1, greedy: bool = True, seeds=None):
+    def generate(self, prompts: list[policies.StepPrompt], n: int | list[int] = 1, greedy: bool = True, seeds=None):
         # expert_policy looked up at call time: tests replace it with a scripted policy
         ns = [n] * len(prompts) if isinstance(n, int) else n
         return [[SampleOutput([], expert_policy(p), torch.zeros(0), "stop", i)] * k
@@ -264,7 +264,11 @@ def greedy_rollouts(episodes: list[dataset.Episode], sampler, args, tokenizer, i
             records = semi_online_rollout(sampler, chunk, tokenizer, image_processor, how,
                                           spec=spec)
             lens = {k: len(ep.steps) for k, ep in enumerate(chunk)}
-            for (k, _), p in sop_progress(records, lens, zero_on_error=args.match_rules == "release").items():
+            walked = sop_progress(records, lens)
+            if args.match_rules == "release":  # a raise of the release's code zeroes its episode
+                from extras.release import release_progress
+                walked = release_progress(walked, records)
+            for (k, _), p in walked.items():
                 progress[lo + k] = p
             for r in records:  # in (step, episode) order; the prompt (tokens, pixels) is not kept
                 served = r.finish_reason.startswith("error")  # a served model's request failed after its retries

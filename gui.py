@@ -1,42 +1,32 @@
-"""The GUI agent's action interface: what every stage needs to talk about screens and actions.
-
-1. the action space and the response format of docs/method.md §3 (parse_response never raises);
-2. coordinates: Qwen2.5-VL smart_resize, mapping actions between original and resized pixels;
-3. the action registry (ACTIONS): each action type's arguments, match rule and prompt line, declared once.
-The reward and the match are reward.py (the release's rules too); episodes and screenshots
-are dataset.py; how a step becomes a prompt is chat.py.
+"""The GUI agent's action interface (docs/method.md §3): the action registry (ACTIONS: each type's
+arguments, match rule and prompt line, declared once), the response format (parse_response never
+raises), and coordinates (Qwen2.5-VL smart_resize, actions mapped between pixel spaces).
 
 Conventions (read these before touching coordinates):
 - sizes are always (W, H); smart_resize alone keeps Qwen's (height, width) order, as upstream.
 - an action dict is the release's JSON, e.g. {"action": "click", "coordinate": [x, y]}. Expert
   actions (dataset.Step.action) are in ORIGINAL screenshot pixels; model responses are in pixels of
   the RESIZED screenshot the model saw (chat.Prompt.resized_size). score_response maps between the two.
-- swipe: coordinate -> coordinate2 is the path of the FINGER, in every loaded action (a file that
-  stores scroll directions is converted on loading: dataset.SWIPE_CONVENTIONS, extras/android_control.py).
+- swipe: coordinate -> coordinate2 is the path of the FINGER in every loaded action (the loaders
+  convert files that store scroll directions).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
 import re
 from dataclasses import dataclass
-
-logger = logging.getLogger(__name__)
 
 # -----------------------------------------------------------------------------
 # Action space (docs/method.md §3)
 
 @dataclass(frozen=True)
 class ActionSpec:
-    """One action type of the action space, declared once: everything else derives from it.
-    args / optional: (name, kind) of its required and optional arguments, kind "point" ([x, y]
-    pixels), "str" or "num"; rule: the name of its strict match rule in reward.RULES ("point",
-    "text", "direction", "button", "type"); prompt: its line of chat.FULL_SYSTEM_PROMPT's action list.
-    An executor in each environment (envs/miniwob_env.EXECUTORS) performs it, an expert there emits it
-    (README "How to fork"; tests/test_toy_action.py adds one). A point argument is named coordinate or
-    coordinate2: scale_action maps those two between pixel spaces."""
+    """One action type, declared once. args / optional: (name, kind) of its required and optional
+    arguments, kind "point" ([x, y] pixels, named coordinate or coordinate2), "str" or "num"; rule:
+    its strict match rule in reward.RULES; prompt: its line of the system prompt's action list.
+    Each environment's executor performs it (README "How to fork"; tests/test_toy_action.py)."""
     args: tuple
     rule: str
     prompt: str
@@ -94,9 +84,8 @@ def as_number(v):
 
 def check_action(action, *, strict: bool = False) -> dict:
     """Validate an action dict and return its canonical copy (only the known keys). Raises ValueError
-    naming the bad field. strict=True (used for dataset actions) also requires a known system button
-    and rounds coordinates to int pixels; model outputs keep their numbers and any button string
-    (a wrong button is a type-only match, 0.5, as in the release)."""
+    naming the bad field. strict (dataset actions): a known system button, coordinates rounded to
+    int pixels; a model's action keeps its numbers and any button (a wrong one is a type-only match)."""
     if not isinstance(action, dict):
         raise ValueError(f"action: expected a JSON object, got {type(action).__name__}")
     kind = action.get("action")
@@ -148,16 +137,12 @@ _END_RE = re.compile(r"(?:\s|<\|im_end\|>|<\|endoftext\|>)*\Z")
 
 
 def parse_response(text) -> Parsed:
-    """Parse `<think>\\n...\\n</think>\\n<action>\\n{json}\\n</action>`. Never raises: anything
-    malformed (no action block, bad JSON, unknown type, missing or ill-typed argument) gives
-    action=None. Whitespace around tags and JSON is tolerated; the action block is looked for after
-    the think block, so an <action> quoted inside the thought is not taken for the answer.
-
-    error: None for a well-formed response (the strict rules' reward needs one), else why not:
-    "no action block", "invalid action" (bad JSON, unknown type, missing or ill-typed argument), or
-    "text after </action>": a response must END after its action (whitespace and written-out stop
-    tokens aside), so one that loops, or adds a second action, is malformed even though its first
-    action parsed (action keeps that first action, for reports and history summaries)."""
+    """Parse `<think>\\n...\\n</think>\\n<action>\\n{json}\\n</action>`; never raises. The action
+    block is looked for after the think block (an <action> quoted in the thought is not the answer);
+    whitespace around tags and JSON is tolerated. error: None when well-formed, else "no action
+    block", "invalid action" (bad JSON, unknown type, missing or ill-typed argument; action None),
+    or "text after </action>" (a response must END after its action, stop tokens aside; action
+    keeps the first action, for reports)."""
     if not isinstance(text, str):
         return Parsed(None, None, "no action block")
     think = _THINK_RE.search(text)
@@ -212,10 +197,9 @@ def resized_size(size: tuple[int, int], *, factor: int = 28, min_pixels: int = M
 
 
 def outside_point(action: dict, size: tuple[int, int]) -> list | None:
-    """The first of the action's points (coordinate, coordinate2) outside the image of size (W, H), both in
-    pixels of the same image (the resized screenshot for a model's action): 0 <= x <= W and 0 <= y <= H
-    lie on it. None when every point does (or the action has none). A point off the screenshot is no click
-    at its edge: reward.score_response (strict rules) and every family's parser make it a malformed answer."""
+    """The first of the action's points (coordinate, coordinate2) off the image of size (W, H), in
+    that image's pixels (0 <= x <= W and 0 <= y <= H lie on it); None when all lie on it. Such a
+    point is no click at the edge: the strict reward makes it a malformed answer."""
     for key in ("coordinate", "coordinate2"):
         pt = action.get(key)
         if pt is not None and not (0 <= pt[0] <= size[0] and 0 <= pt[1] <= size[1]):

@@ -33,6 +33,7 @@ import os
 import random
 import sys
 from collections import Counter
+from dataclasses import dataclass
 
 import cli
 import utils
@@ -43,6 +44,34 @@ from evaluation import protocols
 from evaluation.families import ADAPTERS
 from evaluation.metrics import sop_metrics
 from evaluation.served import ServedSampler
+
+
+# -----------------------------------------------------------------------------
+# the prompt of a policy that never reads one (eval_sop.ExpertSampler, the expert replay)
+
+@dataclass
+class StepPrompt:
+    """What the rollout driver hands a sampler whose prompt_builder is StepPrompts, instead of a
+    chat.Prompt: the step to act on and the sizes (W, H), orig_size of the screenshot, resized_size
+    as the model would see it (gui.resized_size under the contract's min/max_pixels)."""
+    step: dataset.Step
+    step_idx: int
+    orig_size: tuple[int, int]
+    resized_size: tuple[int, int]
+
+
+class StepPrompts:
+    """A sampler's `prompt_builder` (rollout.semi_online_rollout) when it never reads its prompt: a
+    StepPrompt per (task k, step t), no tokens built and no screenshot decoded."""
+
+    def __init__(self, episodes, tokenizer, image_processor, spec, image_root, blank_screens):
+        self.episodes, self.spec, self.image_root, self.blank_screens = episodes, spec, image_root, blank_screens
+
+    def __call__(self, k: int, t: int, history, hint=None) -> StepPrompt:
+        step = self.episodes[k].steps[t]
+        orig = dataset.original_size(step, image_root=self.image_root, blank_screens=self.blank_screens)
+        return StepPrompt(step, t, orig, gui.resized_size(orig, min_pixels=self.spec.min_pixels,
+                                                          max_pixels=self.spec.max_pixels))
 
 
 # -----------------------------------------------------------------------------

@@ -1,18 +1,11 @@
 """The rule reward of one step (docs/method.md §4): the one module a forker changes to change the reward.
 
-1. score_response: the reward of one response, eq. 4.1-4.2 (its weights are the named constants below);
-2. action_match: "is the step right" (a bool), THE match of patching, returns and SOP, one rule per
-   action type (RULES; each registered action in gui.ACTIONS names its rule), under the strict rules
-   or the release's (its parse and check in extras/release.py, imported only under --match-rules release,
-   kept apart so neither rule set bends the other),
-   or a rule function the caller passes in (the evaluator's published protocols: evaluation/protocols.py);
-   action_score: the action term of the reward (a float, eq. 4.2) given that match; the match and the
-   reward are separate, so partial credit (a click that misses by a little earns something) is a
-   change to action_score alone and leaves the match, hence patching, returns and SOP, as they are;
-3. the text normalisation the text rule compares under;
-4. reward shaping beyond the match (DAPO's overlong penalty): shaped_reward, the one place the
-   trainer's reward differs from score_response's.
-Imports no torch: the reward of a response is pure Python (and numpy) over its text.
+score_response: the reward of a response (eq. 4.1-4.2, weights below); action_match: "is the step
+right" (a bool), THE match of patching, returns and SOP: one rule per action type (RULES, named by
+gui.ACTIONS), strict by default; action_score: the reward's action term given that match (partial
+credit is a change there alone); shaped_reward: what the trainer adds (DAPO's overlong penalty).
+The release's rules (--match-rules release) are extras/release.py; the published protocols' rules
+are the evaluator's (evaluation/protocols.py), passed in as a function. Pure Python, no torch.
 """
 
 from __future__ import annotations
@@ -63,17 +56,14 @@ TEXT_F1 = 0.5               # strict: token F1 threshold for type/answer/key/ope
 
 # typographic variants folded before NFKC (NFKC alone keeps curly quotes and turns the acute accent
 # U+00B4, used as an apostrophe in AndroidControl texts, into a space and a combining accent)
-_QUOTE_FOLD = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u2032": "'", "\u00b4": "'",
-                             "\u0060": "'", "\u02bc": "'", "\u02b9": "'", "\uff07": "'",
-                             "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u201f": '"', "\u2033": '"',
-                             "\u00ab": '"', "\u00bb": '"', "\uff02": '"'})
+_QUOTE_FOLD = str.maketrans(dict.fromkeys("\u2018\u2019\u201a\u201b\u2032\u00b4\u0060\u02bc\u02b9\uff07", "'")
+                            | dict.fromkeys("\u201c\u201d\u201e\u201f\u2033\u00ab\u00bb\uff02", '"'))
 
 
 def normalize_text(text: str) -> str:
-    """The form in which texts are compared: quote and apostrophe variants folded to ' and ",
-    NFKC (full-width forms, ligatures, non-breaking spaces), invisible format characters removed
-    (soft hyphen, zero-width spaces and joiners, BOM, bidi marks: Unicode category Cf), lower-cased,
-    runs of whitespace collapsed to one space, stripped. 'Audio\\u00admack' -> 'audiomack'."""
+    """The form in which texts are compared: quote variants folded to ' and ", NFKC, invisible format
+    characters (Unicode category Cf: soft hyphen, zero-width, bidi marks) removed, lower-cased,
+    whitespace collapsed and stripped. 'Audio\\u00admack' -> 'audiomack'."""
     t = unicodedata.normalize("NFKC", text.translate(_QUOTE_FOLD))
     t = "".join(c for c in t if unicodedata.category(c) != "Cf")
     return " ".join(t.lower().split())
@@ -98,12 +88,9 @@ def text_tokens(text: str) -> list[str]:
 # determiners. Alone they name nothing, so the strict text rule scores content tokens only. Kept
 # small on purpose: every word here is one a real name may also hold ("Bank of America" still
 # matches on "bank america").
-STOP_WORDS = frozenset((
-    "a", "an", "the",
-    "of", "to", "in", "on", "at", "for", "from", "with", "by", "into", "as",
-    "and", "or",
-    "my", "your", "his", "her", "its", "our", "their", "this", "that",
-))
+STOP_WORDS = frozenset(("a", "an", "the", "of", "to", "in", "on", "at", "for", "from", "with", "by",
+                        "into", "as", "and", "or", "my", "your", "his", "her", "its", "our", "their",
+                        "this", "that"))
 
 
 def content_tokens(text: str) -> list[str]:
@@ -113,10 +100,9 @@ def content_tokens(text: str) -> list[str]:
 
 def text_f1(pred: str, expert: str) -> float:
     """SQuAD-style token F1 (multiset overlap) of pred against expert, in [0, 1], over CONTENT
-    tokens (content_tokens: stop words removed), so "the" scores 0 against "The Weather Channel"
-    and "Chrome" 2/3 against "Google Chrome". An expert text whose tokens are all stop words is
-    compared over all its tokens ("for her app" against "For Her" is 0.8). Texts with no word tokens
-    (empty, or punctuation only) score 1.0 when their normalised forms are equal, else 0.0."""
+    tokens ("the" scores 0 against "The Weather Channel", "Chrome" 2/3 against "Google Chrome"), or
+    over all tokens when the expert's are all stop words ("for her app" against "For Her": 0.8).
+    Texts with no word tokens score 1.0 when their normalised forms are equal, else 0.0."""
     p, e = text_tokens(pred), text_tokens(expert)
     if not p or not e:
         return float(normalize_text(pred) == normalize_text(expert))
@@ -170,33 +156,17 @@ def _point_match(pt, expert_pt, candidate_bbox, image_size) -> bool:
 
 def action_match(pred: dict | None, expert: dict, candidate_bbox, image_size: tuple[int, int], *,
                  rules: str | Callable = "strict") -> tuple[bool, bool]:
-    """(match, type_match) of a predicted action against the expert's: THE match function of reward,
+    """(match, type_match) of a predicted action against the expert's: THE match of reward,
     patching, returns, SOP and static metrics. Both actions, the candidate boxes (x1, y1, x2, y2) and
     image_size (W, H) are in the SAME pixel space; swipes are finger paths.
-    rules="strict" (default):
-    - wait, terminate: the type alone;  system_button: same button, case-insensitive;
-    - type/answer/key/open: normalize_text forms equal, or content-token F1 >= TEXT_F1 (0.5,
-      text_f1: stop words alone match nothing); an empty expert text matches only an empty prediction;
-    - swipe: same dominant finger direction;
-    - click/long_press: normalised Euclidean distance to the expert point <= 0.04, or inside the
-      target box (target_box: smallest box holding the expert point, <= 10% of the screen)
-      enlarged 1.2x about its centre.
-    rules="release": extras.release.release_check, the UI-S1 release's SOP check as it ran (docs/method.md §4):
-    clicks by distance alone, texts by containment, any swipe; `pred` is its raw JSON (any dict),
-    and a prediction on which the release's code raises is (False, False) here (score_response
-    reports it as Score.error, the SOP walk zeroes the episode's progress).
-    rules=a function (pred, expert, candidate_bbox, image_size) -> (match, type_match): a rule set the
-    caller brings, e.g. a published step protocol's (evaluation/protocols.py: the evaluator passes it
-    in, so the trainer's reward never carries it); a pred without an "action" is (False, False), and
-    one on which the rule raises (a hand-made pred missing its fields) a mismatch.
+    rules "strict" (docs/method.md §4): the expert type's rule in RULES (rule_* below).
+    "release": extras.release.release_match, the release's check as it ran (pred: its raw JSON;
+    where the release's code raises, (False, False)). A function (pred, expert, candidate_bbox,
+    image_size) -> (match, type_match) that never raises on a bad pred (None included): the
+    caller's rule set (evaluation/protocols.py). A hand-made pred missing its fields is a mismatch.
     Raises ValueError on unknown rules."""
     if callable(rules):
-        if not isinstance(pred, dict) or "action" not in pred:
-            return False, False
-        try:
-            return rules(pred, expert, candidate_bbox or [], image_size)
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError):  # a hand-made pred missing its fields
-            return False, pred.get("action") == expert["action"]
+        return rules(pred, expert, candidate_bbox or [], image_size)
     if rules not in MATCH_RULES:
         raise ValueError(f"rules: expected one of {MATCH_RULES} or a rule function, got {rules!r}")
     if rules == "release":  # the release's check: an optional module, imported only when asked
@@ -249,13 +219,10 @@ RULES = {"type": rule_type, "button": rule_button, "text": rule_text, "direction
 
 def action_score(pred: dict | None, expert: dict, candidate_bbox, image_size: tuple[int, int], *,
                  match: bool, type_match: bool) -> float:
-    """s_action of eq. 4.2, in [0, 1]: SCORE_MATCH (1.0) for a full match, SCORE_TYPE_ONLY (0.5) for the
-    right type with wrong arguments, SCORE_WRONG_TYPE (0.1) for a wrong type (paper and release).
-    pred: the parsed action in original pixels (None where the release's parse gave no action of
-    ours); expert, candidate_bbox (x1, y1, x2, y2) and image_size (W, H) in the same original pixels;
-    match, type_match: action_match's verdict. Called only for a well-formed response (a malformed one
-    scores 0 before it). The one place to give partial credit, e.g. for a click by its distance to the
-    expert point: the reward changes, the match (patching, returns, SOP) does not."""
+    """s_action of eq. 4.2, in [0, 1], of a well-formed response: 1.0 for a full match, 0.5 for the
+    right type only, 0.1 for a wrong type. Arguments as action_match's (pred may be None under the
+    release's parse); match, type_match: its verdict. The one place to give partial credit (e.g. by
+    a click's distance): the reward changes, the match (patching, returns, SOP) does not."""
     return SCORE_MATCH if match else (SCORE_TYPE_ONLY if type_match else SCORE_WRONG_TYPE)
 
 
@@ -272,20 +239,15 @@ class Score:
 def score_response(text: str, step, *, resized_size: tuple[int, int], orig_size: tuple[int, int],
                    rules: str | Callable = "strict", truncated: bool = False) -> Score:
     """The rule reward of one step (docs/method.md §4), the one function used everywhere.
-    `text` is a model response with coordinates in pixels of the resized screenshot (W, H) =
-    resized_size; the step's expert action and boxes are in original pixels, orig_size = (W, H)
-    (original_size(step) decides it). truncated: the sampler stopped at its token cap instead of a
-    stop token (rollout: SampleOutput.finish_reason != "stop"; `score`: a recorded finish_reason).
+    `text`: a model response, coordinates in pixels of the resized screenshot (W, H) = resized_size;
+    the step's expert action and boxes are in original pixels, orig_size = (W, H). truncated: the
+    sampler stopped at its token cap, not at a stop token.
 
-    rules="strict": a response is well-formed only if it ENDS after its action: not truncated, and
-    nothing but whitespace after the first </action> (parse_response's error). A malformed response
-    scores 0 with match False, error saying why; so looping to the cap, or a second action after
-    the first, earns nothing; so does a point off the resized screenshot (gui.outside_point). rules="release": the release's parse and check (extras/release.py:
-    release_parse, release_check); truncation is not looked at (the release read the first action whatever
-    followed); a response on which the release's code raises scores 0 with error = what it trips
-    on (eval_sop then sets the episode's SOP progress to 0, as the release did). A rule function
-    (action_match's) parses as "strict" does, then matches by the function. Raises ValueError on an
-    unknown rules name only; never on a response."""
+    rules "strict" (or an action_match rule function): a response is malformed (reward 0, match
+    False, error saying why) unless it ENDS after its action (not truncated, nothing but whitespace
+    after the first </action>) with every point on the resized screenshot. "release": the
+    release's parse and check (extras/release.py; truncation not looked at; where its code raises,
+    reward 0 and error). Raises ValueError on an unknown rules name only; never on a response."""
     if rules == "release":  # the release's parse and check: an optional module, imported only when asked
         from extras.release import release_score
         format_ok, pred, match, type_match, error = release_score(text, step.action, resized_size, orig_size,

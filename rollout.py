@@ -1,13 +1,9 @@
-"""Rollouts for semi-online RL (docs/method.md §5; arXiv 2509.11543, section 3): the method's
-driver and the rollout -> trainer contract.
+"""Rollouts for semi-online RL (docs/method.md §5): the method's driver and the rollout -> trainer
+contract.
 
-`semi_online_rollout`: N rollouts per task walk the expert episode with their OWN history; each
-step, all live rollouts are sampled in one batched call (sampler.Sampler, or any object with its
-`generate`), scored against the expert action (reward.score_response), and a wrong response is patched
-(patch.py) or ends its rollout. One `StepRecord` per sampled response is what the trainer reads.
-`sop_progress` turns the records of a walk into each rollout's SOP progress (docs/method.md §8):
-training logs it and the evaluator's PG and TSR (evaluation/metrics.py) are built on it, with one
-definition. The trainer's diagnostics built on the driver are train_semionline.py's.
+`semi_online_rollout`: N rollouts per task walk the expert episode with their OWN history; a
+wrong response is patched (patch.py) or ends its rollout. One `StepRecord` per sampled response
+is what the trainer reads. `sop_progress`: each rollout's SOP progress (§8), logged and scored.
 """
 from __future__ import annotations
 
@@ -33,15 +29,14 @@ HISTORY_MODES = ("own", "expert")  # own: semi-online RL; expert: the offline-RL
 @dataclass
 class StepRecord:
     """One sampled response: rollout `rollout_idx` of task `task_idx` at step `step_idx`; the
-    contract between the rollout, which writes it, and the trainer, which reads it (its own
-    numbers, advantages and log-probs, live in train_semionline.TrainItem).
+    contract between the rollout, which writes it, and the trainer, which reads it (the trainer's
+    own numbers, advantages and log-probs, live in train_semionline.TrainItem).
 
     task_idx: the task's index in `episodes`, or task_ids[index] when the driver is given task_ids.
     prompt: the chat.Prompt it was sampled from (token ids, images, resized_size).
     response_ids: the sampler's ids, exactly (the trainer scores these, never re-tokenised text).
-    sampler_logp: (L,) fp32 log-probs under the policy (log_softmax(logits / T), full vocabulary: the trainer's pi_old).
-    reward / match / type_match / error: reward.score_response against the expert action (truncated =
-    finish_reason != "stop"); error is why the response is malformed (reward 0), else None.
+    sampler_logp: (L,) fp32 log_softmax(logits / T) of those ids, full vocabulary (pi_old).
+    reward / match / type_match / error: reward.score_response's (error: why it is malformed).
     patched: replaced in the history by a patch (the patch text is never trained on).
     ended: the rollout ended at this step (a wrong step with no patch left, or the last step).
     history: the rollout's history (earlier responses or patches) the prompt was built from.
@@ -70,31 +65,15 @@ class _Rollout:
     alive: bool = True
 
 
-@dataclass
-class StepPrompt:
-    """What the driver hands a policy that never reads its prompt (a sampler whose `reads_prompt`
-    is False: the expert replay of eval_sop.py) instead of a chat.Prompt: the step to act on and
-    the sizes, no tokens and no pixels. Sizes are (W, H): orig_size of the screenshot,
-    resized_size as the model would see it (gui.resized_size under min/max_pixels)."""
-    step: dataset.Step
-    step_idx: int
-    orig_size: tuple[int, int]
-    resized_size: tuple[int, int]
-
-
 @dataclass(frozen=True)
 class RolloutSpec:
-    """How the rollouts walk each expert episode (docs/method.md §5): the settings the driver reads,
-    from the trainer's config (RL) or the evaluator's flags (SOP, static), and nothing else.
+    """How the rollouts walk each expert episode (§5), set by the trainer or the evaluator.
 
     n_rollouts: N, the rollouts per task (the group of eq. 6.2). patch_mode, patch_threshold: how a
-    wrong step is patched (patch.make_patch) and how many patches a rollout may take before it ends
-    (patch.should_patch; 0: the first wrong step ends it, as SOP does). history_mode: "own"
-    (semi-online RL) or "expert" (the offline-RL baseline, and the static protocol: every step's
-    history is the expert's and no rollout ends early). match_rules: reward.action_match's rules
-    ("strict", "release" or a rule function, as the evaluator passes one). greedy: argmax decoding
-    (evaluation) instead of sampling. image_root, blank_screens: where the screenshots come from
-    (dataset.load_screenshot)."""
+    wrong step is patched (patch.make_patch) and how many patches a rollout may take (0: the first
+    wrong step ends it, as SOP does). history_mode: "own" (semi-online RL) or "expert" (offline RL
+    and the static protocol: the expert's history, no early end). match_rules: action_match's.
+    greedy: argmax decoding. image_root, blank_screens: dataset.load_screenshot's."""
     n_rollouts: int = 8
     patch_mode: str = "thought-free"
     patch_threshold: int = 2
@@ -109,27 +88,25 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor,
                         walk: RolloutSpec = RolloutSpec(), *, spec: chat.PromptSpec = chat.PromptSpec(),
                         seed: int | list[int] | None = None, task_ids: list[int] | None = None,
                         progress: bool = False) -> list[StepRecord]:
-    """Roll walk.n_rollouts copies of the policy through each expert episode, with their own history
-    (docs/method.md §5): at step t all live rollouts of all tasks are sampled in one batched call
-    (identical prompts, as at step 0, are prefilled once) and scored by reward.score_response (§4);
-    a wrong response is patched while patch.should_patch(n_patches, walk.patch_threshold) allows,
-    else its rollout ends. Also evaluation's driver (eval_sop.greedy_rollouts, §8): SOP is one
-    greedy rollout, patch_threshold 0, own history; static the same with the expert's.
+    """Roll walk.n_rollouts copies of the policy through each expert episode with their own history
+    (§5): at step t all live rollouts of all tasks are sampled in one batched call (identical
+    prompts share one) and scored by reward.score_response (§4); a wrong response is patched while
+    patch.should_patch allows, else its rollout ends. Also the evaluator's driver (§8: SOP is one
+    greedy rollout, patch_threshold 0; static the same with the expert's history).
 
-    sampler: sampler.Sampler or anything with .generate(prompts, n, greedy, seeds) (n: one sample
-    count per prompt) returning outs[i][j] with .text, .ids, .logprobs, .finish_reason; if its
-    `reads_prompt` is False it gets StepPrompt objects (no tokens built, no screenshot decoded).
-    episodes: list[dataset.Episode]. spec: the prompt contract (chat.step_prompt, as SFT's). seed:
-    an int or one per task (the trainer gives each task slot its own); a prompt's seed derives from
-    (that seed, episode_id, step, history), so a task's rollouts depend on neither the batch nor the
-    rank. task_ids: each episode's task_idx in the records (the trainer's global task slots; default:
-    its index). Returns the records in (step, task, rollout) order; ValueError on a bad history_mode.
+    sampler: sampler.Sampler or anything with .generate(prompts, n, greedy, seeds) (n: a sample
+    count per prompt) returning outs[i][j] with .text, .ids, .logprobs, .finish_reason; a sampler's
+    own `prompt_builder` replaces _Prompts (the expert replay's builds none: policies.StepPrompts).
+    episodes: list[dataset.Episode]. spec: the prompt contract. seed: an int or one per task; a
+    prompt's seed derives from (it, episode_id, step, history), so a task's rollouts depend on
+    neither the batch nor the rank. task_ids: each episode's task_idx in the records (default: its
+    index). Returns the records in (step, task, rollout) order; ValueError on a bad history_mode.
     """
     if walk.history_mode not in HISTORY_MODES:
         raise ValueError(f"history_mode must be one of {HISTORY_MODES}, got {walk.history_mode!r}")
     patch.check_patch_data(walk.patch_mode, episodes)
-    prompt_for = _Prompts(episodes, tokenizer, image_processor, spec, walk.image_root,
-                          walk.blank_screens, reads_prompt=getattr(sampler, "reads_prompt", True))
+    prompt_for = getattr(sampler, "prompt_builder", _Prompts)(
+        episodes, tokenizer, image_processor, spec, walk.image_root, walk.blank_screens)
     task_seeds = [seed] * len(episodes) if isinstance(seed, int) else seed  # one per task, or None
     states = [[_Rollout() for _ in range(walk.n_rollouts)] for _ in episodes]
     records: list[StepRecord] = []
@@ -146,15 +123,17 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor,
             step = episodes[k].steps[t]
             orig = dataset.original_size(step, image_root=walk.image_root,
                                          blank_screens=walk.blank_screens)
-            # a response cut at the token cap is malformed under the strict rules (reward 0, a wrong step)
+            # a response cut at the token cap is malformed under the strict rules (a wrong step)
             score = reward.score_response(s.text, step, resized_size=prompt.resized_size,
                                           orig_size=orig, rules=walk.match_rules,
                                           truncated=s.finish_reason != "stop")
             state = states[k][i]
-            rec = StepRecord(task_idx=k if task_ids is None else task_ids[k], rollout_idx=i, step_idx=t, prompt=prompt,
-                             response_ids=list(s.ids), sampler_logp=s.logprobs, response=s.text,
-                             finish_reason=s.finish_reason, reward=score.reward, match=score.match, type_match=score.type_match,
-                             error=score.error, patched=False, ended=False, history=list(state.history))
+            rec = StepRecord(task_idx=k if task_ids is None else task_ids[k], rollout_idx=i,
+                             step_idx=t, prompt=prompt, response_ids=list(s.ids),
+                             sampler_logp=s.logprobs, response=s.text,
+                             finish_reason=s.finish_reason, reward=score.reward, match=score.match,
+                             type_match=score.type_match, error=score.error, patched=False,
+                             ended=False, history=list(state.history))
             records.append(rec)
             if _advance(state, rec, step, orig, walk, episodes[k].episode_id):
                 to_patch.append((k, i, rec, patch.expert_action_resized(step, orig, prompt.resized_size)))
@@ -168,13 +147,12 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor,
 
 
 class _Prompts:
-    """The driver's prompts: prompt_for(k, t, history, hint) is chat.step_prompt of task k at step t, the
-    screenshots loaded lazily, once per (task, step), and freed when no later prompt reads them; a
-    StepPrompt for a sampler that never reads its prompt (no tokens built, no screenshot decoded)."""
+    """The driver's prompts: prompt_for(k, t, history, hint) is chat.step_prompt of task k at step
+    t, the screenshots loaded lazily, once per (task, step), freed when no later prompt reads them."""
 
-    def __init__(self, episodes, tokenizer, image_processor, spec, image_root, blank_screens, reads_prompt: bool):
+    def __init__(self, episodes, tokenizer, image_processor, spec, image_root, blank_screens):
         self.episodes, self.tokenizer, self.image_processor, self.spec = episodes, tokenizer, image_processor, spec
-        self.image_root, self.blank_screens, self.reads_prompt = image_root, blank_screens, reads_prompt
+        self.image_root, self.blank_screens = image_root, blank_screens
         self.shots = [[None] * len(ep.steps) for ep in episodes]
 
     def screenshot(self, k: int, t: int):
@@ -185,9 +163,6 @@ class _Prompts:
 
     def __call__(self, k: int, t: int, history, hint=None):
         step, spec = self.episodes[k].steps[t], self.spec
-        if not self.reads_prompt:
-            orig = dataset.original_size(step, image_root=self.image_root, blank_screens=self.blank_screens)
-            return StepPrompt(step, t, orig, gui.resized_size(orig, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels))
         # the prompt reads the last num_images screenshots only; steps are walked in order,
         # so older ones are never needed again: free them
         k_img = spec.num_images
@@ -262,22 +237,15 @@ def _seed(seed: int, episode_id: str, t: int, history: tuple) -> int:
 # SOP progress of a walk (docs/method.md §8): the trainer logs it, the evaluator's PG and TSR
 # (evaluation/metrics.py) are built on it
 
-def sop_progress(records: list[StepRecord], episode_len: dict, *,
-                 zero_on_error: bool = False) -> dict[tuple[int, int], tuple[int, int]]:
-    """SOP progress of each rollout (docs/method.md §8), the one definition that evaluation (PG, TSR)
-    and training (the logged progress of its rollouts) share. records: rollout.StepRecords;
+def sop_progress(records: list[StepRecord],
+                 episode_len: dict) -> dict[tuple[int, int], tuple[int, int]]:
+    """SOP progress of each rollout (§8), one definition for evaluation (PG, TSR) and training.
     episode_len: task_idx -> steps of its episode. Returns (task_idx, rollout_idx) -> (correct steps
-    before the rollout's first wrong step, episode length); a rollout patched after its first wrong
-    step still counts only the steps before it.
-    zero_on_error: the release's exception rule (--match-rules release): a rollout with a response
-    on which the release's code raised (StepRecord.error under those rules) gets progress 0, as the
-    release's try/except around its episode loop did, however many steps were right before it."""
+    before the rollout's first wrong step, episode length)."""
     first_err: dict[tuple[int, int], int] = {}
     for r in records:
         key = (r.task_idx, r.rollout_idx)
         first_err.setdefault(key, episode_len[r.task_idx])
         if not r.match:
             first_err[key] = min(first_err[key], r.step_idx)
-        if zero_on_error and getattr(r, "error", None) is not None:
-            first_err[key] = 0
     return {key: (c, episode_len[key[0]]) for key, c in first_err.items()}

@@ -12,12 +12,29 @@ and the image size (W, H) in ONE pixel space, and returns (match, type_match) li
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
 import reward
 import utils
 from gui import action_types, swipe_direction
+
+
+def _guarded(rule: Callable) -> Callable:
+    """`rule` made safe on a bad prediction, as reward.action_match requires of a rule function: a
+    pred without an "action" is (False, False), one on which the rule raises (a hand-made pred
+    missing its fields) a mismatch of its type."""
+    @functools.wraps(rule)
+    def match(pred, expert, candidate_bbox, image_size) -> tuple[bool, bool]:
+        if not isinstance(pred, dict) or "action" not in pred:
+            return False, False
+        try:
+            return rule(pred, expert, candidate_bbox or [], image_size)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+            return False, pred.get("action") == expert["action"]
+    return match
+
 
 # -----------------------------------------------------------------------------
 # AndroidControl
@@ -47,6 +64,7 @@ def _ac_click(pt, boxes, expert_pt, image_size) -> bool:
         AC_POINT_DISTANCE * max(image_size)
 
 
+@_guarded
 def androidcontrol_match(pred: dict, expert: dict, candidate_bbox, image_size) -> tuple[bool, bool]:
     """(match, type_match) under the AndroidControl step rules of the UI-S1 release's static
     evaluator (its `evaluate_android_control_action`; docs/method.md §8):
@@ -57,7 +75,7 @@ def androidcontrol_match(pred: dict, expert: dict, candidate_bbox, image_size) -
     - type (and answer, key, which the source has not): containment;  system_button: same button;
     - swipe: same dominant finger direction (ties vertical; a zero-length swipe is "up", as there);
     - wait, terminate: the type alone.
-    Raises KeyError/TypeError on a prediction missing its fields (reward.action_match catches them)."""
+    Never raises: a prediction missing its fields is a mismatch (_guarded)."""
     kind, pk = expert["action"], pred["action"]
     if kind == "open" and pk == "click":
         if not candidate_bbox:
@@ -128,6 +146,7 @@ def _is_tap(touch, lift, image_size) -> bool:
     return math.hypot(*_delta(touch, lift, image_size)) <= AITW_SWIPE_DISTANCE
 
 
+@_guarded
 def aitw_match(pred: dict, expert: dict, candidate_bbox, image_size) -> tuple[bool, bool]:
     """(match, type_match) of AITW's check_actions_match (Rawles et al. 2023; docs/method.md §8), in
     normalised (y, x) (aitw_action maps our actions to its types):
@@ -138,7 +157,7 @@ def aitw_match(pred: dict, expert: dict, candidate_bbox, image_size) -> tuple[bo
     - swipe vs swipe: the same main axis (argmax of |dy|, |dx|; a tie is y, as numpy's argmax): the
       source compares no sign, so opposite swipes along one axis match.
     Steps without element boxes compare taps by distance alone (the source's max over no box is undefined).
-    Raises KeyError/TypeError on a prediction missing its fields (reward.action_match catches them)."""
+    Never raises: a prediction missing its fields is a mismatch (_guarded)."""
     tp, p_touch, p_lift = aitw_action(pred)
     te, e_touch, e_lift = aitw_action(expert)
     if tp != "DUAL_POINT" or te != "DUAL_POINT":

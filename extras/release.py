@@ -1,8 +1,8 @@
 """The UI-S1 release's SOP scoring as it ran (`--match-rules release`; docs/method.md §4): its parse,
 its check and the exceptions its evaluation loop turned into progress 0, so that a figure can be put
-next to the release's. Behind the flag: reward.action_match and reward.score_response import this
-module only when rules == "release" (training with --match-rules release, or the evaluator's), so the
-strict rules a learner reads stay alone on the RL path.
+next to the release's. Behind the flag: reward.action_match, reward.score_response and eval_sop
+import this module only when rules == "release" (training with --match-rules release, or the
+evaluator's), so the strict rules a learner reads stay alone on the RL path.
 """
 from __future__ import annotations
 
@@ -156,3 +156,11 @@ def release_score(text: str, expert: dict, resized_size: tuple[int, int], orig_s
     except (ValueError, TypeError):
         pred = None
     return format_ok, pred, match, type_match, None
+
+
+def release_progress(progress: dict, records) -> dict:
+    """The release's exception rule for SOP: its try/except around each episode's loop gave a rollout
+    with a response on which its code raised (StepRecord.error under --match-rules release) progress
+    0, however many steps were right before it. progress: rollout.sop_progress's, returned so ruled."""
+    raised = {(r.task_idx, r.rollout_idx) for r in records if getattr(r, "error", None) is not None}
+    return {key: (0 if key in raised else c, n) for key, (c, n) in progress.items()}

@@ -1,12 +1,7 @@
-"""One Triton-or-reference switch for every kernel in this package.
-
-Each op's public entry point (`fused_logprob`, `ppo_loss`, `group_stats`) asks `use_triton(x)`: Triton
-when x is a CUDA tensor or UIS1_FORCE_TRITON=1 (how the CPU tests run the kernels, in Triton's
-interpreter), the op's pure-torch reference otherwise. Only then does it import its kernels/<op>_triton.py,
-so a CPU run never imports triton. Those launchers call `check_runnable(kernel, x, where)`: on CPU the
-kernels run only in the interpreter, which needs TRITON_INTERPRET=1 in the environment before triton is
-first imported (the @triton.jit decorator reads it then); anything else is a clear RuntimeError rather
-than an obscure failure inside triton.
+"""One Triton-or-reference switch for every kernel in this package: `use_triton(x)` picks Triton for
+a CUDA tensor or under UIS1_FORCE_TRITON=1 (the CPU tests run the kernels in Triton's interpreter),
+the torch reference otherwise; only then is kernels/<op>_triton.py (and triton) imported.
+`check_runnable` turns a kernel that cannot run (CPU without TRITON_INTERPRET=1) into a RuntimeError.
 """
 
 import os

@@ -1,23 +1,15 @@
 """Grouped statistics for the advantage normalisation (docs/method.md §6).
 
-For scores s (M,) and integer group ids g (M,) -- ids arbitrary, unsorted, non-contiguous -- every
-score gets the mean and the unbiased std of its group G:
+For scores s (M,) and integer group ids g (M,) (arbitrary, unsorted), every score gets the mean and
+the unbiased std of its group G:
 
     mean_i = sum_{j in G} s_j / n_G,      std_i = sqrt(sum_{j in G} (s_j - mean_G)^2 / (n_G - 1))
 
-What to do with them (divide by the std or not, the eps, the rule for a group without spread) is
-advantage.py's decision (`advantage.normalize_groups`), so a normalisation without the std (Dr.GRPO)
-is a change there alone. One rule here keeps the statistics exact:
-
-1. A group whose scores are all equal (a group of one included) gets mean = that score and std = 0
-   exactly. Without it fp rounding residue in mean_G (three 0.1s do not sum to exactly 0.3) turns
-   into a "std" of ~1e-8 and an advantage residue / (residue + eps) of order 0.01 instead of 0
-   (docs/method.md §11, numerics).
-
-Where it runs: in training the scores are the rollout records' returns, CPU tensors (hundreds a step,
-too few for a kernel launch to pay), so the fp64 reference runs on every device. The Triton kernel
-(kernels/group_norm_triton.py; scores on CUDA, or UIS1_FORCE_TRITON=1) serves GPU callers with many
-groups: one program per group, two passes in fp32; tested and timed (bench/gpu_check.py) at millions.
+What to do with them is advantage.normalize_groups' decision. One rule keeps them exact: a group
+whose scores are all equal (a group of one included) gets mean = that score and std = 0 exactly,
+not fp residue (three 0.1s do not sum to 0.3) that would turn into an advantage of order 0.01.
+In training the scores are a step's returns (hundreds, on CPU), so the fp64 reference runs on
+every device; the Triton kernel (kernels/group_norm_triton.py) serves GPU callers with many groups.
 """
 
 import torch
@@ -30,10 +22,8 @@ from kernels._dispatch import use_triton
 
 def _check(scores, group_ids):
     if scores.dim() != 1 or group_ids.dim() != 1 or scores.shape != group_ids.shape:
-        raise ValueError(
-            f"group_stats: scores and group_ids must both be (M,), got "
-            f"{tuple(scores.shape)} and {tuple(group_ids.shape)}"
-        )
+        raise ValueError(f"group_stats: scores and group_ids must both be (M,), got "
+                         f"{tuple(scores.shape)} and {tuple(group_ids.shape)}")
     if not scores.dtype.is_floating_point:
         raise TypeError(f"group_stats: scores must be floating point, got {scores.dtype}")
     if group_ids.dtype.is_floating_point or group_ids.dtype == torch.bool or group_ids.is_complex():
@@ -67,19 +57,12 @@ def group_stats_ref(scores, group_ids):
 
 @torch.no_grad()
 def group_stats(scores, group_ids):
-    """(M,) scores, (M,) integer group ids -> (mean, std): each (M,), the mean and the unbiased std of
-    the score's group (see the module doc; a group without spread: its score and exactly 0).
-
-    The statistics of the step- and episode-level advantage normalisation of docs/method.md §6
-    (GRPO-style; UI-S1 paper, the policy optimisation); advantage.normalize_groups decides what to do
-    with them. Triton on CUDA (or with UIS1_FORCE_TRITON=1; see kernels/_dispatch.py): fp32; the fp64
-    torch reference otherwise: fp64. No grad (advantages are constants of the PPO objective).
-
-    Raises:
-        ValueError: scores and group_ids not both (M,); different devices.
-        TypeError: scores not floating point; group_ids not an integer tensor.
-        RuntimeError: the Triton path forced on CPU without the interpreter (TRITON_INTERPRET=1),
-            or on a device that is neither CUDA nor CPU.
+    """(M,) scores, (M,) integer group ids -> (mean, std), each (M,): the mean and the unbiased std
+    of the score's group (a group without spread: its score and exactly 0), no grad. Triton on CUDA
+    (or UIS1_FORCE_TRITON=1): fp32; the torch reference otherwise: fp64.
+    Raises ValueError: scores and group_ids not both (M,); different devices. TypeError: scores not
+    floating point; group_ids not integer. RuntimeError: the Triton path forced on CPU without
+    TRITON_INTERPRET=1, or another device.
     """
     if not use_triton(scores):
         return group_stats_ref(scores, group_ids)

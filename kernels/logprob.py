@@ -23,17 +23,13 @@ Numerics. Everything is relative to the row max m, so all-negative or huge logit
 2. The entropy is accumulated as sum p (z - m) (not lse - E[z], which cancels catastrophically at
    |z| ~ 1e4), and the backward uses log p + ent, which is O(1) whatever the logit scale.
 
-Triton path (CUDA; CPU under TRITON_INTERPRET=1 with UIS1_FORCE_TRITON=1): kernels/logprob_triton.py,
-imported only when kernels/_dispatch.py chooses it. Its forward folds logit tiles into an online
-log-sum-exp on chip; its backward recomputes dL/dz per chunk of tokens for two cuBLAS GEMMs.
-
-Reference path (`fused_logprob_ref`, the CPU path): the same math in fp32 torch, chunked over tokens
-(forward and a manual chunked backward that recomputes the logits), so peak memory is at most two
-(chunk, V) fp32 blocks, never (N, V). On CPU the elementwise passes over those blocks, not the
-GEMM, set the time, so each pass is counted: 1/T scales h (C x H) instead of the logits, log p of
-the target is a gather (no log-softmax block), exp runs once per logit in each direction, the
-entropy's sum p (z - m) is one fused dot per row, and the backward folds 1/L, 1/T and the entropy
-term into per-row coefficients (dz = exp(z - m) (a + b (z - m)) + g/T 1[j = y]).
+Two paths, one autograd.Function (_LogProb). Triton (kernels/logprob_triton.py, when
+kernels/_dispatch.py chooses it): the forward folds logit tiles into an online log-sum-exp on chip,
+the backward recomputes dL/dz per chunk of tokens for two cuBLAS GEMMs. The reference
+(`fused_logprob_ref`, the CPU path, which trains on CPU): the same math in fp32 torch, forward and a
+hand-written backward chunked over tokens, recomputing the logits, so peak memory is two (chunk, V)
+fp32 blocks, never (N, V); on CPU the elementwise passes over those blocks set the time, so each
+is counted (comments in _logprob_fwd_ref and _logprob_bwd_ref).
 """
 
 import functools
@@ -51,16 +47,11 @@ _REF_CHUNK_BYTES = 64 << 20  # fp32 logits per chunk on the reference path (110 
 
 
 def _check_inputs(hidden, weight, targets, temperature, where):
+    shapes = f"hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)}, targets {tuple(targets.shape)}"
     if hidden.dim() != 2 or weight.dim() != 2 or targets.dim() != 1:
-        raise ValueError(
-            f"{where}: expected hidden (N, H), weight (V, H), targets (N,), got "
-            f"{tuple(hidden.shape)}, {tuple(weight.shape)}, {tuple(targets.shape)}"
-        )
+        raise ValueError(f"{where}: expected hidden (N, H), weight (V, H), targets (N,), got {shapes}")
     if hidden.shape[1] != weight.shape[1] or hidden.shape[0] != targets.shape[0]:
-        raise ValueError(
-            f"{where}: shape mismatch hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)}, "
-            f"targets {tuple(targets.shape)}"
-        )
+        raise ValueError(f"{where}: shape mismatch {shapes}")
     if not hidden.dtype.is_floating_point or not weight.dtype.is_floating_point:
         raise TypeError(f"{where}: hidden/weight must be floating point, got {hidden.dtype}, {weight.dtype}")
     if targets.dtype != torch.int64:
@@ -196,10 +187,8 @@ class _LogProb(torch.autograd.Function):
         zero = torch.zeros((), dtype=torch.float32, device=hidden.device)
         g_logp = zero.expand(targets.shape) if g_logp is None else g_logp.float()
         g_logp = torch.where(valid, g_logp, zero).contiguous()  # ignored rows get no gradient
-        if g_ent is not None and compute_entropy:
-            g_ent = torch.where(valid, g_ent.float(), zero).contiguous()
-        else:
-            g_ent = None
+        use_ent = g_ent is not None and compute_entropy
+        g_ent = torch.where(valid, g_ent.float(), zero).contiguous() if use_ent else None
         targets = torch.where(valid, targets, 0)  # any in-range id will do: g = e = 0 there
         dh, dw = bwd(hidden, weight, targets, norm, ent, g_logp, g_ent, temperature, need_dh, need_dw)
         return dh, dw, None, None, None, None, None, None
@@ -218,22 +207,15 @@ def fused_logprob_ref(hidden, weight, targets, temperature=1.0, return_entropy=F
 
 
 def fused_logprob(hidden, weight, targets, temperature=1.0, return_entropy=False, ignore_index=-100):
-    """log softmax(hidden @ weight.T / temperature)[targets] without the (N, V) logits.
-
-    hidden (N, H) any float dtype, weight (V, H) (lm_head or tied embedding), targets (N,) int64.
-    Returns logp (N,) fp32, or (logp, entropy) with return_entropy. Positions with
-    target == ignore_index give 0 and no gradient. Differentiable w.r.t. hidden and weight; dh and dW
-    come back in the input dtype. Triton on CUDA (or UIS1_FORCE_TRITON=1; see kernels/_dispatch.py),
-    the chunked torch reference (fused_logprob_ref) otherwise. The math is the module docstring's.
-
-    Raises:
-        ValueError: hidden not (N, H), weight not (V, H) or targets not (N,); mismatched N or H;
-            tensors on different devices; temperature not a positive finite number; a target
-            outside [0, V) that is not ignore_index.
-        TypeError: hidden or weight not floating point; targets not int64; (Triton) hidden and
-            weight of different dtypes.
-        RuntimeError: the Triton path forced on CPU without the interpreter (TRITON_INTERPRET=1),
-            or on a device that is neither CUDA nor CPU.
+    """log softmax(hidden @ weight.T / temperature)[targets] without the (N, V) logits (the module
+    docstring's math). hidden (N, H) any float dtype, weight (V, H) (lm_head or tied embedding),
+    targets (N,) int64. Returns logp (N,) fp32, or (logp, entropy) with return_entropy; 0 and no
+    gradient where target == ignore_index. dh and dW come back in the input dtypes. Triton on CUDA
+    (or UIS1_FORCE_TRITON=1), the chunked torch reference (fused_logprob_ref) otherwise.
+    Raises ValueError: shapes not (N, H), (V, H), (N,) or mismatched N or H; different devices;
+    temperature not positive and finite; a target outside [0, V). TypeError: hidden or weight not
+    floating point; targets not int64; (Triton) hidden and weight of different dtypes.
+    RuntimeError: the Triton path forced on CPU without TRITON_INTERPRET=1, or another device.
     """
     if not use_triton(hidden):
         return fused_logprob_ref(hidden, weight, targets, temperature, return_entropy, ignore_index)

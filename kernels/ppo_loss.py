@@ -18,17 +18,11 @@ d loss / d logp (clamps pass gradient only inside [lo, hi], inclusive, as torch.
     d pg  = -A r 1[|logp - old| <= lrc]   unless the clip or the dual clip chose a constant, then 0
     d kl  = -(exp(d) - 1) 1[|ref - logp| <= lrc] 1[|exp(d) - d - 1| <= kl_clamp]
 
-Clamping the log-ratios before exp is what keeps a stale or far-off token from overflowing into
-inf/NaN (docs/method.md §11, "k3 KL overflow into NaN gradients"). Masked tokens (mask == 0) are zeroed
-with a select, not a multiply, so NaN/inf garbage in padded positions cannot leak into the loss or the
-gradient. Only logp gets a gradient: old_logp, ref_logp and adv are constants of the objective.
-
-Returns the per-token loss (N,) fp32 and per-token stats ('ratio', 'clipped' = the clip or the dual
-clip chose a constant (no gradient), 'dual_clipped', 'kl'), all 0 where mask == 0; aggregate_loss (below)
-turns them into the mini-batch loss (token-mean, seq-mean-token-mean, seq-mean-token-sum, Dr.GRPO's).
-
-Triton path (kernels/ppo_loss_triton.py, imported only when kernels/_dispatch.py chooses it): one
-kernel computes the loss, the stats and d loss / d logp in one pass; the backward is grad_out * dlogp.
+Clamping the log-ratios before exp keeps a stale or far-off token from overflowing into inf/NaN
+(docs/method.md §11). Masked tokens are zeroed with a select, not a multiply, so garbage in padded
+positions cannot leak into the loss or the gradient. Only logp gets a gradient. aggregate_loss (below)
+turns the per-token losses into the mini-batch loss. Triton path (kernels/ppo_loss_triton.py): one
+kernel computes the loss, the stats and d loss / d logp; the backward is grad_out * dlogp.
 """
 
 import torch
@@ -40,13 +34,11 @@ from kernels._dispatch import use_triton
 
 
 def _check(logp, old_logp, adv, mask, ref_logp):
-    named = {"old_logp": old_logp, "adv": adv, "mask": mask}
-    if ref_logp is not None:
-        named["ref_logp"] = ref_logp
+    named = {"old_logp": old_logp, "adv": adv, "mask": mask, "ref_logp": ref_logp}
     for name, t in named.items():
-        if t.shape != logp.shape:
+        if t is not None and t.shape != logp.shape:
             raise ValueError(f"ppo_loss: {name} has shape {tuple(t.shape)}, logp has {tuple(logp.shape)}")
-        if t.device != logp.device:
+        if t is not None and t.device != logp.device:
             raise ValueError(f"ppo_loss: {name} is on {t.device}, logp on {logp.device}")
     for name, t in [("logp", logp), ("old_logp", old_logp), ("adv", adv), ("ref_logp", ref_logp)]:
         if t is not None and not t.dtype.is_floating_point:
@@ -72,40 +64,29 @@ def ppo_loss_ref(logp, old_logp, adv, mask, ref_logp=None, clip_low=0.2, clip_hi
     pg = torch.where(clip, pg2, pg1)
     pg3 = -adv * clip_c
     dual = (adv < 0) & (pg > pg3)
-    pg = torch.where(dual, pg3, pg)
-    loss = pg
+    loss = torch.where(dual, pg3, pg)
     kl = torch.zeros_like(logp)
     if ref_logp is not None:
         ref = torch.where(m, ref_logp.detach().float(), zero)
         d = torch.clamp(ref - logp, -log_ratio_clamp, log_ratio_clamp)
         kl = torch.clamp(torch.exp(d) - d - 1.0, -kl_clamp, kl_clamp)
         loss = loss + kl_coef * kl
-    loss = torch.where(m, loss, zero)
-    f = lambda b: (m & b).float()  # noqa: E731
-    stats = {
-        "ratio": torch.where(m, ratio, zero).detach(),
-        "clipped": f(clip | dual),
-        "dual_clipped": f(dual),
-        "kl": torch.where(m, kl, zero).detach(),
-    }
-    return loss, stats
+    stats = {"ratio": torch.where(m, ratio, zero).detach(), "clipped": (m & (clip | dual)).float(),
+             "dual_clipped": (m & dual).float(), "kl": torch.where(m, kl, zero).detach()}
+    return torch.where(m, loss, zero), stats
 
 
 def ppo_loss(logp, old_logp, adv, mask, ref_logp=None, clip_low=0.2, clip_high=0.2, clip_c=3.0, kl_coef=1e-4,
              kl_clamp=10.0, log_ratio_clamp=20.0):
-    """Per-token PPO loss (N,) fp32 (0 where mask == 0) and stats {'ratio', 'clipped', 'dual_clipped', 'kl'}.
+    """Per-token PPO loss (N,) fp32 and stats {'ratio', 'clipped' (the clip or the dual clip chose a
+    constant), 'dual_clipped', 'kl'}, all 0 where mask == 0; the module docstring's formulas.
 
-    logp, old_logp, adv (and ref_logp) any float dtype, mask any dtype (nonzero = token counts), all
-    of one shape (any, typically (N,)). The formulas are the module docstring's (verl's dual-clip
-    policy loss and low_var_kl, as the UI-S1 release uses them; docs/method.md §7). Differentiable
-    w.r.t. logp only; its gradient comes back in logp's dtype. Triton on CUDA (or
-    UIS1_FORCE_TRITON=1; see kernels/_dispatch.py), ppo_loss_ref otherwise.
-
-    Raises:
-        ValueError: old_logp, adv, mask or ref_logp of another shape or device than logp.
-        TypeError: logp, old_logp, adv or ref_logp not floating point.
-        RuntimeError: the Triton path forced on CPU without the interpreter (TRITON_INTERPRET=1),
-            or on a device that is neither CUDA nor CPU.
+    logp, old_logp, adv (and ref_logp) any float dtype, mask any dtype (nonzero: the token counts),
+    all of one shape (typically (N,)). Differentiable w.r.t. logp only, in logp's dtype. Triton on
+    CUDA (or UIS1_FORCE_TRITON=1), ppo_loss_ref otherwise.
+    Raises ValueError: old_logp, adv, mask or ref_logp of another shape or device than logp.
+    TypeError: a log-prob or adv not floating point. RuntimeError: the Triton path forced on CPU
+    without TRITON_INTERPRET=1, or another device.
     """
     if not use_triton(logp):
         return ppo_loss_ref(logp, old_logp, adv, mask, ref_logp, clip_low, clip_high, clip_c, kl_coef, kl_clamp,
@@ -128,10 +109,9 @@ LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "dr-grpo
 
 
 def loss_denominator(lengths, agg: str, max_len: int | None = None) -> float:
-    """This micro-batch's share of the denominator of `agg`, for sequences of `lengths` tokens
-    (list of ints): token-mean (the release's, DAPO's): the token count; seq-mean-token-mean and
-    seq-mean-token-sum: the sequence count; dr-grpo (Liu et al. 2025, Dr.GRPO): the sequence count
-    times max_len, the generation budget (a constant, so a long response is not down-weighted).
+    """This micro-batch's share of the denominator of `agg` for sequences of `lengths` tokens: the
+    token count (token-mean, the release's); the sequence count (seq-mean-*); dr-grpo (Dr.GRPO):
+    sequences times max_len, the generation budget, so a long response is not down-weighted.
     Raises ValueError: agg not in LOSS_AGGS; dr-grpo without a positive max_len."""
     if agg not in LOSS_AGGS:
         raise ValueError(f"loss aggregation must be one of {LOSS_AGGS}, got {agg!r}")
@@ -145,12 +125,10 @@ def loss_denominator(lengths, agg: str, max_len: int | None = None) -> float:
 
 
 def aggregate_loss(per_token: torch.Tensor, lengths, agg: str, denominator: float) -> torch.Tensor:
-    """The mini-batch loss's share of one micro-batch: sum_t w_t * per_token_t / denominator, with
-    per_token (N,) fp32 the concatenated per-token losses of sequences of `lengths` tokens
-    (sum(lengths) == N), w_t = 1 / L_i for seq-mean-token-mean (each sequence's mean, then the
-    mean over sequences), else 1; denominator: loss_denominator summed over the whole mini-batch
-    (all micro-batches, all ranks), at least 1. Returns a scalar with per_token's gradient.
-    Raises ValueError: agg not in LOSS_AGGS; sum(lengths) != N."""
+    """The mini-batch loss's share of one micro-batch: sum_t w_t * per_token_t / denominator.
+    per_token (N,) fp32: the per-token losses of sequences of `lengths` tokens (sum N); w_t = 1 / L_i
+    for seq-mean-token-mean, else 1; denominator: loss_denominator summed over the whole mini-batch
+    (all micro-batches and ranks). Returns a scalar. Raises ValueError: bad agg; sum(lengths) != N."""
     if agg not in LOSS_AGGS:
         raise ValueError(f"loss aggregation must be one of {LOSS_AGGS}, got {agg!r}")
     lengths = [int(n) for n in lengths]

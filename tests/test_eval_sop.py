@@ -10,6 +10,7 @@ import torch
 import dataset
 import eval_sop
 import gui
+import policies
 from evaluation import metrics
 from sampler import SampleOutput
 from vlm import load_processor
@@ -177,7 +178,7 @@ def _defect(kind):
 
 
 class _Scripted:
-    reads_prompt = False
+    prompt_builder = policies.StepPrompts
 
     def __init__(self, policy):
         self.policy = policy
