@@ -224,12 +224,13 @@ def _step(s, where, prefix: str, root, size, convention, names: dict | None = No
                 root=root, where=f"{where}: {prefix[:-1]}" if prefix else str(where))
 
 
-def _native_episodes(rows: list, path: str, root: str) -> list[Episode]:
-    """A native per-step JSON's rows -> episodes (extras/android_control.native_episodes), each step
+def _native_episodes(text: str, path: str, root: str) -> list[Episode]:
+    """A native per-step JSON list -> episodes (extras/android_control.native_episodes), each step
     checked as a UI-S1 one, its errors naming the row and the row's own field."""
     from extras import android_control
 
     try:
+        rows = android_control.read_rows(text, path)
         converted = android_control.native_episodes(rows, path, ANDROID_CONTROL_SIZE)
     except android_control.Bad as e:
         raise DataError(str(e)) from None
@@ -240,11 +241,11 @@ def _native_episodes(rows: list, path: str, root: str) -> list[Episode]:
 
 
 def load_episodes(path: str, *, limit: int | None = None, swipe_convention: str | None = None) -> list[Episode]:
-    """The first `limit` episodes of a UI-S1 JSONL file (an episode a line), a JSON list of them, or
-    AndroidControl's native per-step JSON list (rows with image/gt/task). Swipes come back as finger
-    paths: the file's convention is swipe_convention, else each episode's "swipe_convention", else
-    KNOWN_SWIPE_CONVENTIONS's. Anything malformed raises DataError (a ValueError) naming file, line
-    (or row) and field. An episode without an episode_id gets "line-<n>" ("row-<n>")."""
+    """The first `limit` episodes of a UI-S1 JSONL file (an episode a line, "line-<n>" its default
+    id) or of AndroidControl's native per-step JSON list (rows with image/gt/task). Swipes come back
+    as finger paths: a JSONL file's convention is swipe_convention, else each episode's
+    "swipe_convention", else KNOWN_SWIPE_CONVENTIONS's. Anything malformed raises DataError (a
+    ValueError) naming file, line (or row) and field."""
     path, root = str(path), os.path.dirname(os.path.abspath(path))
     if swipe_convention is not None and swipe_convention not in SWIPE_CONVENTIONS:
         raise ValueError(f"swipe_convention: expected one of {SWIPE_CONVENTIONS}, "
@@ -256,41 +257,27 @@ def load_episodes(path: str, *, limit: int | None = None, swipe_convention: str 
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: byte {e.start}: not UTF-8 text (a JSONL or JSON episode file "
                         "was expected)") from None
+    if text.lstrip().startswith("["):  # a JSON list: AndroidControl's native per-step rows
+        return _native_episodes(text, path, root)[:limit]
     convention = swipe_convention or KNOWN_SWIPE_CONVENTIONS.get(hashlib.sha256(raw).hexdigest())
-    if text.lstrip().startswith("["):  # a JSON list: of UI-S1 episodes, or of native rows (the first row tells)
+    episodes = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if limit is not None and len(episodes) >= limit:
+            break
+        if not line.strip():
+            continue
+        where = _Where(f"{path}: line {n}")
         try:
-            rows = json.loads(text)
+            obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise DataError(f"{path}: line {e.lineno}: invalid JSON: {e.msg}") from None
-        first = rows[0] if rows else None
-        if isinstance(first, dict) and ("gt" in first or "image" in first) and "steps" not in first:
-            episodes = _native_episodes(rows, path, root)
-        elif first is None or isinstance(first, dict) and "steps" in first:
-            episodes = [_uis1_episode(r, _Where(f"{path}: row {i}"), path, root, f"row-{i}",
-                                      convention) for i, r in enumerate(rows)]
-        else:
-            saw = sorted(first) if isinstance(first, dict) else type(first).__name__
-            raise DataError(f"{path}: row 0: unknown format: expected a UI-S1 episode (goal, steps) "
-                            f"or a native AndroidControl step (image, gt, task); saw {saw}")
-    else:
-        episodes = []
-        for n, line in enumerate(text.splitlines(), start=1):
-            if limit is not None and len(episodes) >= limit:
-                break
-            if not line.strip():
-                continue
-            where = _Where(f"{path}: line {n}")
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise where.error("<json>", f"invalid JSON: {e.msg} (column {e.colno})") from None
-            episodes.append(_uis1_episode(obj, where, path, root, f"line-{n}", convention))
+            raise where.error("<json>", f"invalid JSON: {e.msg} (column {e.colno})") from None
+        episodes.append(_uis1_episode(obj, where, path, root, f"line-{n}", convention))
     seen = set()
     for ep in episodes:
         if ep.episode_id in seen:
             raise DataError(f"{path}: field 'episode_id': duplicate episode id {ep.episode_id!r}")
         seen.add(ep.episode_id)
-    return episodes[:limit]
+    return episodes
 
 
 # -----------------------------------------------------------------------------
