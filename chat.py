@@ -177,11 +177,9 @@ class Prompt:
 
 def special_tokens(tokenizer) -> list[str]:
     """All special-token strings of the tokenizer (<|im_end|>, <|image_pad|>, ...)."""
-    toks = set(getattr(tokenizer, "all_special_tokens", []) or [])
-    for t in getattr(tokenizer, "added_tokens_decoder", {}).values():
-        if getattr(t, "special", False):
-            toks.add(t.content)
-    return sorted(toks, key=len, reverse=True)
+    added = getattr(tokenizer, "added_tokens_decoder", {}).values()
+    toks = {t.content for t in added if getattr(t, "special", False)}
+    return sorted(toks | set(getattr(tokenizer, "all_special_tokens", []) or []), key=len, reverse=True)
 
 
 def strip_special(text: str, tokens: list[str]) -> str:
@@ -196,12 +194,11 @@ def build_prompt(tokenizer, image_processor, spec: "PromptSpec", *, goal: str, s
                  history: list[str], step_instruction: str | None = None, elements: str | None = None,
                  pixels: bool = True) -> Prompt:
     """Model inputs for step t = len(screenshots) - 1 under `spec`. screenshots: original images of
-    steps 0..t, only the last spec.num_images read (earlier may be None; with pixels=False a (W, H)
-    size will do and pixel_values is None). history: the responses of steps 0..t-1. Special-token
-    strings are cut from every text. The kept screenshots are resized here (so coordinates are
-    known exactly); past spec.max_prompt_tokens the oldest turns are summarised
-    (extras/prompt_budget.py, imported only then). Raises ValueError when history and screenshots
-    disagree."""
+    steps 0..t, only the last spec.num_images read (others may be None; with pixels=False a (W, H)
+    will do, pixel_values None). history: the responses of steps 0..t-1. Special-token strings are
+    cut from every text; the kept screenshots are resized here (so coordinates are known exactly);
+    past spec.max_prompt_tokens the oldest turns are summarised (extras/prompt_budget.py). Raises
+    ValueError when history and screenshots disagree."""
     import torch
 
     t = len(screenshots) - 1
@@ -287,10 +284,10 @@ def _pixel_inputs(image_processor, screenshots, resized, steps, patch, pixels, m
     want = [[1, resized[i][1] // patch, resized[i][0] // patch] for i in steps]
     if not pixels:
         return None, torch.tensor(want, dtype=torch.long), messages
-    images = []
-    for i in steps:
-        im = screenshots[i] if screenshots[i].mode == "RGB" else screenshots[i].convert("RGB")
-        images.append(im if im.size == resized[i] else im.resize(resized[i], Image.BICUBIC))
+    rgb = {i: screenshots[i] if screenshots[i].mode == "RGB" else screenshots[i].convert("RGB")
+           for i in steps}
+    images = [rgb[i] if rgb[i].size == resized[i] else rgb[i].resize(resized[i], Image.BICUBIC)
+              for i in steps]
     feats = image_processor(images=images, do_resize=False, return_tensors="pt")
     pixel_values, grid = feats["pixel_values"], feats["image_grid_thw"].long()  # (P, 1176), (I, 3)
     for i, g, w in zip(steps, grid.tolist(), want):
