@@ -214,10 +214,7 @@ def _step(s, where, prefix: str, root, size, convention, names: dict | None = No
     else:  # the train file puts one box on the action itself
         bbox = raw.get("bbox") if isinstance(raw, dict) else None
         boxes = _boxes(bbox, where, fld("action_content") + ".bbox")
-    shot = s.get("screenshot")
-    if shot is not None and not isinstance(shot, str):
-        raise where.error(fld("screenshot"), f"expected a path string, got {shot!r}")
-    return Step(screenshot=shot, action=action, candidate_bbox=boxes, image_size=size,
+    return Step(screenshot=_text(s.get("screenshot"), where, fld("screenshot")), action=action, candidate_bbox=boxes, image_size=size,
                 step_instruction=_instruction(s.get("step_instruction"), where, fld("step_instruction")),
                 thought=_text(s.get("thought"), where, fld("thought")),
                 elements=_elements(s.get("elements"), where, fld("elements")),
@@ -304,22 +301,19 @@ def original_size(step: Step, *, image_root: str | None = None,
     answer of rollout, SFT and evaluation. A file found: its size (header only), which a recorded
     image_size must match within 1 px, else DataError naming Step.where (with a hint when it is the
     (H, W)); no file: the recorded image_size, else blank_screens, else FileNotFoundError."""
-    path = _screenshot_file(step, image_root)
-    rec = step.image_size
-    if path is not None:
-        with Image.open(path) as im:
-            size = im.size
-        if rec is not None and (abs(rec[0] - size[0]) > 1 or abs(rec[1] - size[1]) > 1):
-            swapped = (abs(rec[0] - size[1]) <= 1 and abs(rec[1] - size[0]) <= 1)
-            raise DataError(f"{step.where or step.screenshot}: field 'image_size': recorded "
-                            f"{rec[0]}x{rec[1]} (W x H) but {path} is {size[0]}x{size[1]}"
-                            + ("; the record looks (H, W)-swapped: write [W, H]" if swapped else ""))
-        return size
-    if rec is not None:
-        return rec
-    if blank_screens is not None:
-        return int(blank_screens[0]), int(blank_screens[1])
-    raise FileNotFoundError(_missing_message(step, image_root))
+    path, rec = _screenshot_file(step, image_root), step.image_size
+    if path is None:
+        if rec is None and blank_screens is None:
+            raise FileNotFoundError(_missing_message(step, image_root))
+        return rec or (int(blank_screens[0]), int(blank_screens[1]))
+    with Image.open(path) as im:
+        size = im.size
+    if rec is not None and (abs(rec[0] - size[0]) > 1 or abs(rec[1] - size[1]) > 1):
+        swapped = (abs(rec[0] - size[1]) <= 1 and abs(rec[1] - size[0]) <= 1)
+        raise DataError(f"{step.where or step.screenshot}: field 'image_size': recorded "
+                        f"{rec[0]}x{rec[1]} (W x H) but {path} is {size[0]}x{size[1]}"
+                        + ("; the record looks (H, W)-swapped: write [W, H]" if swapped else ""))
+    return size
 
 
 def _missing_message(step: Step, image_root: str | None) -> str:
