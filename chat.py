@@ -179,7 +179,8 @@ def special_tokens(tokenizer) -> list[str]:
     """All special-token strings of the tokenizer (<|im_end|>, <|image_pad|>, ...)."""
     added = getattr(tokenizer, "added_tokens_decoder", {}).values()
     toks = {t.content for t in added if getattr(t, "special", False)}
-    return sorted(toks | set(getattr(tokenizer, "all_special_tokens", []) or []), key=len, reverse=True)
+    toks |= set(getattr(tokenizer, "all_special_tokens", []) or [])
+    return sorted(toks, key=len, reverse=True)
 
 
 def strip_special(text: str, tokens: list[str]) -> str:
@@ -205,8 +206,8 @@ def build_prompt(tokenizer, image_processor, spec: "PromptSpec", *, goal: str, s
     if t < 0:
         raise ValueError("build_prompt: no screenshots")
     if len(history) != t:
-        raise ValueError(f"build_prompt: {len(screenshots)} screenshots need {t} history responses, "
-                         f"got {len(history)}")
+        raise ValueError(f"build_prompt: {len(screenshots)} screenshots need {t} history "
+                         f"responses, got {len(history)}")
     patch, merge = int(image_processor.patch_size), int(image_processor.merge_size)
     specials = special_tokens(tokenizer)
     clean = lambda s: strip_special(s, specials) if s else s  # noqa: E731
@@ -214,12 +215,14 @@ def build_prompt(tokenizer, image_processor, spec: "PromptSpec", *, goal: str, s
     history = [clean(h) for h in history]
 
     shown = list(range(max(0, t + 1 - spec.num_images), t + 1))  # the steps kept as images
-    resized = {i: resized_size(getattr(screenshots[i], "size", screenshots[i]), factor=patch * merge,
-                               min_pixels=spec.min_pixels, max_pixels=spec.max_pixels) for i in shown}
+    sizes = {i: getattr(screenshots[i], "size", screenshots[i]) for i in shown}  # image, or (W, H)
+    resized = {i: resized_size(sizes[i], factor=patch * merge, min_pixels=spec.min_pixels,
+                               max_pixels=spec.max_pixels) for i in shown}
     n_pad = {i: (resized[i][0] // patch) * (resized[i][1] // patch) // merge**2 for i in shown}
 
     def render(drop: int = 0, earlier: str = ""):
-        """(tokens with pads expanded, ids, steps with an image, messages); turns < drop: `earlier`."""
+        """(tokens with pads expanded, ids, steps with an image, messages); turns < drop told
+        as `earlier`."""
         messages = _messages(spec, goal, history, shown, step_instruction, elements, drop, earlier)
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids, steps = tokenizer.encode(text, add_special_tokens=False), [i for i in shown if i >= drop]
@@ -241,10 +244,10 @@ def build_prompt(tokenizer, image_processor, spec: "PromptSpec", *, goal: str, s
 
 
 def _messages(spec, goal, history, shown, step_instruction, elements, drop=0, earlier="") -> list:
-    """The chat of step t = len(history), the release's multi-turn layout: the system prompt; per step
-    from `drop` on, a user turn (the first with the goal and `earlier`, what is said of the dropped
-    turns; the screenshot if its step is `shown`) and its response as an assistant turn; the current
-    user turn ends with the step instruction and the element list."""
+    """The chat of step t = len(history), the release's multi-turn layout: the system prompt; per
+    step from `drop` on, a user turn (the first with the goal and `earlier`, what is said of the
+    dropped turns; the screenshot if its step is `shown`) and its response as an assistant turn;
+    the current user turn ends with the step instruction and the element list."""
     t = len(history)
     system = system_prompt_text(spec.system_prompt)
     messages = [{"role": "system", "content": [{"type": "text", "text": system}]}]
@@ -303,7 +306,8 @@ def _pixel_inputs(image_processor, screenshots, resized, steps, patch, pixels, m
 def step_prompt(tokenizer, image_processor, spec: PromptSpec, *, goal: str, step, screenshots: list,
                 history: list[str], hint: str | None = None, pixels: bool = True) -> Prompt:
     """build_prompt for a recorded step (dataset.Step), the one place every stage makes one: its
-    step instruction and element list when the spec shows them, then `hint` (patch.on_policy_hint)."""
+    step instruction and element list when the spec shows them, then `hint`
+    (patch.on_policy_hint)."""
     instruction = step.step_instruction if spec.step_instruction and step.step_instruction else None
     if hint:
         instruction = f"{instruction.strip()}\n{hint}" if instruction and instruction.strip() else hint

@@ -130,8 +130,8 @@ def _to_finger(action: dict, convention: str | None, where, fld) -> dict:
     """A stored swipe -> the finger's path under the file's `convention`. A zero-length swipe, or a
     file that declares no convention, raises DataError."""
     if action["coordinate"] == action["coordinate2"]:
-        raise where.error(fld, f"zero-length swipe {action['coordinate']} -> "
-                          f"{action['coordinate2']}: it has no direction, no prediction could match it")
+        raise where.error(fld, f"zero-length swipe {action['coordinate']} -> {action['coordinate2']}"
+                          ": it has no direction, no prediction could match it")
     if convention is None:
         raise where.error("swipe_convention", "the file stores swipes but declares no convention: "
                           "pass swipe_convention (eval_sop.py --swipe-convention) one of "
@@ -214,7 +214,8 @@ def _step(s, where, prefix: str, root, size, convention, names: dict | None = No
     else:  # the train file puts one box on the action itself
         bbox = raw.get("bbox") if isinstance(raw, dict) else None
         boxes = _boxes(bbox, where, fld("action_content") + ".bbox")
-    return Step(screenshot=_text(s.get("screenshot"), where, fld("screenshot")), action=action, candidate_bbox=boxes, image_size=size,
+    return Step(screenshot=_text(s.get("screenshot"), where, fld("screenshot")), action=action,
+                candidate_bbox=boxes, image_size=size,
                 step_instruction=_instruction(s.get("step_instruction"), where, fld("step_instruction")),
                 thought=_text(s.get("thought"), where, fld("thought")),
                 elements=_elements(s.get("elements"), where, fld("elements")),
