@@ -92,14 +92,11 @@ class TaskDraw:
     def keep(self, keep) -> set[int]:
         """This rank's kept slots -> the round's kept slots over all ranks (collective). Raises
         RuntimeError for a slot that is not this rank's in this round."""
-        mine = set(self._slots[self.proc.rank::self.proc.world_size])
-        if not set(keep) <= mine:
-            raise RuntimeError(f"kept slots {sorted(set(keep) - mine)} were not this rank's")
-        first = self._slots[0]
-        flags = [0.0] * len(self._slots)  # 1 = kept, summed over ranks
-        for s in keep:
-            flags[s - first] = 1.0
-        kept = {first + j for j, f in enumerate(all_sum(flags, self.proc)) if f > 0}
+        keep, mine = set(keep), set(self._slots[self.proc.rank::self.proc.world_size])
+        if not keep <= mine:
+            raise RuntimeError(f"kept slots {sorted(keep - mine)} were not this rank's")
+        flags = [1.0 if s in keep else 0.0 for s in self._slots]  # 1 = kept, summed over ranks
+        kept = {s for s, f in zip(self._slots, all_sum(flags, self.proc)) if f > 0}
         self.tried, self.kept = self.tried + len(self._slots), self.kept + len(kept)
         self.rounds += 1
         return kept
