@@ -1,14 +1,8 @@
 """The prompt contract (docs/method.md §3): how one step of an episode becomes model input, the
-same in SFT, semi-online RL and evaluation.
-
-`PromptSpec` holds every option that must agree between the stages (screenshots kept as images,
-smart_resize pixel limits, the token budget, whether the step instruction and the element list are
-shown, the system prompt). It is saved in every checkpoint's args.json (field "prompt") and adopted
-by every stage with one function, `resolve_spec`: a flag given on the command line wins (with a
-warning when it disagrees with the checkpoint), else the checkpoint's value, else the default.
-`build_prompt` renders a step under a spec: the Qwen2.5-VL chat template with image pads expanded,
-the history as text, the last K screenshots as images, and a token budget that summarises the
-oldest turns instead of failing (extras/prompt_budget.py); `step_prompt` applies a spec to a recorded step.
+same in SFT, semi-online RL and evaluation. `PromptSpec` holds the options the stages must agree
+on; it is saved in every checkpoint's args.json (field "prompt") and adopted by `resolve_spec`.
+`build_prompt` renders a step under a spec (the Qwen2.5-VL chat template, image pads expanded, the
+last K screenshots as images); `step_prompt` applies a spec to a recorded step.
 """
 from __future__ import annotations
 
@@ -16,6 +10,7 @@ import argparse
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PIL import Image
@@ -53,7 +48,8 @@ FULL_SYSTEM_PROMPT = full_system_prompt()  # the registry's at import; build_pro
 
 # A model trained from scratch (the tiny presets) learns the format from its targets; the full action
 # list is 353 of its ~700 prompt tokens on MiniWob++, so it trains on this instead (--system-prompt short)
-SHORT_SYSTEM_PROMPT = """You are a GUI agent. Answer with <think>your reasoning</think> then <action>one JSON action</action>."""
+SHORT_SYSTEM_PROMPT = ("You are a GUI agent. Answer with <think>your reasoning</think> then "
+                       "<action>one JSON action</action>.")
 SYSTEM_PROMPTS = {"full": FULL_SYSTEM_PROMPT, "short": SHORT_SYSTEM_PROMPT}
 SYSTEM_PROMPT = FULL_SYSTEM_PROMPT  # the default, for readers of the text
 
@@ -82,11 +78,13 @@ class PromptSpec:
         if self.num_images < 1:
             raise ValueError(f"--num-images {self.num_images}: must be >= 1")
         if not 0 < self.min_pixels <= self.max_pixels:
-            raise ValueError(f"--min-pixels {self.min_pixels} / --max-pixels {self.max_pixels}: need 0 < min <= max")
+            raise ValueError(f"--min-pixels {self.min_pixels} / --max-pixels {self.max_pixels}: "
+                             "need 0 < min <= max")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise ValueError(f"--max-prompt-tokens {self.max_prompt_tokens}: must be >= 1")
         if self.system_prompt not in SYSTEM_PROMPTS:
-            raise ValueError(f"--system-prompt {self.system_prompt!r}: expected one of {sorted(SYSTEM_PROMPTS)}")
+            raise ValueError(f"--system-prompt {self.system_prompt!r}: "
+                             f"expected one of {sorted(SYSTEM_PROMPTS)}")
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(PromptSpec))
@@ -96,31 +94,27 @@ _HELP = {"num_images": "screenshots kept as images in the prompt (the last K ste
          "max_prompt_tokens": "prompt budget in tokens; the oldest history turns are summarised past it",
          "step_instruction": "show the low-level step instruction (AndroidControl-Low)",
          "elements": "show the recorded element list of the step (MiniWob++)",
-         "system_prompt": "system prompt: the full action list, or a one-line format reminder for models trained from scratch"}
+         "system_prompt": "system prompt: the full action list, or a one-line format reminder "
+                          "for models trained from scratch"}
 
 
 def add_prompt_args(parser: argparse.ArgumentParser) -> None:
-    """One flag per PromptSpec field, all defaulting to None (= not given: resolve_spec takes the
-    checkpoint's value, else PromptSpec's default, which --help shows)."""
+    """One flag per PromptSpec field, defaulting to None (not given: resolve_spec decides)."""
     g = parser.add_argument_group("prompt contract (adopted from the starting checkpoint unless given)")
     for f in dataclasses.fields(PromptSpec):
-        flag, helptext = "--" + f.name.replace("_", "-"), f"{_HELP[f.name]} (default: checkpoint's, else {f.default})"
-        if f.type in ("bool", bool):
-            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=helptext)
-        elif f.name == "system_prompt":
-            g.add_argument(flag, choices=sorted(SYSTEM_PROMPTS), default=None, help=helptext)
-        else:
-            g.add_argument(flag, type=cli.positive_int, default=None, help=helptext)
+        kw = ({"action": argparse.BooleanOptionalAction} if f.type == "bool" else
+              {"choices": sorted(SYSTEM_PROMPTS)} if f.name == "system_prompt" else
+              {"type": cli.positive_int})
+        g.add_argument("--" + f.name.replace("_", "-"), default=None, **kw,
+                       help=f"{_HELP[f.name]} (default: checkpoint's, else {f.default})")
 
 
 def checkpoint_spec(model) -> dict:
-    """The prompt fields a checkpoint folder was trained with: args.json's "prompt" (or, for older
-    checkpoints, the same names at its top level); {} for 'tiny', 'auto' or a folder without
-    args.json. Raises utils.UsageError naming the file when args.json is not JSON."""
-    from pathlib import Path
-
+    """The prompt fields a checkpoint folder was trained with: args.json's "prompt" (older ones: the
+    same names at its top level); {} for 'tiny', 'auto' or a folder without args.json. Raises
+    utils.UsageError naming the file when args.json is not JSON."""
     f = Path(str(model)) / "args.json"
-    if str(model) in ("tiny", "auto") or str(model).startswith("tiny:") or not f.is_file():
+    if str(model) == "auto" or _from_scratch(model) or not f.is_file():
         return {}
     try:
         saved = json.loads(f.read_text())
@@ -130,37 +124,35 @@ def checkpoint_spec(model) -> dict:
     return {k: saved[k] for k in FIELDS if k in saved}
 
 
+def _from_scratch(model) -> bool:
+    return str(model) == "tiny" or str(model).startswith("tiny:")
+
+
 def fresh_defaults(model) -> dict:
-    """Contract fields that differ from PromptSpec's defaults for a model without a checkpoint: a
-    'tiny' model trained from scratch gets the short system prompt (the full action list is half of
-    its prompt and teaches it nothing its targets do not); a model folder gets PromptSpec's."""
-    return {"system_prompt": "short"} if str(model) == "tiny" or str(model).startswith("tiny:") else {}
+    """The fields that differ from PromptSpec's defaults for a model without a checkpoint: a 'tiny'
+    model trained from scratch gets the short system prompt (docs/method.md §3)."""
+    return {"system_prompt": "short"} if _from_scratch(model) else {}
 
 
 def resolve_spec(args, model, say=print) -> PromptSpec:
-    """The prompt contract of a stage starting from `model`: each field from the flag when given
-    (args.<field> not None), else from the checkpoint (checkpoint_spec), else fresh_defaults(model),
-    else PromptSpec's default. A flag that disagrees with the checkpoint is kept, with a warning; what
-    was taken from the checkpoint is said in one line. Sets args.prompt = the spec as a dict (so
-    args.json records it) and args.<field> = its value. Raises utils.UsageError on an invalid spec."""
-    saved, chosen, taken, defaults = checkpoint_spec(model), {}, {}, fresh_defaults(model)
-    for name in FIELDS:
-        given = getattr(args, name, None)
-        if given is not None:
-            if name in saved and saved[name] != given:
-                say(f"warning: --{name.replace('_', '-')} {given} differs from the checkpoint's {saved[name]} "
-                    f"({model}/args.json)")
-            chosen[name] = given
-        elif name in saved:
-            chosen[name] = taken[name] = saved[name]
-        elif name in defaults:
-            chosen[name] = defaults[name]
+    """The prompt contract of a stage starting from `model`, field by field: the flag when given
+    (args.<field> not None; a disagreement with the checkpoint is said as a warning), else the
+    checkpoint's (checkpoint_spec; said in one line), else fresh_defaults(model), else PromptSpec's.
+    Sets args.prompt (the spec as a dict, for args.json) and each args.<field>. Raises
+    utils.UsageError on an invalid spec."""
+    saved = checkpoint_spec(model)
+    given = {k: getattr(args, k) for k in FIELDS if getattr(args, k, None) is not None}
+    for k in [k for k in given if k in saved and saved[k] != given[k]]:
+        say(f"warning: --{k.replace('_', '-')} {given[k]} differs from the checkpoint's {saved[k]} "
+            f"({model}/args.json)")
+    taken = {k: v for k, v in saved.items() if k not in given}
     try:
-        spec = PromptSpec(**chosen)
+        spec = PromptSpec(**{**fresh_defaults(model), **taken, **given})
     except ValueError as e:  # a bad flag value, or a bad checkpoint file: one line, exit 2
         raise utils.UsageError(str(e)) from None
     if taken:
-        say(f"prompt contract from {model}/args.json: " + ", ".join(f"{k}={v}" for k, v in taken.items()))
+        said = ", ".join(f"{k}={v}" for k, v in taken.items())
+        say(f"prompt contract from {model}/args.json: {said}")
     args.prompt = dataclasses.asdict(spec)
     for name in FIELDS:
         setattr(args, name, getattr(spec, name))
@@ -172,30 +164,28 @@ def resolve_spec(args, model, say=print) -> PromptSpec:
 
 @dataclass
 class Prompt:
-    input_ids: "torch.LongTensor"           # (T,) with <|image_pad|> expanded; ends with the assistant header
-    pixel_values: "torch.FloatTensor | None"  # (P, C * temporal_patch * patch * patch) = (P, 1176)
+    input_ids: "torch.LongTensor"  # (T,), <|image_pad|> expanded; ends with the assistant header
+    pixel_values: "torch.FloatTensor | None"  # (P, C * temporal_patch * patch**2) = (P, 1176)
     image_grid_thw: "torch.LongTensor | None"  # (I, 3)
-    resized_size: tuple[int, int]          # (W, H) of the LAST screenshot as the model sees it
-    n_dropped_turns: int                   # oldest history turns replaced by the summary line
+    resized_size: tuple[int, int]  # (W, H) of the LAST screenshot as the model sees it
+    n_dropped_turns: int  # oldest history turns replaced by the summary line
     image_steps: list[int] = field(default_factory=list)  # step index of each image, in order
-    # the chat messages the ids were rendered from (after the budget), each image part holding its
-    # resized PIL image ({"type": "image", "image": im}; no "image" key when pixels=False): what a
-    # served model is sent (policies.py), so it sees exactly the prompt an in-process model does
+    # the chat messages after the budget, image parts holding their resized PIL image (none when
+    # pixels=False): what a served model is sent (policies.py), the same prompt as in process
     messages: list = field(default_factory=list)
 
 
 def special_tokens(tokenizer) -> list[str]:
     """All special-token strings of the tokenizer (<|im_end|>, <|image_pad|>, ...)."""
-    toks = set(getattr(tokenizer, "all_special_tokens", []) or [])
-    for t in getattr(tokenizer, "added_tokens_decoder", {}).values():
-        if getattr(t, "special", False):
-            toks.add(t.content)
+    added = getattr(tokenizer, "added_tokens_decoder", {}).values()
+    toks = {t.content for t in added if getattr(t, "special", False)}
+    toks |= set(getattr(tokenizer, "all_special_tokens", []) or [])
     return sorted(toks, key=len, reverse=True)
 
 
 def strip_special(text: str, tokens: list[str]) -> str:
-    """Remove special-token strings from free text. A response sampled with <|im_end|> or
-    <|image_pad|> in it would otherwise break the chat structure or the image pad count."""
+    """Free text without special-token strings (a sampled <|im_end|> or <|image_pad|> would break
+    the chat or the image pad count)."""
     for t in tokens:
         text = text.replace(t, "")
     return text
@@ -204,22 +194,20 @@ def strip_special(text: str, tokens: list[str]) -> str:
 def build_prompt(tokenizer, image_processor, spec: "PromptSpec", *, goal: str, screenshots: list,
                  history: list[str], step_instruction: str | None = None, elements: str | None = None,
                  pixels: bool = True) -> Prompt:
-    """Model inputs for step t = len(screenshots) - 1 under the prompt contract `spec`. screenshots:
-    original images of steps 0..t; only the last spec.num_images are read (earlier entries may be
-    None); with pixels=False an entry may be a (W, H) size and pixel_values is None (policies that
-    never look, e.g. expert replay). history: the responses of steps 0..t-1, as text. Special-token
-    strings are cut out of every text. Phases: resize the kept screenshots ourselves (resized sizes,
-    so coordinates, known exactly); render the chat (`_messages`); past spec.max_prompt_tokens,
-    summarise the oldest turns (extras/prompt_budget.py, imported only then); expand each image pad
-    to its image's tokens (`_expand_pads`); the pixels (`_pixel_inputs`). Raises ValueError when the
-    history does not match the screenshots."""
+    """Model inputs for step t = len(screenshots) - 1 under `spec`. screenshots: original images of
+    steps 0..t, only the last spec.num_images read (others may be None; with pixels=False a (W, H)
+    will do, pixel_values None). history: the responses of steps 0..t-1. Special-token strings are
+    cut from every text; the kept screenshots are resized here (so coordinates are known exactly);
+    past spec.max_prompt_tokens the oldest turns are summarised (extras/prompt_budget.py). Raises
+    ValueError when history and screenshots disagree."""
     import torch
 
     t = len(screenshots) - 1
     if t < 0:
         raise ValueError("build_prompt: no screenshots")
     if len(history) != t:
-        raise ValueError(f"build_prompt: {len(screenshots)} screenshots need {t} history responses, got {len(history)}")
+        raise ValueError(f"build_prompt: {len(screenshots)} screenshots need {t} history "
+                         f"responses, got {len(history)}")
     patch, merge = int(image_processor.patch_size), int(image_processor.merge_size)
     specials = special_tokens(tokenizer)
     clean = lambda s: strip_special(s, specials) if s else s  # noqa: E731
@@ -227,13 +215,14 @@ def build_prompt(tokenizer, image_processor, spec: "PromptSpec", *, goal: str, s
     history = [clean(h) for h in history]
 
     shown = list(range(max(0, t + 1 - spec.num_images), t + 1))  # the steps kept as images
-    resized = {i: resized_size(screenshots[i] if isinstance(screenshots[i], tuple) else screenshots[i].size,
-                               factor=patch * merge, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
-               for i in shown}
+    sizes = {i: getattr(screenshots[i], "size", screenshots[i]) for i in shown}  # image, or (W, H)
+    resized = {i: resized_size(sizes[i], factor=patch * merge, min_pixels=spec.min_pixels,
+                               max_pixels=spec.max_pixels) for i in shown}
     n_pad = {i: (resized[i][0] // patch) * (resized[i][1] // patch) // merge**2 for i in shown}
 
     def render(drop: int = 0, earlier: str = ""):
-        """(tokens with pads expanded, ids, steps with an image, messages), turns 0..drop-1 told as `earlier`."""
+        """(tokens with pads expanded, ids, steps with an image, messages); turns < drop told
+        as `earlier`."""
         messages = _messages(spec, goal, history, shown, step_instruction, elements, drop, earlier)
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids, steps = tokenizer.encode(text, add_special_tokens=False), [i for i in shown if i >= drop]
@@ -245,21 +234,23 @@ def build_prompt(tokenizer, image_processor, spec: "PromptSpec", *, goal: str, s
 
         drop, (n, ids, steps_with_image, messages) = prompt_budget.fit(render, history, shown[0],
                                                                       spec.max_prompt_tokens, n)
-    ids = _expand_pads(ids, tokenizer.convert_tokens_to_ids("<|image_pad|>"), [n_pad[i] for i in steps_with_image])
-    pixel_values, grid, messages = _pixel_inputs(image_processor, screenshots, resized, steps_with_image, patch,
-                                                 pixels, messages)
-    return Prompt(input_ids=torch.tensor(ids, dtype=torch.long), pixel_values=pixel_values, image_grid_thw=grid,
-                  resized_size=resized[t], n_dropped_turns=drop, image_steps=steps_with_image, messages=messages)
+    pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    ids = _expand_pads(ids, pad, [n_pad[i] for i in steps_with_image])
+    pixel_values, grid, messages = _pixel_inputs(image_processor, screenshots, resized,
+                                                 steps_with_image, patch, pixels, messages)
+    return Prompt(input_ids=torch.tensor(ids, dtype=torch.long), pixel_values=pixel_values,
+                  image_grid_thw=grid, resized_size=resized[t], n_dropped_turns=drop,
+                  image_steps=steps_with_image, messages=messages)
 
 
 def _messages(spec, goal, history, shown, step_instruction, elements, drop=0, earlier="") -> list:
-    """The chat of step t = len(history) in the release's multi-turn layout: the system prompt; then per
-    step from `drop` on a user turn (the goal, and `earlier`, what is said of the dropped turns, in the
-    first; the screenshot if its step is in `shown`, else a note that it is not shown) followed by that
-    step's response as an assistant turn; the current user turn adds the step instruction and the element
-    list (texts the caller gives; `step_prompt` applies the spec's switches to a recorded step)."""
+    """The chat of step t = len(history), the release's multi-turn layout: the system prompt; per
+    step from `drop` on, a user turn (the first with the goal and `earlier`, what is said of the
+    dropped turns; the screenshot if its step is `shown`) and its response as an assistant turn;
+    the current user turn ends with the step instruction and the element list."""
     t = len(history)
-    messages = [{"role": "system", "content": [{"type": "text", "text": system_prompt_text(spec.system_prompt)}]}]
+    system = system_prompt_text(spec.system_prompt)
+    messages = [{"role": "system", "content": [{"type": "text", "text": system}]}]
     for i in range(drop, t + 1):
         content = [{"type": "text", "text": f"Task goal: {goal}{earlier}\n"}] if i == drop else []
         if i in shown:
@@ -278,23 +269,17 @@ def _messages(spec, goal, history, shown, step_instruction, elements, drop=0, ea
 
 
 def _expand_pads(ids: list[int], pad_id: int, n_pads: list[int]) -> list[int]:
-    """Each <|image_pad|> of `ids` expanded to its image's token count n_pads[k], in order of appearance."""
+    """Each <|image_pad|> of `ids` expanded to its image's token count n_pads[k], in order."""
     if ids.count(pad_id) != len(n_pads):
         raise RuntimeError(f"prompt has {ids.count(pad_id)} image pads for {len(n_pads)} images")
-    out, k = [], 0
-    for tok in ids:
-        if tok == pad_id:
-            out.extend([pad_id] * n_pads[k])
-            k += 1
-        else:
-            out.append(tok)
-    return out
+    counts = iter(n_pads)
+    return [t for tok in ids for t in ([pad_id] * next(counts) if tok == pad_id else [tok])]
 
 
 def _pixel_inputs(image_processor, screenshots, resized, steps, patch, pixels, messages):
-    """(pixel_values (P, 1176) or None, image_grid_thw (I, 3) or None, messages) of the images of `steps`,
-    each resized to resized[i] (W, H); the messages' image parts get their resized images, in order. With
-    pixels=False no pixel is touched: the grid the image processor would report, pixel_values None."""
+    """(pixel_values (P, 1176), image_grid_thw (I, 3), messages) of the images of `steps`, each
+    resized to resized[i] (W, H) and given to its image part of `messages`. With pixels=False no
+    pixel is touched: pixel_values None, the grid the image processor would report."""
     import torch
 
     if not steps:
@@ -302,30 +287,30 @@ def _pixel_inputs(image_processor, screenshots, resized, steps, patch, pixels, m
     want = [[1, resized[i][1] // patch, resized[i][0] // patch] for i in steps]
     if not pixels:
         return None, torch.tensor(want, dtype=torch.long), messages
-    images = []
-    for i in steps:
-        im = screenshots[i] if screenshots[i].mode == "RGB" else screenshots[i].convert("RGB")
-        images.append(im if im.size == resized[i] else im.resize(resized[i], Image.BICUBIC))
+    rgb = {i: screenshots[i] if screenshots[i].mode == "RGB" else screenshots[i].convert("RGB")
+           for i in steps}
+    images = [rgb[i] if rgb[i].size == resized[i] else rgb[i].resize(resized[i], Image.BICUBIC)
+              for i in steps]
     feats = image_processor(images=images, do_resize=False, return_tensors="pt")
     pixel_values, grid = feats["pixel_values"], feats["image_grid_thw"].long()  # (P, 1176), (I, 3)
     for i, g, w in zip(steps, grid.tolist(), want):
         if g != w:
-            raise RuntimeError(f"image processor grid {g} disagrees with the resized size {resized[i]} (W, H)")
-    parts = iter(images)  # the image parts, in order of appearance, get their resized images
-    messages = [{**m, "content": [{**c, "image": next(parts)} if c["type"] == "image" else c for c in m["content"]]}
-                for m in messages]
+            raise RuntimeError(f"image processor grid {g} disagrees with the resized size "
+                               f"{resized[i]} (W, H)")
+    parts = iter(images)  # the image parts, in order of appearance
+    messages = [{**m, "content": [{**c, "image": next(parts)} if c["type"] == "image" else c
+                                  for c in m["content"]]} for m in messages]
     return pixel_values, grid, messages
 
 
 def step_prompt(tokenizer, image_processor, spec: PromptSpec, *, goal: str, step, screenshots: list,
                 history: list[str], hint: str | None = None, pixels: bool = True) -> Prompt:
-    """build_prompt for a recorded step (dataset.Step) under `spec`: its step instruction when
-    spec.step_instruction, its element list when spec.elements, and `hint` (the on-policy patch's
-    request, patch.on_policy_hint) after the instruction, at the end of the current user turn. The
-    one place SFT, the rollout (RL and SOP / static evaluation) turn a recorded step into a prompt."""
+    """build_prompt for a recorded step (dataset.Step), the one place every stage makes one: its
+    step instruction and element list when the spec shows them, then `hint`
+    (patch.on_policy_hint)."""
     instruction = step.step_instruction if spec.step_instruction and step.step_instruction else None
     if hint:
         instruction = f"{instruction.strip()}\n{hint}" if instruction and instruction.strip() else hint
-    return build_prompt(tokenizer, image_processor, spec, goal=goal, screenshots=screenshots, history=history,
-                        step_instruction=instruction, elements=step.elements if spec.elements else None,
-                        pixels=pixels)
+    return build_prompt(tokenizer, image_processor, spec, goal=goal, screenshots=screenshots,
+                        history=history, step_instruction=instruction,
+                        elements=step.elements if spec.elements else None, pixels=pixels)

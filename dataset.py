@@ -1,10 +1,8 @@
-"""Episodes and screenshots (docs/method.md §2): the UI-S1 JSONL format (MiniWob++ files and
-converted AndroidControl included) and AndroidControl's native per-step JSON (read by
-extras/android_control.py, imported for such a file only), loaded into `Episode`
-/ `Step` with every action canonical (gui.check_action), swipes as finger paths and coordinates in
-ORIGINAL screenshot pixels; bad input raises `DataError` naming file, line (or row) and field.
-Screenshots are read from disk (`load_screenshot`) or stood in for by blank images of the recorded
-size (`--blank-screens`); `original_size` is the one answer to "which pixels is this step in".
+"""Episodes and screenshots (docs/method.md §2): UI-S1 JSONL files (MiniWob++ and converted
+AndroidControl included) and AndroidControl's native per-step JSON (extras/android_control.py,
+imported for such a file only) loaded into `Episode` / `Step`: actions canonical (gui.check_action),
+swipes as finger paths, coordinates in ORIGINAL screenshot pixels (`original_size`); bad input
+raises `DataError` naming file, line (or row) and field.
 """
 from __future__ import annotations
 
@@ -52,12 +50,12 @@ class Episode:
 
 
 class DataError(utils.InputError, ValueError):
-    """A data file that cannot be read as episodes, or a step whose recorded size disagrees with its
-    screenshot: the message names file, line (or row) and field. Scripts report it in one line."""
+    """Bad input (a data file, a recorded size that disagrees with its screenshot): the message
+    names file, line (or row) and field; scripts report it in one line."""
 
 
 class _Where(str):
-    """Where a record is, "file: line N" (JSONL) or "file: row N" (JSON list): errors name it and the field."""
+    """Where a record is, "file: line N" (JSONL) or "file: row N" (JSON list), for errors."""
 
     def error(self, fld, msg) -> DataError:
         return DataError(f"{self}: field {fld!r}: {msg}")
@@ -98,8 +96,7 @@ def _text(v, where, fld):
 
 
 def _instruction(v, where, fld):
-    """A step instruction: a string, or None; an empty or whitespace-only one is absent (None), so no
-    prompt gets an empty "Step instruction:" line."""
+    """A step instruction, or None for an absent, empty or whitespace-only one."""
     v = _text(v, where, fld)
     return v if v is not None and v.strip() else None
 
@@ -130,15 +127,15 @@ KNOWN_SWIPE_CONVENTIONS = {
 
 
 def _to_finger(action: dict, convention: str | None, where, fld) -> dict:
-    """A stored swipe -> the finger's path under the file's `convention` (reversing the path flips its
-    direction). A zero-length swipe, or a file that declares no convention, raises DataError."""
+    """A stored swipe -> the finger's path under the file's `convention`. A zero-length swipe, or a
+    file that declares no convention, raises DataError."""
     if action["coordinate"] == action["coordinate2"]:
-        raise where.error(fld, f"zero-length swipe {action['coordinate']} -> {action['coordinate2']}: it has no "
-                          "direction, no prediction could match it")
+        raise where.error(fld, f"zero-length swipe {action['coordinate']} -> {action['coordinate2']}"
+                          ": it has no direction, no prediction could match it")
     if convention is None:
-        raise where.error("swipe_convention", "the file stores swipes but declares no convention: pass "
-                          f"swipe_convention (eval_sop.py --swipe-convention) one of {SWIPE_CONVENTIONS}, or "
-                          "add \"swipe_convention\" to each episode (see dataset.SWIPE_CONVENTIONS)")
+        raise where.error("swipe_convention", "the file stores swipes but declares no convention: "
+                          "pass swipe_convention (eval_sop.py --swipe-convention) one of "
+                          f"{SWIPE_CONVENTIONS}, or add \"swipe_convention\" to each episode")
     d = swipe_direction(action["coordinate"], action["coordinate2"])
     if convention == "scroll" or (convention == "mixed" and d in ("left", "right")):
         return {**action, "coordinate": action["coordinate2"], "coordinate2": action["coordinate"]}
@@ -146,8 +143,8 @@ def _to_finger(action: dict, convention: str | None, where, fld) -> dict:
 
 
 def _check_points(action: dict, size, where, fld):
-    """Expert points must lie in the recorded image (W, H) (1 px slack); one that lies outside but
-    inside (H, W) means image_size was written (H, W)."""
+    """Expert points lie in the recorded image (W, H), 1 px slack, else DataError (with a hint when
+    they lie in (H, W))."""
     if size is None:
         return
     w, h = size
@@ -162,13 +159,13 @@ def _check_points(action: dict, size, where, fld):
 
 
 def _uis1_episode(obj, where, path, root, default_id, swipe_convention=None) -> Episode:
-    """One episode of the UI-S1 release format (also MiniWob's, which adds task/seed/image_size and
-    per-step thought/elements). swipe_convention: the file's, None if undeclared."""
+    """One episode of the UI-S1 format (MiniWob's adds task, seed, image_size and per-step
+    thoughts and elements)."""
     if not isinstance(obj, dict):
         raise where.error("<episode>", f"expected a JSON object, got {type(obj).__name__}")
     if "steps" not in obj and ("gt" in obj or "image" in obj):
-        raise where.error("steps", f"missing: this line looks like a native AndroidControl step (keys {sorted(obj)}); "
-                          "native files are one JSON list of such rows")
+        raise where.error("steps", f"missing: this line looks like a native AndroidControl step "
+                          f"(keys {sorted(obj)}); native files are one JSON list of such rows")
     goal = obj.get("goal")
     if not isinstance(goal, str):
         raise where.error("goal", f"expected a string, got {goal!r}")
@@ -191,9 +188,8 @@ def _uis1_episode(obj, where, path, root, default_id, swipe_convention=None) -> 
 
 
 def _step(s, where, prefix: str, root, size, convention, names: dict | None = None) -> Step:
-    """One step in the UI-S1 layout (a UI-S1 episode's steps[k], or a converted native row) -> Step.
-    size: the episode's image_size, if any; convention: the file's swipe convention. Errors name the
-    field as prefix + its key (a converted row's own name for it: `names`)."""
+    """One step in the UI-S1 layout (steps[k], or a converted native row) -> Step. size: the
+    episode's image_size; errors name prefix + the field (a native row's own name: `names`)."""
     fld = lambda key: prefix + (names or {}).get(key, key)  # noqa: E731
     if not isinstance(s, dict):
         raise where.error(prefix.rstrip("."), "expected a JSON object")
@@ -216,102 +212,84 @@ def _step(s, where, prefix: str, root, size, convention, names: dict | None = No
     elif "candidate_bbox" in check:
         boxes = _boxes(check["candidate_bbox"], where, fld("check_options") + ".candidate_bbox")
     else:  # the train file puts one box on the action itself
-        boxes = _boxes(raw.get("bbox") if isinstance(raw, dict) else None, where, fld("action_content") + ".bbox")
-    shot = s.get("screenshot")
-    if shot is not None and not isinstance(shot, str):
-        raise where.error(fld("screenshot"), f"expected a path string, got {shot!r}")
-    return Step(screenshot=shot, action=action, candidate_bbox=boxes, image_size=size,
+        bbox = raw.get("bbox") if isinstance(raw, dict) else None
+        boxes = _boxes(bbox, where, fld("action_content") + ".bbox")
+    return Step(screenshot=_text(s.get("screenshot"), where, fld("screenshot")), action=action,
+                candidate_bbox=boxes, image_size=size,
                 step_instruction=_instruction(s.get("step_instruction"), where, fld("step_instruction")),
                 thought=_text(s.get("thought"), where, fld("thought")),
                 elements=_elements(s.get("elements"), where, fld("elements")),
                 root=root, where=f"{where}: {prefix[:-1]}" if prefix else str(where))
 
 
-def _native_episodes(rows: list, path: str, root: str) -> list[Episode]:
-    """AndroidControl's native per-step JSON (rows with image/gt/task): extras/android_control.py, imported
-    for such a file only, turns its rows into UI-S1 episodes (step gaps, goals: native_episodes), each
-    step then checked as any UI-S1 step, its errors naming the row and the row's own field."""
+def _native_episodes(text: str, path: str, root: str) -> list[Episode]:
+    """A native per-step JSON list -> episodes (extras/android_control.native_episodes), each step
+    checked as a UI-S1 one, its errors naming the row and the row's own field."""
     from extras import android_control
 
     try:
+        rows = android_control.read_rows(text, path)
         converted = android_control.native_episodes(rows, path, ANDROID_CONTROL_SIZE)
     except android_control.Bad as e:
         raise DataError(str(e)) from None
+    step = lambda s, i: _step(s, _Where(f"{path}: row {i}"), "", root, None, "finger",  # noqa: E731
+                              android_control.ROW_FIELDS)
     return [Episode(goal=ep["goal"], episode_id=ep["episode_id"], source=path, meta=ep["meta"],
-                    steps=[_step(s, _Where(f"{path}: row {i}"), "", root, None, "finger", android_control.ROW_FIELDS)
-                           for s, i in zip(ep["steps"], row_ids)]) for ep, row_ids in converted]
+                    steps=[step(s, i) for s, i in zip(ep["steps"], ids)]) for ep, ids in converted]
 
 
 def load_episodes(path: str, *, limit: int | None = None, swipe_convention: str | None = None) -> list[Episode]:
-    """Load episodes from a UI-S1 JSONL file (one episode per line; MiniWob files too), a JSON list
-    of such episodes, or AndroidControl's native per-step JSON list (rows with image/gt/task).
-    Any malformed line or unknown action raises DataError (a ValueError) naming file, line (or row) and
-    field: also boxes with reversed corners, zero-length expert swipes, expert points outside a recorded
-    image_size (with a hint when it looks (H, W)-swapped), and swipes in a file whose swipe convention is
-    neither given (swipe_convention, one of SWIPE_CONVENTIONS; it overrides a per-episode
-    "swipe_convention" field), declared per episode, nor known (KNOWN_SWIPE_CONVENTIONS).
-    Swipes are returned as finger paths. Episodes without an episode_id get "line-<n>" ("row-<n>")."""
+    """The first `limit` episodes of a UI-S1 JSONL file (an episode a line, "line-<n>" its default
+    id) or of AndroidControl's native per-step JSON list (rows with image/gt/task). Swipes come back
+    as finger paths: a JSONL file's convention is swipe_convention, else each episode's
+    "swipe_convention", else KNOWN_SWIPE_CONVENTIONS's. Anything malformed raises DataError (a
+    ValueError) naming file, line (or row) and field."""
     path, root = str(path), os.path.dirname(os.path.abspath(path))
     if swipe_convention is not None and swipe_convention not in SWIPE_CONVENTIONS:
-        raise ValueError(f"swipe_convention: expected one of {SWIPE_CONVENTIONS}, got {swipe_convention!r}")
+        raise ValueError(f"swipe_convention: expected one of {SWIPE_CONVENTIONS}, "
+                         f"got {swipe_convention!r}")
     with open(path, "rb") as f:
         raw = f.read()
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DataError(f"{path}: byte {e.start}: not UTF-8 text (a JSONL or JSON episode file was expected)") from None
+        raise DataError(f"{path}: byte {e.start}: not UTF-8 text (a JSONL or JSON episode file "
+                        "was expected)") from None
+    if text.lstrip().startswith("["):  # a JSON list: AndroidControl's native per-step rows
+        return _native_episodes(text, path, root)[:limit]
     convention = swipe_convention or KNOWN_SWIPE_CONVENTIONS.get(hashlib.sha256(raw).hexdigest())
-    if text.lstrip().startswith("["):  # a JSON list: of UI-S1 episodes, or of native rows (the first row tells)
+    episodes = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if limit is not None and len(episodes) >= limit:
+            break
+        if not line.strip():
+            continue
+        where = _Where(f"{path}: line {n}")
         try:
-            rows = json.loads(text)
+            obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise DataError(f"{path}: line {e.lineno}: invalid JSON: {e.msg}") from None
-        first = rows[0] if rows else None
-        if isinstance(first, dict) and ("gt" in first or "image" in first) and "steps" not in first:
-            episodes = _native_episodes(rows, path, root)
-        elif first is None or isinstance(first, dict) and "steps" in first:
-            episodes = [_uis1_episode(r, _Where(f"{path}: row {i}"), path, root, f"row-{i}", convention)
-                        for i, r in enumerate(rows)]
-        else:
-            saw = sorted(first) if isinstance(first, dict) else type(first).__name__
-            raise DataError(f"{path}: row 0: unknown format: expected a UI-S1 episode (goal, steps) or a native "
-                            f"AndroidControl step (image, gt, task); saw {saw}")
-    else:
-        episodes = []
-        for n, line in enumerate(text.splitlines(), start=1):
-            if limit is not None and len(episodes) >= limit:
-                break
-            if not line.strip():
-                continue
-            where = _Where(f"{path}: line {n}")
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise where.error("<json>", f"invalid JSON: {e.msg} (column {e.colno})") from None
-            episodes.append(_uis1_episode(obj, where, path, root, f"line-{n}", convention))
+            raise where.error("<json>", f"invalid JSON: {e.msg} (column {e.colno})") from None
+        episodes.append(_uis1_episode(obj, where, path, root, f"line-{n}", convention))
     seen = set()
     for ep in episodes:
         if ep.episode_id in seen:
             raise DataError(f"{path}: field 'episode_id': duplicate episode id {ep.episode_id!r}")
         seen.add(ep.episode_id)
-    return episodes[:limit]
+    return episodes
 
 
 # -----------------------------------------------------------------------------
 # Screenshots
 
 def screenshot_candidates(step: Step, image_root: str | None = None) -> list[str]:
-    """Where a step's screenshot may lie, in the order tried. With image_root: the recorded path
-    under it (leading '/' dropped), then its file name under it. Without: an absolute path as is,
-    a relative one against the data file's folder."""
+    """Where a step's screenshot may lie, in order: under image_root the recorded path (leading '/'
+    dropped), then its file name; without, the path as is, relative to the data file's folder."""
     p = step.screenshot
     if not p:
         return []
     if image_root is not None:
         return [os.path.join(image_root, p.lstrip("/\\")), os.path.join(image_root, os.path.basename(p))]
-    if os.path.isabs(p):
-        return [p]
-    return [os.path.join(step.root or ".", p)]
+    return [os.path.join(step.root or ".", p)]  # an absolute p stays as it is
 
 
 def _screenshot_file(step: Step, image_root: str | None) -> str | None:
@@ -320,44 +298,35 @@ def _screenshot_file(step: Step, image_root: str | None) -> str | None:
 
 def original_size(step: Step, *, image_root: str | None = None,
                   blank_screens: tuple[int, int] | None = None) -> tuple[int, int]:
-    """(W, H) of the step's ORIGINAL screenshot: the pixel space of its expert action and boxes, and
-    the ONE answer rollout, SFT and evaluation use. Reads only the image header (PIL opens lazily),
-    never decodes pixels.
-    - a file found: its size. A recorded image_size must agree within 1 px (rounding); one equal to
-      the file's (H, W) raises "looks (H, W)-swapped", any other disagreement raises too (a 540x1200
-      file recorded as 1080x2400 would put every expert point at twice its place);
-    - no file: the recorded image_size, else blank_screens (the blank stand-in's size);
-    - neither: FileNotFoundError, as load_screenshot.
-    Errors name the step's file and line (Step.where)."""
-    path = _screenshot_file(step, image_root)
-    rec = step.image_size
-    if path is not None:
-        with Image.open(path) as im:
-            size = im.size
-        if rec is not None and (abs(rec[0] - size[0]) > 1 or abs(rec[1] - size[1]) > 1):
-            swapped = (abs(rec[0] - size[1]) <= 1 and abs(rec[1] - size[0]) <= 1)
-            raise DataError(f"{step.where or step.screenshot}: field 'image_size': recorded {rec[0]}x{rec[1]} (W x H) "
-                             f"but {path} is {size[0]}x{size[1]}"
-                             + ("; the record looks (H, W)-swapped: write [W, H]" if swapped else ""))
-        return size
-    if rec is not None:
-        return rec
-    if blank_screens is not None:
-        return int(blank_screens[0]), int(blank_screens[1])
-    raise FileNotFoundError(_missing_message(step, image_root))
+    """(W, H) of the step's ORIGINAL screenshot, the pixels of its expert action and boxes: the one
+    answer of rollout, SFT and evaluation. A file found: its size (header only), which a recorded
+    image_size must match within 1 px, else DataError naming Step.where (with a hint when it is the
+    (H, W)); no file: the recorded image_size, else blank_screens, else FileNotFoundError."""
+    path, rec = _screenshot_file(step, image_root), step.image_size
+    if path is None:
+        if rec is None and blank_screens is None:
+            raise FileNotFoundError(_missing_message(step, image_root))
+        return rec or (int(blank_screens[0]), int(blank_screens[1]))
+    with Image.open(path) as im:
+        size = im.size
+    if rec is not None and (abs(rec[0] - size[0]) > 1 or abs(rec[1] - size[1]) > 1):
+        swapped = (abs(rec[0] - size[1]) <= 1 and abs(rec[1] - size[0]) <= 1)
+        raise DataError(f"{step.where or step.screenshot}: field 'image_size': recorded "
+                        f"{rec[0]}x{rec[1]} (W x H) but {path} is {size[0]}x{size[1]}"
+                        + ("; the record looks (H, W)-swapped: write [W, H]" if swapped else ""))
+    return size
 
 
 def _missing_message(step: Step, image_root: str | None) -> str:
-    tried = screenshot_candidates(step, image_root)
-    return (f"screenshot {step.screenshot!r} not found (tried: {', '.join(tried) or 'nothing recorded'}); "
+    tried = ", ".join(screenshot_candidates(step, image_root)) or "nothing recorded"
+    return (f"screenshot {step.screenshot!r} not found (tried: {tried}); "
             "pass --image-root DIR, or --blank-screens WxH for blank stand-ins")
 
 
 def load_screenshot(step: Step, *, image_root: str | None = None,
                     blank_screens: tuple[int, int] | None = None) -> Image.Image:
-    """The step's screenshot as an RGB image of size original_size(step, ...) (which also checks a
-    recorded size against the file). A missing file is an error unless blank_screens=(W, H) is
-    given: then a black image of the step's recorded size, else of blank_screens, stands in."""
+    """The step's screenshot in RGB, of size original_size(step, ...) (which checks it). No file:
+    FileNotFoundError, or with blank_screens a black image of that size stands in."""
     size = original_size(step, image_root=image_root, blank_screens=blank_screens)
     p = _screenshot_file(step, image_root)
     if p is not None:

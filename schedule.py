@@ -1,12 +1,8 @@
-"""The task schedule of semi-online RL training (docs/method.md §6, last paragraph): which expert
-episodes each training step rolls out, and dynamic sampling's refill rounds (DAPO: a task whose
-rollouts all agree carries no signal, advantage.dynamic_sampling_tasks drops it, and a refill round
-draws its replacement).
-
-Every draw is a pure function of (seed, step, slot): all ranks, any world size and a resumed run
-agree on the episodes of a step without exchanging them; the only collective is TaskDraw.keep's
-all-reduce of the kept flags. `task_seed` gives each slot its own sampling seed, so a task drawn
-twice is sampled afresh.
+"""The task schedule of semi-online RL (docs/method.md §6, last paragraph): which expert episodes a
+training step rolls out, and dynamic sampling's refill rounds (DAPO: a task whose rollouts all agree
+carries no signal, advantage.dynamic_sampling_tasks drops it, a refill round draws its replacement).
+Every draw is a pure function of (seed, step, slot), so all ranks, any world size and a resumed run
+agree without exchanging episodes; the one collective is TaskDraw.keep's all-reduce.
 
 Run the tests: python -m pytest -q tests/test_train_schedule.py
 """
@@ -18,12 +14,13 @@ from utils import all_sum
 
 
 def _perm_stream(key: tuple, start: int, n: int, n_episodes: int) -> list[int]:
-    """Positions [start, start + n) of the concatenation of permutations of range(n_episodes),
-    permutation e seeded with (*key, e): a pure function, no state to carry or replay."""
+    """Positions [start, start + n) of the concatenated permutations of range(n_episodes), the
+    e-th seeded with (*key, e)."""
     out, pos = [], start
     while len(out) < n:
         epoch, i = divmod(pos, n_episodes)
-        take = np.random.default_rng([*key, epoch]).permutation(n_episodes)[i:i + n - len(out)].tolist()
+        perm = np.random.default_rng([*key, epoch]).permutation(n_episodes)
+        take = perm[i:i + n - len(out)].tolist()
         out += take
         pos += len(take)
     return out
@@ -32,23 +29,16 @@ def _perm_stream(key: tuple, start: int, n: int, n_episodes: int) -> list[int]:
 def step_tasks(seed: int, step: int, round_: int, n: int, n_episodes: int, batch_size: int,
                offset: int = 0) -> list[int]:
     """Episode indices of the n tasks drawn, all ranks together, at (step, refill round).
-
-    Round 0 takes positions [step * batch_size, step * batch_size + n) of an epoch stream (one
-    seeded permutation per epoch: every episode once per epoch). Refill rounds (round_ >= 1)
-    continue the step's draw WITHOUT replacement: they take positions [offset, offset + n) of the
-    step's refill stream, where offset counts the tasks the step's earlier refill rounds drew
-    (TaskDraw passes tasks_tried - batch_size). The refill stream is one permutation, seeded with
-    (seed, step), of the episodes round 0 did not draw, then, only once those are exhausted,
-    seeded permutations of all episodes. So within a step no episode is drawn twice while one is
-    left undrawn, and the episode of global slot s (round 0: s < batch_size; refills: offset + i =
-    s - batch_size) is a pure function of (seed, step, s): every rank and a resumed run derive the
-    same list. (Round 0 itself holds an episode twice when its positions straddle two epochs, i.e.
-    when n_episodes is not a multiple of batch_size: each epoch's permutation is drawn alone.)
-    Raises ValueError on a negative seed/step/round/offset or no episodes.
+    Round 0: positions [s, s + n), s = step * batch_size, of an epoch stream (one seeded permutation
+    per epoch; an episode repeats where they straddle two epochs). Refill rounds continue the step's
+    draw without replacement: positions [offset, offset + n), offset = the tasks earlier refills
+    drew, of one permutation seeded with (seed, step) of the episodes round 0 did not draw, then,
+    once those are exhausted, fresh permutations of all. Raises ValueError on a negative
+    seed/step/round/offset or no episodes.
     """
     if min(seed, step, round_, offset) < 0 or n_episodes < 1:
-        raise ValueError(f"step_tasks: seed {seed}, step {step}, round {round_}, offset {offset} must be >= 0 and "
-                         f"n_episodes {n_episodes} >= 1")
+        raise ValueError(f"step_tasks: seed {seed}, step {step}, round {round_}, offset {offset} "
+                         f"must be >= 0 and n_episodes {n_episodes} >= 1")
     if round_ == 0:
         return _perm_stream((seed,), step * batch_size, n, n_episodes)
     first = set(_perm_stream((seed,), step * batch_size, batch_size, n_episodes))
@@ -63,64 +53,55 @@ def step_tasks(seed: int, step: int, round_: int, n: int, n_episodes: int, batch
 
 
 def task_seed(seed: int, step: int, slot: int) -> int:
-    """The sampling seed of the task in global slot `slot` of `step` (slots count every task drawn
-    in the step, across refill rounds), stable across processes (no Python hash randomisation)."""
+    """The sampling seed of global slot `slot` of `step` (slots count the step's tasks across
+    refill rounds), the same in every process (no Python hash randomisation)."""
     h = hashlib.blake2b(repr(("task", seed, step, slot)).encode(), digest_size=8).digest()
     return int.from_bytes(h, "little") & 0x7FFF_FFFF_FFFF
 
 
 class TaskDraw:
-    """The tasks of one training step under dynamic sampling with refills (DAPO; docs/method.md §6):
-    round 0 draws batch_size tasks; after each round the keep decision is made global (one all-reduce
-    of per-slot flags), and the next round draws exactly the missing number (step_tasks: no episode
-    twice in a step while one is left undrawn), for at most max_rounds rounds. A batch still short
-    then is trained on as it is and flagged `partial`.
-
-    Slots count every task drawn in the step across rounds; slot s holds episode slot_episode[s].
-    Rank r rolls out every world_size-th slot of each round, so the run does not depend on the
-    world size. proc: utils.Dist. In use (train_semionline.main):
-        while (drawn := draw.next_round()) is not None:
-            slots, episode_ids = drawn            # this rank's share
-            ... roll them out, decide which of `slots` to keep ...
-            kept = draw.keep(keep)                # the global set of kept slots of this round
+    """The tasks of one training step under dynamic sampling with refills: round 0 draws batch_size
+    tasks; each round's keep decision is made global (TaskDraw.keep), and the next round draws the
+    missing number (step_tasks), for at most max_rounds rounds; a batch still short is trained on
+    and flagged `partial`. Slot s (counted across rounds) holds episode slot_episode[s]; rank r
+    rolls out every world_size-th slot of a round. proc: utils.Dist. train_semionline.main loops:
+    `while (drawn := draw.next_round()) is not None: ... kept = draw.keep(keep)`.
     """
 
-    def __init__(self, seed: int, step: int, n_episodes: int, batch_size: int, max_rounds: int, proc):
-        self.seed, self.step, self.n_episodes, self.batch_size, self.max_rounds, self.proc = (
-            seed, step, n_episodes, batch_size, max_rounds, proc)
+    def __init__(self, seed: int, step: int, n_episodes: int, batch_size: int, max_rounds: int,
+                 proc):
+        self.seed, self.step, self.n_episodes, self.batch_size = seed, step, n_episodes, batch_size
+        self.max_rounds, self.proc = max_rounds, proc
         self.slot_episode: dict[int, int] = {}
         self.tried = self.kept = self.rounds = 0
         self._slots: list[int] = []  # the current round's global slots
 
     def next_round(self) -> tuple[list[int], list[int]] | None:
-        """(this rank's slots, their episode indices) of the next round, or None when the batch is
-        full or max_rounds rounds have run."""
+        """(this rank's slots, their episodes) of the next round; None once full or max_rounds."""
         if self.kept >= self.batch_size or self.rounds >= self.max_rounds:
             return None
         need = self.batch_size - self.kept
         self._slots = list(range(self.tried, self.tried + need))
         # refills continue the step's draw without replacement, from where the last round stopped
-        drawn = step_tasks(self.seed, self.step, self.rounds, need, self.n_episodes, self.batch_size,
-                           offset=max(0, self.tried - self.batch_size))
+        drawn = step_tasks(self.seed, self.step, self.rounds, need, self.n_episodes,
+                           self.batch_size, offset=max(0, self.tried - self.batch_size))
         self.slot_episode.update(zip(self._slots, drawn))
         mine = self._slots[self.proc.rank::self.proc.world_size]
         return mine, [self.slot_episode[s] for s in mine]
 
     def keep(self, keep) -> set[int]:
-        """This rank's kept slots (a subset of its share) -> the round's kept slots over all ranks.
-        Collective. Raises RuntimeError for a slot that is not this rank's in this round."""
-        mine = set(self._slots[self.proc.rank::self.proc.world_size])
-        if not set(keep) <= mine:
-            raise RuntimeError(f"kept slots {sorted(set(keep) - mine)} were not this rank's to roll out")
-        first = self._slots[0]
-        flags = [0.0] * len(self._slots)  # 1 = kept, summed over ranks
-        for s in keep:
-            flags[s - first] = 1.0
-        kept = {first + j for j, f in enumerate(all_sum(flags, self.proc)) if f > 0}
-        self.tried, self.kept, self.rounds = self.tried + len(self._slots), self.kept + len(kept), self.rounds + 1
+        """This rank's kept slots -> the round's kept slots over all ranks (collective). Raises
+        RuntimeError for a slot that is not this rank's in this round."""
+        keep, mine = set(keep), set(self._slots[self.proc.rank::self.proc.world_size])
+        if not keep <= mine:
+            raise RuntimeError(f"kept slots {sorted(keep - mine)} were not this rank's")
+        flags = [1.0 if s in keep else 0.0 for s in self._slots]  # 1 = kept, summed over ranks
+        kept = {s for s, f in zip(self._slots, all_sum(flags, self.proc)) if f > 0}
+        self.tried, self.kept = self.tried + len(self._slots), self.kept + len(kept)
+        self.rounds += 1
         return kept
 
     def info(self) -> dict:
-        """The step's draw, for its metrics line: rounds, tasks_tried, tasks_kept (global), partial."""
+        """The step's draw for its metrics: rounds, tasks_tried, tasks_kept (global), partial."""
         return {"rounds": self.rounds, "tasks_tried": self.tried, "tasks_kept": self.kept,
                 "partial": self.kept < self.batch_size}

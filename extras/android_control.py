@@ -14,6 +14,7 @@ with this conversion. Each file is self-consistent, which is all a match needs.
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
@@ -154,6 +155,22 @@ def _row_step(row, screen: tuple[int, int]) -> tuple[str, int, dict]:
     step = {"action_content": action, "screenshot": img, "image_size": size, "step_instruction": task,
             "candidate_bbox": row.get("candidate_bbox")}
     return m.group(1), int(m.group(2)), step
+
+
+def read_rows(text: str, path: str) -> list:
+    """The rows of a JSON list file (dataset.load_episodes reads every JSON list as this layout).
+    Raises Bad naming the file and line of invalid JSON, or row 0 when the rows are not native steps
+    {image, gt, task} (UI-S1 episodes are read one per line, from a JSONL file)."""
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise Bad(f"{path}: line {e.lineno}", f"invalid JSON: {e.msg}") from None
+    first = rows[0] if rows else {"gt": None}
+    if not (isinstance(first, dict) and ("gt" in first or "image" in first) and "steps" not in first):
+        saw = sorted(first) if isinstance(first, dict) else type(first).__name__
+        raise Bad(f"{path}: row 0", f"unknown format: expected a native AndroidControl step (image, gt, "
+                  f"task), or UI-S1 episodes (goal, steps) one per line in a JSONL file; saw {saw}")
+    return rows
 
 
 def native_episodes(rows: list, path: str, screen: tuple[int, int]) -> list[tuple[dict, list[int]]]:

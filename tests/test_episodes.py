@@ -221,6 +221,17 @@ def test_uis1_errors_name_file_line_and_field(tmp_path, line2, match):
     assert str(p) in str(e.value)
 
 
+def test_a_json_list_is_read_as_native_rows(tmp_path):
+    """A JSON list file is AndroidControl's native layout: a list of UI-S1 episodes is told to be JSONL,
+    invalid JSON names its line, and an empty list holds no episode."""
+    with pytest.raises(ValueError, match=r"uis1.json: row 0: unknown format: .*one per line in a JSONL "
+                                         r"file; saw \['goal', 'steps'\]"):
+        dataset.load_episodes(write(tmp_path, "uis1.json", [GOOD]))
+    with pytest.raises(ValueError, match=r"cut.json: line 2: invalid JSON"):
+        dataset.load_episodes(write(tmp_path, "cut.json", '[{"image": "a.png",\n'))
+    assert dataset.load_episodes(write(tmp_path, "empty.json", [])) == []
+
+
 def test_duplicate_episode_ids_and_limit(tmp_path):
     p = write(tmp_path, "dup.jsonl", [GOOD | {"episode_id": 3}, GOOD | {"episode_id": "3"}])
     with pytest.raises(ValueError, match="duplicate episode id '3'"):
