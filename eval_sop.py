@@ -16,9 +16,10 @@ step judged by reward.score_response, the one match function of rollout, trainin
   --samples K --temperature T (a model): each online episode is also played K times sampled at T on
   its seed (its page), play j seeded by play_seed (--sample-seed; a rerun at the same --online-batch
   repeats every response): `online_sampled` has, per task and pooled, greedy success, pass@K (a
-  sample succeeds), flippable (greedy fails, a sample succeeds), each {successes, n, rate, lo, hi} (Wilson 95%).
-- sop + static: `history_gap` (evaluation.metrics.history_gap), step accuracy under own vs expert history on the
-  steps SOP reached (every earlier step right), per task and pooled.
+  sample succeeds), flippable (greedy fails, a sample succeeds), each {successes, n, rate, lo, hi}
+  (Wilson 95%).
+- sop + static: `history_gap` (evaluation.metrics.history_gap), step accuracy under own vs expert
+  history on the steps SOP reached (every earlier step right), per task and pooled.
 
 Policies (each a sampler of the driver: .generate(prompts, n, greedy, seeds)):
 - expert: ExpertSampler answers each step with the expert action, written as a model response in
@@ -30,39 +31,43 @@ Policies (each a sampler of the driver: .generate(prompts, n, greedy, seeds)):
   folder with a `latest` pointer) through sampler.Sampler. The driver walks --batch-size episodes
   at a time and sends the current step of every live one in ONE generate call (greedy ids do not
   depend on the batch's make-up).
-- openai: a model served behind any OpenAI-compatible endpoint (evaluation.served.ServedSampler: --base-url,
-  --served-model, $OPENAI_API_KEY), sent the same prompts as `model`, its answers translated from its
-  family's format (--action-format); a request that fails after --retries is a wrong step whose episode
-  records why (server_error; online: the episode ends with cause server_error), and OUT/responses.jsonl
-  keeps the raw answers. Such steps are the server's failure, never the model's: they are counted apart
-  from malformed answers (result.json's server_failures, a line above the figures on stdout and in the
-  report), and the exit code is 3 when more than --max-server-error-share of the requests failed.
+- openai: a model served behind any OpenAI-compatible endpoint (evaluation.served.ServedSampler:
+  --base-url, --served-model, $OPENAI_API_KEY), sent the same prompts as `model`, its answers
+  translated from its family's format (--action-format); a request that fails after --retries is a
+  wrong step whose episode records why (server_error; online: the episode ends with cause
+  server_error), and OUT/responses.jsonl keeps the raw answers. Such steps are the server's failure,
+  never the model's: they are counted apart from malformed answers (result.json's server_failures, a
+  line above the figures on stdout and in the report), and the exit code is 3 when more than
+  --max-server-error-share of the requests failed.
 - recorded responses: the `score` subcommand scores them step by step with reward.score_response
   (--action-format: another family's raw answers).
 
 Commands (stdout: what was run and the headline metrics, report.summary_text; --json adds the full
 summary as one JSON line, last; progress bars go to stderr):
     # expert replay on the AndroidControl test episodes, blank 1080x2400 screens (none ship)
-    python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl --policy expert \\
-        --blank-screens 1080x2400
+    python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl \\
+        --policy expert --blank-screens 1080x2400
     # a checkpoint on MiniWob++: SOP, static, and online on 5 held-out seeds per task, with a report
-    # (--model out/sft/ckpt follows its `latest` pointer; the prompt options come from its args.json)
+    # (--model out/sft/ckpt follows its `latest` pointer; the prompt options come from its
+    # args.json)
     python eval_sop.py --data data/miniwob/test.jsonl --policy model --model out/sft/ckpt \\
         --protocol sop static --online --online-seeds 5 --out out/eval/sft
     # the untrained tiny model, 2 episodes per task, short responses (a CPU smoke run, ~1 min)
-    python eval_sop.py --data data/miniwob/test.jsonl --per-task-limit 2 --policy model --model tiny \\
-        --max-new-tokens 32 --protocol sop static --out /tmp/eval_tiny
+    python eval_sop.py --data data/miniwob/test.jsonl --per-task-limit 2 --policy model \\
+        --model tiny --max-new-tokens 32 --protocol sop static --out /tmp/eval_tiny
     # flippability: greedy success, pass@4 and the flippable fraction at temperature 1 (online only)
-    python eval_sop.py --policy model --model out/sft/ckpt --online --online-seeds 4 --samples 4 --temperature 1.0
+    python eval_sop.py --policy model --model out/sft/ckpt --online --online-seeds 4 --samples 4 \\
+        --temperature 1.0
     # online only, the scripted DOM expert (must give online_sr = 1.0)
     python eval_sop.py --online --online-tasks click-test enter-text --online-seeds 3
     # AndroidControl-Low static metrics of a model
     python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl --policy model \\
-        --model /models/Qwen2.5-VL-7B-Instruct --protocol static --step-instruction --blank-screens 1080x2400
+        --model /models/Qwen2.5-VL-7B-Instruct --protocol static --step-instruction \\
+        --blank-screens 1080x2400
     # Qwen2.5-VL-7B behind `vllm serve ... --served-model-name q7b`, AndroidControl-Low step rules
-    python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl --image-root /data/ac \\
-        --policy openai --base-url http://127.0.0.1:8000/v1 --served-model q7b --action-format qwen25vl \\
-        --protocol androidcontrol-low
+    python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl \\
+        --image-root /data/ac --policy openai --base-url http://127.0.0.1:8000/v1 \\
+        --served-model q7b --action-format qwen25vl --protocol androidcontrol-low
     # score recorded responses (coordinates in resized pixels) of any model
     python eval_sop.py score --data data/android_control/android_control_test_uis1.jsonl \\
         --responses responses.jsonl --out scores.jsonl --image-size 1080x2400
@@ -100,13 +105,16 @@ import reward
 import utils
 import vlm
 from rollout import RolloutSpec, semi_online_rollout, sop_progress
-from evaluation.metrics import history_gap, sop_metrics, static_metrics  # PG, TSR, step accuracy, own vs expert
+# PG, TSR, step accuracy, own vs expert
+from evaluation.metrics import history_gap, sop_metrics, static_metrics
 from evaluation.views import shown_indices, sop_outcome, step_view  # what the HTML report shows
 from evaluation.online import (OnlineModelPolicy, flip_counts, lent_to_sampler,  # noqa: F401
                                play_seed, run_online, wilson_rate)  # online MiniWob++ (--online)
-from evaluation import outputs  # the run folder: written as the run goes, resumed, refused when another run's
+# the run folder: written as the run goes, resumed, refused when another run's
+from evaluation import outputs
 from evaluation import protocols  # the published step protocols' rules (--match-rules)
-from evaluation.served import prompt_spec as served_prompt_spec  # the served model's contract (--prompt-from)
+# the served model's contract (--prompt-from)
+from evaluation.served import prompt_spec as served_prompt_spec
 from envs import miniwob_tasks  # the task names (no browser, not the miniwob package: only located)
 from evaluation.stats import wilson  # the 95% interval of every rate reported
 from sampler import DECODE_MODES, SampleOutput, Sampler
@@ -122,83 +130,116 @@ input_file = cli.arg_type(cli.input_file)  # argparse type: a readable file
 
 def sop_parser() -> argparse.ArgumentParser:
     p = cli.make_parser(__doc__)
-    perf = p.add_argument_group("performance (not the method: same results, different speed/memory)")
+    perf = p.add_argument_group(
+        "performance (not the method: same results, different speed/memory)")
     # data
-    p.add_argument("--data", nargs="*", default=[], type=input_file, help="episode files (UI-S1 JSONL or AndroidControl native JSON); "
+    p.add_argument("--data", nargs="*", default=[], type=input_file,
+                   help="episode files (UI-S1 JSONL or AndroidControl native JSON); "
                    "may be empty with --online")
-    p.add_argument("--limit", type=cli.positive_int, default=None, help="first N episodes of each file (default: all)")
+    p.add_argument("--limit", type=cli.positive_int, default=None,
+                   help="first N episodes of each file (default: all)")
     p.add_argument("--per-task-limit", type=cli.positive_int, default=None,
-                   help="first N episodes of each task (episode.meta['task'], else each file) (default: all)")
+                   help="first N episodes of each task (episode.meta['task'], else each file) "
+                   "(default: all)")
     p.add_argument("--swipe-convention", choices=dataset.SWIPE_CONVENTIONS, default=None,
-                   help="how the data files store swipes (default: declared per episode, or known for the shipped "
-                   "files; a file with swipes and neither is an error)")
+                   help="how the data files store swipes (default: declared per episode, or known "
+                   "for the shipped files; a file with swipes and neither is an error)")
     p.add_argument("--match-rules", choices=protocols.MATCH_RULES, default="strict",
-                   help="strict (ours; the reward's rules) or release (the UI-S1 release's SOP scoring as it ran, "
-                   "for comparison with the paper: its parse and check, and an episode with a response its code "
-                   "raised on gets progress 0; README 'Reward rules and trivial-policy floors'); androidcontrol, "
-                   "aitw: published step protocols' rules (evaluation/protocols.py)")
+                   help="strict (ours; the reward's rules) or release (the UI-S1 release's SOP "
+                   "scoring as it ran, for comparison with the paper: its parse and check, and an "
+                   "episode with a response its code raised on gets progress 0; README 'Reward "
+                   "rules and trivial-policy floors'); androidcontrol, aitw: published step "
+                   "protocols' rules (evaluation/protocols.py)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--image-root", default=None, type=cli.arg_type(cli.input_dir), help="folder holding the screenshots (default: paths as recorded)")
+    g.add_argument("--image-root", default=None, type=cli.arg_type(cli.input_dir),
+                   help="folder holding the screenshots (default: paths as recorded)")
     g.add_argument("--blank-screens", type=size_arg, default=None,
                    help="WxH: blank images stand in for missing screenshots "
                    "(dry runs; AndroidControl phones are 1080x2400)")
     # prompt
     p.add_argument("--tokenizer", default=None,
-                   help="tokenizer directory (default: the model folder's; tiny: assets/tiny_tokenizer; else the shipped Qwen2.5-VL tokenizer)")
-    chat.add_prompt_args(p)  # the prompt contract; a model policy adopts its checkpoint's (and caps the budget at
-    # its context minus --max-new-tokens, docs/method.md §10)
+                   help="tokenizer directory (default: the model folder's; tiny: "
+                   "assets/tiny_tokenizer; else the shipped Qwen2.5-VL tokenizer)")
+    chat.add_prompt_args(p)  # the prompt contract; a model policy adopts its checkpoint's (and caps
+    # the budget at its context minus --max-new-tokens, docs/method.md §10)
     # policy
     p.add_argument("--policy", choices=["expert", "model", "openai"], default="expert",
-                   help="who acts: expert = replay the expert actions; model = greedy responses of --model; openai = "
-                   "a model served behind an OpenAI-compatible endpoint (--base-url, --served-model; policies.py)")
+                   help="who acts: expert = replay the expert actions; model = greedy responses of "
+                   "--model; openai = a model served behind an OpenAI-compatible endpoint "
+                   "(--base-url, --served-model; policies.py)")
     p.add_argument("--model", default="tiny", type=cli.arg_type(vlm.model_path),
-                   help="'tiny' (random, seeded by --seed), a Hugging Face folder, a checkpoint folder, or a folder "
-                   "with a `latest` pointer (e.g. out/sft/ckpt); the prompt contract's fields not given come from its args.json")
+                   help="'tiny' (random, seeded by --seed), a Hugging Face folder, a checkpoint "
+                   "folder, or a folder with a `latest` pointer (e.g. out/sft/ckpt); the prompt "
+                   "contract's fields not given come from its args.json")
     p.add_argument("--max-new-tokens", type=cli.positive_int, default=512,
-                   help="response length limit, as training's (docs/method.md §7); a response that hits it is cut: under the "
-                   "strict rules a malformed, wrong step; result.json counts them (responses_at_cap, truncated_rate)")
+                   help="response length limit, as training's (docs/method.md §7); a response that "
+                   "hits it is cut: under the strict rules a malformed, wrong step; result.json "
+                   "counts them (responses_at_cap, truncated_rate)")
     perf.add_argument("--batch-size", type=cli.positive_int, default=32,
                       help="episodes walked together: prompts per generate call (at most)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where the model runs")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="where the model runs")
     perf.add_argument("--decode", default="auto", choices=DECODE_MODES,
-                      help="sampler decode: auto (graph on CUDA, else eager), eager (the reference), static, graph (CUDA graphs)")
-    p.add_argument("--seed", type=cli.non_negative_int, default=0, help="seed of the tiny model's init")
-    policies.add_served_args(p)  # --base-url, --served-model, --action-format, --concurrency, --timeout, --retries
+                      help="sampler decode: auto (graph on CUDA, else eager), eager (the "
+                      "reference), static, graph (CUDA graphs)")
+    p.add_argument("--seed", type=cli.non_negative_int, default=0,
+                   help="seed of the tiny model's init")
+    # --base-url, --served-model, --action-format, --concurrency, --timeout, --retries
+    policies.add_served_args(p)
     # protocols
-    p.add_argument("--protocol", nargs="+", choices=["sop", "static", *policies.NAMED_PROTOCOLS], default=["sop"],
-                   help="offline protocols on --data: sop (own history) and/or static (expert history); or a published "
-                   "step protocol by name, static under its rules: " + policies.PROTOCOL_HELP)
-    p.add_argument("--online", action="store_true", help="also evaluate online in live MiniWob++ (chromium)")
+    p.add_argument("--protocol", nargs="+", choices=["sop", "static", *policies.NAMED_PROTOCOLS],
+                   default=["sop"],
+                   help="offline protocols on --data: sop (own history) and/or static (expert "
+                   "history); or a published step protocol by name, static under its rules: "
+                   + policies.PROTOCOL_HELP)
+    p.add_argument("--online", action="store_true",
+                   help="also evaluate online in live MiniWob++ (chromium)")
     p.add_argument("--online-tasks", nargs="+", type=miniwob_tasks.miniwob_task, default=None,
-                   help="MiniWob++ tasks (default: the tasks of --data, else every task with an expert)")
-    p.add_argument("--online-seeds", type=cli.positive_int, default=5, help="held-out episodes per task (from --online-seed-base)")
+                   help="MiniWob++ tasks (default: the tasks of --data, else every task with an "
+                   "expert)")
+    p.add_argument("--online-seeds", type=cli.positive_int, default=5,
+                   help="held-out episodes per task (from --online-seed-base)")
     p.add_argument("--online-seed-base", type=cli.non_negative_int, default=None,
-                   help="first online seed (default: 200000, fresh pages: the data files use 0+ (train) and 100000+ (test))")
-    p.add_argument("--online-max-steps", type=cli.positive_int, default=12, help="step limit of an online episode")
+                   help="first online seed (default: 200000, fresh pages: the data files use 0+ "
+                   "(train) and 100000+ (test))")
+    p.add_argument("--online-max-steps", type=cli.positive_int, default=12,
+                   help="step limit of an online episode")
     perf.add_argument("--online-batch", type=cli.positive_int, default=8,
-                      help="online episodes played at once, one browser each; the model answers them in one "
-                      "generate call (greedy answers do not depend on the batch)")
+                      help="online episodes played at once, one browser each; the model answers "
+                      "them in one generate call (greedy answers do not depend on the batch)")
     p.add_argument("--samples", type=cli.non_negative_int, default=0,
-                   help="K (0: none): also play every online episode K times sampled (same seeds, same pages) and report "
-                   "greedy success, pass@K and the flippable fraction (greedy fails, a sample succeeds); --policy model")
-    p.add_argument("--temperature", type=cli.temperature, default=1.0, help="sampling temperature of the --samples plays")
-    p.add_argument("--sample-seed", type=cli.non_negative_int, default=0, help="seed of the --samples plays (same seed and batch: same plays)")
+                   help="K (0: none): also play every online episode K times sampled (same seeds, "
+                   "same pages) and report greedy success, pass@K and the flippable fraction "
+                   "(greedy fails, a sample succeeds); --policy model")
+    p.add_argument("--temperature", type=cli.temperature, default=1.0,
+                   help="sampling temperature of the --samples plays")
+    p.add_argument("--sample-seed", type=cli.non_negative_int, default=0,
+                   help="seed of the --samples plays (same seed and batch: same plays)")
     # output
-    p.add_argument("--out", default=None, help="output folder (result.json, episodes.jsonl, report.html, ...); "
+    p.add_argument("--out", default=None,
+                   help="output folder (result.json, episodes.jsonl, report.html, ...); "
                    "a path ending in .jsonl writes only the per-episode SOP lines there")
-    p.add_argument("--resume", action="store_true", help="continue the run stopped or killed in --out (its run.json "
-                   "is there, its result.json absent or complete: false): the episodes its files hold are kept, not "
-                   "played again; the same flags")
-    p.add_argument("--overwrite", action="store_true", help="--out may hold another run: its files (eval_sop's only) "
-                   "are deleted first (default: a folder holding eval_sop's files is refused, exit 2)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run stopped or killed in --out (its run.json is there, its "
+                   "result.json absent or complete: false): the episodes its files hold are kept, "
+                   "not played again; the same flags")
+    p.add_argument("--overwrite", action="store_true",
+                   help="--out may hold another run: its files (eval_sop's only) are deleted first "
+                   "(default: a folder holding eval_sop's files is refused, exit 2)")
     p.add_argument("--max-server-error-share", type=cli.fraction, default=0.0,
-                   help="0: any request without an answer makes the exit code 3; else 3 past this share (such steps "
-                   "are the server's, counted apart from malformed answers and scored wrong), 0 otherwise")
-    p.add_argument("--report", default=None, help="HTML report path (default: OUT/report.html when --out is a folder)")
-    p.add_argument("--report-episodes", type=cli.non_negative_int, default=8, help="episodes shown per protocol in the report (0: none)")
+                   help="0: any request without an answer makes the exit code 3; else 3 past this "
+                   "share (such steps are the server's, counted apart from malformed answers and "
+                   "scored wrong), 0 otherwise")
+    p.add_argument("--report", default=None,
+                   help="HTML report path (default: OUT/report.html when --out is a folder)")
+    p.add_argument("--report-episodes", type=cli.non_negative_int, default=8,
+                   help="episodes shown per protocol in the report (0: none)")
     p.add_argument("--json", action="store_true",
-                   help="also print the full summary (result.json's, without the args) as one JSON line, last on stdout")
-    p.add_argument("--log-level", default="WARNING", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level (budget warnings are WARNING)")
+                   help="also print the full summary (result.json's, without the args) as one JSON "
+                   "line, last on stdout")
+    p.add_argument("--log-level", default="WARNING", type=str.upper,
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="logging level (budget warnings are WARNING)")
     return p
 
 
@@ -217,7 +258,8 @@ class ExpertSampler:
 
     prompt_builder = policies.StepPrompts
 
-    def generate(self, prompts: list[policies.StepPrompt], n: int | list[int] = 1, greedy: bool = True, seeds=None):
+    def generate(self, prompts: list[policies.StepPrompt], n: int | list[int] = 1,
+                 greedy: bool = True, seeds=None):
         # expert_policy looked up at call time: tests replace it with a scripted policy
         ns = [n] * len(prompts) if isinstance(n, int) else n
         return [[SampleOutput([], expert_policy(p), torch.zeros(0), "stop", i)] * k
@@ -226,7 +268,8 @@ class ExpertSampler:
 
 def load_sampler(args, tokenizer):
     """The model of --model on --device (bf16 on CUDA, fp32 on CPU) inside a sampler.Sampler."""
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = (args.device if args.device != "auto"
+              else ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = vlm.load_model(args.model, dtype=dtype, device=device, seed=args.seed)
     model.eval()
@@ -241,8 +284,9 @@ def load_sampler(args, tokenizer):
 # Protocols (module docstring): SOP and static walk with rollout.semi_online_rollout; online
 
 
-def greedy_rollouts(episodes: list[dataset.Episode], sampler, args, tokenizer, image_processor, spec: chat.PromptSpec,
-                    history: str, stats: dict, done=None) -> tuple[list[list[dict]], list[tuple[int, int]]]:
+def greedy_rollouts(episodes: list[dataset.Episode], sampler, args, tokenizer, image_processor,
+                    spec: chat.PromptSpec, history: str, stats: dict,
+                    done=None) -> tuple[list[list[dict]], list[tuple[int, int]]]:
     """Play `episodes` with rollout.semi_online_rollout, --batch-size episodes per call (so at most
     that many prompts, with their pixels, are alive at once): one greedy rollout per episode,
     patch_threshold 0 (a wrong step ends it), history "own" (SOP) or "expert" (static: every step
@@ -250,11 +294,11 @@ def greedy_rollouts(episodes: list[dataset.Episode], sampler, args, tokenizer, i
     type_match, error, truncated, resized_size}) and its SOP progress (sop_progress: correct steps
     before the first wrong one, length; under --match-rules release 0 for an episode with a response
     on which the release's code raised). stats gains the prompt and response counts of the summary.
-    done(k, rows, progress), when given, is called for each episode k as its chunk finishes (the run folder's
-    incremental write)."""
+    done(k, rows, progress), when given, is called for each episode k as its chunk finishes (the run
+    folder's incremental write)."""
     rows, progress = [[] for _ in episodes], [None] * len(episodes)
-    bar = tqdm(total=len(episodes), desc=f"{'SOP' if history == 'own' else 'static'} {args.policy}", unit="ep",
-               file=sys.stderr)
+    bar = tqdm(total=len(episodes), desc=f"{'SOP' if history == 'own' else 'static'} {args.policy}",
+               unit="ep", file=sys.stderr)
     with lent_to_sampler(sampler):
         for lo in range(0, len(episodes), args.batch_size):
             chunk = episodes[lo:lo + args.batch_size]
@@ -271,19 +315,23 @@ def greedy_rollouts(episodes: list[dataset.Episode], sampler, args, tokenizer, i
             for (k, _), p in walked.items():
                 progress[lo + k] = p
             for r in records:  # in (step, episode) order; the prompt (tokens, pixels) is not kept
-                served = r.finish_reason.startswith("error")  # a served model's request failed after its retries
-                rows[lo + r.task_idx].append({"t": r.step_idx, "response": r.response, "reward": r.reward,
-                                              "match": r.match, "type_match": r.type_match,
-                                              "error": f"server {r.finish_reason}" if served else r.error,
-                                              "server_error": served, "truncated": r.finish_reason == "length",
-                                              "resized_size": r.prompt.resized_size,
-                                              **policies.raw_answer(sampler, r.prompt)})
-                ids = getattr(r.prompt, "input_ids", None)  # None: a StepPrompt, no prompt was built
+                # a served model's request failed after its retries
+                served = r.finish_reason.startswith("error")
+                rows[lo + r.task_idx].append({
+                    "t": r.step_idx, "response": r.response, "reward": r.reward,
+                    "match": r.match, "type_match": r.type_match,
+                    "error": f"server {r.finish_reason}" if served else r.error,
+                    "server_error": served, "truncated": r.finish_reason == "length",
+                    "resized_size": r.prompt.resized_size,
+                    **policies.raw_answer(sampler, r.prompt)})
+                # None: a StepPrompt, no prompt was built
+                ids = getattr(r.prompt, "input_ids", None)
                 if ids is not None:
                     stats["max_tokens"] = max(stats["max_tokens"], len(ids))
                     stats["budgeted"] += r.prompt.n_dropped_turns > 0
                     budget = spec.max_prompt_tokens
-                    stats["over"] += budget is not None and len(ids) > budget  # the current turn alone is too long
+                    # the current turn alone is too long
+                    stats["over"] += budget is not None and len(ids) > budget
                 stats["responses"] += 1
                 stats["truncated"] += r.finish_reason == "length"
                 stats["server_errors"] += served
@@ -296,46 +344,54 @@ def greedy_rollouts(episodes: list[dataset.Episode], sampler, args, tokenizer, i
 
 
 def episode_views(ep: dataset.Episode, rows: list[dict], args) -> list[dict]:
-    """step_view of each played step of `ep` (rows of greedy_rollouts), the predicted action mapped back
-    to original pixels by reward.score_response, as the rollout scored it."""
+    """step_view of each played step of `ep` (rows of greedy_rollouts), the predicted action mapped
+    back to original pixels by reward.score_response, as the rollout scored it."""
     views = []
     for row in rows:
         step = ep.steps[row["t"]]
-        orig = dataset.original_size(step, image_root=args.image_root, blank_screens=args.blank_screens)
-        image = dataset.load_screenshot(step, image_root=args.image_root, blank_screens=args.blank_screens)
-        pred = reward.score_response(row["response"], step, resized_size=row["resized_size"], orig_size=orig,
-                                  rules=protocols.rules_of(args.match_rules)).action
-        view = step_view(row["t"], image, orig, step, row["response"], pred, row["match"], row["reward"])
-        if row["server_error"]:  # no answer: the server's failure, drawn apart from the model's wrong steps
-            view.update(pred=f"(no answer: {row['error']})", verdict="no answer from the server (not the model's)",
-                        cls="neutral")
+        orig = dataset.original_size(step, image_root=args.image_root,
+                                     blank_screens=args.blank_screens)
+        image = dataset.load_screenshot(step, image_root=args.image_root,
+                                        blank_screens=args.blank_screens)
+        pred = reward.score_response(row["response"], step, resized_size=row["resized_size"],
+                                     orig_size=orig,
+                                     rules=protocols.rules_of(args.match_rules)).action
+        view = step_view(row["t"], image, orig, step, row["response"], pred, row["match"],
+                         row["reward"])
+        # no answer: the server's failure, drawn apart from the model's wrong steps
+        if row["server_error"]:
+            view.update(pred=f"(no answer: {row['error']})",
+                        verdict="no answer from the server (not the model's)", cls="neutral")
         views.append(view)
     return views
 
 
 def sop_record(i: int, ep: dataset.Episode, steps: list[dict], progress: tuple[int, int]) -> dict:
-    """The episodes.jsonl line of SOP episode i (its walked steps, rows of greedy_rollouts). malformed:
-    responses scored 0 as malformed (truncated included); server_errors: steps whose request got no
-    answer (a served model's; never counted as malformed)."""
+    """The episodes.jsonl line of SOP episode i (its walked steps, rows of greedy_rollouts).
+    malformed: responses scored 0 as malformed (truncated included); server_errors: steps whose
+    request got no answer (a served model's; never counted as malformed)."""
     correct, n = progress
-    return {"episode": i, "source": ep.source, "task": ep.task, "episode_id": ep.episode_id, "steps": n,
-            "correct": correct, "success": correct == n, "rewards": [s["reward"] for s in steps],
+    return {"episode": i, "source": ep.source, "task": ep.task, "episode_id": ep.episode_id,
+            "steps": n, "correct": correct, "success": correct == n,
+            "rewards": [s["reward"] for s in steps],
             "matches": [bool(s["match"]) for s in steps],
             "malformed": sum(s["error"] is not None and not s["server_error"] for s in steps),
-            "truncated": sum(s["truncated"] for s in steps), "server_errors": sum(s["server_error"] for s in steps),
+            "truncated": sum(s["truncated"] for s in steps),
+            "server_errors": sum(s["server_error"] for s in steps),
             "errors": [s["error"] for s in steps], "responses": [s["response"] for s in steps],
             "server_error": next((s["error"] for s in steps if s["server_error"]), None),
-            **({"raw_responses": [s["raw"] for s in steps], "raw_messages": [s["message"] for s in steps]}
+            **({"raw_responses": [s["raw"] for s in steps],
+                "raw_messages": [s["message"] for s in steps]}
                if steps and "raw" in steps[0] else {})}
 
 
 def run_sop(episodes: list[dataset.Episode], run_rollouts, args, show: set[int],
             folder: outputs.RunFolder | None = None) -> tuple[list[dict], list[dict]]:
     """SOP (docs/method.md §8): own history, greedy, each episode ends at its first wrong step.
-    run_rollouts(history, episodes, done) is `greedy_rollouts` bound to the run's sampler and prompt options.
-    With a run folder each record is appended as its chunk ends, and the episodes it already holds
-    (--resume) are kept, not played. Returns (one record per episode, in order; report episodes: those
-    played now)."""
+    run_rollouts(history, episodes, done) is `greedy_rollouts` bound to the run's sampler and prompt
+    options. With a run folder each record is appended as its chunk ends, and the episodes it
+    already holds (--resume) are kept, not played. Returns (one record per episode, in order; report
+    episodes: those played now)."""
     records = {r["episode"]: r for r in folder.done["sop"]} if folder else {}
     todo = [i for i in range(len(episodes)) if i not in records]
     shown = []
@@ -348,13 +404,17 @@ def run_sop(episodes: list[dataset.Episode], run_rollouts, args, show: set[int],
         if i in show:
             correct, n = progress
             wrong = next((s["t"] for s in steps if not s["match"]), None)
-            outcome = sop_outcome(correct, n, steps[-1]["error"] is not None if steps else False,
-                                  steps[-1]["error"] if steps and steps[-1]["server_error"] else None)
-            if wrong is not None and wrong != correct:  # the release's exception rule zeroed the progress
-                outcome = (f"the release's code raised at step {wrong} ({steps[-1]['error']}): progress 0 "
-                           "(--match-rules release)")
-            shown.append({"title": f"{ep.episode_id} ({ep.task})", "goal": ep.goal, "success": correct == n,
-                          "outcome": outcome, "steps": episode_views(ep, steps, args), "first_wrong": wrong})
+            outcome = sop_outcome(
+                correct, n, steps[-1]["error"] is not None if steps else False,
+                steps[-1]["error"] if steps and steps[-1]["server_error"] else None)
+            # the release's exception rule zeroed the progress
+            if wrong is not None and wrong != correct:
+                outcome = (
+                    f"the release's code raised at step {wrong} ({steps[-1]['error']}): progress 0 "
+                    "(--match-rules release)")
+            shown.append({"title": f"{ep.episode_id} ({ep.task})", "goal": ep.goal,
+                          "success": correct == n, "outcome": outcome,
+                          "steps": episode_views(ep, steps, args), "first_wrong": wrong})
 
     run_rollouts("own", [episodes[i] for i in todo], done)
     return [records[i] for i in range(len(episodes))], shown
@@ -369,80 +429,103 @@ def run_static(episodes: list[dataset.Episode], run_rollouts, args, show: set[in
     held = defaultdict(list)
     for r in folder.done["static"] if folder else ():
         held[r["episode"]].append(r)
-    per_ep = {i: rs for i, rs in held.items() if len(rs) == len(episodes[i].steps)}  # a cut episode is played again
+    # a cut episode is played again
+    per_ep = {i: rs for i, rs in held.items() if len(rs) == len(episodes[i].steps)}
     todo = [i for i in range(len(episodes)) if i not in per_ep]
     shown = []
 
     def done(k, steps, _progress):
         i, ep = todo[k], episodes[todo[k]]
         per_ep[i] = [{"episode": i, "episode_id": ep.episode_id, "task": ep.task, "t": s["t"],
-                      "expert_type": ep.steps[s["t"]].action["action"], "type_match": s["type_match"],
-                      "match": s["match"], "reward": s["reward"],
+                      "expert_type": ep.steps[s["t"]].action["action"],
+                      "type_match": s["type_match"], "match": s["match"], "reward": s["reward"],
                       "malformed": s["error"] is not None and not s["server_error"],
                       "truncated": s["truncated"], "error": s["error"], "response": s["response"],
-                      "server_error": s["server_error"], **{k: s[k] for k in ("raw", "message") if k in s}} for s in steps]
+                      "server_error": s["server_error"],
+                      **{k: s[k] for k in ("raw", "message") if k in s}} for s in steps]
         if folder:
             folder.append("static", per_ep[i])
         if i in show:
             wrong = [s["t"] for s in steps if not s["match"]]
-            shown.append({"title": f"{ep.episode_id} ({ep.task})", "goal": ep.goal, "success": not wrong,
+            shown.append({"title": f"{ep.episode_id} ({ep.task})", "goal": ep.goal,
+                          "success": not wrong,
                           "outcome": f"all {len(steps)} steps right" if not wrong else
-                          f"{len(steps) - len(wrong)}/{len(steps)} steps right, first wrong action at step {wrong[0]}",
-                          "steps": episode_views(ep, steps, args), "first_wrong": wrong[0] if wrong else None})
+                          f"{len(steps) - len(wrong)}/{len(steps)} steps right, "
+                          f"first wrong action at step {wrong[0]}",
+                          "steps": episode_views(ep, steps, args),
+                          "first_wrong": wrong[0] if wrong else None})
 
     run_rollouts("expert", [episodes[i] for i in todo], done)
     return [r for i in range(len(episodes)) for r in per_ep[i]], shown
 
 
 # -----------------------------------------------------------------------------
-# main: the checks, the policy, the data, then each protocol's section of the summary, then the outputs
+# main: the checks, the policy, the data, then each protocol's section of the summary, then the
+# outputs
 
 
 def check_flags(parser, args, argv: list[str]) -> None:
     """Flag combinations that parse but cannot run raise utils.UsageError (one line, exit 2)."""
     if args.policy == "expert" and "model" in cli.explicit_flags(parser, argv):
-        raise utils.UsageError(f"--model {args.model} is given but --policy is expert (the default): add --policy model")
-    policies.check_args(args, cli.explicit_flags(parser, argv))  # served flags; a named protocol -> static + its rules
-    for flag, value, low in (("--max-new-tokens", args.max_new_tokens, 1), ("--batch-size", args.batch_size, 1),
-                             ("--online-seeds", args.online_seeds, 1), ("--online-batch", args.online_batch, 1)):
+        raise utils.UsageError(f"--model {args.model} is given but --policy is expert "
+                               "(the default): add --policy model")
+    # served flags; a named protocol -> static + its rules
+    policies.check_args(args, cli.explicit_flags(parser, argv))
+    for flag, value, low in (("--max-new-tokens", args.max_new_tokens, 1),
+                             ("--batch-size", args.batch_size, 1),
+                             ("--online-seeds", args.online_seeds, 1),
+                             ("--online-batch", args.online_batch, 1)):
         if value < low:
             raise utils.UsageError(f"{flag} {value}: must be >= {low}")
     if (args.resume or args.overwrite) and not (args.out and not args.out.endswith(".jsonl")):
         raise utils.UsageError("--resume / --overwrite: need --out DIR (a run folder)")
     if args.resume and args.overwrite:
-        raise utils.UsageError("--resume and --overwrite: one or the other (continue the run, or replace it)")
+        raise utils.UsageError("--resume and --overwrite: one or the other (continue the run, or "
+                               "replace it)")
     if not args.data and not args.online:
         raise utils.UsageError("nothing to evaluate: give --data and/or --online")
-    if args.samples < 0 or (args.samples and not (args.online and args.policy in ("model", "openai"))):
-        raise utils.UsageError(f"--samples {args.samples}: must be >= 0, and > 0 only with --online --policy model|openai")
+    if args.samples < 0 or (args.samples
+                            and not (args.online and args.policy in ("model", "openai"))):
+        raise utils.UsageError(f"--samples {args.samples}: must be >= 0, and > 0 only with "
+                               "--online --policy model|openai")
 
 
 def setup(args) -> SimpleNamespace:
-    """The policy as a sampler of greedy_rollouts (for a model, its tokenizer and image processor; the
-    expert reads no prompt: none is built), the prompt contract it was trained on, capped by the model's
-    context (docs/method.md §10: a long history is summarised, never overflows), and the episodes."""
+    """The policy as a sampler of greedy_rollouts (for a model, its tokenizer and image processor;
+    the expert reads no prompt: none is built), the prompt contract it was trained on, capped by the
+    model's context (docs/method.md §10: a long history is summarised, never overflows), and the
+    episodes."""
     ev = SimpleNamespace(args=args, tokenizer=None, image_processor=None, sampler=ExpertSampler(),
-                         stats=Counter())  # prompts: max_tokens, budgeted, over; responses: responses, truncated, tokens
+                         # prompts: max_tokens, budgeted, over; responses: responses, truncated,
+                         # tokens
+                         stats=Counter())
     spec = served_prompt_spec(args, say=utils.print0) if args.policy == "openai" else \
         chat.resolve_spec(args, args.model if args.policy == "model" else "none", say=utils.print0)
     ev.budget = spec.max_prompt_tokens
     if args.policy == "model":
-        tok_dir = args.tokenizer or args.model  # a model meets its own vocabulary (vlm.tokenizer_dir)
-        ev.tokenizer, ev.image_processor = vlm.load_processor(tok_dir, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
+        # a model meets its own vocabulary (vlm.tokenizer_dir)
+        tok_dir = args.tokenizer or args.model
+        ev.tokenizer, ev.image_processor = vlm.load_processor(tok_dir, min_pixels=spec.min_pixels,
+                                                              max_pixels=spec.max_pixels)
         ev.sampler = load_sampler(args, ev.tokenizer)
         cfg = getattr(ev.sampler.model, "config", None)
-        ctx = getattr(cfg.get_text_config(), "max_position_embeddings", None) if cfg is not None else None
+        ctx = (getattr(cfg.get_text_config(), "max_position_embeddings", None)
+               if cfg is not None else None)
         if ctx:
             ev.budget = min(ev.budget or ctx, ctx - args.max_new_tokens)
-    if args.policy == "openai":  # a served model: the prompt is built here (the server's tokenizer by default)
-        ev.tokenizer, ev.image_processor = vlm.load_processor(args.tokenizer, min_pixels=spec.min_pixels,
+    # a served model: the prompt is built here (the server's tokenizer by default)
+    if args.policy == "openai":
+        ev.tokenizer, ev.image_processor = vlm.load_processor(args.tokenizer,
+                                                              min_pixels=spec.min_pixels,
                                                               max_pixels=spec.max_pixels)
         ev.sampler = policies.served_sampler(args)
     ev.spec = dataclasses.replace(spec, max_prompt_tokens=ev.budget)
     ev.episodes = []
     for path in args.data:
-        ev.episodes += dataset.load_episodes(path, limit=args.limit, swipe_convention=args.swipe_convention)
-    protocols.check_protocol_data(args.named_protocol, ev.episodes, args.data)  # -Low without step instructions
+        ev.episodes += dataset.load_episodes(path, limit=args.limit,
+                                             swipe_convention=args.swipe_convention)
+    # -Low without step instructions
+    protocols.check_protocol_data(args.named_protocol, ev.episodes, args.data)
     if args.per_task_limit is not None:
         seen, keep = defaultdict(int), []
         for ep in ev.episodes:
@@ -457,14 +540,16 @@ def setup(args) -> SimpleNamespace:
 
 
 def run_rollouts(ev, history: str, episodes: list, done) -> list:
-    return greedy_rollouts(episodes, ev.sampler, ev.args, ev.tokenizer, ev.image_processor, ev.spec, history, ev.stats,
-                           done)
+    return greedy_rollouts(episodes, ev.sampler, ev.args, ev.tokenizer, ev.image_processor, ev.spec,
+                           history, ev.stats, done)
 
 
 def make_prompt_online(ev, obs, shots, history):
-    """The prompt of an online step (the page's elements too when the contract shows them), counted."""
-    prompt = chat.build_prompt(ev.tokenizer, ev.image_processor, ev.spec, goal=obs["goal"], screenshots=shots,
-                               history=history, elements=obs["elements"] if ev.spec.elements else None)
+    """The prompt of an online step (the page's elements too when the contract shows them),
+    counted."""
+    prompt = chat.build_prompt(ev.tokenizer, ev.image_processor, ev.spec, goal=obs["goal"],
+                               screenshots=shots, history=history,
+                               elements=obs["elements"] if ev.spec.elements else None)
     ev.stats["max_tokens"] = max(ev.stats["max_tokens"], len(prompt.input_ids))
     ev.stats["budgeted"] += prompt.n_dropped_turns > 0
     ev.stats["over"] += ev.budget is not None and len(prompt.input_ids) > ev.budget
@@ -472,9 +557,11 @@ def make_prompt_online(ev, obs, shots, history):
 
 
 def sop_section(ev, summary: dict) -> None:
-    """SOP (own history, greedy, stops at the first wrong step): PG, TSR, per source and per task."""
+    """SOP (own history, greedy, stops at the first wrong step): PG, TSR, per source and per
+    task."""
     args, floor = ev.args, ev.floor
-    ev.sop_records, shown = run_sop(ev.episodes, lambda *a: run_rollouts(ev, *a), args, ev.show, ev.folder)
+    ev.sop_records, shown = run_sop(ev.episodes, lambda *a: run_rollouts(ev, *a), args, ev.show,
+                                    ev.folder)
     recs = ev.sop_records
     m = sop_metrics([(r["correct"], r["steps"]) for r in recs])
     steps_run = sum(len(r["rewards"]) for r in recs)
@@ -482,24 +569,30 @@ def sop_section(ev, summary: dict) -> None:
     summary.update(m)  # pg, tsr, episodes, steps (pg/tsr also as sop_pg/sop_tsr)
     summary.update({"sop_pg": m["pg"], "sop_tsr": m["tsr"], "steps_run": steps_run,
                     "sop_truncated_rate": sum(r["truncated"] for r in recs) / max(steps_run, 1),
-                    # --match-rules release: episodes whose progress the release's exception rule set to 0
-                    "sop_episodes_raised": sum(any(e is not None for e in r["errors"]) for r in recs)
+                    # --match-rules release: episodes whose progress the release's exception rule
+                    # set to 0
+                    "sop_episodes_raised": sum(any(e is not None for e in r["errors"])
+                                               for r in recs)
                     if args.match_rules == "release" else None,
                     "step_reward_mean": sum(sum(r["rewards"]) for r in recs) / max(steps_run, 1),
                     "sources": {path: sop_metrics([(r["correct"], r["steps"]) for r in recs
                                                    if r["source"] == path]) for path in args.data}})
     for task in dict.fromkeys(r["task"] for r in recs):
         tm = sop_metrics([(r["correct"], r["steps"]) for r in recs if r["task"] == task])
-        ev.per_task[task].update(sop_pg=tm["pg"], sop_tsr=tm["tsr"], episodes=tm["episodes"], steps=tm["steps"])
+        ev.per_task[task].update(sop_pg=tm["pg"], sop_tsr=tm["tsr"], episodes=tm["episodes"],
+                                 steps=tm["steps"])
     ev.sections.append(("SOP: own history, greedy, the episode stops at its first wrong step",
-                        f"PG {m['pg']:.3f}, TSR {m['tsr']:.3f} over {m['episodes']} episodes (trivial-policy floor: "
-                        f"PG {floor['sop_pg']:.3f}, TSR {floor['sop_tsr']:.3f}); {len(shown)} shown.", shown))
+                        f"PG {m['pg']:.3f}, TSR {m['tsr']:.3f} over {m['episodes']} episodes "
+                        f"(trivial-policy floor: PG {floor['sop_pg']:.3f}, "
+                        f"TSR {floor['sop_tsr']:.3f}); {len(shown)} shown.", shown))
 
 
 def static_section(ev, summary: dict) -> None:
-    """Static (the expert's history, every step evaluated): step SR, type and grounding accuracy, per task."""
+    """Static (the expert's history, every step evaluated): step SR, type and grounding accuracy,
+    per task."""
     args, floor = ev.args, ev.floor
-    ev.static_records, shown = run_static(ev.episodes, lambda *a: run_rollouts(ev, *a), args, ev.show, ev.folder)
+    ev.static_records, shown = run_static(ev.episodes, lambda *a: run_rollouts(ev, *a), args,
+                                          ev.show, ev.folder)
     recs = ev.static_records
     m = static_metrics(recs)
     ev.malformed += sum(r["malformed"] for r in recs)
@@ -510,54 +603,71 @@ def static_section(ev, summary: dict) -> None:
                     "static_variant": "low" if args.step_instruction else "high"})
     for task in dict.fromkeys(r["task"] for r in recs):
         tm = static_metrics([r for r in recs if r["task"] == task])
-        ev.per_task[task].update(static_type_acc=tm["type_acc"], static_grounding_acc=tm["grounding_acc"],
+        ev.per_task[task].update(static_type_acc=tm["type_acc"],
+                                 static_grounding_acc=tm["grounding_acc"],
                                  static_step_sr=tm["step_sr"], static_steps=tm["steps"])
-    ev.sections.append((f"Static ({'-Low: with step instructions' if args.step_instruction else '-High: goal only'}):"
-                        " expert history, every step evaluated",
-                        f"step SR {m['step_sr']:.3f}, type acc {m['type_acc']:.3f} over {m['steps']} steps (floor: step SR "
-                        f"{floor['step_sr']:.3f}, type acc {floor['type_acc']:.3f}); {len(shown)} episodes shown.", shown))
+    ev.sections.append((
+        f"Static ("
+        f"{'-Low: with step instructions' if args.step_instruction else '-High: goal only'}):"
+        " expert history, every step evaluated",
+        f"step SR {m['step_sr']:.3f}, type acc {m['type_acc']:.3f} over {m['steps']} steps "
+        f"(floor: step SR {floor['step_sr']:.3f}, type acc {floor['type_acc']:.3f}); "
+        f"{len(shown)} episodes shown.", shown))
 
 
 def online_section(ev, summary: dict) -> None:
-    """Online MiniWob++ (own history, live pages, held-out seeds): success with its Wilson interval, per
-    task; with --samples, the sampled plays' pass@K and flippable episodes."""
+    """Online MiniWob++ (own history, live pages, held-out seeds): success with its Wilson interval,
+    per task; with --samples, the sampled plays' pass@K and flippable episodes."""
     from envs import miniwob_env, miniwob_experts
     args = ev.args
-    tasks = args.online_tasks or [t for t in dict.fromkeys(e.task for e in ev.episodes)
-                                  if t in miniwob_experts.EXPERTS] or sorted(miniwob_experts.EXPERTS)
+    tasks = (args.online_tasks
+             or [t for t in dict.fromkeys(e.task for e in ev.episodes)
+                 if t in miniwob_experts.EXPERTS]
+             or sorted(miniwob_experts.EXPERTS))
     base = miniwob_env.ONLINE_SEED_BASE if args.online_seed_base is None else args.online_seed_base
     seeds = list(range(base, base + args.online_seeds))
     ev.online_res, shown = run_online(ev.sampler if args.policy != "expert" else None,
-                                      lambda *a: make_prompt_online(ev, *a), tasks, seeds, args, ev.stats, ev.folder)
+                                      lambda *a: make_prompt_online(ev, *a), tasks, seeds, args,
+                                      ev.stats, ev.folder)
     o = ev.online_res["overall"]
     ev.malformed += ev.online_res["malformed"]
-    ci = lambda r: list(wilson(round(r["success_rate"] * r["episodes"]), r["episodes"]))  # noqa: E731
-    summary.update({"online_sr": o["success_rate"], "online_sr_ci95": ci(o), "n_online_episodes": o["episodes"],
+    ci = lambda r: list(wilson(round(r["success_rate"] * r["episodes"]),  # noqa: E731
+                               r["episodes"]))
+    summary.update({"online_sr": o["success_rate"], "online_sr_ci95": ci(o),
+                    "n_online_episodes": o["episodes"],
                     "online_failures": o["failures"], "online_mean_steps": o["mean_steps"],
                     "online_tasks": tasks, "online_seeds": seeds})
     for task, r in ev.online_res["per_task"].items():
-        ev.per_task[task].update(online_sr=r["success_rate"], online_sr_ci95=ci(r), n_online_episodes=r["episodes"])
+        ev.per_task[task].update(online_sr=r["success_rate"], online_sr_ci95=ci(r),
+                                 n_online_episodes=r["episodes"])
     lo, hi = summary["online_sr_ci95"]
-    ev.sections.append(("Online MiniWob++: own history, live pages", f"success {o['success_rate']:.3f} "
+    ev.sections.append(("Online MiniWob++: own history, live pages",
+                        f"success {o['success_rate']:.3f} "
                         f"(95% Wilson interval {lo:.3f}-{hi:.3f}) over "
-                        f"{o['episodes']} episodes (held-out seeds {seeds[0]}..{seeds[-1]}); {len(shown)} shown.", shown))
+                        f"{o['episodes']} episodes (held-out seeds {seeds[0]}..{seeds[-1]}); "
+                        f"{len(shown)} shown.", shown))
     if "sampled" in ev.online_res:
         sm = summary["online_sampled"] = ev.online_res["sampled"]
         for task, c in sm["per_task"].items():  # the report's per-task table
-            ev.per_task[task].update(online_pass_at_k=c["pass_at_k"]["rate"], online_flippable=c["flippable"]["rate"])
-        fmt = lambda c: (f"greedy {c['greedy']['successes']}/{c['greedy']['n']}, pass@{args.samples} "  # noqa: E731
+            ev.per_task[task].update(online_pass_at_k=c["pass_at_k"]["rate"],
+                                     online_flippable=c["flippable"]["rate"])
+        fmt = lambda c: (f"greedy {c['greedy']['successes']}/{c['greedy']['n']}, "  # noqa: E731
+                         f"pass@{args.samples} "
                          f"{c['pass_at_k']['successes']}, flippable {c['flippable']['successes']} "
-                         f"({c['flippable']['rate']:.3f}, 95% {c['flippable']['lo']:.3f}-{c['flippable']['hi']:.3f})")
-        note = "; ".join([f"pooled: {fmt(sm['pooled'])}"] + [f"{t}: {fmt(c)}" for t, c in sm["per_task"].items()])
-        ev.sections.append((f"Online, {args.samples} sampled plays per episode at temperature {args.temperature}",
-                            note, []))
+                         f"({c['flippable']['rate']:.3f}, 95% {c['flippable']['lo']:.3f}-"
+                         f"{c['flippable']['hi']:.3f})")
+        note = "; ".join([f"pooled: {fmt(sm['pooled'])}"]
+                         + [f"{t}: {fmt(c)}" for t, c in sm["per_task"].items()])
+        ev.sections.append((f"Online, {args.samples} sampled plays per episode at temperature "
+                            f"{args.temperature}", note, []))
         print(f"online sampled (K {args.samples}, T {args.temperature}): {note}", file=sys.stderr)
 
 
-def write_outputs(ev, summary: dict, out_dir: str | None, report_path: str | None, complete: bool = True) -> None:
-    """The run folder's files in the episodes' order and result.json (--out; complete False: a partial run's),
-    the raw answers of a served model, the HTML report; stdout the readable part (report.summary_text),
-    and with --json the summary."""
+def write_outputs(ev, summary: dict, out_dir: str | None, report_path: str | None,
+                  complete: bool = True) -> None:
+    """The run folder's files in the episodes' order and result.json (--out; complete False: a
+    partial run's), the raw answers of a served model, the HTML report; stdout the readable part
+    (report.summary_text), and with --json the summary."""
     args = ev.args
     if args.out and out_dir is None and ev.sop_records is not None:  # the per-episode JSONL alone
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
@@ -568,13 +678,17 @@ def write_outputs(ev, summary: dict, out_dir: str | None, report_path: str | Non
                                ("online", ev.online_res["episodes"] if ev.online_res else None)):
             if rows is not None:
                 ev.folder.finish_stream(protocol, rows)
-        if args.policy == "openai":  # the raw answers, for `eval_sop.py score --action-format` offline
-            policies.write_responses(os.path.join(out_dir, "responses.jsonl"), ev.sop_records, ev.static_records)
+        # the raw answers, for `eval_sop.py score --action-format` offline
+        if args.policy == "openai":
+            policies.write_responses(os.path.join(out_dir, "responses.jsonl"), ev.sop_records,
+                                     ev.static_records)
         ev.folder.write_result(summary, complete)
     if report_path:
-        title = f"eval_sop: {args.policy} " + {"model": args.model, "openai": f"{args.served_model} ({args.action_format})"
-                                               }.get(args.policy, "")
-        online_first = sorted(ev.sections, key=lambda sec: not sec[0].startswith("Online"))  # the headline first
+        title = f"eval_sop: {args.policy} " + {
+            "model": args.model, "openai": f"{args.served_model} ({args.action_format})"
+        }.get(args.policy, "")
+        # the headline first
+        online_first = sorted(ev.sections, key=lambda sec: not sec[0].startswith("Online"))
         report.write_report(report_path, title, {"complete": complete, **summary}, online_first)
     paths = ""
     if out_dir or report_path:  # where the outputs are
@@ -586,7 +700,8 @@ def write_outputs(ev, summary: dict, out_dir: str | None, report_path: str | Non
 
 
 def run_protocols(ev, summary: dict) -> None:
-    """The floor of the episodes, then each protocol asked for, each adding its section to the summary."""
+    """The floor of the episodes, then each protocol asked for, each adding its section to the
+    summary."""
     args, episodes = ev.args, ev.episodes
     if episodes:  # the trivial-policy floor of these episodes, printed beside every figure
         sizes = policies.step_sizes(episodes, args.image_root, args.blank_screens)
@@ -597,33 +712,39 @@ def run_protocols(ev, summary: dict) -> None:
         sop_section(ev, summary)
     if episodes and "static" in args.protocol:
         static_section(ev, summary)
-    if ev.sop_records is not None and ev.static_records is not None:  # own vs expert history on the steps SOP reached
+    # own vs expert history on the steps SOP reached
+    if ev.sop_records is not None and ev.static_records is not None:
         expert = {(r["episode"], r["t"]): bool(r["match"]) for r in ev.static_records}
-        summary["history_gap"] = history_gap([(r["task"], t, m, expert[(i, t)]) for i, r in enumerate(ev.sop_records)
+        summary["history_gap"] = history_gap([(r["task"], t, m, expert[(i, t)])
+                                              for i, r in enumerate(ev.sop_records)
                                               for t, m in enumerate(r["matches"])])
     if args.online:
         online_section(ev, summary)
 
 
 def finish_summary(ev, summary: dict, t0: float, report_path: str | None) -> None:
-    """The counts of the run: prompts, responses, malformed ones, the server's failures (never the model's:
-    outputs.server_failures), per task, time."""
+    """The counts of the run: prompts, responses, malformed ones, the server's failures (never the
+    model's: outputs.server_failures), per task, time."""
     args, stats = ev.args, ev.stats
     built = args.policy != "expert"  # the expert reads no prompt: none was built, nothing to count
     summary.update({"max_prompt_tokens_seen": stats["max_tokens"] if built else None,
                     "prompts_budgeted": stats["budgeted"] if built else None,
-                    "prompts_over_budget": stats["over"] if built else None, "prompt_budget": ev.budget,
+                    "prompts_over_budget": stats["over"] if built else None,
+                    "prompt_budget": ev.budget,
                     "malformed_responses": ev.malformed, "max_new_tokens": args.max_new_tokens,
                     "responses_at_cap": stats["truncated"] if built else 0,
-                    # responses cut at the token cap (strict rules: malformed, reward 0), of all responses
+                    # responses cut at the token cap (strict rules: malformed, reward 0), of all
+                    # responses
                     "truncated_rate": stats["truncated"] / max(stats["responses"], 1)})
     if built:
         summary.update({"responses": stats["responses"], "truncated_responses": stats["truncated"],
                         "response_tokens_mean": stats["tokens"] / max(stats["responses"], 1)})
-    if args.policy == "openai":  # requests, retries, failures, the SOP episodes a failure ended (said on stderr)
-        summary["served"] = policies.served_summary(args, ev.sampler, stats["server_errors"], ev.sop_records)
-    summary["server_failures"] = outputs.server_failures(ev.sop_records, ev.static_records, ev.online_res,
-                                                         args.max_server_error_share)
+    # requests, retries, failures, the SOP episodes a failure ended (said on stderr)
+    if args.policy == "openai":
+        summary["served"] = policies.served_summary(args, ev.sampler, stats["server_errors"],
+                                                    ev.sop_records)
+    summary["server_failures"] = outputs.server_failures(ev.sop_records, ev.static_records,
+                                                         ev.online_res, args.max_server_error_share)
     summary["per_task"] = dict(ev.per_task)
     summary["seconds"] = round(time.time() - t0, 1)
     if report_path:
@@ -643,10 +764,12 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.time()
     out_dir = args.out if args.out and not args.out.endswith(".jsonl") else None
     report_path = args.report or (os.path.join(out_dir, "report.html") if out_dir else None)
-    folder = outputs.RunFolder(out_dir, args, args.resume, args.overwrite) if out_dir else None  # refused: exit 2
+    # refused: exit 2
+    folder = outputs.RunFolder(out_dir, args, args.resume, args.overwrite) if out_dir else None
     summary = {"policy": args.policy, "model": args.model if args.policy == "model" else None,
                "match_rules": args.match_rules, "named_protocol": args.named_protocol,
-               "protocols": (list(args.protocol) if args.data else []) + (["online"] if args.online else [])}
+               "protocols": (list(args.protocol) if args.data else [])
+               + (["online"] if args.online else [])}
     if folder is not None:  # the flags of a run that may be stopped and resumed
         folder.start()
     ev = None
@@ -654,7 +777,8 @@ def main(argv: list[str] | None = None) -> dict:
         with outputs.stop_signals():  # SIGTERM as Ctrl-C: both save what is done
             ev = setup(args)
             ev.folder = folder
-            summary.update({"episodes": len(ev.episodes), "steps": sum(len(e.steps) for e in ev.episodes)})
+            summary.update({"episodes": len(ev.episodes),
+                            "steps": sum(len(e.steps) for e in ev.episodes)})
             run_protocols(ev, summary)
     except KeyboardInterrupt as e:
         with outputs.no_interrupts():  # a second Ctrl-C must not cut the partial result
@@ -666,8 +790,9 @@ def main(argv: list[str] | None = None) -> dict:
                 finish_summary(ev, summary, t0, report_path)
                 summary.update(interrupted=why, finished=folder.finished if folder else None)
                 write_outputs(ev, summary, out_dir, report_path, complete=False)
-            print(f"eval_sop: interrupted ({why}); " + (f"what finished is in {out_dir}: --resume continues the run"
-                                                       if folder else "nothing was saved (no --out)"),
+            print(f"eval_sop: interrupted ({why}); "
+                  + (f"what finished is in {out_dir}: --resume continues the run"
+                     if folder else "nothing was saved (no --out)"),
                   file=sys.stderr, flush=True)
         raise SystemExit(outputs.EXIT_INTERRUPTED) from None
     finish_summary(ev, summary, t0, report_path)
@@ -676,8 +801,9 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def exit_status(summary) -> int:
-    """The process's exit code: EXIT_SERVER_FAILED (3) when more than --max-server-error-share of the
-    requests got no answer (the figures are then the server's as much as the model's), else 0."""
+    """The process's exit code: EXIT_SERVER_FAILED (3) when more than --max-server-error-share of
+    the requests got no answer (the figures are then the server's as much as the model's), else
+    0."""
     failures = summary.get("server_failures") if isinstance(summary, dict) else None
     return outputs.EXIT_SERVER_FAILED if failures and failures["exceeded"] else 0
 
