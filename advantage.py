@@ -79,7 +79,7 @@ def normalize_groups(scores, group_ids, *, norm: str = "mean_std", eps: float = 
 
 
 def discounted_returns(rewards, gamma: float, reset_mask=None) -> torch.Tensor:
-    """Discounted return of one rollout (eq. 6.1): R_t = r_t + gamma * R_(t+1), R_T = r_T.
+    """Discounted return of one rollout (eq. 6.1): R_t = r_t + gamma * R_(t+1), R_T = 0.
 
     rewards: (T,) in step order 0..T-1. reset_mask: optional bool (T,), True at a wrong step, where
     the release cuts the chain (eq. 6.1'): R_t = r_t, and the running return restarts from 0.

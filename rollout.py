@@ -36,7 +36,8 @@ class StepRecord:
     prompt: the chat.Prompt it was sampled from (token ids, images, resized_size).
     response_ids: the sampler's ids, exactly (the trainer scores these, never re-tokenised text).
     sampler_logp: (L,) fp32 log_softmax(logits / T) of those ids, full vocabulary (pi_old).
-    reward / match / type_match / error: reward.score_response's (error: why it is malformed).
+    reward / match / type_match / error: reward.score_response's (a malformed response: reward 0,
+    error says why; truncated = finish_reason != "stop").
     patched: replaced in the history by a patch (the patch text is never trained on).
     ended: the rollout ended at this step (a wrong step with no patch left, or the last step).
     history: the rollout's history (earlier responses or patches) the prompt was built from.
@@ -69,10 +70,11 @@ class _Rollout:
 class RolloutSpec:
     """How the rollouts walk each expert episode (§5), set by the trainer or the evaluator.
 
-    n_rollouts: N, the rollouts per task (the group of eq. 6.2). patch_mode, patch_threshold: how a
-    wrong step is patched (patch.make_patch) and how many patches a rollout may take (0: the first
-    wrong step ends it, as SOP does). history_mode: "own" (semi-online RL) or "expert" (offline RL
-    and the static protocol: the expert's history, no early end). match_rules: action_match's.
+    n_rollouts: N, the rollouts per task (the group; eq. 6.3 normalises over those at a step).
+    patch_mode, patch_threshold: how a wrong step is patched (patch.make_patch) and how many patches
+    a rollout may take (0: the first wrong step ends it, as SOP does). history_mode: "own"
+    (semi-online RL) or "expert" (offline RL and the static protocol: the expert's history, no early
+    end). match_rules: action_match's ("strict", "release" or a rule function).
     greedy: argmax decoding. image_root, blank_screens: dataset.load_screenshot's."""
     n_rollouts: int = 8
     patch_mode: str = "thought-free"
