@@ -25,7 +25,8 @@ from kernels import group_stats
 
 RETURNS_FORMS = ("paper", "release")
 EPISODE_FORMS = ("paper", "release")
-NORMS = ("mean_std", "mean")  # group normalisation: the paper's (R - mean) / (std + eps), or Dr.GRPO's R - mean
+# group normalisation: the paper's (R - mean) / (std + eps), or Dr.GRPO's R - mean
+NORMS = ("mean_std", "mean")
 
 # -----------------------------------------------------------------------------
 # small helpers
@@ -53,7 +54,8 @@ def _check_same_len(**tensors: torch.Tensor) -> int:
 # the group normalisation of eq. 6.2 and 6.3 (a fork of it, e.g. Dr.GRPO's, is a change here)
 
 
-def normalize_groups(scores, group_ids, *, norm: str = "mean_std", eps: float = 1e-6) -> torch.Tensor:
+def normalize_groups(scores, group_ids, *, norm: str = "mean_std",
+                     eps: float = 1e-6) -> torch.Tensor:
     """Each score against its group: (s - mean_G) / (std_G + eps) (norm "mean_std", eq. 6.2-6.3), or
     s - mean_G (norm "mean": Dr.GRPO, Liu et al. 2025, arXiv 2503.20783, drops the std division).
 
@@ -79,7 +81,7 @@ def normalize_groups(scores, group_ids, *, norm: str = "mean_std", eps: float = 
 
 
 def discounted_returns(rewards, gamma: float, reset_mask=None) -> torch.Tensor:
-    """Discounted return of one rollout (eq. 6.1): R_t = r_t + gamma * R_(t+1), R_T = r_T.
+    """Discounted return of one rollout (eq. 6.1): R_t = r_t + gamma * R_(t+1), R_T = 0.
 
     rewards: (T,) in step order 0..T-1. reset_mask: optional bool (T,), True at a wrong step, where
     the release cuts the chain (eq. 6.1'): R_t = r_t, and the running return restarts from 0.
@@ -89,7 +91,8 @@ def discounted_returns(rewards, gamma: float, reset_mask=None) -> torch.Tensor:
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
     r = _as_1d(rewards, torch.float64)  # (T,) float64 so long chains add up exactly
     T = r.numel()
-    reset = torch.zeros(T, dtype=torch.bool) if reset_mask is None else _as_1d(reset_mask, torch.bool)
+    no_reset = reset_mask is None
+    reset = torch.zeros(T, dtype=torch.bool) if no_reset else _as_1d(reset_mask, torch.bool)
     _check_same_len(rewards=r, reset_mask=reset)
     R = torch.empty(T, dtype=torch.float64)  # (T,)
     running = 0.0
@@ -103,7 +106,8 @@ def discounted_returns(rewards, gamma: float, reset_mask=None) -> torch.Tensor:
     return R.float()
 
 
-def discounted_returns_ragged(rewards, rollout_ids, step_idx, gamma: float, reset_mask=None) -> torch.Tensor:
+def discounted_returns_ragged(rewards, rollout_ids, step_idx, gamma: float,
+                              reset_mask=None) -> torch.Tensor:
     """`discounted_returns` over many rollouts of different lengths, stored flat, in any order.
 
     rewards (M,), rollout_ids (M,) int (unique across tasks), step_idx (M,) int, reset_mask optional
@@ -114,14 +118,16 @@ def discounted_returns_ragged(rewards, rollout_ids, step_idx, gamma: float, rese
     r = _as_1d(rewards, torch.float32)  # (M,)
     rid = _as_1d(rollout_ids, torch.int64)  # (M,)
     sidx = _as_1d(step_idx, torch.int64)  # (M,)
-    reset = torch.zeros_like(r, dtype=torch.bool) if reset_mask is None else _as_1d(reset_mask, torch.bool)
+    no_reset = reset_mask is None
+    reset = torch.zeros_like(r, dtype=torch.bool) if no_reset else _as_1d(reset_mask, torch.bool)
     _check_same_len(rewards=r, rollout_ids=rid, step_idx=sidx, reset_mask=reset)
     out = torch.empty_like(r)  # (M,)
     for u in torch.unique(rid).tolist():
         rows = (rid == u).nonzero(as_tuple=True)[0]  # (L,)
         steps, order = torch.sort(sidx[rows])
         if not torch.equal(steps, torch.arange(steps.numel())):
-            raise ValueError(f"rollout {u}: step indices must be 0..L-1 once each, got {sidx[rows].tolist()}")
+            raise ValueError(f"rollout {u}: step indices must be 0..L-1 once each, "
+                             f"got {sidx[rows].tolist()}")
         rows = rows[order]  # (L,) in step order
         out[rows] = discounted_returns(r[rows], gamma, reset[rows])
     return out
@@ -131,7 +137,8 @@ def discounted_returns_ragged(rewards, rollout_ids, step_idx, gamma: float, rese
 # step-level advantage (docs/method.md §6: group G_t = same task, same step)
 
 
-def step_advantages(returns, task_ids, step_idx, eps: float = 1e-6, norm: str = "mean_std") -> torch.Tensor:
+def step_advantages(returns, task_ids, step_idx, eps: float = 1e-6,
+                    norm: str = "mean_std") -> torch.Tensor:
     """A^S_i,t (eq. 6.2), G_t = same task and same step t: returns (M,) float, task_ids (M,) int,
     step_idx (M,) int -> fp32 (M,). A group of one gets 0 (only one rollout reached step t).
     norm, eps: normalize_groups'. Raises ValueError: inputs of different lengths; eps < 0; bad norm.
@@ -170,7 +177,8 @@ def episode_advantages(returns, rewards, task_ids, rollout_ids, step_idx, *, for
         return normalize_groups(r, task_dense, norm=norm, eps=eps)
 
     roll, K = _dense_ids(tid, rid)  # (M,) rollout of each record, K rollouts
-    last_step = torch.full((K,), -1, dtype=torch.int64).scatter_reduce(0, roll, sidx, reduce="amax")  # (K,)
+    last_step = torch.full((K,), -1, dtype=torch.int64)  # (K,) each rollout's last step
+    last_step = last_step.scatter_reduce(0, roll, sidx, reduce="amax")
     is_last = sidx == last_step[roll]  # (M,) exactly one True per rollout
     R_last = torch.zeros(K, dtype=torch.float32)
     R_last[roll[is_last]] = R[is_last]  # (K,) trajectory return of each rollout
@@ -192,7 +200,8 @@ def combine(adv_episode, adv_step, w_episode: float = 1.0, omega: float = 1.0) -
 # dynamic sampling (docs/method.md §6, DAPO-style)
 
 
-def dynamic_sampling_keep(step0_returns: Sequence[Sequence[float]], threshold: float = 0.3) -> list[bool]:
+def dynamic_sampling_keep(step0_returns: Sequence[Sequence[float]],
+                          threshold: float = 0.3) -> list[bool]:
     """Which tasks to keep (eq. 6.5): std of the task's step-0 returns > threshold.
 
     step0_returns: one sequence per task, the step-0 return of each of its rollouts. The POPULATION
@@ -267,7 +276,8 @@ def compute_advantages(records: Sequence[Any], *, gamma: float,
         c["reward"] = _as_1d([float(x) for x in rewards], torch.float32)
         _check_same_len(rewards=c["reward"], records=c["task_idx"])
     reset = ~c["match"] if returns_form == "release" else None  # (M,)
-    returns = discounted_returns_ragged(c["reward"], c["rollout"], c["step_idx"], gamma, reset)  # (M,)
+    returns = discounted_returns_ragged(c["reward"], c["rollout"], c["step_idx"], gamma,
+                                        reset)  # (M,)
     adv_step = step_advantages(returns, c["task_idx"], c["step_idx"], eps=eps, norm=norm)  # (M,)
     adv_episode = episode_advantages(returns, c["reward"], c["task_idx"], c["rollout"],
                                      c["step_idx"], form=episode_form, eps=eps, norm=norm)  # (M,)

@@ -306,8 +306,8 @@ def _pixel_inputs(image_processor, screenshots, resized, steps, patch, pixels, m
 def step_prompt(tokenizer, image_processor, spec: PromptSpec, *, goal: str, step, screenshots: list,
                 history: list[str], hint: str | None = None, pixels: bool = True) -> Prompt:
     """build_prompt for a recorded step (dataset.Step), the one place every stage makes one: its
-    step instruction and element list when the spec shows them, then `hint`
-    (patch.on_policy_hint)."""
+    step instruction when the spec shows it, with `hint` (patch.on_policy_hint) after it, and
+    the element list when the spec shows it."""
     instruction = step.step_instruction if spec.step_instruction and step.step_instruction else None
     if hint:
         instruction = f"{instruction.strip()}\n{hint}" if instruction and instruction.strip() else hint

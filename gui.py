@@ -198,8 +198,9 @@ def resized_size(size: tuple[int, int], *, factor: int = 28, min_pixels: int = M
 
 def outside_point(action: dict, size: tuple[int, int]) -> list | None:
     """The first of the action's points (coordinate, coordinate2) off the image of size (W, H), in
-    that image's pixels (0 <= x <= W and 0 <= y <= H lie on it); None when all lie on it. Such a
-    point is no click at the edge: the strict reward makes it a malformed answer."""
+    that image's pixels (for a model's action: the resized screenshot it saw); 0 <= x <= W and
+    0 <= y <= H lie on it. None when all lie on it. Such a point is no click at the edge: the strict
+    reward makes it a malformed answer."""
     for key in ("coordinate", "coordinate2"):
         pt = action.get(key)
         if pt is not None and not (0 <= pt[0] <= size[0] and 0 <= pt[1] <= size[1]):

@@ -59,7 +59,8 @@ def _missing_thought_msg(episode_id, step_idx=None, source=None) -> str:
 
 
 def clean_thought(text: str | None) -> str:
-    """A thought fit for a think block: stray think tags removed, stripped ("" for None)."""
+    """A thought fit for a think block: stray think tags removed, stripped ("" for None). Special-
+    token strings stay: chat.build_prompt strips them (chat.strip_special)."""
     return _THINK_TAG.sub("", text).strip() if text else ""
 
 
@@ -82,7 +83,7 @@ def expert_action_resized(step: Any, orig_size: tuple[int, int],
 
 
 def on_policy_hint(expert_action_resized: dict) -> str:
-    """The hint (one paragraph; chat.step_prompt puts it at the end of the user turn) asking the
+    """The hint (one paragraph; chat.step_prompt puts it after the step instruction) asking the
     policy for a thought leading to the expert action, in the resized pixels it sees."""
     action = json.dumps(expert_action_resized, ensure_ascii=False)
     return (f"Hint: the correct action for this step is {action}. "

@@ -220,9 +220,10 @@ RULES = {"type": rule_type, "button": rule_button, "text": rule_text, "direction
 def action_score(pred: dict | None, expert: dict, candidate_bbox, image_size: tuple[int, int], *,
                  match: bool, type_match: bool) -> float:
     """s_action of eq. 4.2, in [0, 1], of a well-formed response: 1.0 for a full match, 0.5 for the
-    right type only, 0.1 for a wrong type. Arguments as action_match's (pred may be None under the
-    release's parse); match, type_match: its verdict. The one place to give partial credit (e.g. by
-    a click's distance): the reward changes, the match (patching, returns, SOP) does not."""
+    right type only, 0.1 for a wrong type. Arguments as action_match's, all in original pixels (pred
+    may be None under the release's parse); match, type_match: its verdict. The one place to give
+    partial credit (e.g. by a click's distance): the reward changes, the match (patching, returns,
+    SOP) does not."""
     return SCORE_MATCH if match else (SCORE_TYPE_ONLY if type_match else SCORE_WRONG_TYPE)
 
 

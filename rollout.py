@@ -36,7 +36,8 @@ class StepRecord:
     prompt: the chat.Prompt it was sampled from (token ids, images, resized_size).
     response_ids: the sampler's ids, exactly (the trainer scores these, never re-tokenised text).
     sampler_logp: (L,) fp32 log_softmax(logits / T) of those ids, full vocabulary (pi_old).
-    reward / match / type_match / error: reward.score_response's (error: why it is malformed).
+    reward / match / type_match / error: reward.score_response's (a malformed response: reward 0,
+    error says why; truncated = finish_reason != "stop").
     patched: replaced in the history by a patch (the patch text is never trained on).
     ended: the rollout ended at this step (a wrong step with no patch left, or the last step).
     history: the rollout's history (earlier responses or patches) the prompt was built from.
@@ -69,10 +70,11 @@ class _Rollout:
 class RolloutSpec:
     """How the rollouts walk each expert episode (§5), set by the trainer or the evaluator.
 
-    n_rollouts: N, the rollouts per task (the group of eq. 6.2). patch_mode, patch_threshold: how a
-    wrong step is patched (patch.make_patch) and how many patches a rollout may take (0: the first
-    wrong step ends it, as SOP does). history_mode: "own" (semi-online RL) or "expert" (offline RL
-    and the static protocol: the expert's history, no early end). match_rules: action_match's.
+    n_rollouts: N, the rollouts per task (the group; eq. 6.3 normalises over those at a step).
+    patch_mode, patch_threshold: how a wrong step is patched (patch.make_patch) and how many patches
+    a rollout may take (0: the first wrong step ends it, as SOP does). history_mode: "own"
+    (semi-online RL) or "expert" (offline RL and the static protocol: the expert's history, no early
+    end). match_rules: action_match's ("strict", "release" or a rule function).
     greedy: argmax decoding. image_root, blank_screens: dataset.load_screenshot's."""
     n_rollouts: int = 8
     patch_mode: str = "thought-free"
@@ -85,7 +87,8 @@ class RolloutSpec:
 
 
 def semi_online_rollout(sampler, episodes, tokenizer, image_processor,
-                        walk: RolloutSpec = RolloutSpec(), *, spec: chat.PromptSpec = chat.PromptSpec(),
+                        walk: RolloutSpec = RolloutSpec(), *,
+                        spec: chat.PromptSpec = chat.PromptSpec(),
                         seed: int | list[int] | None = None, task_ids: list[int] | None = None,
                         progress: bool = False) -> list[StepRecord]:
     """Roll walk.n_rollouts copies of the policy through each expert episode with their own history
@@ -100,8 +103,7 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor,
     episodes: list[dataset.Episode]. spec: the prompt contract. seed: an int or one per task; a
     prompt's seed derives from (it, episode_id, step, history), so a task's rollouts depend on
     neither the batch nor the rank. task_ids: each episode's task_idx in the records (default: its
-    index). Returns the records in (step, task, rollout) order; ValueError on a bad history_mode.
-    """
+    index). Returns the records in (step, task, rollout) order; ValueError on a bad history_mode."""
     if walk.history_mode not in HISTORY_MODES:
         raise ValueError(f"history_mode must be one of {HISTORY_MODES}, got {walk.history_mode!r}")
     patch.check_patch_data(walk.patch_mode, episodes)
@@ -136,10 +138,10 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor,
                              ended=False, history=list(state.history))
             records.append(rec)
             if _advance(state, rec, step, orig, walk, episodes[k].episode_id):
-                to_patch.append((k, i, rec, patch.expert_action_resized(step, orig, prompt.resized_size)))
-            if t == len(episodes[k].steps) - 1:
-                rec.ended = True
-                state.alive = False
+                expert = patch.expert_action_resized(step, orig, prompt.resized_size)
+                to_patch.append((k, i, rec, expert))
+            if t == len(episodes[k].steps) - 1:  # the episode's last step ends every rollout
+                rec.ended, state.alive = True, False
         if to_patch:
             _patch_on_policy(sampler, prompt_for, episodes, states, to_patch, t, task_seeds,
                              walk.greedy)
@@ -148,16 +150,19 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor,
 
 class _Prompts:
     """The driver's prompts: prompt_for(k, t, history, hint) is chat.step_prompt of task k at step
-    t, the screenshots loaded lazily, once per (task, step), freed when no later prompt reads them."""
+    t, the screenshots loaded lazily, once per (task, step), freed when no later prompt reads
+    them."""
 
     def __init__(self, episodes, tokenizer, image_processor, spec, image_root, blank_screens):
-        self.episodes, self.tokenizer, self.image_processor, self.spec = episodes, tokenizer, image_processor, spec
+        self.episodes, self.spec = episodes, spec
+        self.tokenizer, self.image_processor = tokenizer, image_processor
         self.image_root, self.blank_screens = image_root, blank_screens
         self.shots = [[None] * len(ep.steps) for ep in episodes]
 
     def screenshot(self, k: int, t: int):
         if self.shots[k][t] is None:
-            self.shots[k][t] = dataset.load_screenshot(self.episodes[k].steps[t], image_root=self.image_root,
+            self.shots[k][t] = dataset.load_screenshot(self.episodes[k].steps[t],
+                                                       image_root=self.image_root,
                                                        blank_screens=self.blank_screens)
         return self.shots[k][t]
 
@@ -168,23 +173,27 @@ class _Prompts:
         k_img = spec.num_images
         if t >= k_img:
             self.shots[k][t - k_img] = None
-        return chat.step_prompt(self.tokenizer, self.image_processor, spec, goal=self.episodes[k].goal, step=step,
-                                history=history, hint=hint,
-                                screenshots=[self.screenshot(k, s) if s > t - k_img else None for s in range(t + 1)])
+        shots = [self.screenshot(k, s) if s > t - k_img else None for s in range(t + 1)]
+        return chat.step_prompt(self.tokenizer, self.image_processor, spec,
+                                goal=self.episodes[k].goal, step=step, history=history, hint=hint,
+                                screenshots=shots)
 
 
-def _sample_step(sampler, prompt_for, episodes, states, live, t: int, task_seeds, greedy: bool) -> dict:
-    """One sampler call for step t: identical (task, history) pairs share one prompt, built once, that asks
-    for as many samples as rollouts share it. Returns {(k, i): (prompt, sample)} of the live rollouts."""
+def _sample_step(sampler, prompt_for, episodes, states, live, t: int, task_seeds,
+                 greedy: bool) -> dict:
+    """One sampler call for step t: identical (task, history) pairs share one prompt, built once,
+    that asks for as many samples as rollouts share it. Returns {(k, i): (prompt, sample)} of the
+    live rollouts."""
     groups: dict[tuple, list[int]] = {}
     for k, i in live:
         groups.setdefault((k, tuple(states[k][i].history)), []).append(i)
     keys = list(groups)
     prompts = {key: prompt_for(key[0], t, list(key[1])) for key in keys}
     outs: dict[tuple[int, int], Any] = {}
-    seeds = None if task_seeds is None else [_seed(task_seeds[k], episodes[k].episode_id, t, h) for k, h in keys]
-    res = sampler.generate([prompts[key] for key in keys], n=[len(groups[key]) for key in keys], greedy=greedy,
-                           seeds=seeds)
+    seeds = None if task_seeds is None else [_seed(task_seeds[k], episodes[k].episode_id, t, h)
+                                             for k, h in keys]
+    res = sampler.generate([prompts[key] for key in keys], n=[len(groups[key]) for key in keys],
+                           greedy=greedy, seeds=seeds)
     for key, samples in zip(keys, res):
         for i, s in zip(groups[key], samples):
             outs[(key[0], i)] = (prompts[key], s)
@@ -193,11 +202,13 @@ def _sample_step(sampler, prompt_for, episodes, states, live, t: int, task_seeds
 
 def _advance(state: _Rollout, rec: StepRecord, step, orig, walk: RolloutSpec,
              episode_id: str) -> bool:
-    """A rollout's next history entry after scored step `rec`: the expert's (history_mode "expert"), its
-    own response when right, a patch while the threshold allows, else the rollout ends. Returns True when
-    the patch is an on-policy thought, generated for all such rollouts at once (_patch_on_policy)."""
+    """A rollout's next history entry after scored step `rec`: the expert's (history_mode
+    "expert"), its own response when right, a patch while the threshold allows, else the rollout
+    ends. Returns True when the patch is an on-policy thought, generated for all such rollouts at
+    once (_patch_on_policy)."""
     if walk.history_mode == "expert":
-        state.history.append(gui.expert_response(step, orig, rec.prompt.resized_size, patch.clean_thought(step.thought)))
+        thought = patch.clean_thought(step.thought)
+        state.history.append(gui.expert_response(step, orig, rec.prompt.resized_size, thought))
     elif rec.match:
         state.history.append(rec.response)  # build_prompt strips special tokens
     elif patch.should_patch(state.n_patches, walk.patch_threshold):
@@ -206,22 +217,28 @@ def _advance(state: _Rollout, rec: StepRecord, step, orig, walk: RolloutSpec,
         if walk.patch_mode == "on-policy":
             state.history.append(None)  # filled after one batched generation
             return True
-        state.history.append(patch.make_patch(walk.patch_mode, response=rec.response, step=step, orig_size=orig,
-                                              resized_size=rec.prompt.resized_size, episode_id=episode_id))
+        state.history.append(patch.make_patch(walk.patch_mode, response=rec.response, step=step,
+                                              orig_size=orig, resized_size=rec.prompt.resized_size,
+                                              episode_id=episode_id))
     else:
         state.alive = False
         rec.ended = True
     return False
 
 
-def _patch_on_policy(sampler, prompt_for, episodes, states, to_patch, t: int, task_seeds, greedy: bool) -> None:
-    """On-policy thought: the policy explains the expert action, all at once; each patch is seeded per
-    (task, rollout) like the samples, so patches do not depend on the batch or rank."""
-    hint_prompts = [prompt_for(k, t, rec.history, hint=patch.on_policy_hint(a)) for k, _, rec, a in to_patch]
+def _patch_on_policy(sampler, prompt_for, episodes, states, to_patch, t: int, task_seeds,
+                     greedy: bool) -> None:
+    """On-policy thought: the policy explains the expert action, all at once; each patch is seeded
+    per (task, rollout) like the samples, so patches do not depend on the batch or rank."""
+    hint_prompts = [prompt_for(k, t, rec.history, hint=patch.on_policy_hint(a))
+                    for k, _, rec, a in to_patch]
     actions = [a for *_, a in to_patch]
     hint_seeds = None if task_seeds is None else [
-        _seed(task_seeds[k], episodes[k].episode_id, t, ("patch", i, *rec.history)) for k, i, rec, _ in to_patch]
-    gen = lambda ps: [o[0].text for o in sampler.generate(ps, n=1, greedy=greedy, seeds=hint_seeds)]  # noqa: E731
+        _seed(task_seeds[k], episodes[k].episode_id, t, ("patch", i, *rec.history))
+        for k, i, rec, _ in to_patch]
+
+    def gen(ps):
+        return [o[0].text for o in sampler.generate(ps, n=1, greedy=greedy, seeds=hint_seeds)]
     for (k, i, _, _), text in zip(to_patch, patch.on_policy_patches(hint_prompts, actions, gen)):
         states[k][i].history[-1] = text
 

@@ -11,8 +11,9 @@ The plain path, the reference the speed-ups are tested against (the engine desig
   3. Positions: explicit, per prompt on the unpadded ids (Qwen2.5-VL's 3-D mrope from the model's
      `get_rope_index`); a decoded token's is max prompt position + 1 + step. The cached rope_deltas
      is never read, and is cleared.
-  4. The draw (docs/method.md §11): banned (vision) ids and the top-p cut are applied before anything
-     is normalised; logprobs are the trainer's, log_softmax(logits / T) over the whole vocabulary, fp32.
+  4. The draw (docs/method.md §7, "How this project computes it"; §11): banned (vision) ids and the
+     top-p cut are applied before anything is normalised; logprobs are the trainer's,
+     log_softmax(logits / T) over the whole vocabulary, fp32.
   5. Decode: one token per live row a step into a DynamicCache; a row that stops leaves the batch.
   6. Same inputs + same seed -> same samples. Across batch compositions greedy ids agree; sampled ids
      may not (last-bit logit differences move a draw across a CDF boundary, as in vLLM).
@@ -348,8 +349,9 @@ def allowed_weights(x: torch.Tensor, banned_ids: torch.Tensor | None, top_p: flo
     cannot underflow the allowed ones to 0). x: (B, V) fp32 logits / T, EDITED IN PLACE (banned ids
     -> -inf). -> (w (B, V) fp32 = exp(x - m) on the allowed ids, 0 elsewhere; m (B, 1) the largest
     allowed logit). top_p < 1 keeps the nucleus: the fewest most likely ids whose mass reaches top_p
-    (Holtzman et al. 2020). Raises LogitsError naming where(i) of the first bad row i: a NaN or +inf
-    logit (banned ids included: they enter the normaliser) or no finite allowed logit."""
+    (Holtzman et al. 2020); the most likely id is always kept. Raises LogitsError naming where(i) of
+    the first bad row i: a NaN or +inf logit (banned ids included: they enter the normaliser) or no
+    finite allowed logit."""
     hi = x.amax(dim=-1)                                # (B,) NaN / +inf when the row holds one (amax keeps NaN)
     if banned_ids is not None and banned_ids.numel():
         x.index_fill_(-1, banned_ids.to(x.device), float("-inf"))

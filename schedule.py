@@ -1,8 +1,9 @@
-"""The task schedule of semi-online RL (docs/method.md §6, last paragraph): which expert episodes a
-training step rolls out, and dynamic sampling's refill rounds (DAPO: a task whose rollouts all agree
-carries no signal, advantage.dynamic_sampling_tasks drops it, a refill round draws its replacement).
-Every draw is a pure function of (seed, step, slot), so all ranks, any world size and a resumed run
-agree without exchanging episodes; the one collective is TaskDraw.keep's all-reduce.
+"""The task schedule of semi-online RL (docs/method.md §6, "Dynamic sampling", eq. 6.5): which
+expert episodes a training step rolls out, and dynamic sampling's refill rounds (DAPO: a task whose
+rollouts all agree carries no signal, advantage.dynamic_sampling_tasks drops it, a refill round
+draws its replacement). Every draw is a pure function of (seed, step, slot), so all ranks, any world
+size and a resumed run agree without exchanging episodes; the one collective is TaskDraw.keep's
+all-reduce.
 
 Run the tests: python -m pytest -q tests/test_train_schedule.py
 """

@@ -1,10 +1,12 @@
 """Semi-online RL for GUI agents (UI-S1): one top-down training script of docs/method.md §5-§7.
 
-main, at the bottom, runs each step's phases, each a function above it: 1. rollout (rollout.py: own
+main runs each step's phases, each a function above it (the update's pieces, TrainItem, ppo_step and
+_micro_batches, follow main): 1. rollout (rollout.py: own
 history, wrong steps patched by patch.py) -> 2. rewards (reward.py) -> 3. returns and advantages
 (advantage.py; dynamic sampling refills: draw_batch) -> 4. old/ref log-probs -> 5. PPO update
-(kernels.ppo_loss) -> 6. log. A step's tasks are a pure function of (--seed, step, slot)
-(schedule.py): a run does not depend on the world size and --resume needs only the step number.
+(kernels.ppo_loss) -> 6. log. A step's tasks are a pure function of (--seed, step, slot: a task's
+place in the step's draw, schedule.py): a run does not depend on the world size and --resume needs
+only the step number.
 
 Single process (CPU or one GPU), after `python train_sft.py --max-steps 150` (--model auto starts
 from its checkpoint; `--model tiny`: an untrained model, which earns no reward):

@@ -46,8 +46,9 @@ def tokenizer_dir(model: str | os.PathLike | None = "tiny") -> Path:
 def load_processor(model: str | os.PathLike | None = "tiny", min_pixels: int = MIN_PIXELS,
                    max_pixels: int = MAX_PIXELS):
     """(tokenizer, image_processor) of `model` (tokenizer_dir). The image processor is transformers'
-    PIL one (patch 14, merge 2, smart_resize within [min_pixels, max_pixels]), built directly: the
-    processor class would want a video processor, which needs torchvision."""
+    PIL one (patch 14, merge 2, smart_resize of the original screenshot to [min_pixels, max_pixels]
+    pixels), built directly: the processor class would want a video processor, which needs
+    torchvision."""
     from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
     tokenizer = _tokenizer(str(tokenizer_dir(model)))
@@ -359,7 +360,8 @@ class PolicyLogProb(torch.nn.Module):
         return res if return_entropy else (res, None)
 
     def hidden_at_targets(self, batch: dict):
-        """-> (the last hidden state before each target (N, H), targets (N,) int64), row-major. A batch
+        """-> (the last hidden state before each target (N, H): position p predicts token p + 1,
+        targets (N,) int64), row-major. A batch
         that names its own reader (--share-prompts, extras/shared_prompt.py) is read by it."""
         if "hidden_at_targets" in batch:
             return batch["hidden_at_targets"](self, batch)

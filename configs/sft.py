@@ -86,8 +86,8 @@ class SFTConfig(StageConfig):
 # Named settings (configs.common.PRESET_NAMES; plain dicts of fields, any flag's dest, recorded in
 # args.json as "preset"; a flag given on the command line overrides them). SFT has no returns or filter, so the paper's
 # and the release's SFT are one setting: the 7B run of the README (lr 1e-5, 64 examples per step)
-# and the prompt contract the RL stage adopts from its checkpoint (--max-pixels 1003520,
-# docs/method.md §3).
+# and the prompt contract the RL stage adopts from its checkpoint (--max-pixels 1003520:
+# docs/method.md §3 the contract, §6 the presets).
 PAPER = dict(lr=1e-5, batch_size=64, max_pixels=1003520)
 PRESETS = {"quickstart": {},  # the README's quick start: the defaults, sized for the tiny CPU model
            "paper": PAPER, "release": PAPER}

@@ -131,7 +131,7 @@ def varied_thoughts(steps: list[dict], key: str) -> list[str]:
     (the steps done so far, the clicked element's box centre restated). `tools/make_miniwob_data.py
     --thoughts varied`. The policy does not reproduce such thoughts verbatim, so its own history differs
     from the expert's, a stand-in for the paper's setting, where the expert's thoughts come from a
-    stronger model (docs/method.md §5; claim 1b).
+    stronger model (docs/method.md §5; claim 1b of docs/protocol_memory.md).
 
     No hindsight: thought k is a function of steps[:k + 1] and the key only. It names what the screen
     and the history so far show, never a later step's action or target (a plan line such as "next:

@@ -210,12 +210,13 @@ def fused_logprob(hidden, weight, targets, temperature=1.0, return_entropy=False
     """log softmax(hidden @ weight.T / temperature)[targets] without the (N, V) logits (the module
     docstring's math). hidden (N, H) any float dtype, weight (V, H) (lm_head or tied embedding),
     targets (N,) int64. Returns logp (N,) fp32, or (logp, entropy) with return_entropy; 0 and no
-    gradient where target == ignore_index. dh and dW come back in the input dtypes. Triton on CUDA
-    (or UIS1_FORCE_TRITON=1), the chunked torch reference (fused_logprob_ref) otherwise.
-    Raises ValueError: shapes not (N, H), (V, H), (N,) or mismatched N or H; different devices;
-    temperature not positive and finite; a target outside [0, V). TypeError: hidden or weight not
-    floating point; targets not int64; (Triton) hidden and weight of different dtypes.
-    RuntimeError: the Triton path forced on CPU without TRITON_INTERPRET=1, or another device.
+    gradient where target == ignore_index. Differentiable w.r.t. hidden and weight; dh and dW come
+    back in the input dtypes. Triton on CUDA (or UIS1_FORCE_TRITON=1), the chunked torch reference
+    (fused_logprob_ref) otherwise. Raises ValueError: shapes not (N, H), (V, H), (N,) or mismatched
+    N or H; different devices; temperature not positive and finite; a target outside [0, V) other
+    than ignore_index. TypeError: hidden or weight not floating point; targets not int64; (Triton)
+    hidden and weight of different dtypes. RuntimeError: the Triton path forced on CPU without
+    TRITON_INTERPRET=1, or another device.
     """
     if not use_triton(hidden):
         return fused_logprob_ref(hidden, weight, targets, temperature, return_entropy, ignore_index)

@@ -79,7 +79,8 @@ def ppo_loss_ref(logp, old_logp, adv, mask, ref_logp=None, clip_low=0.2, clip_hi
 def ppo_loss(logp, old_logp, adv, mask, ref_logp=None, clip_low=0.2, clip_high=0.2, clip_c=3.0, kl_coef=1e-4,
              kl_clamp=10.0, log_ratio_clamp=20.0):
     """Per-token PPO loss (N,) fp32 and stats {'ratio', 'clipped' (the clip or the dual clip chose a
-    constant), 'dual_clipped', 'kl'}, all 0 where mask == 0; the module docstring's formulas.
+    constant), 'dual_clipped', 'kl'}, all 0 where mask == 0; eq. 7.1-7.3 of docs/method.md §7
+    (verl's dual clip and low_var_kl).
 
     logp, old_logp, adv (and ref_logp) any float dtype, mask any dtype (nonzero: the token counts),
     all of one shape (typically (N,)). Differentiable w.r.t. logp only, in logp's dtype. Triton on
@@ -126,9 +127,10 @@ def loss_denominator(lengths, agg: str, max_len: int | None = None) -> float:
 
 def aggregate_loss(per_token: torch.Tensor, lengths, agg: str, denominator: float) -> torch.Tensor:
     """The mini-batch loss's share of one micro-batch: sum_t w_t * per_token_t / denominator.
-    per_token (N,) fp32: the per-token losses of sequences of `lengths` tokens (sum N); w_t = 1 / L_i
-    for seq-mean-token-mean, else 1; denominator: loss_denominator summed over the whole mini-batch
-    (all micro-batches and ranks). Returns a scalar. Raises ValueError: bad agg; sum(lengths) != N."""
+    per_token (N,) fp32: the per-token losses of sequences of `lengths` tokens (sum N); w_t = 1 /
+    L_i for seq-mean-token-mean, else 1; denominator: loss_denominator summed over the whole
+    mini-batch (all micro-batches and ranks), at least 1. Returns a scalar with per_token's
+    gradient. Raises ValueError: bad agg; sum(lengths) != N."""
     if agg not in LOSS_AGGS:
         raise ValueError(f"loss aggregation must be one of {LOSS_AGGS}, got {agg!r}")
     lengths = [int(n) for n in lengths]

@@ -68,8 +68,9 @@ SETTING = dict(
     RL_POINTS=3,                                 # RL checkpoints per run: the dose-response's points
     RL_PASSES=3,                                 # passes over the RL data: demonstrations per chosen task =
                                                  # RL_STEPS x tasks-per-step / (RL_PASSES x chosen tasks)
-    # the release's recipe (docs/method.md §12): 8 rollouts per task, the std filter 0.3 with refills and the
-    # returns it is scaled for (§6: under the paper's returns it drops the groups split by the step-0 decision), KL 1e-4
+    # the release's recipe (docs/method.md §6, the presets): 8 rollouts per task, the std filter 0.3
+    # with refills and the returns it is scaled for (§6: under the paper's returns it drops the
+    # groups split by the step-0 decision), KL 1e-4
     RL_EXTRA=["--tasks-per-step", "4", "--n-rollouts", "8", "--max-new-tokens", "80", "--filter-std", "0.3",
               "--returns-form", "release", "--max-resample", "3", "--kl-coef", "1e-4"],
     CONTROL=True,                                # SFT continued on the RL demonstrations (not a paper claim)
