@@ -56,6 +56,13 @@ def test_stage_files_are_short():
         assert n <= 800, f"{p.relative_to(REPO)}: {n} lines"
 
 
+def test_stage_files_fit_in_100_columns():
+    """A stage file is read side by side with docs/method.md: no line over 100 characters."""
+    for f in STAGES:
+        long = [i for i, line in enumerate((REPO / f).read_text().splitlines(), 1) if len(line) > 100]
+        assert not long, f"{f}: lines over 100 characters: {long}"
+
+
 def test_no_import_circle():
     g = graph()
     state = {}
