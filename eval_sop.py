@@ -1,4 +1,4 @@
-"""Evaluation of a GUI policy: SOP (docs/method.md §8), static AndroidControl-style metrics, online
+r"""Evaluation of a GUI policy: SOP (docs/method.md §8), static AndroidControl-style metrics, online
 MiniWob++ success, and offline scoring of recorded responses.
 
 Protocols (one run may combine them). SOP and static walk the episodes with
@@ -45,31 +45,31 @@ Policies (each a sampler of the driver: .generate(prompts, n, greedy, seeds)):
 Commands (stdout: what was run and the headline metrics, report.summary_text; --json adds the full
 summary as one JSON line, last; progress bars go to stderr):
     # expert replay on the AndroidControl test episodes, blank 1080x2400 screens (none ship)
-    python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl \\
-        --policy expert --blank-screens 1080x2400
+    python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl --policy expert \
+        --blank-screens 1080x2400
     # a checkpoint on MiniWob++: SOP, static, and online on 5 held-out seeds per task, with a report
     # (--model out/sft/ckpt follows its `latest` pointer; the prompt options come from its
     # args.json)
-    python eval_sop.py --data data/miniwob/test.jsonl --policy model --model out/sft/ckpt \\
+    python eval_sop.py --data data/miniwob/test.jsonl --policy model --model out/sft/ckpt \
         --protocol sop static --online --online-seeds 5 --out out/eval/sft
     # the untrained tiny model, 2 episodes per task, short responses (a CPU smoke run, ~1 min)
-    python eval_sop.py --data data/miniwob/test.jsonl --per-task-limit 2 --policy model \\
+    python eval_sop.py --data data/miniwob/test.jsonl --per-task-limit 2 --policy model \
         --model tiny --max-new-tokens 32 --protocol sop static --out /tmp/eval_tiny
     # flippability: greedy success, pass@4 and the flippable fraction at temperature 1 (online only)
-    python eval_sop.py --policy model --model out/sft/ckpt --online --online-seeds 4 --samples 4 \\
+    python eval_sop.py --policy model --model out/sft/ckpt --online --online-seeds 4 --samples 4 \
         --temperature 1.0
     # online only, the scripted DOM expert (must give online_sr = 1.0)
     python eval_sop.py --online --online-tasks click-test enter-text --online-seeds 3
     # AndroidControl-Low static metrics of a model
-    python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl --policy model \\
-        --model /models/Qwen2.5-VL-7B-Instruct --protocol static --step-instruction \\
+    python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl --policy model \
+        --model /models/Qwen2.5-VL-7B-Instruct --protocol static --step-instruction \
         --blank-screens 1080x2400
     # Qwen2.5-VL-7B behind `vllm serve ... --served-model-name q7b`, AndroidControl-Low step rules
-    python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl \\
-        --image-root /data/ac --policy openai --base-url http://127.0.0.1:8000/v1 \\
+    python eval_sop.py --data data/android_control/android_control_test_uis1.jsonl \
+        --image-root /data/ac --policy openai --base-url http://127.0.0.1:8000/v1 \
         --served-model q7b --action-format qwen25vl --protocol androidcontrol-low
     # score recorded responses (coordinates in resized pixels) of any model
-    python eval_sop.py score --data data/android_control/android_control_test_uis1.jsonl \\
+    python eval_sop.py score --data data/android_control/android_control_test_uis1.jsonl \
         --responses responses.jsonl --out scores.jsonl --image-size 1080x2400
 
 --out DIR writes result.json (the full summary and the run's args; "complete": false until the end),
