@@ -1,8 +1,8 @@
 """Semi-online RL for GUI agents (UI-S1): one top-down training script of docs/method.md §5-§7.
 
 main runs each step's phases, each a function above it (the update's pieces, TrainItem, ppo_step and
-_micro_batches, follow main): 1. rollout (rollout.py: own
-history, wrong steps patched by patch.py) -> 2. rewards (reward.py) -> 3. returns and advantages
+_micro_batches, follow main): 1. rollout (rollout.py: own history, wrong steps patched by patch.py)
+-> 2. rewards (reward.py) -> 3. returns and advantages
 (advantage.py; dynamic sampling refills: draw_batch) -> 4. old/ref log-probs -> 5. PPO update
 (kernels.ppo_loss) -> 6. log. A step's tasks are a pure function of (--seed, step, slot: a task's
 place in the step's draw, schedule.py): a run does not depend on the world size and --resume needs
@@ -71,7 +71,8 @@ def check_args(cfg: RLConfig, other: argparse.Namespace) -> None:
          f"--old-logp sampler needs --top-p 1 (its log-probs are checked against the trainer's "
          f"there: sampler_logp_gap); at --top-p {cfg.top_p:g} use --old-logp recompute"),
         (cfg.share_prompts != "on" or not cfg.gradient_checkpointing,
-         "--share-prompts on needs the KV cache, which --gradient-checkpointing drops"),
+         "--share-prompts on needs the KV cache, which --gradient-checkpointing drops: use "
+         "--share-prompts off"),
         (0 <= cfg.overlong_buffer <= cfg.max_new_tokens,
          f"--overlong-buffer {cfg.overlong_buffer}: must be in [0, --max-new-tokens "
          f"{cfg.max_new_tokens}]"),
