@@ -8,12 +8,10 @@ prompt from a Qwen2.5-VL policy (or any causal LM), and the token draw. vlm.samp
 The plain path, the reference the speed-ups are tested against (the engine design notes):
   1. Prefill: every prompt once, in one left-padded forward; its samples copy its KV rows.
   2. Padding: a validity mask (R, K) and an explicit 4-D mask; a padding query attends to itself only.
-  3. Positions: explicit, per prompt on the unpadded ids (Qwen2.5-VL's 3-D mrope from the model's
-     `get_rope_index`); a decoded token's is max prompt position + 1 + step. The cached rope_deltas
-     is never read, and is cleared.
-  4. The draw (docs/method.md §7, "How this project computes it"; §11): banned (vision) ids and the
-     top-p cut are applied before anything is normalised; logprobs are the trainer's,
-     log_softmax(logits / T) over the whole vocabulary, fp32.
+  3. Positions: explicit, per prompt on the unpadded ids (Qwen2.5-VL's 3-D mrope, `get_rope_index`);
+     a decoded token's is max prompt position + 1 + step; the cached rope_deltas is cleared, never read.
+  4. The draw (docs/method.md §7 "How this project computes it", §11): banned (vision) ids and the top-p
+     cut come before any normalising; logprobs are the trainer's, log_softmax(logits / T) over all ids, fp32.
   5. Decode: one token per live row a step into a DynamicCache; a row that stops leaves the batch.
   6. Same inputs + same seed -> same samples. Across batch compositions greedy ids agree; sampled ids
      may not (last-bit logit differences move a draw across a CDF boundary, as in vLLM).
@@ -158,7 +156,7 @@ class Sampler:
                 lean = lean_step(self.model, required=self.lean is True)   # None: a model it cannot run
             dec, logits = self._prefill([self._prepare(p) for p in prompts], ns, lean)
             t1 = time.perf_counter()
-            ids, logps, reasons = self._decode(dec, logits, ns, greedy, self.generator, seeds)
+            ids, logps, reasons = self._decode(dec, logits, ns, greedy, seeds)
         if dec.stats.get("graph_error"):
             self.decode = "static"            # the capture failed once: do not retry it every call
         self.stats.update(time_prefill=t1 - t0, time_decode=time.perf_counter() - t1, decode=self.decode,
@@ -216,10 +214,8 @@ class Sampler:
                     raise ValueError(f"image {i}: {b - a} placeholder tokens, grid {thw[i].tolist()} needs "
                                      f"{int(patches[i]) // self.merge ** 2}")
                 images.append((a, b, pv[offs[i]:offs[i + 1]], thw[i]))
-        if self.rope_index is None:
-            return _Prompt(ids.tolist(), torch.arange(T), T, images)
-        pos = torch.arange(T).expand(3, T)                                    # (3, T) text only
-        if n_img:
+        pos = torch.arange(T) if self.rope_index is None else torch.arange(T).expand(3, T)  # (T,) or (3, T)
+        if n_img and self.rope_index is not None:                             # Qwen2.5-VL's 3-D mrope
             pos = self.rope_index(ids[None], mm_token_type_ids=is_img.int()[None], image_grid_thw=thw)[0][:, 0].cpu()
         return _Prompt(ids.tolist(), pos, int(pos.max()) + 1, images)
 
@@ -260,8 +256,7 @@ class Sampler:
         self.stats["images_encoded"] += len(images)
         seg_valid = seg_valid.to(self.device)
         valid = seg_valid if valid is None else torch.cat([valid, seg_valid], dim=1)   # (R, K)
-        pvs, thws = zip(*images) if images else (None, None)
-        vision = (torch.cat(pvs), torch.stack(thws)) if images else (None, None)
+        vision = (torch.cat([v for v, _ in images]), torch.stack([g for _, g in images])) if images else (None, None)
         return self._forward(cache, ids, pos, cache_attention_mask(valid, S), *vision), valid
 
     def _forward(self, cache, ids, pos, mask, pixel_values=None, image_grid_thw=None):
@@ -274,7 +269,7 @@ class Sampler:
 
     # --- the decode loop and the draw
 
-    def _decode(self, dec, logits: torch.Tensor, ns: list[int], greedy: bool, gen, seeds):
+    def _decode(self, dec, logits: torch.Tensor, ns: list[int], greedy: bool, seeds):
         """Draw, drop the rows that drew a stop id, step the rest -> per row: ids, logprobs, finish reason."""
         R, stop, owner = len(logits), set(self.stop_token_ids), [(i, j) for i, k in enumerate(ns) for j in range(k)]
         out_ids, out_lp, reason, active = [[] for _ in range(R)], [[] for _ in range(R)], ["length"] * R, list(range(R))
@@ -282,7 +277,7 @@ class Sampler:
             [torch.Generator().manual_seed((int(seeds[i]) * 1_000_003 + j) % (1 << 63)) for i, j in owner]
         for step in range(self.max_new_tokens):
             u = None if row_gens is None else torch.cat([torch.rand(1, generator=row_gens[r]) for r in active])
-            tok, lp = self._draw(logits, greedy, gen, u,   # an error names the step and the row's prompt
+            tok, lp = self._draw(logits, greedy, u,   # an error names the step and the row's prompt
                                  where=lambda i: f"decode step {step}, row {active[i]} "
                                                  "(prompt {}, sample {})".format(*owner[active[i]]))
             keep = []
@@ -303,12 +298,11 @@ class Sampler:
             logits = dec.step(tok)
         return out_ids, out_lp, reason
 
-    def _draw(self, logits: torch.Tensor, greedy: bool, gen, u: torch.Tensor | None,
-              where: Callable[[int], str] = lambda i: f"row {i}"):
+    def _draw(self, logits: torch.Tensor, greedy: bool, u: torch.Tensor | None, where: Callable[[int], str]):
         """logits (R, V) (edited in place) -> (tok (R,) long from the allowed set, `allowed_weights`;
         lp (R,) fp32 = x[tok] - logsumexp(x) over the whole vocabulary, design note 4, from the same
-        pass). Raises LogitsError (where(i) names row i) before any draw, as allowed_weights."""
-
+        pass). u: (R,) uniforms, None: drawn from self.generator. Raises LogitsError (where(i) names
+        row i) before any draw, as allowed_weights."""
         x = logits.float()
         if self.temperature != 1.0:
             x = x.div_(self.temperature)                                       # (R, V) x = z / T
@@ -323,7 +317,7 @@ class Sampler:
             total = w.sum(dim=-1, dtype=torch.float64) if self.top_p == 1.0 else None
         else:
             if u is None:
-                u = torch.rand(x.shape[0], generator=gen, device=x.device)
+                u = torch.rand(x.shape[0], generator=self.generator, device=x.device)
             tok, total = _inverse_cdf(w, u.reshape(-1, 1))                     # an id of weight 0 is never drawn
         if self.top_p == 1.0:    # log sum over the vocabulary = logaddexp(allowed part, banned part)
             lse = torch.logaddexp(m.squeeze(-1).double() + total.log(), torch.logsumexp(xb.double(), dim=-1))
@@ -343,15 +337,13 @@ class LogitsError(ValueError):
     """Logits no token can be drawn from (NaN, +inf, no finite allowed one): a broken forward, not an answer."""
 
 
-def allowed_weights(x: torch.Tensor, banned_ids: torch.Tensor | None, top_p: float,
-                    where: Callable[[int], str] = lambda i: f"row {i}") -> tuple[torch.Tensor, torch.Tensor]:
-    """The allowed set of every draw, formed before anything is normalised (so a banned id far ahead
-    cannot underflow the allowed ones to 0). x: (B, V) fp32 logits / T, EDITED IN PLACE (banned ids
-    -> -inf). -> (w (B, V) fp32 = exp(x - m) on the allowed ids, 0 elsewhere; m (B, 1) the largest
-    allowed logit). top_p < 1 keeps the nucleus: the fewest most likely ids whose mass reaches top_p
-    (Holtzman et al. 2020); the most likely id is always kept. Raises LogitsError naming where(i) of
-    the first bad row i: a NaN or +inf logit (banned ids included: they enter the normaliser) or no
-    finite allowed logit."""
+def allowed_weights(x: torch.Tensor, banned_ids: torch.Tensor | None, top_p: float, where: Callable[[int], str]):
+    """The allowed set of every draw, formed before anything is normalised (design note 4: else a banned
+    id far ahead underflows the allowed ones to 0). x: (B, V) fp32 logits / T, EDITED IN PLACE (banned
+    ids -> -inf) -> (w (B, V) fp32 = exp(x - m) on the allowed ids, 0 elsewhere; m (B, 1) the largest
+    allowed logit). top_p < 1 keeps the nucleus, the fewest most likely ids whose mass reaches top_p
+    (Holtzman et al. 2020; the most likely id always). Raises LogitsError naming where(i) of the first
+    bad row i: a NaN or +inf logit (banned ids too: they enter the normaliser), no finite allowed one."""
     hi = x.amax(dim=-1)                                # (B,) NaN / +inf when the row holds one (amax keeps NaN)
     if banned_ids is not None and banned_ids.numel():
         x.index_fill_(-1, banned_ids.to(x.device), float("-inf"))
@@ -399,7 +391,6 @@ def _inverse_cdf(w: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.
     fp64 = sum of w): the first v with w_0 + ... + w_v > u * total. Two levels, no (B, V) cumsum (as
     costly as the softmax): fp32 block sums pick the block, an fp64 cumsum of it the token (a flat
     cumsum's token but within fp32 rounding of a boundary). A weight-0 token is never returned."""
-
     B, V = w.shape
     K = _CDF_BLOCK
     full = V // K * K
