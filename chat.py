@@ -1,9 +1,6 @@
 """The prompt contract (docs/method.md §3): how one step of an episode becomes model input, the
 same in SFT, semi-online RL and evaluation. `PromptSpec` holds the options the stages must agree
-on; it is saved in every checkpoint's args.json (field "prompt") and adopted by `resolve_spec`.
-`build_prompt` renders a step under a spec (the Qwen2.5-VL chat template, image pads expanded, the
-last K screenshots as images); `step_prompt` applies a spec to a recorded step.
-"""
+on (saved in args.json, adopted by `resolve_spec`); `build_prompt` renders a step under it."""
 from __future__ import annotations
 
 import argparse
@@ -18,7 +15,7 @@ from PIL import Image
 import cli
 import utils
 import gui
-from gui import MAX_PIXELS, MIN_PIXELS, resized_size
+from configs.flags import flag
 
 if TYPE_CHECKING:
     import torch
@@ -51,7 +48,6 @@ FULL_SYSTEM_PROMPT = full_system_prompt()  # the registry's at import; build_pro
 SHORT_SYSTEM_PROMPT = ("You are a GUI agent. Answer with <think>your reasoning</think> then "
                        "<action>one JSON action</action>.")
 SYSTEM_PROMPTS = {"full": FULL_SYSTEM_PROMPT, "short": SHORT_SYSTEM_PROMPT}
-SYSTEM_PROMPT = FULL_SYSTEM_PROMPT  # the default, for readers of the text
 
 
 def system_prompt_text(name: str) -> str:
@@ -65,14 +61,16 @@ def system_prompt_text(name: str) -> str:
 
 @dataclass(frozen=True)
 class PromptSpec:
-    """Every option that must agree between SFT, RL and evaluation (module docstring)."""
-    num_images: int = 2                   # screenshots kept as images: the last K steps' (release: 2)
-    min_pixels: int = MIN_PIXELS          # smart_resize bounds on the resized screenshot (pixels)
-    max_pixels: int = MAX_PIXELS
-    max_prompt_tokens: int | None = None  # budget: oldest turns summarised past it (None: no budget)
-    step_instruction: bool = False        # show the step's low-level instruction (AndroidControl-Low)
-    elements: bool = True                 # show the step's recorded element list, when it has one
-    system_prompt: str = "full"           # a key of SYSTEM_PROMPTS
+    """Every option that must agree between SFT, RL and evaluation; a field's help is its flag's."""
+    num_images: int = flag(2, "screenshots kept as images (the last K steps; release 2)")
+    min_pixels: int = flag(gui.MIN_PIXELS, "smart_resize lower bound (resized screenshot pixels)")
+    max_pixels: int = flag(gui.MAX_PIXELS, "smart_resize upper bound (resized screenshot pixels)")
+    max_prompt_tokens: int | None = flag(None, "prompt budget in tokens; the oldest history turns "
+                                         "are summarised past it")
+    step_instruction: bool = flag(False, "show the low-level step instruction (AndroidControl-Low)")
+    elements: bool = flag(True, "show the recorded element list of the step (MiniWob++)")
+    system_prompt: str = flag("full", "system prompt: the full action list, or a one-line format "
+                              "reminder for models trained from scratch")
 
     def __post_init__(self):
         if self.num_images < 1:
@@ -88,14 +86,6 @@ class PromptSpec:
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(PromptSpec))
-_HELP = {"num_images": "screenshots kept as images in the prompt (the last K steps; release 2)",
-         "min_pixels": "smart_resize lower bound (pixels of the resized screenshot)",
-         "max_pixels": "smart_resize upper bound (pixels of the resized screenshot)",
-         "max_prompt_tokens": "prompt budget in tokens; the oldest history turns are summarised past it",
-         "step_instruction": "show the low-level step instruction (AndroidControl-Low)",
-         "elements": "show the recorded element list of the step (MiniWob++)",
-         "system_prompt": "system prompt: the full action list, or a one-line format reminder "
-                          "for models trained from scratch"}
 
 
 def add_prompt_args(parser: argparse.ArgumentParser) -> None:
@@ -106,7 +96,7 @@ def add_prompt_args(parser: argparse.ArgumentParser) -> None:
               {"choices": sorted(SYSTEM_PROMPTS)} if f.name == "system_prompt" else
               {"type": cli.positive_int})
         g.add_argument("--" + f.name.replace("_", "-"), default=None, **kw,
-                       help=f"{_HELP[f.name]} (default: checkpoint's, else {f.default})")
+                       help=f"{f.metadata['help']} (default: checkpoint's, else {f.default})")
 
 
 def checkpoint_spec(model) -> dict:
@@ -203,11 +193,9 @@ def build_prompt(tokenizer, image_processor, spec: "PromptSpec", *, goal: str, s
     import torch
 
     t = len(screenshots) - 1
-    if t < 0:
-        raise ValueError("build_prompt: no screenshots")
-    if len(history) != t:
-        raise ValueError(f"build_prompt: {len(screenshots)} screenshots need {t} history "
-                         f"responses, got {len(history)}")
+    if t < 0 or len(history) != t:
+        raise ValueError(f"build_prompt: {len(screenshots) or 'no'} screenshots and {len(history)} "
+                         "history responses: step t needs t + 1 screenshots and t responses")
     patch, merge = int(image_processor.patch_size), int(image_processor.merge_size)
     specials = special_tokens(tokenizer)
     clean = lambda s: strip_special(s, specials) if s else s  # noqa: E731
@@ -216,13 +204,12 @@ def build_prompt(tokenizer, image_processor, spec: "PromptSpec", *, goal: str, s
 
     shown = list(range(max(0, t + 1 - spec.num_images), t + 1))  # the steps kept as images
     sizes = {i: getattr(screenshots[i], "size", screenshots[i]) for i in shown}  # image, or (W, H)
-    resized = {i: resized_size(sizes[i], factor=patch * merge, min_pixels=spec.min_pixels,
-                               max_pixels=spec.max_pixels) for i in shown}
+    resized = {i: gui.resized_size(sizes[i], factor=patch * merge, min_pixels=spec.min_pixels,
+                                   max_pixels=spec.max_pixels) for i in shown}
     n_pad = {i: (resized[i][0] // patch) * (resized[i][1] // patch) // merge**2 for i in shown}
 
-    def render(drop: int = 0, earlier: str = ""):
-        """(tokens with pads expanded, ids, steps with an image, messages); turns < drop told
-        as `earlier`."""
+    def render(drop: int = 0, earlier: str = ""):  # turns < drop told as `earlier`
+        """(tokens with pads expanded, ids, steps with an image, messages)."""
         messages = _messages(spec, goal, history, shown, step_instruction, elements, drop, earlier)
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids, steps = tokenizer.encode(text, add_special_tokens=False), [i for i in shown if i >= drop]
@@ -287,10 +274,8 @@ def _pixel_inputs(image_processor, screenshots, resized, steps, patch, pixels, m
     want = [[1, resized[i][1] // patch, resized[i][0] // patch] for i in steps]
     if not pixels:
         return None, torch.tensor(want, dtype=torch.long), messages
-    rgb = {i: screenshots[i] if screenshots[i].mode == "RGB" else screenshots[i].convert("RGB")
-           for i in steps}
-    images = [rgb[i] if rgb[i].size == resized[i] else rgb[i].resize(resized[i], Image.BICUBIC)
-              for i in steps]
+    # convert and resize copy an image already in RGB / at its size: same pixels, bit for bit
+    images = [screenshots[i].convert("RGB").resize(resized[i], Image.BICUBIC) for i in steps]
     feats = image_processor(images=images, do_resize=False, return_tensors="pt")
     pixel_values, grid = feats["pixel_values"], feats["image_grid_thw"].long()  # (P, 1176), (I, 3)
     for i, g, w in zip(steps, grid.tolist(), want):
