@@ -47,12 +47,8 @@ FULL_SYSTEM_PROMPT = full_system_prompt()  # the registry's at import; build_pro
 # list is 353 of its ~700 prompt tokens on MiniWob++, so it trains on this instead (--system-prompt short)
 SHORT_SYSTEM_PROMPT = ("You are a GUI agent. Answer with <think>your reasoning</think> then "
                        "<action>one JSON action</action>.")
-SYSTEM_PROMPTS = {"full": FULL_SYSTEM_PROMPT, "short": SHORT_SYSTEM_PROMPT}
-
-
-def system_prompt_text(name: str) -> str:
-    """The text of SYSTEM_PROMPTS[name]; "full" regenerated, so a type registered at run time shows."""
-    return full_system_prompt() if name == "full" else SYSTEM_PROMPTS[name]
+# name -> its text; the full one made at each call, so that a type registered at run time shows
+SYSTEM_PROMPTS = {"full": full_system_prompt, "short": lambda: SHORT_SYSTEM_PROMPT}
 
 
 # -----------------------------------------------------------------------------
@@ -104,7 +100,7 @@ def checkpoint_spec(model) -> dict:
     same names at its top level); {} for 'tiny', 'auto' or a folder without args.json. Raises
     utils.UsageError naming the file when args.json is not JSON."""
     f = Path(str(model)) / "args.json"
-    if str(model) == "auto" or _from_scratch(model) or not f.is_file():
+    if str(model) == "auto" or fresh_defaults(model) or not f.is_file():  # none, or made from scratch
         return {}
     try:
         saved = json.loads(f.read_text())
@@ -114,22 +110,17 @@ def checkpoint_spec(model) -> dict:
     return {k: saved[k] for k in FIELDS if k in saved}
 
 
-def _from_scratch(model) -> bool:
-    return str(model) == "tiny" or str(model).startswith("tiny:")
-
-
 def fresh_defaults(model) -> dict:
     """The fields that differ from PromptSpec's defaults for a model without a checkpoint: a 'tiny'
-    model trained from scratch gets the short system prompt (docs/method.md §3)."""
-    return {"system_prompt": "short"} if _from_scratch(model) else {}
+    model ('tiny' or 'tiny:<preset>'), trained from scratch, gets the short system prompt."""
+    return {"system_prompt": "short"} if str(model).split(":")[0] == "tiny" else {}
 
 
 def resolve_spec(args, model, say=print) -> PromptSpec:
-    """The prompt contract of a stage starting from `model`, field by field: the flag when given
-    (args.<field> not None; a disagreement with the checkpoint is said as a warning), else the
-    checkpoint's (checkpoint_spec; said in one line), else fresh_defaults(model), else PromptSpec's.
-    Sets args.prompt (the spec as a dict, for args.json) and each args.<field>. Raises
-    utils.UsageError on an invalid spec."""
+    """The prompt contract of a stage starting from `model` (docs/method.md §3), field by field: the
+    flag given (args.<field> not None; said when it differs), else the checkpoint's (said), else
+    fresh_defaults(model), else PromptSpec's. Sets args.prompt (a dict, for args.json) and each
+    args.<field>. Raises utils.UsageError on an invalid spec."""
     saved = checkpoint_spec(model)
     given = {k: getattr(args, k) for k in FIELDS if getattr(args, k, None) is not None}
     for k in [k for k in given if k in saved and saved[k] != given[k]]:
@@ -231,12 +222,11 @@ def build_prompt(tokenizer, image_processor, spec: "PromptSpec", *, goal: str, s
 
 
 def _messages(spec, goal, history, shown, step_instruction, elements, drop=0, earlier="") -> list:
-    """The chat of step t = len(history), the release's multi-turn layout: the system prompt; per
-    step from `drop` on, a user turn (the first with the goal and `earlier`, what is said of the
-    dropped turns; the screenshot if its step is `shown`) and its response as an assistant turn;
-    the current user turn ends with the step instruction and the element list."""
+    """The chat of step t = len(history) (docs/method.md §3, Context) from step `drop` on: its first
+    user turn has the goal and `earlier` (what is said of the dropped turns), the steps `shown`
+    their screenshot, the current turn the step instruction and the element list."""
     t = len(history)
-    system = system_prompt_text(spec.system_prompt)
+    system = SYSTEM_PROMPTS[spec.system_prompt]()
     messages = [{"role": "system", "content": [{"type": "text", "text": system}]}]
     for i in range(drop, t + 1):
         content = [{"type": "text", "text": f"Task goal: {goal}{earlier}\n"}] if i == drop else []
@@ -278,10 +268,9 @@ def _pixel_inputs(image_processor, screenshots, resized, steps, patch, pixels, m
     images = [screenshots[i].convert("RGB").resize(resized[i], Image.BICUBIC) for i in steps]
     feats = image_processor(images=images, do_resize=False, return_tensors="pt")
     pixel_values, grid = feats["pixel_values"], feats["image_grid_thw"].long()  # (P, 1176), (I, 3)
-    for i, g, w in zip(steps, grid.tolist(), want):
-        if g != w:
-            raise RuntimeError(f"image processor grid {g} disagrees with the resized size "
-                               f"{resized[i]} (W, H)")
+    if grid.tolist() != want:  # do_resize=False: the grid is the resized size's, or coordinates drift
+        raise RuntimeError(f"image processor grids {grid.tolist()} disagree with the resized sizes "
+                           f"{[resized[i] for i in steps]} (W, H)")
     parts = iter(images)  # the image parts, in order of appearance
     messages = [{**m, "content": [{**c, "image": next(parts)} if c["type"] == "image" else c
                                   for c in m["content"]]} for m in messages]
