@@ -4,9 +4,8 @@ on (saved in args.json, adopted by `resolve_spec`); `build_prompt` renders a ste
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -81,13 +80,13 @@ class PromptSpec:
                              f"expected one of {sorted(SYSTEM_PROMPTS)}")
 
 
-FIELDS = tuple(f.name for f in dataclasses.fields(PromptSpec))
+FIELDS = tuple(f.name for f in fields(PromptSpec))
 
 
 def add_prompt_args(parser: argparse.ArgumentParser) -> None:
     """One flag per PromptSpec field, defaulting to None (not given: resolve_spec decides)."""
     g = parser.add_argument_group("prompt contract (adopted from the starting checkpoint unless given)")
-    for f in dataclasses.fields(PromptSpec):
+    for f in fields(PromptSpec):
         kw = ({"action": argparse.BooleanOptionalAction} if f.type == "bool" else
               {"choices": sorted(SYSTEM_PROMPTS)} if f.name == "system_prompt" else
               {"type": cli.positive_int})
@@ -134,7 +133,7 @@ def resolve_spec(args, model, say=print) -> PromptSpec:
     if taken:
         said = ", ".join(f"{k}={v}" for k, v in taken.items())
         say(f"prompt contract from {model}/args.json: {said}")
-    args.prompt = dataclasses.asdict(spec)
+    args.prompt = asdict(spec)
     for name in FIELDS:
         setattr(args, name, getattr(spec, name))
     return spec
