@@ -1,15 +1,11 @@
 """The prompt contract (docs/method.md §3): how one step of an episode becomes model input, the
 same in SFT, semi-online RL and evaluation. `PromptSpec` holds the options the stages must agree
-on; it is saved in every checkpoint's args.json (field "prompt") and adopted by `resolve_spec`.
-`build_prompt` renders a step under a spec (the Qwen2.5-VL chat template, image pads expanded, the
-last K screenshots as images); `step_prompt` applies a spec to a recorded step.
-"""
+on (saved in args.json, adopted by `resolve_spec`); `build_prompt` renders a step under it."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,7 +14,7 @@ from PIL import Image
 import cli
 import utils
 import gui
-from gui import MAX_PIXELS, MIN_PIXELS, resized_size
+from configs.flags import flag
 
 if TYPE_CHECKING:
     import torch
@@ -50,13 +46,8 @@ FULL_SYSTEM_PROMPT = full_system_prompt()  # the registry's at import; build_pro
 # list is 353 of its ~700 prompt tokens on MiniWob++, so it trains on this instead (--system-prompt short)
 SHORT_SYSTEM_PROMPT = ("You are a GUI agent. Answer with <think>your reasoning</think> then "
                        "<action>one JSON action</action>.")
-SYSTEM_PROMPTS = {"full": FULL_SYSTEM_PROMPT, "short": SHORT_SYSTEM_PROMPT}
-SYSTEM_PROMPT = FULL_SYSTEM_PROMPT  # the default, for readers of the text
-
-
-def system_prompt_text(name: str) -> str:
-    """The text of SYSTEM_PROMPTS[name]; "full" regenerated, so a type registered at run time shows."""
-    return full_system_prompt() if name == "full" else SYSTEM_PROMPTS[name]
+# name -> its text; the full one made at each call, so that a type registered at run time shows
+SYSTEM_PROMPTS = {"full": full_system_prompt, "short": lambda: SHORT_SYSTEM_PROMPT}
 
 
 # -----------------------------------------------------------------------------
@@ -65,14 +56,16 @@ def system_prompt_text(name: str) -> str:
 
 @dataclass(frozen=True)
 class PromptSpec:
-    """Every option that must agree between SFT, RL and evaluation (module docstring)."""
-    num_images: int = 2                   # screenshots kept as images: the last K steps' (release: 2)
-    min_pixels: int = MIN_PIXELS          # smart_resize bounds on the resized screenshot (pixels)
-    max_pixels: int = MAX_PIXELS
-    max_prompt_tokens: int | None = None  # budget: oldest turns summarised past it (None: no budget)
-    step_instruction: bool = False        # show the step's low-level instruction (AndroidControl-Low)
-    elements: bool = True                 # show the step's recorded element list, when it has one
-    system_prompt: str = "full"           # a key of SYSTEM_PROMPTS
+    """Every option that must agree between SFT, RL and evaluation; a field's help is its flag's."""
+    num_images: int = flag(2, "screenshots kept as images (the last K steps; release 2)")
+    min_pixels: int = flag(gui.MIN_PIXELS, "smart_resize lower bound (resized screenshot pixels)")
+    max_pixels: int = flag(gui.MAX_PIXELS, "smart_resize upper bound (resized screenshot pixels)")
+    max_prompt_tokens: int | None = flag(None, "prompt budget in tokens; the oldest history turns "
+                                         "are summarised past it")
+    step_instruction: bool = flag(False, "show the low-level step instruction (AndroidControl-Low)")
+    elements: bool = flag(True, "show the recorded element list of the step (MiniWob++)")
+    system_prompt: str = flag("full", "system prompt: the full action list, or a one-line format "
+                              "reminder for models trained from scratch")
 
     def __post_init__(self):
         if self.num_images < 1:
@@ -87,26 +80,18 @@ class PromptSpec:
                              f"expected one of {sorted(SYSTEM_PROMPTS)}")
 
 
-FIELDS = tuple(f.name for f in dataclasses.fields(PromptSpec))
-_HELP = {"num_images": "screenshots kept as images in the prompt (the last K steps; release 2)",
-         "min_pixels": "smart_resize lower bound (pixels of the resized screenshot)",
-         "max_pixels": "smart_resize upper bound (pixels of the resized screenshot)",
-         "max_prompt_tokens": "prompt budget in tokens; the oldest history turns are summarised past it",
-         "step_instruction": "show the low-level step instruction (AndroidControl-Low)",
-         "elements": "show the recorded element list of the step (MiniWob++)",
-         "system_prompt": "system prompt: the full action list, or a one-line format reminder "
-                          "for models trained from scratch"}
+FIELDS = tuple(f.name for f in fields(PromptSpec))
 
 
 def add_prompt_args(parser: argparse.ArgumentParser) -> None:
     """One flag per PromptSpec field, defaulting to None (not given: resolve_spec decides)."""
     g = parser.add_argument_group("prompt contract (adopted from the starting checkpoint unless given)")
-    for f in dataclasses.fields(PromptSpec):
+    for f in fields(PromptSpec):
         kw = ({"action": argparse.BooleanOptionalAction} if f.type == "bool" else
               {"choices": sorted(SYSTEM_PROMPTS)} if f.name == "system_prompt" else
               {"type": cli.positive_int})
         g.add_argument("--" + f.name.replace("_", "-"), default=None, **kw,
-                       help=f"{_HELP[f.name]} (default: checkpoint's, else {f.default})")
+                       help=f"{f.metadata['help']} (default: checkpoint's, else {f.default})")
 
 
 def checkpoint_spec(model) -> dict:
@@ -114,7 +99,7 @@ def checkpoint_spec(model) -> dict:
     same names at its top level); {} for 'tiny', 'auto' or a folder without args.json. Raises
     utils.UsageError naming the file when args.json is not JSON."""
     f = Path(str(model)) / "args.json"
-    if str(model) == "auto" or _from_scratch(model) or not f.is_file():
+    if str(model) == "auto" or fresh_defaults(model) or not f.is_file():  # none, or made from scratch
         return {}
     try:
         saved = json.loads(f.read_text())
@@ -124,22 +109,17 @@ def checkpoint_spec(model) -> dict:
     return {k: saved[k] for k in FIELDS if k in saved}
 
 
-def _from_scratch(model) -> bool:
-    return str(model) == "tiny" or str(model).startswith("tiny:")
-
-
 def fresh_defaults(model) -> dict:
     """The fields that differ from PromptSpec's defaults for a model without a checkpoint: a 'tiny'
-    model trained from scratch gets the short system prompt (docs/method.md §3)."""
-    return {"system_prompt": "short"} if _from_scratch(model) else {}
+    model ('tiny' or 'tiny:<preset>'), trained from scratch, gets the short system prompt."""
+    return {"system_prompt": "short"} if str(model).split(":")[0] == "tiny" else {}
 
 
 def resolve_spec(args, model, say=print) -> PromptSpec:
-    """The prompt contract of a stage starting from `model`, field by field: the flag when given
-    (args.<field> not None; a disagreement with the checkpoint is said as a warning), else the
-    checkpoint's (checkpoint_spec; said in one line), else fresh_defaults(model), else PromptSpec's.
-    Sets args.prompt (the spec as a dict, for args.json) and each args.<field>. Raises
-    utils.UsageError on an invalid spec."""
+    """The prompt contract of a stage starting from `model` (docs/method.md §3), field by field: the
+    flag given (args.<field> not None; said when it differs), else the checkpoint's (said), else
+    fresh_defaults(model), else PromptSpec's. Sets args.prompt (a dict, for args.json) and each
+    args.<field>. Raises utils.UsageError on an invalid spec."""
     saved = checkpoint_spec(model)
     given = {k: getattr(args, k) for k in FIELDS if getattr(args, k, None) is not None}
     for k in [k for k in given if k in saved and saved[k] != given[k]]:
@@ -153,7 +133,7 @@ def resolve_spec(args, model, say=print) -> PromptSpec:
     if taken:
         said = ", ".join(f"{k}={v}" for k, v in taken.items())
         say(f"prompt contract from {model}/args.json: {said}")
-    args.prompt = dataclasses.asdict(spec)
+    args.prompt = asdict(spec)
     for name in FIELDS:
         setattr(args, name, getattr(spec, name))
     return spec
@@ -203,11 +183,9 @@ def build_prompt(tokenizer, image_processor, spec: "PromptSpec", *, goal: str, s
     import torch
 
     t = len(screenshots) - 1
-    if t < 0:
-        raise ValueError("build_prompt: no screenshots")
-    if len(history) != t:
-        raise ValueError(f"build_prompt: {len(screenshots)} screenshots need {t} history "
-                         f"responses, got {len(history)}")
+    if t < 0 or len(history) != t:
+        raise ValueError(f"build_prompt: {len(screenshots) or 'no'} screenshots and {len(history)} "
+                         "history responses: step t needs t + 1 screenshots and t responses")
     patch, merge = int(image_processor.patch_size), int(image_processor.merge_size)
     specials = special_tokens(tokenizer)
     clean = lambda s: strip_special(s, specials) if s else s  # noqa: E731
@@ -216,13 +194,12 @@ def build_prompt(tokenizer, image_processor, spec: "PromptSpec", *, goal: str, s
 
     shown = list(range(max(0, t + 1 - spec.num_images), t + 1))  # the steps kept as images
     sizes = {i: getattr(screenshots[i], "size", screenshots[i]) for i in shown}  # image, or (W, H)
-    resized = {i: resized_size(sizes[i], factor=patch * merge, min_pixels=spec.min_pixels,
-                               max_pixels=spec.max_pixels) for i in shown}
+    resized = {i: gui.resized_size(sizes[i], factor=patch * merge, min_pixels=spec.min_pixels,
+                                   max_pixels=spec.max_pixels) for i in shown}
     n_pad = {i: (resized[i][0] // patch) * (resized[i][1] // patch) // merge**2 for i in shown}
 
-    def render(drop: int = 0, earlier: str = ""):
-        """(tokens with pads expanded, ids, steps with an image, messages); turns < drop told
-        as `earlier`."""
+    def render(drop: int = 0, earlier: str = ""):  # turns < drop told as `earlier`
+        """(tokens with pads expanded, ids, steps with an image, messages)."""
         messages = _messages(spec, goal, history, shown, step_instruction, elements, drop, earlier)
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids, steps = tokenizer.encode(text, add_special_tokens=False), [i for i in shown if i >= drop]
@@ -244,12 +221,11 @@ def build_prompt(tokenizer, image_processor, spec: "PromptSpec", *, goal: str, s
 
 
 def _messages(spec, goal, history, shown, step_instruction, elements, drop=0, earlier="") -> list:
-    """The chat of step t = len(history), the release's multi-turn layout: the system prompt; per
-    step from `drop` on, a user turn (the first with the goal and `earlier`, what is said of the
-    dropped turns; the screenshot if its step is `shown`) and its response as an assistant turn;
-    the current user turn ends with the step instruction and the element list."""
+    """The chat of step t = len(history) (docs/method.md §3, Context) from step `drop` on: its first
+    user turn has the goal and `earlier` (what is said of the dropped turns), the steps `shown`
+    their screenshot, the current turn the step instruction and the element list."""
     t = len(history)
-    system = system_prompt_text(spec.system_prompt)
+    system = SYSTEM_PROMPTS[spec.system_prompt]()
     messages = [{"role": "system", "content": [{"type": "text", "text": system}]}]
     for i in range(drop, t + 1):
         content = [{"type": "text", "text": f"Task goal: {goal}{earlier}\n"}] if i == drop else []
@@ -287,16 +263,13 @@ def _pixel_inputs(image_processor, screenshots, resized, steps, patch, pixels, m
     want = [[1, resized[i][1] // patch, resized[i][0] // patch] for i in steps]
     if not pixels:
         return None, torch.tensor(want, dtype=torch.long), messages
-    rgb = {i: screenshots[i] if screenshots[i].mode == "RGB" else screenshots[i].convert("RGB")
-           for i in steps}
-    images = [rgb[i] if rgb[i].size == resized[i] else rgb[i].resize(resized[i], Image.BICUBIC)
-              for i in steps]
+    # convert and resize copy an image already in RGB / at its size: same pixels, bit for bit
+    images = [screenshots[i].convert("RGB").resize(resized[i], Image.BICUBIC) for i in steps]
     feats = image_processor(images=images, do_resize=False, return_tensors="pt")
     pixel_values, grid = feats["pixel_values"], feats["image_grid_thw"].long()  # (P, 1176), (I, 3)
-    for i, g, w in zip(steps, grid.tolist(), want):
-        if g != w:
-            raise RuntimeError(f"image processor grid {g} disagrees with the resized size "
-                               f"{resized[i]} (W, H)")
+    if grid.tolist() != want:  # do_resize=False: the grid is the resized size's, or coordinates drift
+        raise RuntimeError(f"image processor grids {grid.tolist()} disagree with the resized sizes "
+                           f"{[resized[i] for i in steps]} (W, H)")
     parts = iter(images)  # the image parts, in order of appearance
     messages = [{**m, "content": [{**c, "image": next(parts)} if c["type"] == "image" else c
                                   for c in m["content"]]} for m in messages]

@@ -1,15 +1,11 @@
-"""Episodes and screenshots (docs/method.md §2): UI-S1 JSONL files (MiniWob++ and converted
-AndroidControl included) and AndroidControl's native per-step JSON (extras/android_control.py,
-imported for such a file only) loaded into `Episode` / `Step`: actions canonical (gui.check_action),
-swipes as finger paths, coordinates in ORIGINAL screenshot pixels (`original_size`); bad input
-raises `DataError` naming file, line (or row) and field.
-"""
+"""Episodes and screenshots (docs/method.md §2): UI-S1 JSONL files and AndroidControl's native JSON
+(extras/android_control.py) loaded into `Episode` / `Step`: actions canonical (gui.check_action),
+swipes as finger paths, coordinates in ORIGINAL screenshot pixels (`original_size`)."""
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import random
 from dataclasses import dataclass, field
 
 from PIL import Image
@@ -54,11 +50,9 @@ class DataError(utils.InputError, ValueError):
     names file, line (or row) and field; scripts report it in one line."""
 
 
-class _Where(str):
-    """Where a record is, "file: line N" (JSONL) or "file: row N" (JSON list), for errors."""
-
-    def error(self, fld, msg) -> DataError:
-        return DataError(f"{self}: field {fld!r}: {msg}")
+def _bad(where: str, fld: str, msg: str) -> DataError:
+    """The error of field `fld` of the record at `where` ("file: line N" or "file: row N")."""
+    return DataError(f"{where}: field {fld!r}: {msg}")
 
 
 def _size(v, where, fld):
@@ -66,7 +60,7 @@ def _size(v, where, fld):
         return None
     ok = isinstance(v, (list, tuple)) and len(v) == 2
     if not ok or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in v):
-        raise where.error(fld, f"expected [W, H] positive ints, got {v!r}")
+        raise _bad(where, fld, f"expected [W, H] positive ints, got {v!r}")
     return (v[0], v[1])
 
 
@@ -76,15 +70,15 @@ def _boxes(v, where, fld):
     if isinstance(v, (list, tuple)) and len(v) == 4 and all(as_number(c) is not None for c in v):
         v = [v]  # a single box (the release's `len(...) == 4` case)
     if not isinstance(v, (list, tuple)):
-        raise where.error(fld, f"expected a list of [x1, y1, x2, y2] boxes, got {v!r}")
+        raise _bad(where, fld, f"expected a list of [x1, y1, x2, y2] boxes, got {v!r}")
     out = []
     for i, b in enumerate(v):
         if not isinstance(b, (list, tuple)) or len(b) != 4 or any(as_number(c) is None for c in b):
-            raise where.error(f"{fld}[{i}]", f"expected [x1, y1, x2, y2] numbers, got {b!r}")
+            raise _bad(where, f"{fld}[{i}]", f"expected [x1, y1, x2, y2] numbers, got {b!r}")
         if b[2] < b[0] or b[3] < b[1]:  # such a box can never contain a point: no step could match on it
-            raise where.error(f"{fld}[{i}]", f"reversed corners (x2 < x1 or y2 < y1): {b!r}")
+            raise _bad(where, f"{fld}[{i}]", f"reversed corners (x2 < x1 or y2 < y1): {b!r}")
         if b[2] == b[0] or b[3] == b[1]:
-            raise where.error(f"{fld}[{i}]", f"empty box (zero width or height): {b!r}")
+            raise _bad(where, f"{fld}[{i}]", f"empty box (zero width or height): {b!r}")
         out.append(list(b))
     return out
 
@@ -92,13 +86,7 @@ def _boxes(v, where, fld):
 def _text(v, where, fld):
     if v is None or isinstance(v, str):
         return v
-    raise where.error(fld, f"expected a string, got {v!r}")
-
-
-def _instruction(v, where, fld):
-    """A step instruction, or None for an absent, empty or whitespace-only one."""
-    v = _text(v, where, fld)
-    return v if v is not None and v.strip() else None
+    raise _bad(where, fld, f"expected a string, got {v!r}")
 
 
 def _elements(v, where, fld):
@@ -106,7 +94,7 @@ def _elements(v, where, fld):
         return v
     if isinstance(v, list):  # one element per line: role, text, box as the producer wrote them
         return "\n".join(e if isinstance(e, str) else json.dumps(e, ensure_ascii=False) for e in v)
-    raise where.error(fld, f"expected a string or a list, got {type(v).__name__}")
+    raise _bad(where, fld, f"expected a string or a list, got {type(v).__name__}")
 
 
 # How a UI-S1-format file stores swipes (coordinate -> coordinate2), per data source:
@@ -130,10 +118,10 @@ def _to_finger(action: dict, convention: str | None, where, fld) -> dict:
     """A stored swipe -> the finger's path under the file's `convention`. A zero-length swipe, or a
     file that declares no convention, raises DataError."""
     if action["coordinate"] == action["coordinate2"]:
-        raise where.error(fld, f"zero-length swipe {action['coordinate']} -> {action['coordinate2']}"
-                          ": it has no direction, no prediction could match it")
+        raise _bad(where, fld, f"zero-length swipe {action['coordinate']} -> "
+                   f"{action['coordinate2']}: it has no direction, no prediction could match it")
     if convention is None:
-        raise where.error("swipe_convention", "the file stores swipes but declares no convention: "
+        raise _bad(where, "swipe_convention", "the file stores swipes but declares no convention: "
                           "pass swipe_convention (eval_sop.py --swipe-convention) one of "
                           f"{SWIPE_CONVENTIONS}, or add \"swipe_convention\" to each episode")
     d = swipe_direction(action["coordinate"], action["coordinate2"])
@@ -154,33 +142,33 @@ def _check_points(action: dict, size, where, fld):
             if not (-1 <= x <= w + 1 and -1 <= y <= h + 1):
                 hint = ("; image_size looks (H, W)-swapped: write [W, H]"
                         if -1 <= x <= h + 1 and -1 <= y <= w + 1 else "")
-                raise where.error(f"{fld}.{k}", f"point {[x, y]} lies outside the recorded image_size "
-                                  f"{w}x{h} (W x H){hint}")
+                raise _bad(where, f"{fld}.{k}", f"point {[x, y]} lies outside the recorded "
+                           f"image_size {w}x{h} (W x H){hint}")
 
 
 def _uis1_episode(obj, where, path, root, default_id, swipe_convention=None) -> Episode:
     """One episode of the UI-S1 format (MiniWob's adds task, seed, image_size and per-step
     thoughts and elements)."""
     if not isinstance(obj, dict):
-        raise where.error("<episode>", f"expected a JSON object, got {type(obj).__name__}")
+        raise _bad(where, "<episode>", f"expected a JSON object, got {type(obj).__name__}")
     if "steps" not in obj and ("gt" in obj or "image" in obj):
-        raise where.error("steps", f"missing: this line looks like a native AndroidControl step "
+        raise _bad(where, "steps", f"missing: this line looks like a native AndroidControl step "
                           f"(keys {sorted(obj)}); native files are one JSON list of such rows")
     goal = obj.get("goal")
     if not isinstance(goal, str):
-        raise where.error("goal", f"expected a string, got {goal!r}")
+        raise _bad(where, "goal", f"expected a string, got {goal!r}")
     steps = obj.get("steps")
     if not isinstance(steps, list) or not steps:
-        raise where.error("steps", "expected a non-empty list")
+        raise _bad(where, "steps", "expected a non-empty list")
     ep_size = _size(obj.get("image_size"), where, "image_size")
     declared = obj.get("swipe_convention")
     if declared is not None and declared not in SWIPE_CONVENTIONS:
-        raise where.error("swipe_convention", f"expected one of {SWIPE_CONVENTIONS}, got {declared!r}")
+        raise _bad(where, "swipe_convention", f"expected one of {SWIPE_CONVENTIONS}, got {declared!r}")
     convention = swipe_convention or declared
     out = [_step(s, where, f"steps[{k}].", root, ep_size, convention) for k, s in enumerate(steps)]
     ep_id = obj.get("episode_id", default_id)
     if isinstance(ep_id, bool) or not isinstance(ep_id, (str, int)):
-        raise where.error("episode_id", f"expected a string or int, got {ep_id!r}")
+        raise _bad(where, "episode_id", f"expected a string or int, got {ep_id!r}")
     meta = {k: v for k, v in obj.items() if k not in ("goal", "steps", "episode_id")}
     if convention is not None:
         meta["swipe_convention"] = convention
@@ -192,62 +180,43 @@ def _step(s, where, prefix: str, root, size, convention, names: dict | None = No
     episode's image_size; errors name prefix + the field (a native row's own name: `names`)."""
     fld = lambda key: prefix + (names or {}).get(key, key)  # noqa: E731
     if not isinstance(s, dict):
-        raise where.error(prefix.rstrip("."), "expected a JSON object")
+        raise _bad(where, prefix.rstrip("."), "expected a JSON object")
     if "action_content" not in s:
-        raise where.error(fld("action_content"), "missing")
+        raise _bad(where, fld("action_content"), "missing")
     raw = s["action_content"]
     try:
         action = check_action(raw, strict=True)
     except ValueError as e:
-        raise where.error(fld("action_content"), str(e)) from None
+        raise _bad(where, fld("action_content"), str(e)) from None
     if action["action"] == "swipe":
         action = _to_finger(action, convention, where, fld("action_content"))
     size = _size(s.get("image_size"), where, fld("image_size")) or size
     _check_points(action, size, where, fld("action_content"))
     check = s.get("check_options") or {}
     if not isinstance(check, dict):
-        raise where.error(fld("check_options"), "expected a JSON object")
+        raise _bad(where, fld("check_options"), "expected a JSON object")
     if "candidate_bbox" in s:
         boxes = _boxes(s["candidate_bbox"], where, fld("candidate_bbox"))
     elif "candidate_bbox" in check:
         boxes = _boxes(check["candidate_bbox"], where, fld("check_options") + ".candidate_bbox")
-    else:  # the train file puts one box on the action itself
-        bbox = raw.get("bbox") if isinstance(raw, dict) else None
-        boxes = _boxes(bbox, where, fld("action_content") + ".bbox")
+    else:  # the train file puts one box on the action itself (a dict: check_action said so)
+        boxes = _boxes(raw.get("bbox"), where, fld("action_content") + ".bbox")
+    instruction = _text(s.get("step_instruction"), where, fld("step_instruction"))
     return Step(screenshot=_text(s.get("screenshot"), where, fld("screenshot")), action=action,
-                candidate_bbox=boxes, image_size=size,
-                step_instruction=_instruction(s.get("step_instruction"), where, fld("step_instruction")),
+                candidate_bbox=boxes, image_size=size,  # a blank instruction is none
+                step_instruction=instruction if instruction and instruction.strip() else None,
                 thought=_text(s.get("thought"), where, fld("thought")),
                 elements=_elements(s.get("elements"), where, fld("elements")),
                 root=root, where=f"{where}: {prefix[:-1]}" if prefix else str(where))
 
 
-def _native_episodes(text: str, path: str, root: str) -> list[Episode]:
-    """A native per-step JSON list -> episodes (extras/android_control.native_episodes), each step
-    checked as a UI-S1 one, its errors naming the row and the row's own field."""
-    from extras import android_control
-
-    try:
-        rows = android_control.read_rows(text, path)
-        converted = android_control.native_episodes(rows, path, ANDROID_CONTROL_SIZE)
-    except android_control.Bad as e:
-        raise DataError(str(e)) from None
-    step = lambda s, i: _step(s, _Where(f"{path}: row {i}"), "", root, None, "finger",  # noqa: E731
-                              android_control.ROW_FIELDS)
-    return [Episode(goal=ep["goal"], episode_id=ep["episode_id"], source=path, meta=ep["meta"],
-                    steps=[step(s, i) for s, i in zip(ep["steps"], ids)]) for ep, ids in converted]
-
-
 def load_episodes(path: str, *, limit: int | None = None, swipe_convention: str | None = None) -> list[Episode]:
     """The first `limit` episodes of a UI-S1 JSONL file (an episode a line, "line-<n>" its default
-    id) or of AndroidControl's native per-step JSON list (rows with image/gt/task). Swipes come back
-    as finger paths: a JSONL file's convention is swipe_convention, else each episode's
-    "swipe_convention", else KNOWN_SWIPE_CONVENTIONS's. Anything malformed raises DataError (a
-    ValueError) naming file, line (or row) and field."""
+    id) or of AndroidControl's native per-step JSON list. Swipes come back as finger paths: a JSONL
+    file's convention is swipe_convention (one of SWIPE_CONVENTIONS), else each episode's, else
+    KNOWN_SWIPE_CONVENTIONS's. Anything malformed raises DataError (a native row's own field:
+    extras.android_control.Bad; both ValueErrors) naming file, line (or row) and field."""
     path, root = str(path), os.path.dirname(os.path.abspath(path))
-    if swipe_convention is not None and swipe_convention not in SWIPE_CONVENTIONS:
-        raise ValueError(f"swipe_convention: expected one of {SWIPE_CONVENTIONS}, "
-                         f"got {swipe_convention!r}")
     with open(path, "rb") as f:
         raw = f.read()
     try:
@@ -256,26 +225,30 @@ def load_episodes(path: str, *, limit: int | None = None, swipe_convention: str 
         raise DataError(f"{path}: byte {e.start}: not UTF-8 text (a JSONL or JSON episode file "
                         "was expected)") from None
     if text.lstrip().startswith("["):  # a JSON list: AndroidControl's native per-step rows
-        return _native_episodes(text, path, root)[:limit]
+        from extras import android_control
+
+        episodes = android_control.native_episodes(text, path, ANDROID_CONTROL_SIZE)[:limit]
+        for ep in episodes:  # each step checked as a UI-S1 one, errors naming the row's own field
+            ep["steps"] = [_step(s, f"{path}: row {i}", "", root, None, "finger",
+                                 android_control.ROW_FIELDS) for i, s in ep["steps"]]
+        return [Episode(source=path, **ep) for ep in episodes]
     convention = swipe_convention or KNOWN_SWIPE_CONVENTIONS.get(hashlib.sha256(raw).hexdigest())
-    episodes = []
+    episodes = {}  # by id
     for n, line in enumerate(text.splitlines(), start=1):
         if limit is not None and len(episodes) >= limit:
             break
         if not line.strip():
             continue
-        where = _Where(f"{path}: line {n}")
+        where = f"{path}: line {n}"
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise where.error("<json>", f"invalid JSON: {e.msg} (column {e.colno})") from None
-        episodes.append(_uis1_episode(obj, where, path, root, f"line-{n}", convention))
-    seen = set()
-    for ep in episodes:
-        if ep.episode_id in seen:
-            raise DataError(f"{path}: field 'episode_id': duplicate episode id {ep.episode_id!r}")
-        seen.add(ep.episode_id)
-    return episodes
+            raise _bad(where, "<json>", f"invalid JSON: {e.msg} (column {e.colno})") from None
+        ep = _uis1_episode(obj, where, path, root, f"line-{n}", convention)
+        if ep.episode_id in episodes:
+            raise _bad(where, "episode_id", f"duplicate episode id {ep.episode_id!r}")
+        episodes[ep.episode_id] = ep
+    return list(episodes.values())
 
 
 # -----------------------------------------------------------------------------
@@ -335,58 +308,3 @@ def load_screenshot(step: Step, *, image_root: str | None = None,
     if blank_screens is None:
         raise FileNotFoundError(_missing_message(step, image_root))
     return Image.new("RGB", size)
-
-
-# -----------------------------------------------------------------------------
-# synthetic pages in the shipped MiniWob++ format: the SFT copy warm-up's (train_sft.synthetic_example)
-# and the tiny tokenizer's corpus (tools/build_tiny_tokenizer.py)
-
-ELEMENT_KINDS = ("button", "div", "input_text", "span", "label", "a")
-
-
-def page_labels(episodes) -> list[str]:
-    """The distinct non-empty element labels (the text between the first pair of single quotes of
-    an element line) of every step of `episodes` (dataset.Episode), sorted; [] when there is none."""
-    labels = set()
-    for ep in episodes:
-        for step in ep.steps:
-            for line in (step.elements or "").splitlines():
-                parts = line.split("'")
-                if len(parts) >= 3 and parts[1]:
-                    labels.add(parts[1])
-    return sorted(labels)
-
-
-def synthetic_page(rng: random.Random, labels: list[str], max_elements: int = 1) -> tuple[str, str, dict, str]:
-    """A page of 1..max_elements element lines in the shipped MiniWob++ format (pixels of a
-    160-pixel-wide screen, boxes stacked from y = 52 down), distinct labels from `labels`, one of
-    them the target. Returns (goal, element lines, the click action {"action": "click",
-    "coordinate": [x, y]} at the target box's centre, the expert-style thought)."""
-    n = rng.randint(1, max_elements)
-    labs = rng.sample(labels, n)
-    lines, targets = [], []
-    y = rng.randint(52, 70)
-    first = rng.randint(1, 20)
-    for i in range(n):
-        kind = rng.choice(ELEMENT_KINDS)
-        w, h = rng.randint(20, 150), rng.randint(10, 25)
-        x0 = rng.randint(2, 158 - w)
-        cx, cy = x0 + w // 2, y + h // 2
-        lines.append(f"[{first + i}] {kind} '{labs[i]}' at ({cx},{cy}) ({x0},{y},{x0 + w},{y + h})")
-        targets.append((kind, labs[i], cx, cy))
-        y += h + rng.randint(0, 8)
-    kind, lab, cx, cy = rng.choice(targets)
-    return (f'Click on the "{lab}" {kind}.', "\n".join(lines), {"action": "click", "coordinate": [cx, cy]},
-            f"Click {kind} '{lab}' at ({cx},{cy}).")
-
-
-def synthetic_type_page(rng: random.Random, labels: list[str]) -> tuple[str, str, dict, str]:
-    """A page whose focused input box must receive a text quoted in the goal (the copy of a string,
-    as a click copies a point): one `input_text` line (empty, a 130 x 21 box at a random height),
-    the text a label from `labels`. Returns (goal, element line, {"action": "type", "text": text},
-    the expert-style thought)."""
-    text = rng.choice(labels)
-    y, first = rng.randint(52, 150), rng.randint(1, 20)
-    line = f"[{first}] input_text '' at (66,{y + 10}) (2,{y},130,{y + 21})"
-    return (f'Enter "{text}" into the text field.', line, {"action": "type", "text": text},
-            f"The text field is focused and empty. I type '{text}' into it.")

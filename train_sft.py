@@ -80,7 +80,7 @@ def parse(argv=None) -> tuple[SFTConfig, argparse.Namespace]:
 
 
 # -----------------------------------------------------------------------------
-# the SFT examples, and the copy warm-up's (its pages: dataset.synthetic_page)
+# the SFT examples, and the copy warm-up's (its pages: extras/synthetic_pages.py)
 
 def sft_example(ep, t: int, tokenizer, image_processor, spec: chat.PromptSpec, *, image_root=None,
                 blank_screens=None) -> tuple:
@@ -113,7 +113,7 @@ def page_prompt(tokenizer, goal: str, elements: str, system: bool = True) -> lis
     """Token ids of chat.build_prompt's layout for a first step without the screenshot (and with
     an empty system prompt when system is False)."""
     messages = [{"role": "system",
-                 "content": [{"type": "text", "text": chat.SYSTEM_PROMPT if system else ""}]},
+                 "content": [{"type": "text", "text": chat.FULL_SYSTEM_PROMPT if system else ""}]},
                 {"role": "user", "content": [{"type": "text", "text": f"Task goal: {goal}\n"},
                                              {"type": "text", "text": "Step 1 screenshot:"},
                                              {"type": "text",
@@ -129,8 +129,8 @@ def synthetic_example(rng: random.Random, labels: list[str], tokenizer, *, max_e
                       system: bool = False, type_frac: float = 0.0,
                       code_frac: float = 0.0) -> tuple[SimpleNamespace, list[int]]:
     """(prompt with input_ids (T,) int64 and no image, target ids ending in <|im_end|>) of one
-    synthetic page, ready for collate_sequences: a type page (dataset.synthetic_type_page) with
-    probability type_frac, else a click page of 1..max_elements elements (dataset.synthetic_page).
+    synthetic page, ready for collate_sequences: a type page (synthetic_pages.synthetic_type_page)
+    with probability type_frac, else a click page of 1..max_elements elements (synthetic_page).
     With probability code_frac the page's labels are fresh random codes (3-8 characters of
     CODE_CHARS) instead of `labels`: a model warmed up on the training labels alone recalls those
     labels instead of copying a new one (the memory tasks' codes, results/LOG.md 2026-12-06)."""
@@ -139,10 +139,12 @@ def synthetic_example(rng: random.Random, labels: list[str], tokenizer, *, max_e
         while len(codes) < max(max_elements, 1):
             codes.add("".join(rng.choices(CODE_CHARS, k=rng.randint(3, 8))))
         labels = sorted(codes)
+    from extras import synthetic_pages  # the copy warm-up's, and its diagnostics' (runs/)
+
     if type_frac > 0 and rng.random() < type_frac:
-        goal, lines, action, thought = dataset.synthetic_type_page(rng, labels)
+        goal, lines, action, thought = synthetic_pages.synthetic_type_page(rng, labels)
     else:
-        goal, lines, action, thought = dataset.synthetic_page(rng, labels, max_elements)
+        goal, lines, action, thought = synthetic_pages.synthetic_page(rng, labels, max_elements)
     target = tokenizer.encode(gui.format_response(thought, action), add_special_tokens=False)
     prompt = SimpleNamespace(input_ids=torch.tensor(page_prompt(tokenizer, goal, lines, system)),
                              pixel_values=None, image_grid_thw=None)
@@ -301,10 +303,13 @@ def copy_warmup(run) -> None:
     base to start from)."""
     cfg, proc, out, policy = run.cfg, run.proc, run.out, run.policy
     warm_steps = cfg.copy_warmup_steps
-    labels = dataset.page_labels(run.train_eps) if warm_steps > 0 and run.start_step == 0 else []
-    if warm_steps > 0 and run.start_step == 0 and not labels:
-        utils.print0(f"copy warm-up skipped: no element labels in {cfg.data}")
+    if warm_steps <= 0 or run.start_step != 0:
+        return
+    from extras import synthetic_pages
+
+    labels = synthetic_pages.page_labels(run.train_eps)
     if not labels:
+        utils.print0(f"copy warm-up skipped: no element labels in {cfg.data}")
         return
     rng = random.Random(cfg.seed * 1_000_003 + proc.rank)
     digit_ids = set(run.tokenizer.convert_tokens_to_ids(list("0123456789")))

@@ -3,8 +3,8 @@
 One mapping of a native action (`release_action`), used by both readers of AndroidControl's layouts:
 - the converter of Google's release (tools/convert_android_control.py: TFRecord shards -> UI-S1 JSONL);
 - the loader of the native per-step JSON (`native_episodes`: rows {image, gt, task} -> UI-S1 episode
-  dicts, which dataset.load_episodes then checks and loads like any UI-S1 episode). dataset.py imports
-  this module only when it is given a file in that layout, so it stands off the RL path.
+  dicts, whose steps dataset.load_episodes then checks like any UI-S1 step). dataset.py imports this
+  module only when it is given a file in that layout (a JSON list), so it stands off the RL path.
 
 Swipes. A native `scroll` `direction` is the side the content comes from: the finger moves the opposite
 way on both axes, so a native "scroll down" becomes a finger swipe upwards (every loaded swipe is the
@@ -19,6 +19,8 @@ import logging
 import math
 import re
 
+from utils import InputError
+
 logger = logging.getLogger(__name__)
 
 # the action types of Google's release (its README); the native per-step JSON adds ROW_ACTIONS' three
@@ -29,9 +31,9 @@ IMAGE_RE = re.compile(r"episode_(\w+?)-screenshot_(\d+)\.\w+$")  # a native row'
 ROW_FIELDS = {"action_content": "gt", "step_instruction": "task", "screenshot": "image"}
 
 
-class Bad(ValueError):
+class Bad(InputError, ValueError):
     """One field of a native action or row and what is wrong with it; the caller adds where (shard and
-    record, or file and row)."""
+    record, or file and row). An InputError: a script reports it in one line (cli.run_script)."""
 
     def __init__(self, field: str, what: str):
         super().__init__(f"{field}: {what}")
@@ -158,7 +160,7 @@ def _row_step(row, screen: tuple[int, int]) -> tuple[str, int, dict]:
 
 
 def read_rows(text: str, path: str) -> list:
-    """The rows of a JSON list file (dataset.load_episodes reads every JSON list as this layout).
+    """The rows of a JSON list file (native_episodes, which dataset.load_episodes asks for every JSON list).
     Raises Bad naming the file and line of invalid JSON, or row 0 when the rows are not native steps
     {image, gt, task} (UI-S1 episodes are read one per line, from a JSONL file)."""
     try:
@@ -173,13 +175,15 @@ def read_rows(text: str, path: str) -> list:
     return rows
 
 
-def native_episodes(rows: list, path: str, screen: tuple[int, int]) -> list[tuple[dict, list[int]]]:
-    """AndroidControl's native rows (one per step, image episode_<id>-screenshot_<k>.png) -> [(episode
-    in the UI-S1 layout, with swipes as finger paths and a "meta" dict, the row of each of its steps)],
-    episodes in order of first appearance, steps sorted by k. screen: (W, H) of a row that records no
+def native_episodes(text: str, path: str, screen: tuple[int, int]) -> list[dict]:
+    """The text of a native JSON list file `path` (read_rows: one row per step, image
+    episode_<id>-screenshot_<k>.png) -> episodes {goal, episode_id, meta, steps: [(row, step in the UI-S1
+    layout, swipes as finger paths)]}, in order of first appearance, steps sorted by k (dataset.Episode's
+    fields but source, once each step is checked). screen: (W, H) of a row that records no
     size (a scroll's finger path lies on it). The file records no goal: the goal is the episode's step
     instructions joined, those of rows dropped at a gap included (like AndroidControl-Low's plan of the
-    whole task); a row's own "goal" wins. Raises Bad naming "row i: field": the message is complete.
+    whole task); a row's own "goal" wins. Raises Bad (read_rows's, or naming "row i: field"): the
+    message is complete.
 
     Step gaps. An episode is walked (SOP, static, rollouts) step after step, each step's screen the
     result of the one before, so steps are never joined across a missing number: an episode is the
@@ -193,7 +197,7 @@ def native_episodes(rows: list, path: str, screen: tuple[int, int]) -> list[tupl
     wait or long_press step, which that export lacks; the UI-S1 file of the same episodes has them.)"""
     groups: dict[str, dict[int, tuple[int, dict]]] = {}
     goals: dict[str, str] = {}  # a goal, where a row carries one (other exports of the format do)
-    for i, row in enumerate(rows):
+    for i, row in enumerate(read_rows(text, path)):
         try:
             ep, k, step = _row_step(row, screen)
         except Bad as e:
@@ -213,8 +217,7 @@ def native_episodes(rows: list, path: str, screen: tuple[int, int]) -> list[tupl
             gapped.append((ep, ks, len(ks) - run))
         tasks = (by_k[k][1]["step_instruction"] for k in ks)
         goal = goals.get(ep) or " ".join(t.strip() for t in tasks if t and t.strip())
-        episode = {"goal": goal, "episode_id": ep, "steps": [by_k[k][1] for k in ks[:run]], "meta": meta}
-        out.append((episode, [by_k[k][0] for k in ks[:run]]))
+        out.append({"goal": goal, "episode_id": ep, "steps": [by_k[k] for k in ks[:run]], "meta": meta})
     if gapped:
         ep, ks, _ = gapped[0]
         logger.warning("%s: %d of %d episodes skip step numbers or start after step 0 (e.g. episode %s: steps %s); "

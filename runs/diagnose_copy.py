@@ -58,6 +58,7 @@ import dataset
 import gui  # noqa: E402
 import train_sft  # noqa: E402 -- the copy warm-up's synthetic examples
 import vlm
+from extras import synthetic_pages  # noqa: E402
 from vlm import PolicyLogProb, collate_sequences, pad_token_id  # noqa: E402
 
 
@@ -202,7 +203,7 @@ def pages(model_name: str = "tiny:128x4", lr: float = 1e-3, steps: int = 150, se
     digits / other = mean NLL of the page rows' coordinate-digit tokens / remaining response
     tokens over the 25 steps before each entry; save: write the model there."""
     rng = random.Random(seed)
-    labels = dataset.page_labels(dataset.load_episodes(data))
+    labels = synthetic_pages.page_labels(dataset.load_episodes(data))
     if not labels:
         raise ValueError(f"{data}: no element labels")
     model = _fresh(model_name, seed, untie)

@@ -10,6 +10,7 @@ import torch
 
 import dataset
 import gui
+from extras import synthetic_pages
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "runs"))
@@ -46,10 +47,10 @@ def test_cli_error_is_one_line():
 def test_synthetic_page_is_a_consistent_click():
     import random
     rng = random.Random(3)
-    labels = dataset.page_labels(dataset.load_episodes(str(REPO / "data" / "miniwob_click" / "train.jsonl")))
+    labels = synthetic_pages.page_labels(dataset.load_episodes(str(REPO / "data" / "miniwob_click" / "train.jsonl")))
     assert len(labels) > 50 and "" not in labels
     for _ in range(20):
-        goal, lines, action, thought = dataset.synthetic_page(rng, labels, 5)
+        goal, lines, action, thought = synthetic_pages.synthetic_page(rng, labels, 5)
         rows = lines.splitlines()
         assert 1 <= len(rows) <= 5
         x, y = action["coordinate"]

@@ -63,7 +63,7 @@ def test_exact_text_of_a_one_step_prompt(proc):
     p = chat.build_prompt(tok, ip, SPEC, goal="Open Maps.", screenshots=[Image.new("RGB", (56, 84))], history=[])
     # 56 x 84 -> 28 * (2 x 3) -> grid (1, 6, 4) -> 24 patches -> 6 tokens after 2x2 merging
     assert p.image_grid_thw.tolist() == [[1, 6, 4]] and p.resized_size == (56, 84)
-    want = (f"<|im_start|>system\n{chat.SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\nTask goal: Open Maps.\n"
+    want = (f"<|im_start|>system\n{chat.FULL_SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\nTask goal: Open Maps.\n"
             f"Step 1 screenshot:<|vision_start|>{'<|image_pad|>' * 6}<|vision_end|><|im_end|>\n<|im_start|>assistant\n")
     assert p.input_ids.tolist() == tok.encode(want, add_special_tokens=False)
     assert p.input_ids.dtype == torch.long and p.n_dropped_turns == 0

@@ -34,7 +34,7 @@ def toks():
 def shipped_texts() -> list[str]:
     """Every free text of every shipped episode file: goals, step instructions, thoughts, element
     lists, action texts and the expert responses as SFT trains on them, plus the system prompt."""
-    texts = [chat.SYSTEM_PROMPT]
+    texts = [chat.FULL_SYSTEM_PROMPT]
     for rel in build_tiny_tokenizer.EPISODE_FILES:
         for ep in dataset.load_episodes(str(ROOT / rel)):
             texts.append(ep.goal)

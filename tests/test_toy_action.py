@@ -75,7 +75,7 @@ def test_readme_counts_the_places_this_file_registers_into():
 
 def test_prompt_parse_and_match(toy):
     # the system prompt lists the new type (generated per build); the default text at import is as it was
-    full = chat.system_prompt_text("full")
+    full = chat.full_system_prompt()
     assert f"- {SPEC.prompt}\n" in full and full.count('\n- {"action": ') == len(gui.ACTIONS)
     assert KIND not in chat.FULL_SYSTEM_PROMPT and full.replace(f"- {SPEC.prompt}\n", "") == chat.FULL_SYSTEM_PROMPT
     from vlm import load_processor
@@ -153,7 +153,7 @@ def test_short_and_varied_thoughts_of_the_new_type(toy):
 def test_the_registries_are_restored():
     assert KIND not in gui.ACTIONS and KIND not in me.EXECUTORS and KIND not in gui.action_types()
     assert experts.EXPERTS["enter-text"] is experts.expert_enter_text
-    assert KIND not in chat.system_prompt_text("full")
+    assert KIND not in chat.full_system_prompt()
 
 
 def test_live_episode_data_and_replay(toy, tmp_path):

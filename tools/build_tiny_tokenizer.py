@@ -14,7 +14,7 @@ a byte-level BPE of `--vocab-size` tokens from the real Qwen2.5-VL tokenizer
 The corpus, in a fixed order (so the build is exact): the system prompt; for every shipped episode
 file (data/miniwob*, data/android_control/*) and every step, the text of the prompt the stages build
 (chat.build_prompt with the expert's history, special tokens cut out) and the expert's response; the
-synthetic pages of the SFT copy warm-up (dataset.synthetic_page, seed 0). Run it from the
+synthetic pages of the SFT copy warm-up (extras/synthetic_pages.py, seed 0). Run it from the
 repository root; it writes assets/tiny_tokenizer/ (the tokenizer files and BUILD.json with the
 corpus hash) and refuses to overwrite a different build unless --force:
 
@@ -37,6 +37,7 @@ import cli  # noqa: E402
 import utils  # noqa: E402
 import dataset
 import gui  # noqa: E402
+from extras import synthetic_pages  # noqa: E402
 
 QWEN_DIR = ROOT / "assets" / "qwen2_5_vl_tokenizer"
 EPISODE_FILES = ("data/miniwob/train.jsonl", "data/miniwob/test.jsonl", "data/miniwob_click/train.jsonl",
@@ -60,12 +61,12 @@ def corpus(tokenizer, image_processor) -> list[str]:
     def text_of(ids) -> str:
         return chat.strip_special(tokenizer.decode(ids, skip_special_tokens=False), specials)
 
-    texts = [chat.SYSTEM_PROMPT]
+    texts = [chat.FULL_SYSTEM_PROMPT]
     labels = []
     for rel in EPISODE_FILES:
         episodes = dataset.load_episodes(str(ROOT / rel))
         if "miniwob" in rel and rel.endswith("train.jsonl"):
-            labels += dataset.page_labels(episodes)
+            labels += synthetic_pages.page_labels(episodes)
         for ep in episodes:
             history = []
             for t, step in enumerate(ep.steps):
@@ -82,7 +83,7 @@ def corpus(tokenizer, image_processor) -> list[str]:
     rng = random.Random(0)
     labels = sorted(set(labels))
     for _ in range(N_SYNTHETIC):
-        goal, lines, action, thought = dataset.synthetic_page(rng, labels, 4)
+        goal, lines, action, thought = synthetic_pages.synthetic_page(rng, labels, 4)
         texts += [f"Task goal: {goal}\nUI elements on screen:\n{lines}", gui.format_response(thought, action)]
     return texts
 
