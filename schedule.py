@@ -53,11 +53,17 @@ def step_tasks(seed: int, step: int, round_: int, n: int, n_episodes: int, batch
     return out
 
 
+def stable_seed(*key) -> int:
+    """A sampling seed from `key` (numbers, strings, tuples), the same in every process (no Python
+    hash randomisation): the task seeds here, the prompt seeds of the rollout driver."""
+    h = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & 0x7FFF_FFFF_FFFF
+
+
 def task_seed(seed: int, step: int, slot: int) -> int:
     """The sampling seed of global slot `slot` of `step` (slots count the step's tasks across
-    refill rounds), the same in every process (no Python hash randomisation)."""
-    h = hashlib.blake2b(repr(("task", seed, step, slot)).encode(), digest_size=8).digest()
-    return int.from_bytes(h, "little") & 0x7FFF_FFFF_FFFF
+    refill rounds)."""
+    return stable_seed("task", seed, step, slot)
 
 
 class TaskDraw:
