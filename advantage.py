@@ -84,8 +84,7 @@ def discounted_returns(rewards, gamma: float, reset_mask=None) -> torch.Tensor:
 
     rewards: (T,) in step order 0..T-1. reset_mask: optional bool (T,), True at a wrong step, where
     the release cuts the chain (eq. 6.1'): R_t = r_t, and the running return restarts from 0.
-    Returns fp32 (T,). Raises ValueError: gamma outside [0, 1]; reset_mask of another length.
-    """
+    Returns fp32 (T,). Raises ValueError: gamma outside [0, 1]; reset_mask of another length."""
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
     r = _as_1d(rewards, torch.float64)  # (T,) float64 so long chains add up exactly
@@ -109,8 +108,7 @@ def discounted_returns_ragged(rewards, rollout_ids, step_idx, gamma: float,
     rewards (M,), rollout_ids (M,) int (unique across tasks), step_idx (M,) int, reset_mask optional
     bool (M,). Each rollout holds the steps 0..L-1 once (a semi-online rollout is a prefix of its
     episode). Returns fp32 (M,) in the input order. Raises ValueError: inputs of different lengths;
-    a rollout whose steps are not 0..L-1 once each; gamma outside [0, 1].
-    """
+    a rollout whose steps are not 0..L-1 once each; gamma outside [0, 1]."""
     r = _as_1d(rewards, torch.float32)  # (M,)
     rid = _as_1d(rollout_ids, torch.int64)  # (M,)
     sidx = _as_1d(step_idx, torch.int64)  # (M,)
@@ -136,8 +134,8 @@ def step_advantages(returns, task_ids, step_idx, eps: float = 1e-6,
                     norm: str = "mean_std") -> torch.Tensor:
     """A^S_i,t (eq. 6.2), G_t = same task and same step t: returns (M,) float, task_ids (M,) int,
     step_idx (M,) int -> fp32 (M,). A group of one gets 0 (only one rollout reached step t).
-    norm, eps: normalize_groups'. Raises ValueError: inputs of different lengths; eps < 0; bad norm.
-    """
+    norm, eps: normalize_groups'. Raises ValueError: inputs of different lengths; eps < 0; bad
+    norm."""
     R = _as_1d(returns, torch.float32)  # (M,)
     tid, sidx = _as_1d(task_ids, torch.int64), _as_1d(step_idx, torch.int64)
     _check_same_len(returns=R, task_ids=tid, step_idx=sidx)
@@ -157,8 +155,7 @@ def episode_advantages(returns, rewards, task_ids, rollout_ids, step_idx, *, for
     (M,) (unique across tasks), step_idx (M,). form "paper" (eq. 6.3): R_i is rollout i's return at
     its last step, normalised over the task's rollouts and broadcast to all its steps; "release"
     (eq. 6.3'): each record's r_i,t normalised against all records of its task.
-    Raises ValueError: form not in EPISODE_FORMS; inputs of different lengths; eps < 0.
-    """
+    Raises ValueError: form not in EPISODE_FORMS; inputs of different lengths; eps < 0."""
     if form not in EPISODE_FORMS:
         raise ValueError(f"episode form must be one of {EPISODE_FORMS}, got {form!r}")
     R, r = _as_1d(returns, torch.float32), _as_1d(rewards, torch.float32)  # (M,) each
@@ -191,8 +188,7 @@ def dynamic_sampling_keep(step0_returns: Sequence[Sequence[float]],
     step0_returns: one sequence per task, the step-0 return of each of its rollouts. The POPULATION
     std (ddof=0, the release's np.std); a task with a single rollout is kept, as in the release; a
     constant group has std exactly 0, so threshold 0 drops exactly the tasks with no variation.
-    Raises ValueError when a task has no step-0 return.
-    """
+    Raises ValueError when a task has no step-0 return."""
     keep = []
     for vals in step0_returns:
         v = [float(x) for x in vals]
@@ -234,8 +230,7 @@ def compute_advantages(records: Sequence[Any], *, gamma: float,
     reward.shaped_reward). A_i,t = w_episode * A^E_i + omega * A^S_i,t (eq. 6.4; release: both
     1.0); norm: normalize_groups', for both levels. Raises ValueError: returns_form, episode_form
     or norm unknown, gamma outside [0, 1], eps < 0, a rollout whose steps are not 0..L-1, rewards
-    of another length; KeyError / AttributeError: a record without a field.
-    """
+    of another length; KeyError / AttributeError: a record without a field."""
     if returns_form not in RETURNS_FORMS:
         raise ValueError(f"returns form must be one of {RETURNS_FORMS}, got {returns_form!r}")
     tid, sidx = _column(records, "task_idx", torch.int64), _column(records, "step_idx", torch.int64)

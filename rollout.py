@@ -1,9 +1,7 @@
-"""Rollouts for semi-online RL (docs/method.md §5): the method's driver and the rollout -> trainer
-contract.
-
-`semi_online_rollout`: N rollouts per task walk the expert episode with their OWN history; a
-wrong response is patched (patch.py) or ends its rollout. One `StepRecord` per sampled response
-is what the trainer reads. `sop_progress`: each rollout's SOP progress (§8), logged and scored.
+"""Rollouts for semi-online RL (docs/method.md §5): `semi_online_rollout` walks N rollouts per task
+through the expert episode with their OWN history; a wrong response is patched (patch.py) or ends
+its rollout. One `StepRecord` per sampled response is what the trainer reads. `sop_progress`: each
+rollout's SOP progress (§8), logged and scored.
 """
 from __future__ import annotations
 
@@ -69,13 +67,11 @@ class _Rollout:
 @dataclass(frozen=True)
 class RolloutSpec:
     """How the rollouts walk each expert episode (§5), set by the trainer or the evaluator.
-
-    n_rollouts: N, the rollouts per task (the group; eq. 6.3 normalises over those at a step).
-    patch_mode, patch_threshold: how a wrong step is patched (patch.make_patch) and how many patches
-    a rollout may take (0: the first wrong step ends it, as SOP does). history_mode: "own"
-    (semi-online RL) or "expert" (offline RL and the static protocol: the expert's history, no early
-    end). match_rules: action_match's ("strict", "release" or a rule function).
-    greedy: argmax decoding. image_root, blank_screens: dataset.load_screenshot's."""
+    n_rollouts: N, the group of eq. 6.2-6.3. patch_mode, patch_threshold: how a wrong step is patched
+    and how many patches a rollout may take (0: the first wrong step ends it, as SOP does).
+    history_mode: "own" (semi-online RL) or "expert" (offline RL and the static protocol: no early
+    end). match_rules: action_match's ("strict", "release" or a rule function). greedy: argmax
+    decoding. image_root, blank_screens: dataset.load_screenshot's."""
     n_rollouts: int = 8
     patch_mode: str = "thought-free"
     patch_threshold: int = 2
@@ -149,9 +145,8 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor,
 
 
 class _Prompts:
-    """The driver's prompts: prompt_for(k, t, history, hint) is chat.step_prompt of task k at step
-    t, the screenshots loaded lazily, once per (task, step), freed when no later prompt reads
-    them."""
+    """prompt_for(k, t, history, hint): chat.step_prompt of task k at step t, each screenshot loaded
+    once, freed when no later prompt reads it."""
 
     def __init__(self, episodes, tokenizer, image_processor, spec, image_root, blank_screens):
         self.episodes, self.spec = episodes, spec
@@ -181,23 +176,19 @@ class _Prompts:
 
 def _sample_step(sampler, prompt_for, episodes, states, live, t: int, task_seeds,
                  greedy: bool) -> dict:
-    """One sampler call for step t: identical (task, history) pairs share one prompt, built once,
-    that asks for as many samples as rollouts share it. Returns {(k, i): (prompt, sample)} of the
-    live rollouts."""
+    """One sampler call for step t: rollouts of one (task, history) share a prompt, which asks for
+    as many samples. Returns {(k, i): (prompt, sample)} of the live rollouts."""
     groups: dict[tuple, list[int]] = {}
     for k, i in live:
         groups.setdefault((k, tuple(states[k][i].history)), []).append(i)
     keys = list(groups)
     prompts = {key: prompt_for(key[0], t, list(key[1])) for key in keys}
-    outs: dict[tuple[int, int], Any] = {}
     seeds = None if task_seeds is None else [
         stable_seed(task_seeds[k], episodes[k].episode_id, t, h) for k, h in keys]
     res = sampler.generate([prompts[key] for key in keys], n=[len(groups[key]) for key in keys],
                            greedy=greedy, seeds=seeds)
-    for key, samples in zip(keys, res):
-        for i, s in zip(groups[key], samples):
-            outs[(key[0], i)] = (prompts[key], s)
-    return outs
+    return {(key[0], i): (prompts[key], s) for key, samples in zip(keys, res)
+            for i, s in zip(groups[key], samples)}
 
 
 def _advance(state: _Rollout, rec: StepRecord, step, orig, walk: RolloutSpec,
@@ -221,20 +212,18 @@ def _advance(state: _Rollout, rec: StepRecord, step, orig, walk: RolloutSpec,
                                               orig_size=orig, resized_size=rec.prompt.resized_size,
                                               episode_id=episode_id))
     else:
-        state.alive = False
-        rec.ended = True
+        rec.ended, state.alive = True, False
     return False
 
 
 # -----------------------------------------------------------------------------
-# SOP progress of a walk (docs/method.md §8): the trainer logs it, the evaluator's PG and TSR
-# (evaluation/metrics.py) are built on it
+# SOP progress of a walk (docs/method.md §8): one definition, logged by the trainer, the basis of
+# the evaluator's PG and TSR (evaluation/metrics.py)
 
 def sop_progress(records: list[StepRecord],
                  episode_len: dict) -> dict[tuple[int, int], tuple[int, int]]:
-    """SOP progress of each rollout (§8), one definition for evaluation (PG, TSR) and training.
-    episode_len: task_idx -> steps of its episode. Returns (task_idx, rollout_idx) -> (correct steps
-    before the rollout's first wrong step, episode length)."""
+    """SOP progress of each rollout (§8). episode_len: task_idx -> steps of its episode. Returns
+    (task_idx, rollout_idx) -> (correct steps before its first wrong step, episode length)."""
     first_err: dict[tuple[int, int], int] = {}
     for r in records:
         key = (r.task_idx, r.rollout_idx)
