@@ -67,16 +67,9 @@ def _check(hidden, weight, targets, temperature, ignore_index):
 # pure-torch reference (the CPU path)
 
 
-def _ref_chunk(V, chunk_size):
-    if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f"fused_logprob_ref: chunk_size must be >= 1, got {chunk_size}")
-    return chunk_size if chunk_size is not None else max(1, _REF_CHUNK_BYTES // (4 * V))
-
-
-def _scaled(h, inv_t):
-    """h (C, H) in fp32, times 1/T when T != 1: scaling h costs H/V of scaling the (C, V) logits."""
-    h = h.float()
-    return h if inv_t == 1.0 else h * inv_t
+def _chunk(N, V, chunk_size):
+    """Tokens per chunk: chunk_size, or as many as _REF_CHUNK_BYTES of fp32 logits hold."""
+    return min(chunk_size or max(1, _REF_CHUNK_BYTES // (4 * V)), max(N, 1))
 
 
 @torch.no_grad()
@@ -89,7 +82,7 @@ def _logprob_fwd_ref(hidden, weight, targets, temperature, ignore_index, compute
     logp = torch.zeros(N, dtype=torch.float32, device=hidden.device)
     ent = torch.zeros(N, dtype=torch.float32, device=hidden.device)
     norm = torch.zeros(2, N, dtype=torch.float32, device=hidden.device)  # (m, log L), see Numerics
-    C = min(_ref_chunk(V, chunk_size), max(N, 1))
+    C = _chunk(N, V, chunk_size)
     # Per chunk, over the (C, V) block: the GEMM, max, subtract, exp (into a second buffer when the
     # entropy needs z - m after it), sum, and for the entropy one fused dot per row. log p of the
     # target comes from a gather, ent = log L - sum exp(z - m) (z - m) / L: no log-softmax block.
@@ -97,7 +90,8 @@ def _logprob_fwd_ref(hidden, weight, targets, temperature, ignore_index, compute
     e_buf = torch.empty(C, V, dtype=torch.float32, device=hidden.device) if compute_entropy else z_buf
     for c0 in range(0, N, C):
         c1 = min(c0 + C, N)
-        z = torch.mm(_scaled(hidden[c0:c1], inv_t), w32.t(), out=z_buf[: c1 - c0])  # (C, V) logits / T
+        # (C, V) logits / T; scaling h by 1/T costs H/V of scaling the logits
+        z = torch.mm(hidden[c0:c1].float() * inv_t, w32.t(), out=z_buf[: c1 - c0])
         m = z.amax(dim=1)  # (C,)
         z.sub_(m[:, None])  # z - m <= 0
         zy = z.gather(1, y[c0:c1, None]).squeeze(1)  # z_y - m
@@ -122,7 +116,7 @@ def _logprob_bwd_ref(hidden, weight, targets, norm, ent, g_logp, g_ent, temperat
     y = targets  # ignored rows arrive as 0 with g = 0 (see _LogProb.backward)
     dh = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device) if need_dh else None
     dw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_dw else None
-    C = min(_ref_chunk(V, chunk_size), max(N, 1))
+    C = _chunk(N, V, chunk_size)
     # dz = [g 1(j = y) - p (g + e (log p + ent))] / T with p = exp(z - m) / L, log p = (z - m) - log L:
     #    = g/T 1(j = y) + exp(z - m) (a + b (z - m)),  a = -(g + e (ent - log L)) / (T L),  b = -e / (T L)
     # so per chunk: the GEMM, subtract, exp, and with the entropy one addcmul and one multiply.
@@ -131,7 +125,7 @@ def _logprob_bwd_ref(hidden, weight, targets, norm, ent, g_logp, g_ent, temperat
     for c0 in range(0, N, C):
         c1 = min(c0 + C, N)
         h_c = hidden[c0:c1].float()
-        z = torch.mm(_scaled(h_c, inv_t), w32.t(), out=z_buf[: c1 - c0])  # (C, V) recomputed logits / T
+        z = torch.mm(h_c * inv_t, w32.t(), out=z_buf[: c1 - c0])  # (C, V) recomputed logits / T
         z.sub_(norm[0, c0:c1, None])  # z - m
         inv_tl = torch.exp(-norm[1, c0:c1]) * inv_t  # 1 / (T L), (C,)
         g = g_logp[c0:c1]
@@ -192,6 +186,8 @@ def fused_logprob_ref(hidden, weight, targets, temperature=1.0, return_entropy=F
     ValueError for chunk_size < 1; chunk_size = tokens per chunk (default: 64 MiB of fp32 logits).
     Computes in fp32 whatever the input dtypes (hidden and weight may differ); dh and dW come back
     in hidden's and weight's dtype."""
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"fused_logprob_ref: chunk_size must be >= 1, got {chunk_size}")
     fwd = functools.partial(_logprob_fwd_ref, chunk_size=chunk_size)
     bwd = functools.partial(_logprob_bwd_ref, chunk_size=chunk_size)
     logp, ent = _LogProb.apply(hidden, weight, targets, float(temperature), ignore_index, return_entropy, fwd, bwd)

@@ -74,10 +74,8 @@ def ppo_loss_ref(logp, old_logp, adv, mask, ref_logp=None, clip_low=0.2, clip_hi
 
 def ppo_loss(logp, old_logp, adv, mask, ref_logp=None, clip_low=0.2, clip_high=0.2, clip_c=3.0, kl_coef=1e-4,
              kl_clamp=10.0, log_ratio_clamp=20.0):
-    """Per-token PPO loss (N,) fp32 and stats {'ratio', 'clipped' (the clip or the dual clip chose a
-    constant), 'dual_clipped', 'kl'}, all 0 where mask == 0; eq. 7.1-7.3 of docs/method.md §7
-    (verl's dual clip and low_var_kl).
-
+    """Per-token PPO loss (N,) fp32 (the module docstring's) and stats {'ratio', 'clipped' (the
+    clip or the dual clip chose a constant), 'dual_clipped', 'kl'}, all 0 where mask == 0.
     logp, old_logp, adv (and ref_logp) any float dtype, mask any dtype (nonzero: the token counts),
     all of one shape (typically (N,)). Differentiable w.r.t. logp only, in logp's dtype. Triton on
     CUDA (or UIS1_FORCE_TRITON=1), ppo_loss_ref otherwise.
