@@ -67,8 +67,8 @@ class _Rollout:
 @dataclass(frozen=True)
 class RolloutSpec:
     """How the rollouts walk each expert episode (§5), set by the trainer or the evaluator.
-    n_rollouts: N, the group of eq. 6.2-6.3. patch_mode, patch_threshold: how a wrong step is patched
-    and how many patches a rollout may take (0: the first wrong step ends it, as SOP does).
+    n_rollouts: N, the group of eq. 6.2-6.3. patch_mode, patch_threshold: how a wrong step is
+    patched and how many patches a rollout may take (0: the first wrong step ends it, as SOP does).
     history_mode: "own" (semi-online RL) or "expert" (offline RL and the static protocol: no early
     end). match_rules: action_match's ("strict", "release" or a rule function). greedy: argmax
     decoding. image_root, blank_screens: dataset.load_screenshot's."""
