@@ -43,11 +43,10 @@ def _dense_ids(*keys: torch.Tensor) -> tuple[torch.Tensor, int]:
     return inv.to(torch.int64).contiguous(), uniq.shape[0]
 
 
-def _check_same_len(**tensors: torch.Tensor) -> int:
+def _check_same_len(**tensors: torch.Tensor) -> None:
     lens = {name: t.numel() for name, t in tensors.items()}
     if len(set(lens.values())) > 1:
         raise ValueError(f"inputs must have one length each, got {lens}")
-    return next(iter(lens.values()))
 
 
 # -----------------------------------------------------------------------------
@@ -85,18 +84,14 @@ def discounted_returns(rewards, gamma: float, reset_mask=None) -> torch.Tensor:
 
     rewards: (T,) in step order 0..T-1. reset_mask: optional bool (T,), True at a wrong step, where
     the release cuts the chain (eq. 6.1'): R_t = r_t, and the running return restarts from 0.
-    Returns fp32 (T,). Raises ValueError: gamma outside [0, 1]; reset_mask of another length.
-    """
+    Returns fp32 (T,). Raises ValueError: gamma outside [0, 1]; reset_mask of another length."""
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
     r = _as_1d(rewards, torch.float64)  # (T,) float64 so long chains add up exactly
-    T = r.numel()
-    no_reset = reset_mask is None
-    reset = torch.zeros(T, dtype=torch.bool) if no_reset else _as_1d(reset_mask, torch.bool)
+    reset = _as_1d([False] * r.numel() if reset_mask is None else reset_mask, torch.bool)  # (T,)
     _check_same_len(rewards=r, reset_mask=reset)
-    R = torch.empty(T, dtype=torch.float64)  # (T,)
-    running = 0.0
-    for t in reversed(range(T)):
+    R, running = torch.empty_like(r), 0.0  # (T,)
+    for t in reversed(range(r.numel())):
         if reset[t]:
             R[t] = r[t]
             running = 0.0  # release: a wrong step neither receives nor passes on future return
@@ -113,13 +108,11 @@ def discounted_returns_ragged(rewards, rollout_ids, step_idx, gamma: float,
     rewards (M,), rollout_ids (M,) int (unique across tasks), step_idx (M,) int, reset_mask optional
     bool (M,). Each rollout holds the steps 0..L-1 once (a semi-online rollout is a prefix of its
     episode). Returns fp32 (M,) in the input order. Raises ValueError: inputs of different lengths;
-    a rollout whose steps are not 0..L-1 once each; gamma outside [0, 1].
-    """
+    a rollout whose steps are not 0..L-1 once each; gamma outside [0, 1]."""
     r = _as_1d(rewards, torch.float32)  # (M,)
     rid = _as_1d(rollout_ids, torch.int64)  # (M,)
     sidx = _as_1d(step_idx, torch.int64)  # (M,)
-    no_reset = reset_mask is None
-    reset = torch.zeros_like(r, dtype=torch.bool) if no_reset else _as_1d(reset_mask, torch.bool)
+    reset = _as_1d([False] * r.numel() if reset_mask is None else reset_mask, torch.bool)  # (M,)
     _check_same_len(rewards=r, rollout_ids=rid, step_idx=sidx, reset_mask=reset)
     out = torch.empty_like(r)  # (M,)
     for u in torch.unique(rid).tolist():
@@ -141,12 +134,11 @@ def step_advantages(returns, task_ids, step_idx, eps: float = 1e-6,
                     norm: str = "mean_std") -> torch.Tensor:
     """A^S_i,t (eq. 6.2), G_t = same task and same step t: returns (M,) float, task_ids (M,) int,
     step_idx (M,) int -> fp32 (M,). A group of one gets 0 (only one rollout reached step t).
-    norm, eps: normalize_groups'. Raises ValueError: inputs of different lengths; eps < 0; bad norm.
-    """
+    norm, eps: normalize_groups'. Raises ValueError: inputs of different lengths; eps < 0; bad
+    norm."""
     R = _as_1d(returns, torch.float32)  # (M,)
     tid, sidx = _as_1d(task_ids, torch.int64), _as_1d(step_idx, torch.int64)
-    if _check_same_len(returns=R, task_ids=tid, step_idx=sidx) == 0:
-        return R.clone()
+    _check_same_len(returns=R, task_ids=tid, step_idx=sidx)
     gid, _ = _dense_ids(tid, sidx)  # (M,) one id per (task, step)
     return normalize_groups(R, gid, norm=norm, eps=eps)
 
@@ -163,15 +155,12 @@ def episode_advantages(returns, rewards, task_ids, rollout_ids, step_idx, *, for
     (M,) (unique across tasks), step_idx (M,). form "paper" (eq. 6.3): R_i is rollout i's return at
     its last step, normalised over the task's rollouts and broadcast to all its steps; "release"
     (eq. 6.3'): each record's r_i,t normalised against all records of its task.
-    Raises ValueError: form not in EPISODE_FORMS; inputs of different lengths; eps < 0.
-    """
+    Raises ValueError: form not in EPISODE_FORMS; inputs of different lengths; eps < 0."""
     if form not in EPISODE_FORMS:
         raise ValueError(f"episode form must be one of {EPISODE_FORMS}, got {form!r}")
     R, r = _as_1d(returns, torch.float32), _as_1d(rewards, torch.float32)  # (M,) each
     tid, rid, sidx = (_as_1d(x, torch.int64) for x in (task_ids, rollout_ids, step_idx))
-    M = _check_same_len(returns=R, rewards=r, task_ids=tid, rollout_ids=rid, step_idx=sidx)
-    if M == 0:
-        return R.clone()
+    _check_same_len(returns=R, rewards=r, task_ids=tid, rollout_ids=rid, step_idx=sidx)
     task_dense, _ = _dense_ids(tid)  # (M,)
     if form == "release":
         return normalize_groups(r, task_dense, norm=norm, eps=eps)
@@ -188,14 +177,6 @@ def episode_advantages(returns, rewards, task_ids, rollout_ids, step_idx, *, for
     return adv_roll[roll]  # (M,) broadcast to every step of the rollout
 
 
-def combine(adv_episode, adv_step, w_episode: float = 1.0, omega: float = 1.0) -> torch.Tensor:
-    """A_i,t = w_episode * A^E_i + omega * A^S_i,t (eq. 6.4; release: both 1.0), fp32 (M,).
-    Raises ValueError when adv_episode and adv_step differ in length."""
-    aE, aS = _as_1d(adv_episode, torch.float32), _as_1d(adv_step, torch.float32)
-    _check_same_len(adv_episode=aE, adv_step=aS)
-    return w_episode * aE + omega * aS
-
-
 # -----------------------------------------------------------------------------
 # dynamic sampling (docs/method.md §6, DAPO-style)
 
@@ -207,8 +188,7 @@ def dynamic_sampling_keep(step0_returns: Sequence[Sequence[float]],
     step0_returns: one sequence per task, the step-0 return of each of its rollouts. The POPULATION
     std (ddof=0, the release's np.std); a task with a single rollout is kept, as in the release; a
     constant group has std exactly 0, so threshold 0 drops exactly the tasks with no variation.
-    Raises ValueError when a task has no step-0 return.
-    """
+    Raises ValueError when a task has no step-0 return."""
     keep = []
     for vals in step0_returns:
         v = [float(x) for x in vals]
@@ -224,10 +204,6 @@ def dynamic_sampling_keep(step0_returns: Sequence[Sequence[float]],
 # the trainer's entry point: flat records in, one advantage and return per record out
 
 
-def _field(rec: Any, name: str):
-    return rec[name] if isinstance(rec, Mapping) else getattr(rec, name)
-
-
 @dataclass
 class Advantages:
     adv: torch.Tensor  # (M,) fp32, combined A_i,t of each record, in record order
@@ -236,23 +212,10 @@ class Advantages:
     adv_step: torch.Tensor  # (M,) fp32, A^S
 
 
-def records_to_tensors(records: Sequence[Any]) -> dict[str, torch.Tensor]:
-    """Columns of the records (dicts or objects with these attributes): task_idx, rollout_idx,
-    step_idx (int64), reward (fp32), match (bool), and "rollout", the dense id of (task_idx,
-    rollout_idx) (rollout_idx need only be unique within its task). Raises KeyError / AttributeError
-    when a record lacks a field, ValueError / TypeError when a field is not a number."""
-    cols = {
-        "task_idx": _as_1d([_field(x, "task_idx") for x in records], torch.int64),
-        "rollout_idx": _as_1d([_field(x, "rollout_idx") for x in records], torch.int64),
-        "step_idx": _as_1d([_field(x, "step_idx") for x in records], torch.int64),
-        "reward": _as_1d([float(_field(x, "reward")) for x in records], torch.float32),
-        "match": _as_1d([bool(_field(x, "match")) for x in records], torch.bool),
-    }
-    if len(records):
-        cols["rollout"], _ = _dense_ids(cols["task_idx"], cols["rollout_idx"])
-    else:
-        cols["rollout"] = torch.zeros(0, dtype=torch.int64)
-    return cols
+def _column(records: Sequence[Any], name: str, dtype) -> torch.Tensor:
+    """Field `name` of every record (a dict or an object with that attribute) as a (M,) tensor."""
+    return torch.tensor([r[name] if isinstance(r, Mapping) else getattr(r, name) for r in records],
+                        dtype=dtype)
 
 
 def compute_advantages(records: Sequence[Any], *, gamma: float,
@@ -261,27 +224,27 @@ def compute_advantages(records: Sequence[Any], *, gamma: float,
                        eps: float = 1e-6, norm: str = "mean_std") -> Advantages:
     """Returns and advantages of the flat per-(task, rollout, step) records (docs/method.md §6).
 
-    records: see `records_to_tensors`. Groups never cross tasks, so a task's result does not depend
-    on the other tasks in the list. rewards: one per record, replacing the records' own (the
-    trainer's reward.shaped_reward); default: theirs. norm: normalize_groups', for both levels.
-    Raises ValueError: returns_form, episode_form or norm unknown, gamma outside [0, 1], eps < 0,
-    a rollout whose steps are not 0..L-1.
-    """
+    records: dicts or objects with task_idx, rollout_idx (unique within its task), step_idx, reward
+    and match. Groups never cross tasks, so a task's result does not depend on the other tasks in
+    the list. rewards: one per record, replacing the records' own (the trainer's
+    reward.shaped_reward). A_i,t = w_episode * A^E_i + omega * A^S_i,t (eq. 6.4; release: both
+    1.0); norm: normalize_groups', for both levels. Raises ValueError: returns_form, episode_form
+    or norm unknown, gamma outside [0, 1], eps < 0, a rollout whose steps are not 0..L-1, rewards
+    of another length; KeyError / AttributeError: a record without a field."""
     if returns_form not in RETURNS_FORMS:
         raise ValueError(f"returns form must be one of {RETURNS_FORMS}, got {returns_form!r}")
-    if norm not in NORMS:
-        raise ValueError(f"advantage norm must be one of {NORMS}, got {norm!r}")
-    c = records_to_tensors(records)
+    tid, sidx = _column(records, "task_idx", torch.int64), _column(records, "step_idx", torch.int64)
+    rid, _ = _dense_ids(tid, _column(records, "rollout_idx", torch.int64))  # (M,) across tasks
+    r = _column(records, "reward", torch.float32)  # (M,)
     if rewards is not None:
-        c["reward"] = _as_1d([float(x) for x in rewards], torch.float32)
-        _check_same_len(rewards=c["reward"], records=c["task_idx"])
-    reset = ~c["match"] if returns_form == "release" else None  # (M,)
-    returns = discounted_returns_ragged(c["reward"], c["rollout"], c["step_idx"], gamma,
-                                        reset)  # (M,)
-    adv_step = step_advantages(returns, c["task_idx"], c["step_idx"], eps=eps, norm=norm)  # (M,)
-    adv_episode = episode_advantages(returns, c["reward"], c["task_idx"], c["rollout"],
-                                     c["step_idx"], form=episode_form, eps=eps, norm=norm)  # (M,)
-    adv = combine(adv_episode, adv_step, w_episode=w_episode, omega=omega)  # (M,)
+        r = _as_1d([float(x) for x in rewards], torch.float32)
+        _check_same_len(rewards=r, records=tid)
+    reset = ~_column(records, "match", torch.bool) if returns_form == "release" else None  # (M,)
+    returns = discounted_returns_ragged(r, rid, sidx, gamma, reset)  # (M,)
+    adv_step = step_advantages(returns, tid, sidx, eps=eps, norm=norm)  # (M,)
+    adv_episode = episode_advantages(returns, r, tid, rid, sidx, form=episode_form, eps=eps,
+                                     norm=norm)  # (M,)
+    adv = w_episode * adv_episode + omega * adv_step  # (M,) eq. 6.4
     return Advantages(adv=adv, returns=returns, adv_episode=adv_episode, adv_step=adv_step)
 
 
@@ -289,14 +252,13 @@ def dynamic_sampling_tasks(records: Sequence[Any], returns, threshold: float = 0
     """The task_idx values to keep: `dynamic_sampling_keep` on each task's step-0 returns.
     returns (M,) in record order (compute_advantages(...).returns). Raises ValueError when returns
     and records differ in length."""
-    R = _as_1d(returns, torch.float32).tolist()
-    if len(R) != len(records):
-        raise ValueError(f"{len(records)} records but {len(R)} returns")
-    step0: dict[int, list[float]] = {}
-    for rec, ret in zip(records, R):
-        vals = step0.setdefault(int(_field(rec, "task_idx")), [])
-        if int(_field(rec, "step_idx")) == 0:
-            vals.append(ret)
+    tid, sidx = _column(records, "task_idx", torch.int64), _column(records, "step_idx", torch.int64)
+    R = _as_1d(returns, torch.float32)  # (M,)
+    _check_same_len(records=tid, returns=R)
+    step0: dict[int, list[float]] = {t: [] for t in tid.tolist()}
+    for t, s, ret in zip(tid.tolist(), sidx.tolist(), R.tolist()):
+        if s == 0:
+            step0[t].append(ret)
     tasks = sorted(step0)
     keep = dynamic_sampling_keep([step0[t] for t in tasks], threshold)
     return {t for t, k in zip(tasks, keep) if k}

@@ -1,13 +1,10 @@
-"""Rollouts for semi-online RL (docs/method.md §5): the method's driver and the rollout -> trainer
-contract.
-
-`semi_online_rollout`: N rollouts per task walk the expert episode with their OWN history; a
-wrong response is patched (patch.py) or ends its rollout. One `StepRecord` per sampled response
-is what the trainer reads. `sop_progress`: each rollout's SOP progress (§8), logged and scored.
+"""Rollouts for semi-online RL (docs/method.md §5): `semi_online_rollout` walks N rollouts per task
+through the expert episode with their OWN history; a wrong response is patched (patch.py) or ends
+its rollout. One `StepRecord` per sampled response is what the trainer reads. `sop_progress`: each
+rollout's SOP progress (§8), logged and scored.
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -19,6 +16,7 @@ import dataset
 import gui
 import patch
 import reward
+from schedule import stable_seed
 
 # -----------------------------------------------------------------------------
 # semi-online rollout driver (docs/method.md §5)
@@ -69,13 +67,11 @@ class _Rollout:
 @dataclass(frozen=True)
 class RolloutSpec:
     """How the rollouts walk each expert episode (§5), set by the trainer or the evaluator.
-
-    n_rollouts: N, the rollouts per task (the group; eq. 6.3 normalises over those at a step).
-    patch_mode, patch_threshold: how a wrong step is patched (patch.make_patch) and how many patches
-    a rollout may take (0: the first wrong step ends it, as SOP does). history_mode: "own"
-    (semi-online RL) or "expert" (offline RL and the static protocol: the expert's history, no early
-    end). match_rules: action_match's ("strict", "release" or a rule function).
-    greedy: argmax decoding. image_root, blank_screens: dataset.load_screenshot's."""
+    n_rollouts: N, the group of eq. 6.2-6.3. patch_mode, patch_threshold: how a wrong step is
+    patched and how many patches a rollout may take (0: the first wrong step ends it, as SOP does).
+    history_mode: "own" (semi-online RL) or "expert" (offline RL and the static protocol: no early
+    end). match_rules: action_match's ("strict", "release" or a rule function). greedy: argmax
+    decoding. image_root, blank_screens: dataset.load_screenshot's."""
     n_rollouts: int = 8
     patch_mode: str = "thought-free"
     patch_threshold: int = 2
@@ -98,8 +94,8 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor,
     greedy rollout, patch_threshold 0; static the same with the expert's history).
 
     sampler: sampler.Sampler or anything with .generate(prompts, n, greedy, seeds) (n: a sample
-    count per prompt) returning outs[i][j] with .text, .ids, .logprobs, .finish_reason; a sampler's
-    own `prompt_builder` replaces _Prompts (the expert replay's builds none: policies.StepPrompts).
+    count per prompt) -> outs[i][j] with .text, .ids, .logprobs, .finish_reason; its own
+    `prompt_builder`, if any, replaces _Prompts (policies.StepPrompts of the expert replay).
     episodes: list[dataset.Episode]. spec: the prompt contract. seed: an int or one per task; a
     prompt's seed derives from (it, episode_id, step, history), so a task's rollouts depend on
     neither the batch nor the rank. task_ids: each episode's task_idx in the records (default: its
@@ -138,20 +134,19 @@ def semi_online_rollout(sampler, episodes, tokenizer, image_processor,
                              ended=False, history=list(state.history))
             records.append(rec)
             if _advance(state, rec, step, orig, walk, episodes[k].episode_id):
-                expert = patch.expert_action_resized(step, orig, prompt.resized_size)
-                to_patch.append((k, i, rec, expert))
+                to_patch.append((k, i, rec, orig))  # an on-policy patch, made below
             if t == len(episodes[k].steps) - 1:  # the episode's last step ends every rollout
                 rec.ended, state.alive = True, False
-        if to_patch:
-            _patch_on_policy(sampler, prompt_for, episodes, states, to_patch, t, task_seeds,
-                             walk.greedy)
+        if to_patch:  # --patch on-policy: the policy writes the patches' thoughts, all at once
+            from extras.on_policy_patch import patch_on_policy
+            patch_on_policy(sampler, prompt_for, episodes, states, to_patch, t, task_seeds,
+                            walk.greedy)
     return records
 
 
 class _Prompts:
-    """The driver's prompts: prompt_for(k, t, history, hint) is chat.step_prompt of task k at step
-    t, the screenshots loaded lazily, once per (task, step), freed when no later prompt reads
-    them."""
+    """prompt_for(k, t, history, hint): chat.step_prompt of task k at step t, each screenshot loaded
+    once, freed when no later prompt reads it."""
 
     def __init__(self, episodes, tokenizer, image_processor, spec, image_root, blank_screens):
         self.episodes, self.spec = episodes, spec
@@ -181,23 +176,19 @@ class _Prompts:
 
 def _sample_step(sampler, prompt_for, episodes, states, live, t: int, task_seeds,
                  greedy: bool) -> dict:
-    """One sampler call for step t: identical (task, history) pairs share one prompt, built once,
-    that asks for as many samples as rollouts share it. Returns {(k, i): (prompt, sample)} of the
-    live rollouts."""
+    """One sampler call for step t: rollouts of one (task, history) share a prompt, which asks for
+    as many samples. Returns {(k, i): (prompt, sample)} of the live rollouts."""
     groups: dict[tuple, list[int]] = {}
     for k, i in live:
         groups.setdefault((k, tuple(states[k][i].history)), []).append(i)
     keys = list(groups)
     prompts = {key: prompt_for(key[0], t, list(key[1])) for key in keys}
-    outs: dict[tuple[int, int], Any] = {}
-    seeds = None if task_seeds is None else [_seed(task_seeds[k], episodes[k].episode_id, t, h)
-                                             for k, h in keys]
+    seeds = None if task_seeds is None else [
+        stable_seed(task_seeds[k], episodes[k].episode_id, t, h) for k, h in keys]
     res = sampler.generate([prompts[key] for key in keys], n=[len(groups[key]) for key in keys],
                            greedy=greedy, seeds=seeds)
-    for key, samples in zip(keys, res):
-        for i, s in zip(groups[key], samples):
-            outs[(key[0], i)] = (prompts[key], s)
-    return outs
+    return {(key[0], i): (prompts[key], s) for key, samples in zip(keys, res)
+            for i, s in zip(groups[key], samples)}
 
 
 def _advance(state: _Rollout, rec: StepRecord, step, orig, walk: RolloutSpec,
@@ -205,7 +196,7 @@ def _advance(state: _Rollout, rec: StepRecord, step, orig, walk: RolloutSpec,
     """A rollout's next history entry after scored step `rec`: the expert's (history_mode
     "expert"), its own response when right, a patch while the threshold allows, else the rollout
     ends. Returns True when the patch is an on-policy thought, generated for all such rollouts at
-    once (_patch_on_policy)."""
+    once (extras/on_policy_patch.py)."""
     if walk.history_mode == "expert":
         thought = patch.clean_thought(step.thought)
         state.history.append(gui.expert_response(step, orig, rec.prompt.resized_size, thought))
@@ -221,44 +212,18 @@ def _advance(state: _Rollout, rec: StepRecord, step, orig, walk: RolloutSpec,
                                               orig_size=orig, resized_size=rec.prompt.resized_size,
                                               episode_id=episode_id))
     else:
-        state.alive = False
-        rec.ended = True
+        rec.ended, state.alive = True, False
     return False
 
 
-def _patch_on_policy(sampler, prompt_for, episodes, states, to_patch, t: int, task_seeds,
-                     greedy: bool) -> None:
-    """On-policy thought: the policy explains the expert action, all at once; each patch is seeded
-    per (task, rollout) like the samples, so patches do not depend on the batch or rank."""
-    hint_prompts = [prompt_for(k, t, rec.history, hint=patch.on_policy_hint(a))
-                    for k, _, rec, a in to_patch]
-    actions = [a for *_, a in to_patch]
-    hint_seeds = None if task_seeds is None else [
-        _seed(task_seeds[k], episodes[k].episode_id, t, ("patch", i, *rec.history))
-        for k, i, rec, _ in to_patch]
-
-    def gen(ps):
-        return [o[0].text for o in sampler.generate(ps, n=1, greedy=greedy, seeds=hint_seeds)]
-    for (k, i, _, _), text in zip(to_patch, patch.on_policy_patches(hint_prompts, actions, gen)):
-        states[k][i].history[-1] = text
-
-
-def _seed(seed: int, episode_id: str, t: int, history: tuple) -> int:
-    """A sampling seed for one prompt that depends only on the run seed, the task, the step
-    and the history (stable across processes: no Python hash randomisation)."""
-    h = hashlib.blake2b(repr((seed, episode_id, t, history)).encode(), digest_size=8).digest()
-    return int.from_bytes(h, "little") & 0x7FFF_FFFF_FFFF
-
-
 # -----------------------------------------------------------------------------
-# SOP progress of a walk (docs/method.md §8): the trainer logs it, the evaluator's PG and TSR
-# (evaluation/metrics.py) are built on it
+# SOP progress of a walk (docs/method.md §8): one definition, logged by the trainer, the basis of
+# the evaluator's PG and TSR (evaluation/metrics.py)
 
 def sop_progress(records: list[StepRecord],
                  episode_len: dict) -> dict[tuple[int, int], tuple[int, int]]:
-    """SOP progress of each rollout (§8), one definition for evaluation (PG, TSR) and training.
-    episode_len: task_idx -> steps of its episode. Returns (task_idx, rollout_idx) -> (correct steps
-    before the rollout's first wrong step, episode length)."""
+    """SOP progress of each rollout (§8). episode_len: task_idx -> steps of its episode. Returns
+    (task_idx, rollout_idx) -> (correct steps before its first wrong step, episode length)."""
     first_err: dict[tuple[int, int], int] = {}
     for r in records:
         key = (r.task_idx, r.rollout_idx)

@@ -1,11 +1,8 @@
-"""The task schedule of semi-online RL (docs/method.md §6, "Dynamic sampling", eq. 6.5): which
-expert episodes a training step rolls out, and dynamic sampling's refill rounds (DAPO: a task whose
-rollouts all agree carries no signal, advantage.dynamic_sampling_tasks drops it, a refill round
-draws its replacement). Every draw is a pure function of (seed, step, slot), so all ranks, any world
-size and a resumed run agree without exchanging episodes; the one collective is TaskDraw.keep's
-all-reduce.
-
-Run the tests: python -m pytest -q tests/test_train_schedule.py
+"""The task schedule of semi-online RL (docs/method.md §6, eq. 6.5): which expert episodes a
+training step rolls out, and the refill rounds of dynamic sampling (a task that
+advantage.dynamic_sampling_tasks drops is replaced). Every draw is a pure function of (seed, step,
+slot), so all ranks, any world size and a resumed run agree without exchanging episodes; the one
+collective is TaskDraw.keep's all-reduce. Tests: tests/test_train_schedule.py.
 """
 import hashlib
 
@@ -31,12 +28,10 @@ def step_tasks(seed: int, step: int, round_: int, n: int, n_episodes: int, batch
                offset: int = 0) -> list[int]:
     """Episode indices of the n tasks drawn, all ranks together, at (step, refill round).
     Round 0: positions [s, s + n), s = step * batch_size, of an epoch stream (one seeded permutation
-    per epoch; an episode repeats where they straddle two epochs). Refill rounds continue the step's
-    draw without replacement: positions [offset, offset + n), offset = the tasks earlier refills
-    drew, of one permutation seeded with (seed, step) of the episodes round 0 did not draw, then,
-    once those are exhausted, fresh permutations of all. Raises ValueError on a negative
-    seed/step/round/offset or no episodes.
-    """
+    per epoch: an episode may repeat across an epoch's edge). Refills continue the step's draw
+    without replacement: positions [offset, offset + n) (offset: what earlier refills drew) of a
+    permutation seeded with (seed, step) of the episodes round 0 did not draw, then fresh
+    permutations of all. Raises ValueError on a negative seed/step/round/offset or no episodes."""
     if min(seed, step, round_, offset) < 0 or n_episodes < 1:
         raise ValueError(f"step_tasks: seed {seed}, step {step}, round {round_}, offset {offset} "
                          f"must be >= 0 and n_episodes {n_episodes} >= 1")
@@ -53,21 +48,26 @@ def step_tasks(seed: int, step: int, round_: int, n: int, n_episodes: int, batch
     return out
 
 
-def task_seed(seed: int, step: int, slot: int) -> int:
-    """The sampling seed of global slot `slot` of `step` (slots count the step's tasks across
-    refill rounds), the same in every process (no Python hash randomisation)."""
-    h = hashlib.blake2b(repr(("task", seed, step, slot)).encode(), digest_size=8).digest()
+def stable_seed(*key) -> int:
+    """A sampling seed from `key` (numbers, strings, tuples), the same in every process (no Python
+    hash randomisation): the task seeds here, the prompt seeds of the rollout driver."""
+    h = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
     return int.from_bytes(h, "little") & 0x7FFF_FFFF_FFFF
 
 
+def task_seed(seed: int, step: int, slot: int) -> int:
+    """The sampling seed of global slot `slot` of `step` (slots count the step's tasks across
+    refill rounds)."""
+    return stable_seed("task", seed, step, slot)
+
+
 class TaskDraw:
-    """The tasks of one training step under dynamic sampling with refills: round 0 draws batch_size
-    tasks; each round's keep decision is made global (TaskDraw.keep), and the next round draws the
-    missing number (step_tasks), for at most max_rounds rounds; a batch still short is trained on
-    and flagged `partial`. Slot s (counted across rounds) holds episode slot_episode[s]; rank r
-    rolls out every world_size-th slot of a round. proc: utils.Dist. train_semionline.main loops:
-    `while (drawn := draw.next_round()) is not None: ... kept = draw.keep(keep)`.
-    """
+    """The tasks of one training step under dynamic sampling: round 0 draws batch_size tasks; each
+    round's keep decision is made global (keep), the next round draws the missing number, for at
+    most max_rounds rounds; a batch still short is trained on and flagged `partial`. Slot s
+    (counted across rounds) holds episode slot_episode[s]; rank r rolls out every world_size-th
+    slot of a round. proc: utils.Dist. Used as train_semionline.draw_batch does:
+    `while (drawn := draw.next_round()) is not None: ... kept = draw.keep(keep)`."""
 
     def __init__(self, seed: int, step: int, n_episodes: int, batch_size: int, max_rounds: int,
                  proc):

@@ -1,7 +1,5 @@
-"""One Triton-or-reference switch for every kernel in this package: `use_triton(x)` picks Triton for
-a CUDA tensor or under UIS1_FORCE_TRITON=1 (the CPU tests run the kernels in Triton's interpreter),
-the torch reference otherwise; only then is kernels/<op>_triton.py (and triton) imported.
-`check_runnable` turns a kernel that cannot run (CPU without TRITON_INTERPRET=1) into a RuntimeError.
+"""One Triton-or-reference switch for every kernel in this package (`use_triton`); `check_runnable`
+turns a kernel that cannot run (CPU without TRITON_INTERPRET=1) into a RuntimeError.
 """
 
 import os
@@ -12,7 +10,9 @@ FORCE_ENV = "UIS1_FORCE_TRITON"
 
 
 def use_triton(x: torch.Tensor) -> bool:
-    """True when an op on tensor `x` should take its Triton path (CUDA, or UIS1_FORCE_TRITON=1)."""
+    """True when an op on tensor `x` should take its Triton path: a CUDA tensor, or UIS1_FORCE_TRITON=1
+    (the CPU tests run the kernels in Triton's interpreter); only then is kernels/<op>_triton.py (and
+    triton) imported."""
     return x.is_cuda or os.environ.get(FORCE_ENV, "0") == "1"
 
 

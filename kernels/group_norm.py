@@ -5,11 +5,11 @@ the unbiased std of its group G:
 
     mean_i = sum_{j in G} s_j / n_G,      std_i = sqrt(sum_{j in G} (s_j - mean_G)^2 / (n_G - 1))
 
-What to do with them is advantage.normalize_groups' decision. One rule keeps them exact: a group
-whose scores are all equal (a group of one included) gets mean = that score and std = 0 exactly,
-not fp residue (three 0.1s do not sum to 0.3) that would turn into an advantage of order 0.01.
-In training the scores are a step's returns (hundreds, on CPU), so the fp64 reference runs on
-every device; the Triton kernel (kernels/group_norm_triton.py) serves GPU callers with many groups.
+(advantage.normalize_groups uses them). A group whose scores are all equal (a group of one
+included) gets mean = that score and std = 0 exactly, not fp residue (three 0.1s do not sum to 0.3)
+that would turn into an advantage of order 0.01. A step's returns (hundreds) live on the CPU, so
+training runs the fp64 reference; the Triton kernel (kernels/group_norm_triton.py) serves CUDA
+callers with many groups.
 """
 
 import torch
@@ -57,13 +57,11 @@ def group_stats_ref(scores, group_ids):
 
 @torch.no_grad()
 def group_stats(scores, group_ids):
-    """(M,) scores, (M,) integer group ids -> (mean, std), each (M,): the mean and the unbiased std
-    of the score's group (a group without spread: its score and exactly 0), no grad. Triton on CUDA
-    (or UIS1_FORCE_TRITON=1): fp32; the torch reference otherwise: fp64.
+    """(M,) scores, (M,) integer group ids -> (mean, std), each (M,), no grad (the module docstring).
+    Triton on CUDA (or UIS1_FORCE_TRITON=1): fp32; the torch reference otherwise: fp64.
     Raises ValueError: scores and group_ids not both (M,); different devices. TypeError: scores not
     floating point; group_ids not integer. RuntimeError: the Triton path forced on CPU without
-    TRITON_INTERPRET=1, or another device.
-    """
+    TRITON_INTERPRET=1, or another device."""
     if not use_triton(scores):
         return group_stats_ref(scores, group_ids)
     from kernels import group_norm_triton  # CUDA (or the interpreter) only: triton is imported here

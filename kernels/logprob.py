@@ -13,23 +13,19 @@ Backward, for upstream grads g_i = dL/dlogp_i and e_i = dL/dent_i:
     dL/dz_ij = g_i (1[j = y_i] - p_ij) - e_i p_ij (log p_ij + ent_i)      (dH/dz_j = -p_j (log p_j + H))
     dh = (dL/dz) W / T,        dW = (dL/dz)^T h / T
 
-Positions with y_i == ignore_index return logp = ent = 0 and get no gradient.
-
 Numerics. Everything is relative to the row max m, so all-negative or huge logits are safe:
 1. The normaliser is kept as the pair (m, log L), L = sum_j exp(z_ij - m), never as lse = m + log L in
-   one fp32 number: at |z| ~ 1e4 that rounding alone is ~5e-4, shifts every log p of the row by as
-   much and breaks sum_j p_ij = 1 in the backward (dh is a difference of large W rows, so the error
-   came out several times larger than the gradient itself). log p = (z - m) - log L is accurate.
+   one fp32 number: at |z| ~ 1e4 that rounding alone (~5e-4) shifts every log p of the row and breaks
+   sum_j p_ij = 1 in the backward, where dh, a difference of large W rows, then came out wrong by
+   several times its size. log p = (z - m) - log L is accurate.
 2. The entropy is accumulated as sum p (z - m) (not lse - E[z], which cancels catastrophically at
    |z| ~ 1e4), and the backward uses log p + ent, which is O(1) whatever the logit scale.
 
-Two paths, one autograd.Function (_LogProb). Triton (kernels/logprob_triton.py, when
-kernels/_dispatch.py chooses it): the forward folds logit tiles into an online log-sum-exp on chip,
-the backward recomputes dL/dz per chunk of tokens for two cuBLAS GEMMs. The reference
-(`fused_logprob_ref`, the CPU path, which trains on CPU): the same math in fp32 torch, forward and a
-hand-written backward chunked over tokens, recomputing the logits, so peak memory is two (chunk, V)
-fp32 blocks, never (N, V); on CPU the elementwise passes over those blocks set the time, so each
-is counted (comments in _logprob_fwd_ref and _logprob_bwd_ref).
+One autograd.Function (_LogProb), two paths. Triton (kernels/logprob_triton.py): an online
+log-sum-exp over logit tiles on chip; the backward recomputes dL/dz per chunk of tokens for two
+cuBLAS GEMMs. The reference (`fused_logprob_ref`, the CPU path): the same math in fp32 torch, chunked
+over tokens with a hand-written backward that recomputes the logits, so peak memory is two
+(chunk, V) fp32 blocks, never (N, V); on CPU each elementwise pass over them is counted.
 """
 
 import functools
@@ -46,58 +42,47 @@ _REF_CHUNK_BYTES = 64 << 20  # fp32 logits per chunk on the reference path (110 
 # checks (both paths)
 
 
-def _check_inputs(hidden, weight, targets, temperature, where):
+def _check(hidden, weight, targets, temperature, ignore_index):
     shapes = f"hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)}, targets {tuple(targets.shape)}"
     if hidden.dim() != 2 or weight.dim() != 2 or targets.dim() != 1:
-        raise ValueError(f"{where}: expected hidden (N, H), weight (V, H), targets (N,), got {shapes}")
+        raise ValueError(f"fused_logprob: expected hidden (N, H), weight (V, H), targets (N,), got {shapes}")
     if hidden.shape[1] != weight.shape[1] or hidden.shape[0] != targets.shape[0]:
-        raise ValueError(f"{where}: shape mismatch {shapes}")
+        raise ValueError(f"fused_logprob: shape mismatch {shapes}")
     if not hidden.dtype.is_floating_point or not weight.dtype.is_floating_point:
-        raise TypeError(f"{where}: hidden/weight must be floating point, got {hidden.dtype}, {weight.dtype}")
+        raise TypeError(f"fused_logprob: hidden/weight must be floating point, got {hidden.dtype}, {weight.dtype}")
     if targets.dtype != torch.int64:
-        raise TypeError(f"{where}: targets must be int64, got {targets.dtype}")
+        raise TypeError(f"fused_logprob: targets must be int64, got {targets.dtype}")
     if not (hidden.device == weight.device == targets.device):
-        raise ValueError(f"{where}: devices differ: {hidden.device}, {weight.device}, {targets.device}")
+        raise ValueError(f"fused_logprob: devices differ: {hidden.device}, {weight.device}, {targets.device}")
     if not (isinstance(temperature, (int, float)) and temperature > 0 and math.isfinite(temperature)):
-        raise ValueError(f"{where}: temperature must be a positive finite number, got {temperature!r}")
-
-
-def _check_targets(targets, valid, V, where):
-    bad = valid & ((targets < 0) | (targets >= V))
+        raise ValueError(f"fused_logprob: temperature must be a positive finite number, got {temperature!r}")
+    V = weight.shape[0]
+    bad = (targets != ignore_index) & ((targets < 0) | (targets >= V))
     if bool(bad.any()):
         i = int(bad.nonzero()[0])
-        raise ValueError(f"{where}: target {int(targets[i])} at position {i} is outside [0, {V}) and not ignore_index")
+        raise ValueError(f"fused_logprob: target {int(targets[i])} at position {i} is outside [0, {V}) and not ignore_index")
 
 
 # ---------------------------------------------------------------------------------------------------
 # pure-torch reference (the CPU path)
 
 
-def _ref_chunk(V, chunk_size):
-    if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f"fused_logprob_ref: chunk_size must be >= 1, got {chunk_size}")
-    return chunk_size if chunk_size is not None else max(1, _REF_CHUNK_BYTES // (4 * V))
-
-
-def _scaled(h, inv_t):
-    """h (C, H) in fp32, times 1/T when T != 1: scaling h costs H/V of scaling the (C, V) logits."""
-    h = h.float()
-    return h if inv_t == 1.0 else h * inv_t
+def _chunk(N, V, chunk_size):
+    """Tokens per chunk: chunk_size, or as many as _REF_CHUNK_BYTES of fp32 logits hold."""
+    return min(chunk_size or max(1, _REF_CHUNK_BYTES // (4 * V)), max(N, 1))
 
 
 @torch.no_grad()
 def _logprob_fwd_ref(hidden, weight, targets, temperature, ignore_index, compute_entropy, chunk_size=None):
-    _check_inputs(hidden, weight, targets, temperature, "fused_logprob_ref")
     N, V = hidden.shape[0], weight.shape[0]
     valid = targets != ignore_index
-    _check_targets(targets, valid, V, "fused_logprob_ref")
     w32 = weight.float()  # no copy when already fp32
     inv_t = 1.0 / temperature
     y = torch.where(valid, targets, 0)
     logp = torch.zeros(N, dtype=torch.float32, device=hidden.device)
     ent = torch.zeros(N, dtype=torch.float32, device=hidden.device)
     norm = torch.zeros(2, N, dtype=torch.float32, device=hidden.device)  # (m, log L), see Numerics
-    C = min(_ref_chunk(V, chunk_size), max(N, 1))
+    C = _chunk(N, V, chunk_size)
     # Per chunk, over the (C, V) block: the GEMM, max, subtract, exp (into a second buffer when the
     # entropy needs z - m after it), sum, and for the entropy one fused dot per row. log p of the
     # target comes from a gather, ent = log L - sum exp(z - m) (z - m) / L: no log-softmax block.
@@ -105,7 +90,8 @@ def _logprob_fwd_ref(hidden, weight, targets, temperature, ignore_index, compute
     e_buf = torch.empty(C, V, dtype=torch.float32, device=hidden.device) if compute_entropy else z_buf
     for c0 in range(0, N, C):
         c1 = min(c0 + C, N)
-        z = torch.mm(_scaled(hidden[c0:c1], inv_t), w32.t(), out=z_buf[: c1 - c0])  # (C, V) logits / T
+        # (C, V) logits / T; scaling h by 1/T costs H/V of scaling the logits
+        z = torch.mm(hidden[c0:c1].float() * inv_t, w32.t(), out=z_buf[: c1 - c0])
         m = z.amax(dim=1)  # (C,)
         z.sub_(m[:, None])  # z - m <= 0
         zy = z.gather(1, y[c0:c1, None]).squeeze(1)  # z_y - m
@@ -130,7 +116,7 @@ def _logprob_bwd_ref(hidden, weight, targets, norm, ent, g_logp, g_ent, temperat
     y = targets  # ignored rows arrive as 0 with g = 0 (see _LogProb.backward)
     dh = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device) if need_dh else None
     dw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_dw else None
-    C = min(_ref_chunk(V, chunk_size), max(N, 1))
+    C = _chunk(N, V, chunk_size)
     # dz = [g 1(j = y) - p (g + e (log p + ent))] / T with p = exp(z - m) / L, log p = (z - m) - log L:
     #    = g/T 1(j = y) + exp(z - m) (a + b (z - m)),  a = -(g + e (ent - log L)) / (T L),  b = -e / (T L)
     # so per chunk: the GEMM, subtract, exp, and with the entropy one addcmul and one multiply.
@@ -139,7 +125,7 @@ def _logprob_bwd_ref(hidden, weight, targets, norm, ent, g_logp, g_ent, temperat
     for c0 in range(0, N, C):
         c1 = min(c0 + C, N)
         h_c = hidden[c0:c1].float()
-        z = torch.mm(_scaled(h_c, inv_t), w32.t(), out=z_buf[: c1 - c0])  # (C, V) recomputed logits / T
+        z = torch.mm(h_c * inv_t, w32.t(), out=z_buf[: c1 - c0])  # (C, V) recomputed logits / T
         z.sub_(norm[0, c0:c1, None])  # z - m
         inv_tl = torch.exp(-norm[1, c0:c1]) * inv_t  # 1 / (T L), (C,)
         g = g_logp[c0:c1]
@@ -163,11 +149,11 @@ def _logprob_bwd_ref(hidden, weight, targets, norm, ent, g_logp, g_ent, temperat
 
 
 class _LogProb(torch.autograd.Function):
-    """One autograd wrapper for both paths: `fwd` and `bwd` are the reference's (_logprob_fwd_ref,
-    _logprob_bwd_ref) or the Triton launchers (kernels/logprob_triton.py), with the same signatures."""
+    """Both paths: `fwd`, `bwd` are _logprob_fwd_ref, _logprob_bwd_ref or the Triton launchers."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, ignore_index, compute_entropy, fwd, bwd):
+        _check(hidden, weight, targets, temperature, ignore_index)
         logp, ent, norm = fwd(hidden, weight, targets, temperature, ignore_index, compute_entropy)
         ctx.save_for_backward(hidden, weight, targets, norm, ent)
         ctx.cfg = (temperature, ignore_index, compute_entropy, bwd)
@@ -200,6 +186,8 @@ def fused_logprob_ref(hidden, weight, targets, temperature=1.0, return_entropy=F
     ValueError for chunk_size < 1; chunk_size = tokens per chunk (default: 64 MiB of fp32 logits).
     Computes in fp32 whatever the input dtypes (hidden and weight may differ); dh and dW come back
     in hidden's and weight's dtype."""
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"fused_logprob_ref: chunk_size must be >= 1, got {chunk_size}")
     fwd = functools.partial(_logprob_fwd_ref, chunk_size=chunk_size)
     bwd = functools.partial(_logprob_bwd_ref, chunk_size=chunk_size)
     logp, ent = _LogProb.apply(hidden, weight, targets, float(temperature), ignore_index, return_entropy, fwd, bwd)
@@ -222,10 +210,7 @@ def fused_logprob(hidden, weight, targets, temperature=1.0, return_entropy=False
         return fused_logprob_ref(hidden, weight, targets, temperature, return_entropy, ignore_index)
     from kernels import logprob_triton as lpt  # CUDA (or the interpreter) only: triton is imported here
 
-    temperature = float(temperature)
-    _check_inputs(hidden, weight, targets, temperature, "fused_logprob")
-    _check_targets(targets, targets != ignore_index, weight.shape[0], "fused_logprob")
     hidden, weight, targets = hidden.contiguous(), weight.contiguous(), targets.contiguous()
-    logp, ent = _LogProb.apply(hidden, weight, targets, temperature, ignore_index, return_entropy,
+    logp, ent = _LogProb.apply(hidden, weight, targets, float(temperature), ignore_index, return_entropy,
                                lpt._logprob_fwd_triton, lpt._logprob_bwd_triton)
     return (logp, ent) if return_entropy else logp

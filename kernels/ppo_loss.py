@@ -1,13 +1,10 @@
 """Per-token PPO loss with dual-clip and k3 KL (docs/method.md §7; verl's compute_policy_loss and
 kl_penalty("low_var_kl"), as the UI-S1 release uses them). Forward and d loss / d logp in one pass.
 
-Per token, with A the advantage and m the mask:
+Per token (eq. 7.1-7.3), with A the advantage, m the mask and lrc = log_ratio_clamp (20):
 
-    lr     = clamp(logp - old_logp, -lrc, lrc)                      lrc = log_ratio_clamp (20)
-    r      = exp(lr)                                                ratio
-    pg1    = -A r
-    pg2    = -A clamp(r, 1 - clip_low, 1 + clip_high)
-    pg     = max(pg1, pg2)                                          clipped when pg2 > pg1
+    r      = exp(clamp(logp - old_logp, -lrc, lrc))                 ratio
+    pg     = max(-A r, -A clamp(r, 1 - clip_low, 1 + clip_high))    clipped when the second is larger
     pg     = min(pg, -A clip_c)   if A < 0                          dual clip (Ye et al. 2020)
     d      = clamp(ref_logp - logp, -lrc, lrc)
     kl     = clamp(exp(d) - d - 1, -kl_clamp, kl_clamp)             k3 / "low_var_kl", >= 0
@@ -20,9 +17,8 @@ d loss / d logp (clamps pass gradient only inside [lo, hi], inclusive, as torch.
 
 Clamping the log-ratios before exp keeps a stale or far-off token from overflowing into inf/NaN
 (docs/method.md §11). Masked tokens are zeroed with a select, not a multiply, so garbage in padded
-positions cannot leak into the loss or the gradient. Only logp gets a gradient. aggregate_loss (below)
-turns the per-token losses into the mini-batch loss. Triton path (kernels/ppo_loss_triton.py): one
-kernel computes the loss, the stats and d loss / d logp; the backward is grad_out * dlogp.
+positions cannot leak into the loss or the gradient. aggregate_loss (below) turns the per-token
+losses into the mini-batch loss. Triton path: kernels/ppo_loss_triton.py.
 """
 
 import torch
@@ -78,10 +74,8 @@ def ppo_loss_ref(logp, old_logp, adv, mask, ref_logp=None, clip_low=0.2, clip_hi
 
 def ppo_loss(logp, old_logp, adv, mask, ref_logp=None, clip_low=0.2, clip_high=0.2, clip_c=3.0, kl_coef=1e-4,
              kl_clamp=10.0, log_ratio_clamp=20.0):
-    """Per-token PPO loss (N,) fp32 and stats {'ratio', 'clipped' (the clip or the dual clip chose a
-    constant), 'dual_clipped', 'kl'}, all 0 where mask == 0; eq. 7.1-7.3 of docs/method.md §7
-    (verl's dual clip and low_var_kl).
-
+    """Per-token PPO loss (N,) fp32 (the module docstring's) and stats {'ratio', 'clipped' (the
+    clip or the dual clip chose a constant), 'dual_clipped', 'kl'}, all 0 where mask == 0.
     logp, old_logp, adv (and ref_logp) any float dtype, mask any dtype (nonzero: the token counts),
     all of one shape (typically (N,)). Differentiable w.r.t. logp only, in logp's dtype. Triton on
     CUDA (or UIS1_FORCE_TRITON=1), ppo_loss_ref otherwise.
@@ -129,10 +123,8 @@ def aggregate_loss(per_token: torch.Tensor, lengths, agg: str, denominator: floa
     """The mini-batch loss's share of one micro-batch: sum_t w_t * per_token_t / denominator.
     per_token (N,) fp32: the per-token losses of sequences of `lengths` tokens (sum N); w_t = 1 /
     L_i for seq-mean-token-mean, else 1; denominator: loss_denominator summed over the whole
-    mini-batch (all micro-batches and ranks), at least 1. Returns a scalar with per_token's
-    gradient. Raises ValueError: bad agg; sum(lengths) != N."""
-    if agg not in LOSS_AGGS:
-        raise ValueError(f"loss aggregation must be one of {LOSS_AGGS}, got {agg!r}")
+    mini-batch (all micro-batches and ranks), at least 1; it carries the form (loss_denominator
+    checks agg). Returns a scalar with per_token's gradient. Raises ValueError: sum(lengths) != N."""
     lengths = [int(n) for n in lengths]
     if sum(lengths) != per_token.numel():
         raise ValueError(f"aggregate_loss: lengths sum to {sum(lengths)}, per_token has {per_token.numel()} tokens")

@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from advantage import (
-    combine,
     compute_advantages,
     discounted_returns,
     discounted_returns_ragged,
@@ -127,11 +126,6 @@ def test_episode_paper_takes_last_step_return():
     close(adv, [s, s, -s])
 
 
-def test_combine():
-    close(combine([1.0, -2.0], [0.5, 0.5]), [1.5, -1.5])
-    close(combine([1.0, -2.0], [0.5, 0.5], w_episode=0.0, omega=2.0), [1.0, 1.0])
-
-
 # -----------------------------------------------------------------------------
 # the whole path on a ragged scenario (what the trainer calls)
 #
@@ -220,6 +214,15 @@ def test_scenario_paper_forms():
     close(out.adv_step, expected_step_adv(RET_PAPER))
     close(out.adv_episode, expected_episode_paper(RET_PAPER))
     close(out.adv, [a + b for a, b in zip(expected_episode_paper(RET_PAPER), expected_step_adv(RET_PAPER))])
+
+
+def test_scenario_weights_of_the_two_levels():
+    """A = w_episode * A^E + omega * A^S (eq. 6.4), each weight applied to its own level."""
+    step, episode = expected_step_adv(RET_PAPER), expected_episode_paper(RET_PAPER)
+    out = compute_advantages(records(), gamma=0.5, w_episode=0.0, omega=2.0)
+    close(out.adv, [2.0 * b for b in step])
+    out = compute_advantages(records(), gamma=0.5, w_episode=-1.0, omega=0.5)
+    close(out.adv, [-a + 0.5 * b for a, b in zip(episode, step)])
 
 
 def test_scenario_release_forms():

@@ -49,11 +49,14 @@ class ScriptedSampler:
     def __init__(self, tokenizer):
         self.tok = tokenizer
         self.calls = []
+        self.seen = []  # (prompt text, seed) of every prompt, in call order
 
     def generate(self, prompts, n=1, greedy=False, seeds=None):
         outs = []
-        for p, k in zip(prompts, n):  # the driver asks for one count per prompt
+        n = [n] * len(prompts) if isinstance(n, int) else n  # an int or one count per prompt
+        for j, (p, k) in enumerate(zip(prompts, n)):
             text = self.tok.decode(p.input_ids)
+            self.seen.append((text, None if seeds is None else seeds[j]))
             m = re.search(r"r(\d) thinks at step 0", text)
             t = text.count("<|im_start|>assistant") - 1  # earlier assistant turns = step index
             self.calls.append((t, k))
@@ -71,11 +74,12 @@ def proc():
     return vlm.load_processor()
 
 
-def run(proc, threshold, mode="thought-free", history="own"):
+def run(proc, threshold, mode="thought-free", history="own", seed=None):
     tok, ip = proc
     sampler = ScriptedSampler(tok)
     recs = semi_online_rollout(sampler, [episode()], tok, ip, RolloutSpec(n_rollouts=3, patch_mode=mode,
-                               patch_threshold=threshold, history_mode=history, blank_screens=(W, H)))
+                               patch_threshold=threshold, history_mode=history, blank_screens=(W, H)),
+                               seed=seed)
     return {(r.rollout_idx, r.step_idx): r for r in recs}, sampler
 
 
@@ -105,6 +109,20 @@ def test_threshold_1_patches_once(proc):
     assert recs[(2, 1)].history == [gui.format_response("r2 thinks at step 0", CLICK)]
     assert recs[(2, 1)].ended and not recs[(2, 1)].patched
     assert recs[(2, 1)].reward == pytest.approx(R_TYPE_ONLY)
+
+
+def test_on_policy_patch_keeps_the_policys_hinted_thought(proc):
+    """--patch on-policy (extras/on_policy_patch.py): a wrong step's prompt is sent again with the hint
+    naming the expert action; the patch is the thought written then, with the expert's action. The
+    scripted policy answers a hinted step-0 prompt as rollout 0 would ("r0 thinks at step 0")."""
+    recs, sampler = run(proc, 1, mode="on-policy", seed=5)
+    assert sorted(recs) == [(i, t) for i in range(3) for t in range(3)]  # one patch each: nobody ends
+    assert recs[(2, 0)].patched and recs[(1, 1)].patched and not recs[(1, 1)].ended
+    assert recs[(2, 1)].history == [gui.format_response("r0 thinks at step 0", CLICK)]
+    assert recs[(1, 2)].history == [response(1, 0), gui.format_response("r1 thinks at step 1", TYPE)]
+    hinted = [(text, sd) for text, sd in sampler.seen if "Hint: the correct action" in text]
+    assert len(hinted) == 2 and all(isinstance(sd, int) for _, sd in hinted)  # one per patch, seeded
+    assert '"text": "hello"' in hinted[1][0]  # step 1's hint names the expert's text
 
 
 def test_threshold_unlimited_patches_every_error(proc):
