@@ -69,17 +69,14 @@ def normalize_text(text: str) -> str:
 
 
 def text_tokens(text: str) -> list[str]:
-    """Word tokens of normalize_text(text): whitespace-separated, leading/trailing punctuation
-    stripped, empty tokens dropped ("Hello, world!" -> ["hello", "world"]; "a.b@c.com" stays one)."""
+    """Word tokens of normalize_text(text): whitespace-separated, punctuation and symbols (Unicode P*,
+    S*) stripped at their edges, empty ones dropped ("Hello, world!" -> ["hello", "world"];
+    "a.b@c.com" stays one)."""
     out = []
-    for w in normalize_text(text).split(" "):
-        i, j = 0, len(w)
-        while i < j and unicodedata.category(w[i])[0] in "PS":
-            i += 1
-        while j > i and unicodedata.category(w[j - 1])[0] in "PS":
-            j -= 1
-        if i < j:
-            out.append(w[i:j])
+    for w in normalize_text(text).split():
+        w = w.strip("".join(c for c in w if unicodedata.category(c)[0] in "PS"))  # the word's own P*, S*
+        if w:
+            out.append(w)
     return out
 
 
