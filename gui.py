@@ -23,10 +23,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ActionSpec:
-    """One action type, declared once. args / optional: (name, kind) of its required and optional
-    arguments, kind "point" ([x, y] pixels, named coordinate or coordinate2), "str" or "num"; rule:
-    its strict match rule in reward.RULES; prompt: its line of the system prompt's action list.
-    Each environment's executor performs it (README "How to fork"; tests/test_toy_action.py)."""
+    """One action type, declared once (README "How to fork"). args / optional: (name, kind) of its
+    required and optional arguments, kind "point" ([x, y] pixels), "str" or "num"; rule: its strict
+    match rule in reward.RULES; prompt: its line of the system prompt's action list."""
     args: tuple
     rule: str
     prompt: str
@@ -91,8 +90,7 @@ def check_action(action, *, strict: bool = False) -> dict:
     kind = action.get("action")
     if not isinstance(kind, str) or kind not in ACTIONS:
         raise ValueError(f"action: unknown action type {kind!r} (known: {', '.join(ACTIONS)})")
-    out = {"action": kind}
-    spec = ACTIONS[kind]
+    out, spec = {"action": kind}, ACTIONS[kind]
     for name, typ in spec.args + spec.optional:
         required = (name, typ) in spec.args
         if name not in action:
@@ -137,12 +135,10 @@ _END_RE = re.compile(r"(?:\s|<\|im_end\|>|<\|endoftext\|>)*\Z")
 
 
 def parse_response(text) -> Parsed:
-    """Parse `<think>\\n...\\n</think>\\n<action>\\n{json}\\n</action>`; never raises. The action
-    block is looked for after the think block (an <action> quoted in the thought is not the answer);
-    whitespace around tags and JSON is tolerated. error: None when well-formed, else "no action
-    block", "invalid action" (bad JSON, unknown type, missing or ill-typed argument; action None),
-    or "text after </action>" (a response must END after its action, stop tokens aside; action
-    keeps the first action, for reports)."""
+    """Parse `<think>...</think><action>{json}</action>` (whitespace around tags and JSON
+    tolerated); never raises. The action block is the first AFTER the think block. error: None when
+    well-formed, else "no action block", "invalid action" (check_action refused it; action None) or
+    "text after </action>" (stop tokens aside; action kept, for reports)."""
     if not isinstance(text, str):
         return Parsed(None, None, "no action block")
     think = _THINK_RE.search(text)
@@ -197,10 +193,9 @@ def resized_size(size: tuple[int, int], *, factor: int = 28, min_pixels: int = M
 
 
 def outside_point(action: dict, size: tuple[int, int]) -> list | None:
-    """The first of the action's points (coordinate, coordinate2) off the image of size (W, H), in
-    that image's pixels (for a model's action: the resized screenshot it saw); 0 <= x <= W and
-    0 <= y <= H lie on it. None when all lie on it. Such a point is no click at the edge: the strict
-    reward makes it a malformed answer."""
+    """The first of the action's points (coordinate, coordinate2) off an image of size (W, H), in
+    its pixels (0 <= x <= W and 0 <= y <= H lie on it), or None; the strict reward makes such a point
+    a malformed answer."""
     for key in ("coordinate", "coordinate2"):
         pt = action.get(key)
         if pt is not None and not (0 <= pt[0] <= size[0] and 0 <= pt[1] <= size[1]):

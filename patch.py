@@ -1,13 +1,7 @@
 """The patch of semi-online RL (docs/method.md §5): the history entry that replaces a wrong
-sampled response y_t, carrying the expert action so that later steps see a history agreeing with
-the expert screenshots. y_t is still trained on with its reward; a patch is history only.
-The modes (PATCH_MODES, `--patch`) differ in the thought before the action: the policy's own
-from y_t (thought-free, paper), none (empty-thought, the release), the data's (off-policy), or
-one the policy writes from a hint naming the expert action (on-policy, `on_policy_patches`).
-The expert action is stored in ORIGINAL pixels; a patch writes it in the RESIZED pixels the
-model saw (gui.scale_action, sizes (W, H); §3).
-
-Run the tests: python -m pytest -q tests/test_patch.py
+sampled response y_t (still trained on with its reward; a patch is history only), carrying the
+expert action, written in the RESIZED pixels the model saw (sizes (W, H), §3). The modes
+(PATCH_MODES, `--patch`, §5's table) differ only in the thought before the action.
 """
 import json
 import re
@@ -66,10 +60,8 @@ def clean_thought(text: str | None) -> str:
 
 def extract_thought(generated: str) -> str:
     """The thought of a generated response: its think block, else the text before any action."""
-    parsed = gui.parse_response(generated)
-    if parsed.thought is not None:
-        return clean_thought(parsed.thought)
-    return clean_thought(generated.split("<action>", 1)[0])
+    thought = gui.parse_response(generated).thought
+    return clean_thought(thought if thought is not None else generated.split("<action>", 1)[0])
 
 
 def expert_action_resized(step: Any, orig_size: tuple[int, int],
@@ -93,10 +85,9 @@ def on_policy_hint(expert_action_resized: dict) -> str:
 
 def on_policy_patches(hint_prompts: Sequence[Any], expert_actions_resized: Sequence[dict],
                       generate: Callable[[list[Any]], list[str]]) -> list[str]:
-    """All on-policy patches of one rollout step, in one call of `generate` (prompts -> texts):
-    hint_prompts[i] (the step's prompt with on_policy_hint) gives the thought kept with
-    expert_actions_resized[i]; the generated action is discarded. Raises ValueError when the
-    counts disagree."""
+    """All on-policy patches of one rollout step in one call of `generate` (prompts -> texts): the
+    thought written for hint_prompts[i] (a step prompt with on_policy_hint) before the expert action
+    expert_actions_resized[i]; the generated action is dropped. ValueError if the counts differ."""
     if len(hint_prompts) != len(expert_actions_resized):
         raise ValueError(f"{len(hint_prompts)} prompts but {len(expert_actions_resized)} "
                          "expert actions")
@@ -128,4 +119,4 @@ def make_patch(mode: str, *, response: str, step: Any, orig_size: tuple[int, int
         return gui.format_response("", action)
     if not (step.thought or "").strip():
         raise ValueError(_missing_thought_msg(episode_id))
-    return gui.expert_response(step, orig_size, resized_size, clean_thought(step.thought))
+    return gui.format_response(clean_thought(step.thought), action)

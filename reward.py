@@ -1,11 +1,10 @@
 """The rule reward of one step (docs/method.md §4): the one module a forker changes to change the reward.
 
-score_response: the reward of a response (eq. 4.1-4.2, weights below); action_match: "is the step
-right" (a bool), THE match of patching, returns and SOP: one rule per action type (RULES, named by
-gui.ACTIONS), strict by default; action_score: the reward's action term given that match (partial
-credit is a change there alone); shaped_reward: what the trainer adds (DAPO's overlong penalty).
-The release's rules (--match-rules release) are extras/release.py; the published protocols' rules
-are the evaluator's (evaluation/protocols.py), passed in as a function. Pure Python, no torch.
+score_response: the reward (eq. 4.1-4.2); action_match: "is the step right", THE match of patching,
+returns and SOP, one strict rule per kind of argument (RULES, named by gui.ACTIONS); action_score:
+the action term given that match; shaped_reward: what the trainer adds. The release's rules
+(--match-rules release) are extras/release.py; the published protocols' are passed in as a function
+(evaluation/protocols.py). Pure Python, no torch.
 """
 
 from __future__ import annotations
@@ -70,17 +69,14 @@ def normalize_text(text: str) -> str:
 
 
 def text_tokens(text: str) -> list[str]:
-    """Word tokens of normalize_text(text): whitespace-separated, leading/trailing punctuation
-    stripped, empty tokens dropped ("Hello, world!" -> ["hello", "world"]; "a.b@c.com" stays one)."""
+    """Word tokens of normalize_text(text): whitespace-separated, punctuation and symbols (Unicode P*,
+    S*) stripped at their edges, empty ones dropped ("Hello, world!" -> ["hello", "world"];
+    "a.b@c.com" stays one)."""
     out = []
-    for w in normalize_text(text).split(" "):
-        i, j = 0, len(w)
-        while i < j and unicodedata.category(w[i])[0] in "PS":
-            i += 1
-        while j > i and unicodedata.category(w[j - 1])[0] in "PS":
-            j -= 1
-        if i < j:
-            out.append(w[i:j])
+    for w in normalize_text(text).split():
+        w = w.strip("".join(c for c in w if unicodedata.category(c)[0] in "PS"))  # the word's own P*, S*
+        if w:
+            out.append(w)
     return out
 
 
@@ -100,9 +96,9 @@ def content_tokens(text: str) -> list[str]:
 
 def text_f1(pred: str, expert: str) -> float:
     """SQuAD-style token F1 (multiset overlap) of pred against expert, in [0, 1], over CONTENT
-    tokens ("the" scores 0 against "The Weather Channel", "Chrome" 2/3 against "Google Chrome"), or
-    over all tokens when the expert's are all stop words ("for her app" against "For Her": 0.8).
-    Texts with no word tokens score 1.0 when their normalised forms are equal, else 0.0."""
+    tokens, or over all tokens when the expert's are all stop words ("for her app" against "For
+    Her": 0.8). Texts with no word tokens score 1.0 when their normalised forms are equal, else 0.0:
+    so equal normalised forms always score 1.0, and an empty text scores 0.0 against any other."""
     p, e = text_tokens(pred), text_tokens(expert)
     if not p or not e:
         return float(normalize_text(pred) == normalize_text(expert))
@@ -114,16 +110,6 @@ def text_f1(pred: str, expert: str) -> float:
         return 0.0
     prec, rec = common / len(p), common / len(e)
     return 2 * prec * rec / (prec + rec)
-
-
-def _text_match(pred: str, expert: str) -> bool:
-    """The strict text rule: normalize_text forms equal, or content-token F1 >= TEXT_F1."""
-    p, e = normalize_text(pred), normalize_text(expert)
-    if p == e:
-        return True
-    if not e or not p:  # an empty expert text matches only an empty prediction, and vice versa
-        return False
-    return text_f1(pred, expert) >= TEXT_F1
 
 
 def _in_box(x, y, box, enlarge=1.0) -> bool:
@@ -144,39 +130,25 @@ def target_box(expert_pt, candidate_bbox, image_size: tuple[int, int]) -> list |
     return box if (box[2] - box[0]) * (box[3] - box[1]) <= MAX_BOX_FRACTION * w * h else None
 
 
-def _point_match(pt, expert_pt, candidate_bbox, image_size) -> bool:
-    x, y = pt
-    w, h = image_size
-    # math.hypot: no overflow on absurd coordinates from a model
-    if math.hypot((x - expert_pt[0]) / w, (y - expert_pt[1]) / h) <= POINT_DISTANCE:
-        return True
-    box = target_box(expert_pt, candidate_bbox, image_size)
-    return box is not None and _in_box(x, y, box, BBOX_ENLARGE)
-
-
 def action_match(pred: dict | None, expert: dict, candidate_bbox, image_size: tuple[int, int], *,
                  rules: str | Callable = "strict") -> tuple[bool, bool]:
     """(match, type_match) of a predicted action against the expert's: THE match of reward,
-    patching, returns, SOP and static metrics. Both actions, the candidate boxes (x1, y1, x2, y2) and
-    image_size (W, H) are in the SAME pixel space; swipes are finger paths.
-    rules "strict" (docs/method.md §4): the expert type's rule in RULES (rule_* below).
-    "release": extras.release.release_match, the release's check as it ran (pred: its raw JSON;
-    where the release's code raises, (False, False)). A function (pred, expert, candidate_bbox,
-    image_size) -> (match, type_match) that never raises on a bad pred (None included): the
-    caller's rule set (evaluation/protocols.py). A hand-made pred missing its fields is a mismatch.
-    Raises ValueError on unknown rules."""
-    if callable(rules):
-        return rules(pred, expert, candidate_bbox or [], image_size)
-    if rules not in MATCH_RULES:
-        raise ValueError(f"rules: expected one of {MATCH_RULES} or a rule function, got {rules!r}")
+    patching, returns, SOP and static metrics (docs/method.md §4). Actions, candidate boxes
+    (x1, y1, x2, y2) and image_size (W, H) in the SAME pixel space. rules "strict": the expert
+    type's rule in RULES (a hand-made pred missing its fields: a mismatch); "release": the release's
+    check (extras/release.py; pred: its raw JSON); or a function of these four arguments that never
+    raises on a bad pred, None included (evaluation/protocols.py). Raises ValueError on unknown rules."""
     if rules == "release":  # the release's check: an optional module, imported only when asked
         from extras.release import release_match
         return release_match(pred, expert, image_size, POINT_DISTANCE)
+    if callable(rules):
+        return rules(pred, expert, candidate_bbox or [], image_size)
+    if rules != "strict":
+        raise ValueError(f"rules: expected one of {MATCH_RULES} or a rule function, got {rules!r}")
     if pred is None or pred.get("action") != expert["action"]:
         return False, False
-    spec = ACTIONS.get(expert["action"])
-    try:
-        ok = spec is not None and RULES[spec.rule](pred, expert, candidate_bbox, image_size)
+    try:  # KeyError too: an expert type no longer registered (a fork's) matches nothing
+        ok = RULES[ACTIONS[expert["action"]].rule](pred, expert, candidate_bbox, image_size)
     except (KeyError, TypeError, ValueError, AttributeError):  # a hand-made pred dict missing its fields
         ok = False
     return bool(ok), True
@@ -198,8 +170,9 @@ def rule_button(pred, expert, candidate_bbox, image_size) -> bool:
 
 
 def rule_text(pred, expert, candidate_bbox, image_size) -> bool:
-    """type, answer, key, open: _text_match (normalised forms equal, or content-token F1 >= TEXT_F1)."""
-    return _text_match(pred["text"], expert["text"])
+    """type, answer, key, open: content-token F1 >= TEXT_F1 (text_f1: equal normalised forms
+    match; an empty expert text matches only an empty prediction)."""
+    return text_f1(pred["text"], expert["text"]) >= TEXT_F1
 
 
 def rule_direction(pred, expert, candidate_bbox, image_size) -> bool:
@@ -209,8 +182,12 @@ def rule_direction(pred, expert, candidate_bbox, image_size) -> bool:
 
 
 def rule_point(pred, expert, candidate_bbox, image_size) -> bool:
-    """click, long_press: eq. 4.3 distance, or inside the target box enlarged (_point_match)."""
-    return _point_match(pred["coordinate"], expert["coordinate"], candidate_bbox, image_size)
+    """click, long_press: eq. 4.3 distance, or inside the target box enlarged BBOX_ENLARGE."""
+    (x, y), e, (w, h) = pred["coordinate"], expert["coordinate"], image_size
+    if math.hypot((x - e[0]) / w, (y - e[1]) / h) <= POINT_DISTANCE:  # hypot: no overflow on absurd points
+        return True
+    box = target_box(e, candidate_bbox, image_size)
+    return box is not None and _in_box(x, y, box, BBOX_ENLARGE)
 
 
 RULES = {"type": rule_type, "button": rule_button, "text": rule_text, "direction": rule_direction,
@@ -219,11 +196,9 @@ RULES = {"type": rule_type, "button": rule_button, "text": rule_text, "direction
 
 def action_score(pred: dict | None, expert: dict, candidate_bbox, image_size: tuple[int, int], *,
                  match: bool, type_match: bool) -> float:
-    """s_action of eq. 4.2, in [0, 1], of a well-formed response: 1.0 for a full match, 0.5 for the
-    right type only, 0.1 for a wrong type. Arguments as action_match's, all in original pixels (pred
-    may be None under the release's parse); match, type_match: its verdict. The one place to give
-    partial credit (e.g. by a click's distance): the reward changes, the match (patching, returns,
-    SOP) does not."""
+    """s_action of eq. 4.2, in [0, 1], of a well-formed response given action_match's verdict (match,
+    type_match; the other arguments as its, in original pixels; pred None under the release's parse).
+    The one place for partial credit (e.g. by a click's distance): the reward changes, the match not."""
     return SCORE_MATCH if match else (SCORE_TYPE_ONLY if type_match else SCORE_WRONG_TYPE)
 
 
@@ -239,16 +214,13 @@ class Score:
 
 def score_response(text: str, step, *, resized_size: tuple[int, int], orig_size: tuple[int, int],
                    rules: str | Callable = "strict", truncated: bool = False) -> Score:
-    """The rule reward of one step (docs/method.md §4), the one function used everywhere.
-    `text`: a model response, coordinates in pixels of the resized screenshot (W, H) = resized_size;
-    the step's expert action and boxes are in original pixels, orig_size = (W, H). truncated: the
-    sampler stopped at its token cap, not at a stop token.
-
-    rules "strict" (or an action_match rule function): a response is malformed (reward 0, match
-    False, error saying why) unless it ENDS after its action (not truncated, nothing but whitespace
-    after the first </action>) with every point on the resized screenshot. "release": the
-    release's parse and check (extras/release.py; truncation not looked at; where its code raises,
-    reward 0 and error). Raises ValueError on an unknown rules name only; never on a response."""
+    """The rule reward of one step (docs/method.md §4), the one function used everywhere. text: a
+    response in pixels of the resized screenshot (W, H) = resized_size; the step's expert action and
+    boxes in original pixels, orig_size = (W, H); truncated: the sampler stopped at its token cap.
+    Malformed (reward 0, match False, error says why): under the strict rules (or a rule function) a
+    response that does not END after its action (truncated, or text after the first </action>) or
+    has a point off the resized screenshot; under "release", one on which the release's code raises
+    (extras/release.py). Never raises on a response; unknown rules: action_match's ValueError."""
     if rules == "release":  # the release's parse and check: an optional module, imported only when asked
         from extras.release import release_score
         format_ok, pred, match, type_match, error = release_score(text, step.action, resized_size, orig_size,
@@ -256,13 +228,11 @@ def score_response(text: str, step, *, resized_size: tuple[int, int], orig_size:
         if error is not None:
             return Score(0.0, False, False, format_ok, None, error)
     else:
-        if not callable(rules) and rules not in MATCH_RULES:
-            raise ValueError(f"rules: expected one of {MATCH_RULES} or a rule function, got {rules!r}")
         p = parse_response(text)
         format_ok = bool(p.thought)
         pred = None if p.action is None else scale_action(p.action, resized_size, orig_size)
         error = "cut at the token cap" if truncated else p.error
-        off = None if error is not None or p.action is None else outside_point(p.action, resized_size)
+        off = outside_point(p.action, resized_size) if error is None else None  # no error: an action parsed
         if off is not None:  # no click at the screen's edge: a point the device cannot touch is malformed
             error = f"a point off the screenshot: {off} outside {resized_size[0]}x{resized_size[1]} (resized pixels)"
         if error is not None:
@@ -275,18 +245,11 @@ def score_response(text: str, step, *, resized_size: tuple[int, int], orig_size:
 # -----------------------------------------------------------------------------
 # Reward shaping: what the trainer adds to score_response's reward (nothing by default)
 
-def overlong_penalty(length: int, max_new_tokens: int, buffer: int) -> float:
-    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), added to a response's reward with
-    --overlong-buffer: 0 up to max_new_tokens - buffer tokens, then falling linearly to -1 at
-    max_new_tokens (a response cut at the cap: -1). length counts the response's tokens, stop
-    token included. buffer 0: no penalty."""
-    if buffer <= 0 or length <= max_new_tokens - buffer:
-        return 0.0
-    return max(-1.0, (max_new_tokens - buffer - length) / buffer)
-
-
 def shaped_reward(reward: float, length: int, *, max_new_tokens: int, overlong_buffer: int = 0) -> float:
-    """The reward the trainer's returns use for one response: score_response's `reward` (eq. 4.1)
-    plus every shaping term (today DAPO's overlong penalty, 0 unless overlong_buffer > 0). length:
-    the response's tokens, stop token included. A reward fork that is not a match rule goes here."""
-    return reward + overlong_penalty(length, max_new_tokens, overlong_buffer)
+    """The reward the trainer's returns use for one response of `length` tokens (stop token
+    included): score_response's `reward` (eq. 4.1) plus every shaping term; a reward fork that is not
+    a match rule goes here. Today DAPO's soft overlong penalty (Yu et al. 2025, eq. 13;
+    --overlong-buffer B > 0): 0 up to max_new_tokens - B tokens, then linearly down to -1 at the cap."""
+    if overlong_buffer <= 0 or length <= max_new_tokens - overlong_buffer:
+        return reward
+    return reward + max(-1.0, (max_new_tokens - overlong_buffer - length) / overlong_buffer)

@@ -151,3 +151,49 @@ def test_task_ids_name_the_records_and_change_nothing_else(proc):
     assert {r.task_idx for r in named} == {7, 3}
     strip = lambda r: (r.rollout_idx, r.step_idx, r.response, r.reward, r.patched, r.ended, r.history)  # noqa: E731
     assert [strip(r) for r in named] == [strip(r) for r in plain]
+
+
+class HintSampler(ScriptedSampler):
+    """ScriptedSampler that also answers the on-policy hint prompts (an int n: one text each, in
+    one call per step): a thought "r<i> thinks at step <t>, hinted" and an action of its own, which
+    the patch must drop. The hinted rollout is read from its first history turn; at step 0 (no
+    history) it is r2, the one rollout the script has wrong there."""
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer)
+        self.hint_calls = []
+
+    def generate(self, prompts, n=1, greedy=False, seeds=None):
+        if not isinstance(n, int):
+            return super().generate(prompts, n, greedy, seeds)
+        texts = [self.tok.decode(p.input_ids) for p in prompts]
+        self.hint_calls.append(texts)
+        outs = []
+        for text in texts:
+            m = re.search(r"r(\d) thinks at step 0", text)
+            t = text.count("<|im_start|>assistant") - 1
+            own = {"action": "click", "coordinate": [1, 1]}  # not the expert's: must not reach the patch
+            i = m.group(1) if m else 2
+            outs.append([self._out(gui.format_response(f"r{i} thinks at step {t}, hinted", own))])
+        return outs
+
+
+def test_on_policy_patch_is_the_hinted_thought_with_the_expert_action(proc):
+    """--patch on-policy through the driver, threshold -1: every wrong step is patched with the thought the
+    policy writes for a hint naming the expert action, then that action (resized == original pixels here);
+    the sampled wrong response is still the record's, and each step's hints are generated in one call."""
+    tok, ip = proc
+    sampler = HintSampler(tok)
+    recs = semi_online_rollout(sampler, [episode()], tok, ip, RolloutSpec(n_rollouts=3, patch_mode="on-policy",
+                               patch_threshold=-1, blank_screens=(W, H)))
+    recs = {(r.rollout_idx, r.step_idx): r for r in recs}
+    hinted = lambda i, t, a: gui.format_response(f"r{i} thinks at step {t}, hinted", a)  # noqa: E731
+    assert len(recs) == 9 and recs[(2, 0)].patched and recs[(1, 1)].patched and recs[(2, 1)].patched
+    assert recs[(2, 0)].response == response(2, 0)  # y_t is still trained on; the patch is history only
+    assert recs[(1, 2)].history == [response(1, 0), hinted(1, 1, TYPE)]
+    assert recs[(2, 2)].history == [hinted(2, 0, CLICK), hinted(2, 1, TYPE)]
+    # step 0: r2's hint; step 1: r1's and r2's in one call; each names the expert action
+    assert [len(c) for c in sampler.hint_calls] == [1, 2]
+    assert 'Hint: the correct action for this step is {"action": "click", "coordinate": [100, 200]}' in \
+        sampler.hint_calls[0][0]
+    assert all('{"action": "type", "text": "hello"}' in text for text in sampler.hint_calls[1])

@@ -173,8 +173,9 @@ def test_refills_never_redraw_a_kept_episode():
 
 def test_overlong_penalty_by_hand():
     # cap 48, buffer 8: free up to 40 tokens, then -1/8 per token, -1 at the cap
-    assert [reward.overlong_penalty(n, 48, 8) for n in (1, 40, 41, 44, 48)] == pytest.approx([0, 0, -0.125, -0.5, -1])
-    assert reward.overlong_penalty(48, 48, 0) == 0.0  # off
+    penalty = lambda n, buffer: reward.shaped_reward(0.0, n, max_new_tokens=48, overlong_buffer=buffer)  # noqa: E731
+    assert [penalty(n, 8) for n in (1, 40, 41, 44, 48)] == pytest.approx([0, 0, -0.125, -0.5, -1])
+    assert penalty(48, 0) == 0.0  # off
     # the trainer's reward: score_response's plus every shaping term (here the penalty alone)
     assert reward.shaped_reward(0.9, 44, max_new_tokens=48, overlong_buffer=8) == pytest.approx(0.4)
     assert reward.shaped_reward(0.9, 48, max_new_tokens=48) == 0.9  # off by default
