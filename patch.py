@@ -64,12 +64,6 @@ def extract_thought(generated: str) -> str:
     return clean_thought(thought if thought is not None else generated.split("<action>", 1)[0])
 
 
-def expert_action_resized(step: Any, orig_size: tuple[int, int],
-                          resized_size: tuple[int, int]) -> dict:
-    """The step's expert action in the pixel space the model saw (sizes are (W, H))."""
-    return gui.scale_action(step.action, orig_size, resized_size)
-
-
 # -----------------------------------------------------------------------------
 # on-policy thought: a hint for the prompt, one batched generation for all patches
 
@@ -112,7 +106,7 @@ def make_patch(mode: str, *, response: str, step: Any, orig_size: tuple[int, int
     if mode not in PATCH_MODES or mode == "on-policy":
         raise ValueError(f"patch mode must be one of {PATCH_MODES[:3]} "
                          f"(on-policy: on_policy_patches), got {mode!r}")
-    action = expert_action_resized(step, orig_size, resized_size)  # resized pixels
+    action = gui.scale_action(step.action, orig_size, resized_size)  # resized pixels
     if mode == "thought-free":
         return gui.format_response(clean_thought(gui.parse_response(response).thought), action)
     if mode == "empty-thought":

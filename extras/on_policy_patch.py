@@ -2,6 +2,7 @@
 thought of each patch, prompted again with a hint naming the expert action.
 rollout.semi_online_rollout imports this module only at a step where such patches are due; the
 other patch modes are patch.make_patch's."""
+import gui
 import patch
 from schedule import stable_seed
 
@@ -14,7 +15,7 @@ def patch_on_policy(sampler, prompt_for, episodes, states, to_patch, t: int, tas
     (task, rollout) like the samples (schedule.stable_seed), so a patch depends on neither the batch
     nor the rank."""
     # the expert action in the pixels the policy saw
-    actions = [patch.expert_action_resized(episodes[k].steps[t], orig, rec.prompt.resized_size)
+    actions = [gui.scale_action(episodes[k].steps[t].action, orig, rec.prompt.resized_size)
                for k, _, rec, orig in to_patch]
     hint_prompts = [prompt_for(k, t, rec.history, hint=patch.on_policy_hint(a))
                     for (k, _, rec, _), a in zip(to_patch, actions)]
