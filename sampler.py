@@ -369,8 +369,8 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: float 
                    where: Callable[[int], str] = lambda i: f"row {i}") -> torch.Tensor:
     """logits (B, V) -> (B, V) fp32 probabilities of the sampling distribution.
     p(v) is proportional to exp(logit_v / temperature) over the allowed tokens (`allowed_weights`:
-    not banned, inside the top-p nucleus). The only place temperature is applied to a draw's logits
-    (rollout.py, engine design note 4). normalise=False skips the final division (sampling
+    not banned, inside the top-p nucleus): the distribution Sampler._draw draws from, as a reference
+    for tests and tools (engine design note 4). normalise=False skips the final division (sampling
     normalises through the CDF; the weights are then exp(x - max allowed x)). Raises ValueError:
     temperature not finite or below MIN_TEMPERATURE, top_p outside (0, 1]; LogitsError (where(i)
     names row i): a NaN or +inf logit, or a row without a finite allowed logit (`allowed_weights`)."""
