@@ -1,12 +1,9 @@
-"""The policy model: everything that knows it is Qwen2.5-VL (swap the model here).
-
-1. loading: `load_model` (a folder, or a CPU preset of extras/tiny.py), `load_processor`, `model_path`
-   (--model's type); checkpoints: `save_checkpoint` (extras/resume.py reads them back);
-2. the model's tokens: the vision tokens the sampler must never emit, and the stop tokens;
-3. the policy as training runs it: `PolicyLogProb` (the decoder, then kernels.fused_logprob on the
-   response positions only) on the batch `collate_sequences` builds;
-4. FSDP2: `apply_fsdp` shards it, `checkpoint_activations`, `sampling_mode` lends it to the sampler.
-The sampler reads the model through the transformers interface plus `get_rope_index`."""
+"""The policy model: everything that knows it is Qwen2.5-VL (swap the model here). Loading
+(`load_model`, `load_processor`, `model_path`: --model's type; the CPU presets in extras/tiny.py);
+checkpoints (`save_checkpoint`; extras/resume.py reads them back); the tokens the sampler never emits
+or stops at; the policy as training runs it (`PolicyLogProb` on the batch `collate_sequences` builds);
+FSDP2 (`apply_fsdp`, `checkpoint_activations`; `sampling_mode` lends the policy to the sampler, which
+reads the model through the transformers interface plus `get_rope_index`)."""
 from __future__ import annotations
 
 import contextlib
@@ -19,6 +16,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.nn.utils.rnn import pad_sequence
 
 import utils
 from gui import MAX_PIXELS, MIN_PIXELS
@@ -206,16 +204,11 @@ def collate_sequences(prompts: list, responses: list[list[int]], pad_id: int) ->
     by position, never by pad_id, which may be EOS), attention_mask, all (B, T) int64; the images in row
     order and image_index (I,) int64, each image's first identical one (encoded once)."""
     seqs = [torch.cat([p.input_ids.long(), torch.tensor(r, dtype=torch.long)]) for p, r in zip(prompts, responses)]
-    T = max(len(s) for s in seqs)
-    B = len(seqs)
-    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
-    targets = torch.full((B, T), -100, dtype=torch.long)
-    attention_mask = torch.zeros((B, T), dtype=torch.long)
-    for b, (s, p) in enumerate(zip(seqs, prompts)):
-        input_ids[b, :len(s)] = s
-        attention_mask[b, :len(s)] = 1
-        targets[b, len(p.input_ids):len(s)] = s[len(p.input_ids):]
-    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "targets": targets}
+    targets = [torch.cat([torch.full_like(p.input_ids, -100, dtype=torch.long), s[len(p.input_ids):]])
+               for p, s in zip(prompts, seqs)]  # -100 over each prompt, then its response
+    batch = {"input_ids": pad_sequence(seqs, batch_first=True, padding_value=pad_id),  # (B, T)
+             "attention_mask": pad_sequence([torch.ones_like(s) for s in seqs], batch_first=True),
+             "targets": pad_sequence(targets, batch_first=True, padding_value=-100)}
     pv = [p.pixel_values for p in prompts if p.pixel_values is not None]
     if pv:
         batch["pixel_values"] = torch.cat(pv)
