@@ -30,8 +30,8 @@ class InputError(Exception):
 
 
 class UsageError(InputError):
-    """A mistake in what the user gave (a flag, a file, a folder): reported by cli.run_script as one
-    line, exit code 2, no traceback. The message names the flag or file and what was expected."""
+    """A mistake in a flag, file or folder the user gave (an InputError): the message names it and
+    what was expected."""
 
 
 # the evaluation the README's quick start runs (and its table reports): both trainers print it

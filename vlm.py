@@ -89,12 +89,9 @@ def load_model(name: str | os.PathLike = "tiny", *, dtype: torch.dtype = torch.f
     if is_tiny(name):  # a preset: built only here, so that a run from a checkpoint never imports it
         from extras.tiny import tiny_model
         return tiny_model(name, load_processor(name)[0], attn, seed).to(dtype).to(device)
-    if utils.is_adapter_dir(name):  # a LoRA checkpoint: its base with the adapters merged in (fp32, CPU)
+    if utils.is_adapter_dir(name):  # a LoRA checkpoint: its base (loaded here) + adapters, merged
         import lora
-        base = lora.read_base(name)
-        merged = lora.merge_adapter(load_model(base["model"], seed=base["seed"]), name)
-        # PEFT had frozen the base; merged, it is trainable like from_pretrained's (RL's full fine-tune of it)
-        return merged.requires_grad_(True).to(dtype).to(device)
+        return lora.merge_adapter(name, load_model).to(dtype).to(device)
     if not (Path(name) / "config.json").exists():
         raise FileNotFoundError(f"--model {name}: not 'tiny' and no config.json in that directory")
     return Qwen2_5_VLForConditionalGeneration.from_pretrained(str(name), dtype=dtype, attn_implementation=attn).to(device)
