@@ -58,14 +58,11 @@ def int_at_least(low: int):
     """argparse type: an integer >= low; '1.5', 'ten' and values below low are refused in one line
     (`argument --x: ...`) naming the bound."""
     def convert(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        v = int(text)  # 'ten': argparse's own one line, "invalid int value: 'ten'" (it reads __name__)
         if v < low:
             raise argparse.ArgumentTypeError(f"{v}: must be >= {low}")
         return v
-    convert.__name__, convert.kind = f"int_at_least_{low}", "int"  # kind: the flag walk's (tests)
+    convert.__name__, convert.kind = "int", "int"  # kind: the flag walk's (tests)
     return convert
 
 
@@ -78,10 +75,7 @@ def finite_float(low: float | None = None, high: float | None = None, *, low_ope
     """argparse type: a finite float in [low, high] (an open end with low_open / high_open; None: no
     bound). NaN and +-inf are always refused: no flag of ours means anything by them."""
     def convert(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+        v = float(text)  # not a number: argparse's "invalid float value: 'x'" (as int_at_least)
         lo_ok = low is None or (v > low if low_open else v >= low)
         hi_ok = high is None or (v < high if high_open else v <= high)
         if not (math.isfinite(v) and lo_ok and hi_ok):
@@ -89,7 +83,7 @@ def finite_float(low: float | None = None, high: float | None = None, *, low_ope
                    f"{'inf' if high is None else f'{high:g}'}{')' if high_open or high is None else ']'}"
             raise argparse.ArgumentTypeError(f"{text}: must be a finite number in {span}")
         return v
-    convert.__name__, convert.kind = "finite_float", "float"
+    convert.__name__, convert.kind = "float", "float"
     return convert
 
 
@@ -154,7 +148,7 @@ def int_list(low: int = 1):
 
     def convert(text: str) -> list[int]:
         return [one(t.strip()) for t in text.split(",")]
-    convert.__name__, convert.kind = "int_list", "int"
+    convert.__name__, convert.kind = "int", "int"  # 'x' in the list: "invalid int value"
     return convert
 
 

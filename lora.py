@@ -179,9 +179,13 @@ def read_base(folder) -> dict:
     return json.loads(path.read_text())
 
 
-def merge_adapter(base_model, folder):
-    """base_model (the plain model read_base names) + the adapter of `folder` -> the plain adapted
-    model, the adapters merged into the base weights (PEFT's PeftModel.from_pretrained, merge_and_unload)."""
+def merge_adapter(folder, load_model):
+    """The plain adapted model of LoRA checkpoint `folder` (vlm.load_model of it): its base (read_base,
+    loaded by `load_model(name, seed=...)`, fp32 on CPU) with the adapters merged into the base weights
+    (PEFT's PeftModel.from_pretrained, merge_and_unload), every parameter trainable as from_pretrained's
+    are (PEFT had frozen the base; RL may fine-tune the merged model fully)."""
     from peft import PeftModel
 
-    return PeftModel.from_pretrained(base_model, str(folder)).merge_and_unload()
+    base = read_base(folder)
+    model = load_model(base["model"], seed=base["seed"])
+    return PeftModel.from_pretrained(model, str(folder)).merge_and_unload().requires_grad_(True)

@@ -30,8 +30,8 @@ class InputError(Exception):
 
 
 class UsageError(InputError):
-    """A mistake in what the user gave (a flag, a file, a folder): reported by cli.run_script as one
-    line, exit code 2, no traceback. The message names the flag or file and what was expected."""
+    """A mistake in a flag, file or folder the user gave (an InputError): the message names it and
+    what was expected."""
 
 
 # the evaluation the README's quick start runs (and its table reports): both trainers print it
@@ -236,7 +236,7 @@ class MetricsLogger:
     the rows up to its checkpoint)."""
 
     def __init__(self, path: str | os.PathLike, append: bool = False):
-        self.path, self.t0, self.n = Path(path), time.time(), 0
+        self.path, self.t0 = Path(path), time.time()
         if get_rank() == 0:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if not append:
@@ -249,7 +249,6 @@ class MetricsLogger:
         row = {**row, "t": round(time.time() - self.t0, 3)}
         with open(self.path, "a") as f:
             f.write(dumps(row) + "\n")
-        self.n += 1
         return row
 
     def close(self) -> None:

@@ -1,12 +1,9 @@
-"""The policy model: everything that knows it is Qwen2.5-VL (swap the model here).
-
-1. loading: `load_model`, `load_processor`, `tiny_config` (the CPU presets, on assets/tiny_tokenizer),
-   `model_path` (--model's type); checkpoints: `save_checkpoint` (extras/resume.py reads them back);
-2. the model's tokens: the vision tokens the sampler must never emit, and the stop tokens;
-3. the policy as training runs it: `PolicyLogProb` (the decoder, then kernels.fused_logprob on the
-   response positions only) on the batch `collate_sequences` builds;
-4. FSDP2: `apply_fsdp` shards it, `checkpoint_activations`, `sampling_mode` lends it to the sampler.
-The sampler reads the model through the transformers interface plus `get_rope_index`."""
+"""The policy model: everything that knows it is Qwen2.5-VL (swap the model here). Loading
+(`load_model`, `load_processor`, `model_path`: --model's type; the CPU presets in extras/tiny.py);
+checkpoints (`save_checkpoint`; extras/resume.py reads them back); the tokens the sampler never emits
+or stops at; the policy as training runs it (`PolicyLogProb` on the batch `collate_sequences` builds);
+FSDP2 (`apply_fsdp`, `checkpoint_activations`; `sampling_mode` lends the policy to the sampler, which
+reads the model through the transformers interface plus `get_rope_index`)."""
 from __future__ import annotations
 
 import contextlib
@@ -19,6 +16,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.nn.utils.rnn import pad_sequence
 
 import utils
 from gui import MAX_PIXELS, MIN_PIXELS
@@ -36,11 +34,16 @@ STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")  # the end of an assistant turn; t
 def tokenizer_dir(model: str | os.PathLike | None = "tiny") -> Path:
     """Where `model`'s tokenizer lives: 'tiny' / 'tiny:HxL' -> assets/tiny_tokenizer; a folder with
     tokenizer files -> that folder (a model meets its own vocabulary); else the Qwen2.5-VL tokenizer."""
-    if model is not None and parse_tiny(str(model)) is not None:
+    if is_tiny(model):
         return TINY_TOKENIZER_DIR
     if model is not None and (Path(model) / "tokenizer_config.json").exists():
         return Path(model)
     return TOKENIZER_DIR
+
+
+def is_tiny(name) -> bool:
+    """True for 'tiny' and 'tiny:...': a preset of extras/tiny.py (random weights), not a folder."""
+    return str(name) == "tiny" or str(name).startswith("tiny:")
 
 
 def load_processor(model: str | os.PathLike | None = "tiny", min_pixels: int = MIN_PIXELS,
@@ -64,53 +67,6 @@ def _tokenizer(path: str):
     return AutoTokenizer.from_pretrained(path)
 
 
-def parse_tiny(name: str) -> tuple[int, int] | None:
-    """'tiny' -> (64, 2); 'tiny:HxL' -> (H, L) (hidden size, text layers); anything else None.
-    Raises ValueError on a malformed 'tiny:...' or an H that is not a positive multiple of 16."""
-    name = str(name)
-    if name == "tiny" or not name.startswith("tiny:"):
-        return (64, 2) if name == "tiny" else None
-    try:
-        h, n = (int(v) for v in name[5:].split("x"))
-    except ValueError:
-        raise ValueError(f"--model {name}: expected tiny:HxL, e.g. tiny:128x4") from None
-    if h <= 0 or h % 16 or n <= 0:
-        raise ValueError(f"--model {name}: hidden size must be a positive multiple of 16, layers >= 1")
-    return h, n
-
-
-def tiny_config(hidden_size: int = 64, num_layers: int = 2, tokenizer=None, vocab_size: int | None = None):
-    """A Qwen2.5-VL config for CPU training: the 7B's architecture (mrope sections summing to
-    head_dim / 2, windowed vision tower, tied embedding) at hidden_size x num_layers, max(4, hidden / 32)
-    heads. Vocabulary and special-token ids from `tokenizer` (default: assets/tiny_tokenizer, 8,192
-    tokens); vocab_size defaults to its length. Raises ValueError if smaller or a special token is missing."""
-    from transformers import Qwen2_5_VLConfig
-
-    tok = tokenizer if tokenizer is not None else load_processor("tiny")[0]
-    ids = {name: tok.convert_tokens_to_ids(s) for name, s in (
-        ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
-        ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"),
-        ("bos_token_id", "<|endoftext|>"))}
-    ids["eos_token_id"], ids["pad_token_id"] = tok.eos_token_id, tok.pad_token_id
-    vocab = len(tok) if vocab_size is None else int(vocab_size)
-    if vocab < len(tok) or None in ids.values():
-        raise ValueError(f"tiny_config: vocab_size {vocab} < {len(tok)} tokens, or special tokens missing: {ids}")
-    heads = max(4, hidden_size // 32)
-    half = hidden_size // heads // 2  # mrope sections (t, h, w) sum to head_dim / 2
-    t = half // 4
-    section = [t, (half - t) // 2, half - t - (half - t) // 2]
-    return Qwen2_5_VLConfig(
-        text_config=dict(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
-                         num_attention_heads=heads, num_key_value_heads=2, vocab_size=vocab,
-                         max_position_embeddings=8192, tie_word_embeddings=True, rms_norm_eps=1e-6,
-                         rope_parameters={"rope_type": "default", "mrope_section": section, "rope_theta": 1e6},
-                         **{k: ids[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}),
-        vision_config=dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=hidden_size,
-                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
-                           fullatt_block_indexes=[1]),
-        tie_word_embeddings=True, **ids)
-
-
 def attn_implementation(device: torch.device | str) -> str:
     """flash_attention_2 when flash-attn imports on a CUDA device, else SDPA."""
     if torch.device(device).type != "cuda":
@@ -124,24 +80,18 @@ def attn_implementation(device: torch.device | str) -> str:
 
 def load_model(name: str | os.PathLike = "tiny", *, dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu", seed: int = 0):
-    """A Qwen2_5_VLForConditionalGeneration. name: 'tiny' / 'tiny:HxL' (tiny_config, random weights
+    """A Qwen2_5_VLForConditionalGeneration. name: 'tiny' / 'tiny:HxL' (extras/tiny.py, random weights
     seeded by `seed`, the same on every rank), a Hugging Face folder, or a LoRA checkpoint folder (its
     base with the adapters merged). Raises FileNotFoundError without config.json (nothing is downloaded)."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     attn = attn_implementation(device)
-    size = parse_tiny(name)
-    if size is not None:
-        torch.manual_seed(seed)
-        cfg = tiny_config(*size)
-        cfg._attn_implementation = attn
-        return Qwen2_5_VLForConditionalGeneration(cfg).to(dtype).to(device)
-    if utils.is_adapter_dir(name):  # a LoRA checkpoint: its base with the adapters merged in (fp32, CPU)
+    if is_tiny(name):  # a preset: built only here, so that a run from a checkpoint never imports it
+        from extras.tiny import tiny_model
+        return tiny_model(name, load_processor(name)[0], attn, seed).to(dtype).to(device)
+    if utils.is_adapter_dir(name):  # a LoRA checkpoint: its base (loaded here) + adapters, merged
         import lora
-        base = lora.read_base(name)
-        merged = lora.merge_adapter(load_model(base["model"], seed=base["seed"]), name)
-        # PEFT had frozen the base; merged, it is trainable like from_pretrained's (RL's full fine-tune of it)
-        return merged.requires_grad_(True).to(dtype).to(device)
+        return lora.merge_adapter(name, load_model).to(dtype).to(device)
     if not (Path(name) / "config.json").exists():
         raise FileNotFoundError(f"--model {name}: not 'tiny' and no config.json in that directory")
     return Qwen2_5_VLForConditionalGeneration.from_pretrained(str(name), dtype=dtype, attn_implementation=attn).to(device)
@@ -161,10 +111,13 @@ def merge_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike) -> Path:
 
 def model_path(name: str) -> str:
     """argparse type of --model: 'tiny', 'tiny:HxL', 'auto' and model folders as is; a run folder's
-    `latest` pointer -> the checkpoint it names. Raises ValueError (a malformed 'tiny:...', parse_tiny)
-    or UsageError (anything else unknown), which cli.arg_type reports before a model is loaded."""
-    if (name == "auto" or parse_tiny(name) is not None or (Path(name) / "config.json").is_file()
-            or utils.is_adapter_dir(name)):
+    `latest` pointer -> the checkpoint it names. Raises ValueError (a malformed 'tiny:...') or
+    UsageError (anything else unknown), which cli.arg_type reports before a model is loaded."""
+    if is_tiny(name):
+        from extras.tiny import parse_tiny
+        parse_tiny(name)  # a malformed 'tiny:...' raises here, at parse time
+        return name
+    if name == "auto" or (Path(name) / "config.json").is_file() or utils.is_adapter_dir(name):
         return name
     if not Path(name).exists():
         raise utils.UsageError(f"{name!r}: no such folder (expected 'tiny', a Hugging Face model folder or a checkpoint folder)")
@@ -248,16 +201,11 @@ def collate_sequences(prompts: list, responses: list[list[int]], pad_id: int) ->
     by position, never by pad_id, which may be EOS), attention_mask, all (B, T) int64; the images in row
     order and image_index (I,) int64, each image's first identical one (encoded once)."""
     seqs = [torch.cat([p.input_ids.long(), torch.tensor(r, dtype=torch.long)]) for p, r in zip(prompts, responses)]
-    T = max(len(s) for s in seqs)
-    B = len(seqs)
-    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
-    targets = torch.full((B, T), -100, dtype=torch.long)
-    attention_mask = torch.zeros((B, T), dtype=torch.long)
-    for b, (s, p) in enumerate(zip(seqs, prompts)):
-        input_ids[b, :len(s)] = s
-        attention_mask[b, :len(s)] = 1
-        targets[b, len(p.input_ids):len(s)] = s[len(p.input_ids):]
-    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "targets": targets}
+    targets = [torch.cat([torch.full_like(p.input_ids, -100, dtype=torch.long), s[len(p.input_ids):]])
+               for p, s in zip(prompts, seqs)]  # -100 over each prompt, then its response
+    batch = {"input_ids": pad_sequence(seqs, batch_first=True, padding_value=pad_id),  # (B, T)
+             "attention_mask": pad_sequence([torch.ones_like(s) for s in seqs], batch_first=True),
+             "targets": pad_sequence(targets, batch_first=True, padding_value=-100)}
     pv = [p.pixel_values for p in prompts if p.pixel_values is not None]
     if pv:
         batch["pixel_values"] = torch.cat(pv)

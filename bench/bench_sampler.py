@@ -41,7 +41,7 @@ from hf_peer import generate_inputs  # noqa: E402  (bench/, the script's folder)
 # config
 
 parser = cli.make_parser(__doc__)
-parser.add_argument("--model", default="tiny", help="'tiny' (vlm.tiny_config), 'small' (a ~0.2B random "
+parser.add_argument("--model", default="tiny", help="'tiny' (extras/tiny.py), 'small' (a ~0.2B random "
                     "Qwen2.5-VL for GPUs) or a Hugging Face directory")
 parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
 parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="model dtype")
@@ -75,7 +75,8 @@ def sync():
 tokenizer, image_processor = vlm.load_processor(None if args.model == "small" else args.model, max_pixels=args.max_pixels)
 if args.model == "small":        # ~0.25B: hidden 1024, 8 layers, GQA 16/4, a 4-block vision tower
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-    tiny = vlm.tiny_config(tokenizer=tokenizer, vocab_size=151936)
+    from extras.tiny import tiny_config
+    tiny = tiny_config(tokenizer=tokenizer, vocab_size=151936)
     cfg = Qwen2_5_VLConfig(
         text_config=dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
                          num_key_value_heads=4, vocab_size=151936, max_position_embeddings=8192,

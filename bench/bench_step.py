@@ -116,7 +116,8 @@ def variant(name: str, body_from=None) -> dataclasses.dataclass:
     else:
         from transformers import Qwen2_5_VLForConditionalGeneration
         tok, ip = vlm.load_processor(None)
-        cfg = vlm.tiny_config(*vlm.parse_tiny(args.model), tokenizer=tok, vocab_size=QWEN_VOCAB)
+        from extras.tiny import parse_tiny, tiny_config
+        cfg = tiny_config(*parse_tiny(args.model), tokenizer=tok, vocab_size=QWEN_VOCAB)
         cfg._attn_implementation = "sdpa"
 
         def make():

@@ -455,7 +455,7 @@ def check_model(args, argv: list[str]) -> None:
     model takes no copy warm-up (BASE_STEPS 0: the folder is the base). Raises utils.UsageError otherwise."""
     import utils
     import vlm
-    if vlm.parse_tiny(args.model) is not None:
+    if vlm.is_tiny(args.model):
         return
     if not (Path(args.model) / "config.json").is_file():
         raise utils.UsageError(f"--model {args.model}: not 'tiny:HxL' and no config.json there (a local Hugging Face "
@@ -477,9 +477,10 @@ def model_size(model: str) -> int:
     """Parameters of `model` (a tiny spec or a local folder's config.json), counted on the meta device."""
     import torch
     import vlm
+    from extras.tiny import parse_tiny, tiny_config
     from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration
-    size = vlm.parse_tiny(model)
-    cfg = vlm.tiny_config(*size) if size else AutoConfig.from_pretrained(model)
+    size = parse_tiny(model)
+    cfg = tiny_config(*size, tokenizer=vlm.load_processor("tiny")[0]) if size else AutoConfig.from_pretrained(model)
     with torch.device("meta"):
         return sum(t.numel() for t in Qwen2_5_VLForConditionalGeneration(cfg).parameters())
 

@@ -225,3 +225,18 @@ def test_shared_prompt_heads_text_only_prefix_prompts():
     wrong = dict(shared, head_of_row=torch.tensor([hr[3], hr[0], hr[0], hr[3]]), head_len=torch.tensor(hl))
     with torch.no_grad():  # the shared path ran: rows on another prompt's head score otherwise
         assert (policy(wrong)[0] - policy(plain)[0]).abs().max() > 1e-4
+
+
+def test_collate_sequences_layout_by_hand():
+    """Two text rows, pad id 0, the second response ending in a sampled 0: right padding, targets
+    only on the response positions (-100 elsewhere), and the sampled 0 kept as a target (padding is
+    masked by position, never by the pad id)."""
+    from types import SimpleNamespace
+    rows = [SimpleNamespace(input_ids=torch.tensor(ids, dtype=torch.int32), pixel_values=None, image_grid_thw=None)
+            for ids in ([5, 6, 7], [1])]
+    batch = collate_sequences(rows, [[8, 9], [2, 0]], 0)
+    assert sorted(batch) == ["attention_mask", "input_ids", "targets"]  # no images: no pixel keys
+    assert all(v.dtype == torch.long and v.shape == (2, 5) for v in batch.values())
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9], [1, 2, 0, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
+    assert batch["targets"].tolist() == [[-100, -100, -100, 8, 9], [-100, 2, 0, -100, -100]]

@@ -202,9 +202,10 @@ def tiny_model_folder(path: Path) -> Path:
     """A local Hugging Face folder as a user's pretrained VLM would be: vlm's tiny config saved with
     save_pretrained, its tokenizer beside it (no args.json: not one of this project's checkpoints)."""
     import vlm
+    from extras.tiny import tiny_config
     from transformers import Qwen2_5_VLForConditionalGeneration
     tok, _ = vlm.load_processor("tiny")
-    Qwen2_5_VLForConditionalGeneration(vlm.tiny_config(64, 2)).save_pretrained(path)
+    Qwen2_5_VLForConditionalGeneration(tiny_config(64, 2, tokenizer=tok)).save_pretrained(path)
     tok.save_pretrained(path)
     return path
 

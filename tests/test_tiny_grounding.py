@@ -2,11 +2,14 @@
 element's click point (grounding becomes copying), short thoughts, and a tiny model of chosen size.
 Pure: no browser."""
 
+from pathlib import Path
+
 import pytest
 
 import vlm
 from envs import miniwob_env as me
 from envs import miniwob_experts as experts
+from extras.tiny import parse_tiny, tiny_config
 
 
 def _el(ref, tag, text, box, point, *, value=None, leaf=True):
@@ -41,28 +44,58 @@ def test_short_thought_copies_the_element_line():
 
 
 def test_parse_tiny():
-    assert vlm.parse_tiny("tiny") == (64, 2)
-    assert vlm.parse_tiny("tiny:128x4") == (128, 4)
-    assert vlm.parse_tiny("out/sft/ckpt/latest") is None
+    assert parse_tiny("tiny") == (64, 2)
+    assert parse_tiny("tiny:128x4") == (128, 4)
+    assert parse_tiny("out/sft/ckpt/latest") is None
     for bad in ("tiny:128", "tiny:axb", "tiny:100x2", "tiny:128x0", "tiny:0x2"):
         with pytest.raises(ValueError, match="tiny"):
-            vlm.parse_tiny(bad)
+            parse_tiny(bad)
 
 
 @pytest.mark.parametrize("h,n", [(64, 2), (128, 4), (256, 2)])
 def test_tiny_config_sizes(h, n):
-    tc = vlm.tiny_config(h, n).text_config
+    cfg = tiny_config(h, n, tokenizer=vlm.load_processor("tiny")[0])
+    tc = cfg.text_config
     head_dim = tc.hidden_size // tc.num_attention_heads
     assert (tc.hidden_size, tc.num_hidden_layers, tc.intermediate_size) == (h, n, 2 * h)
     assert sum(tc.rope_parameters["mrope_section"]) == head_dim // 2  # mrope covers the head
     assert tc.num_attention_heads % tc.num_key_value_heads == 0
-    assert vlm.tiny_config(h, n).vision_config.out_hidden_size == h  # merger feeds the LM
+    assert cfg.vision_config.out_hidden_size == h  # merger feeds the LM
 
 
 def test_tiny_default_unchanged():
-    tc = vlm.tiny_config().text_config
+    tc = tiny_config(tokenizer=vlm.load_processor("tiny")[0]).text_config
     assert (tc.hidden_size, tc.num_hidden_layers, tc.num_attention_heads) == (64, 2, 4)
     assert tc.rope_parameters["mrope_section"] == [2, 3, 3]
+
+
+def test_model_names_that_mean_a_preset(tmp_path):
+    """'tiny' and 'tiny:...' are presets (a malformed one refused by --model's type, as parse_tiny
+    refuses it); a folder named otherwise is not, even one whose name contains 'tiny'."""
+    assert vlm.is_tiny("tiny") and vlm.is_tiny("tiny:128x4") and vlm.is_tiny("tiny:bad")
+    assert not vlm.is_tiny("tinyllama") and not vlm.is_tiny(tmp_path / "tiny") and not vlm.is_tiny(None)
+    assert vlm.model_path("tiny:128x4") == "tiny:128x4"
+    with pytest.raises(ValueError, match="expected tiny:HxL"):
+        vlm.model_path("tiny:128")
+    assert vlm.tokenizer_dir("tiny:128x4") == vlm.TINY_TOKENIZER_DIR
+
+
+def test_a_model_folder_never_imports_the_presets(tmp_path):
+    """The RL step starts from a checkpoint folder: --model's type and load_model of a folder leave
+    extras.tiny unimported (it is off the RL path); a preset name imports it."""
+    import subprocess
+    import sys
+
+    vlm.load_model("tiny").save_pretrained(tmp_path / "m")
+    code = ("import sys, vlm\n"
+            f"vlm.load_model(vlm.model_path({str(tmp_path / 'm')!r}))\n"
+            "print('extras.tiny' in sys.modules)\n"
+            "vlm.model_path('tiny')\n"
+            "print('extras.tiny' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "True"]
 
 
 def test_load_model_tiny_size():

@@ -17,6 +17,7 @@ import chat
 import dataset
 import gui
 import vlm
+from extras.tiny import tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -92,7 +93,7 @@ def test_any_text_encodes_through_bytes(text):
 
 def test_special_ids_agree_between_tokenizer_config_and_prompt(toks):
     small, _ = toks
-    cfg = vlm.tiny_config(64, 2)
+    cfg = tiny_config(64, 2, tokenizer=small)
     ids = dict(zip(SPECIAL, small.convert_tokens_to_ids(list(SPECIAL))))
     assert cfg.image_token_id == ids["<|image_pad|>"] and cfg.video_token_id == ids["<|video_pad|>"]
     assert cfg.vision_start_token_id == ids["<|vision_start|>"] and cfg.vision_end_token_id == ids["<|vision_end|>"]
@@ -100,10 +101,10 @@ def test_special_ids_agree_between_tokenizer_config_and_prompt(toks):
     assert cfg.pad_token_id == small.pad_token_id == ids["<|endoftext|>"]
     assert cfg.text_config.vocab_size == len(small) == 8192
     # the real tokenizer gives the 7B's ids
-    qcfg = vlm.tiny_config(64, 2, tokenizer=vlm.load_processor(None)[0], vocab_size=151936)
+    qcfg = tiny_config(64, 2, tokenizer=vlm.load_processor(None)[0], vocab_size=151936)
     assert (qcfg.image_token_id, qcfg.vision_start_token_id, qcfg.eos_token_id) == (151655, 151652, 151645)
     with pytest.raises(ValueError, match="vocab_size"):
-        vlm.tiny_config(64, 2, vocab_size=100)
+        tiny_config(64, 2, tokenizer=small, vocab_size=100)
 
 
 def test_image_pads_in_a_tiny_prompt_reach_the_model():
