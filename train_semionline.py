@@ -460,15 +460,13 @@ def loss_config(cfg: RLConfig, sampler) -> dict:
 def ppo_step(policy, optimizer, mb, collate, proc, *, temperature: float, clip_low: float,
              clip_high: float, clip_c: float, kl_coef: float, loss_agg: str, max_len: int,
              grad_clip: float) -> dict:
-    """One optimizer step on the mini-batch `mb`: per-token PPO clip + dual clip + k3 KL
-    (kernels.ppo_loss) of the log-probs at `temperature` (the sampler's), aggregated by loss_agg
-    over the WHOLE mini-batch (kernels.loss_denominator summed over its micro-batches and the ranks;
-    max_len: Dr.GRPO's constant), backward per micro-batch, global grad-norm clip, optimizer.step();
-    a non-finite norm skips the step and drops the gradients.
-
-    mb: micro-batches, each a list of TrainItems or None (a dummy: the same FSDP collectives, zero
-    gradient); collate(chunk) -> the model's batch; proc: utils.Dist. Returns this rank's sums
-    (loss, kl, entropy, clipped, tokens), grad_norm (global), skipped (0/1), and of the first real
+    """One optimizer step on the mini-batch `mb` (docs/method.md §7, eq. 7.1-7.4): kernels.ppo_loss
+    of the log-probs at `temperature` (the sampler's), aggregated by loss_agg over the WHOLE
+    mini-batch (kernels.loss_denominator over its micro-batches and the ranks; max_len: Dr.GRPO's
+    constant), backward per micro-batch, global grad-norm clip, optimizer.step(); a non-finite norm
+    skips the step and drops the gradients. mb: micro-batches, each a list of TrainItems or None (a
+    dummy: the same FSDP collectives, zero gradient); collate(chunk) -> the model's batch; proc:
+    utils.Dist. Returns this rank's SUMS, grad_norm (global), skipped (0/1), and of the first real
     micro-batch ratio_dev (max |ratio - 1|) and logp_gap (max |logp - old_logp|), else None."""
     real = [len(r.response_ids) for chunk in mb if chunk is not None for r in chunk]
     denom = max(utils.all_sum([loss_denominator(real, loss_agg, max_len)], proc)[0], 1.0)  # global
@@ -510,12 +508,11 @@ def ppo_step(policy, optimizer, mb, collate, proc, *, temperature: float, clip_l
 
 def _micro_batches(records, n_mini, micro_size, proc, length=None):
     """Split records (TrainItems, or anything with task_idx and step_idx) into n_mini mini-batches
-    of micro-batches of <= micro_size. One task's records at one step (a group, docs/method.md §6)
-    go together to mini-batch (task_idx + step_idx) % n_mini, so a mini-batch's union over ranks
-    does not depend on the world size and a micro-batch can run its rows' shared prompt once (verl
-    keeps a group together too). length(record) -> tokens: a mini-batch is sorted (stable) by its
-    groups' longest, then within a group, so micro-batches pad less. Every rank runs the same number
-    of micro-batches (None: a zero-weight dummy); a mini-batch empty on every rank is dropped."""
+    of micro-batches of <= micro_size. A group (one task's records at one step) goes to mini-batch
+    (task_idx + step_idx) % n_mini, whatever the world size (docs/method.md §7). length(record) ->
+    tokens: a mini-batch is sorted (stable) by its groups' longest, then within a group, so
+    micro-batches pad less. Every rank runs the same number of micro-batches (None: a zero-weight
+    dummy); a mini-batch empty on every rank is dropped."""
     minis = [[] for _ in range(n_mini)]
     for r in records:
         minis[(r.task_idx + r.step_idx) % n_mini].append(r)
