@@ -49,8 +49,9 @@ class RLConfig(StageConfig):
     gamma: float = flag(0.5, "discount of step returns (0: each step's own reward)", type=fraction)
     returns_form: str = flag("paper", "release: reset the return chain at a wrong step (eq. 6.1')",
                              choices=RETURNS_FORMS)
-    filter_std: float = flag(0.0, "dynamic sampling: drop a task whose step-0 returns' std <= this "
-                             "(<0: off; 0.3 goes with --returns-form release)", type=any_float)
+    filter_std: float = flag(0.0, "dynamic sampling: drop tasks whose step-0 return std <= this "
+                             "(<0 disables; 0 keeps those whose rollouts differ; 0.3 goes with "
+                             "--returns-form release)", type=any_float)
     kl_coef: float = flag(1e-4, "k3 KL to the reference (0 disables it)", type=nonneg_float)
     lr: float = flag(2e-5, "AdamW learning rate, constant (7B: 1e-6)", type=pos_float)
     micro_batch_size: int = flag(8, "sequences per forward/backward", type=pos_int)
