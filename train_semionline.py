@@ -405,13 +405,11 @@ def main(argv=None):
         t0 = time.time()
         if run.gpu:
             torch.cuda.reset_peak_memory_stats(run.proc.device)
-        # 1-3. rollout -> rewards -> advantages, refilled
-        draw, batch, rolled = draw_batch(run, step)
+        draw, batch, rolled = draw_batch(run, step)  # 1-3. rollout -> rewards -> advantages
         t1 = time.time()
         stats = rollout_stats(run, draw, batch, rolled)
         micro, collate = micro_batches(run, batch, rolled) if stats["n_train"] > 0 else ([], None)
-        # 4. old / ref log-probs
-        gap = old_ref_logprobs(run, batch, micro, collate)
+        gap = old_ref_logprobs(run, batch, micro, collate)  # 4. old / ref log-probs
         t2 = time.time()
         totals = update(run, micro, collate)  # 5. the PPO update
         times = {"time_rollout_s": t1 - t0, "time_logp_s": t2 - t1,
