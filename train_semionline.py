@@ -2,11 +2,10 @@
 
 main runs each step's phases, each a function above it (the update's pieces, TrainItem, ppo_step and
 _micro_batches, follow main): 1. rollout (rollout.py: own history, wrong steps patched by patch.py)
--> 2. rewards (reward.py) -> 3. returns and advantages
-(advantage.py; dynamic sampling refills: draw_batch) -> 4. old/ref log-probs -> 5. PPO update
-(kernels.ppo_loss) -> 6. log. A step's tasks are a pure function of (--seed, step, slot: a task's
-place in the step's draw, schedule.py): a run does not depend on the world size and --resume needs
-only the step number.
+-> 2. rewards (reward.py) -> 3. returns and advantages (advantage.py; dynamic sampling refills:
+draw_batch) -> 4. old/ref log-probs -> 5. PPO update (kernels.ppo_loss) -> 6. log. A step's tasks
+are a pure function of (--seed, step, slot: a task's place in the step's draw, schedule.py): a run
+does not depend on the world size and --resume needs only the step number.
 
 Single process (CPU or one GPU), after `python train_sft.py --max-steps 150` (--model auto starts
 from its checkpoint; `--model tiny`: an untrained model, which earns no reward):
@@ -25,7 +24,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -54,6 +52,7 @@ from vlm import (PolicyLogProb, apply_fsdp, checkpoint_activations, collate_sequ
 # config: the flags made from configs.semionline.RLConfig (typed fields) and its PRESETS
 
 MAX_TASKS_LOGGED = 32  # reward_by_task is logged when the data has at most this many tasks
+SUMS = ("loss", "kl", "entropy", "clipped", "tokens")  # ppo_step's per-rank sums (and "skipped")
 parser = config_parser(__doc__, RLConfig, GROUPS, PRESETS)
 chat.add_prompt_args(parser)  # the prompt contract: from the starting checkpoint unless given
 
@@ -63,10 +62,13 @@ def parse(argv=None) -> tuple[RLConfig, argparse.Namespace]:
     return parse_config(parser, RLConfig, PRESETS, argv)
 
 
-def check_args(cfg: RLConfig, other: argparse.Namespace) -> None:
+def check_args(cfg: RLConfig) -> None:
     """The rules between flags (a flag's own range is its parser type's): a breach raises
     utils.UsageError before any model loads or any file is written."""
     rules = [
+        (cfg.model != "auto" or utils.latest_checkpoint(cfg.sft_dir) is not None,
+         f"--model auto: no SFT checkpoint in {cfg.sft_dir} (run train_sft.py, point --sft-dir at "
+         "its ckpt/, give --model PATH or --model tiny)"),
         (cfg.old_logp != "sampler" or cfg.top_p == 1.0,
          f"--old-logp sampler needs --top-p 1 (its log-probs are checked against the trainer's "
          f"there: sampler_logp_gap); at --top-p {cfg.top_p:g} use --old-logp recompute"),
@@ -80,11 +82,9 @@ def check_args(cfg: RLConfig, other: argparse.Namespace) -> None:
     for ok, message in rules:
         if not ok:
             raise utils.UsageError(message)
-    # the checkpoint's adapters must be this run's, checked before --out is written
-    ckpt = utils.latest_checkpoint(Path(cfg.out) / "ckpt") if cfg.resume else None
-    if cfg.lora_r or utils.is_adapter_dir(ckpt):
-        import lora
-        lora.check_resume(cfg, ckpt)
+    if cfg.resume:  # a LoRA checkpoint's flags must be this run's
+        from extras.resume import check_flags
+        check_flags(cfg)
 
 
 # -----------------------------------------------------------------------------
@@ -112,10 +112,11 @@ def rewards_by_task(run, draw: TaskDraw, rolled: list[StepRecord]) -> dict[str, 
 # the run: processes, data, models, a resume (main, at the bottom, runs the phases below in order)
 
 
-def setup(cfg: RLConfig, other: argparse.Namespace, start: str,
-          spec: chat.PromptSpec) -> SimpleNamespace:
-    """Processes, seeds, the data and the prompt's processor, the models (build_models), a resume
-    (resume). other: parse's second value. Returns the run's state, which the phases below read."""
+def setup(cfg: RLConfig, other: argparse.Namespace) -> SimpleNamespace:
+    """The starting model and its prompt contract, processes, seeds, the data, the models
+    (build_models), a resume (resume). other: parse's second value. Returns the run's state."""
+    start = str(utils.latest_checkpoint(cfg.sft_dir)) if cfg.model == "auto" else cfg.model
+    spec = chat.resolve_spec(other, start, say=utils.print0)  # the prompt it was trained on
     proc = utils.init_distributed(cfg.device)
     utils.seed_everything(cfg.seed)
     gpu = proc.device.type == "cuda"
@@ -153,17 +154,16 @@ def build_models(run, init: str) -> None:
     utils.print0(f"policy initialised from: {init}")
     dtype = torch.float32  # master weights; bf16 compute comes from FSDP's mixed precision on GPU
     run.model = model = vlm.load_model(init, dtype=dtype, device=proc.device, seed=cfg.seed)
-    run.adapter = None  # the PeftModel with --lora-r (lora.py, imported only then)
+    run.adapter = run.ref = None  # LoRA's PeftModel (lora.py, imported only with --lora-r)
     if cfg.lora_r:
         import lora
         run.adapter = lora.apply_lora(model, cfg, base=init, seed=cfg.seed)
     if cfg.gradient_checkpointing:
         checkpoint_activations(model)
     run.policy = apply_fsdp(model, PolicyLogProb(model), proc, mixed_precision=run.gpu)
-    # under LoRA the reference is the policy with adapters off (no second model), unless --ref-model
-    lora_ref = cfg.kl_coef > 0 and run.adapter and cfg.ref_model is None  # (lora imported above)
-    run.ref = lora.AdaptersOff(run.policy, run.adapter) if lora_ref else None
-    if cfg.kl_coef > 0 and run.ref is None:
+    if cfg.kl_coef > 0 and run.adapter and cfg.ref_model is None:  # LoRA: no second model, the
+        run.ref = lora.AdaptersOff(run.policy, run.adapter)  # reference is the adapters off
+    elif cfg.kl_coef > 0:
         ref_model = vlm.load_model(cfg.ref_model or init, device=proc.device,
                                    dtype=torch.bfloat16 if run.gpu else dtype,
                                    seed=cfg.seed if cfg.ref_seed is None else cfg.ref_seed)
@@ -175,31 +175,21 @@ def build_models(run, init: str) -> None:
 
 
 def run_record(cfg: RLConfig, other: argparse.Namespace) -> dict:
-    """args.json's content: every flag's value as the run used it (--preset applied, auto resolved),
-    the prompt contract (field "prompt", chat.resolve_spec) and the preset's name."""
+    """args.json: every flag as the run used it (--preset applied, auto resolved, "prompt")."""
     return {**dataclasses.asdict(cfg), **vars(other)}
 
 
 def resume(run) -> None:
-    """With --resume, the latest checkpoint in --out (model, optimizer, every RNG; its task schedule
-    must be this run's); then args.json and the metrics file (the steps after the checkpoint are
-    redone and logged once)."""
+    """With --resume, the latest checkpoint in --out (extras/resume.py); then args.json and the
+    metrics file (the steps after the checkpoint are redone and logged once)."""
     cfg, out = run.cfg, run.out
-    run.start_step = 0
     # what the task schedule depends on: a resume must continue the same schedule
     run.schedule = {"seed": cfg.seed, "tasks_per_step": cfg.tasks_per_step,
                     "n_episodes": len(run.episodes)}
+    run.start_step = 0
     if cfg.resume:
-        ckpt = utils.latest_checkpoint(out / "ckpt")
-        if ckpt is not None:
-            from extras.resume import load_checkpoint_state
-            state = load_checkpoint_state(ckpt, run.policy, run.optimizer)
-            run.start_step = int(state.get("step", 0))
-            if state.get("schedule", run.schedule) != run.schedule:
-                raise utils.UsageError(f"{ckpt}/trainer_state.json: field 'schedule' "
-                                       f"{state['schedule']} differs from this run's {run.schedule}"
-                                       "; resume with the same --seed, --tasks-per-step and data")
-            utils.print0(f"resumed from {ckpt} at step {run.start_step}")
+        from extras.resume import resume_rl
+        run.start_step = resume_rl(run)
     run.record = run_record(cfg, run.other)
     if run.proc.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -237,12 +227,10 @@ def rewards(records: list[StepRecord], *, max_new_tokens: int, overlong_buffer: 
 def advantages(cfg: RLConfig, records: list[StepRecord], shaped: list[float],
                slots: list[int]) -> tuple[list[float], set[int]]:
     """3. returns and advantages (docs/method.md §6; groups never cross tasks, so per round), and
-    the slots dynamic sampling keeps (step-0 returns that vary; all with a negative --filter-std).
-    Reads --gamma, --returns-form, --episode-adv, --w-episode, --omega, --adv-norm, --filter-std."""
+    the slots dynamic sampling keeps (step-0 returns that vary; all at a negative --filter-std)."""
     adv = compute_advantages(records, rewards=shaped, gamma=cfg.gamma,
-                             returns_form=cfg.returns_form,
-                             episode_form=cfg.episode_adv, w_episode=cfg.w_episode, omega=cfg.omega,
-                             norm=cfg.adv_norm)
+                             returns_form=cfg.returns_form, episode_form=cfg.episode_adv,
+                             w_episode=cfg.w_episode, omega=cfg.omega, norm=cfg.adv_norm)
     keep = set(slots) if cfg.filter_std < 0 else dynamic_sampling_tasks(records, adv.returns,
                                                                         threshold=cfg.filter_std)
     return adv.adv.tolist(), keep
@@ -301,7 +289,7 @@ def micro_batches(run, batch: list, rolled: list[StepRecord]):
     return micro, collate
 
 
-def old_ref_logprobs(run, batch: list, micro: list, collate, n_train: float) -> list[float]:
+def old_ref_logprobs(run, batch: list, micro: list, collate) -> list[float]:
     """4. old (unless --old-logp sampler: the sampler's) and reference log-probs, no grad, of the
     sampled ids, into each TrainItem. Returns each recomputed item's max |trainer - sampler|
     log-prob gap at --top-p 1 (where both score the whole vocabulary)."""
@@ -309,7 +297,7 @@ def old_ref_logprobs(run, batch: list, micro: list, collate, n_train: float) -> 
     recompute, gap = run.cfg.old_logp == "recompute", []
     for it in batch if not recompute else ():
         it.old_logp = it.record.sampler_logp.float()  # (L,)
-    if n_train == 0 or not (recompute or ref is not None):  # global: the same branch on every rank
+    if not recompute and ref is None:
         return gap
     with torch.no_grad():
         for chunk in (chunk for mini in micro for chunk in mini):
@@ -329,32 +317,36 @@ def old_ref_logprobs(run, batch: list, micro: list, collate, n_train: float) -> 
     return gap
 
 
-def update(run, micro: list, collate, n_train: float) -> dict:
+def update(run, micro: list, collate) -> dict:
     """5. update (docs/method.md §7): --ppo-mini-batches optimizer steps over one pass of the data
-    (1 PPO epoch, ppo_step). Returns this rank's sums over them (loss, kl, entropy, clipped, tokens,
-    skipped), the last grad_norm and the first micro-batch's ratio_dev and logp_gap."""
-    totals = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0,
-              "grad_norm": None, "skipped": 0, "ratio_dev": None, "logp_gap": None}
-    for mini in micro if n_train > 0 else ():
-        sums = ppo_step(run.policy, run.optimizer, mini, collate, run.proc,
-                        **loss_config(run.cfg, run.sampler))
-        for k in ("loss", "kl", "entropy", "clipped", "tokens", "skipped"):
-            totals[k] += sums[k]
-        totals["grad_norm"] = sums["grad_norm"]
-        if totals["ratio_dev"] is None:
-            totals["ratio_dev"], totals["logp_gap"] = sums["ratio_dev"], sums["logp_gap"]
-    return totals
+    (1 PPO epoch, ppo_step; none when micro is empty). Returns this rank's sums over them (SUMS,
+    skipped), the last grad_norm and the first real micro-batch's ratio_dev and logp_gap."""
+    steps = [ppo_step(run.policy, run.optimizer, mini, collate, run.proc,
+                      **loss_config(run.cfg, run.sampler)) for mini in micro]
+    first = next((s for s in steps if s["ratio_dev"] is not None), {})
+    return {**{k: sum(s[k] for s in steps) for k in (*SUMS, "skipped")},
+            "grad_norm": steps[-1]["grad_norm"] if steps else None,
+            "ratio_dev": first.get("ratio_dev"), "logp_gap": first.get("logp_gap")}
+
+
+# the step's line on stdout: (label, the metrics row's key, format)
+LINE = [("loss", "loss", "+.4f"), ("reward", "reward_mean", ".3f"), ("match", "match_rate", ".3f"),
+        ("prog", "progress", ".3f"), ("patch", "patch_rate", ".2f"),
+        ("cut", "truncated_rate", ".2f"), ("kl", "kl", ".2e"), ("ent", "entropy", ".2f"),
+        ("clip", "clipfrac", ".3f"), ("skipped", "updates_skipped", "d"),
+        ("len", "response_len", ".0f"), ("tok/s", "tok_s", ".0f"),
+        ("rollout s", "time_rollout_s", ".1f"), ("update s", "time_update_s", ".1f")]
 
 
 def log_step(run, step: int, draw: TaskDraw, st: dict, totals: dict, gap: list[float], n_micro: int,
              times: dict) -> dict:
     """6. log: the step's metrics row (metrics.jsonl and --report-to; rank 0), with the held-out
-    evaluation when one is due, and its line on stdout. Returns the row."""
+    evaluation when one is due, and its line on stdout (LINE). times: the phases' time_*_s fields.
+    Returns the row."""
     cfg, proc = run.cfg, run.proc
-    loss_all, kl_all, ent_all, clip_all, tok_all = utils.all_sum(
-        [totals[k] for k in ("loss", "kl", "entropy", "clipped", "tokens")], proc)
+    loss_all, kl_all, ent_all, clip_all, tok_all = utils.all_sum([totals[k] for k in SUMS], proc)
     per_tok = (lambda x: x / tok_all) if tok_all > 0 else (lambda x: None)  # noqa: E731
-    n_resp, t_rollout = max(st["n_resp"], 1), times["rollout"]
+    n_resp = max(st["n_resp"], 1)
     last = {
         "step": step + 1, "loss": loss_all / n_micro if st["n_train"] > 0 else None,
         "reward_mean": st["reward_sum"] / n_resp, "match_rate": st["match_sum"] / n_resp,
@@ -364,9 +356,8 @@ def log_step(run, step: int, draw: TaskDraw, st: dict, totals: dict, gap: list[f
         **draw.info(), "updates_skipped": totals["skipped"],
         "kl": per_tok(kl_all), "entropy": per_tok(ent_all), "clipfrac": per_tok(clip_all),
         "grad_norm": totals["grad_norm"], "response_len": st["resp_tok"] / n_resp,
-        "train_tokens": int(tok_all), "tok_s": st["resp_tok"] / max(t_rollout, 1e-9),
-        "time_rollout_s": t_rollout, "time_logp_s": times["logp"], "time_update_s": times["update"],
-        "time_s": time.time() - times["t0"],
+        "train_tokens": int(tok_all), "tok_s": st["resp_tok"] / max(times["time_rollout_s"], 1e-9),
+        **times, "time_s": sum(times.values()),
         # max |trainer - sampler| log-prob over rank 0's tokens (--old-logp sampler: the first
         # micro-batch's); null at --top-p < 1, where --old-logp sampler is not offered
         "sampler_logp_gap": None if cfg.top_p < 1.0 else max(gap, default=0.0)
@@ -380,16 +371,10 @@ def log_step(run, step: int, draw: TaskDraw, st: dict, totals: dict, gap: list[f
         from extras.heldout import evaluate_heldout
         last.update(evaluate_heldout(run, step + 1))
     run.metrics.log(last)
-    utils.print0(
-        f"step {step + 1:4d} | loss {_fmt(last['loss'], '+.4f')} | reward {last['reward_mean']:.3f}"
-        f" | match {last['match_rate']:.3f} | prog {last['progress']:.3f}"
-        f" | patch {last['patch_rate']:.2f} | cut {last['truncated_rate']:.2f} "
-        f"| kept {last['tasks_kept']}/{last['tasks_tried']} in {last['rounds']} rounds"
-        f"{' (PARTIAL)' if last['partial'] else ''} | kl {_fmt(last['kl'], '.2e')} "
-        f"| ent {_fmt(last['entropy'], '.2f')} | clip {_fmt(last['clipfrac'], '.3f')} "
-        f"| skipped {totals['skipped']} | len {last['response_len']:.0f} "
-        f"| {last['tok_s']:.0f} tok/s | rollout {t_rollout:.1f}s "
-        f"update {times['logp'] + times['update']:.1f}s")
+    kept = f"kept {last['tasks_kept']}/{last['tasks_tried']} in {last['rounds']} rounds"
+    kept += " (PARTIAL)" if last["partial"] else ""
+    shown = [f"{label} {_fmt(last[key], spec)}" for label, key, spec in LINE]
+    utils.print0(" | ".join([f"step {step + 1:4d}", kept, *shown]))
     return last
 
 
@@ -408,17 +393,9 @@ def finish(run, last: dict) -> None:
 
 
 def main(argv=None):
-    # the typed config (--preset applied); LoRA's, the prompt's, --report-to
-    cfg, other = parse(argv)
-    if cfg.model == "auto" and utils.latest_checkpoint(cfg.sft_dir) is None:
-        raise utils.UsageError(f"--model auto: no SFT checkpoint in {cfg.sft_dir} (run "
-                               "train_sft.py, point --sft-dir at its ckpt/, give --model PATH or "
-                               "--model tiny)")
-    start = str(utils.latest_checkpoint(cfg.sft_dir)) if cfg.model == "auto" else cfg.model
-    # the prompt the checkpoint was trained on
-    spec = chat.resolve_spec(other, start, say=utils.print0)
-    check_args(cfg, other)
-    run = setup(cfg, other, start, spec)
+    cfg, other = parse(argv)  # the typed config (--preset applied); the prompt's flags
+    check_args(cfg)
+    run = setup(cfg, other)
     last = {}
     if run.heldout and run.start_step == 0:  # the starting point (the SFT model), as row "step 0"
         from extras.heldout import evaluate_heldout
@@ -428,20 +405,15 @@ def main(argv=None):
         t0 = time.time()
         if run.gpu:
             torch.cuda.reset_peak_memory_stats(run.proc.device)
-        # 1-3. rollout -> rewards -> advantages, refilled
-        draw, batch, rolled = draw_batch(run, step)
-        t_rollout = time.time() - t0
-        stats = rollout_stats(run, draw, batch, rolled)
+        draw, batch, rolled = draw_batch(run, step)  # 1-3. rollout -> rewards -> advantages
         t1 = time.time()
+        stats = rollout_stats(run, draw, batch, rolled)
         micro, collate = micro_batches(run, batch, rolled) if stats["n_train"] > 0 else ([], None)
-        # 4. old / ref log-probs
-        gap = old_ref_logprobs(run, batch, micro, collate, stats["n_train"])
+        gap = old_ref_logprobs(run, batch, micro, collate)  # 4. old / ref log-probs
         t2 = time.time()
-        totals = update(run, micro, collate, stats["n_train"])  # 5. the PPO update
-        if stats["n_train"] == 0:
-            utils.print0(f"step {step + 1}: dynamic sampling kept no task in {draw.rounds} rounds; "
-                         "no update")
-        times = {"t0": t0, "rollout": t_rollout, "logp": t2 - t1, "update": time.time() - t2}
+        totals = update(run, micro, collate)  # 5. the PPO update
+        times = {"time_rollout_s": t1 - t0, "time_logp_s": t2 - t1,
+                 "time_update_s": time.time() - t2}
         last = log_step(run, step, draw, stats, totals, gap, len(micro), times)  # 6. log
         stop = cfg.stop_after is not None and step + 1 - run.start_step >= cfg.stop_after
         every = cfg.save_every and (step + 1) % cfg.save_every == 0
@@ -456,7 +428,7 @@ def main(argv=None):
     return last
 
 
-@dataclass
+@dataclasses.dataclass
 class TrainItem:
     """A kept response (its StepRecord as the rollout left it) and what the trainer computes for it:
     adv, its advantage A (one float for all its tokens, docs/method.md §6); old_logp and ref_logp,
@@ -486,32 +458,27 @@ def loss_config(cfg: RLConfig, sampler) -> dict:
 def ppo_step(policy, optimizer, mb, collate, proc, *, temperature: float, clip_low: float,
              clip_high: float, clip_c: float, kl_coef: float, loss_agg: str, max_len: int,
              grad_clip: float) -> dict:
-    """One optimizer step on the mini-batch `mb`: per-token PPO clip + dual clip + k3 KL
-    (kernels.ppo_loss) of the log-probs at `temperature` (the sampler's), aggregated by loss_agg
-    over the WHOLE mini-batch (kernels.loss_denominator summed over its micro-batches and the ranks;
-    max_len: Dr.GRPO's constant), backward per micro-batch, global grad-norm clip, optimizer.step();
-    a non-finite norm skips the step and drops the gradients.
-
-    mb: micro-batches, each a list of TrainItems or None (a dummy: the same FSDP collectives, zero
-    gradient); collate(chunk) -> the model's batch; proc: utils.Dist. Returns this rank's sums
-    (loss, kl, entropy, clipped, tokens), grad_norm (global), skipped (0/1), and of the first real
+    """One optimizer step on the mini-batch `mb` (docs/method.md §7, eq. 7.1-7.4): kernels.ppo_loss
+    of the log-probs at `temperature` (the sampler's), aggregated by loss_agg over the WHOLE
+    mini-batch (kernels.loss_denominator over its micro-batches and the ranks; max_len: Dr.GRPO's
+    constant), backward per micro-batch, global grad-norm clip, optimizer.step(); a non-finite norm
+    skips the step and drops the gradients. mb: micro-batches, each a list of TrainItems or None (a
+    dummy: the same FSDP collectives, zero gradient); collate(chunk) -> the model's batch; proc:
+    utils.Dist. Returns this rank's SUMS, grad_norm (global), skipped (0/1), and of the first real
     micro-batch ratio_dev (max |ratio - 1|) and logp_gap (max |logp - old_logp|), else None."""
     real = [len(r.response_ids) for chunk in mb if chunk is not None for r in chunk]
     denom = max(utils.all_sum([loss_denominator(real, loss_agg, max_len)], proc)[0], 1.0)  # global
-    out = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0,
-           "ratio_dev": None, "logp_gap": None}
+    out = {**dict.fromkeys(SUMS, 0.0), "ratio_dev": None, "logp_gap": None}
     policy.train()
     optimizer.zero_grad(set_to_none=True)
     for chunk in mb:
-        logp, ent = policy(collate(chunk), temperature=temperature,
-                           return_entropy=True)  # (N,), (N,) fp32
+        logp, ent = policy(collate(chunk), temperature=temperature, return_entropy=True)  # (N,)
         if chunk is None:  # dummy: same collectives, zero gradient
             (logp.sum() * 0.0).backward()
             continue
         old = torch.cat([r.old_logp for r in chunk]).to(logp)  # (N,)
         ref_lp = torch.cat([r.ref_logp for r in chunk]).to(logp) if kl_coef > 0 else None  # (N,)
-        adv = torch.cat([torch.full((len(r.response_ids),), float(r.adv)) for r in chunk])
-        adv = adv.to(logp)  # (N,)
+        adv = torch.cat([torch.full((len(r.response_ids),), float(r.adv)) for r in chunk]).to(logp)
         mask = torch.ones_like(logp)  # (N,): every target is a response token
         per_tok, parts = ppo_loss(logp, old, adv, mask, ref_logp=ref_lp, clip_low=clip_low,
                                   clip_high=clip_high, clip_c=clip_c, kl_coef=kl_coef)  # (N,)
@@ -539,12 +506,11 @@ def ppo_step(policy, optimizer, mb, collate, proc, *, temperature: float, clip_l
 
 def _micro_batches(records, n_mini, micro_size, proc, length=None):
     """Split records (TrainItems, or anything with task_idx and step_idx) into n_mini mini-batches
-    of micro-batches of <= micro_size. One task's records at one step (a group, docs/method.md §6)
-    go together to mini-batch (task_idx + step_idx) % n_mini, so a mini-batch's union over ranks
-    does not depend on the world size and a micro-batch can run its rows' shared prompt once (verl
-    keeps a group together too). length(record) -> tokens: a mini-batch is sorted (stable) by its
-    groups' longest, then within a group, so micro-batches pad less. Every rank runs the same number
-    of micro-batches (None: a zero-weight dummy); a mini-batch empty on every rank is dropped."""
+    of micro-batches of <= micro_size. A group (one task's records at one step) goes to mini-batch
+    (task_idx + step_idx) % n_mini, whatever the world size (docs/method.md §7). length(record) ->
+    tokens: a mini-batch is sorted (stable) by its groups' longest, then within a group, so
+    micro-batches pad less. Every rank runs the same number of micro-batches (None: a zero-weight
+    dummy); a mini-batch empty on every rank is dropped."""
     minis = [[] for _ in range(n_mini)]
     for r in records:
         minis[(r.task_idx + r.step_idx) % n_mini].append(r)

@@ -31,8 +31,7 @@ class StageConfig:
     merge: bool = flag(False, "with --lora-r: also write OUT/merged, a plain Hugging Face folder", LORA,
                        action="store_true")
     report_to: tuple = flag(("none",), "also log the metrics to tensorboard, wandb and/or trackio "
-                            "(extras/trackers.py; each needs its package)",
-                            RUN, nargs="+", action=ReportTo, metavar="TRACKER")
+                            "(extras/trackers.py)", RUN, nargs="+", action=ReportTo, metavar="TRACKER")
 
 
 def check_lora_args(cfg) -> str | None:
@@ -47,14 +46,10 @@ def check_lora_args(cfg) -> str | None:
 
 
 def metrics_logger(path, report_to=("none",), config: dict | None = None, resume_step: int | None = None):
-    """utils.MetricsLogger (metrics.jsonl), or with --report-to naming trackers
+    """utils.MetricsLogger (metrics.jsonl); with --report-to naming trackers or a --resume,
     extras.trackers.TrackedLogger (imported only then). config: the run's args, for the trackers.
     resume_step: a --resume from the checkpoint of that step (0: none found), whose rows are kept."""
-    if all(name == "none" for name in report_to):
-        if resume_step is None:
-            return utils.MetricsLogger(path)
-        from extras.resume import trim_metrics
-        trim_metrics(path, resume_step)
-        return utils.MetricsLogger(path, append=True)
-    from extras.trackers import TrackedLogger
+    if resume_step is None and all(name == "none" for name in report_to):
+        return utils.MetricsLogger(path)
+    from extras.trackers import TrackedLogger  # it keeps a resume's rows (trim_metrics)
     return TrackedLogger(path, report_to=report_to, config=config, resume_step=resume_step)

@@ -1,6 +1,8 @@
 """Resuming a run (--resume in both trainers): a checkpoint folder vlm.save_checkpoint wrote, read back
 into the model, the optimizer and every RNG. Imported only when a run resumes; the default RL step
-writes checkpoints but never reads one."""
+writes checkpoints but never reads one. `check_flags` runs before anything is written, `resume_rl`
+continues an RL run (train_semionline.resume), `load_checkpoint_state` reads a checkpoint back and
+`trim_metrics` keeps the metrics rows up to it."""
 from __future__ import annotations
 
 import json
@@ -11,6 +13,35 @@ import torch
 import torch.distributed as dist
 
 import utils
+
+
+def check_flags(cfg) -> None:
+    """A trainer's --resume, before --out is written: a LoRA checkpoint's adapters are rebuilt with
+    this run's LoRA flags, which must be the checkpoint's (lora.check_resume raises lora.LoraError).
+    cfg: the stage's config (out, lora_*)."""
+    ckpt = utils.latest_checkpoint(Path(cfg.out) / "ckpt")
+    if cfg.lora_r or utils.is_adapter_dir(ckpt):
+        import lora
+        lora.check_resume(cfg, ckpt)
+
+
+def resume_rl(run) -> int:
+    """train_semionline.py --resume: the latest checkpoint in run.out/ckpt into run.policy,
+    run.optimizer and every RNG (load_checkpoint_state). Returns its step, 0 when there is none
+    (a fresh start). Raises utils.UsageError when its task schedule (trainer_state.json's field
+    'schedule': seed, tasks per step, number of episodes) is not run.schedule: the resumed steps
+    would draw other tasks."""
+    ckpt = utils.latest_checkpoint(run.out / "ckpt")
+    if ckpt is None:
+        return 0
+    state = load_checkpoint_state(ckpt, run.policy, run.optimizer)
+    if state.get("schedule", run.schedule) != run.schedule:
+        raise utils.UsageError(f"{ckpt}/trainer_state.json: field 'schedule' {state['schedule']} "
+                               f"differs from this run's {run.schedule}; resume with the same --seed, "
+                               "--tasks-per-step and data")
+    step = int(state.get("step", 0))
+    utils.print0(f"resumed from {ckpt} at step {step}")
+    return step
 
 
 def load_checkpoint_state(ckpt: str | os.PathLike, model, optimizer=None) -> dict:

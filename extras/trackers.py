@@ -1,7 +1,8 @@
 """The experiment trackers of --report-to (TensorBoard, Weights & Biases, Trackio), imported only when
 the flag names one: `check_names` checks the flag's value while it is parsed (configs.flags.ReportTo);
 `TrackedLogger` writes metrics.jsonl as utils.MetricsLogger does and hands every row to the trackers
-(configs.common.metrics_logger picks it)."""
+(configs.common.metrics_logger picks it for them, and for a --resume: it keeps the rows up to the
+checkpoint, extras.resume.trim_metrics)."""
 from __future__ import annotations
 
 import importlib

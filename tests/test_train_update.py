@@ -229,8 +229,8 @@ def test_gradient_checkpointing_flag():
         assert vars(parser.parse_args(["--gradient-checkpointing"]))["gradient_checkpointing"] is True
     # shared prompt heads need the KV cache that checkpointing drops: refused before anything runs
     with pytest.raises(utils.UsageError, match="share-prompts"):
-        ts.check_args(*ts.parse(["--share-prompts", "on", "--gradient-checkpointing"]))
-    ts.check_args(*ts.parse(["--share-prompts", "auto", "--gradient-checkpointing"]))  # auto: off then
+        ts.check_args(ts.parse(["--model", "tiny", "--share-prompts", "on", "--gradient-checkpointing"])[0])
+    ts.check_args(ts.parse(["--model", "tiny", "--share-prompts", "auto", "--gradient-checkpointing"])[0])  # auto: off then
 
 
 class R:
