@@ -10,7 +10,7 @@ parameters with requires_grad (the adapters) reach the optimizer (utils.adamw). 
 the same policy with its adapters disabled (`AdaptersOff`): no second model. Checkpoints hold the
 adapter in PEFT's layout (adapter_config.json, adapter_model.safetensors) plus `lora_base.json` (the
 base model and its init seed); `merge_adapter` gives the plain model (vlm.load_model of such a folder;
-vlm.merge_checkpoint: tools/merge_lora.py and the trainers' --merge).
+extras/merge.py: tools/merge_lora.py and the trainers' --merge).
 """
 from __future__ import annotations
 

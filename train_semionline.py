@@ -386,7 +386,8 @@ def finish(run, last: dict) -> None:
     utils.cleanup_distributed()
     if run.proc.is_main:
         if cfg.merge:  # the adapted model as a plain Hugging Face folder
-            merged = vlm.merge_checkpoint(utils.latest_checkpoint(out / "ckpt"), out / "merged")
+            from extras.merge import merge_checkpoint
+            merged = merge_checkpoint(utils.latest_checkpoint(out / "ckpt"), out / "merged")
             print(f"merged: {merged}", flush=True)
         utils.print_next_steps(out, cfg.data, "out/eval/semionline")
         print(utils.dumps(last), flush=True)

@@ -419,7 +419,8 @@ def finish(run, last: dict) -> None:
     run.metrics.close()
     utils.cleanup_distributed()
     if run.proc.is_main and cfg.merge:  # the adapted model as a plain Hugging Face folder
-        merged = vlm.merge_checkpoint(utils.latest_checkpoint(out / "ckpt"), out / "merged")
+        from extras.merge import merge_checkpoint
+        merged = merge_checkpoint(utils.latest_checkpoint(out / "ckpt"), out / "merged")
         utils.print0(f"merged: {merged}")
     if run.proc.is_main:
         lora_flags = ""
@@ -443,11 +444,9 @@ def main(argv=None):
     spec = chat.resolve_spec(other, cfg.model, say=utils.print0)
     if check_lora_args(cfg):
         raise utils.UsageError(check_lora_args(cfg))
-    # a LoRA run's or checkpoint's adapters must be this run's, checked before --out is written
-    ckpt = utils.latest_checkpoint(Path(cfg.out) / "ckpt") if cfg.resume else None
-    if cfg.lora_r or utils.is_adapter_dir(ckpt):
-        import lora
-        lora.check_resume(cfg, ckpt)
+    if cfg.resume:  # a LoRA checkpoint's adapters must be this run's: checked before --out is made
+        from extras.resume import check_flags
+        check_flags(cfg)
     run = setup(cfg, other, spec)
     copy_warmup(run)  # models trained from scratch: copy a point (or a string) first
     last = sft(run)

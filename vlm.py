@@ -97,18 +97,6 @@ def load_model(name: str | os.PathLike = "tiny", *, dtype: torch.dtype = torch.f
     return Qwen2_5_VLForConditionalGeneration.from_pretrained(str(name), dtype=dtype, attn_implementation=attn).to(device)
 
 
-def merge_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Write LoRA checkpoint `ckpt`'s adapted model to `out` as a plain Hugging Face folder (weights,
-    tokenizer, args.json if any), which --model takes like any other. Returns `out`."""
-    ckpt, out = Path(ckpt), Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    load_model(ckpt).save_pretrained(str(out), safe_serialization=True)
-    load_processor(ckpt)[0].save_pretrained(str(out))
-    if (ckpt / "args.json").is_file():
-        shutil.copy(ckpt / "args.json", out / "args.json")
-    return out
-
-
 def model_path(name: str) -> str:
     """argparse type of --model: 'tiny', 'tiny:HxL', 'auto' and model folders as is; a run folder's
     `latest` pointer -> the checkpoint it names. Raises ValueError (a malformed 'tiny:...') or

@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 import cli  # noqa: E402
 import utils  # noqa: E402
 import vlm  # noqa: E402
+from extras.merge import merge_checkpoint  # noqa: E402
 
 parser = cli.make_parser(__doc__)
 parser.add_argument("ckpt", type=cli.arg_type(vlm.model_path), help="a LoRA checkpoint folder, or a run's ckpt/ (its `latest` is followed)")
@@ -26,7 +27,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if not utils.is_adapter_dir(args.ckpt):
         raise utils.UsageError(f"{args.ckpt}: not a LoRA checkpoint (no {utils.ADAPTER_FILE})")
-    out = vlm.merge_checkpoint(args.ckpt, args.out)
+    out = merge_checkpoint(args.ckpt, args.out)
     print(f"wrote {out}")
     return str(out)
 
