@@ -88,9 +88,13 @@ def discounted_returns(rewards, gamma: float, reset_mask=None) -> torch.Tensor:
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
     r = _as_1d(rewards, torch.float64)  # (T,) float64 so long chains add up exactly
-    reset = _as_1d([False] * r.numel() if reset_mask is None else reset_mask, torch.bool)  # (T,)
+    if reset_mask is None:
+        reset = torch.zeros(r.numel(), dtype=torch.bool)  # (T,) the paper's: no cut
+    else:
+        reset = _as_1d(reset_mask, torch.bool)  # (T,)
     _check_same_len(rewards=r, reset_mask=reset)
-    R, running = torch.empty_like(r), 0.0  # (T,)
+    R = torch.empty_like(r)  # (T,)
+    running = 0.0
     for t in reversed(range(r.numel())):
         if reset[t]:
             R[t] = r[t]
@@ -112,7 +116,10 @@ def discounted_returns_ragged(rewards, rollout_ids, step_idx, gamma: float,
     r = _as_1d(rewards, torch.float32)  # (M,)
     rid = _as_1d(rollout_ids, torch.int64)  # (M,)
     sidx = _as_1d(step_idx, torch.int64)  # (M,)
-    reset = _as_1d([False] * r.numel() if reset_mask is None else reset_mask, torch.bool)  # (M,)
+    if reset_mask is None:
+        reset = torch.zeros(r.numel(), dtype=torch.bool)  # (M,) the paper's: no cut
+    else:
+        reset = _as_1d(reset_mask, torch.bool)  # (M,)
     _check_same_len(rewards=r, rollout_ids=rid, step_idx=sidx, reset_mask=reset)
     out = torch.empty_like(r)  # (M,)
     for u in torch.unique(rid).tolist():
@@ -213,9 +220,14 @@ class Advantages:
 
 
 def _column(records: Sequence[Any], name: str, dtype) -> torch.Tensor:
-    """Field `name` of every record (a dict or an object with that attribute) as a (M,) tensor."""
-    return torch.tensor([r[name] if isinstance(r, Mapping) else getattr(r, name) for r in records],
-                        dtype=dtype)
+    """Field `name` of every record (a dict or an object with that attribute) as a (M,) tensor.
+    Raises KeyError / AttributeError: a record without it; ValueError naming it: not a number."""
+    values = [r[name] if isinstance(r, Mapping) else getattr(r, name) for r in records]
+    try:
+        return torch.tensor([float(v) for v in values] if dtype.is_floating_point else values,
+                            dtype=dtype)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"the records' field {name!r}: {e}") from None
 
 
 def compute_advantages(records: Sequence[Any], *, gamma: float,
@@ -234,7 +246,8 @@ def compute_advantages(records: Sequence[Any], *, gamma: float,
     if returns_form not in RETURNS_FORMS:
         raise ValueError(f"returns form must be one of {RETURNS_FORMS}, got {returns_form!r}")
     tid, sidx = _column(records, "task_idx", torch.int64), _column(records, "step_idx", torch.int64)
-    rid, _ = _dense_ids(tid, _column(records, "rollout_idx", torch.int64))  # (M,) across tasks
+    rollout_idx = _column(records, "rollout_idx", torch.int64)  # (M,) unique within its task
+    rid, _ = _dense_ids(tid, rollout_idx)  # (M,) the rollout's id, unique across tasks
     r = _column(records, "reward", torch.float32)  # (M,)
     if rewards is not None:
         r = _as_1d([float(x) for x in rewards], torch.float32)

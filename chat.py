@@ -60,8 +60,8 @@ class PromptSpec:
     num_images: int = flag(2, "screenshots kept as images (the last K steps; release 2)")
     min_pixels: int = flag(gui.MIN_PIXELS, "smart_resize lower bound (resized screenshot pixels)")
     max_pixels: int = flag(gui.MAX_PIXELS, "smart_resize upper bound (resized screenshot pixels)")
-    max_prompt_tokens: int | None = flag(None, "prompt budget in tokens; the oldest history turns "
-                                         "are summarised past it")
+    max_prompt_tokens: int | None = flag(None, "prompt budget in tokens (None: no budget); the "
+                                         "oldest history turns are summarised past it")
     step_instruction: bool = flag(False, "show the low-level step instruction (AndroidControl-Low)")
     elements: bool = flag(True, "show the recorded element list of the step (MiniWob++)")
     system_prompt: str = flag("full", "system prompt: the full action list, or a one-line format "

@@ -214,9 +214,12 @@ def load_episodes(path: str, *, limit: int | None = None, swipe_convention: str 
     """The first `limit` episodes of a UI-S1 JSONL file (an episode a line, "line-<n>" its default
     id) or of AndroidControl's native per-step JSON list. Swipes come back as finger paths: a JSONL
     file's convention is swipe_convention (one of SWIPE_CONVENTIONS), else each episode's, else
-    KNOWN_SWIPE_CONVENTIONS's. Anything malformed raises DataError (a native row's own field:
-    extras.android_control.Bad; both ValueErrors) naming file, line (or row) and field."""
+    KNOWN_SWIPE_CONVENTIONS's. Anything malformed raises DataError (a ValueError) naming file, line
+    (or row) and field; an unknown swipe_convention, ValueError."""
     path, root = str(path), os.path.dirname(os.path.abspath(path))
+    if swipe_convention is not None and swipe_convention not in SWIPE_CONVENTIONS:
+        raise ValueError(f"swipe_convention: expected one of {SWIPE_CONVENTIONS}, "
+                         f"got {swipe_convention!r}")
     with open(path, "rb") as f:
         raw = f.read()
     try:
@@ -227,11 +230,16 @@ def load_episodes(path: str, *, limit: int | None = None, swipe_convention: str 
     if text.lstrip().startswith("["):  # a JSON list: AndroidControl's native per-step rows
         from extras import android_control
 
-        episodes = android_control.native_episodes(text, path, ANDROID_CONTROL_SIZE)[:limit]
-        for ep in episodes:  # each step checked as a UI-S1 one, errors naming the row's own field
-            ep["steps"] = [_step(s, f"{path}: row {i}", "", root, None, "finger",
-                                 android_control.ROW_FIELDS) for i, s in ep["steps"]]
-        return [Episode(source=path, **ep) for ep in episodes]
+        try:
+            native = android_control.native_episodes(text, path, ANDROID_CONTROL_SIZE)[:limit]
+        except android_control.Bad as e:
+            raise DataError(str(e)) from None
+        episodes = []
+        for ep in native:  # each step checked as a UI-S1 one, errors naming the row's own field
+            steps = [_step(s, f"{path}: row {i}", "", root, None, "finger",
+                           android_control.ROW_FIELDS) for i, s in ep.pop("steps")]
+            episodes.append(Episode(source=path, steps=steps, **ep))
+        return episodes
     convention = swipe_convention or KNOWN_SWIPE_CONVENTIONS.get(hashlib.sha256(raw).hexdigest())
     episodes = {}  # by id
     for n, line in enumerate(text.splitlines(), start=1):

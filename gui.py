@@ -24,7 +24,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class ActionSpec:
     """One action type, declared once (README "How to fork"). args / optional: (name, kind) of its
-    required and optional arguments, kind "point" ([x, y] pixels), "str" or "num"; rule: its strict
+    required and optional arguments, kind "point" ([x, y] pixels; named coordinate or coordinate2,
+    the two keys scale_action and outside_point map), "str" or "num"; rule: its strict
     match rule in reward.RULES; prompt: its line of the system prompt's action list."""
     args: tuple
     rule: str
@@ -137,7 +138,7 @@ _END_RE = re.compile(r"(?:\s|<\|im_end\|>|<\|endoftext\|>)*\Z")
 def parse_response(text) -> Parsed:
     """Parse `<think>...</think><action>{json}</action>` (whitespace around tags and JSON
     tolerated); never raises. The action block is the first AFTER the think block. error: None when
-    well-formed, else "no action block", "invalid action" (check_action refused it; action None) or
+    well-formed, else "no action block", "invalid action" (bad JSON, or check_action refused it; action None) or
     "text after </action>" (stop tokens aside; action kept, for reports)."""
     if not isinstance(text, str):
         return Parsed(None, None, "no action block")
@@ -194,8 +195,8 @@ def resized_size(size: tuple[int, int], *, factor: int = 28, min_pixels: int = M
 
 def outside_point(action: dict, size: tuple[int, int]) -> list | None:
     """The first of the action's points (coordinate, coordinate2) off an image of size (W, H), in
-    its pixels (0 <= x <= W and 0 <= y <= H lie on it), or None; the strict reward makes such a point
-    a malformed answer."""
+    its pixels (a model's action: the resized screenshot it saw; 0 <= x <= W and 0 <= y <= H lie on
+    it), or None; the strict reward makes such a point a malformed answer."""
     for key in ("coordinate", "coordinate2"):
         pt = action.get(key)
         if pt is not None and not (0 <= pt[0] <= size[0] and 0 <= pt[1] <= size[1]):

@@ -45,8 +45,9 @@ def adapter_flags(flags: dict) -> list[tuple[str, object]]:
 def check_resume(args, ckpt) -> None:
     """--resume from checkpoint folder `ckpt` (None: nothing to resume) rebuilds its adapters only with the
     flags of its args.json (`adapter_flags`): another alpha would silently rescale the trained adapters,
-    another rank or target set cannot load. args: the run's config (its lora_* fields). The trainers call
-    it before --out is written, with --lora-r or when `ckpt` is a LoRA checkpoint (utils.is_adapter_dir).
+    another rank or target set cannot load. args: the run's config (its lora_* fields). The trainers'
+    --resume calls it (extras.resume.check_flags) before --out is written, with --lora-r or when `ckpt`
+    is a LoRA checkpoint (utils.is_adapter_dir).
     Raises LoraError (one line: the flag, this run's value, the checkpoint's)."""
     saved = Path(ckpt or "") / "args.json"
     if ckpt is None or not saved.is_file():

@@ -1,7 +1,8 @@
 """The patch of semi-online RL (docs/method.md §5): the history entry that replaces a wrong
 sampled response y_t (still trained on with its reward; a patch is history only), carrying the
-expert action, written in the RESIZED pixels the model saw (sizes (W, H), §3). The modes
-(PATCH_MODES, `--patch`, §5's table) differ only in the thought before the action.
+expert action (stored in ORIGINAL pixels), written in the RESIZED pixels the model saw
+(gui.scale_action; sizes (W, H), §3). The modes (PATCH_MODES, `--patch`, §5's table) differ
+only in the thought before the action.
 """
 import json
 import re

@@ -220,7 +220,9 @@ def score_response(text: str, step, *, resized_size: tuple[int, int], orig_size:
     Malformed (reward 0, match False, error says why): under the strict rules (or a rule function) a
     response that does not END after its action (truncated, or text after the first </action>) or
     has a point off the resized screenshot; under "release", one on which the release's code raises
-    (extras/release.py). Never raises on a response; unknown rules: action_match's ValueError."""
+    (extras/release.py). Never raises on a response; ValueError for unknown rules."""
+    if not callable(rules) and rules not in MATCH_RULES:
+        raise ValueError(f"rules: expected one of {MATCH_RULES} or a rule function, got {rules!r}")
     if rules == "release":  # the release's parse and check: an optional module, imported only when asked
         from extras.release import release_score
         format_ok, pred, match, type_match, error = release_score(text, step.action, resized_size, orig_size,

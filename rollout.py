@@ -187,8 +187,11 @@ def _sample_step(sampler, prompt_for, episodes, states, live, t: int, task_seeds
         stable_seed(task_seeds[k], episodes[k].episode_id, t, h) for k, h in keys]
     res = sampler.generate([prompts[key] for key in keys], n=[len(groups[key]) for key in keys],
                            greedy=greedy, seeds=seeds)
-    return {(key[0], i): (prompts[key], s) for key, samples in zip(keys, res)
-            for i, s in zip(groups[key], samples)}
+    out = {}
+    for key, samples in zip(keys, res):  # a group's samples go to its rollouts, in order
+        for i, s in zip(groups[key], samples):
+            out[(key[0], i)] = (prompts[key], s)
+    return out
 
 
 def _advance(state: _Rollout, rec: StepRecord, step, orig, walk: RolloutSpec,

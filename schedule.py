@@ -1,6 +1,7 @@
 """The task schedule of semi-online RL (docs/method.md §6, eq. 6.5): which expert episodes a
-training step rolls out, and the refill rounds of dynamic sampling (a task that
-advantage.dynamic_sampling_tasks drops is replaced). Every draw is a pure function of (seed, step,
+training step rolls out, and the refill rounds of dynamic sampling (DAPO: a task whose rollouts
+all agree carries no signal; advantage.dynamic_sampling_tasks drops it, a refill round draws its
+replacement). Every draw is a pure function of (seed, step,
 slot), so all ranks, any world size and a resumed run agree without exchanging episodes; the one
 collective is TaskDraw.keep's all-reduce. Tests: tests/test_train_schedule.py.
 """

@@ -52,7 +52,7 @@ from vlm import (PolicyLogProb, apply_fsdp, checkpoint_activations, collate_sequ
 # config: the flags made from configs.semionline.RLConfig (typed fields) and its PRESETS
 
 MAX_TASKS_LOGGED = 32  # reward_by_task is logged when the data has at most this many tasks
-SUMS = ("loss", "kl", "entropy", "clipped", "tokens")  # ppo_step's per-rank sums (and "skipped")
+SUMS = ("loss", "kl", "entropy", "clipped", "tokens")  # the per-rank sums ppo_step returns
 parser = config_parser(__doc__, RLConfig, GROUPS, PRESETS)
 chat.add_prompt_args(parser)  # the prompt contract: from the starting checkpoint unless given
 
@@ -321,12 +321,17 @@ def update(run, micro: list, collate) -> dict:
     """5. update (docs/method.md §7): --ppo-mini-batches optimizer steps over one pass of the data
     (1 PPO epoch, ppo_step; none when micro is empty). Returns this rank's sums over them (SUMS,
     skipped), the last grad_norm and the first real micro-batch's ratio_dev and logp_gap."""
-    steps = [ppo_step(run.policy, run.optimizer, mini, collate, run.proc,
-                      **loss_config(run.cfg, run.sampler)) for mini in micro]
-    first = next((s for s in steps if s["ratio_dev"] is not None), {})
-    return {**{k: sum(s[k] for s in steps) for k in (*SUMS, "skipped")},
-            "grad_norm": steps[-1]["grad_norm"] if steps else None,
-            "ratio_dev": first.get("ratio_dev"), "logp_gap": first.get("logp_gap")}
+    totals = {**dict.fromkeys(SUMS, 0.0), "skipped": 0, "grad_norm": None, "ratio_dev": None,
+              "logp_gap": None}
+    for mini in micro:
+        sums = ppo_step(run.policy, run.optimizer, mini, collate, run.proc,
+                        **loss_config(run.cfg, run.sampler))
+        for k in (*SUMS, "skipped"):
+            totals[k] += sums[k]
+        totals["grad_norm"] = sums["grad_norm"]  # the last optimizer step's
+        if totals["ratio_dev"] is None:  # the first real micro-batch's
+            totals["ratio_dev"], totals["logp_gap"] = sums["ratio_dev"], sums["logp_gap"]
+    return totals
 
 
 # the step's line on stdout: (label, the metrics row's key, format)
@@ -335,14 +340,15 @@ LINE = [("loss", "loss", "+.4f"), ("reward", "reward_mean", ".3f"), ("match", "m
         ("cut", "truncated_rate", ".2f"), ("kl", "kl", ".2e"), ("ent", "entropy", ".2f"),
         ("clip", "clipfrac", ".3f"), ("skipped", "updates_skipped", "d"),
         ("len", "response_len", ".0f"), ("tok/s", "tok_s", ".0f"),
-        ("rollout s", "time_rollout_s", ".1f"), ("update s", "time_update_s", ".1f")]
+        ("rollout s", "time_rollout_s", ".1f"), ("logp s", "time_logp_s", ".1f"),
+        ("update s", "time_update_s", ".1f")]
 
 
 def log_step(run, step: int, draw: TaskDraw, st: dict, totals: dict, gap: list[float], n_micro: int,
-             times: dict) -> dict:
+             times: dict, t0: float) -> dict:
     """6. log: the step's metrics row (metrics.jsonl and --report-to; rank 0), with the held-out
-    evaluation when one is due, and its line on stdout (LINE). times: the phases' time_*_s fields.
-    Returns the row."""
+    evaluation when one is due, and its line on stdout (LINE). times: the phases' time_*_s fields;
+    t0: time.time() at the step's start (time_s: the whole step). Returns the row."""
     cfg, proc = run.cfg, run.proc
     loss_all, kl_all, ent_all, clip_all, tok_all = utils.all_sum([totals[k] for k in SUMS], proc)
     per_tok = (lambda x: x / tok_all) if tok_all > 0 else (lambda x: None)  # noqa: E731
@@ -357,7 +363,7 @@ def log_step(run, step: int, draw: TaskDraw, st: dict, totals: dict, gap: list[f
         "kl": per_tok(kl_all), "entropy": per_tok(ent_all), "clipfrac": per_tok(clip_all),
         "grad_norm": totals["grad_norm"], "response_len": st["resp_tok"] / n_resp,
         "train_tokens": int(tok_all), "tok_s": st["resp_tok"] / max(times["time_rollout_s"], 1e-9),
-        **times, "time_s": sum(times.values()),
+        **times, "time_s": time.time() - t0,
         # max |trainer - sampler| log-prob over rank 0's tokens (--old-logp sampler: the first
         # micro-batch's); null at --top-p < 1, where --old-logp sampler is not offered
         "sampler_logp_gap": None if cfg.top_p < 1.0 else max(gap, default=0.0)
@@ -407,15 +413,15 @@ def main(argv=None):
         if run.gpu:
             torch.cuda.reset_peak_memory_stats(run.proc.device)
         draw, batch, rolled = draw_batch(run, step)  # 1-3. rollout -> rewards -> advantages
-        t1 = time.time()
         stats = rollout_stats(run, draw, batch, rolled)
+        t1 = time.time()
         micro, collate = micro_batches(run, batch, rolled) if stats["n_train"] > 0 else ([], None)
         gap = old_ref_logprobs(run, batch, micro, collate)  # 4. old / ref log-probs
         t2 = time.time()
         totals = update(run, micro, collate)  # 5. the PPO update
         times = {"time_rollout_s": t1 - t0, "time_logp_s": t2 - t1,
                  "time_update_s": time.time() - t2}
-        last = log_step(run, step, draw, stats, totals, gap, len(micro), times)  # 6. log
+        last = log_step(run, step, draw, stats, totals, gap, len(micro), times, t0)  # 6. log
         stop = cfg.stop_after is not None and step + 1 - run.start_step >= cfg.stop_after
         every = cfg.save_every and (step + 1) % cfg.save_every == 0
         if stop or step + 1 == cfg.max_steps or every:
@@ -507,8 +513,10 @@ def ppo_step(policy, optimizer, mb, collate, proc, *, temperature: float, clip_l
 
 def _micro_batches(records, n_mini, micro_size, proc, length=None):
     """Split records (TrainItems, or anything with task_idx and step_idx) into n_mini mini-batches
-    of micro-batches of <= micro_size. A group (one task's records at one step) goes to mini-batch
-    (task_idx + step_idx) % n_mini, whatever the world size (docs/method.md §7). length(record) ->
+    of micro-batches of <= micro_size. A group (one task's records at one step, docs/method.md §6)
+    goes whole to mini-batch (task_idx + step_idx) % n_mini: a mini-batch's union over the ranks
+    does not depend on the world size, and a micro-batch runs its group's shared prompt once
+    (--share-prompts, docs/method.md §7). length(record) ->
     tokens: a mini-batch is sorted (stable) by its groups' longest, then within a group, so
     micro-batches pad less. Every rank runs the same number of micro-batches (None: a zero-weight
     dummy); a mini-batch empty on every rank is dropped."""

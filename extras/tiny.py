@@ -1,7 +1,7 @@
 """The tiny presets (--model tiny / tiny:HxL): a Qwen2.5-VL of CPU size with random weights, on the
 small retrained tokenizer (assets/tiny_tokenizer, 8,192 tokens). train_sft.py's default and the tests'
-models. vlm.load_model and vlm.model_path import this module only for such a name: the RL step, which
-starts from a checkpoint (--model auto), never builds a model from a preset."""
+models. vlm.load_model and vlm.model_path import this module only for such a name: the RL step's
+default start, a checkpoint (--model auto), never builds a model from a preset."""
 from __future__ import annotations
 
 import torch

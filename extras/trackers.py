@@ -86,6 +86,7 @@ class TrackedLogger(utils.MetricsLogger):
         row = super().log(row)
         if row is None:
             return None
+        self.n += 1
         scalars = {k: v for k, v in utils.finite_json(row).items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
         if self.tb is not None:

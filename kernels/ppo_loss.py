@@ -123,8 +123,10 @@ def aggregate_loss(per_token: torch.Tensor, lengths, agg: str, denominator: floa
     """The mini-batch loss's share of one micro-batch: sum_t w_t * per_token_t / denominator.
     per_token (N,) fp32: the per-token losses of sequences of `lengths` tokens (sum N); w_t = 1 /
     L_i for seq-mean-token-mean, else 1; denominator: loss_denominator summed over the whole
-    mini-batch (all micro-batches and ranks), at least 1; it carries the form (loss_denominator
-    checks agg). Returns a scalar with per_token's gradient. Raises ValueError: sum(lengths) != N."""
+    mini-batch (all micro-batches and ranks), at least 1. Returns a scalar with per_token's
+    gradient. Raises ValueError: agg not in LOSS_AGGS; sum(lengths) != N."""
+    if agg not in LOSS_AGGS:
+        raise ValueError(f"aggregate_loss: agg must be one of {LOSS_AGGS}, got {agg!r}")
     lengths = [int(n) for n in lengths]
     if sum(lengths) != per_token.numel():
         raise ValueError(f"aggregate_loss: lengths sum to {sum(lengths)}, per_token has {per_token.numel()} tokens")

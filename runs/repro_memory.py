@@ -454,8 +454,8 @@ def check_model(args, argv: list[str]) -> None:
     """A --model that is not 'tiny'/'tiny:HxL' must be a local Hugging Face folder (config.json), and a pretrained
     model takes no copy warm-up (BASE_STEPS 0: the folder is the base). Raises utils.UsageError otherwise."""
     import utils
-    import vlm
-    if vlm.is_tiny(args.model):
+    from extras.tiny import parse_tiny
+    if parse_tiny(args.model) is not None:  # a malformed 'tiny:...' raises here, before any run
         return
     if not (Path(args.model) / "config.json").is_file():
         raise utils.UsageError(f"--model {args.model}: not 'tiny:HxL' and no config.json there (a local Hugging Face "

@@ -146,6 +146,16 @@ def test_report_to_every_tracker_gets_the_same_scalars(tmp_path, trackers, monke
         assert (name, "end") in trackers
 
 
+def test_rows_without_a_step_are_drawn_at_their_index_in_the_file(tmp_path, trackers):
+    """A row without "step" is plotted at its place among the file's rows (0, 1, 2, ...); a row with
+    one at its step."""
+    m = tracking.TrackedLogger(tmp_path / "m.jsonl", report_to=["tensorboard"])
+    for row in ({"loss": 1.0}, {"loss": 2.0}, {"step": 9, "loss": 3.0}, {"loss": 4.0}):
+        m.log(row)
+    m.close()
+    assert [c[3] for c in trackers if c[1] == "loss"] == [0, 1, 9, 3]
+
+
 def test_trackers_on_resume_show_each_step_once_in_the_same_run(tmp_path, trackers, monkeypatch):
     """Killed after step 4 with its checkpoint at step 2: the resumed logger gives TensorBoard purge_step 3
     (the killed run's steps 3, 4 hidden, redone once; before: shown twice), and W&B and trackio the run
