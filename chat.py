@@ -112,7 +112,7 @@ def checkpoint_spec(model) -> dict:
 def fresh_defaults(model) -> dict:
     """The fields that differ from PromptSpec's defaults for a model without a checkpoint: a 'tiny'
     model ('tiny' or 'tiny:<preset>'), trained from scratch, gets the short system prompt."""
-    return {"system_prompt": "short"} if str(model).split(":")[0] == "tiny" else {}
+    return {"system_prompt": "short"} if utils.is_tiny(model) else {}
 
 
 def resolve_spec(args, model, say=print) -> PromptSpec:

@@ -413,13 +413,14 @@ def main(argv=None):
         if run.gpu:
             torch.cuda.reset_peak_memory_stats(run.proc.device)
         draw, batch, rolled = draw_batch(run, step)  # 1-3. rollout -> rewards -> advantages
+        t_rollout = time.time() - t0
         stats = rollout_stats(run, draw, batch, rolled)
         t1 = time.time()
         micro, collate = micro_batches(run, batch, rolled) if stats["n_train"] > 0 else ([], None)
         gap = old_ref_logprobs(run, batch, micro, collate)  # 4. old / ref log-probs
         t2 = time.time()
         totals = update(run, micro, collate)  # 5. the PPO update
-        times = {"time_rollout_s": t1 - t0, "time_logp_s": t2 - t1,
+        times = {"time_rollout_s": t_rollout, "time_logp_s": t2 - t1,
                  "time_update_s": time.time() - t2}
         last = log_step(run, step, draw, stats, totals, gap, len(micro), times, t0)  # 6. log
         stop = cfg.stop_after is not None and step + 1 - run.start_step >= cfg.stop_after

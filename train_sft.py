@@ -106,7 +106,7 @@ def sft_example(ep, t: int, tokenizer, image_processor, spec: chat.PromptSpec, *
 def copy_warmup_default(model) -> int:
     """--copy-warmup-steps when not given: 1000 for a 'tiny' / 'tiny:HxL' model (random init), 0
     for a model folder (pretrained or a checkpoint: it has the skill or has been warmed up)."""
-    return 1000 if vlm.is_tiny(model) else 0
+    return 1000 if utils.is_tiny(model) else 0
 
 
 def page_prompt(tokenizer, goal: str, elements: str, system: bool = True) -> list[int]:

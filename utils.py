@@ -192,6 +192,12 @@ def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
 ADAPTER_FILE = "adapter_model.safetensors"  # a LoRA checkpoint's adapters (lora.py, PEFT's layout)
 
 
+def is_tiny(name) -> bool:
+    """True for --model 'tiny' and 'tiny:...': a preset of extras/tiny.py (random weights, trained
+    from scratch), not a folder."""
+    return str(name) == "tiny" or str(name).startswith("tiny:")
+
+
 def is_adapter_dir(path) -> bool:
     """True for a LoRA checkpoint folder (it holds ADAPTER_FILE): a file check, so that a run without
     LoRA imports neither lora nor PEFT. None: False."""

@@ -34,16 +34,11 @@ STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")  # the end of an assistant turn; t
 def tokenizer_dir(model: str | os.PathLike | None = "tiny") -> Path:
     """Where `model`'s tokenizer lives: 'tiny' / 'tiny:HxL' -> assets/tiny_tokenizer; a folder with
     tokenizer files -> that folder (a model meets its own vocabulary); else the Qwen2.5-VL tokenizer."""
-    if is_tiny(model):
+    if utils.is_tiny(model):
         return TINY_TOKENIZER_DIR
     if model is not None and (Path(model) / "tokenizer_config.json").exists():
         return Path(model)
     return TOKENIZER_DIR
-
-
-def is_tiny(name) -> bool:
-    """True for 'tiny' and 'tiny:...': a preset of extras/tiny.py (random weights), not a folder."""
-    return str(name) == "tiny" or str(name).startswith("tiny:")
 
 
 def load_processor(model: str | os.PathLike | None = "tiny", min_pixels: int = MIN_PIXELS,
@@ -86,7 +81,7 @@ def load_model(name: str | os.PathLike = "tiny", *, dtype: torch.dtype = torch.f
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     attn = attn_implementation(device)
-    if is_tiny(name):  # a preset: built only here, so that a run from a checkpoint never imports it
+    if utils.is_tiny(name):  # a preset: built only here, so that a run from a checkpoint never imports it
         from extras.tiny import tiny_model
         return tiny_model(name, load_processor(name)[0], attn, seed).to(dtype).to(device)
     if utils.is_adapter_dir(name):  # a LoRA checkpoint: its base (loaded here) + adapters, merged
@@ -101,7 +96,7 @@ def model_path(name: str) -> str:
     """argparse type of --model: 'tiny', 'tiny:HxL', 'auto' and model folders as is; a run folder's
     `latest` pointer -> the checkpoint it names. Raises ValueError (a malformed 'tiny:...') or
     UsageError (anything else unknown), which cli.arg_type reports before a model is loaded."""
-    if is_tiny(name):
+    if utils.is_tiny(name):
         from extras.tiny import parse_tiny
         parse_tiny(name)  # a malformed 'tiny:...' raises here, at parse time
         return name

@@ -31,7 +31,8 @@ class StageConfig:
     merge: bool = flag(False, "with --lora-r: also write OUT/merged, a plain Hugging Face folder", LORA,
                        action="store_true")
     report_to: tuple = flag(("none",), "also log the metrics to tensorboard, wandb and/or trackio "
-                            "(extras/trackers.py; each needs its package)", RUN, nargs="+", action=ReportTo, metavar="TRACKER")
+                            "(extras/trackers.py; each needs its package)",
+                            RUN, nargs="+", action=ReportTo, metavar="TRACKER")
 
 
 def check_lora_args(cfg) -> str | None:

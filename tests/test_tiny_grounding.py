@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+import utils
 import vlm
 from envs import miniwob_env as me
 from envs import miniwob_experts as experts
@@ -72,8 +73,8 @@ def test_tiny_default_unchanged():
 def test_model_names_that_mean_a_preset(tmp_path):
     """'tiny' and 'tiny:...' are presets (a malformed one refused by --model's type, as parse_tiny
     refuses it); a folder named otherwise is not, even one whose name contains 'tiny'."""
-    assert vlm.is_tiny("tiny") and vlm.is_tiny("tiny:128x4") and vlm.is_tiny("tiny:bad")
-    assert not vlm.is_tiny("tinyllama") and not vlm.is_tiny(tmp_path / "tiny") and not vlm.is_tiny(None)
+    assert utils.is_tiny("tiny") and utils.is_tiny("tiny:128x4") and utils.is_tiny("tiny:bad")
+    assert not utils.is_tiny("tinyllama") and not utils.is_tiny(tmp_path / "tiny") and not utils.is_tiny(None)
     assert vlm.model_path("tiny:128x4") == "tiny:128x4"
     with pytest.raises(ValueError, match="expected tiny:HxL"):
         vlm.model_path("tiny:128")
