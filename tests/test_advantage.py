@@ -300,6 +300,17 @@ def test_shaped_rewards_replace_the_records_own():
         compute_advantages(recs, rewards=shaped[:-1], gamma=0.5)
 
 
+def test_a_bad_record_field_names_itself():
+    """A record field that is not a number is an error naming the field; a missing one is a KeyError."""
+    good = dict(task_idx=0, rollout_idx=0, step_idx=0, reward=1.0, match=True)
+    with pytest.raises(ValueError, match="field 'reward'"):
+        compute_advantages([good, dict(good, rollout_idx=1, reward="high")], gamma=0.5)
+    with pytest.raises(ValueError, match="field 'step_idx'"):
+        compute_advantages([good, dict(good, rollout_idx=1, step_idx=[0])], gamma=0.5)
+    with pytest.raises(KeyError):
+        compute_advantages([{k: v for k, v in good.items() if k != "task_idx"}], gamma=0.5)
+
+
 def test_mean_only_norm_dr_grpo_by_hand():
     """--adv-norm mean (Dr.GRPO): both levels centre on the group mean without dividing by the std.
     One task, rollouts 0 and 1 of one step, rewards 1 and 0 (returns = rewards): A^S = A^E = +-0.5,

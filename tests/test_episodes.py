@@ -189,7 +189,7 @@ def test_empty_step_instructions_are_absent(tmp_path):
 ])
 def test_native_errors_name_file_row_and_field(tmp_path, rows, match):
     p = write(tmp_path, "bad.json", rows)
-    with pytest.raises(ValueError, match=match) as e:
+    with pytest.raises(dataset.DataError, match=match) as e:  # one error type for every data file
         dataset.load_episodes(p)
     assert str(p) in str(e.value)
 

@@ -70,6 +70,11 @@ def test_release_rules_any_swipe_and_unknown_rules():
     assert reward.action_match(down, up, [], SIZE, rules="release") == (True, True)
     with pytest.raises(ValueError, match="rules"):
         reward.action_match(down, up, [], SIZE, rules="lenient")
+    # a misspelt rules name is an error even when the response is malformed (no silent reward 0)
+    for text in ("no action at all", "<think>t</think><action>" + json.dumps(down) + "</action>"):
+        with pytest.raises(ValueError, match="rules"):
+            reward.score_response(text, dataset.Step(None, up), resized_size=SIZE, orig_size=SIZE,
+                                  rules="strickt")
 
 
 def test_swipe_conventions_train_and_thought_pair():
@@ -102,6 +107,8 @@ def test_unknown_swipe_convention_is_an_error(tmp_path):
     assert gui.swipe_direction(e.steps[0].action["coordinate"], e.steps[0].action["coordinate2"]) == "up"
     [e] = dataset.load_episodes(write(tmp_path, "b.jsonl", [ep(SWIPE, swipe_convention="finger")]))
     assert gui.swipe_direction(e.steps[0].action["coordinate"], e.steps[0].action["coordinate2"]) == "down"
+    with pytest.raises(ValueError, match=r"swipe_convention: expected one of .* got 'Scroll'"):
+        dataset.load_episodes(p, swipe_convention="Scroll")  # a caller's typo: never read as "finger"
 
 
 @pytest.mark.parametrize("step, match", [

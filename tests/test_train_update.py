@@ -260,6 +260,8 @@ def test_loss_aggregations_by_hand():
         loss_denominator(lengths, "dr-grpo")  # Dr.GRPO's constant needs the budget
     with pytest.raises(ValueError, match="lengths sum to 5"):
         aggregate_loss(per_tok, [1, 4], "token-mean", 6.0)
+    with pytest.raises(ValueError, match="token-sum"):
+        aggregate_loss(per_tok, lengths, "token-sum", 6.0)  # a misspelt form: no silent token-mean
 
 
 def test_per_item_split_by_hand():
